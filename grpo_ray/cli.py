@@ -1,0 +1,91 @@
+"""The ``grpo-ray`` command: train, prepare-data, build-model.
+
+User mistakes (``grpo_ray.errors.UserError``) print one message and exit 2,
+without a traceback; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from grpo_ray.errors import UserError
+
+
+def cmd_train(args) -> int:
+    from grpo_ray.config import load_recipe
+    from grpo_ray.setup_run import setup_run
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    inputs = setup_run(recipe)
+    print(f"recipe ok; model at {inputs.model_path}; {len(inputs.train_rows)} training rows, "
+          f"{len(inputs.val_rows)} validation rows; config written to {inputs.output_dir / 'config.yaml'}")
+    for spec, n in inputs.dropped.items():
+        if n:
+            print(f"dropped {n} rows of {spec}: prompt longer than data.max_prompt_length={recipe.data.max_prompt_length}")
+    print("the training engine is not built yet: stopping after validation and setup")
+    return 0
+
+
+def cmd_prepare_data(args) -> int:
+    from grpo_ray.data.prepare import prepare
+
+    tokenizer = None
+    if args.tokenizer:
+        from transformers import AutoTokenizer
+
+        from grpo_ray import models
+
+        tokenizer = AutoTokenizer.from_pretrained(models.resolve(args.tokenizer))
+    reports = prepare(args.name, args.source, args.out, tokenizer=tokenizer,
+                      max_prompt_tokens=args.max_prompt_tokens, max_bad_fraction=args.max_bad_fraction)
+    for r in reports:
+        print(r.line())
+        for example in r.examples:
+            print(f"  e.g. {example}")
+    print(f"wrote {', '.join(f'{args.out}/{r.split}.parquet' for r in reports)}")
+    return 0
+
+
+def cmd_build_model(args) -> int:
+    from grpo_ray import models
+
+    print(models.resolve(args.name))
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="grpo-ray", description="GRPO post-training on Ray.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train with a recipe")
+    t.add_argument("recipe", help="recipe YAML file")
+    t.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.total_steps=10")
+    t.set_defaults(func=cmd_train)
+
+    d = sub.add_parser("prepare-data", help="GSM8K / MATH-500 to train/test parquet")
+    d.add_argument("name", choices=["gsm8k", "math500"])
+    d.add_argument("--source", help="hub name or local path (default: the public hub name)")
+    d.add_argument("--out", required=True, help="output directory")
+    d.add_argument("--tokenizer", help="model whose chat template measures prompt length")
+    d.add_argument("--max-prompt-tokens", type=int, default=0, help="drop longer prompts (needs --tokenizer)")
+    d.add_argument("--max-bad-fraction", type=float, default=0.05, help="fail when more rows than this are bad")
+    d.set_defaults(func=cmd_prepare_data)
+
+    b = sub.add_parser("build-model", help="build a tiny:// model offline and print its path")
+    b.add_argument("name", help="e.g. tiny://qwen2?layers=2&hidden=128")
+    b.set_defaults(func=cmd_build_model)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except UserError as e:
+        print(f"grpo-ray: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

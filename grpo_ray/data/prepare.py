@@ -1,0 +1,197 @@
+"""``grpo-ray prepare-data``: GSM8K and MATH-500 into train/test parquet in the verl schema.
+
+The source is a hub name (``openai/gsm8k``, ``HuggingFaceH4/MATH-500``, read with
+``datasets``) or a local path: a directory holding ``train.jsonl`` / ``test.jsonl``
+(or parquet files of those names), or one file, taken as the test split.
+
+Bad rows (missing question or answer, empty prompt, not UTF-8, prompt longer than
+the limit) are dropped and counted; when more than ``max_bad_fraction`` of a split
+is bad, nothing is written and the error names examples (file and line).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from grpo_ray.errors import UserError
+
+GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+MATH_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
+
+
+class PrepareError(UserError):
+    """The source cannot be prepared: unreadable, or too many bad rows."""
+
+
+@dataclass
+class SplitReport:
+    """What happened to one split."""
+
+    split: str
+    read: int = 0
+    kept: int = 0
+    dropped: Counter = field(default_factory=Counter)
+    examples: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        why = ", ".join(f"{k} {v}" for k, v in sorted(self.dropped.items())) or "none"
+        return f"{self.split}: {self.read} rows read, {self.kept} kept, {self.read - self.kept} dropped ({why})"
+
+
+def gsm8k_row(raw: dict, split: str, index: int) -> tuple[dict | None, str | None]:
+    question, answer = raw.get("question"), raw.get("answer")
+    if not isinstance(question, str) or not question.strip():
+        return None, "empty prompt"
+    if not isinstance(answer, str) or "####" not in answer:
+        return None, "missing answer"
+    truth = answer.rsplit("####", 1)[1].strip().replace(",", "")
+    if not truth:
+        return None, "missing answer"
+    return {
+        "data_source": "gsm8k",
+        "prompt": [{"role": "user", "content": f"{question.strip()} {GSM8K_INSTRUCTION}"}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": truth},
+        "extra_info": {"split": split, "index": index, "question": question, "answer": answer},
+    }, None
+
+
+def math500_row(raw: dict, split: str, index: int) -> tuple[dict | None, str | None]:
+    problem, answer = raw.get("problem"), raw.get("answer")
+    if not isinstance(problem, str) or not problem.strip():
+        return None, "empty prompt"
+    if not isinstance(answer, str) or not answer.strip():
+        return None, "missing answer"
+    return {
+        "data_source": "math500",
+        "prompt": [{"role": "user", "content": f"{problem.strip()} {MATH_INSTRUCTION}"}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": answer.strip()},
+        "extra_info": {
+            "split": split,
+            "index": index,
+            "question": problem,
+            "answer": raw.get("solution", ""),
+            "subject": raw.get("subject", ""),
+            "level": raw.get("level", 0),
+            "unique_id": raw.get("unique_id", ""),
+        },
+    }, None
+
+
+DATASETS: dict[str, tuple[str, Callable, str | None]] = {
+    # name: (default hub source, row builder, hub config name)
+    "gsm8k": ("openai/gsm8k", gsm8k_row, "main"),
+    "math500": ("HuggingFaceH4/MATH-500", math500_row, None),
+}
+
+
+def _jsonl(path: Path) -> Iterator[tuple[str, dict | None]]:
+    """(where, record) per line; record None for a line that is not UTF-8 JSON."""
+    with open(path, "rb") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield f"{path}:{n}", json.loads(line.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                yield f"{path}:{n}", None
+
+
+def _parquet(path: Path) -> Iterator[tuple[str, dict | None]]:
+    import pyarrow.parquet as pq
+
+    for n, rec in enumerate(pq.read_table(path).to_pylist()):
+        yield f"{path} row {n}", rec
+
+
+def _read_file(path: Path):
+    if path.suffix == ".parquet":
+        return _parquet(path)
+    if path.suffix in (".jsonl", ".json"):
+        return _jsonl(path)
+    raise PrepareError(f"{path}: unknown file type; expected .jsonl or .parquet")
+
+
+def source_splits(source: str, hub_config: str | None) -> dict[str, Iterator[tuple[str, dict | None]]]:
+    """split name -> (where, record) iterator, from a local path or a hub name."""
+    path = Path(source)
+    if path.is_dir():
+        found = {}
+        for split in ("train", "test"):
+            for suffix in (".jsonl", ".parquet"):
+                if (path / f"{split}{suffix}").is_file():
+                    found[split] = _read_file(path / f"{split}{suffix}")
+                    break
+        if not found:
+            raise PrepareError(f"{source}: no train.jsonl / test.jsonl (or .parquet) in this directory")
+        return found
+    if path.is_file():
+        return {"test": _read_file(path)}
+    if source.startswith((".", "/")) or source.count("/") != 1:
+        raise PrepareError(f"{source}: no such file or directory")
+    try:
+        import datasets
+
+        loaded = datasets.load_dataset(source, hub_config)
+    except Exception as e:  # offline, gated, misspelt: say which and how to work around
+        raise PrepareError(
+            f"cannot load {source!r} from the hub ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+            "pass a local path with --source instead"
+        ) from None
+    return {split: ((f"{source}[{split}] row {i}", dict(r)) for i, r in enumerate(ds)) for split, ds in loaded.items()}
+
+
+def prepare(
+    name: str,
+    source: str | None,
+    out: str | Path,
+    *,
+    tokenizer=None,
+    max_prompt_tokens: int = 0,
+    max_bad_fraction: float = 0.05,
+    chat_template_kwargs: dict | None = None,
+) -> list[SplitReport]:
+    """Write ``OUT/{split}.parquet`` for every split of `name` found at `source`; return one report per split."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from grpo_ray.data import prompt_token_ids
+
+    if name not in DATASETS:
+        raise PrepareError(f"unknown data set {name!r}; expected one of {', '.join(DATASETS)}")
+    default_source, build, hub_config = DATASETS[name]
+    splits = source_splits(source or default_source, hub_config)
+    reports, tables = [], {}
+    for split, records in splits.items():
+        report, rows = SplitReport(split), []
+        for where, raw in records:
+            report.read += 1
+            row, why = (None, "not UTF-8 JSON") if raw is None else build(raw, split, report.read - 1)
+            if row is not None and max_prompt_tokens and tokenizer is not None:
+                if len(prompt_token_ids(tokenizer, row, "", chat_template_kwargs)) > max_prompt_tokens:
+                    row, why = None, f"prompt over {max_prompt_tokens} tokens"
+            if row is None:
+                report.dropped[why] += 1
+                if len(report.examples) < 5:
+                    report.examples.append(f"{where}: {why}")
+                continue
+            rows.append(row)
+        report.kept = len(rows)
+        bad = report.read - report.kept
+        if report.read == 0 or bad > max_bad_fraction * report.read:
+            raise PrepareError(
+                f"{split}: {bad} of {report.read} rows are bad (more than {max_bad_fraction:.0%}); e.g.\n  "
+                + "\n  ".join(report.examples or ["no rows at all"])
+            )
+        reports.append(report)
+        tables[split] = pa.Table.from_pylist(rows)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for split, table in tables.items():
+        pq.write_table(table, out / f"{split}.parquet")
+    return reports

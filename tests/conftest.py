@@ -1,0 +1,39 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
+TINY = "tiny://{arch}?layers=2&hidden=64&heads=2&kv_heads=1&intermediate=128&seed=0"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def model_cache(tmp_path_factory):
+    """Tiny models of the whole session are built once, in a temporary cache (also seen by child processes)."""
+    path = tmp_path_factory.mktemp("grpo_ray_cache")
+    old = os.environ.get("GRPO_RAY_CACHE")
+    os.environ["GRPO_RAY_CACHE"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("GRPO_RAY_CACHE", None)
+    else:
+        os.environ["GRPO_RAY_CACHE"] = old
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"the shared data folder {SHARED_DATA} is absent (it sits beside the checkout in CI)")
+    return SHARED_DATA
+
+
+def run_cli(*args, env=None, cwd=None):
+    """Run `python -m grpo_ray ARGS` in a child process; return the CompletedProcess."""
+    import subprocess
+
+    return subprocess.run(
+        [sys.executable, "-m", "grpo_ray", *args], capture_output=True, text=True,
+        env={**os.environ, **(env or {})}, cwd=cwd or ROOT, timeout=600,
+    )

@@ -1,0 +1,141 @@
+import pytest
+import yaml
+
+from grpo_ray.config import RecipeError, dump_recipe, load_recipe, redact
+from tests.conftest import ROOT, run_cli
+
+TINY = ROOT / "recipes" / "tiny-cpu.yaml"
+
+
+def write(tmp_path, text, name="r.yaml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def recipe_with(tmp_path, **sections):
+    base = yaml.safe_load(TINY.read_text())
+    for dotted, value in sections.items():
+        node = base
+        *parents, last = dotted.split("__")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return write(tmp_path, yaml.safe_dump(base))
+
+
+def error_of(path, overrides=()):
+    with pytest.raises(RecipeError) as e:
+        load_recipe(path, list(overrides))
+    return str(e.value)
+
+
+def test_tiny_recipe_loads_with_types_and_defaults():
+    r = load_recipe(TINY)
+    assert r.learner.world_size == 2
+    assert r.generator.sampling.max_tokens == 1
+    assert r.reward.functions[0].name == "gsm8k" and r.reward.functions[0].weight == 1.0
+    assert r.algorithm.kl_estimator == "k3"
+    assert r.generator.tensor_parallel_size == 1  # a default the file does not set
+
+
+def test_overrides_apply_and_convert_types():
+    r = load_recipe(TINY, ["trainer.total_steps=7", "learner.optim.lr=0.5", "generator.vllm_kwargs.block_size=32",
+                           "trainer.experiment_name=abc", "trainer.output_dir=out/${trainer.experiment_name}"])
+    assert r.trainer.total_steps == 7 and r.learner.optim.lr == 0.5
+    assert r.generator.vllm_kwargs == {"block_size": 32}
+    assert r.trainer.output_dir == "out/abc"
+
+
+def test_unknown_key_in_file_names_key_file_and_closest(tmp_path):
+    p = recipe_with(tmp_path, learner__micro_batch_szie=4)
+    msg = error_of(p)
+    assert str(p) in msg and "unknown key 'learner.micro_batch_szie'" in msg
+    assert "did you mean 'learner.micro_batch_size'?" in msg
+
+
+def test_unknown_section_and_list_item_keys(tmp_path):
+    assert "unknown key 'trainr'; did you mean 'trainer'?" in error_of(recipe_with(tmp_path, trainr={"seed": 1}))
+    p = recipe_with(tmp_path, reward__functions=[{"name": "gsm8k", "wieght": 2}])
+    assert "unknown key 'reward.functions[0].wieght'; did you mean 'reward.functions[0].weight'?" in error_of(p)
+
+
+def test_unknown_key_in_override_names_the_override():
+    msg = error_of(TINY, ["trainer.totl_steps=3"])
+    assert "override 'trainer.totl_steps=3': unknown key 'trainer.totl_steps'; did you mean 'trainer.total_steps'?" in msg
+    assert "expected key=value" in error_of(TINY, ["trainer.total_steps"])
+
+
+def test_wrong_type_names_key():
+    msg = error_of(TINY, ["learner.world_size=two"])
+    assert "learner.world_size" in msg and "'two'" in msg
+
+
+def test_missing_model_path(tmp_path):
+    assert "model.path is required" in error_of(write(tmp_path, "data:\n  train_files: [a.parquet]\n"))
+
+
+def test_malformed_yaml_and_missing_file(tmp_path):
+    assert "not valid YAML" in error_of(write(tmp_path, "model: [unclosed\n"))
+    assert "does not exist" in error_of(tmp_path / "nope.yaml")
+    assert "top level must be a mapping" in error_of(write(tmp_path, "- a\n- b\n"))
+
+
+def test_group_size_below_two():
+    msg = error_of(TINY, ["algorithm.group_size=1", "learner.mini_batch_size=16", "learner.micro_batch_size=8"])
+    assert "algorithm.group_size=1: GRPO compares samples of one prompt, so it needs at least 2" in msg
+
+
+def test_batch_not_divisible_by_mini_batch():
+    msg = error_of(TINY, ["learner.mini_batch_size=96", "learner.micro_batch_size=48"])
+    assert ("data.train_batch_size (16) x algorithm.group_size (16) = 256 samples per step "
+            "is not divisible by learner.mini_batch_size (96)") in msg
+
+
+def test_mini_batch_not_divisible_by_micro_times_world():
+    msg = error_of(TINY, ["learner.micro_batch_size=48"])
+    assert "learner.mini_batch_size (256) is not divisible by learner.micro_batch_size (48) x learner.world_size (2) = 96" in msg
+
+
+def test_tensor_parallel_larger_than_node():
+    msg = error_of(TINY, ["cluster.device=cuda", "cluster.devices_per_node=4", "cluster.nodes=2",
+                          "generator.tensor_parallel_size=8"])
+    assert "generator.tensor_parallel_size (8) is larger than cluster.devices_per_node (4)" in msg
+
+
+def test_more_gpus_than_cluster_and_colocation_shares():
+    base = ["cluster.device=cuda", "cluster.devices_per_node=8", "cluster.nodes=2", "generator.num_engines=2",
+            "generator.tensor_parallel_size=4", "learner.world_size=8", "learner.micro_batch_size=8",
+            "learner.mini_batch_size=128", "reference.num_actors=4"]
+    msg = error_of(TINY, base)
+    assert "the pools ask for 20 GPUs (generator 8, learner 8, reference 4; colocated pools share)" in msg
+    assert "cluster.nodes (2) x cluster.devices_per_node (8) = 16" in msg
+    # the reference on the learner's GPUs: 8 + 8 fits in 16
+    assert load_recipe(TINY, base + ["cluster.colocate=[[learner,reference]]"]).cluster.colocate == [["learner", "reference"]]
+
+
+def test_choices_and_positive_sizes():
+    msg = error_of(TINY, ["algorithm.kl_estimator=k2", "learner.world_size=0"])
+    assert "learner.world_size=0: must be positive" in msg
+    msg = error_of(TINY, ["algorithm.kl_estimator=k2", "trainer.loggers=[console,wandb]",
+                          "cluster.colocate=[[learner,critic]]"])
+    assert "algorithm.kl_estimator='k2': expected one of k1, k3" in msg
+    assert "unknown logger 'wandb'" in msg and "unknown pool 'critic'" in msg
+
+
+def test_dump_redacts_secret_keys_and_env_values(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_supersecretvalue123")
+    r = load_recipe(TINY, ["generator.vllm_kwargs.hf_token=${oc.env:HF_TOKEN}",
+                           "trainer.experiment_name=run-${oc.env:HF_TOKEN}"])
+    text = dump_recipe(r, tmp_path / "config.yaml").read_text()
+    assert "hf_supersecretvalue123" not in text
+    assert "hf_token: '***redacted***'" in text and "max_tokens: 1" in text
+    assert redact({"api_key": "x", "n": ["a-s3cr3tval"]}, ["s3cr3tval"]) == {"api_key": "***redacted***",
+                                                                              "n": ["a-***redacted***"]}
+
+
+def test_cli_user_error_exits_2_without_traceback():
+    res = run_cli("train", str(TINY), "learner.micro_batch_size=48")
+    assert res.returncode == 2
+    assert "Traceback" not in res.stderr
+    assert res.stderr.startswith("grpo-ray: error: ") and "learner.mini_batch_size (256)" in res.stderr

@@ -1,0 +1,123 @@
+import json
+from collections import Counter
+
+import pyarrow.parquet as pq
+import pytest
+
+from grpo_ray.data import DataError, load_rows, synthetic
+from grpo_ray.data.prepare import PrepareError, prepare
+from grpo_ray.rewards import load
+from tests.conftest import run_cli
+
+COLUMNS = {"data_source", "prompt", "ability", "reward_model", "extra_info"}
+
+
+def test_synthetic_rows_are_seeded_and_gsm8k_shaped():
+    a = load_rows("synthetic://select?size=50&seed=3")
+    assert a == load_rows("synthetic://select?size=50&seed=3")
+    assert a != load_rows("synthetic://select?size=50&seed=4")
+    assert a != load_rows("synthetic://select?size=50&seed=3&split=test")
+    row = a[0]
+    assert set(row) == COLUMNS and row["prompt"][0]["role"] == "user"
+    assert row["extra_info"]["answer"].endswith(f"#### {row['reward_model']['ground_truth']}")
+    # the reference answer earns full reward from the same reward function training uses
+    gsm8k = load("gsm8k")
+    assert all(gsm8k(r["extra_info"]["answer"], r["reward_model"]["ground_truth"]) == 1.0 for r in a)
+
+
+def test_no_constant_answer_scores_above_0_3_and_copying_a_count_is_a_third():
+    rows = load_rows("synthetic://select?size=3000&seed=0")
+    truths = Counter(r["reward_model"]["ground_truth"] for r in rows)
+    assert max(truths.values()) / len(rows) < 0.2  # best constant: about 1/9
+    # the answer is always one of the counts named in the prompt, never the same count twice
+    import re
+    for r in rows[:200]:
+        counts = re.findall(r"\b(\d) ", r["prompt"][0]["content"])
+        assert r["reward_model"]["ground_truth"] in counts and len(set(counts)) == len(counts) == 3
+
+
+def test_load_rows_errors_name_file_and_row(tmp_path):
+    good = load_rows("synthetic://select?size=3")
+    bad = [good[0], {**good[1], "reward_model": {"style": "rule"}}, good[2]]
+    p = tmp_path / "rows.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in bad))
+    with pytest.raises(DataError, match=r"rows.jsonl row 1: 'reward_model.ground_truth' is missing"):
+        load_rows(str(p))
+    p.write_bytes(b'{"a": 1}\n\xff\xfe\n')
+    with pytest.raises(DataError, match="line 2: not a JSON object in UTF-8"):
+        load_rows(str(p))
+    (tmp_path / "broken.parquet").write_bytes(b"not parquet")
+    with pytest.raises(DataError, match="not a readable parquet file"):
+        load_rows(str(tmp_path / "broken.parquet"))
+    with pytest.raises(DataError, match="no such file"):
+        load_rows(str(tmp_path / "missing.parquet"))
+    with pytest.raises(DataError, match="unknown key 'sise'"):
+        load_rows("synthetic://select?sise=3")
+
+
+def test_prepare_gsm8k_from_shared_files(shared_data, tmp_path):
+    reports = prepare("gsm8k", str(shared_data / "gsm8k"), tmp_path)
+    counts = {r.split: (r.read, r.kept) for r in reports}
+    assert counts == {"train": (7473, 7473), "test": (1319, 1319)}
+    table = pq.read_table(tmp_path / "train.parquet")
+    assert set(table.column_names) == COLUMNS and table.num_rows == 7473
+    rows = load_rows(str(tmp_path / "train.parquet"))  # our own loader accepts what we wrote
+    assert rows[0]["data_source"] == "gsm8k" and rows[0]["reward_model"]["ground_truth"] == "72"
+    assert "####" in rows[0]["prompt"][0]["content"]
+
+
+def test_every_gsm8k_training_answer_scores_one_against_its_ground_truth(shared_data, tmp_path):
+    prepare("gsm8k", str(shared_data / "gsm8k"), tmp_path)
+    gsm8k, fmt = load("gsm8k"), load("format")
+    rows = load_rows(str(tmp_path / "train.parquet"))
+    scores = [gsm8k(r["extra_info"]["answer"], r["reward_model"]["ground_truth"]) for r in rows]
+    assert len(scores) == 7473 and min(scores) == 1.0
+    assert all(fmt(r["extra_info"]["answer"], "", data_source="gsm8k") == 1.0 for r in rows)
+    assert any("," in r["extra_info"]["answer"].rsplit("####", 1)[1] for r in rows)  # separators were exercised
+
+
+def test_prepare_math500_from_shared_file(shared_data, tmp_path):
+    (report,) = prepare("math500", str(shared_data / "math500" / "test.jsonl"), tmp_path)
+    assert (report.split, report.read, report.kept) == ("test", 500, 500)
+    rows = load_rows(str(tmp_path / "test.parquet"))
+    assert rows[0]["data_source"] == "math500" and "\\boxed{}" in rows[0]["prompt"][0]["content"]
+    assert {"subject", "level", "unique_id"} <= set(rows[0]["extra_info"])
+
+
+def test_bad_rows_are_dropped_and_counted(shared_data, tmp_path):
+    lines = (shared_data / "gsm8k" / "test.jsonl").read_bytes().splitlines()[:100]
+    lines[3] = json.dumps({"question": "no answer here"}).encode()
+    lines[7] = json.dumps({"question": "  ", "answer": "#### 3"}).encode()
+    lines[9] = b'{"question": "\xff\xfe", "answer": "#### 1"}'
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "test.jsonl").write_bytes(b"\n".join(lines))
+    (report,) = prepare("gsm8k", str(src), tmp_path / "out", max_bad_fraction=0.05)
+    assert (report.read, report.kept) == (100, 97)
+    assert report.dropped == {"missing answer": 1, "empty prompt": 1, "not UTF-8 JSON": 1}
+    assert "test.jsonl:4: missing answer" in report.examples[0]
+    with pytest.raises(PrepareError, match=r"3 of 100 rows are bad .*\n.*test.jsonl:4: missing answer"):
+        prepare("gsm8k", str(src), tmp_path / "out2", max_bad_fraction=0.02)
+    assert not (tmp_path / "out2" / "test.parquet").exists()
+
+
+def test_long_prompts_are_dropped_with_a_tokenizer(shared_data, tmp_path):
+    from transformers import AutoTokenizer
+
+    from grpo_ray import models
+    from tests.conftest import TINY
+
+    tok = AutoTokenizer.from_pretrained(models.resolve(TINY.format(arch="qwen2")))
+    (report,) = prepare("math500", str(shared_data / "math500" / "test.jsonl"), tmp_path, tokenizer=tok,
+                        max_prompt_tokens=400, max_bad_fraction=0.9)
+    assert 0 < report.dropped["prompt over 400 tokens"] < 500 and report.kept == 500 - report.dropped["prompt over 400 tokens"]
+
+
+def test_prepare_data_cli_and_hub_error(shared_data, tmp_path):
+    res = run_cli("prepare-data", "gsm8k", "--source", str(shared_data / "gsm8k"), "--out", str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    assert "train: 7473 rows read, 7473 kept, 0 dropped (none)" in res.stdout
+    res = run_cli("prepare-data", "gsm8k", "--source", "no-such-org/no-such-set", "--out", str(tmp_path / "x"),
+                  env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "cannot load 'no-such-org/no-such-set' from the hub" in res.stderr and "--source" in res.stderr

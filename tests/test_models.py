@@ -1,0 +1,84 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_ray import models
+from tests.conftest import ROOT, TINY
+
+ARCHS = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+
+
+@pytest.fixture(scope="module")
+def built():
+    return {arch: models.resolve(TINY.format(arch=arch)) for arch in ARCHS}
+
+
+def test_parse_tiny_names_and_errors():
+    spec = models.parse_tiny("tiny://llama?layers=4&hidden=256&heads=8&kv_heads=2")
+    assert (spec.arch, spec.layers, spec.hidden, spec.head_dim, spec.kv_heads) == ("llama", 4, 256, 32, 2)
+    assert models.parse_tiny(spec.canonical()) == spec
+    with pytest.raises(models.ModelNameError, match="unknown tiny architecture 'mistral'"):
+        models.parse_tiny("tiny://mistral?layers=2")
+    with pytest.raises(models.ModelNameError, match="unknown key 'layer'"):
+        models.parse_tiny("tiny://qwen2?layer=2")
+    with pytest.raises(models.ModelNameError, match="hidden=100 must be divisible by heads=3"):
+        models.parse_tiny("tiny://qwen2?hidden=100&heads=3")
+    assert models.resolve("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_tiny_checkpoint_reloads_in_transformers(built, arch):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(built[arch])
+    assert (path / "model.safetensors").is_file() and (path / "tokenizer.json").is_file()
+    cfg = json.loads((path / "config.json").read_text())
+    assert cfg["architectures"] == [ARCHS[arch]]
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    n = sum(p.numel() for p in model.parameters())
+    assert 50_000 < n < 2_000_000  # "about 1M parameters" scale for tests
+    text = tok.apply_chat_template([{"role": "user", "content": "Mia has 7 pears. #### 7"}],
+                                   add_generation_prompt=True, tokenize=False)
+    ids = tok(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    assert tok.decode(ids[0]) == text  # byte-level: every character round-trips
+    assert tok.eos_token_id is not None and tok.eos_token is not None
+    out = model.generate(ids, max_new_tokens=5, do_sample=False, pad_token_id=tok.pad_token_id)
+    assert out.shape[1] > ids.shape[1]
+
+
+def test_same_name_same_weights_other_seed_other_weights(tmp_path):
+    from safetensors.torch import load_file
+
+    name = "tiny://qwen2?layers=1&hidden=64&heads=2&kv_heads=1&seed=3"
+    a = models.build_tiny(models.parse_tiny(name), tmp_path / "a")
+    b = models.build_tiny(models.parse_tiny(name), tmp_path / "b")
+    c = models.build_tiny(models.parse_tiny(name.replace("seed=3", "seed=4")), tmp_path / "c")
+    wa, wb, wc = (load_file(p / "model.safetensors") for p in (a, b, c))
+    key = "model.layers.0.self_attn.q_proj.weight"
+    assert torch.equal(wa[key], wb[key]) and not torch.equal(wa[key], wc[key])
+    assert (a / "tokenizer.json").read_text() == (b / "tokenizer.json").read_text()
+
+
+def test_small_vocabulary_option():
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(models.resolve("tiny://qwen2?layers=1&hidden=64&heads=2&kv_heads=1&vocab=64&bytes=0"))
+    assert len(tok) == 64
+    assert tok.decode(tok("Mia has 7 pears.\n#### 7")["input_ids"]) == "Mia has 7 pears.\n#### 7"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_tiny_checkpoint_generates_in_vllm(built, arch):
+    res = subprocess.run([sys.executable, str(ROOT / "tests" / "helpers" / "vllm_generate.py"), built[arch]],
+                         capture_output=True, text=True, timeout=300)
+    lines = [l for l in res.stdout.splitlines() if l.startswith("RESULT ")]
+    assert res.returncode == 0 and lines, res.stderr[-3000:]
+    out = json.loads(lines[0][len("RESULT "):])
+    assert len(out["token_ids"]) == 2 and all(len(t) >= 1 for t in out["token_ids"])
+    assert all(lp <= 0 for lps in out["logprobs"] for lp in lps)

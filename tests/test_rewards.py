@@ -1,0 +1,79 @@
+import pytest
+
+from grpo_ray import rewards
+from grpo_ray.rewards import RewardLoadError, combine, load
+
+
+@pytest.mark.parametrize("response,truth,expected", [
+    ("Tom has 3 + 4 = 7 apples.\n#### 7", "7", 1.0),
+    ("#### 1,000", "1000", 1.0),
+    ("#### 1000.0", "1,000", 1.0),
+    ("#### -3", "-3", 1.0),
+    ("#### $18.", "18", 1.0),
+    ("####7", "7", 1.0),
+    ("#### 8", "7", 0.0),                 # wrong
+    ("The answer is 7.", "7", 0.0),       # no format
+    ("", "7", 0.0),                       # empty
+    ("#### ", "7", 0.0),                  # empty answer
+    ("#### 7\n#### 7", "7", 0.0),         # several answers
+    ("#### 6 #### 7", "7", 0.0),
+    ("#### 1 2 3 4 5 6 7 8 9", "7", 0.0),  # every number listed
+    ("#### 7, 8", "7", 0.0),
+    ("#### 7 " + "zq " * 500, "7", 0.0),  # answer hidden before long garbage
+    ("#### seven", "7", 0.0),
+])
+def test_gsm8k(response, truth, expected):
+    assert load("gsm8k")(response, truth) == expected
+
+
+@pytest.mark.parametrize("response,truth,expected", [
+    ("So $x = \\boxed{\\frac{14}{3}}$.", "\\frac{14}{3}", 1.0),
+    ("\\boxed{\\dfrac{14}{3}}", "\\frac{14}{3}", 1.0),
+    ("\\boxed{4.6667}", "\\frac{14}{3}", 0.0),
+    ("\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}", "\\left( 3, \\frac{\\pi}{2} \\right)", 1.0),
+    ("\\boxed{0.5}", "\\frac{1}{2}", 1.0),
+    ("\\boxed{3}", "5", 0.0),
+    ("the answer is 5", "5", 0.0),            # not boxed
+    ("\\boxed{5} or \\boxed{6}", "5", 0.0),   # several answers
+    ("\\boxed{}", "5", 0.0),                  # empty
+    ("\\boxed{5", "5", 0.0),                  # unbalanced
+])
+def test_math(response, truth, expected):
+    assert load("math")(response, truth) == expected
+
+
+def test_math_on_real_math500_solutions(shared_data):
+    import json
+
+    rows = [json.loads(l) for l in (shared_data / "math500" / "test.jsonl").read_text().splitlines()[:60]]
+    math = load("math")
+    scores = [math(r["solution"], r["answer"]) for r in rows if r["solution"].count("\\boxed{") == 1]
+    assert len(scores) > 40 and sum(scores) / len(scores) > 0.95
+    assert math(rows[0]["solution"], "\\frac{1}{123457}") == 0.0
+
+
+def test_format():
+    fmt = load("format")
+    assert fmt("reasoning\n#### 12", "", data_source="gsm8k") == 1.0
+    assert fmt("#### 12\n#### 13", "", data_source="gsm8k") == 0.0
+    assert fmt("so \\boxed{x+1}", "", data_source="math500") == 1.0
+    assert fmt("\\boxed{1} \\boxed{2}", "", data_source="math500") == 0.0
+    assert fmt("#### 12", "", data_source="math500") == 0.0
+
+
+def test_load_by_module_path_and_errors():
+    assert load("grpo_ray.rewards.builtin:gsm8k_reward") is rewards.BUILTIN["gsm8k"]
+    with pytest.raises(RewardLoadError, match="unknown reward 'gsm9k'"):
+        load("gsm9k")
+    with pytest.raises(RewardLoadError, match="cannot import module 'no_such_mod'"):
+        load("no_such_mod:f")
+    with pytest.raises(RewardLoadError, match="has no callable 'nope'"):
+        load("grpo_ray.rewards:nope")
+
+
+def test_combine_keeps_components_and_weights():
+    fns = [("gsm8k", load("gsm8k"), 0.9), ("format", load("format"), 0.1)]
+    total, parts = combine(fns, "#### 8", "7", data_source="gsm8k")
+    assert parts == {"gsm8k": 0.0, "format": 1.0} and total == pytest.approx(0.1)
+    total, parts = combine(fns, "#### 7", "7", data_source="gsm8k")
+    assert total == pytest.approx(1.0)
