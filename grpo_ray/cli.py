@@ -23,7 +23,14 @@ def cmd_train(args) -> int:
     for spec, n in inputs.dropped.items():
         if n:
             print(f"dropped {n} rows of {spec}: prompt longer than data.max_prompt_length={recipe.data.max_prompt_length}")
-    print("the training engine is not built yet: stopping after validation and setup")
+    from grpo_ray.controller import train
+
+    try:
+        train(recipe, inputs)
+    except KeyboardInterrupt:
+        print("interrupted: actors stopped", file=sys.stderr)
+        return 130
+    print(f"done: metrics in {inputs.output_dir / 'metrics.jsonl'}")
     return 0
 
 

@@ -182,6 +182,8 @@ class ClusterConfig:
     """GPUs per node (0 on CPU)."""
     colocate: list[list[str]] = field(default_factory=list)
     """Groups of pools that share nodes, e.g. [[learner, reference]]; pools not listed get their own."""
+    node_resources: dict[str, str] = field(default_factory=dict)
+    """Pool -> custom Ray resource that marks the nodes it may use, e.g. {generator: generation}."""
 
 
 @dataclass
@@ -204,6 +206,10 @@ class TrainerConfig:
     """Any of console, jsonl, tensorboard."""
     max_sync_logprob_diff: float = 1e-2
     """Stop when generator and learner logprobs of a probe differ by more than this after a sync."""
+    call_timeout_s: float = 1800.0
+    """Longest wait for any one call to a pool; past it the run stops with the call's name."""
+    bucket_mb: int = 256
+    """Weight-sync bucket size in MiB."""
 
 
 @dataclass
@@ -379,6 +385,9 @@ def _cluster_problems(r: Recipe) -> list[str]:
             elif pool in seen:
                 p.append(f"cluster.colocate: pool {pool!r} is in more than one group")
             seen.add(pool)
+    for pool in c.node_resources:
+        if pool not in POOLS:
+            p.append(f"cluster.node_resources: unknown pool {pool!r}; expected any of {', '.join(POOLS)}")
     if c.device != "cuda":
         return p
     if c.devices_per_node <= 0:

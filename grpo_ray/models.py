@@ -250,3 +250,12 @@ def build_tiny(spec: TinySpec, out: Path, extra_texts: list[str] | None = None) 
         shutil.rmtree(tmp, ignore_errors=True)
     return out
 
+
+
+def load_causal_lm(path: str, dtype, trust_remote_code: bool = False):
+    """A transformers causal LM from `path` (hub name or directory), in `dtype`, eager attention on CPU."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {} if torch.cuda.is_available() else {"attn_implementation": "eager"}
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code, **kwargs)

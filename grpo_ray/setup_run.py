@@ -29,6 +29,8 @@ class RunInputs:
     """Rows dropped per file for a prompt over data.max_prompt_length."""
     output_dir: Path
     """The run's directory, holding config.yaml."""
+    probe_ids: list[int]
+    """A fixed token sequence scored by a generator and the learner after each weight sync."""
 
 
 def _usable_rows(files: list[str], tokenizer, recipe: Recipe, dropped: dict[str, int]) -> list[dict]:
@@ -73,4 +75,4 @@ def setup_run(recipe: Recipe) -> RunInputs:
         )
     output_dir = Path(recipe.trainer.output_dir)
     dump_recipe(recipe, output_dir / "config.yaml")
-    return RunInputs(model_path, train_rows, val_rows, dropped, output_dir)
+    return RunInputs(model_path, train_rows, val_rows, dropped, output_dir, train_rows[0]["prompt_ids"])

@@ -1,0 +1,1 @@
+"""Pure functions of GRPO: tensors in, tensors and metrics out; no Ray, no I/O."""

@@ -1,0 +1,135 @@
+"""Where the pools go: one Ray placement group per node group, checked against the cluster before anything starts.
+
+Each pool asks, per actor, for CPUs, GPUs (cuda) and optionally a custom node resource
+that marks the nodes it may use (``cluster.node_resources``, e.g. ``generator:
+generation`` on KubeRay worker groups started with ``resources: {"generation": 1}``).
+Pools named together in ``cluster.colocate`` share one placement group: bundle i
+holds actor i of each of them, and they split its GPU. Every other pool gets its
+own placement group, so by default generators, learner, reference and rewards sit
+on bundles of their own ("non-colocated").
+
+``plan`` and ``problems`` are pure (recipe and node list in, numbers out) so the
+fit check is tested without a cluster; ``reserve`` makes the placement groups and
+gives up with a message instead of waiting forever.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from grpo_ray.config import POOLS, Recipe
+from grpo_ray.errors import UserError
+
+MARKER = 0.001  # how much of a node-marker resource one actor takes: any node with the marker has room for many
+
+
+class ClusterError(UserError):
+    """The cluster cannot hold the plan."""
+
+
+@dataclass
+class PoolPlan:
+    name: str
+    actors: int
+    cpus: float
+    """CPUs per actor."""
+    gpus: float
+    """GPUs per actor (tensor parallel engines take several)."""
+    resources: dict[str, float] = field(default_factory=dict)
+    """Custom resources per actor (node markers)."""
+
+
+def plan(recipe: Recipe) -> dict[str, PoolPlan]:
+    """What each pool asks for, from the recipe alone."""
+    cuda = recipe.cluster.device == "cuda"
+    g, l, f, r = recipe.generator, recipe.learner, recipe.reference, recipe.reward
+    plans = {
+        "generator": PoolPlan("generator", g.num_engines, g.num_cpus, g.tensor_parallel_size if cuda else 0),
+        "learner": PoolPlan("learner", l.world_size, l.num_cpus, 1 if cuda else 0),
+        "reference": PoolPlan("reference", f.num_actors if recipe.algorithm.kl_coef > 0 else 0, f.num_cpus, 1 if cuda else 0),
+        "reward": PoolPlan("reward", r.num_actors, r.num_cpus, 0),
+    }
+    for pool, resource in recipe.cluster.node_resources.items():
+        plans[pool].resources[resource] = MARKER
+    return plans
+
+
+def node_groups(recipe: Recipe) -> list[list[str]]:
+    """Pools that share a placement group: the colocate groups, then every other pool on its own."""
+    grouped = [list(g) for g in recipe.cluster.colocate]
+    seen = {p for g in grouped for p in g}
+    return grouped + [[p] for p in POOLS if p not in seen]
+
+
+def bundles(group: list[str], plans: dict[str, PoolPlan]) -> list[dict[str, float]]:
+    """Bundle i of a node group holds actor i of each of its pools: CPUs add up, GPUs are shared."""
+    count = max(plans[p].actors for p in group)
+    out = []
+    for i in range(count):
+        members = [plans[p] for p in group if plans[p].actors > i]
+        b: dict[str, float] = {"CPU": sum(m.cpus for m in members)}
+        gpus = max(m.gpus for m in members)
+        if gpus:
+            b["GPU"] = gpus
+        for m in members:
+            for k, v in m.resources.items():
+                b[k] = b.get(k, 0) + v
+        out.append(b)
+    return out
+
+
+def problems(recipe: Recipe, nodes: list[dict[str, float]]) -> list[str]:
+    """Why the alive `nodes` (their total resources) cannot hold the plan; empty when they can."""
+    plans = plan(recipe)
+    out = []
+    need: dict[str, float] = {}
+    for group in node_groups(recipe):
+        for b in bundles(group, plans):
+            for k, v in b.items():
+                need[k] = need.get(k, 0) + v
+            if not any(all(n.get(k, 0) >= v - 1e-9 for k, v in b.items()) for n in nodes):
+                out.append(f"no node can hold one actor of {'+'.join(group)}: it asks for {_fmt(b)}")
+    for k, v in sorted(need.items()):
+        have = sum(n.get(k, 0) for n in nodes)
+        if have < v - 1e-9:
+            out.append(f"the pools ask for {v:g} {k} in all, the cluster has {have:g}")
+    return out
+
+
+def _fmt(resources: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:g}" for k, v in sorted(resources.items()))
+
+
+def reserve(recipe: Recipe, timeout_s: float = 120.0) -> dict[str, tuple]:
+    """Check the cluster, make one placement group per node group; pool -> (placement group, gpus per actor)."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    nodes = [n["Resources"] for n in ray.nodes() if n["Alive"]]
+    found = problems(recipe, nodes)
+    if found:
+        raise ClusterError("the cluster cannot hold this recipe:\n" + "\n".join(f"  - {p}" for p in found))
+    plans = plan(recipe)
+    out = {}
+    for group in node_groups(recipe):
+        if max(plans[p].actors for p in group) == 0:
+            continue
+        pg = placement_group(bundles(group, plans), strategy="PACK", name=f"grpo-ray-{'-'.join(group)}")
+        try:
+            ray.get(pg.ready(), timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            remove_placement_group(pg)
+            raise ClusterError(f"placement of {'+'.join(group)} not ready after {timeout_s:g}s "
+                               f"(asked for {bundles(group, plans)})") from None
+        sharing = len([p for p in group if plans[p].gpus])
+        for pool in group:
+            out[pool] = (pg, plans[pool].gpus / max(1, sharing) if sharing > 1 else plans[pool].gpus)
+    return out
+
+
+def write_placement(path: Path, pools: dict[str, list[dict]]) -> None:
+    """placement.json: per pool, per actor, its node id, pid and resources."""
+    path.write_text(json.dumps(pools, indent=1))
+

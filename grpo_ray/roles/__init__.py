@@ -1,0 +1,1 @@
+"""One Ray actor class per role: Generator, Learner, Reference, RewardWorker."""

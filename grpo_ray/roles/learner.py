@@ -1,0 +1,189 @@
+"""The learner role: one rank of an FSDP2 model per actor, a torch.distributed group across the actors.
+
+The controller drives it step by step; it runs no loop of its own:
+
+    setup(host, port)          join the group (gloo on CPU, nccl on GPU), load and shard the model
+    train(rollouts, refs, adv) PPO epochs over mini batches, micro-batch gradient accumulation, one
+                               optimizer step per mini batch; returns the step's metrics
+    push_weights(...)          gather full tensors from the shards; rank 0 broadcasts them to the generators
+    probe_logprobs(ids)        logprobs of a fixed sequence, to check a sync
+
+Data parallelism: each mini batch of M samples is cut into W contiguous shares; a rank's
+loss is scaled so that FSDP2's gradient averaging over ranks gives the mini batch's loss
+(see grpo_ray.algo.loss).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from grpo_ray import sync
+from grpo_ray.algo.batching import chunks, collate, flatten, place_values, rank_slice
+from grpo_ray.algo.logprobs import token_logprobs
+from grpo_ray.algo.loss import grpo_loss
+from grpo_ray.config import Recipe
+from grpo_ray.models import load_causal_lm
+
+METRIC_KEYS = ("pg_loss", "kl_loss", "pg_clipfrac_sum", "ppo_kl_sum", "entropy_sum", "tokens")
+
+
+class Learner:
+    def __init__(self, model_path: str, recipe: Recipe, rank: int, world_size: int):
+        self.model_path, self.recipe, self.rank, self.world_size = model_path, recipe, rank, world_size
+        self.device = torch.device("cuda" if recipe.cluster.device == "cuda" else "cpu")
+        torch.set_num_threads(max(1, round(recipe.learner.num_cpus)))
+        torch.manual_seed(recipe.trainer.seed)
+        self.sync_group: sync.SyncGroup | None = None
+        self.steps = 0
+
+    def where(self) -> dict:
+        import ray
+
+        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
+
+    def address(self) -> tuple[str, int]:
+        """A free address on this actor's node (rank 0 hosts the group's store)."""
+        return sync.free_address()
+
+    def setup(self, host: str, port: int) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        cfg = self.recipe.learner
+        dist.init_process_group(sync.backend_for(self.recipe.cluster.device), init_method=f"tcp://{host}:{port}",
+                                rank=self.rank, world_size=self.world_size, timeout=timedelta(minutes=10))
+        if self.device.type == "cuda":
+            torch.cuda.set_device(0)  # Ray gives each learner actor one GPU
+        mesh = init_device_mesh(self.device.type, (self.world_size,))
+        model = load_causal_lm(self.model_path, torch.float32, self.recipe.model.trust_remote_code).to(self.device)
+        if cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        policy = MixedPrecisionPolicy(param_dtype=getattr(torch, cfg.dtype), reduce_dtype=torch.float32)
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
+        self.model = model
+        o = cfg.optim
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
+                                           weight_decay=o.weight_decay)
+        warmup = o.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+        self.pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+
+    # --- training --------------------------------------------------------------------
+
+    def _logprobs(self, pairs, with_entropy=False):
+        seqs = collate(pairs, self.pad_id)
+        logp, entropy = token_logprobs(self.model, seqs.input_ids.to(self.device), seqs.attention_mask.to(self.device),
+                                       self.recipe.generator.sampling.temperature, with_entropy)
+        return seqs, logp, entropy
+
+    def _old_logprobs(self, pairs: list, indices: list[int]) -> dict[int, torch.Tensor]:
+        """Logprobs under the weights before this step's updates, for the samples this rank trains on."""
+        out = {}
+        with torch.no_grad():
+            for micro in chunks(indices, self.recipe.learner.micro_batch_size):
+                seqs, logp, _ = self._logprobs([pairs[i] for i in micro])
+                for j, i in enumerate(micro):
+                    out[i] = (logp[j] * seqs.response_mask[j].to(logp.device)).cpu()
+        return out
+
+    def train(self, rollout_refs: list, ref_logprob_refs: list | None, advantages: list[float]) -> dict[str, float]:
+        """One GRPO step over all samples of `rollout_refs` (Ray object refs, fetched here, not by the controller)."""
+        import ray
+
+        r, lc, a = self.recipe, self.recipe.learner, self.recipe.algorithm
+        pairs = flatten(ray.get(rollout_refs))
+        ref_lps = [lp for chunk in ray.get(ref_logprob_refs) for lp in chunk] if ref_logprob_refs else None
+        adv = torch.tensor(advantages, dtype=torch.float32)
+        n, m = len(pairs), lc.mini_batch_size
+        minis = [rank_slice(list(range(b, b + m)), self.rank, self.world_size) for b in range(0, n, m)]
+
+        start = time.perf_counter()
+        on_policy = a.ppo_epochs == 1 and len(minis) == 1
+        old = None if on_policy else self._old_logprobs(pairs, [i for mini in minis for i in mini])
+        old_seconds = time.perf_counter() - start
+
+        totals = torch.zeros(len(METRIC_KEYS), dtype=torch.float64)
+        grad_norms, skipped = [], 0
+        self.model.train()
+        for _ in range(a.ppo_epochs):
+            for mine in minis:
+                local = torch.tensor([float(sum(len(pairs[i][1]) for i in mine)), float(len(mine))])
+                dist.all_reduce(local)
+                normaliser = (local[0] if a.loss_agg == "token-mean" else local[1]).item() / self.world_size
+                for micro in chunks(mine, lc.micro_batch_size):
+                    seqs, logp, entropy = self._logprobs([pairs[i] for i in micro], with_entropy=True)
+                    mask = seqs.response_mask.to(logp.device)
+                    old_logp = logp.detach() if old is None else torch.stack([old[i] for i in micro]).to(logp.device)
+                    ref_logp = None
+                    if ref_lps is not None:
+                        ref_logp = place_values([ref_lps[i] for i in micro], seqs.response_mask).to(logp.device)
+                    loss, mm = grpo_loss(logp, old_logp, ref_logp, adv[micro].to(logp.device), mask,
+                                         clip_low=a.clip_ratio_low, clip_high=a.clip_ratio_high, kl_coef=a.kl_coef,
+                                         kl_estimator=a.kl_estimator, loss_agg=a.loss_agg, normaliser=normaliser)
+                    loss.backward()
+                    mm["entropy_sum"] = (entropy.detach() * mask).sum().item()
+                    totals += torch.tensor([mm[k] for k in METRIC_KEYS], dtype=torch.float64)
+                norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), lc.optim.grad_clip or float("inf"))
+                norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+                if torch.isfinite(norm):
+                    self.optimizer.step()
+                    self.scheduler.step()
+                else:
+                    skipped += 1
+                self.optimizer.zero_grad(set_to_none=True)
+                grad_norms.append(norm.item())
+        dist.all_reduce(totals)
+        self.steps += 1
+        updates = a.ppo_epochs * len(minis)
+        tokens = totals[METRIC_KEYS.index("tokens")].item() / a.ppo_epochs
+        return {
+            "actor/pg_loss": totals[0].item() / self.world_size / updates,
+            "actor/kl_loss": totals[1].item() / self.world_size / updates,
+            "actor/pg_clipfrac": totals[2].item() / a.ppo_epochs / tokens,
+            "actor/ppo_kl": totals[3].item() / a.ppo_epochs / tokens,
+            "actor/entropy": totals[4].item() / a.ppo_epochs / tokens,
+            "actor/grad_norm": sum(grad_norms) / len(grad_norms),
+            "actor/lr": self.scheduler.get_last_lr()[0],
+            "actor/skipped_updates": skipped,
+            "timing_s/old_log_prob": old_seconds,
+            "timing_s/update_actor": time.perf_counter() - start - old_seconds,
+        }
+
+    def probe_logprobs(self, token_ids: list[int]) -> list[float]:
+        """Logprobs of a fixed sequence at temperature 1 (every rank must call: FSDP2's forward is collective)."""
+        self.model.eval()
+        with torch.no_grad():
+            ids = torch.tensor([token_ids], device=self.device)
+            logp, _ = token_logprobs(self.model, ids, torch.ones_like(ids), temperature=1.0)
+        return logp[0].tolist()
+
+    # --- weight sync -----------------------------------------------------------------
+
+    def weight_metas(self) -> list[sync.WeightMeta]:
+        return [sync.WeightMeta(name, tuple(p.shape), str(p.dtype).removeprefix("torch."))
+                for name, p in self.model.named_parameters()]
+
+    def init_sync(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
+        """Rank 0 joins the weight-sync group as its rank 0 (and hosts its store); other ranks have no part in it."""
+        if self.rank == 0:
+            self.sync_group = sync.SyncGroup(sync.backend_for(self.recipe.cluster.device), host, port, 0, world_size,
+                                             timeout_s)
+
+    def push_weights(self, metas: list[sync.WeightMeta], bucket_bytes: int) -> dict[str, float]:
+        """Gather full weights (every rank takes part) and broadcast them from rank 0."""
+        start = time.perf_counter()
+        full = [p.full_tensor() if hasattr(p, "full_tensor") else p.data for _, p in self.model.named_parameters()]
+        sent = sync.send(self.sync_group, metas, full, bucket_bytes) if self.rank == 0 else 0
+        return {"seconds": time.perf_counter() - start, "bytes": float(sent)}
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

