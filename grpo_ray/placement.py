@@ -89,8 +89,9 @@ def problems(recipe: Recipe, nodes: list[dict[str, float]]) -> list[str]:
         for b in bundles(group, plans):
             for k, v in b.items():
                 need[k] = need.get(k, 0) + v
-            if not any(all(n.get(k, 0) >= v - 1e-9 for k, v in b.items()) for n in nodes):
-                out.append(f"no node can hold one actor of {'+'.join(group)}: it asks for {_fmt(b)}")
+            message = f"no node can hold one actor of {'+'.join(group)}: it asks for {_fmt(b)}"
+            if message not in out and not any(all(n.get(k, 0) >= v - 1e-9 for k, v in b.items()) for n in nodes):
+                out.append(message)
     for k, v in sorted(need.items()):
         have = sum(n.get(k, 0) for n in nodes)
         if have < v - 1e-9:

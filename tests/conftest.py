@@ -37,3 +37,30 @@ def run_cli(*args, env=None, cwd=None):
         [sys.executable, "-m", "grpo_ray", *args], capture_output=True, text=True,
         env={**os.environ, **(env or {})}, cwd=cwd or ROOT, timeout=600,
     )
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """A local Ray cluster for one test module (logical CPUs: actors here are mostly idle)."""
+    import ray
+
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def tiny_rollouts(vocab: int, prompts: int = 4, group: int = 4, seed: int = 0, split: int = 2):
+    """Hand-made rollouts of random tokens (for learner and sync tests), cut into `split` rollouts."""
+    import random
+
+    from grpo_ray.types import Completion, Prompt, Rollout
+
+    rng = random.Random(seed)
+    out = []
+    per = prompts // split
+    for s in range(split):
+        ps = [Prompt([rng.randrange(3, vocab) for _ in range(rng.randint(4, 9))], "1", "test") for _ in range(per)]
+        cs = [Completion(i, [rng.randrange(3, vocab) for _ in range(rng.randint(1, 5))], "", [], "stop")
+              for i in range(per) for _ in range(group)]
+        out.append(Rollout(ps, cs, 0))
+    return out

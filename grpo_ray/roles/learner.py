@@ -184,6 +184,11 @@ class Learner:
         sent = sync.send(self.sync_group, metas, full, bucket_bytes) if self.rank == 0 else 0
         return {"seconds": time.perf_counter() - start, "bytes": float(sent)}
 
+    def full_weights(self) -> dict[str, torch.Tensor]:
+        """Full (unsharded) weights on CPU; every rank must call, rank 0's copy is the one to use."""
+        return {n: (p.full_tensor() if hasattr(p, "full_tensor") else p.data).detach().cpu()
+                for n, p in self.model.named_parameters()}
+
     def shutdown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()

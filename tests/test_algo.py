@@ -1,0 +1,98 @@
+"""The GRPO math against numbers worked by hand."""
+
+import math
+
+import pytest
+import torch
+
+from grpo_ray.algo.advantage import group_advantages
+from grpo_ray.algo.batching import chunks, collate, place_values, rank_slice, response_values
+from grpo_ray.algo.loss import aggregate, grpo_loss, kl_penalty
+
+S = 1 / math.sqrt(2)  # (1 - 0.5) / std([1, 0]) with the unbiased std sqrt(0.5)
+
+
+def test_group_advantages_by_hand():
+    adv = group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), group_size=2)
+    assert adv.tolist() == pytest.approx([S, -S, -S, S], abs=1e-5)
+    adv = group_advantages(torch.tensor([3.0, 0.0, 0.0]), group_size=3)  # centred [2,-1,-1], std sqrt(3)
+    assert adv.tolist() == pytest.approx([2 / math.sqrt(3), -1 / math.sqrt(3), -1 / math.sqrt(3)], abs=1e-5)
+    assert group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), 2, norm_by_std=False).tolist() == [0.5, -0.5, -0.5, 0.5]
+    assert group_advantages(torch.tensor([1.0, 1.0, 0.0, 0.0]), 2).tolist() == [0, 0, 0, 0]  # no signal
+    with pytest.raises(ValueError, match="do not split into groups of 4"):
+        group_advantages(torch.zeros(6), 4)
+
+
+def test_kl_estimators_by_hand():
+    logp, ref = torch.tensor([-1.0]), torch.tensor([-2.0])
+    assert kl_penalty(logp, ref, "k1").item() == pytest.approx(1.0)
+    assert kl_penalty(logp, ref, "k3").item() == pytest.approx(math.exp(-1) + 1 - 1)  # e^-1 - (-1) - 1
+    assert kl_penalty(ref, ref, "k3").item() == 0.0
+
+
+def test_aggregation_by_hand():
+    values = torch.tensor([[1.0, 2.0], [3.0, 100.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    assert aggregate(values, mask, "token-mean", normaliser=3).item() == pytest.approx(2.0)  # (1+2+3)/3
+    assert aggregate(values, mask, "seq-mean", normaliser=2).item() == pytest.approx(2.25)  # (1.5+3)/2
+
+
+def loss_of(ratio, adv, **kw):
+    old = torch.zeros(1, 1)
+    logp = torch.log(torch.tensor([[ratio]])).requires_grad_()
+    args = dict(clip_low=0.2, clip_high=0.2, kl_coef=0.0, kl_estimator="k3", loss_agg="token-mean", normaliser=1.0)
+    args.update(kw)
+    loss, m = grpo_loss(logp, old, None, torch.tensor([adv]), torch.ones(1, 1), **args)
+    return loss, m, logp
+
+
+@pytest.mark.parametrize("ratio,adv,expected,clipped", [
+    (1.5, 1.0, -1.2, 1),   # good sample pushed too far up: clipped at 1 + 0.2
+    (0.5, -1.0, 0.8, 1),   # bad sample pushed too far down: clipped at 1 - 0.2
+    (1.5, -1.0, 1.5, 0),   # bad sample made likelier: the pessimistic (unclipped) term wins
+    (1.0, 2.0, -2.0, 0),   # on policy: -A
+])
+def test_clipped_surrogate_by_hand(ratio, adv, expected, clipped):
+    loss, m, _ = loss_of(ratio, adv)
+    assert loss.item() == pytest.approx(expected)
+    assert m["pg_clipfrac_sum"] == clipped
+
+
+def test_separate_low_and_high_clip():
+    assert loss_of(1.5, 1.0, clip_high=0.28)[0].item() == pytest.approx(-1.28)
+    assert loss_of(0.5, -1.0, clip_low=0.1)[0].item() == pytest.approx(0.9)
+
+
+def test_on_policy_gradient_is_minus_advantage_over_normaliser():
+    logp = torch.tensor([[-1.0, -2.0], [-0.5, -3.0]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    loss, m = grpo_loss(logp, logp.detach(), None, torch.tensor([2.0, -1.0]), mask, clip_low=0.2, clip_high=0.2,
+                        kl_coef=0.0, kl_estimator="k3", loss_agg="token-mean", normaliser=3.0)
+    loss.backward()
+    assert torch.allclose(logp.grad, torch.tensor([[-2 / 3, -2 / 3], [1 / 3, 0.0]]))
+    assert m["tokens"] == 3
+
+
+def test_kl_term_is_added_with_its_coefficient():
+    logp = torch.tensor([[-1.0]])
+    ref = torch.tensor([[-2.0]])
+    loss, m = grpo_loss(logp, logp, ref, torch.tensor([0.0]), torch.ones(1, 1), clip_low=0.2, clip_high=0.2,
+                        kl_coef=0.5, kl_estimator="k1", loss_agg="token-mean", normaliser=1.0)
+    assert m["kl_loss"] == pytest.approx(1.0) and loss.item() == pytest.approx(0.5)
+
+
+def test_collate_masks_line_up_with_next_token_logprobs():
+    seqs = collate([([1, 2, 3], [4, 5]), ([6], [7, 8, 9])], pad_id=0)
+    assert seqs.input_ids.tolist() == [[1, 2, 3, 4, 5], [6, 7, 8, 9, 0]]
+    assert seqs.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
+    # logprob position t predicts token t+1: the responses are tokens 3..4 and 1..3
+    assert seqs.response_mask.tolist() == [[0, 0, 1, 1], [1, 1, 1, 0]]
+    values = [[0.25, 0.5], [1.0, 2.0, 4.0]]
+    placed = place_values(values, seqs.response_mask)
+    assert placed.tolist() == [[0, 0, 0.25, 0.5], [1.0, 2.0, 4.0, 0]]
+    assert response_values(placed, seqs.response_mask) == values
+
+
+def test_mini_batch_shares_and_chunks():
+    assert rank_slice(list(range(8)), 1, 2) == [4, 5, 6, 7]
+    assert chunks([0, 1, 2, 3, 4], 2) == [[0, 1], [2, 3], [4]]

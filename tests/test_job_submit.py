@@ -1,0 +1,69 @@
+"""`ray job submit` against a real Ray head started here (and stopped by its own handle)."""
+
+import os
+import re
+import secrets
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ray_job_submit_runs_the_tiny_recipe(tmp_path, model_cache):
+    gcs, dash = free_port(), free_port()
+    # Ray 2.60 heads require an auth token: this head and its client share one made for this test only
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "GRPO_RAY_CACHE": str(model_cache),
+           "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    env.pop("RAY_ADDRESS", None)
+    head = subprocess.Popen(
+        [str(BIN / "ray"), "start", "--head", "--block", f"--port={gcs}", "--dashboard-host=127.0.0.1",
+         f"--dashboard-port={dash}", "--num-cpus=3", "--include-dashboard=true", "--disable-usage-stats"],
+        env=env, stdout=open(tmp_path / "head.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    address = f"http://127.0.0.1:{dash}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"{address}/api/version", timeout=2)
+                break
+            except urllib.error.HTTPError:  # it answers (Ray 2.60 asks for its auth token): it is up
+                break
+            except OSError:
+                assert head.poll() is None, (tmp_path / "head.log").read_text()[-3000:]
+                assert time.time() < deadline, "the Ray head did not come up"
+                time.sleep(1)
+        out = tmp_path / "run"
+        job = subprocess.run(
+            [str(BIN / "ray"), "job", "submit", "--address", address, "--runtime-env",
+             "runtime_env/cpu-local.yaml", "--", "grpo-ray", "train", "recipes/tiny-cpu.yaml",
+             "trainer.total_steps=2", f"trainer.output_dir={out}"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+        logs = job.stdout + job.stderr
+        assert job.returncode == 0, logs[-5000:]
+        job_id = re.search(r"Job '(raysubmit_\w+)' succeeded", logs).group(1)
+        status = subprocess.run(
+            [sys.executable, "-c", "import sys; from ray.job_submission import JobSubmissionClient as C; "
+             "print(C(sys.argv[1]).get_job_status(sys.argv[2]).value)", address, job_id],
+            env=env, capture_output=True, text=True, timeout=120)
+        assert status.stdout.strip() == "SUCCEEDED", status.stderr[-2000:]
+        assert "step:1 critic/score/mean:" in logs and "step:2 critic/score/mean:" in logs
+        assert (out / "metrics.jsonl").read_text().count("\n") == 2
+    finally:
+        head.terminate()  # `ray start --block` stops what it started when it is told to stop
+        head.wait(timeout=120)
