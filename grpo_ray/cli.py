@@ -23,13 +23,16 @@ def cmd_train(args) -> int:
     for spec, n in inputs.dropped.items():
         if n:
             print(f"dropped {n} rows of {spec}: prompt longer than data.max_prompt_length={recipe.data.max_prompt_length}")
-    from grpo_ray.controller import train
+    from grpo_ray.controller import RunError, train
 
     try:
         train(recipe, inputs)
     except KeyboardInterrupt:
         print("interrupted: actors stopped", file=sys.stderr)
         return 130
+    except RunError as e:
+        print(f"grpo-ray: run stopped: {e}", file=sys.stderr)
+        return 1
     print(f"done: metrics in {inputs.output_dir / 'metrics.jsonl'}")
     return 0
 

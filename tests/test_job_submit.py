@@ -3,9 +3,11 @@
 import os
 import re
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -31,8 +33,11 @@ def test_ray_job_submit_runs_the_tiny_recipe(tmp_path, model_cache):
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "GRPO_RAY_CACHE": str(model_cache),
            "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
     env.pop("RAY_ADDRESS", None)
+    # its own (short: unix socket paths) temp dir, so its address file cannot send later runs to a dead head
+    temp_dir = tempfile.mkdtemp(prefix="rayjob", dir="/tmp")
     head = subprocess.Popen(
-        [str(BIN / "ray"), "start", "--head", "--block", f"--port={gcs}", "--dashboard-host=127.0.0.1",
+        [str(BIN / "ray"), "start", "--head", "--block", f"--port={gcs}", f"--temp-dir={temp_dir}",
+         "--dashboard-host=127.0.0.1",
          f"--dashboard-port={dash}", "--num-cpus=3", "--include-dashboard=true", "--disable-usage-stats"],
         env=env, stdout=open(tmp_path / "head.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
     address = f"http://127.0.0.1:{dash}"
@@ -67,3 +72,4 @@ def test_ray_job_submit_runs_the_tiny_recipe(tmp_path, model_cache):
     finally:
         head.terminate()  # `ray start --block` stops what it started when it is told to stop
         head.wait(timeout=120)
+        shutil.rmtree(temp_dir, ignore_errors=True)

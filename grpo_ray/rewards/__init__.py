@@ -52,10 +52,14 @@ def load(name: str) -> RewardFn:
     return fn
 
 
+def weighted_sum(components: dict[str, float], weights: list[tuple[str, float]]) -> float:
+    """The combined reward: sum of weight x component over (name, weight) pairs."""
+    return sum(weight * components[name] for name, weight in weights)
+
+
 def combine(
     fns: list[tuple[str, Callable[..., float], float]], response: str, ground_truth: str, **extra
 ) -> tuple[float, dict[str, float]]:
     """Weighted sum of `fns` ((name, fn, weight) triples) on one response, and each component unweighted."""
     components = {name: float(fn(response, ground_truth, **extra)) for name, fn, _ in fns}
-    total = sum(weight * components[name] for name, _, weight in fns)
-    return total, components
+    return weighted_sum(components, [(name, weight) for name, _, weight in fns]), components

@@ -142,14 +142,15 @@ class Learner:
                 grad_norms.append(norm.item())
         dist.all_reduce(totals)
         self.steps += 1
-        updates = a.ppo_epochs * len(minis)
-        tokens = totals[METRIC_KEYS.index("tokens")].item() / a.ppo_epochs
+        # losses: each update's loss summed over ranks is world_size x its value; token metrics: per token
+        per_update = totals / (self.world_size * a.ppo_epochs * len(minis))
+        per_token = totals / totals[METRIC_KEYS.index("tokens")]
         return {
-            "actor/pg_loss": totals[0].item() / self.world_size / updates,
-            "actor/kl_loss": totals[1].item() / self.world_size / updates,
-            "actor/pg_clipfrac": totals[2].item() / a.ppo_epochs / tokens,
-            "actor/ppo_kl": totals[3].item() / a.ppo_epochs / tokens,
-            "actor/entropy": totals[4].item() / a.ppo_epochs / tokens,
+            "actor/pg_loss": per_update[0].item(),
+            "actor/kl_loss": per_update[1].item(),
+            "actor/pg_clipfrac": per_token[2].item(),
+            "actor/ppo_kl": per_token[3].item(),
+            "actor/entropy": per_token[4].item(),
             "actor/grad_norm": sum(grad_norms) / len(grad_norms),
             "actor/lr": self.scheduler.get_last_lr()[0],
             "actor/skipped_updates": skipped,

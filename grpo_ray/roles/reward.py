@@ -12,6 +12,7 @@ import multiprocessing as mp
 import os
 import time
 
+from grpo_ray.rewards import weighted_sum
 from grpo_ray.rewards.runner import score_one
 from grpo_ray.types import Scores
 
@@ -63,7 +64,7 @@ class RewardWorker:
             errors += err
             for name, _ in self.functions:
                 components[name].append(comp[name])
-            totals.append(sum(w * comp[name] for name, w in self.functions))
+            totals.append(weighted_sum(comp, self.functions))
         return Scores(totals, components, errors, timeouts, time.perf_counter() - start)
 
     def shutdown(self) -> None:
