@@ -29,13 +29,13 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
-def run_cli(*args, env=None, cwd=None):
+def run_cli(*args, env=None, cwd=None, timeout=600):
     """Run `python -m grpo_ray ARGS` in a child process; return the CompletedProcess."""
     import subprocess
 
     return subprocess.run(
         [sys.executable, "-m", "grpo_ray", *args], capture_output=True, text=True,
-        env={**os.environ, **(env or {})}, cwd=cwd or ROOT, timeout=600,
+        env={**os.environ, **(env or {})}, cwd=cwd or ROOT, timeout=timeout,
     )
 
 
