@@ -51,63 +51,72 @@ class Controller:
 
     # --- setup -------------------------------------------------------------------------
 
-    def _actor(self, cls, pool: str, index: int, pgs: dict, cpus: float, env: dict | None = None):
-        pg, gpus = pgs[pool]
-        plan = placement.plan(self.r)[pool]
-        opts = dict(num_cpus=cpus, num_gpus=gpus, resources=plan.resources or None, name=None,
-                    scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index),
-                    runtime_env={"env_vars": {"OMP_NUM_THREADS": str(max(1, round(cpus))), **(env or {})}})
-        return ray.remote(cls).options(**opts)
-
     def start(self) -> None:
         """Reserve the cluster, start every pool, join the learner group and the weight-sync group."""
-        r, path = self.r, self.inputs.model_path
-        pgs = placement.reserve(r)
+        self.plans = placement.plan(self.r)
+        pgs = placement.reserve(self.r)
         self.groups = list({id(pg): pg for pg, _ in pgs.values()}.values())
-        g = r.generator
+        self._start_pools(pgs)
+        self._join_groups()
+        self._write_placement()
+
+    def _options(self, pool: str, index: int, pgs: dict, env: dict | None = None) -> dict:
+        pg, gpus = pgs[pool]
+        cpus = self.plans[pool].cpus
+        return dict(num_cpus=cpus, num_gpus=gpus, resources=self.plans[pool].resources or None,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index),
+                    runtime_env={"env_vars": {"OMP_NUM_THREADS": str(max(1, round(cpus))), **(env or {})}})
+
+    def _start_pools(self, pgs: dict) -> None:
+        r, path, g = self.r, self.inputs.model_path, self.r.generator
         max_len = g.max_model_len or r.data.max_prompt_length + g.sampling.max_tokens
+        env = engine_env(r.cluster.device, g.num_cpus)
         self.actors["generator"] = [
-            self._actor(Generator, "generator", i, pgs, g.num_cpus, engine_env(r.cluster.device, g.num_cpus))
-            .remote(path, g, max_len, r.trainer.seed + i, r.model.trust_remote_code) for i in range(g.num_engines)]
+            ray.remote(Generator).options(**self._options("generator", i, pgs, env)).remote(
+                path, g, max_len, r.trainer.seed + i, r.model.trust_remote_code)
+            for i in range(self.plans["generator"].actors)]
         self.actors["learner"] = [
-            self._actor(Learner, "learner", i, pgs, r.learner.num_cpus).remote(path, r, i, r.learner.world_size)
-            for i in range(r.learner.world_size)]
-        if r.algorithm.kl_coef > 0:
-            self.actors["reference"] = [
-                self._actor(Reference, "reference", i, pgs, r.reference.num_cpus).remote(
-                    path, r.cluster.device, r.reference.micro_batch_size, g.sampling.temperature, r.reference.num_cpus,
-                    r.model.trust_remote_code) for i in range(r.reference.num_actors)]
+            ray.remote(Learner).options(**self._options("learner", i, pgs)).remote(path, r, i, r.learner.world_size)
+            for i in range(self.plans["learner"].actors)]
+        self.actors["reference"] = [
+            ray.remote(Reference).options(**self._options("reference", i, pgs)).remote(
+                path, r.cluster.device, r.reference.micro_batch_size, g.sampling.temperature, r.reference.num_cpus,
+                r.model.trust_remote_code)
+            for i in range(self.plans["reference"].actors)]  # none when kl_coef is 0
         functions = [(f.name, f.weight) for f in r.reward.functions]
         self.actors["reward"] = [
-            self._actor(RewardWorker, "reward", i, pgs, r.reward.num_cpus).remote(
-                functions, r.reward.timeout_s, r.data.response_prefix) for i in range(r.reward.num_actors)]
+            ray.remote(RewardWorker).options(**self._options("reward", i, pgs)).remote(
+                functions, r.reward.timeout_s, r.data.response_prefix)
+            for i in range(self.plans["reward"].actors)]
 
-        learners = self.actors["learner"]
+    def _join_groups(self) -> None:
+        """The learners' torch.distributed group, then the weight-sync group: learner rank 0 + every engine worker."""
+        learners, gens, g = self.actors["learner"], self.actors["generator"], self.r.generator
         host, port = self._get(learners[0].address.remote(), "learner address")
         self._get([l.setup.remote(host, port) for l in learners], "learner setup")
         self.metas = self._get(learners[0].weight_metas.remote(), "weight metadata")
-        tp = g.tensor_parallel_size
-        world = 1 + g.num_engines * tp
+        world = 1 + g.num_engines * g.tensor_parallel_size
         host, port = self._get(learners[0].address.remote(), "sync address")
-        timeout = r.trainer.call_timeout_s
+        timeout, backend = self.r.trainer.call_timeout_s, backend_for(self.r.cluster.device)
         self._get([learners[0].init_sync.remote(host, port, world, timeout)] +
-                  [gen.init_sync.remote(backend_for(r.cluster.device), host, port, 1 + i * tp, world, timeout)
-                   for i, gen in enumerate(self.actors["generator"])], "weight-sync group")
-        where = {pool: self._get([a.where.remote() for a in actors], f"{pool} start") for pool, actors in
-                 self.actors.items()}
-        plans = placement.plan(r)
-        placement.write_placement(self.inputs.output_dir / "placement.json", {
-            pool: [{"actor": i, **w, "resources": {"CPU": plans[pool].cpus, "GPU": plans[pool].gpus,
-                                                   **plans[pool].resources}} for i, w in enumerate(ws)]
-            for pool, ws in where.items()})
+                  [gen.init_sync.remote(backend, host, port, 1 + i * g.tensor_parallel_size, world, timeout)
+                   for i, gen in enumerate(gens)], "weight-sync group")
+
+    def _write_placement(self) -> None:
+        out = {}
+        for pool, actors in self.actors.items():
+            where = self._get([a.where.remote() for a in actors], f"{pool} start")
+            p = self.plans[pool]
+            out[pool] = [{"actor": i, **w, "resources": {"CPU": p.cpus, "GPU": p.gpus, **p.resources}}
+                         for i, w in enumerate(where)]
+        placement.write_placement(self.inputs.output_dir / "placement.json", out)
 
     # --- one step ----------------------------------------------------------------------
 
     def step(self, step: int) -> dict[str, float]:
         r, G = self.r, self.r.algorithm.group_size
         start = time.perf_counter()
-        batch = [Prompt(row["prompt_ids"], row["reward_model"]["ground_truth"], row["data_source"],
-                        row.get("extra_info") or {}, uid) for uid, row in self.stream.next_batch()]
+        batch = [Prompt.from_row(uid, row) for uid, row in self.stream.next_batch()]
         shards = split(batch, len(self.actors["generator"]))
         generated = [gen.generate.options(num_returns=2).remote(shard, G)
                      for gen, shard in zip(self.actors["generator"], shards) if shard]
@@ -130,11 +139,11 @@ class Controller:
     # --- weight sync -------------------------------------------------------------------
 
     def probe(self) -> float:
-        """Mean absolute difference of generator and learner logprobs on a fixed sequence."""
+        """Mean absolute difference of generator and learner logprobs on a fixed sequence (worst engine)."""
         ids = self.inputs.probe_ids
-        gen = self._get(self.actors["generator"][0].prompt_logprobs.remote(ids), "generator probe")
+        gens = self._get([g.prompt_logprobs.remote(ids) for g in self.actors["generator"]], "generator probe")
         learner = self._get([l.probe_logprobs.remote(ids) for l in self.actors["learner"]], "learner probe")[0]
-        return sum(abs(a - b) for a, b in zip(gen, learner)) / len(gen)
+        return max(sum(abs(a - b) for a, b in zip(gen, learner)) / len(gen) for gen in gens)
 
     def sync_weights(self) -> dict[str, float]:
         """Push the learner's weights to every generator, then check them with the probe."""

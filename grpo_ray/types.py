@@ -17,6 +17,12 @@ class Prompt:
     uid: int = 0
     """Position of the prompt in the training data (for dumps and exact resume)."""
 
+    @classmethod
+    def from_row(cls, uid: int, row: dict) -> "Prompt":
+        """From a data row (grpo_ray.data schema) whose 'prompt_ids' were added by setup_run."""
+        return cls(row["prompt_ids"], row["reward_model"]["ground_truth"], row["data_source"],
+                   row.get("extra_info") or {}, uid)
+
 
 @dataclass
 class Completion:
