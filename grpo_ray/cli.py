@@ -40,15 +40,22 @@ def cmd_train(args) -> int:
 def cmd_prepare_data(args) -> int:
     from grpo_ray.data.prepare import prepare
 
-    tokenizer = None
-    if args.tokenizer:
+    from grpo_ray import models
+
+    tokenizer, model, limit, template_kwargs = None, args.tokenizer, args.max_prompt_tokens, {}
+    if args.recipe:  # the recipe's model measures prompts against the recipe's own limit
+        from grpo_ray.config import load_recipe
+
+        recipe = load_recipe(args.recipe)
+        model = model or recipe.model.path
+        limit = limit or recipe.data.max_prompt_length
+        template_kwargs = recipe.model.chat_template_kwargs
+    if model:
         from transformers import AutoTokenizer
 
-        from grpo_ray import models
-
-        tokenizer = AutoTokenizer.from_pretrained(models.resolve(args.tokenizer))
-    reports = prepare(args.name, args.source, args.out, tokenizer=tokenizer,
-                      max_prompt_tokens=args.max_prompt_tokens, max_bad_fraction=args.max_bad_fraction)
+        tokenizer = AutoTokenizer.from_pretrained(models.resolve(model))
+    reports = prepare(args.name, args.source, args.out, tokenizer=tokenizer, max_prompt_tokens=limit,
+                      max_bad_fraction=args.max_bad_fraction, chat_template_kwargs=template_kwargs)
     for r in reports:
         print(r.line())
         for example in r.examples:
@@ -77,8 +84,9 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("name", choices=["gsm8k", "math500"])
     d.add_argument("--source", help="hub name or local path (default: the public hub name)")
     d.add_argument("--out", required=True, help="output directory")
+    d.add_argument("--recipe", help="measure prompts with this recipe's model and data.max_prompt_length")
     d.add_argument("--tokenizer", help="model whose chat template measures prompt length")
-    d.add_argument("--max-prompt-tokens", type=int, default=0, help="drop longer prompts (needs --tokenizer)")
+    d.add_argument("--max-prompt-tokens", type=int, default=0, help="drop longer prompts (needs a tokenizer)")
     d.add_argument("--max-bad-fraction", type=float, default=0.05, help="fail when more rows than this are bad")
     d.set_defaults(func=cmd_prepare_data)
 

@@ -200,6 +200,8 @@ class TrainerConfig:
     """Where config.yaml, metrics, rollouts and checkpoints go."""
     experiment_name: str = "grpo"
     """Name of the run."""
+    overwrite: bool = False
+    """Start in an output_dir that already holds a run's metrics, replacing them (otherwise that is an error)."""
     seed: int = 0
     """Seed for data order, sampling and initial weights of tiny models."""
     loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])

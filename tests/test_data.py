@@ -121,3 +121,17 @@ def test_prepare_data_cli_and_hub_error(shared_data, tmp_path):
                   env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "cannot load 'no-such-org/no-such-set' from the hub" in res.stderr and "--source" in res.stderr
+
+
+def test_prepare_data_cli_measures_prompts_with_the_recipes_model(shared_data, tmp_path):
+    from tests.conftest import ROOT
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text((ROOT / "recipes" / "tiny-cpu.yaml").read_text().replace(
+        "tiny://qwen2?layers=2&hidden=128&heads=4&kv_heads=2&intermediate=256&vocab=128&bytes=0&seed=0",
+        "tiny://qwen2?layers=1&hidden=64&heads=2&kv_heads=1").replace("max_prompt_length: 96", "max_prompt_length: 300"))
+    res = run_cli("prepare-data", "math500", "--source", str(shared_data / "math500" / "test.jsonl"),
+                  "--out", str(tmp_path / "out"), "--recipe", str(recipe), "--max-bad-fraction", "0.9")
+    assert res.returncode == 0, res.stderr
+    dropped = int(res.stdout.split("prompt over 300 tokens ")[1].split(")")[0])
+    assert 0 < dropped < 500 and f"500 rows read, {500 - dropped} kept" in res.stdout
