@@ -1,4 +1,4 @@
-"""The ``grpo-ray`` command: train, prepare-data, build-model.
+"""The ``grpo-ray`` command: train, prepare-data, replay, plot, build-model.
 
 User mistakes (``grpo_ray.errors.UserError``) print one message and exit 2,
 without a traceback; anything else is a bug and keeps its traceback.
@@ -38,9 +38,8 @@ def cmd_train(args) -> int:
 
 
 def cmd_prepare_data(args) -> int:
-    from grpo_ray.data.prepare import prepare
-
     from grpo_ray import models
+    from grpo_ray.data.prepare import prepare
 
     tokenizer, model, limit, template_kwargs = None, args.tokenizer, args.max_prompt_tokens, {}
     if args.recipe:  # the recipe's model measures prompts against the recipe's own limit
@@ -61,6 +60,25 @@ def cmd_prepare_data(args) -> int:
         for example in r.examples:
             print(f"  e.g. {example}")
     print(f"wrote {', '.join(f'{args.out}/{r.split}.parquet' for r in reports)}")
+    return 0
+
+
+def cmd_replay(args) -> int:
+    import json
+
+    from grpo_ray.config import load_recipe
+    from grpo_ray.controller import replay
+
+    metrics = replay(load_recipe(args.recipe, args.overrides), args.dump)
+    print(json.dumps(metrics, indent=1))
+    return 0
+
+
+def cmd_plot(args) -> int:
+    from grpo_ray.plot import plot_runs
+
+    out = args.out or f"{args.runs[0].rstrip('/')}/plot.png"
+    print(f"wrote {plot_runs(args.runs, out)}")
     return 0
 
 
@@ -89,6 +107,17 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--max-prompt-tokens", type=int, default=0, help="drop longer prompts (needs a tokenizer)")
     d.add_argument("--max-bad-fraction", type=float, default=0.05, help="fail when more rows than this are bad")
     d.set_defaults(func=cmd_prepare_data)
+
+    rp = sub.add_parser("replay", help="one learner step on a rollout dump, without generators")
+    rp.add_argument("recipe", help="the recipe of the run that wrote the dump")
+    rp.add_argument("dump", help="rollouts/train_data_stepN.jsonl")
+    rp.add_argument("overrides", nargs="*", help="dotted overrides")
+    rp.set_defaults(func=cmd_replay)
+
+    pl = sub.add_parser("plot", help="score, length, KL, entropy, grad norm, step time, throughput against step")
+    pl.add_argument("runs", nargs="+", help="run directories (several are overlaid)")
+    pl.add_argument("--out", help="PNG file (default: RUN_DIR/plot.png)")
+    pl.set_defaults(func=cmd_plot)
 
     b = sub.add_parser("build-model", help="build a tiny:// model offline and print its path")
     b.add_argument("name", help="e.g. tiny://qwen2?layers=2&hidden=128")

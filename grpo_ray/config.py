@@ -84,6 +84,10 @@ class GeneratorConfig:
     """CPUs reserved per engine actor."""
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     """How training responses are sampled."""
+    val_sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(temperature=0.0))
+    """How validation responses are sampled (greedy by default)."""
+    val_n: int = 1
+    """Validation samples per prompt; above 1, pass@val_n is reported too (use a temperature > 0)."""
     vllm_kwargs: dict[str, Any] = field(default_factory=dict)
     """Passed through to ``vllm.LLM(...)`` as they are (e.g. ``block_size: 32``)."""
 
@@ -184,6 +188,8 @@ class ClusterConfig:
     """Groups of pools that share nodes, e.g. [[learner, reference]]; pools not listed get their own."""
     node_resources: dict[str, str] = field(default_factory=dict)
     """Pool -> custom Ray resource that marks the nodes it may use, e.g. {generator: generation}."""
+    peak_tflops: float = 0.0
+    """Peak TFLOPS of one learner device for MFU; 0: the H100/H200/B200 table on GPU, a matmul measured on CPU."""
 
 
 @dataclass
@@ -196,6 +202,10 @@ class TrainerConfig:
     """Save a checkpoint every this many steps; 0 never."""
     test_freq: int = 0
     """Validate every this many steps; 0 never."""
+    val_before_train: bool = False
+    """Validate once before the first step."""
+    dump_rollouts: bool = True
+    """Write every step's samples to <output_dir>/rollouts/ as JSONL."""
     output_dir: str = "runs/${trainer.experiment_name}"
     """Where config.yaml, metrics, rollouts and checkpoints go."""
     experiment_name: str = "grpo"

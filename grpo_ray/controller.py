@@ -7,9 +7,10 @@
     generators <──────────── weight broadcast (gloo | nccl), then a logprob probe ───────┘
 
 Rollouts and logprobs travel between pools as Ray object refs; the controller only
-gathers rewards, lengths, timings and metrics. Generation of step k+1 could overlap
-training of step k by launching the next ``generate`` before ``train`` returns: the
-hops are already separate remote calls, so that is a change of schedule here.
+gathers rewards, lengths, timings and metrics (rollout dumps are written by a task on the
+driver's node, not by the controller). Generation of step k+1 could overlap training of
+step k by launching the next ``generate`` before ``train_on`` returns: the hops are
+already separate remote calls, so that is a change of schedule here, not a rewrite.
 """
 
 from __future__ import annotations
@@ -20,13 +21,22 @@ import time
 import ray
 import torch
 from ray.util.placement_group import remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import (
+    NodeAffinitySchedulingStrategy,
+    PlacementGroupSchedulingStrategy,
+)
 
 from grpo_ray import placement
 from grpo_ray.algo.advantage import group_advantages
-from grpo_ray.config import Recipe
+from grpo_ray.config import POOLS, Recipe
 from grpo_ray.data.stream import PromptStream
-from grpo_ray.metrics import MetricsLog, rollout_metrics
+from grpo_ray.dumps import write_dump
+from grpo_ray.metrics import (
+    MetricsLog,
+    perf_metrics,
+    rollout_metrics,
+    validation_metrics,
+)
 from grpo_ray.roles.generator import Generator, engine_env
 from grpo_ray.roles.learner import Learner
 from grpo_ray.roles.reference import Reference
@@ -47,16 +57,104 @@ class Controller:
                                    recipe.data.shuffle)
         self.version = 0
         self.groups: list = []
-        self.actors: dict[str, list] = {p: [] for p in placement.POOLS}
+        self.actors: dict[str, list] = {p: [] for p in POOLS}
+        self.pending_dumps: list = []
+
+    # --- one step ----------------------------------------------------------------------
+
+    def step(self, step: int) -> dict[str, float]:
+        r, G = self.r, self.r.algorithm.group_size
+        start = time.perf_counter()
+        batch = [Prompt.from_row(uid, row) for uid, row in self.stream.next_batch()]
+        rollouts, stats = self.generate(batch, G)
+        scores = [self._pick("reward", i).score.remote([ro]) for i, ro in enumerate(rollouts)]
+        stats, scores = self._get(stats, "generate"), self._get(scores, "reward")
+        rewards = torch.tensor([t for s in scores for t in s.totals])
+        advantages = group_advantages(rewards, G, r.algorithm.norm_adv_by_std).tolist()
+        trained = self.train_on(rollouts, advantages)
+        synced = self.sync_weights()
+        if r.trainer.dump_rollouts:
+            self.dump(f"train_data_step{step}", step, rollouts, scores, advantages)
+        seconds = time.perf_counter() - start
+        busy = {"generator": max(s.seconds for s in stats) + synced["timing_s/sync_weights"],
+                "learner": trained["timing_s/update_actor"] + trained["timing_s/old_log_prob"] + synced["sync/seconds"],
+                "reference": trained["timing_s/ref"], "reward": max(s.seconds for s in scores)}
+        return {**rollout_metrics(stats, scores, r.generator.sampling.max_tokens), **trained, **synced,
+                **perf_metrics(stats, trained, busy, seconds, self.facts, self.devices(), self.r),
+                **self.memory(), "timing_s/step": seconds}
+
+    # --- hops --------------------------------------------------------------------------
+
+    def generate(self, prompts: list[Prompt], n: int, sampling=None) -> tuple[list, list]:
+        """Prompts cut evenly over the engines; rollout refs (for the pools) and stats refs (for us)."""
+        shards = split(prompts, len(self.actors["generator"]))
+        generated = [gen.generate.options(num_returns=2).remote(shard, n, sampling)
+                     for gen, shard in zip(self.actors["generator"], shards) if shard]
+        return [ro for ro, _ in generated], [st for _, st in generated]
+
+    def train_on(self, rollouts: list, advantages: list[float]) -> dict[str, float]:
+        """Reference logprobs (when there is a KL term), then one learner step on the rollouts behind the refs."""
+        refs = [self._pick("reference", i).logprobs.options(num_returns=2).remote([ro])
+                for i, ro in enumerate(rollouts)] if self.actors["reference"] else []
+        ref_lps = [lp for lp, _ in refs] or None
+        trained = self._get([l.train.remote(rollouts, ref_lps, advantages) for l in self.actors["learner"]],
+                            "learner train")[0]
+        trained["timing_s/ref"] = max(self._get([s for _, s in refs], "reference")) if refs else 0.0
+        return trained
+
+    def probe(self) -> float:
+        """Mean absolute difference of generator and learner logprobs on a fixed sequence (worst engine)."""
+        ids = self.inputs.probe_ids
+        gens = self._get([g.prompt_logprobs.remote(ids) for g in self.actors["generator"]], "generator probe")
+        learner = self._get([l.probe_logprobs.remote(ids) for l in self.actors["learner"]], "learner probe")[0]
+        return max(sum(abs(a - b) for a, b in zip(gen, learner)) / len(gen) for gen in gens)
+
+    def sync_weights(self) -> dict[str, float]:
+        """Push the learner's weights to every generator, then check them with the probe."""
+        self.version += 1
+        bucket = self.r.trainer.bucket_mb << 20
+        sends = [l.push_weights.remote(self.metas, bucket) for l in self.actors["learner"]]
+        receives = [g.receive_weights.remote(self.metas, bucket, self.version) for g in self.actors["generator"]]
+        pushed, received = self._get(sends, "weight send"), self._get(receives, "weight receive")
+        diff = self.probe()
+        bound = self.r.trainer.max_sync_logprob_diff
+        if diff > bound:
+            raise RunError(f"weight sync to version {self.version}: generator and learner logprobs differ by "
+                           f"{diff:.3g} on the probe, over trainer.max_sync_logprob_diff={bound}")
+        send = pushed[0]["seconds"]  # timed inside learner rank 0: gather from shards + broadcast
+        return {"sync/logprob_diff": diff, "sync/seconds": send, "sync/GBps": pushed[0]["bytes"] / send / 1e9,
+                "timing_s/sync_weights": max([send, *received])}
+
+    def validate(self, step: int) -> dict[str, float]:
+        """pass@1 (and pass@val_n) per data source over the validation rows, with the validation sampling."""
+        g = self.r.generator
+        prompts = [Prompt.from_row(i, row) for i, row in enumerate(self.inputs.val_rows)]
+        rollouts, _ = self.generate(prompts, g.val_n, g.val_sampling)
+        scores = self._get([self._pick("reward", i).score.remote([ro]) for i, ro in enumerate(rollouts)],
+                           "validation reward")
+        if self.r.trainer.dump_rollouts:
+            self.dump(f"val_data_step{step}", step, rollouts, scores, None)
+        perfect = sum(f.weight for f in self.r.reward.functions if f.weight > 0)
+        return validation_metrics([p.data_source for p in prompts], [t for s in scores for t in s.totals],
+                                  g.val_n, perfect)
+
+    def dump(self, name: str, step: int, rollouts: list, scores: list, advantages: list[float] | None) -> None:
+        """Write rollouts/<name>.jsonl from a task on the driver's node (the rollouts never pass through here)."""
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        path = str(self.inputs.output_dir / "rollouts" / f"{name}.jsonl")
+        task = ray.remote(write_dump).options(num_cpus=0, scheduling_strategy=here)
+        self.pending_dumps.append(task.remote(path, step, scores, advantages, *rollouts))
+        self._get(self.pending_dumps[:-2], "rollout dump")  # at most two dumps in flight
+        self.pending_dumps = self.pending_dumps[-2:]
 
     # --- setup -------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Reserve the cluster, start every pool, join the learner group and the weight-sync group."""
+    def start(self, pools: tuple[str, ...] = POOLS) -> None:
+        """Reserve the cluster, start the pools, join the learner group and (with generators) the sync group."""
         self.plans = placement.plan(self.r)
-        pgs = placement.reserve(self.r)
+        pgs = placement.reserve(self.r, pools)
         self.groups = list({id(pg): pg for pg, _ in pgs.values()}.values())
-        self._start_pools(pgs)
+        self._start_pools(pgs, pools)
         self._join_groups()
         self._write_placement()
 
@@ -67,35 +165,35 @@ class Controller:
                     scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index),
                     runtime_env={"env_vars": {"OMP_NUM_THREADS": str(max(1, round(cpus))), **(env or {})}})
 
-    def _start_pools(self, pgs: dict) -> None:
+    def _start_pools(self, pgs: dict, pools: tuple[str, ...]) -> None:
         r, path, g = self.r, self.inputs.model_path, self.r.generator
+        count = {p: self.plans[p].actors if p in pools else 0 for p in POOLS}
         max_len = g.max_model_len or r.data.max_prompt_length + g.sampling.max_tokens
         env = engine_env(r.cluster.device, g.num_cpus)
         self.actors["generator"] = [
             ray.remote(Generator).options(**self._options("generator", i, pgs, env)).remote(
-                path, g, max_len, r.trainer.seed + i, r.model.trust_remote_code)
-            for i in range(self.plans["generator"].actors)]
+                path, g, max_len, r.trainer.seed + i, r.model.trust_remote_code) for i in range(count["generator"])]
         self.actors["learner"] = [
             ray.remote(Learner).options(**self._options("learner", i, pgs)).remote(path, r, i, r.learner.world_size)
-            for i in range(self.plans["learner"].actors)]
-        self.actors["reference"] = [
+            for i in range(count["learner"])]
+        self.actors["reference"] = [  # none when kl_coef is 0
             ray.remote(Reference).options(**self._options("reference", i, pgs)).remote(
                 path, r.cluster.device, r.reference.micro_batch_size, g.sampling.temperature, r.reference.num_cpus,
-                r.model.trust_remote_code)
-            for i in range(self.plans["reference"].actors)]  # none when kl_coef is 0
+                r.model.trust_remote_code) for i in range(count["reference"])]
         functions = [(f.name, f.weight) for f in r.reward.functions]
         self.actors["reward"] = [
             ray.remote(RewardWorker).options(**self._options("reward", i, pgs)).remote(
-                functions, r.reward.timeout_s, r.data.response_prefix)
-            for i in range(self.plans["reward"].actors)]
+                functions, r.reward.timeout_s, r.data.response_prefix) for i in range(count["reward"])]
 
     def _join_groups(self) -> None:
         """The learners' torch.distributed group, then the weight-sync group: learner rank 0 + every engine worker."""
         learners, gens, g = self.actors["learner"], self.actors["generator"], self.r.generator
         host, port = self._get(learners[0].address.remote(), "learner address")
-        self._get([l.setup.remote(host, port) for l in learners], "learner setup")
+        self.facts = self._get([l.setup.remote(host, port) for l in learners], "learner setup")[0]
+        if not gens:
+            return
         self.metas = self._get(learners[0].weight_metas.remote(), "weight metadata")
-        world = 1 + g.num_engines * g.tensor_parallel_size
+        world = 1 + len(gens) * g.tensor_parallel_size
         host, port = self._get(learners[0].address.remote(), "sync address")
         timeout, backend = self.r.trainer.call_timeout_s, backend_for(self.r.cluster.device)
         self._get([learners[0].init_sync.remote(host, port, world, timeout)] +
@@ -111,56 +209,17 @@ class Controller:
                          for i, w in enumerate(where)]
         placement.write_placement(self.inputs.output_dir / "placement.json", out)
 
-    # --- one step ----------------------------------------------------------------------
+    def devices(self) -> float:
+        """Devices of all pools for perf/throughput: GPUs on cuda, reserved CPUs on cpu."""
+        if self.r.cluster.device == "cuda":
+            return sum(p.actors * p.gpus for p in self.plans.values())
+        return sum(p.actors * p.cpus for p in self.plans.values())
 
-    def step(self, step: int) -> dict[str, float]:
-        r, G = self.r, self.r.algorithm.group_size
-        start = time.perf_counter()
-        batch = [Prompt.from_row(uid, row) for uid, row in self.stream.next_batch()]
-        shards = split(batch, len(self.actors["generator"]))
-        generated = [gen.generate.options(num_returns=2).remote(shard, G)
-                     for gen, shard in zip(self.actors["generator"], shards) if shard]
-        rollouts = [rollout for rollout, _ in generated]
-        scores = [self._pick("reward", i).score.remote([ro]) for i, ro in enumerate(rollouts)]
-        refs = [self._pick("reference", i).logprobs.options(num_returns=2).remote([ro])
-                for i, ro in enumerate(rollouts)] if self.actors["reference"] else []
-        stats = self._get([s for _, s in generated], "generate")
-        scores = self._get(scores, "reward")
-        rewards = torch.tensor([t for s in scores for t in s.totals])
-        advantages = group_advantages(rewards, G, r.algorithm.norm_adv_by_std)
-        ref_lps = [lp for lp, _ in refs] or None
-        trained = self._get([l.train.remote(rollouts, ref_lps, advantages.tolist()) for l in self.actors["learner"]],
-                            "learner train")[0]
-        ref_seconds = max(self._get([s for _, s in refs], "reference")) if refs else 0.0
-        synced = self.sync_weights()
-        return {**rollout_metrics(stats, scores, r.generator.sampling.max_tokens), **trained, **synced,
-                "timing_s/ref": ref_seconds, "timing_s/step": time.perf_counter() - start}
-
-    # --- weight sync -------------------------------------------------------------------
-
-    def probe(self) -> float:
-        """Mean absolute difference of generator and learner logprobs on a fixed sequence (worst engine)."""
-        ids = self.inputs.probe_ids
-        gens = self._get([g.prompt_logprobs.remote(ids) for g in self.actors["generator"]], "generator probe")
-        learner = self._get([l.probe_logprobs.remote(ids) for l in self.actors["learner"]], "learner probe")[0]
-        return max(sum(abs(a - b) for a, b in zip(gen, learner)) / len(gen) for gen in gens)
-
-    def sync_weights(self) -> dict[str, float]:
-        """Push the learner's weights to every generator, then check them with the probe."""
-        start = time.perf_counter()
-        self.version += 1
-        bucket = self.r.trainer.bucket_mb << 20
-        pushed = self._get([l.push_weights.remote(self.metas, bucket) for l in self.actors["learner"]] +
-                           [g.receive_weights.remote(self.metas, bucket, self.version)
-                            for g in self.actors["generator"]], "weight sync")
-        seconds = time.perf_counter() - start
-        diff = self.probe()
-        if diff > self.r.trainer.max_sync_logprob_diff:
-            raise RunError(f"weight sync to version {self.version}: generator and learner logprobs differ by "
-                           f"{diff:.3g} on the probe, over trainer.max_sync_logprob_diff={self.r.trainer.max_sync_logprob_diff}")
-        nbytes = pushed[0]["bytes"]
-        return {"sync/logprob_diff": diff, "sync/seconds": seconds, "sync/GBps": nbytes / seconds / 1e9,
-                "timing_s/sync_weights": seconds}
+    def memory(self) -> dict[str, float]:
+        """Peak memory per pool: GPU memory allocated by torch on cuda, resident set size on cpu."""
+        name = "perf/max_memory_allocated_gb" if self.r.cluster.device == "cuda" else "perf/peak_rss_gb"
+        return {f"{name}/{pool}": max(self._get([a.peak_memory_gb.remote() for a in actors], "memory"))
+                for pool, actors in self.actors.items() if actors}
 
     # --- run ---------------------------------------------------------------------------
 
@@ -169,12 +228,19 @@ class Controller:
         return t.total_steps or t.total_epochs * self.stream.steps_per_epoch
 
     def run(self) -> None:
-        log = MetricsLog(self.inputs.output_dir, self.r.trainer.loggers)
+        t = self.r.trainer
+        log = MetricsLog(self.inputs.output_dir, t.loggers, self.total_steps())
         try:
             self.start()
-            print(f"pools started; probe before training: sync/logprob_diff {self.probe():.3g}", flush=True)
+            log.say(f"pools started; probe before training: sync/logprob_diff {self.probe():.3g}")
+            if t.val_before_train and self.inputs.val_rows:
+                log.log(0, self.validate(0))
             for step in range(1, self.total_steps() + 1):
-                log.log(step, self.step(step))
+                metrics = self.step(step)
+                if t.test_freq and self.inputs.val_rows and (step % t.test_freq == 0 or step == self.total_steps()):
+                    metrics.update(self.validate(step))
+                log.log(step, metrics)
+            self._get(self.pending_dumps, "rollout dump")
         finally:
             log.close()
             self.shutdown()
@@ -186,7 +252,7 @@ class Controller:
                 ray.kill(a)
         for pg in self.groups:
             remove_placement_group(pg)
-        self.actors = {p: [] for p in placement.POOLS}
+        self.actors = {p: [] for p in POOLS}
         self.groups = []
 
     def _pick(self, pool: str, i: int):
@@ -210,11 +276,36 @@ def split(items: list, parts: int) -> list[list]:
     return out
 
 
-def train(recipe: Recipe, inputs: RunInputs) -> None:
-    """Start or join a Ray cluster (RAY_ADDRESS, as under `ray job submit`, or a local one) and run."""
+def connect() -> None:
+    """Join the cluster in RAY_ADDRESS (as under `ray job submit`), or start a local one."""
     if not ray.is_initialized():
         if os.environ.get("RAY_ADDRESS"):
             ray.init(address=os.environ["RAY_ADDRESS"])
         else:
             ray.init(include_dashboard=False)
+
+
+def train(recipe: Recipe, inputs: RunInputs) -> None:
+    connect()
     Controller(recipe, inputs).run()
+
+
+def replay(recipe: Recipe, dump_path: str) -> dict[str, float]:
+    """One learner step on a training dump, with no generators: only the learner (and reference) pools start.
+
+    Replaying step N's dump into learners holding the weights of step N-1 reproduces that step's update."""
+    from pathlib import Path
+
+    from grpo_ray import models
+    from grpo_ray.dumps import load_dump
+
+    rollouts, advantages = load_dump(dump_path)
+    out = Path(recipe.trainer.output_dir) / "replay"
+    out.mkdir(parents=True, exist_ok=True)
+    connect()
+    c = Controller(recipe, RunInputs(models.resolve(recipe.model.path), [], [], {}, out, []))
+    try:
+        c.start(pools=("learner", "reference"))
+        return c.train_on([ray.put(r) for r in rollouts], advantages)
+    finally:
+        c.shutdown()

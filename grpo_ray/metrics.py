@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
+from collections import defaultdict
 from pathlib import Path
 
+from grpo_ray import perf
 from grpo_ray.types import RolloutStats, Scores
 
 CONSOLE_KEYS = ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy",
@@ -37,11 +40,54 @@ def rollout_metrics(stats: list[RolloutStats], scores: list[Scores], max_tokens:
     return out
 
 
-class MetricsLog:
-    """Writes each step's metrics to the loggers the recipe names: console, jsonl, tensorboard."""
+def perf_metrics(stats: list[RolloutStats], trained: dict, busy: dict[str, float], step_seconds: float,
+                 facts: dict, devices: float, recipe) -> dict[str, float]:
+    """Throughput, MFU of the learner (update time and whole step) and each pool's idle share of the step."""
+    seq_lens = [p + r for s in stats for p, r in zip(s.prompt_lengths, s.response_lengths)]
+    recomputed = trained["timing_s/old_log_prob"] > 0  # a forward pass for old logprobs: a third of a step
+    flops = perf.train_flops(facts["shape"], seq_lens, recipe.algorithm.ppo_epochs + (1 / 3 if recomputed else 0))
+    update = trained["timing_s/update_actor"] + trained["timing_s/old_log_prob"]
+    world = recipe.learner.world_size
+    out = {
+        "perf/total_num_tokens": sum(seq_lens),
+        "perf/throughput": perf.throughput(sum(seq_lens), step_seconds, devices),
+        "perf/mfu/actor": perf.mfu(flops, update, facts["peak_tflops"], world),
+        "perf/mfu/step": perf.mfu(flops, step_seconds, facts["peak_tflops"], world),
+        "perf/peak_tflops_per_device": facts["peak_tflops"],
+    }
+    for pool, seconds in busy.items():
+        out[f"perf/idle/{pool}"] = max(0.0, 1 - seconds / step_seconds)
+    return out
 
-    def __init__(self, output_dir: Path, loggers: list[str]):
+
+def validation_metrics(sources: list[str], totals: list[float], n: int, perfect: float) -> dict[str, float]:
+    """val/<data_source>/pass@1, and pass@n when n > 1; a sample passes with the full combined reward."""
+    correct: dict[str, list[int]] = defaultdict(list)
+    for i, source in enumerate(sources):
+        correct[source].append(sum(t >= perfect - 1e-9 for t in totals[i * n : (i + 1) * n]))
+    out = {}
+    for source, counts in correct.items():
+        out[f"val/{source}/pass@1"] = statistics.fmean(perf.pass_at_k(n, c, 1) for c in counts)
+        if n > 1:
+            out[f"val/{source}/pass@{n}"] = statistics.fmean(perf.pass_at_k(n, c, n) for c in counts)
+    return out
+
+
+class MetricsLog:
+    """Writes each step's metrics to the loggers the recipe names: console, jsonl, tensorboard.
+
+    On a terminal the console also shows a progress bar (steps done, ETA, current score); elsewhere
+    (``ray job submit``, CI, a pipe) it prints plain lines only.
+    """
+
+    def __init__(self, output_dir: Path, loggers: list[str], total_steps: int = 0):
+        output_dir.mkdir(parents=True, exist_ok=True)
         self.console = "console" in loggers
+        self.bar = None
+        if self.console and sys.stdout.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total_steps, unit="step", dynamic_ncols=True)
         self.jsonl = open(output_dir / "metrics.jsonl", "a") if "jsonl" in loggers else None
         self.tb = None
         if "tensorboard" in loggers:
@@ -49,10 +95,19 @@ class MetricsLog:
 
             self.tb = SummaryWriter(str(output_dir / "tensorboard"))
 
+    def say(self, line: str) -> None:
+        if self.bar is not None:
+            self.bar.write(line)
+        else:
+            print(line, flush=True)
+
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if self.console:
-            shown = " ".join(f"{k}:{metrics[k]:.4g}" for k in CONSOLE_KEYS if k in metrics)
-            print(f"step:{step} {shown}", flush=True)
+            keys = [k for k in CONSOLE_KEYS if k in metrics] + sorted(k for k in metrics if k.startswith("val/"))
+            self.say(f"step:{step} " + " ".join(f"{k}:{metrics[k]:.4g}" for k in keys))
+            if self.bar is not None and step > 0:
+                self.bar.update(1)
+                self.bar.set_postfix(score=f"{metrics.get('critic/score/mean', 0):.3f}")
         if self.jsonl:
             self.jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
             self.jsonl.flush()
@@ -62,6 +117,8 @@ class MetricsLog:
             self.tb.flush()
 
     def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
         if self.jsonl:
             self.jsonl.close()
         if self.tb:

@@ -41,8 +41,8 @@ class PoolPlan:
     """Custom resources per actor (node markers)."""
 
 
-def plan(recipe: Recipe) -> dict[str, PoolPlan]:
-    """What each pool asks for, from the recipe alone."""
+def plan(recipe: Recipe, pools: tuple[str, ...] = POOLS) -> dict[str, PoolPlan]:
+    """What each pool asks for, from the recipe alone (pools not in `pools` ask for no actors)."""
     cuda = recipe.cluster.device == "cuda"
     g, l, f, r = recipe.generator, recipe.learner, recipe.reference, recipe.reward
     plans = {
@@ -53,6 +53,8 @@ def plan(recipe: Recipe) -> dict[str, PoolPlan]:
     }
     for pool, resource in recipe.cluster.node_resources.items():
         plans[pool].resources[resource] = MARKER
+    for pool in set(POOLS) - set(pools):
+        plans[pool].actors = 0
     return plans
 
 
@@ -80,12 +82,14 @@ def bundles(group: list[str], plans: dict[str, PoolPlan]) -> list[dict[str, floa
     return out
 
 
-def problems(recipe: Recipe, nodes: list[dict[str, float]]) -> list[str]:
+def problems(recipe: Recipe, nodes: list[dict[str, float]], pools: tuple[str, ...] = POOLS) -> list[str]:
     """Why the alive `nodes` (their total resources) cannot hold the plan; empty when they can."""
-    plans = plan(recipe)
+    plans = plan(recipe, pools)
     out = []
     need: dict[str, float] = {}
     for group in node_groups(recipe):
+        if max(plans[p].actors for p in group) == 0:
+            continue
         for b in bundles(group, plans):
             for k, v in b.items():
                 need[k] = need.get(k, 0) + v
@@ -103,16 +107,18 @@ def _fmt(resources: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:g}" for k, v in sorted(resources.items()))
 
 
-def reserve(recipe: Recipe, timeout_s: float = 120.0) -> dict[str, tuple]:
-    """Check the cluster, make one placement group per node group; pool -> (placement group, gpus per actor)."""
+def reserve(recipe: Recipe, pools: tuple[str, ...] = POOLS, timeout_s: float = 120.0) -> dict[str, tuple]:
+    """Check the cluster, make one placement group per node group; pool -> (placement group, gpus per actor).
+
+    Only `pools` are placed (a replay needs no generators)."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
     nodes = [n["Resources"] for n in ray.nodes() if n["Alive"]]
-    found = problems(recipe, nodes)
+    found = problems(recipe, nodes, pools)
     if found:
         raise ClusterError("the cluster cannot hold this recipe:\n" + "\n".join(f"  - {p}" for p in found))
-    plans = plan(recipe)
+    plans = plan(recipe, pools)
     out = {}
     for group in node_groups(recipe):
         if max(plans[p].actors for p in group) == 0:
@@ -132,5 +138,6 @@ def reserve(recipe: Recipe, timeout_s: float = 120.0) -> dict[str, tuple]:
 
 def write_placement(path: Path, pools: dict[str, list[dict]]) -> None:
     """placement.json: per pool, per actor, its node id, pid and resources."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(pools, indent=1))
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from grpo_ray import models, rewards
 from grpo_ray.config import Recipe, RecipeError, dump_recipe
-from grpo_ray.data import DataError, load_rows, prompt_token_ids
+from grpo_ray.data import DataError, load_rows, prompt_text
 
 
 @dataclass
@@ -22,9 +22,9 @@ class RunInputs:
     model_path: str
     """Loadable by transformers and vLLM (a tiny model is built by now)."""
     train_rows: list[dict]
-    """Usable training rows, each with 'prompt_ids' added."""
+    """Usable training rows, each with 'prompt_ids' and 'prompt_text' added."""
     val_rows: list[dict]
-    """Usable validation rows, each with 'prompt_ids' added."""
+    """Usable validation rows, each with 'prompt_ids' and 'prompt_text' added."""
     dropped: dict[str, int]
     """Rows dropped per file for a prompt over data.max_prompt_length."""
     output_dir: Path
@@ -38,11 +38,12 @@ def _usable_rows(files: list[str], tokenizer, recipe: Recipe, dropped: dict[str,
     for spec in files:
         n = 0
         for row in load_rows(spec):
-            ids = prompt_token_ids(tokenizer, row, recipe.data.response_prefix, recipe.model.chat_template_kwargs)
+            text = prompt_text(tokenizer, row, recipe.data.response_prefix, recipe.model.chat_template_kwargs)
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
             if len(ids) > recipe.data.max_prompt_length:
                 n += 1
                 continue
-            rows.append({**row, "prompt_ids": ids})
+            rows.append({**row, "prompt_ids": ids, "prompt_text": text})
         dropped[spec] = n
         if n and not rows:
             raise DataError(f"{spec}: every prompt is longer than data.max_prompt_length={recipe.data.max_prompt_length}")

@@ -16,12 +16,14 @@ class Prompt:
     extra_info: dict = field(default_factory=dict)
     uid: int = 0
     """Position of the prompt in the training data (for dumps and exact resume)."""
+    text: str = ""
+    """The prompt as the model sees it (chat template applied, response prefix included)."""
 
     @classmethod
     def from_row(cls, uid: int, row: dict) -> "Prompt":
         """From a data row (grpo_ray.data schema) whose 'prompt_ids' were added by setup_run."""
         return cls(row["prompt_ids"], row["reward_model"]["ground_truth"], row["data_source"],
-                   row.get("extra_info") or {}, uid)
+                   row.get("extra_info") or {}, uid, row.get("prompt_text", ""))
 
 
 @dataclass

@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from grpo_ray.algo.advantage import group_advantages
-from grpo_ray.algo.batching import chunks, collate, place_values, rank_slice, response_values
+from grpo_ray.algo.batching import (
+    chunks,
+    collate,
+    place_values,
+    rank_slice,
+    response_values,
+)
 from grpo_ray.algo.loss import aggregate, grpo_loss, kl_penalty
 
 S = 1 / math.sqrt(2)  # (1 - 0.5) / std([1, 0]) with the unbiased std sqrt(0.5)

@@ -4,7 +4,7 @@ from collections import Counter
 import pyarrow.parquet as pq
 import pytest
 
-from grpo_ray.data import DataError, load_rows, synthetic
+from grpo_ray.data import DataError, load_rows
 from grpo_ray.data.prepare import PrepareError, prepare
 from grpo_ray.rewards import load
 from tests.conftest import run_cli

