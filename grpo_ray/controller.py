@@ -68,10 +68,11 @@ class Controller:
         batch = [Prompt.from_row(uid, row) for uid, row in self.stream.next_batch()]
         rollouts, stats = self.generate(batch, G)
         scores = [self._pick("reward", i).score.remote([ro]) for i, ro in enumerate(rollouts)]
+        refs = self.reference_logprobs(rollouts)  # runs while the rewards are scored
         stats, scores = self._get(stats, "generate"), self._get(scores, "reward")
         rewards = torch.tensor([t for s in scores for t in s.totals])
         advantages = group_advantages(rewards, G, r.algorithm.norm_adv_by_std).tolist()
-        trained = self.train_on(rollouts, advantages)
+        trained = self.train_on(rollouts, advantages, refs)
         synced = self.sync_weights()
         if r.trainer.dump_rollouts:
             self.dump(f"train_data_step{step}", step, rollouts, scores, advantages)
@@ -92,10 +93,14 @@ class Controller:
                      for gen, shard in zip(self.actors["generator"], shards) if shard]
         return [ro for ro, _ in generated], [st for _, st in generated]
 
-    def train_on(self, rollouts: list, advantages: list[float]) -> dict[str, float]:
-        """Reference logprobs (when there is a KL term), then one learner step on the rollouts behind the refs."""
-        refs = [self._pick("reference", i).logprobs.options(num_returns=2).remote([ro])
+    def reference_logprobs(self, rollouts: list) -> list:
+        """(logprobs ref, seconds ref) per rollout from the reference pool; none when there is no KL term."""
+        return [self._pick("reference", i).logprobs.options(num_returns=2).remote([ro])
                 for i, ro in enumerate(rollouts)] if self.actors["reference"] else []
+
+    def train_on(self, rollouts: list, advantages: list[float], refs: list | None = None) -> dict[str, float]:
+        """One learner step on the rollouts behind the refs, with reference logprobs when there is a KL term."""
+        refs = self.reference_logprobs(rollouts) if refs is None else refs
         ref_lps = [lp for lp, _ in refs] or None
         trained = self._get([l.train.remote(rollouts, ref_lps, advantages) for l in self.actors["learner"]],
                             "learner train")[0]
@@ -105,17 +110,22 @@ class Controller:
     def probe(self) -> float:
         """Mean absolute difference of generator and learner logprobs on a fixed sequence (worst engine)."""
         ids = self.inputs.probe_ids
-        gens = self._get([g.prompt_logprobs.remote(ids) for g in self.actors["generator"]], "generator probe")
-        learner = self._get([l.probe_logprobs.remote(ids) for l in self.actors["learner"]], "learner probe")[0]
+        gens = [g.prompt_logprobs.remote(ids) for g in self.actors["generator"]]
+        learners = [l.probe_logprobs.remote(ids) for l in self.actors["learner"]]  # both sides at once
+        gens, learner = self._get(gens, "generator probe"), self._get(learners, "learner probe")[0]
         return max(sum(abs(a - b) for a, b in zip(gen, learner)) / len(gen) for gen in gens)
 
-    def sync_weights(self) -> dict[str, float]:
-        """Push the learner's weights to every generator, then check them with the probe."""
+    def push_weights(self) -> tuple[list[dict], list[float]]:
+        """Learner rank 0 broadcasts (all ranks gather), every engine receives and loads; the workers' timings."""
         self.version += 1
         bucket = self.r.trainer.bucket_mb << 20
         sends = [l.push_weights.remote(self.metas, bucket) for l in self.actors["learner"]]
         receives = [g.receive_weights.remote(self.metas, bucket, self.version) for g in self.actors["generator"]]
-        pushed, received = self._get(sends, "weight send"), self._get(receives, "weight receive")
+        return self._get(sends, "weight send"), self._get(receives, "weight receive")
+
+    def sync_weights(self) -> dict[str, float]:
+        """Push the learner's weights to every generator, then check them with the probe."""
+        pushed, received = self.push_weights()
         diff = self.probe()
         bound = self.r.trainer.max_sync_logprob_diff
         if diff > bound:
@@ -218,8 +228,13 @@ class Controller:
     def memory(self) -> dict[str, float]:
         """Peak memory per pool: GPU memory allocated by torch on cuda, resident set size on cpu."""
         name = "perf/max_memory_allocated_gb" if self.r.cluster.device == "cuda" else "perf/peak_rss_gb"
-        return {f"{name}/{pool}": max(self._get([a.peak_memory_gb.remote() for a in actors], "memory"))
-                for pool, actors in self.actors.items() if actors}
+        pools = {pool: [a.peak_memory_gb.remote() for a in actors] for pool, actors in self.actors.items() if actors}
+        got = self._get([ref for refs in pools.values() for ref in refs], "memory")
+        out, i = {}, 0
+        for pool, refs in pools.items():
+            out[f"{name}/{pool}"] = max(got[i : i + len(refs)])
+            i += len(refs)
+        return out
 
     # --- run ---------------------------------------------------------------------------
 

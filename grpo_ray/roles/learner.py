@@ -16,6 +16,7 @@ loss is scaled so that FSDP2's gradient averaging over ranks gives the mini batc
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from datetime import timedelta
 
 import torch
@@ -191,17 +192,31 @@ class Learner(RoleActor):
             self.sync_group = sync.SyncGroup(sync.backend_for(self.recipe.cluster.device), host, port, 0, world_size,
                                              timeout_s)
 
+    @contextmanager
+    def _unsharded(self):
+        """The full parameters, by name: one FSDP2 all-gather per sharded module (every rank takes part)."""
+        from torch.distributed.fsdp import FSDPModule
+
+        modules = [m for m in self.model.modules() if isinstance(m, FSDPModule)]
+        for m in modules:
+            m.unshard()
+        try:
+            yield [(n, p.detach()) for n, p in self.model.named_parameters()]
+        finally:
+            for m in modules:
+                m.reshard()
+
     def push_weights(self, metas: list[sync.WeightMeta], bucket_bytes: int) -> dict[str, float]:
         """Gather full weights (every rank takes part) and broadcast them from rank 0."""
         start = time.perf_counter()
-        full = [p.full_tensor() if hasattr(p, "full_tensor") else p.data for _, p in self.model.named_parameters()]
-        sent = sync.send(self.sync_group, metas, full, bucket_bytes) if self.rank == 0 else 0
+        with self._unsharded() as full:
+            sent = sync.send(self.sync_group, metas, [p for _, p in full], bucket_bytes) if self.rank == 0 else 0
         return {"seconds": time.perf_counter() - start, "bytes": float(sent)}
 
     def full_weights(self) -> dict[str, torch.Tensor]:
         """Full (unsharded) weights on CPU; every rank must call, rank 0's copy is the one to use."""
-        return {n: (p.full_tensor() if hasattr(p, "full_tensor") else p.data).detach().cpu()
-                for n, p in self.model.named_parameters()}
+        with self._unsharded() as full:
+            return {n: p.cpu().clone() for n, p in full}
 
     def shutdown(self) -> None:
         if dist.is_initialized():

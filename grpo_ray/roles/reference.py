@@ -29,8 +29,8 @@ class Reference(RoleActor):
         """
         import ray
 
-        start = time.perf_counter()
         pairs = flatten(ray.get(rollout_refs))
+        start = time.perf_counter()
         out: list[list[float]] = []
         with torch.no_grad():
             for micro in chunks(pairs, self.micro_batch_size):

@@ -30,9 +30,10 @@ class RewardWorker(RoleActor):
         """Scores of every completion of the rollouts behind `rollout_refs`, in order."""
         import ray
 
-        start = time.perf_counter()
+        rollouts = ray.get(rollout_refs)
+        start = time.perf_counter()  # after the rollout arrived: waiting for generation is not reward work
         tasks = []
-        for rollout in ray.get(rollout_refs):
+        for rollout in rollouts:
             for c in rollout.completions:
                 p = rollout.prompts[c.prompt]
                 extra = {"data_source": p.data_source, "extra_info": p.extra_info}

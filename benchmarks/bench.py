@@ -1,0 +1,378 @@
+"""grpo-ray against the raw components doing the same work, in one run.
+
+    python benchmarks/bench.py --recipe recipes/tiny-cpu.yaml --steps 5 --out benchmarks/results
+
+For the recipe it measures, side by side:
+  - generation: our generator pool (the controller's generate hop, Ray included) vs raw vLLM
+    ``LLM.generate`` in one process, same prompts, same sampling, same thread budget;
+  - learner: our learner pool's train hop vs a raw FSDP2 forward/backward/step loop over the same
+    batch with the same ranks, micro batches and threads (tokens/s and MFU);
+  - weight sync: our sync hop (gather from shards, broadcast, load into vLLM, probe) vs a raw
+    ``torch.distributed.broadcast`` of the same bytes over the same backend;
+  - the end-to-end step and its breakdown; overhead = step time - (raw generation + raw learner +
+    raw broadcast + reward and reference work measured inside their actors).
+Then a sweep over model size and over group size x response length (end-to-end steps only).
+It writes results.json, results.md and PNG plots to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# --- raw components, each run in a child process with the actor's thread budget -----------------
+
+
+def raw_vllm(spec: dict) -> dict:
+    """Raw vLLM: one engine in this process, the same prompts and sampling, timed over `reps` calls."""
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=spec["model"], gpu_memory_utilization=spec["gpu_memory_utilization"], dtype=spec["dtype"],
+              enforce_eager=spec["enforce_eager"], max_model_len=spec["max_model_len"], seed=0)
+    params = SamplingParams(n=spec["n"], max_tokens=spec["max_tokens"], temperature=spec["temperature"],
+                            top_p=spec["top_p"], top_k=spec["top_k"], logprobs=0)
+    prompts = [{"prompt_token_ids": ids} for ids in spec["prompts"]]
+    llm.generate(prompts, params, use_tqdm=False)  # warm-up
+    times, tokens = [], 0
+    for _ in range(spec["reps"]):
+        start = time.perf_counter()
+        out = llm.generate(prompts, params, use_tqdm=False)
+        times.append(time.perf_counter() - start)
+        tokens = sum(len(c.token_ids) for o in out for c in o.outputs)
+    return {"seconds": statistics.median(times), "tokens": tokens}
+
+
+def _raw_fsdp_rank(rank: int, spec: dict, port: int, out: dict) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from grpo_ray.algo.batching import chunks, collate
+    from grpo_ray.models import load_causal_lm
+
+    torch.set_num_threads(spec["threads"])
+    world = spec["world"]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    model = load_causal_lm(spec["model"], torch.float32)
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    pairs, adv = spec["pairs"], torch.tensor(spec["advantages"])
+    per_rank = len(pairs) // world
+    mine = list(range(rank * per_rank, (rank + 1) * per_rank))
+    tokens = sum(len(pairs[i][1]) for i in range(len(pairs)))
+
+    def one_step():
+        for micro in chunks(mine, spec["micro"]):
+            seqs = collate([pairs[i] for i in micro], spec["pad"])
+            logits = model(input_ids=seqs.input_ids, attention_mask=seqs.attention_mask, use_cache=False).logits
+            logp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, seqs.input_ids[:, 1:, None])[..., 0]
+            loss = -(logp * adv[micro, None] * seqs.response_mask).sum() / tokens * world
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+
+    one_step()  # warm-up
+    times = []
+    for _ in range(spec["reps"]):
+        dist.barrier()
+        start = time.perf_counter()
+        one_step()
+        dist.barrier()
+        times.append(time.perf_counter() - start)
+    if rank == 0:
+        out["seconds"] = statistics.median(times)
+    dist.destroy_process_group()
+
+
+def _raw_broadcast_rank(rank: int, spec: dict, port: int, out: dict) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=spec["world"])
+    flat = torch.ones(spec["bytes"] // 4)
+    dist.broadcast(flat, 0)  # warm-up
+    times = []
+    for _ in range(spec["reps"]):
+        dist.barrier()
+        start = time.perf_counter()
+        dist.broadcast(flat, 0)
+        times.append(time.perf_counter() - start)
+    if rank == 0:
+        out["seconds"] = statistics.median(times)
+    dist.destroy_process_group()
+
+
+def _spawn(target, spec: dict) -> dict:
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = mp.Manager().dict()
+    mp.spawn(target, args=(spec, port, out), nprocs=spec["world"])
+    return dict(out)
+
+
+def run_child(kind: str, spec: dict, env: dict) -> dict:
+    """Run one raw measurement in a fresh process (its own env: thread counts, vLLM in-process)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        spec_file = Path(tmp) / "spec.json"
+        spec_file.write_text(json.dumps(spec))
+        res = subprocess.run([sys.executable, __file__, "--raw", kind, str(spec_file)], capture_output=True,
+                             text=True, env={**os.environ, **env}, timeout=3600)
+    lines = [l for l in res.stdout.splitlines() if l.startswith("RAW ")]
+    if res.returncode or not lines:
+        raise RuntimeError(f"raw {kind} failed:\n{res.stderr[-3000:]}")
+    return json.loads(lines[-1][4:])
+
+
+# --- our side: the controller's hops ------------------------------------------------------------
+
+
+def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: bool) -> dict:
+    import ray
+
+    from grpo_ray import perf
+    from grpo_ray.algo.batching import flatten
+    from grpo_ray.config import load_recipe
+    from grpo_ray.controller import Controller, connect
+    from grpo_ray.roles.generator import engine_env
+    from grpo_ray.setup_run import setup_run
+    from grpo_ray.types import Prompt
+
+    out_dir = tempfile.mkdtemp(prefix="grpo-bench-")
+    r = load_recipe(recipe_path, [*overrides, f"trainer.output_dir={out_dir}", "trainer.dump_rollouts=false",
+                                  "trainer.loggers=[jsonl]"])
+    inputs = setup_run(r)
+    connect()
+    c = Controller(r, inputs)
+    G = r.algorithm.group_size
+    result: dict = {"overrides": overrides}
+    try:
+        c.start()
+        c.step(1)  # warm-up
+        step_metrics = [c.step(k) for k in range(2, steps + 2)]
+        prompts = [Prompt.from_row(uid, row) for uid, row in c.stream.next_batch()]
+        gen_s, gen_tokens = [], 0
+        for _ in range(reps):
+            start = time.perf_counter()
+            rollouts, stats = c.generate(prompts, G)
+            stats = ray.get(stats)
+            gen_s.append(time.perf_counter() - start)
+            gen_tokens = sum(sum(s.response_lengths) for s in stats)
+        pairs = flatten(ray.get(rollouts))
+        seq_lens = [len(p) + len(q) for p, q in pairs]
+        advantages = [0.5 if i % 2 else -0.5 for i in range(len(pairs))]
+        learn_s = []
+        for _ in range(reps):  # the learner hop alone (no reference pass: the raw loop has none either)
+            start = time.perf_counter()
+            ray.get([l.train.remote(rollouts, None, advantages) for l in c.actors["learner"]])
+            learn_s.append(time.perf_counter() - start)
+        sync_s = []
+        for _ in range(max(reps, 5)):  # gather from shards + broadcast + load into vLLM; not the probe
+            start = time.perf_counter()
+            c.push_weights()
+            sync_s.append(time.perf_counter() - start)
+        nbytes = sum(m.numel * 4 for m in c.metas)
+        params = sum(m.numel for m in c.metas)
+        facts = c.facts
+    finally:
+        c.shutdown()
+        ray.shutdown()
+
+    flops = perf.train_flops(facts["shape"], seq_lens, r.algorithm.ppo_epochs)
+    world, peak = r.learner.world_size, facts["peak_tflops"]
+    mean = {k: statistics.fmean(m[k] for m in step_metrics) for k in step_metrics[0]}
+    ours = {
+        "step_s": mean["timing_s/step"],
+        "breakdown_s": {k.split("/")[1]: mean[k] for k in mean if k.startswith("timing_s/") and k != "timing_s/step"},
+        "gen_s": statistics.median(gen_s), "gen_tokens": gen_tokens,
+        "learn_s": statistics.median(learn_s), "learn_tokens": sum(seq_lens),
+        "sync_s": statistics.median(sync_s), "sync_bytes": nbytes,
+        "reward_s": mean["timing_s/reward"], "ref_s": mean["timing_s/ref"],
+        "score_mean": mean["critic/score/mean"], "mfu_actor_in_step": mean["perf/mfu/actor"],
+        "params": params,
+    }
+    ours["gen_tok_s"] = gen_tokens / ours["gen_s"]
+    ours["learn_tok_s"] = ours["learn_tokens"] / ours["learn_s"]
+    ours["learn_mfu"] = perf.mfu(flops, ours["learn_s"], peak, world)
+    ours["sync_GBps"] = nbytes / ours["sync_s"] / 1e9
+    result.update(ours=ours, peak_tflops_per_device=peak)
+    g = r.generator
+    raw_sync = run_child("broadcast", {"world": 1 + g.num_engines, "bytes": nbytes, "reps": max(reps, 5)},
+                         {"OMP_NUM_THREADS": "1"})
+    result["raw_sync_GBps"] = nbytes / raw_sync["seconds"] / 1e9
+    result["sync_ratio"] = ours["sync_GBps"] / result["raw_sync_GBps"]
+    if not raw:
+        return result
+
+    gen_env = {**engine_env("cpu", g.num_cpus), "OMP_NUM_THREADS": str(max(1, round(g.num_cpus)))}
+    raw_gen = run_child("vllm", {
+        "model": inputs.model_path, "gpu_memory_utilization": g.gpu_memory_utilization, "dtype": g.dtype,
+        "enforce_eager": g.enforce_eager, "max_model_len": g.max_model_len or r.data.max_prompt_length + g.sampling.max_tokens,
+        "n": G, "max_tokens": g.sampling.max_tokens, "temperature": g.sampling.temperature, "top_p": g.sampling.top_p,
+        "top_k": g.sampling.top_k, "prompts": [p.ids for p in prompts], "reps": reps}, gen_env)
+    threads = max(1, round(r.learner.num_cpus))
+    raw_learn = run_child("fsdp", {
+        "model": inputs.model_path, "world": world, "threads": threads, "micro": r.learner.micro_batch_size,
+        "pad": 0, "pairs": pairs, "advantages": advantages, "reps": reps}, {"OMP_NUM_THREADS": str(threads)})
+    rawd = {
+        "gen_s": raw_gen["seconds"], "gen_tok_s": raw_gen["tokens"] / raw_gen["seconds"],
+        "learn_s": raw_learn["seconds"], "learn_tok_s": sum(seq_lens) / raw_learn["seconds"],
+        "learn_mfu": perf.mfu(flops, raw_learn["seconds"], peak, world),
+        "sync_s": raw_sync["seconds"], "sync_GBps": result["raw_sync_GBps"],
+    }
+    raw_sum = rawd["gen_s"] + rawd["learn_s"] + rawd["sync_s"] + ours["reward_s"] + ours["ref_s"]
+    result.update(raw=rawd, overhead_s=ours["step_s"] - raw_sum, overhead_share=(ours["step_s"] - raw_sum) / ours["step_s"])
+    return result
+
+
+# --- report ---------------------------------------------------------------------------------
+
+
+def machine() -> dict:
+    import ray
+    import torch
+    import vllm
+
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    mem = next((int(l.split()[1]) / 1e6 for l in open("/proc/meminfo") if l.startswith("MemTotal")), 0)
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gb": round(mem, 1), "python": platform.python_version(),
+            "torch": torch.__version__, "vllm": vllm.__version__, "ray": ray.__version__,
+            "date": time.strftime("%Y-%m-%d")}
+
+
+def markdown(report: dict) -> str:
+    m, main = report["machine"], report["main"]
+    o, rw = main["ours"], main["raw"]
+    target = lambda ok: "met" if ok else "**missed**"  # noqa: E731
+    lines = [
+        f"# grpo-ray benchmark: `{report['recipe']}`",
+        "",
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gb']} GB; torch {m['torch']}, vLLM {m['vllm']}, "
+        f"Ray {m['ray']}; {m['date']}. No GPU: CPU peak = best measured fp32 matmul of one learner thread "
+        f"({main['peak_tflops_per_device'] * 1000:.1f} GFLOPS).",
+        "",
+        "| part | grpo-ray | raw component | ratio |",
+        "| --- | --- | --- | --- |",
+        f"| generation (tokens/s) | {o['gen_tok_s']:.0f} | {rw['gen_tok_s']:.0f} (vLLM `LLM.generate`) | {o['gen_tok_s'] / rw['gen_tok_s']:.2f} |",
+        f"| learner (tokens/s) | {o['learn_tok_s']:.0f} | {rw['learn_tok_s']:.0f} (FSDP2 loop) | {o['learn_tok_s'] / rw['learn_tok_s']:.2f} |",
+        f"| learner MFU | {o['learn_mfu']:.3f} | {rw['learn_mfu']:.3f} | {o['learn_mfu'] / rw['learn_mfu']:.2f} |",
+        f"| weight sync (GB/s) | {o['sync_GBps']:.4f} | {rw['sync_GBps']:.4f} (`dist.broadcast`, gloo) | {main['sync_ratio']:.2f} |",
+        "",
+        f"Step: {o['step_s']:.3f} s; breakdown (s): "
+        + ", ".join(f"{k} {v:.3f}" for k, v in sorted(o["breakdown_s"].items())),
+        "",
+        f"Raw parts: generation {rw['gen_s']:.3f} + learner {rw['learn_s']:.3f} + broadcast {rw['sync_s']:.4f} "
+        f"+ reward {o['reward_s']:.3f} + reference {o['ref_s']:.3f} s. "
+        f"Framework overhead: {main['overhead_s']:.3f} s = **{main['overhead_share']:.1%}** of the step "
+        f"(target < 15%: {target(main['overhead_share'] < 0.15)}). "
+        f"Sync at {main['sync_ratio']:.2f} x the raw broadcast's GB/s (target >= 0.5: {target(main['sync_ratio'] >= 0.5)}).",
+        "",
+        "## Sweep (end-to-end steps)",
+        "",
+        "| config | parameters | step (s) | gen (s) | learner (s) | sync (s) | learner MFU | tokens/step "
+        "| sync GB/s | raw broadcast GB/s | sync ratio |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for s in report["sweep"]:
+        o = s["ours"]
+        b = o["breakdown_s"]
+        lines.append(f"| {s['name']} | {o['params'] / 1e6:.2f}M | {o['step_s']:.2f} | {b['gen']:.2f} | "
+                     f"{b['update_actor']:.2f} | {b['sync_weights']:.3f} | {o['learn_mfu']:.3f} | {o['learn_tokens']} "
+                     f"| {o['sync_GBps']:.3f} | {s['raw_sync_GBps']:.3f} | {s['sync_ratio']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plots(report: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    for kind, ax in zip(("size", "work"), axes):
+        rows = [s for s in report["sweep"] if s["kind"] == kind]
+        x = [s["ours"]["params"] / 1e6 if kind == "size" else s["ours"]["learn_tokens"] for s in rows]
+        for part in ("gen", "update_actor", "sync_weights"):
+            ax.plot(x, [s["ours"]["breakdown_s"][part] for s in rows], "o-", label=part)
+        ax.plot(x, [s["ours"]["step_s"] for s in rows], "k.-", label="step")
+        ax.set_xlabel("parameters (M)" if kind == "size" else "tokens per step")
+        ax.set_ylabel("seconds")
+        ax.set_title("cost against model size" if kind == "size" else "cost against group size x response length")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "sweep.png", dpi=80)
+    plt.close(fig)
+
+
+SIZES = [("tiny 128x2", "layers=2&hidden=128&heads=4&kv_heads=2&intermediate=256"),
+         ("256x4", "layers=4&hidden=256&heads=8&kv_heads=4&intermediate=512"),
+         ("512x6", "layers=6&hidden=512&heads=8&kv_heads=4&intermediate=1024"),
+         ("768x8", "layers=8&hidden=768&heads=12&kv_heads=4&intermediate=2048")]
+WORK = [(4, 1), (16, 1), (4, 32), (16, 32)]  # (group size, max response tokens)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--recipe", default="recipes/tiny-cpu.yaml")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--no-sweep", action="store_true")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"recipe": args.recipe, "machine": machine(), "steps": args.steps}
+    report["main"] = measure(args.recipe, [], args.steps, args.reps, raw=True)
+    report["sweep"] = []
+    if not args.no_sweep:
+        small = ["data.train_batch_size=8", "learner.mini_batch_size=32", "learner.micro_batch_size=8",
+                 "reference.micro_batch_size=32"]
+        for name, shape in SIZES:
+            path = f"model.path=tiny://qwen2?{shape}&vocab=384&seed=0"
+            res = measure(args.recipe, [path, *small, "algorithm.group_size=4", "generator.sampling.max_tokens=16",
+                                        "data.response_prefix=", "data.max_prompt_length=128"], 2, 1, raw=False)
+            report["sweep"].append({"kind": "size", "name": name, **res})
+        for group, tokens in WORK:
+            res = measure(args.recipe, [*small, f"algorithm.group_size={group}", f"generator.sampling.max_tokens={tokens}",
+                                        f"learner.mini_batch_size={8 * group}"], 2, 1, raw=False)
+            report["sweep"].append({"kind": "work", "name": f"group {group} x {tokens} tokens", **res})
+    (out / "results.json").write_text(json.dumps(report, indent=1))
+    (out / "results.md").write_text(markdown(report))
+    if report["sweep"]:
+        plots(report, out)
+    print(markdown(report))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--raw":
+        spec = json.loads(Path(sys.argv[3]).read_text())
+        kind = sys.argv[2]
+        if kind == "vllm":
+            res = raw_vllm(spec)
+        else:
+            res = _spawn(_raw_fsdp_rank if kind == "fsdp" else _raw_broadcast_rank, spec)
+        print("RAW " + json.dumps(res))
+    else:
+        main()
