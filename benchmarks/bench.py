@@ -161,7 +161,7 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
 
     out_dir = tempfile.mkdtemp(prefix="grpo-bench-")
     r = load_recipe(recipe_path, [*overrides, f"trainer.output_dir={out_dir}", "trainer.dump_rollouts=false",
-                                  "trainer.loggers=[jsonl]"])
+                                  "trainer.loggers=[jsonl]", "trainer.test_freq=0", "trainer.val_before_train=false"])
     inputs = setup_run(r)
     connect()
     c = Controller(r, inputs)
@@ -311,8 +311,9 @@ def plots(report: dict, out: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     for kind, ax in zip(("size", "work"), axes):
-        rows = [s for s in report["sweep"] if s["kind"] == kind]
-        x = [s["ours"]["params"] / 1e6 if kind == "size" else s["ours"]["learn_tokens"] for s in rows]
+        size = (lambda s: s["ours"]["params"] / 1e6) if kind == "size" else (lambda s: s["ours"]["learn_tokens"])
+        rows = sorted((s for s in report["sweep"] if s["kind"] == kind), key=size)
+        x = [size(s) for s in rows]
         for part in ("gen", "update_actor", "sync_weights"):
             ax.plot(x, [s["ours"]["breakdown_s"][part] for s in rows], "o-", label=part)
         ax.plot(x, [s["ours"]["step_s"] for s in rows], "k.-", label="step")
@@ -352,7 +353,7 @@ def main() -> None:
         for name, shape in SIZES:
             path = f"model.path=tiny://qwen2?{shape}&vocab=384&seed=0"
             res = measure(args.recipe, [path, *small, "algorithm.group_size=4", "generator.sampling.max_tokens=16",
-                                        "data.response_prefix=", "data.max_prompt_length=128"], 2, 1, raw=False)
+                                        "data.response_prefix=''", "data.max_prompt_length=128"], 2, 1, raw=False)
             report["sweep"].append({"kind": "size", "name": name, **res})
         for group, tokens in WORK:
             res = measure(args.recipe, [*small, f"algorithm.group_size={group}", f"generator.sampling.max_tokens={tokens}",

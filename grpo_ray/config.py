@@ -84,8 +84,8 @@ class GeneratorConfig:
     """CPUs reserved per engine actor."""
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     """How training responses are sampled."""
-    val_sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(temperature=0.0))
-    """How validation responses are sampled (greedy by default)."""
+    val_temperature: float = 0.0
+    """Validation samples like training (same max_tokens, top_p, top_k) at this temperature; 0 is greedy."""
     val_n: int = 1
     """Validation samples per prompt; above 1, pass@val_n is reported too (use a temperature > 0)."""
     vllm_kwargs: dict[str, Any] = field(default_factory=dict)

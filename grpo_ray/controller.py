@@ -15,6 +15,7 @@ already separate remote calls, so that is a change of schedule here, not a rewri
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -139,7 +140,7 @@ class Controller:
         """pass@1 (and pass@val_n) per data source over the validation rows, with the validation sampling."""
         g = self.r.generator
         prompts = [Prompt.from_row(i, row) for i, row in enumerate(self.inputs.val_rows)]
-        rollouts, _ = self.generate(prompts, g.val_n, g.val_sampling)
+        rollouts, _ = self.generate(prompts, g.val_n, dataclasses.replace(g.sampling, temperature=g.val_temperature))
         scores = self._get([self._pick("reward", i).score.remote([ro]) for i, ro in enumerate(rollouts)],
                            "validation reward")
         if self.r.trainer.dump_rollouts:

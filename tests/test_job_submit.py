@@ -1,5 +1,6 @@
 """`ray job submit` against a real Ray head started here (and stopped by its own handle)."""
 
+import json
 import os
 import re
 import secrets
@@ -68,7 +69,8 @@ def test_ray_job_submit_runs_the_tiny_recipe(tmp_path, model_cache):
             env=env, capture_output=True, text=True, timeout=120)
         assert status.stdout.strip() == "SUCCEEDED", status.stderr[-2000:]
         assert "step:1 critic/score/mean:" in logs and "step:2 critic/score/mean:" in logs
-        assert (out / "metrics.jsonl").read_text().count("\n") == 2
+        steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+        assert steps == [0, 1, 2]  # validation before training, then two steps
     finally:
         head.terminate()  # `ray start --block` stops what it started when it is told to stop
         head.wait(timeout=120)

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.slow
 def test_tiny_recipe_learns_with_every_pool_its_own_actor(tmp_path):
     res = run_cli("train", "recipes/tiny-cpu.yaml", f"trainer.output_dir={tmp_path}", timeout=900)
     assert res.returncode == 0, res.stderr[-5000:]
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    everything = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in everything if r["step"] > 0]
     scores = [r["critic/score/mean"] for r in rows]
     print("score per step:", [round(s, 3) for s in scores])
     assert len(rows) == rows[-1]["step"] >= 50
@@ -26,6 +27,8 @@ def test_tiny_recipe_learns_with_every_pool_its_own_actor(tmp_path):
     assert statistics.fmean(scores[-5:]) >= 0.8
     assert max(r["sync/logprob_diff"] for r in rows) < 1e-3  # weights reached the generators every step
     assert [r["rollout/policy_version"] for r in rows] == list(range(len(rows)))
+    val = [r["val/synthetic/select/pass@1"] for r in everything if "val/synthetic/select/pass@1" in r]
+    assert len(val) == 4 and val[0] <= 0.3 and val[-1] >= 0.8  # before training, steps 50, 100, 150 (greedy)
     placement = json.loads((tmp_path / "placement.json").read_text())
     assert {p: len(a) for p, a in placement.items()} == {"generator": 1, "learner": 2, "reference": 1, "reward": 1}
     assert len({a["pid"] for actors in placement.values() for a in actors}) == 5
