@@ -39,9 +39,10 @@ def raw_vllm(spec: dict) -> dict:
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=spec["model"], gpu_memory_utilization=spec["gpu_memory_utilization"], dtype=spec["dtype"],
-              enforce_eager=spec["enforce_eager"], max_model_len=spec["max_model_len"], seed=0)
-    params = SamplingParams(n=spec["n"], max_tokens=spec["max_tokens"], temperature=spec["temperature"],
-                            top_p=spec["top_p"], top_k=spec["top_k"], logprobs=0)
+              enforce_eager=spec["enforce_eager"], max_model_len=spec["max_model_len"], seed=0,
+              enable_chunked_prefill=False)  # as our CPU generators run it
+    params = [SamplingParams(n=spec["n"], max_tokens=spec["max_tokens"], temperature=spec["temperature"],
+                             top_p=spec["top_p"], top_k=spec["top_k"], logprobs=0, seed=seed) for seed in spec["seeds"]]
     prompts = [{"prompt_token_ids": ids} for ids in spec["prompts"]]
     llm.generate(prompts, params, use_tqdm=False)  # warm-up
     times, tokens = [], 0
@@ -154,7 +155,7 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
     from grpo_ray import perf
     from grpo_ray.algo.batching import flatten
     from grpo_ray.config import load_recipe
-    from grpo_ray.controller import Controller, connect
+    from grpo_ray.controller import Controller, connect, sample_seed
     from grpo_ray.roles.generator import engine_env
     from grpo_ray.setup_run import setup_run
     from grpo_ray.types import Prompt
@@ -175,7 +176,7 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
         gen_s, gen_tokens = [], 0
         for _ in range(reps):
             start = time.perf_counter()
-            rollouts, stats = c.generate(prompts, G)
+            rollouts, stats = c.generate(prompts, G, 0)
             stats = ray.get(stats)
             gen_s.append(time.perf_counter() - start)
             gen_tokens = sum(sum(s.response_lengths) for s in stats)
@@ -230,7 +231,8 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
         "model": inputs.model_path, "gpu_memory_utilization": g.gpu_memory_utilization, "dtype": g.dtype,
         "enforce_eager": g.enforce_eager, "max_model_len": g.max_model_len or r.data.max_prompt_length + g.sampling.max_tokens,
         "n": G, "max_tokens": g.sampling.max_tokens, "temperature": g.sampling.temperature, "top_p": g.sampling.top_p,
-        "top_k": g.sampling.top_k, "prompts": [p.ids for p in prompts], "reps": reps}, gen_env)
+        "top_k": g.sampling.top_k, "prompts": [p.ids for p in prompts], "reps": reps,
+        "seeds": [sample_seed(r.trainer.seed, 0, p.uid) for p in prompts]}, gen_env)
     threads = max(1, round(r.learner.num_cpus))
     raw_learn = run_child("fsdp", {
         "model": inputs.model_path, "world": world, "threads": threads, "micro": r.learner.micro_batch_size,

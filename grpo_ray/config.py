@@ -199,7 +199,11 @@ class TrainerConfig:
     total_epochs: int = 1
     """Epochs, when total_steps is 0."""
     save_freq: int = 0
-    """Save a checkpoint every this many steps; 0 never."""
+    """Save a checkpoint every this many steps and at the last step; 0 never."""
+    keep_last: int = 2
+    """Checkpoints kept (the newest); 0 keeps all."""
+    resume: str = "auto"
+    """auto: continue from the newest whole checkpoint in output_dir, if any; disable: start fresh; or a path."""
     test_freq: int = 0
     """Validate every this many steps; 0 never."""
     val_before_train: bool = False

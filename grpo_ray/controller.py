@@ -16,8 +16,12 @@ already separate remote calls, so that is a change of schedule here, not a rewri
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
+import statistics
 import time
+from pathlib import Path
 
 import ray
 import torch
@@ -27,10 +31,10 @@ from ray.util.scheduling_strategies import (
     PlacementGroupSchedulingStrategy,
 )
 
-from grpo_ray import placement
+from grpo_ray import checkpoint, placement
 from grpo_ray.algo.advantage import group_advantages
 from grpo_ray.config import POOLS, Recipe
-from grpo_ray.data.stream import PromptStream
+from grpo_ray.data.stream import Position, PromptStream
 from grpo_ray.dumps import write_dump
 from grpo_ray.metrics import (
     MetricsLog,
@@ -67,7 +71,7 @@ class Controller:
         r, G = self.r, self.r.algorithm.group_size
         start = time.perf_counter()
         batch = [Prompt.from_row(uid, row) for uid, row in self.stream.next_batch()]
-        rollouts, stats = self.generate(batch, G)
+        rollouts, stats = self.generate(batch, G, step)
         scores = [self._pick("reward", i).score.remote([ro]) for i, ro in enumerate(rollouts)]
         refs = self.reference_logprobs(rollouts)  # runs while the rewards are scored
         stats, scores = self._get(stats, "generate"), self._get(scores, "reward")
@@ -87,11 +91,12 @@ class Controller:
 
     # --- hops --------------------------------------------------------------------------
 
-    def generate(self, prompts: list[Prompt], n: int, sampling=None) -> tuple[list, list]:
+    def generate(self, prompts: list[Prompt], n: int, step: int, sampling=None) -> tuple[list, list]:
         """Prompts cut evenly over the engines; rollout refs (for the pools) and stats refs (for us)."""
         shards = split(prompts, len(self.actors["generator"]))
-        generated = [gen.generate.options(num_returns=2).remote(shard, n, sampling)
-                     for gen, shard in zip(self.actors["generator"], shards) if shard]
+        seeds = [[sample_seed(self.r.trainer.seed, step, p.uid) for p in shard] for shard in shards]
+        generated = [gen.generate.options(num_returns=2).remote(shard, n, shard_seeds, sampling)
+                     for gen, shard, shard_seeds in zip(self.actors["generator"], shards, seeds) if shard]
         return [ro for ro, _ in generated], [st for _, st in generated]
 
     def reference_logprobs(self, rollouts: list) -> list:
@@ -116,17 +121,17 @@ class Controller:
         gens, learner = self._get(gens, "generator probe"), self._get(learners, "learner probe")[0]
         return max(sum(abs(a - b) for a, b in zip(gen, learner)) / len(gen) for gen in gens)
 
-    def push_weights(self) -> tuple[list[dict], list[float]]:
+    def push_weights(self, version: int) -> tuple[list[dict], list[float]]:
         """Learner rank 0 broadcasts (all ranks gather), every engine receives and loads; the workers' timings."""
-        self.version += 1
         bucket = self.r.trainer.bucket_mb << 20
         sends = [l.push_weights.remote(self.metas, bucket) for l in self.actors["learner"]]
-        receives = [g.receive_weights.remote(self.metas, bucket, self.version) for g in self.actors["generator"]]
+        receives = [g.receive_weights.remote(self.metas, bucket, version) for g in self.actors["generator"]]
         return self._get(sends, "weight send"), self._get(receives, "weight receive")
 
     def sync_weights(self) -> dict[str, float]:
-        """Push the learner's weights to every generator, then check them with the probe."""
-        pushed, received = self.push_weights()
+        """Push the learner's weights to every generator as the next version, then check them with the probe."""
+        self.version += 1
+        pushed, received = self.push_weights(self.version)
         diff = self.probe()
         bound = self.r.trainer.max_sync_logprob_diff
         if diff > bound:
@@ -140,7 +145,7 @@ class Controller:
         """pass@1 (and pass@val_n) per data source over the validation rows, with the validation sampling."""
         g = self.r.generator
         prompts = [Prompt.from_row(i, row) for i, row in enumerate(self.inputs.val_rows)]
-        rollouts, _ = self.generate(prompts, g.val_n, dataclasses.replace(g.sampling, temperature=g.val_temperature))
+        rollouts, _ = self.generate(prompts, g.val_n, step, dataclasses.replace(g.sampling, temperature=g.val_temperature))
         scores = self._get([self._pick("reward", i).score.remote([ro]) for i, ro in enumerate(rollouts)],
                            "validation reward")
         if self.r.trainer.dump_rollouts:
@@ -157,6 +162,30 @@ class Controller:
         self.pending_dumps.append(task.remote(path, step, scores, advantages, *rollouts))
         self._get(self.pending_dumps[:-2], "rollout dump")  # at most two dumps in flight
         self.pending_dumps = self.pending_dumps[-2:]
+
+    # --- checkpoints -------------------------------------------------------------------
+
+    def save(self, step: int, last_val: float | None) -> Path:
+        """Learner shards (every rank), then trainer state, tokenizer and manifest; committed by a rename."""
+        tmp = checkpoint.staging_dir(self.inputs.output_dir, step)
+        saved = self._get([l.save.remote(str(tmp / "learner")) for l in self.actors["learner"]], "checkpoint save")[0]
+        state = {"step": step, "version": self.version, "data": dataclasses.asdict(self.stream.position),
+                 "scheduler": saved["scheduler"]}
+        info = {"step": step, "consumed_samples": step * self.r.data.train_batch_size, "last_val_score": last_val}
+        t = self.r.trainer
+        return checkpoint.commit(tmp, self.inputs.model_path, state, info, self.inputs.output_dir / "config.yaml",
+                                 t.keep_last)
+
+    def restore(self, ckpt: Path) -> int:
+        """Learner weights and optimizer, scheduler, data position and version; generators get the weights."""
+        state = checkpoint.load_state(ckpt)
+        self._get([l.load.remote(str(ckpt / "learner"), state["scheduler"]) for l in self.actors["learner"]],
+                  "checkpoint load")
+        self.stream = PromptStream(self.inputs.train_rows, self.r.data.train_batch_size, self.r.trainer.seed,
+                                   self.r.data.shuffle, Position(**state["data"]))
+        self.version = state["version"]
+        self.push_weights(self.version)  # before the first rollout
+        return state["step"]
 
     # --- setup -------------------------------------------------------------------------
 
@@ -183,7 +212,8 @@ class Controller:
         env = engine_env(r.cluster.device, g.num_cpus)
         self.actors["generator"] = [
             ray.remote(Generator).options(**self._options("generator", i, pgs, env)).remote(
-                path, g, max_len, r.trainer.seed + i, r.model.trust_remote_code) for i in range(count["generator"])]
+                path, g, max_len, r.trainer.seed + i, r.model.trust_remote_code, r.cluster.device)
+            for i in range(count["generator"])]
         self.actors["learner"] = [
             ray.remote(Learner).options(**self._options("learner", i, pgs)).remote(path, r, i, r.learner.world_size)
             for i in range(count["learner"])]
@@ -244,18 +274,27 @@ class Controller:
         return t.total_steps or t.total_epochs * self.stream.steps_per_epoch
 
     def run(self) -> None:
-        t = self.r.trainer
-        log = MetricsLog(self.inputs.output_dir, t.loggers, self.total_steps())
+        t, total = self.r.trainer, self.total_steps()
+        ckpt = checkpoint.find_resume(self.inputs.output_dir, t.resume)
+        done = checkpoint.load_state(ckpt)["step"] if ckpt else 0
+        keep_metrics(self.inputs.output_dir / "metrics.jsonl", done)  # steps after the checkpoint are redone
+        log = MetricsLog(self.inputs.output_dir, t.loggers, total)
         try:
             self.start()
+            if ckpt:
+                log.say(f"resuming from {ckpt} (step {self.restore(ckpt)})")
             log.say(f"pools started; probe before training: sync/logprob_diff {self.probe():.3g}")
-            if t.val_before_train and self.inputs.val_rows:
+            if t.val_before_train and self.inputs.val_rows and not done:
                 log.log(0, self.validate(0))
-            for step in range(1, self.total_steps() + 1):
+            last_val = None
+            for step in range(done + 1, total + 1):
                 metrics = self.step(step)
-                if t.test_freq and self.inputs.val_rows and (step % t.test_freq == 0 or step == self.total_steps()):
+                if t.test_freq and self.inputs.val_rows and (step % t.test_freq == 0 or step == total):
                     metrics.update(self.validate(step))
+                    last_val = statistics.fmean(v for k, v in metrics.items() if k.endswith("/pass@1"))
                 log.log(step, metrics)
+                if t.save_freq and (step % t.save_freq == 0 or step == total):
+                    log.say(f"saved {self.save(step, last_val)}")
             self._get(self.pending_dumps, "rollout dump")
         finally:
             log.close()
@@ -280,6 +319,18 @@ class Controller:
             return ray.get(refs, timeout=self.r.trainer.call_timeout_s)
         except ray.exceptions.GetTimeoutError:
             raise RunError(f"{what} did not finish within trainer.call_timeout_s={self.r.trainer.call_timeout_s:g}s") from None
+
+
+def keep_metrics(path: Path, up_to: int) -> None:
+    """Drop the lines of steps after `up_to` from a metrics file (a resumed run writes them again)."""
+    if path.is_file():
+        lines = [line for line in path.read_text().splitlines(keepends=True) if json.loads(line)["step"] <= up_to]
+        path.write_text("".join(lines))
+
+
+def sample_seed(seed: int, step: int, uid: int) -> int:
+    """The sampling seed of one prompt at one step: a hash of (run seed, step, prompt), so it needs no history."""
+    return int.from_bytes(hashlib.blake2b(f"{seed}/{step}/{uid}".encode(), digest_size=4).digest(), "little")
 
 
 def split(items: list, parts: int) -> list[list]:
@@ -310,8 +361,6 @@ def replay(recipe: Recipe, dump_path: str) -> dict[str, float]:
     """One learner step on a training dump, with no generators: only the learner (and reference) pools start.
 
     Replaying step N's dump into learners holding the weights of step N-1 reproduces that step's update."""
-    from pathlib import Path
-
     from grpo_ray import models
     from grpo_ray.dumps import load_dump
 

@@ -75,10 +75,11 @@ def setup_run(recipe: Recipe) -> RunInputs:
             f"data.train_files give {len(train_rows)} usable rows, fewer than data.train_batch_size={recipe.data.train_batch_size}"
         )
     output_dir = Path(recipe.trainer.output_dir)
-    if (output_dir / "metrics.jsonl").exists():
+    if (output_dir / "metrics.jsonl").exists() and recipe.trainer.resume == "disable":
         if not recipe.trainer.overwrite:
-            raise RecipeError(f"trainer.output_dir={str(output_dir)!r} already holds a run (metrics.jsonl); "
-                              "choose another trainer.output_dir, or set trainer.overwrite=true to replace it")
+            raise RecipeError(f"trainer.output_dir={str(output_dir)!r} already holds a run (metrics.jsonl) and "
+                              "trainer.resume=disable; resume it (trainer.resume=auto), choose another "
+                              "trainer.output_dir, or set trainer.overwrite=true to replace it")
         (output_dir / "metrics.jsonl").unlink()
     dump_recipe(recipe, output_dir / "config.yaml")
     return RunInputs(model_path, train_rows, val_rows, dropped, output_dir, train_rows[0]["prompt_ids"])

@@ -102,3 +102,12 @@ def test_collate_masks_line_up_with_next_token_logprobs():
 def test_mini_batch_shares_and_chunks():
     assert rank_slice(list(range(8)), 1, 2) == [4, 5, 6, 7]
     assert chunks([0, 1, 2, 3, 4], 2) == [[0, 1], [2, 3], [4]]
+
+
+def test_sample_seeds_depend_only_on_run_step_and_prompt():
+    from grpo_ray.controller import sample_seed
+
+    assert sample_seed(0, 3, 17) == sample_seed(0, 3, 17)
+    seeds = {sample_seed(0, step, uid) for step in range(50) for uid in range(200)}
+    assert len(seeds) == 50 * 200 and all(0 <= s < 2**32 for s in seeds)
+    assert sample_seed(1, 3, 17) != sample_seed(0, 3, 17)

@@ -143,7 +143,7 @@ def test_cli_user_error_exits_2_without_traceback():
 
 def test_a_second_run_in_the_same_output_dir_is_refused_unless_overwrite(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
-    res = run_cli("train", str(TINY), f"trainer.output_dir={tmp_path}", "trainer.total_steps=1",
+    res = run_cli("train", str(TINY), f"trainer.output_dir={tmp_path}", "trainer.total_steps=1", "trainer.resume=disable",
                   "model.path=tiny://qwen2?layers=1&hidden=64&heads=2&kv_heads=1")
     assert res.returncode == 2 and "already holds a run (metrics.jsonl)" in res.stderr
     assert "trainer.overwrite=true" in res.stderr and (tmp_path / "metrics.jsonl").read_text() == '{"step": 1}\n'

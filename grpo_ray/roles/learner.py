@@ -180,6 +180,31 @@ class Learner(RoleActor):
             logp, _ = token_logprobs(self.model, ids, torch.ones_like(ids), temperature=1.0)
         return logp[0].tolist()
 
+    # --- checkpoints -----------------------------------------------------------------
+
+    def save(self, path: str) -> dict:
+        """Model and optimizer into `path` with torch.distributed.checkpoint (every rank writes its shard)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
+        return {"scheduler": self.scheduler.state_dict()}
+
+    def load(self, path: str, scheduler_state: dict) -> None:
+        """Model and optimizer from `path`; DCP reshards when the checkpoint had another world size."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import (
+            get_state_dict,
+            set_state_dict,
+        )
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=path)
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        self.scheduler.load_state_dict(scheduler_state)
+
     # --- weight sync -----------------------------------------------------------------
 
     def weight_metas(self) -> list[sync.WeightMeta]:

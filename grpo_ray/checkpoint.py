@@ -1,0 +1,119 @@
+"""Checkpoints that are whole or absent, and finding the one to resume from.
+
+``<output_dir>/checkpoints/step_{N}/`` holds
+
+    learner/             model and optimizer, torch.distributed.checkpoint (one shard file per rank)
+    trainer_state.json   step, policy version, data position, LR scheduler state
+    training_info.json   step, consumed samples, last validation score
+    config.yaml          the resolved recipe (secrets redacted)
+    tokenizer files      copied from the model, so the checkpoint exports on its own
+    manifest.json        every file above with its size, written last
+
+A checkpoint is written into ``.tmp_step_{N}`` and renamed when complete: a crash mid-save
+leaves a ``.tmp_`` directory that is never taken for a checkpoint. Before loading, the manifest
+is checked against the files (missing or truncated shards, missing metadata); ``auto`` falls
+back to the newest checkpoint that passes and says so, an explicit path fails naming the file.
+
+Sampling needs no saved RNG state: every prompt at every step is sampled with its own seed,
+a hash of (trainer.seed, step, prompt), and the data order is a function of (seed, epoch).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+from grpo_ray.errors import UserError
+
+STEP_DIR = re.compile(r"^step_(\d+)$")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "tokenizer.model", "vocab.json", "merges.txt", "generation_config.json", "config.json")
+
+
+class CheckpointError(UserError):
+    """A checkpoint that cannot be loaded; the message names the file."""
+
+
+def checkpoints_dir(output_dir: Path) -> Path:
+    return Path(output_dir) / "checkpoints"
+
+
+def staging_dir(output_dir: Path, step: int) -> Path:
+    """Where step N is written before it is complete; removes the leftovers of an earlier crash."""
+    tmp = checkpoints_dir(output_dir) / f".tmp_step_{step}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def commit(tmp: Path, model_path: str, state: dict, info: dict, config_yaml: Path, keep_last: int) -> Path:
+    """Finish a checkpoint written into `tmp`: state files, tokenizer, manifest, then the rename."""
+    (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1))
+    (tmp / "training_info.json").write_text(json.dumps(info, indent=1))
+    shutil.copy(config_yaml, tmp / "config.yaml")
+    for name in TOKENIZER_FILES:
+        if (Path(model_path) / name).is_file():
+            shutil.copy(Path(model_path) / name, tmp / name)
+    files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
+    (tmp / "manifest.json").write_text(json.dumps({"step": state["step"], "files": files}, indent=1))
+    final = tmp.parent / f"step_{state['step']}"
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    for old in complete_steps(tmp.parent)[:-keep_last] if keep_last > 0 else []:
+        shutil.rmtree(tmp.parent / f"step_{old}", ignore_errors=True)
+    return final
+
+
+def complete_steps(root: Path) -> list[int]:
+    """Steps of the committed (renamed) checkpoints under `root`, oldest first."""
+    if not root.is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in root.iterdir() if p.is_dir() and (m := STEP_DIR.match(p.name)))
+
+
+def problems(ckpt: Path) -> list[str]:
+    """What is missing or truncated in a checkpoint directory; empty when it is whole."""
+    manifest = ckpt / "manifest.json"
+    if not manifest.is_file():
+        return [f"{manifest} is missing"]
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except (ValueError, KeyError) as e:
+        return [f"{manifest} is unreadable ({e})"]
+    out = []
+    for name, size in files.items():
+        path = ckpt / name
+        if not path.is_file():
+            out.append(f"{path} is missing")
+        elif path.stat().st_size != size:
+            out.append(f"{path} is truncated ({path.stat().st_size} of {size} bytes)")
+    if not any(name.startswith("learner/") and name.endswith(".metadata") for name in files):
+        out.append(f"{ckpt / 'learner' / '.metadata'} is not in the manifest")
+    return out
+
+
+def find_resume(output_dir: Path, resume: str, say=print) -> Path | None:
+    """The checkpoint to resume from: `resume` is 'auto' (newest whole one, if any), 'disable', or a path."""
+    if resume == "disable":
+        return None
+    if resume != "auto":
+        ckpt = Path(resume)
+        if not ckpt.is_dir():
+            raise CheckpointError(f"trainer.resume={resume!r}: no such checkpoint directory")
+        found = problems(ckpt)
+        if found:
+            raise CheckpointError(f"trainer.resume={resume!r} cannot be loaded: " + "; ".join(found))
+        return ckpt
+    root = checkpoints_dir(output_dir)
+    for step in reversed(complete_steps(root)):
+        found = problems(root / f"step_{step}")
+        if not found:
+            return root / f"step_{step}"
+        say(f"checkpoint step_{step} is not whole ({'; '.join(found)}): falling back to an earlier one")
+    return None
+
+
+def load_state(ckpt: Path) -> dict:
+    return json.loads((ckpt / "trainer_state.json").read_text())
