@@ -117,3 +117,35 @@ def find_resume(output_dir: Path, resume: str, say=print) -> Path | None:
 
 def load_state(ckpt: Path) -> dict:
     return json.loads((ckpt / "trainer_state.json").read_text())
+
+
+def export_hf(ckpt: Path, out: Path, max_shard_size: str = "5GB") -> Path:
+    """A Hugging Face model directory from a checkpoint: consolidated safetensors (sharded with an index
+    past `max_shard_size`), config, generation config and tokenizer. transformers and vLLM load it."""
+    import tempfile
+
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    ckpt, out = Path(ckpt), Path(out)
+    found = problems(ckpt)
+    if found:
+        raise CheckpointError(f"{ckpt} cannot be exported: " + "; ".join(found))
+    with tempfile.TemporaryDirectory() as tmp:
+        dcp_to_torch_save(ckpt / "learner", Path(tmp) / "full.pt")  # every shard, consolidated in this process
+        weights = torch.load(Path(tmp) / "full.pt", weights_only=False)["model"]
+    config = AutoConfig.from_pretrained(ckpt)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    if unexpected or set(missing) - tied:
+        raise CheckpointError(f"{ckpt}: weights do not match the model config (missing {sorted(missing)[:5]}, "
+                              f"unexpected {sorted(unexpected)[:5]})")
+    model.tie_weights()
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True, max_shard_size=max_shard_size)
+    AutoTokenizer.from_pretrained(ckpt).save_pretrained(out)
+    if (ckpt / "generation_config.json").is_file():
+        shutil.copy(ckpt / "generation_config.json", out / "generation_config.json")
+    return out

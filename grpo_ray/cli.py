@@ -1,4 +1,4 @@
-"""The ``grpo-ray`` command: train, prepare-data, replay, plot, build-model.
+"""The ``grpo-ray`` command: train, prepare-data, replay, plot, export, build-model.
 
 User mistakes (``grpo_ray.errors.UserError``) print one message and exit 2,
 without a traceback; anything else is a bug and keeps its traceback.
@@ -82,6 +82,13 @@ def cmd_plot(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    from grpo_ray.checkpoint import export_hf
+
+    print(f"wrote {export_hf(args.checkpoint, args.out, args.max_shard_size)}")
+    return 0
+
+
 def cmd_build_model(args) -> int:
     from grpo_ray import models
 
@@ -118,6 +125,12 @@ def parser() -> argparse.ArgumentParser:
     pl.add_argument("runs", nargs="+", help="run directories (several are overlaid)")
     pl.add_argument("--out", help="PNG file (default: RUN_DIR/plot.png)")
     pl.set_defaults(func=cmd_plot)
+
+    ex = sub.add_parser("export", help="a Hugging Face model directory from a checkpoint")
+    ex.add_argument("checkpoint", help="OUTPUT_DIR/checkpoints/step_N")
+    ex.add_argument("--out", required=True, help="directory to write")
+    ex.add_argument("--max-shard-size", default="5GB", help="safetensors shard size (an index file past one shard)")
+    ex.set_defaults(func=cmd_export)
 
     b = sub.add_parser("build-model", help="build a tiny:// model offline and print its path")
     b.add_argument("name", help="e.g. tiny://qwen2?layers=2&hidden=128")

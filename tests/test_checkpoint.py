@@ -96,3 +96,38 @@ def test_half_written_and_corrupted_checkpoints_are_refused(runs, tmp_path):
     res = run_cli("train", "recipes/tiny-cpu.yaml", *COMMON, f"trainer.output_dir={out}",
                   f"trainer.resume={root / 'step_4'}")
     assert res.returncode == 2 and "Traceback" not in res.stderr and shard.name in res.stderr
+
+
+def test_export_matches_the_learner_and_loads_in_vllm(runs, tmp_path, ray_local):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from grpo_ray.config import load_recipe
+    from grpo_ray.models import resolve
+    from grpo_ray.roles.learner import Learner
+
+    _, killed = runs
+    ckpt = killed / "checkpoints" / "step_4"
+    res = run_cli("export", str(ckpt), "--out", str(tmp_path / "hf"), "--max-shard-size", "500KB")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert (tmp_path / "hf" / "model.safetensors.index.json").is_file()  # sharded, with an index
+    ids = list(range(3, 60))
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, :-1]
+    exported = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+    # the learner's own code path: one FSDP2 rank loads the checkpoint and scores the same text
+    recipe = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", ["learner.world_size=1"])
+    learner = ray_local.remote(Learner).options(num_cpus=0.5).remote(resolve(recipe.model.path), recipe, 0, 1)
+    host, port = ray_local.get(learner.address.remote())
+    ray_local.get(learner.setup.remote(host, port))
+    state = checkpoint.load_state(ckpt)
+    ray_local.get(learner.load.remote(str(ckpt / "learner"), state["scheduler"]))
+    learned = torch.tensor(ray_local.get(learner.probe_logprobs.remote(ids)))
+    ray_local.kill(learner)
+    assert (exported - learned).abs().max().item() < 1e-5
+    base = AutoModelForCausalLM.from_pretrained(resolve(recipe.model.path), dtype=torch.float32)
+    assert any(not torch.equal(a, b) for a, b in zip(base.parameters(), model.parameters()))  # trained weights
+    gen = subprocess.run([sys.executable, str(ROOT / "tests" / "helpers" / "vllm_generate.py"), str(tmp_path / "hf")],
+                         capture_output=True, text=True, timeout=300)
+    assert gen.returncode == 0 and "RESULT " in gen.stdout, gen.stderr[-3000:]

@@ -55,11 +55,15 @@ def test_ray_job_submit_runs_the_tiny_recipe(tmp_path, model_cache):
                 assert time.time() < deadline, "the Ray head did not come up"
                 time.sleep(1)
         out = tmp_path / "run"
-        job = subprocess.run(
-            [str(BIN / "ray"), "job", "submit", "--address", address, "--runtime-env",
-             "runtime_env/cpu-local.yaml", "--", "grpo-ray", "train", "recipes/tiny-cpu.yaml",
-             "trainer.total_steps=2", f"trainer.output_dir={out}"],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+        submit = [str(BIN / "ray"), "job", "submit", "--address", address, "--runtime-env",
+                  "runtime_env/cpu-local.yaml", "--", "grpo-ray", "train", "recipes/tiny-cpu.yaml",
+                  "trainer.total_steps=2", f"trainer.output_dir={out}"]
+        deadline = time.time() + 120
+        while True:  # the dashboard can answer before its job agent is up: Ray says to try again later
+            job = subprocess.run(submit, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+            if "No available agent to submit job" not in job.stdout + job.stderr or time.time() > deadline:
+                break
+            time.sleep(3)
         logs = job.stdout + job.stderr
         assert job.returncode == 0, logs[-5000:]
         job_id = re.search(r"Job '(raysubmit_\w+)' succeeded", logs).group(1)
