@@ -1,4 +1,4 @@
-"""The ``grpo-ray`` command: train, prepare-data, replay, plot, export, build-model.
+"""The ``grpo-ray`` command: train, prepare-data, replay, plot, export, eval, build-model.
 
 User mistakes (``grpo_ray.errors.UserError``) print one message and exit 2,
 without a traceback; anything else is a bug and keeps its traceback.
@@ -82,6 +82,30 @@ def cmd_plot(args) -> int:
     return 0
 
 
+def cmd_eval(args) -> int:
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from grpo_ray.checkpoint import export_hf
+    from grpo_ray.config import load_recipe
+    from grpo_ray.evaluate import evaluate
+
+    out = Path(args.out)
+    model = args.model
+    if (Path(model) / "manifest.json").is_file():  # a checkpoint: export it first
+        model = str(export_hf(Path(model), Path(tempfile.mkdtemp(prefix="grpo-eval-hf-"))))
+    flags = [f"model.path={model}", f"generator.val_n={args.n}", f"generator.val_temperature={args.temperature}"]
+    if args.max_tokens:
+        flags.append(f"generator.sampling.max_tokens={args.max_tokens}")
+    recipe = load_recipe(args.recipe, [*args.overrides, *flags, f"trainer.output_dir={out}"])
+    result = evaluate(recipe, args.data, out, args.limit)
+    print(json.dumps(result["metrics"], indent=1))
+    print(f"{result['rows']} rows ({result['dropped_too_long']} too long); wrote {out / 'eval.json'} and "
+          f"{out / 'rollouts' / 'val_data_step0.jsonl'}")
+    return 0
+
+
 def cmd_export(args) -> int:
     from grpo_ray.checkpoint import export_hf
 
@@ -125,6 +149,18 @@ def parser() -> argparse.ArgumentParser:
     pl.add_argument("runs", nargs="+", help="run directories (several are overlaid)")
     pl.add_argument("--out", help="PNG file (default: RUN_DIR/plot.png)")
     pl.set_defaults(func=cmd_plot)
+
+    ev = sub.add_parser("eval", help="pass@1 / pass@k of a model or checkpoint on a test set")
+    ev.add_argument("model", help="hub name, model directory, tiny:// name, or OUTPUT_DIR/checkpoints/step_N")
+    ev.add_argument("--data", required=True, help="gsm8k, math500, or a JSONL/parquet file")
+    ev.add_argument("--recipe", required=True, help="generator settings and reward functions come from here")
+    ev.add_argument("--n", type=int, default=1, help="samples per prompt (pass@n reported when > 1)")
+    ev.add_argument("--temperature", type=float, default=0.0)
+    ev.add_argument("--max-tokens", type=int, default=0, help="default: the recipe's sampling.max_tokens")
+    ev.add_argument("--limit", type=int, default=0, help="use the first N usable rows")
+    ev.add_argument("--out", default="runs/eval", help="where eval.json and the per-sample JSONL go")
+    ev.add_argument("overrides", nargs="*", help="dotted recipe overrides, right after MODEL")
+    ev.set_defaults(func=cmd_eval)
 
     ex = sub.add_parser("export", help="a Hugging Face model directory from a checkpoint")
     ex.add_argument("checkpoint", help="OUTPUT_DIR/checkpoints/step_N")

@@ -229,6 +229,8 @@ class Controller:
     def _join_groups(self) -> None:
         """The learners' torch.distributed group, then the weight-sync group: learner rank 0 + every engine worker."""
         learners, gens, g = self.actors["learner"], self.actors["generator"], self.r.generator
+        if not learners:  # evaluation: generators and rewards only
+            return
         host, port = self._get(learners[0].address.remote(), "learner address")
         self.facts = self._get([l.setup.remote(host, port) for l in learners], "learner setup")[0]
         if not gens:

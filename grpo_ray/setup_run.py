@@ -33,7 +33,7 @@ class RunInputs:
     """A fixed token sequence scored by a generator and the learner after each weight sync."""
 
 
-def _usable_rows(files: list[str], tokenizer, recipe: Recipe, dropped: dict[str, int]) -> list[dict]:
+def usable_rows(files: list[str], tokenizer, recipe: Recipe, dropped: dict[str, int]) -> list[dict]:
     rows = []
     for spec in files:
         n = 0
@@ -68,8 +68,8 @@ def setup_run(recipe: Recipe) -> RunInputs:
     if not tokenizer.chat_template:
         raise RecipeError(f"model.path={recipe.model.path!r}: the tokenizer has no chat template")
     dropped: dict[str, int] = {}
-    train_rows = _usable_rows(recipe.data.train_files, tokenizer, recipe, dropped)
-    val_rows = _usable_rows(recipe.data.val_files, tokenizer, recipe, dropped)
+    train_rows = usable_rows(recipe.data.train_files, tokenizer, recipe, dropped)
+    val_rows = usable_rows(recipe.data.val_files, tokenizer, recipe, dropped)
     if len(train_rows) < recipe.data.train_batch_size:
         raise DataError(
             f"data.train_files give {len(train_rows)} usable rows, fewer than data.train_batch_size={recipe.data.train_batch_size}"

@@ -131,3 +131,16 @@ def test_export_matches_the_learner_and_loads_in_vllm(runs, tmp_path, ray_local)
     gen = subprocess.run([sys.executable, str(ROOT / "tests" / "helpers" / "vllm_generate.py"), str(tmp_path / "hf")],
                          capture_output=True, text=True, timeout=300)
     assert gen.returncode == 0 and "RESULT " in gen.stdout, gen.stderr[-3000:]
+
+
+def test_eval_takes_a_checkpoint(runs, tmp_path):
+    from grpo_ray.data import load_rows
+
+    _, killed = runs
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps(r) + "\n" for r in load_rows("synthetic://select?size=40&items=1&split=test")))
+    res = run_cli("eval", str(killed / "checkpoints" / "step_4"), "--data", str(rows), "--recipe",
+                  "recipes/tiny-cpu.yaml", "--out", str(tmp_path / "eval"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    result = json.loads((tmp_path / "eval" / "eval.json").read_text())
+    assert result["rows"] == 40 and 0 <= result["metrics"]["val/synthetic/select/pass@1"] <= 1

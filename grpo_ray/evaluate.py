@@ -1,0 +1,75 @@
+"""``grpo-ray eval``: pass@1 and pass@k of a model on a test set, with the validation code of training.
+
+Only the generator and reward pools start. The data is ``gsm8k`` / ``math500`` (hub names), or a
+file: rows in our schema, or raw GSM8K / MATH-500 JSONL (question/answer, problem/answer), converted
+as ``prepare-data`` does. A checkpoint directory is exported to a Hugging Face model first.
+Writes ``OUT/eval.json`` (metrics and counts) and ``OUT/rollouts/val_data_step0.jsonl`` (per sample).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from grpo_ray.config import Recipe
+from grpo_ray.data import DataError, row_problem
+from grpo_ray.data.prepare import DATASETS, gsm8k_row, math500_row, source_splits
+
+
+def eval_rows(data: str, limit: int = 0) -> list[dict]:
+    """Test rows in our schema from a data set name or a file; rows that cannot be used are skipped."""
+    if data in DATASETS:
+        source, _, hub_config = DATASETS[data]
+        records = source_splits(source, hub_config).get("test")
+    else:
+        records = source_splits(data, None).get("test")
+    if records is None:
+        raise DataError(f"{data}: no test split found")
+    rows = []
+    for i, (_, raw) in enumerate(records):
+        if raw is None:
+            continue
+        if "reward_model" in raw:
+            row = raw if row_problem(raw) is None else None
+        elif "question" in raw:
+            row, _ = gsm8k_row(raw, "test", i)
+        else:
+            row, _ = math500_row(raw, "test", i)
+        if row is not None:
+            rows.append(row)
+        if limit and len(rows) >= limit:
+            break
+    if not rows:
+        raise DataError(f"{data}: no usable rows")
+    return rows
+
+
+def evaluate(recipe: Recipe, data: str, out: Path, limit: int = 0) -> dict:
+    from transformers import AutoTokenizer
+
+    from grpo_ray import models
+    from grpo_ray.config import dump_recipe
+    from grpo_ray.controller import Controller, connect
+    from grpo_ray.setup_run import RunInputs, usable_rows
+
+    out.mkdir(parents=True, exist_ok=True)
+    rows_file = out / "eval_rows.jsonl"
+    rows_file.write_text("".join(json.dumps(r) + "\n" for r in eval_rows(data, limit)))
+    model_path = models.resolve(recipe.model.path)
+    tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=recipe.model.trust_remote_code)
+    recipe.data.val_files = [str(rows_file)]
+    dropped: dict[str, int] = {}
+    rows = usable_rows(recipe.data.val_files, tokenizer, recipe, dropped)
+    dump_recipe(recipe, out / "config.yaml")
+    connect()
+    c = Controller(recipe, RunInputs(model_path, [], rows, dropped, out, []))
+    try:
+        c.start(pools=("generator", "reward"))
+        metrics = c.validate(0)
+        c._get(c.pending_dumps, "rollout dump")
+    finally:
+        c.shutdown()
+    result = {"model": recipe.model.path, "data": data, "rows": len(rows), "dropped_too_long": sum(dropped.values()),
+              "n": recipe.generator.val_n, "temperature": recipe.generator.val_temperature, "metrics": metrics}
+    (out / "eval.json").write_text(json.dumps(result, indent=1))
+    return result
