@@ -259,13 +259,13 @@ class Controller:
         return sum(p.actors * p.cpus for p in self.plans.values())
 
     def memory(self) -> dict[str, float]:
-        """Peak memory per pool: GPU memory allocated by torch on cuda, resident set size on cpu."""
-        name = "perf/max_memory_allocated_gb" if self.r.cluster.device == "cuda" else "perf/peak_rss_gb"
+        """Peak memory per pool: perf/max_memory_allocated_gb/<pool> (torch on a GPU) or perf/peak_rss_gb/<pool>."""
         pools = {pool: [a.peak_memory_gb.remote() for a in actors] for pool, actors in self.actors.items() if actors}
         got = self._get([ref for refs in pools.values() for ref in refs], "memory")
         out, i = {}, 0
         for pool, refs in pools.items():
-            out[f"{name}/{pool}"] = max(got[i : i + len(refs)])
+            kind = got[i][0]
+            out[f"perf/{kind}/{pool}"] = max(gb for _, gb in got[i : i + len(refs)])
             i += len(refs)
         return out
 

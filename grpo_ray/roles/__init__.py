@@ -17,12 +17,13 @@ class RoleActor:
 
         return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
 
-    def peak_memory_gb(self) -> float:
-        """Peak GPU memory allocated by torch on cuda; peak resident set size of the process on cpu."""
+    def peak_memory_gb(self) -> tuple[str, float]:
+        """("max_memory_allocated_gb", GB) when this actor's torch holds its model on a GPU,
+        else ("peak_rss_gb", GB): the peak resident set size of the process."""
         if str(self.device).startswith("cuda"):
             import torch
 
-            return torch.cuda.max_memory_allocated() / 1e9
+            return "max_memory_allocated_gb", torch.cuda.max_memory_allocated() / 1e9
         import resource
 
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # KiB on Linux
+        return "peak_rss_gb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # KiB on Linux

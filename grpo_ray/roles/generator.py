@@ -35,7 +35,7 @@ class Generator(RoleActor):
                  trust_remote_code: bool = False, device: str = "cpu"):
         from vllm import LLM
 
-        self.cfg = cfg
+        self.cfg = cfg  # memory is reported as this process's RSS: on GPU the engine runs in a child process
         self.version = 0
         engine_kwargs = dict(cfg.vllm_kwargs)
         if device == "cpu":
@@ -54,7 +54,6 @@ class Generator(RoleActor):
             worker_extension_cls=EXTENSION,
             **engine_kwargs,
         )
-
 
     def generate(self, prompts: list[Prompt], group_size: int, seeds: list[int],
                  sampling: SamplingConfig | None = None) -> tuple[Rollout, RolloutStats]:

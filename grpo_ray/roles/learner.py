@@ -51,7 +51,6 @@ class Learner(RoleActor):
         self.sync_group: sync.SyncGroup | None = None
         self.steps = 0
 
-
     def address(self) -> tuple[str, int]:
         """A free address on this actor's node (rank 0 hosts the group's store)."""
         return sync.free_address()

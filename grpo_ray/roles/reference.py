@@ -21,7 +21,6 @@ class Reference(RoleActor):
         self.micro_batch_size, self.temperature = micro_batch_size, temperature
         self.pad_id = self.model.config.pad_token_id or 0
 
-
     def logprobs(self, rollout_refs: list) -> tuple[list[list[float]], float]:
         """Per-completion reference logprobs of the response tokens, and the seconds it took.
 

@@ -25,7 +25,6 @@ class RewardWorker(RoleActor):
     def _new_pool(self):
         return mp.get_context("spawn").Pool(1)
 
-
     def score(self, rollout_refs: list) -> Scores:
         """Scores of every completion of the rollouts behind `rollout_refs`, in order."""
         import ray
