@@ -191,7 +191,7 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
         sync_s = []
         for _ in range(max(reps, 5)):  # gather from shards + broadcast + load into vLLM; not the probe
             start = time.perf_counter()
-            c.push_weights()
+            c.push_weights(c.version)
             sync_s.append(time.perf_counter() - start)
         nbytes = sum(m.numel * 4 for m in c.metas)
         params = sum(m.numel for m in c.metas)
