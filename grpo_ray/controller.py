@@ -72,7 +72,7 @@ class Controller:
         start = time.perf_counter()
         batch = [Prompt.from_row(uid, row) for uid, row in self.stream.next_batch()]
         rollouts, stats = self.generate(batch, G, step)
-        scores = [self._pick("reward", i).score.remote([ro]) for i, ro in enumerate(rollouts)]
+        scores = self.score(rollouts)
         refs = self.reference_logprobs(rollouts)  # runs while the rewards are scored
         stats, scores = self._get(stats, "generate"), self._get(scores, "reward")
         rewards = torch.tensor([t for s in scores for t in s.totals])
@@ -98,6 +98,10 @@ class Controller:
         generated = [gen.generate.options(num_returns=2).remote(shard, n, shard_seeds, sampling)
                      for gen, shard, shard_seeds in zip(self.actors["generator"], shards, seeds) if shard]
         return [ro for ro, _ in generated], [st for _, st in generated]
+
+    def score(self, rollouts: list) -> list:
+        """Score refs, one per rollout, spread over the reward pool."""
+        return [self._pick("reward", i).score.remote([ro]) for i, ro in enumerate(rollouts)]
 
     def reference_logprobs(self, rollouts: list) -> list:
         """(logprobs ref, seconds ref) per rollout from the reference pool; none when there is no KL term."""
@@ -146,8 +150,7 @@ class Controller:
         g = self.r.generator
         prompts = [Prompt.from_row(i, row) for i, row in enumerate(self.inputs.val_rows)]
         rollouts, _ = self.generate(prompts, g.val_n, step, dataclasses.replace(g.sampling, temperature=g.val_temperature))
-        scores = self._get([self._pick("reward", i).score.remote([ro]) for i, ro in enumerate(rollouts)],
-                           "validation reward")
+        scores = self._get(self.score(rollouts), "validation reward")
         if self.r.trainer.dump_rollouts:
             self.dump(f"val_data_step{step}", step, rollouts, scores, None)
         perfect = sum(f.weight for f in self.r.reward.functions if f.weight > 0)
@@ -160,8 +163,14 @@ class Controller:
         path = str(self.inputs.output_dir / "rollouts" / f"{name}.jsonl")
         task = ray.remote(write_dump).options(num_cpus=0, scheduling_strategy=here)
         self.pending_dumps.append(task.remote(path, step, scores, advantages, *rollouts))
-        self._get(self.pending_dumps[:-2], "rollout dump")  # at most two dumps in flight
-        self.pending_dumps = self.pending_dumps[-2:]
+        self.flush_dumps(keep=2)  # at most two dumps in flight
+
+    def flush_dumps(self, keep: int = 0) -> None:
+        """Wait for all but the newest `keep` rollout dumps to be written."""
+        done = len(self.pending_dumps) - keep
+        if done > 0:
+            self._get(self.pending_dumps[:done], "rollout dump")
+            self.pending_dumps = self.pending_dumps[done:]
 
     # --- checkpoints -------------------------------------------------------------------
 
@@ -297,7 +306,7 @@ class Controller:
                 log.log(step, metrics)
                 if t.save_freq and (step % t.save_freq == 0 or step == total):
                     log.say(f"saved {self.save(step, last_val)}")
-            self._get(self.pending_dumps, "rollout dump")
+            self.flush_dumps()
         finally:
             log.close()
             self.shutdown()

@@ -66,7 +66,7 @@ def evaluate(recipe: Recipe, data: str, out: Path, limit: int = 0) -> dict:
     try:
         c.start(pools=("generator", "reward"))
         metrics = c.validate(0)
-        c._get(c.pending_dumps, "rollout dump")
+        c.flush_dumps()
     finally:
         c.shutdown()
     result = {"model": recipe.model.path, "data": data, "rows": len(rows), "dropped_too_long": sum(dropped.values()),

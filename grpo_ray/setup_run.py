@@ -6,7 +6,6 @@ are found here, on the driver, so a mistake costs seconds, not a cluster start.
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,7 +58,6 @@ def setup_run(recipe: Recipe) -> RunInputs:
             rewards.load(fn.name)
         except rewards.RewardLoadError as e:
             raise RecipeError(f"reward.functions[{i}].name: {e}") from None
-    random.seed(recipe.trainer.seed)
     model_path = models.resolve(recipe.model.path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=recipe.model.trust_remote_code)
