@@ -188,6 +188,14 @@ class ClusterConfig:
     """Groups of pools that share nodes, e.g. [[learner, reference]]; pools not listed get their own."""
     node_resources: dict[str, str] = field(default_factory=dict)
     """Pool -> custom Ray resource that marks the nodes it may use, e.g. {generator: generation}."""
+    node_markers: dict[str, int] = field(default_factory=dict)
+    """Custom resource -> how many of cluster.nodes carry it (a KubeRay worker group's ``resources``), e.g. {generation: 1}."""
+    gpu: str = ""
+    """GPU model (b200, h200, h100): its memory sizes the fit check; empty on CPU or with cluster.device_memory_gb."""
+    device_memory_gb: float = 0.0
+    """Memory of one GPU in GB, when cluster.gpu is not one of the known models."""
+    node_memory_gb: float = 0.0
+    """Host memory of one node in GB for the fit check on CPU; 0 means this machine's."""
     peak_tflops: float = 0.0
     """Peak TFLOPS of one learner device for MFU; 0: the H100/H200/B200 table on GPU, a matmul measured on CPU."""
 
@@ -258,6 +266,8 @@ CHOICES = {
     "cluster.device": ("cpu", "cuda"),
 }
 LOGGERS = ("console", "jsonl", "tensorboard")
+GPU_MEMORY_GB = {"b200": 180.0, "h200": 141.0, "h100": 80.0}
+"""Memory of one GPU of each known model (HBM as the datasheets give it)."""
 
 
 # --- loading -----------------------------------------------------------------------------
@@ -404,6 +414,13 @@ def _cluster_problems(r: Recipe) -> list[str]:
     for pool in c.node_resources:
         if pool not in POOLS:
             p.append(f"cluster.node_resources: unknown pool {pool!r}; expected any of {', '.join(POOLS)}")
+    marked = sum(c.node_markers.values())
+    if any(n <= 0 for n in c.node_markers.values()) or marked > c.nodes:
+        p.append(f"cluster.node_markers {dict(c.node_markers)}: each count must be positive and together at most "
+                 f"cluster.nodes ({c.nodes})")
+    if c.gpu and c.gpu not in GPU_MEMORY_GB:
+        p.append(f"cluster.gpu={c.gpu!r}: expected one of {', '.join(GPU_MEMORY_GB)}, or leave it empty and "
+                 "set cluster.device_memory_gb")
     if c.device != "cuda":
         return p
     if c.devices_per_node <= 0:

