@@ -164,7 +164,7 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
     r = load_recipe(recipe_path, [*overrides, f"trainer.output_dir={out_dir}", "trainer.dump_rollouts=false",
                                   "trainer.loggers=[jsonl]", "trainer.test_freq=0", "trainer.val_before_train=false"])
     inputs = setup_run(r)
-    connect()
+    connect(r)
     c = Controller(r, inputs)
     G = r.algorithm.group_size
     result: dict = {"overrides": overrides}

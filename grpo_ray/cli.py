@@ -1,4 +1,4 @@
-"""The ``grpo-ray`` command: train, prepare-data, replay, plot, export, eval, build-model.
+"""The ``grpo-ray`` command: train, plan, prepare-data, replay, plot, export, eval, build-model.
 
 User mistakes (``grpo_ray.errors.UserError``) print one message and exit 2,
 without a traceback; anything else is a bug and keeps its traceback.
@@ -17,6 +17,10 @@ def cmd_train(args) -> int:
     from grpo_ray.setup_run import setup_run
 
     recipe = load_recipe(args.recipe, args.overrides)
+    report = fit_check(recipe)
+    if not report.fits:
+        raise UserError(f"{args.recipe}: the recipe does not fit its cluster (grpo-ray plan {args.recipe} shows "
+                        "the whole estimate):\n" + "\n".join(f"  - {p}" for p in report.problems))
     inputs = setup_run(recipe)
     print(f"recipe ok; model at {inputs.model_path}; {len(inputs.train_rows)} training rows, "
           f"{len(inputs.val_rows)} validation rows; config written to {inputs.output_dir / 'config.yaml'}")
@@ -35,6 +39,31 @@ def cmd_train(args) -> int:
         return 1
     print(f"done: metrics in {inputs.output_dir / 'metrics.jsonl'}")
     return 0
+
+
+def fit_check(recipe):
+    from grpo_ray.fit import check
+
+    return check(recipe)
+
+
+def cmd_plan(args) -> int:
+    from grpo_ray.config import load_recipe
+
+    flags = list(args.overrides)
+    if args.gpu == "cpu":
+        flags += ["cluster.device=cpu", "cluster.devices_per_node=0", "cluster.gpu="]
+    elif args.gpu:
+        flags += ["cluster.device=cuda", f"cluster.gpu={args.gpu}", "cluster.device_memory_gb=0"]
+    if args.nodes:
+        flags.append(f"cluster.nodes={args.nodes}")
+    recipe = load_recipe(args.recipe, flags)
+    c = recipe.cluster
+    kind = f"{c.devices_per_node} x {c.gpu or 'GPU'}" if c.device == "cuda" else "CPU"
+    print(f"{args.recipe}: {recipe.model.path} on {c.nodes} node(s) of {kind}")
+    report = fit_check(recipe)
+    print(report.text())
+    return 0 if report.fits else 1
 
 
 def cmd_prepare_data(args) -> int:
@@ -128,6 +157,14 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("recipe", help="recipe YAML file")
     t.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.total_steps=10")
     t.set_defaults(func=cmd_train)
+
+    pn = sub.add_parser("plan", help="placement and memory per device of a recipe, without starting anything; "
+                                     "exit 0 when it fits, 1 when it does not")
+    pn.add_argument("recipe", help="recipe YAML file")
+    pn.add_argument("--gpu", choices=["b200", "h200", "h100", "cpu"], help="plan for these devices instead")
+    pn.add_argument("--nodes", type=int, default=0, help="plan for this many nodes instead")
+    pn.add_argument("overrides", nargs="*", help="dotted overrides, right after RECIPE, e.g. generator.tensor_parallel_size=4")
+    pn.set_defaults(func=cmd_plan)
 
     d = sub.add_parser("prepare-data", help="GSM8K / MATH-500 to train/test parquet")
     d.add_argument("name", choices=["gsm8k", "math500"])

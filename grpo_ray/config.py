@@ -189,7 +189,8 @@ class ClusterConfig:
     node_resources: dict[str, str] = field(default_factory=dict)
     """Pool -> custom Ray resource that marks the nodes it may use, e.g. {generator: generation}."""
     node_markers: dict[str, int] = field(default_factory=dict)
-    """Custom resource -> how many of cluster.nodes carry it (a KubeRay worker group's ``resources``), e.g. {generation: 1}."""
+    """Custom resource -> how many of cluster.nodes carry it (a KubeRay worker group's ``resources``), e.g.
+    {generation: 1}; the first nodes carry them in this order. Empty: not described, any node may carry any."""
     gpu: str = ""
     """GPU model (b200, h200, h100): its memory sizes the fit check; empty on CPU or with cluster.device_memory_gb."""
     device_memory_gb: float = 0.0
@@ -414,10 +415,9 @@ def _cluster_problems(r: Recipe) -> list[str]:
     for pool in c.node_resources:
         if pool not in POOLS:
             p.append(f"cluster.node_resources: unknown pool {pool!r}; expected any of {', '.join(POOLS)}")
-    marked = sum(c.node_markers.values())
-    if any(n <= 0 for n in c.node_markers.values()) or marked > c.nodes:
-        p.append(f"cluster.node_markers {dict(c.node_markers)}: each count must be positive and together at most "
-                 f"cluster.nodes ({c.nodes})")
+    for marker, n in c.node_markers.items():
+        if n <= 0:
+            p.append(f"cluster.node_markers.{marker}={n}: must be positive")
     if c.gpu and c.gpu not in GPU_MEMORY_GB:
         p.append(f"cluster.gpu={c.gpu!r}: expected one of {', '.join(GPU_MEMORY_GB)}, or leave it empty and "
                  "set cluster.device_memory_gb")
@@ -431,17 +431,6 @@ def _cluster_problems(r: Recipe) -> list[str]:
         p.append(
             f"generator.tensor_parallel_size ({tp}) is larger than cluster.devices_per_node "
             f"({c.devices_per_node}): one engine must fit on one node"
-        )
-    asked = {"generator": r.generator.num_engines * tp, "learner": r.learner.world_size,
-             "reference": r.reference.num_actors if r.algorithm.kl_coef > 0 else 0, "reward": 0}
-    groups = [list(g) for g in c.colocate] + [[pool] for pool in POOLS if pool not in seen]
-    total = sum(max(asked.get(pool, 0) for pool in group) for group in groups)
-    have = c.nodes * c.devices_per_node
-    if total > have:
-        detail = ", ".join(f"{pool} {n}" for pool, n in asked.items() if n)
-        p.append(
-            f"the pools ask for {total} GPUs ({detail}; colocated pools share) but the cluster has "
-            f"cluster.nodes ({c.nodes}) x cluster.devices_per_node ({c.devices_per_node}) = {have}"
         )
     return p
 

@@ -229,7 +229,7 @@ class Controller:
         self.actors["reference"] = [  # none when kl_coef is 0
             ray.remote(Reference).options(**self._options("reference", i, pgs)).remote(
                 path, r.cluster.device, r.reference.micro_batch_size, g.sampling.temperature, r.reference.num_cpus,
-                r.model.trust_remote_code) for i in range(count["reference"])]
+                r.model.trust_remote_code, r.learner.dtype) for i in range(count["reference"])]
         functions = [(f.name, f.weight) for f in r.reward.functions]
         self.actors["reward"] = [
             ray.remote(RewardWorker).options(**self._options("reward", i, pgs)).remote(
@@ -354,17 +354,19 @@ def split(items: list, parts: int) -> list[list]:
     return out
 
 
-def connect() -> None:
-    """Join the cluster in RAY_ADDRESS (as under `ray job submit`), or start a local one."""
+def connect(recipe: Recipe) -> None:
+    """Join the cluster in RAY_ADDRESS (as under `ray job submit`), or start a local one that stands in
+    for every node group: it carries each node marker the recipe's pools ask for."""
     if not ray.is_initialized():
         if os.environ.get("RAY_ADDRESS"):
             ray.init(address=os.environ["RAY_ADDRESS"])
         else:
-            ray.init(include_dashboard=False)
+            markers = {m: 1000.0 for m in recipe.cluster.node_resources.values()}
+            ray.init(include_dashboard=False, resources=markers or None)
 
 
 def train(recipe: Recipe, inputs: RunInputs) -> None:
-    connect()
+    connect(recipe)
     Controller(recipe, inputs).run()
 
 
@@ -378,7 +380,7 @@ def replay(recipe: Recipe, dump_path: str) -> dict[str, float]:
     rollouts, advantages = load_dump(dump_path)
     out = Path(recipe.trainer.output_dir) / "replay"
     out.mkdir(parents=True, exist_ok=True)
-    connect()
+    connect(recipe)
     c = Controller(recipe, RunInputs(models.resolve(recipe.model.path), [], [], {}, out, []))
     try:
         c.start(pools=("learner", "reference"))

@@ -61,7 +61,7 @@ def evaluate(recipe: Recipe, data: str, out: Path, limit: int = 0) -> dict:
     dropped: dict[str, int] = {}
     rows = usable_rows(recipe.data.val_files, tokenizer, recipe, dropped)
     dump_recipe(recipe, out / "config.yaml")
-    connect()
+    connect(recipe)
     c = Controller(recipe, RunInputs(model_path, [], rows, dropped, out, []))
     try:
         c.start(pools=("generator", "reward"))

@@ -165,26 +165,36 @@ def generator_memory(d: ModelDims, r: Recipe, memory_gb: float) -> tuple[PoolMem
 def layout(r: Recipe) -> tuple[list[Node], list[str]]:
     """Place every node group's bundles on simulated nodes, first fit; problems for bundles with no room."""
     c = r.cluster
-    markers = [m for m, n in c.node_markers.items() for _ in range(n)]
-    nodes = [Node(i, (markers[i],) if i < len(markers) else (), float(c.devices_per_node)) for i in range(c.nodes)]
-    plans = placement.plan(r)
+    markers = [(m,) for m, n in c.node_markers.items() for _ in range(n)]
     problems = []
+    if len(markers) > c.nodes:
+        problems.append(f"cluster.node_markers {dict(c.node_markers)} mark {len(markers)} nodes, but "
+                        f"cluster.nodes is {c.nodes}")
+    if not markers:  # markers not described: every node may carry any of them
+        markers = [tuple(sorted(set(c.node_resources.values())))] * c.nodes
+    nodes = [Node(i, markers[i] if i < len(markers) else (), float(c.devices_per_node)) for i in range(c.nodes)]
+    plans = placement.plan(r)
     for group in placement.node_groups(r):
+        if c.device == "cuda" and not any(plans[p].gpus for p in group):
+            continue  # CPU-only pools (rewards) go wherever Ray finds CPUs; only GPUs are laid out here
         want = {k for p in group for k in plans[p].resources}
         eligible = [n for n in nodes if want <= set(n.markers)]
         if not want:
             eligible.sort(key=lambda n: bool(n.markers))  # Ray may use marked nodes too; unmarked ones first
-        for i, b in enumerate(placement.bundles(group, plans)):
+        free = sum(n.free for n in eligible)
+        group_bundles = placement.bundles(group, plans)
+        for i, b in enumerate(group_bundles):
             gpus = b.get("GPU", 0.0)
             node = next((n for n in eligible if n.free >= gpus - 1e-9), None)
             if node is None:
                 where = f"nodes marked {'+'.join(sorted(want))}" if want else "the cluster's nodes"
-                total = len(placement.bundles(group, plans))
+                n = len(group_bundles)
                 problems.append(
-                    f"{'+'.join(group)}: {total} actors of {gpus:g} GPUs need {total * gpus:g} GPUs on {where}, "
-                    f"which have {len(eligible)} nodes x {c.devices_per_node} GPUs = {len(eligible) * c.devices_per_node}"
-                    + (f"; raise cluster.node_markers.{sorted(want)[0]} (and the worker group's replicas) or ask "
-                       f"for fewer actors" if want else "; add nodes or ask for fewer actors"))
+                    f"{'+'.join(group)}: {n} actors of {gpus:g} GPUs need {n * gpus:g} GPUs on {where}, which have "
+                    f"{len(eligible)} nodes x {c.devices_per_node} GPUs = {len(eligible) * c.devices_per_node}, "
+                    f"{free:g} of them free for it" +
+                    (f"; raise cluster.node_markers.{sorted(want)[0]} (and the worker group's replicas) or ask for "
+                     "fewer actors" if want else "; add nodes, colocate pools (cluster.colocate) or ask for fewer actors"))
                 break
             node.free -= gpus
             node.hosts.append(("+".join(group), i, gpus))
@@ -199,9 +209,12 @@ def describe(nodes: list[Node], r: Recipe) -> list[str]:
         each = {g: gpus for g, _, gpus in n.hosts}
         used = sum(gpus for _, _, gpus in n.hosts)
         what = ", ".join(f"{g} x{k}" + (f" ({each[g]:g} GPU each)" if gpu else "") for g, k in count.items())
-        tag = f" [{', '.join(n.markers)}]" if n.markers else ""
+        tag = f" [{', '.join(n.markers)}]" if n.markers and r.cluster.node_markers else ""
         room = f" {used:g}/{r.cluster.devices_per_node} GPUs:" if gpu else ":"
         lines.append(f"node {n.index}{tag}{room} {what or 'idle'}")
+    if gpu:
+        rw = placement.plan(r)["reward"]
+        lines.append(f"reward x{rw.actors} ({rw.cpus:g} CPU each): no GPU, on any node with free CPUs")
     return lines
 
 
@@ -217,6 +230,8 @@ def check(r: Recipe) -> FitReport:
     pools["learner"] = learner_memory(d, r)
     if plans["reference"].actors:
         pools["reference"] = reference_memory(d, r)
+    if r.cluster.device == "cpu":  # on GPU clusters rewards use host memory only
+        pools["reward"] = PoolMemory("reward", {"runtime": CPU_RUNTIME_GB["reward"]}, "one child process per sample")
     if r.cluster.device == "cuda" and mem <= 0:
         problems.append("cluster.gpu is not set: name the GPU model (b200, h200, h100) or set cluster.device_memory_gb")
     elif r.cluster.device == "cuda":
@@ -283,7 +298,10 @@ def _device_lines(r: Recipe, pools: dict[str, PoolMemory], mem: float, nodes: li
         detail = " + ".join(f"{p} {k} x {pools[p].total:.2f}" for p, k in actors.items())
         lines.append(f"node {n.index} host memory: {total:.2f} of {mem:.1f} GB ({detail})")
         if total > mem:
-            problems.append(f"node {n.index}: {total:.1f} GB of actors over its {mem:.1f} GB of host memory ({detail})")
+            big = max(actors, key=lambda p: pools[p].total * actors[p])
+            part = max(pools[big].parts, key=pools[big].parts.get)
+            problems.append(f"node {n.index}: {total:.1f} GB of actors over its {mem:.1f} GB of host memory ({detail}); "
+                            f"the largest part is {big} {part} ({pools[big].parts[part]:.1f} GB): " + _advice(big, part))
     return lines
 
 

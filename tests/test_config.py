@@ -104,14 +104,17 @@ def test_tensor_parallel_larger_than_node():
 
 
 def test_more_gpus_than_cluster_and_colocation_shares():
-    base = ["cluster.device=cuda", "cluster.devices_per_node=8", "cluster.nodes=2", "generator.num_engines=2",
-            "generator.tensor_parallel_size=4", "learner.world_size=8", "learner.micro_batch_size=8",
-            "learner.mini_batch_size=128", "reference.num_actors=4"]
-    msg = error_of(TINY, base)
-    assert "the pools ask for 20 GPUs (generator 8, learner 8, reference 4; colocated pools share)" in msg
-    assert "cluster.nodes (2) x cluster.devices_per_node (8) = 16" in msg
+    """Counting GPUs is the fit check's (grpo_ray.fit.layout): the recipe loads, the layout says what has no room."""
+    from grpo_ray import fit
+
+    base = ["cluster.device=cuda", "cluster.gpu=h100", "cluster.devices_per_node=8", "cluster.nodes=2",
+            "generator.num_engines=2", "generator.tensor_parallel_size=4", "learner.world_size=8",
+            "learner.micro_batch_size=8", "learner.mini_batch_size=128", "reference.num_actors=4"]
+    _, problems = fit.layout(load_recipe(TINY, base))
+    assert problems == ["reference: 4 actors of 1 GPUs need 4 GPUs on the cluster's nodes, which have 2 nodes x 8 GPUs "
+                        "= 16, 0 of them free for it; add nodes, colocate pools (cluster.colocate) or ask for fewer actors"]
     # the reference on the learner's GPUs: 8 + 8 fits in 16
-    assert load_recipe(TINY, base + ["cluster.colocate=[[learner,reference]]"]).cluster.colocate == [["learner", "reference"]]
+    assert fit.layout(load_recipe(TINY, base + ["cluster.colocate=[[learner,reference]]"]))[1] == []
 
 
 def test_choices_and_positive_sizes():

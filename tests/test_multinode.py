@@ -46,3 +46,52 @@ def test_generators_land_only_on_generator_nodes(tmp_path):
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+SCALE_LAYOUTS = ["qwen2.5-32b-gsm8k-b200", "llama3.1-8b-math-4node", "gemma3-27b-gsm8k-noncolocated"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SCALE_LAYOUTS)
+def test_scale_recipe_lands_as_planned(name):
+    """The 2-node, 4-node and non-colocated recipes on a simulated cluster of their shape (GPUs are logical
+    here): the placement groups Ray makes put each pool's bundles on the nodes `grpo-ray plan` shows."""
+    from collections import Counter
+
+    import ray
+    from ray.cluster_utils import Cluster
+    from ray.util.placement_group import placement_group_table, remove_placement_group
+
+    from grpo_ray import fit
+
+    r = load_recipe(ROOT / "recipes" / f"{name}.yaml")
+    c = r.cluster
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 32})
+    for marker, count in c.node_markers.items():
+        for _ in range(count):
+            cluster.add_node(num_cpus=200, num_gpus=c.devices_per_node, resources={marker: 1})
+    ray.init(address=cluster.address, log_to_driver=False)
+    pgs = {}
+    try:
+        pgs = placement.reserve(r, timeout_s=60)
+        marker_of = {n["NodeID"]: next((m for m in c.node_markers if m in n["Resources"]), "head")
+                     for n in ray.nodes() if n["Alive"]}
+        landed = {}
+        for pool, (pg, _) in pgs.items():
+            group = "+".join(next(g for g in placement.node_groups(r) if pool in g))
+            per_node = Counter(placement_group_table(pg)["bundles_to_node_id"].values())
+            landed[group] = sorted((marker_of[node], k) for node, k in per_node.items())
+        nodes, problems = fit.layout(r)
+        assert not problems
+        planned = {}
+        for n in nodes:
+            for group, k in Counter(g for g, _, _ in n.hosts).items():
+                planned.setdefault(group, []).append((n.markers[0], k))
+        for group, where in planned.items():
+            assert landed[group] == sorted(where), group
+        assert set(planned) == {g for g in landed if g != "reward"}
+    finally:
+        for pg in {id(pg): pg for pg, _ in pgs.values()}.values():
+            remove_placement_group(pg)
+        ray.shutdown()
+        cluster.shutdown()

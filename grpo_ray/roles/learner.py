@@ -66,7 +66,8 @@ class Learner(RoleActor):
         if self.device.type == "cuda":
             torch.cuda.set_device(0)  # Ray gives each learner actor one GPU
         mesh = init_device_mesh(self.device.type, (self.world_size,))
-        model = load_causal_lm(self.model_path, torch.float32, self.recipe.model.trust_remote_code).to(self.device)
+        # loaded on the host; fully_shard moves one layer at a time to the device and keeps only this rank's shard
+        model = load_causal_lm(self.model_path, torch.float32, self.recipe.model.trust_remote_code)
         shape = model_shape(model)
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()

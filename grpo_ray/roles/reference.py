@@ -14,10 +14,11 @@ from grpo_ray.roles import RoleActor
 
 class Reference(RoleActor):
     def __init__(self, model_path: str, device: str, micro_batch_size: int, temperature: float, num_cpus: float,
-                 trust_remote_code: bool = False):
+                 trust_remote_code: bool = False, dtype: str = "float32"):
         torch.set_num_threads(max(1, round(num_cpus)))
         self.device = torch.device("cuda" if device == "cuda" else "cpu")
-        self.model = load_causal_lm(model_path, torch.float32, trust_remote_code).to(self.device).eval()
+        # the learner's compute dtype, so both score with the same precision
+        self.model = load_causal_lm(model_path, getattr(torch, dtype), trust_remote_code).to(self.device).eval()
         self.micro_batch_size, self.temperature = micro_batch_size, temperature
         self.pad_id = self.model.config.pad_token_id or 0
 

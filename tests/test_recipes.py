@@ -1,0 +1,128 @@
+"""The shipped recipes: each validates and plans; each tiny twin has its recipe's structure and trains here."""
+
+import json
+import re
+
+import pytest
+
+from grpo_ray import fit, placement
+from grpo_ray.config import load_recipe
+from grpo_ray.models import model_dims
+from tests.conftest import ROOT, run_cli
+
+RECIPES = ROOT / "recipes"
+SCALE = sorted(p.stem for p in RECIPES.glob("*.yaml") if not p.stem.startswith("tiny-"))
+FAMILY = {"Qwen/": "qwen2", "meta-llama/": "llama", "google/gemma-3": "gemma3"}
+
+
+def test_every_scale_recipe_has_a_twin_and_a_committed_plan():
+    assert len(SCALE) == 5, SCALE
+    for name in SCALE:
+        assert (RECIPES / f"tiny-{name}.yaml").is_file(), name
+        assert (RECIPES / "plans" / f"{name}.txt").is_file(), name
+
+
+@pytest.mark.parametrize("name", SCALE)
+def test_scale_recipe_plans_as_committed(name):
+    """`grpo-ray plan` fits each recipe on its cluster and prints what recipes/plans/ holds (no stale plan)."""
+    out = run_cli("plan", f"recipes/{name}.yaml")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.rstrip().endswith("FITS")
+    assert out.stdout == (RECIPES / "plans" / f"{name}.txt").read_text()
+
+
+def _structure(path):
+    r = load_recipe(path)
+    dims = model_dims(r.model.path)
+    return {
+        "node groups": placement.node_groups(r),
+        "node markers asked": dict(r.cluster.node_resources),
+        "pools": sorted(p for p, plan in placement.plan(r).items() if plan.actors),
+        "rewards": [(f.name, f.weight) for f in r.reward.functions],
+        "chat template kwargs": dict(r.model.chat_template_kwargs),
+        "vllm kwargs": dict(r.generator.vllm_kwargs),
+        "algorithm": (r.algorithm.kl_coef, r.algorithm.kl_estimator, r.algorithm.clip_ratio_high, r.algorithm.loss_agg),
+        "optimizer steps per step": r.data.train_batch_size * r.algorithm.group_size // r.learner.mini_batch_size,
+        "gradient checkpointing": r.learner.gradient_checkpointing,
+        "tied embeddings": dims.tied,
+        "head size": dims.head_dim if "gemma" in r.model.path else None,
+        "checkpoints and validation": (bool(r.trainer.save_freq), bool(r.trainer.test_freq), r.trainer.val_before_train),
+    }
+
+
+@pytest.mark.parametrize("name", SCALE)
+def test_twin_has_the_recipes_structure(name):
+    big, twin = load_recipe(RECIPES / f"{name}.yaml"), load_recipe(RECIPES / f"tiny-{name}.yaml")
+    family = next(arch for prefix, arch in FAMILY.items() if big.model.path.startswith(prefix))
+    assert twin.model.path.startswith(f"tiny://{family}?")
+    assert _structure(RECIPES / f"tiny-{name}.yaml") == _structure(RECIPES / f"{name}.yaml")
+    assert twin.cluster.device == "cpu" and big.cluster.device == "cuda"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SCALE)
+def test_twin_trains_to_completion(name, tmp_path):
+    recipe_path = RECIPES / f"tiny-{name}.yaml"
+    out = run_cli("train", str(recipe_path), f"trainer.output_dir={tmp_path}", timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    r = load_recipe(recipe_path, [f"trainer.output_dir={tmp_path}"])
+    steps = r.trainer.total_steps
+    metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == list(range(0 if r.trainer.val_before_train else 1, steps + 1))
+    assert (tmp_path / "checkpoints" / f"step_{steps}" / "manifest.json").is_file()
+    assert all(m["sync/logprob_diff"] < r.trainer.max_sync_logprob_diff for m in metrics if m["step"])
+    names = {f.name for f in r.reward.functions}
+    dump = [json.loads(line) for line in (tmp_path / "rollouts" / f"train_data_step{steps}.jsonl").read_text().splitlines()]
+    assert len(dump) == r.data.train_batch_size * r.algorithm.group_size
+    assert all(set(row["rewards"]) == names for row in dump)
+    placed = json.loads((tmp_path / "placement.json").read_text())
+    assert {p: len(a) for p, a in placed.items()} == {p: plan.actors for p, plan in placement.plan(r).items()}
+    # the fit check's learner estimate, at this step's longest sequence, against the measured peak
+    seq = max(len(row["prompt_ids"]) + len(row["response_ids"]) for row in dump)
+    predicted = fit.learner_memory(model_dims(r.model.path), r, seq).total
+    measured = max(m["perf/peak_rss_gb/learner"] for m in metrics if m["step"])
+    assert 0.75 <= predicted / measured <= 1.25, (predicted, measured)
+
+
+def test_plan_refuses_qwen_32b_on_one_h100_with_tp1():
+    out = run_cli("plan", "recipes/qwen2.5-32b-gsm8k-b200.yaml", "cluster.devices_per_node=1",
+                  "generator.tensor_parallel_size=1", "learner.world_size=1", "reference.num_actors=1",
+                  "cluster.colocate=[[generator,learner,reference]]", "--gpu", "h100", "--nodes", "1")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "DOES NOT FIT" in out.stdout
+    assert re.search(r"generator: weights 65\.5 GB per GPU \(tensor_parallel_size 1\).*exceed.*0\.6\) x 80 GB = 48\.0 GB; "
+                     r"use generator.tensor_parallel_size >= 2", out.stdout), out.stdout
+    assert re.search(r"generator\+learner\+reference: \d+\.\d GB per GPU is over the 80 GB", out.stdout), out.stdout
+
+
+def test_plan_refuses_more_generator_nodes_than_the_cluster_has():
+    out = run_cli("plan", "recipes/gemma3-27b-gsm8k-noncolocated.yaml", "generator.num_engines=8")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert ("generator: 8 actors of 4 GPUs need 32 GPUs on nodes marked generation, which have 2 nodes x 8 GPUs = 16, "
+            "16 of them free for it; raise cluster.node_markers.generation") in out.stdout
+
+
+def test_plan_refuses_a_kv_budget_that_holds_no_full_sequence():
+    out = run_cli("plan", "recipes/llama3.1-8b-math-4node.yaml", "generator.gpu_memory_utilization=0.1",
+                  "generator.max_model_len=131072")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert re.search(r"generator: the KV cache budget \(\d+\.\d\d GB per device\) cannot hold one sequence of 131072 "
+                     r"tokens \(8\.59 GB\)", out.stdout), out.stdout
+
+
+def test_plan_for_other_gpus_and_node_counts():
+    """--gpu and --nodes replan the same recipe: the 32B recipe does not fit an H200's 141 GB, and on one node
+    the marked node groups cannot both exist."""
+    h200 = run_cli("plan", "recipes/qwen2.5-32b-gsm8k-b200.yaml", "--gpu", "h200")
+    assert h200.returncode == 1 and "over the 141 GB of one device" in h200.stdout, h200.stdout
+    one = run_cli("plan", "recipes/llama3.1-8b-math-4node.yaml", "--nodes", "1")
+    assert one.returncode == 1 and "mark 4 nodes, but cluster.nodes is 1" in one.stdout, one.stdout
+
+
+def test_train_runs_the_fit_check_before_any_actor(tmp_path):
+    out = run_cli("train", "recipes/tiny-cpu.yaml", f"trainer.output_dir={tmp_path}",
+                  "generator.gpu_memory_utilization=0.99")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "does not fit its cluster" in out.stderr and "generator kv_cache" in out.stderr
+    assert "Traceback" not in out.stderr and "Started a local Ray" not in out.stdout + out.stderr
+    assert not (tmp_path / "config.yaml").exists()
