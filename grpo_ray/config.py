@@ -152,6 +152,10 @@ class RewardConfig:
     """CPU reward actors."""
     timeout_s: float = 10.0
     """Per-sample time limit; a sample past it scores 0 and is counted."""
+    memory_mb: int = 2048
+    """Address-space limit of the child process that runs the reward functions; past it the sample scores 0."""
+    sandbox: bool = True
+    """Run reward functions without network and with a read-only filesystem (but a scratch dir) where the OS allows."""
     num_cpus: float = 0.25
     """CPUs reserved per reward actor."""
 
@@ -359,7 +363,8 @@ def validate(r: Recipe) -> list[str]:
     for key in ("data.train_batch_size", "data.max_prompt_length", "generator.num_engines",
                 "generator.tensor_parallel_size", "generator.sampling.max_tokens", "learner.world_size",
                 "learner.mini_batch_size", "learner.micro_batch_size", "reference.num_actors",
-                "reference.micro_batch_size", "reward.num_actors", "algorithm.ppo_epochs", "cluster.nodes"):
+                "reference.micro_batch_size", "reward.num_actors", "reward.memory_mb", "algorithm.ppo_epochs",
+                "cluster.nodes"):
         if _get(r, key) <= 0:
             p.append(f"{key}={_get(r, key)}: must be positive")
     if any(m.endswith("must be positive") for m in p):

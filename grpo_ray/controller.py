@@ -233,7 +233,8 @@ class Controller:
         functions = [(f.name, f.weight) for f in r.reward.functions]
         self.actors["reward"] = [
             ray.remote(RewardWorker).options(**self._options("reward", i, pgs)).remote(
-                functions, r.reward.timeout_s, r.data.response_prefix) for i in range(count["reward"])]
+                functions, r.reward.timeout_s, r.data.response_prefix, r.reward.memory_mb, r.reward.sandbox)
+            for i in range(count["reward"])]
 
     def _join_groups(self) -> None:
         """The learners' torch.distributed group, then the weight-sync group: learner rank 0 + every engine worker."""

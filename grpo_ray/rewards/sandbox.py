@@ -1,0 +1,127 @@
+"""Reward functions run in a child process of the reward actor, under limits.
+
+``RewardChild`` keeps one child process and hands it one sample at a time over a pipe:
+
+- time: the parent waits ``timeout_s`` for the answer; past it the child is killed and a new one started;
+- exit: a child that dies (``os._exit``, a crash, the kernel's OOM killer) is seen at once (the pipe
+  closes) and replaced;
+- memory: the child's address space is capped (``RLIMIT_AS``), so a huge allocation raises MemoryError
+  inside the reward function; the sample scores 0 and the child is replaced;
+- isolation, where the OS allows it (Linux with unprivileged user namespaces): the child enters new
+  user, network and mount namespaces, so it has no network (not even loopback to this node) and every
+  filesystem is read-only except a private tmpfs scratch directory, its working directory, HOME and
+  TMPDIR. ``/proc``, ``/sys`` and ``/dev`` (including ``/dev/shm``) stay as they were. Where namespaces
+  are not available the child runs with the time and memory limits only, and says so (``isolation``).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+
+MEMORY_ERROR = "memory"
+
+
+def isolate() -> str:
+    """Enter new user + network + mount namespaces with a read-only filesystem and a tmpfs scratch dir.
+
+    Returns "network+filesystem" when done, else "none (<reason>)". Must run before any thread starts."""
+    import ctypes
+    import tempfile
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    newuser, newnet, newns = 0x10000000, 0x40000000, 0x00020000
+    rdonly, remount, bind, rec, private = 1, 32, 4096, 16384, 1 << 18
+    scratch = tempfile.mkdtemp(prefix="grpo-reward-")
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(newuser | newnet | newns) != 0:
+        return f"none (unshare: {os.strerror(ctypes.get_errno())})"
+    try:
+        with open("/proc/self/setgroups", "w") as f:
+            f.write("deny")
+        with open("/proc/self/uid_map", "w") as f:
+            f.write(f"{uid} {uid} 1")
+        with open("/proc/self/gid_map", "w") as f:
+            f.write(f"{gid} {gid} 1")
+    except OSError as e:
+        return f"none (id maps: {e.strerror})"
+    libc.mount(None, b"/", None, rec | private, None)
+    with open("/proc/self/mountinfo") as f:
+        points = sorted({line.split()[4] for line in f}, key=len)
+    for point in points:
+        if point.startswith(("/proc", "/sys", "/dev")):
+            continue
+        p = point.encode()
+        libc.mount(p, p, None, bind | rec, None)
+        libc.mount(None, p, None, remount | bind | rdonly, None)  # a mount that refuses stays as it was
+    if libc.mount(b"tmpfs", scratch.encode(), b"tmpfs", 0, None) != 0:
+        return f"none (scratch tmpfs: {os.strerror(ctypes.get_errno())})"
+    os.chdir(scratch)
+    os.environ.update(HOME=scratch, TMPDIR=scratch)
+    return "network+filesystem"
+
+
+def child_main(conn, memory_mb: int, sandbox: bool) -> None:
+    isolation = isolate() if sandbox else "none (turned off)"
+    import resource
+
+    from grpo_ray.rewards.runner import score_one
+
+    limit = memory_mb << 20
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    conn.send(isolation)
+    while True:
+        try:
+            task = conn.recv()
+        except EOFError:
+            return
+        try:
+            conn.send(score_one(*task))
+        except MemoryError:  # past the limit outside the reward function's own try (e.g. sending a huge result)
+            conn.send(MEMORY_ERROR)
+
+
+class RewardChild:
+    """One child process scoring samples under a time limit, a memory limit and (where possible) a sandbox."""
+
+    def __init__(self, memory_mb: int, sandbox: bool = True):
+        self.memory_mb, self.sandbox = memory_mb, sandbox
+        self.isolation = ""
+        self._start()
+
+    def _start(self) -> None:
+        ctx = mp.get_context("spawn")
+        self.conn, theirs = ctx.Pipe()
+        self.proc = ctx.Process(target=child_main, args=(theirs, self.memory_mb, self.sandbox), daemon=True)
+        self.proc.start()
+        theirs.close()
+        if not self.conn.poll(60):
+            raise RuntimeError("reward child did not start within 60 s")
+        self.isolation = self.conn.recv()
+
+    def restart(self) -> None:
+        self.proc.kill()
+        self.proc.join()
+        self.conn.close()
+        self._start()
+
+    def run(self, task: tuple, timeout_s: float) -> tuple[str, object]:
+        """("ok", result) | ("timeout", None) | ("died", None) | ("memory", None); the child is replaced after
+        anything but "ok"."""
+        try:
+            self.conn.send(task)
+            if not self.conn.poll(timeout_s):
+                outcome = "timeout"
+            else:
+                result = self.conn.recv()
+                if result != MEMORY_ERROR and not result[2]:
+                    return "ok", result
+                outcome = "memory"
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            outcome = "died"
+        self.restart()
+        return outcome, None
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.join()

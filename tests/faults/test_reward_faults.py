@@ -1,0 +1,63 @@
+"""Item 3: reward code that raises, hangs, exits, eats memory, returns NaN, or reaches for the network or the disk."""
+
+import socket
+import threading
+import time
+
+import pytest
+
+from grpo_ray.roles.reward import RewardWorker
+from grpo_ray.types import Completion, Prompt, Rollout
+
+pytestmark = pytest.mark.slow
+
+ODD = "tests.helpers.odd_rewards:odd"
+
+
+def rollout(truths_and_texts):
+    prompts = [Prompt([1, 2], truth, "test") for truth, _ in truths_and_texts]
+    comps = [Completion(i, [3], text, [], "stop") for i, (_, text) in enumerate(truths_and_texts)]
+    return Rollout(prompts, comps, 0)
+
+
+def test_misbehaving_rewards_score_zero_are_counted_and_the_worker_goes_on(ray_local):
+    worker = ray_local.remote(RewardWorker).options(num_cpus=0.25).remote(
+        [(ODD, 0.5), ("gsm8k", 1.0)], 3.0, "#### ", 1024)
+    ro = rollout([("7", "7"), ("raise", "x"), ("hang", "y"), ("8", "8"), ("exit", "z"), ("memory", "m"),
+                  ("nan", "n"), ("9", "1")])
+    start = time.perf_counter()
+    scores = ray_local.get(worker.score.remote([ray_local.put(ro)]), timeout=120)
+    elapsed = time.perf_counter() - start
+    # odd() sees "#### 7" (the response prefix is part of what rewards see), so it pays 0; gsm8k pays 1
+    assert scores.components["gsm8k"] == [1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+    assert scores.components[ODD] == [0.0] * 8
+    assert scores.totals == [1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+    assert scores.timeouts == 1    # the hang
+    assert scores.errors == 4      # the raise, the exit (seen at once), the 16 GiB allocation, the NaN
+    assert elapsed < 30            # one 3 s limit and a few fresh children, not a 120 s hang
+    again = ray_local.get(worker.score.remote([ray_local.put(rollout([("5", "5")]))]), timeout=60)
+    assert again.totals == [1.0] and again.timeouts == again.errors == 0
+
+
+def test_reward_code_has_no_network_and_writes_only_to_its_scratch_dir(ray_local, tmp_path):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    threading.Thread(target=lambda: server.accept(), daemon=True).start()
+    port = server.getsockname()[1]
+    target = tmp_path / "outside.txt"
+    cases = [(f"connect:127.0.0.1:{port}", "a"), (f"write:{target}", "b"), ("scratch", "c")]
+
+    sandboxed = ray_local.remote(RewardWorker).options(num_cpus=0.25).remote([(ODD, 1.0)], 10.0, "", 1024, True)
+    if not ray_local.get(sandboxed.isolation.remote()).startswith("network+filesystem"):
+        pytest.skip("this OS does not allow user namespaces: only time and memory limits apply (see the README)")
+    scores = ray_local.get(sandboxed.score.remote([ray_local.put(rollout(cases))]), timeout=60)
+    assert scores.totals == [0.0, 0.0, 1.0]  # no connection, no write outside, the scratch dir is writable
+    assert not target.exists()
+
+    # the same code without the sandbox reaches both: the test can tell the difference
+    open_worker = ray_local.remote(RewardWorker).options(num_cpus=0.25).remote([(ODD, 1.0)], 10.0, "", 1024, False)
+    assert ray_local.get(open_worker.isolation.remote()).startswith("none")
+    scores = ray_local.get(open_worker.score.remote([ray_local.put(rollout(cases[:2]))]), timeout=60)
+    assert scores.totals == [1.0, 1.0] and target.exists()
+    server.close()
