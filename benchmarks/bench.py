@@ -177,7 +177,6 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
         for _ in range(reps):
             start = time.perf_counter()
             rollouts, stats = c.generate(prompts, G, 0)
-            stats = ray.get(stats)
             gen_s.append(time.perf_counter() - start)
             gen_tokens = sum(sum(s.response_lengths) for s in stats)
         pairs = flatten(ray.get(rollouts))
@@ -186,16 +185,16 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
         learn_s = []
         for _ in range(reps):  # the learner hop alone (no reference pass: the raw loop has none either)
             start = time.perf_counter()
-            ray.get([l.train.remote(rollouts, None, advantages) for l in c.actors["learner"]])
+            ray.get([l.train.remote(rollouts, None, advantages) for l in c.pools.actors["learner"]])
             learn_s.append(time.perf_counter() - start)
         sync_s = []
         for _ in range(max(reps, 5)):  # gather from shards + broadcast + load into vLLM; not the probe
             start = time.perf_counter()
             c.push_weights(c.version)
             sync_s.append(time.perf_counter() - start)
-        nbytes = sum(m.numel * 4 for m in c.metas)
-        params = sum(m.numel for m in c.metas)
-        facts = c.facts
+        nbytes = sum(m.numel * 4 for m in c.pools.metas)
+        params = sum(m.numel for m in c.pools.metas)
+        facts = c.pools.facts
     finally:
         c.shutdown()
         ray.shutdown()

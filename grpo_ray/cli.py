@@ -27,13 +27,16 @@ def cmd_train(args) -> int:
     for spec, n in inputs.dropped.items():
         if n:
             print(f"dropped {n} rows of {spec}: prompt longer than data.max_prompt_length={recipe.data.max_prompt_length}")
-    from grpo_ray.controller import RunError, train
+    from grpo_ray.controller import Preempted, RunError, train
 
     try:
         train(recipe, inputs)
     except KeyboardInterrupt:
         print("interrupted: actors stopped", file=sys.stderr)
         return 130
+    except Preempted as e:  # 128 + SIGTERM: a RayJob counts the attempt as failed and submits it again
+        print(f"grpo-ray: preempted: {e}", file=sys.stderr)
+        return 143
     except RunError as e:
         print(f"grpo-ray: run stopped: {e}", file=sys.stderr)
         return 1

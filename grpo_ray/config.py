@@ -90,6 +90,10 @@ class GeneratorConfig:
     """Validation samples per prompt; above 1, pass@val_n is reported too (use a temperature > 0)."""
     vllm_kwargs: dict[str, Any] = field(default_factory=dict)
     """Passed through to ``vllm.LLM(...)`` as they are (e.g. ``block_size: 32``)."""
+    timeout_s: float = 600.0
+    """Longest one generate call may take; past it the engine counts as hung and is replaced."""
+    max_restarts: int = 3
+    """Replacements of one engine's share within one step before the run stops."""
 
 
 @dataclass
@@ -239,6 +243,13 @@ class TrainerConfig:
     """Longest wait for any one call to a pool; past it the run stops with the call's name."""
     bucket_mb: int = 256
     """Weight-sync bucket size in MiB."""
+    sync_timeout_s: float = 600.0
+    """Timeout of each weight-sync collective; a receiver lost mid-broadcast is noticed within it."""
+    max_skipped_steps: int = 3
+    """Steps in a row whose updates were all skipped (non-finite loss or gradients) before the run stops."""
+    preemption_grace_s: float = 25.0
+    """Seconds from SIGTERM to SIGKILL (Kubernetes gives 30 by default): after SIGTERM the current step
+    finishes, a checkpoint is written if the last one took less than what is left, and the run exits 143."""
 
 
 @dataclass
@@ -364,7 +375,8 @@ def validate(r: Recipe) -> list[str]:
                 "generator.tensor_parallel_size", "generator.sampling.max_tokens", "learner.world_size",
                 "learner.mini_batch_size", "learner.micro_batch_size", "reference.num_actors",
                 "reference.micro_batch_size", "reward.num_actors", "reward.memory_mb", "algorithm.ppo_epochs",
-                "cluster.nodes"):
+                "cluster.nodes", "generator.timeout_s", "trainer.sync_timeout_s", "trainer.call_timeout_s",
+                "trainer.max_skipped_steps"):
         if _get(r, key) <= 0:
             p.append(f"{key}={_get(r, key)}: must be positive")
     if any(m.endswith("must be positive") for m in p):

@@ -19,40 +19,33 @@ import dataclasses
 import hashlib
 import json
 import os
+import signal
 import statistics
 import time
 from pathlib import Path
 
 import ray
 import torch
-from ray.util.placement_group import remove_placement_group
-from ray.util.scheduling_strategies import (
-    NodeAffinitySchedulingStrategy,
-    PlacementGroupSchedulingStrategy,
-)
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from grpo_ray import checkpoint, placement
+from grpo_ray import checkpoint
 from grpo_ray.algo.advantage import group_advantages
 from grpo_ray.config import POOLS, Recipe
 from grpo_ray.data.stream import Position, PromptStream
 from grpo_ray.dumps import write_dump
+from grpo_ray.errors import Preempted, RunError
+from grpo_ray.faults import fault_at
 from grpo_ray.metrics import (
     MetricsLog,
     perf_metrics,
     rollout_metrics,
     validation_metrics,
 )
-from grpo_ray.roles.generator import Generator, engine_env
-from grpo_ray.roles.learner import Learner
-from grpo_ray.roles.reference import Reference
-from grpo_ray.roles.reward import RewardWorker
+from grpo_ray.pools import PoolFault, Pools
 from grpo_ray.setup_run import RunInputs
-from grpo_ray.sync import backend_for
 from grpo_ray.types import Prompt
 
-
-class RunError(RuntimeError):
-    """The run cannot go on (a pool call timed out, a weight sync went wrong); the message says which."""
+__all__ = ["Controller", "RunError", "Preempted", "train", "replay", "connect"]
 
 
 class Controller:
@@ -61,9 +54,11 @@ class Controller:
         self.stream = PromptStream(inputs.train_rows, recipe.data.train_batch_size, recipe.trainer.seed,
                                    recipe.data.shuffle)
         self.version = 0
-        self.groups: list = []
-        self.actors: dict[str, list] = {p: [] for p in POOLS}
+        self.pools = Pools(recipe, inputs.model_path)
         self.pending_dumps: list = []
+        self.skipped = {"in_a_row": 0, "total": 0}
+        self.preempted_at: float | None = None
+        self.log: MetricsLog | None = None
 
     # --- one step ----------------------------------------------------------------------
 
@@ -74,11 +69,11 @@ class Controller:
         rollouts, stats = self.generate(batch, G, step)
         scores = self.score(rollouts)
         refs = self.reference_logprobs(rollouts)  # runs while the rewards are scored
-        stats, scores = self._get(stats, "generate"), self._get(scores, "reward")
+        scores = self._get(scores, "reward")
         rewards = torch.tensor([t for s in scores for t in s.totals])
         advantages = group_advantages(rewards, G, r.algorithm.norm_adv_by_std).tolist()
         trained = self.train_on(rollouts, advantages, refs)
-        synced = self.sync_weights()
+        synced = self.sync_weights() if self.updated(trained) else {"sync/seconds": 0.0, "timing_s/sync_weights": 0.0}
         if r.trainer.dump_rollouts:
             self.dump(f"train_data_step{step}", step, rollouts, scores, advantages)
         seconds = time.perf_counter() - start
@@ -86,33 +81,67 @@ class Controller:
                 "learner": trained["timing_s/update_actor"] + trained["timing_s/old_log_prob"] + synced["sync/seconds"],
                 "reference": trained["timing_s/ref"], "reward": max(s.seconds for s in scores)}
         return {**rollout_metrics(stats, scores, r.generator.sampling.max_tokens), **trained, **synced,
-                **perf_metrics(stats, trained, busy, seconds, self.facts, self.devices(), self.r),
-                **self.memory(), "timing_s/step": seconds}
+                **perf_metrics(stats, trained, busy, seconds, self.pools.facts, self.pools.devices(), self.r),
+                **self.pools.memory(), "fault/generator_restarts": self.pools.generator_restarts,
+                "fault/skipped_steps": self.skipped["total"], "timing_s/step": seconds}
+
+    def updated(self, trained: dict[str, float]) -> bool:
+        """Whether the learner's weights changed; a step whose every update was skipped (non-finite loss or
+        gradients) is counted, its weights are not pushed, and max_skipped_steps in a row stop the run."""
+        if trained["actor/skipped_updates"] < trained["actor/updates"]:
+            self.skipped["in_a_row"] = 0
+            return True
+        self.skipped["in_a_row"] += 1
+        self.skipped["total"] += 1
+        limit = self.r.trainer.max_skipped_steps
+        self.say(f"non-finite loss or gradients: update skipped, weights not pushed ({self.skipped['in_a_row']} in a row)")
+        if self.skipped["in_a_row"] >= limit:
+            raise RunError(f"{limit} steps in a row had non-finite loss or gradients (trainer.max_skipped_steps="
+                           f"{limit}); the weights are those of the last good step: lower learner.optim.lr, check "
+                           "the rewards, or resume from a checkpoint")
+        return False
 
     # --- hops --------------------------------------------------------------------------
 
     def generate(self, prompts: list[Prompt], n: int, step: int, sampling=None) -> tuple[list, list]:
-        """Prompts cut evenly over the engines; rollout refs (for the pools) and stats refs (for us)."""
-        shards = split(prompts, len(self.actors["generator"]))
-        seeds = [[sample_seed(self.r.trainer.seed, step, p.uid) for p in shard] for shard in shards]
-        generated = [gen.generate.options(num_returns=2).remote(shard, n, shard_seeds, sampling)
-                     for gen, shard, shard_seeds in zip(self.actors["generator"], shards, seeds) if shard]
-        return [ro for ro, _ in generated], [st for _, st in generated]
+        """Prompts cut evenly over the engines: rollout refs (for the pools) and their stats (for us). An engine
+        that dies or misses generator.timeout_s is replaced and its share alone is generated again."""
+        g = self.r.generator
+        shards = split(prompts, len(self.pools.actors["generator"]))
+        calls = {i: self._generate_on(i, shard, n, step, sampling) for i, shard in enumerate(shards) if shard}
+        done = {}
+        for i in calls:
+            for attempt in range(g.max_restarts + 1):
+                try:
+                    done[i] = calls[i][0], self.pools.call(calls[i][1], f"generate on engine {i}", g.timeout_s)
+                    break
+                except PoolFault as e:
+                    if attempt == g.max_restarts:
+                        raise RunError(f"{e}; engine {i} was replaced {g.max_restarts} times in this step "
+                                       "(generator.max_restarts)") from None
+                    self.say(f"engine {i} lost ({e}); replacing it")
+                    self.recover([i])
+                    calls[i] = self._generate_on(i, shards[i], n, step, sampling)
+        return [done[i][0] for i in sorted(done)], [done[i][1] for i in sorted(done)]
+
+    def _generate_on(self, i: int, shard: list[Prompt], n: int, step: int, sampling) -> tuple:
+        seeds = [sample_seed(self.r.trainer.seed, step, p.uid) for p in shard]
+        return self.pools.actors["generator"][i].generate.options(num_returns=2).remote(shard, n, seeds, sampling)
 
     def score(self, rollouts: list) -> list:
         """Score refs, one per rollout, spread over the reward pool."""
-        return [self._pick("reward", i).score.remote([ro]) for i, ro in enumerate(rollouts)]
+        return [self.pools.pick("reward", i).score.remote([ro]) for i, ro in enumerate(rollouts)]
 
     def reference_logprobs(self, rollouts: list) -> list:
         """(logprobs ref, seconds ref) per rollout from the reference pool; none when there is no KL term."""
-        return [self._pick("reference", i).logprobs.options(num_returns=2).remote([ro])
-                for i, ro in enumerate(rollouts)] if self.actors["reference"] else []
+        return [self.pools.pick("reference", i).logprobs.options(num_returns=2).remote([ro])
+                for i, ro in enumerate(rollouts)] if self.pools.actors["reference"] else []
 
     def train_on(self, rollouts: list, advantages: list[float], refs: list | None = None) -> dict[str, float]:
         """One learner step on the rollouts behind the refs, with reference logprobs when there is a KL term."""
         refs = self.reference_logprobs(rollouts) if refs is None else refs
         ref_lps = [lp for lp, _ in refs] or None
-        trained = self._get([l.train.remote(rollouts, ref_lps, advantages) for l in self.actors["learner"]],
+        trained = self._get([l.train.remote(rollouts, ref_lps, advantages) for l in self.pools.actors["learner"]],
                             "learner train")[0]
         trained["timing_s/ref"] = max(self._get([s for _, s in refs], "reference")) if refs else 0.0
         return trained
@@ -120,22 +149,30 @@ class Controller:
     def probe(self) -> float:
         """Mean absolute difference of generator and learner logprobs on a fixed sequence (worst engine)."""
         ids = self.inputs.probe_ids
-        gens = [g.prompt_logprobs.remote(ids) for g in self.actors["generator"]]
-        learners = [l.probe_logprobs.remote(ids) for l in self.actors["learner"]]  # both sides at once
-        gens, learner = self._get(gens, "generator probe"), self._get(learners, "learner probe")[0]
+        gens = [g.prompt_logprobs.remote(ids) for g in self.pools.actors["generator"]]
+        learners = [l.probe_logprobs.remote(ids) for l in self.pools.actors["learner"]]  # both sides at once
+        gens = self.pools.call(gens, "generator probe", self.r.generator.timeout_s)
+        learner = self._get(learners, "learner probe")[0]
         return max(sum(abs(a - b) for a, b in zip(gen, learner)) / len(gen) for gen in gens)
 
     def push_weights(self, version: int) -> tuple[list[dict], list[float]]:
         """Learner rank 0 broadcasts (all ranks gather), every engine receives and loads; the workers' timings."""
-        bucket = self.r.trainer.bucket_mb << 20
-        sends = [l.push_weights.remote(self.metas, bucket) for l in self.actors["learner"]]
-        receives = [g.receive_weights.remote(self.metas, bucket, version) for g in self.actors["generator"]]
-        return self._get(sends, "weight send"), self._get(receives, "weight receive")
+        bucket, metas, actors = self.r.trainer.bucket_mb << 20, self.pools.metas, self.pools.actors
+        sends = [l.push_weights.remote(metas, bucket) for l in actors["learner"]]
+        receives = [g.receive_weights.remote(metas, bucket, version) for g in actors["generator"]]
+        timeout = self.r.trainer.sync_timeout_s + self.r.generator.timeout_s
+        return self.pools.call(sends, "weight send", timeout), self.pools.call(receives, "weight receive", timeout)
 
     def sync_weights(self) -> dict[str, float]:
-        """Push the learner's weights to every generator as the next version, then check them with the probe."""
+        """Push the learner's weights to every generator as the next version, then check them with the probe.
+        A push that fails (a receiver lost mid-broadcast) replaces the lost engines and pushes again, once."""
         self.version += 1
-        pushed, received = self.push_weights(self.version)
+        try:
+            pushed, received = self.push_weights(self.version)
+        except PoolFault as e:
+            lost = self.lost_generators()
+            self.say(f"weight sync to version {self.version} failed ({e}); replacing engines {lost}")
+            pushed, received = self.recover(lost)
         diff = self.probe()
         bound = self.r.trainer.max_sync_logprob_diff
         if diff > bound:
@@ -144,6 +181,23 @@ class Controller:
         send = pushed[0]["seconds"]  # timed inside learner rank 0: gather from shards + broadcast
         return {"sync/logprob_diff": diff, "sync/seconds": send, "sync/GBps": pushed[0]["bytes"] / send / 1e9,
                 "timing_s/sync_weights": max([send, *received])}
+
+    def lost_generators(self) -> list[int]:
+        """Engines that are dead or do not answer within the sync timeout (they may still be leaving a failed collective)."""
+        lost = []
+        for i, gen in enumerate(self.pools.actors["generator"]):
+            try:
+                self.pools.call(gen.where.remote(), f"engine {i} ping", self.r.trainer.sync_timeout_s + 10)
+            except PoolFault:
+                lost.append(i)
+        return lost
+
+    def recover(self, engines: list[int]) -> tuple[list[dict], list[float]]:
+        """Replace `engines`, rebuild the weight-sync group over all engines, load the current weights into all."""
+        for i in engines:
+            self.pools.replace_generator(i)
+        self.pools.join_sync()
+        return self.push_weights(self.version)
 
     def validate(self, step: int) -> dict[str, float]:
         """pass@1 (and pass@val_n) per data source over the validation rows, with the validation sampling."""
@@ -177,107 +231,26 @@ class Controller:
     def save(self, step: int, last_val: float | None) -> Path:
         """Learner shards (every rank), then trainer state, tokenizer and manifest; committed by a rename."""
         tmp = checkpoint.staging_dir(self.inputs.output_dir, step)
-        saved = self._get([l.save.remote(str(tmp / "learner")) for l in self.actors["learner"]], "checkpoint save")[0]
+        learners = self.pools.actors["learner"]
+        saved = self._get([l.save.remote(str(tmp / "learner")) for l in learners], "checkpoint save")[0]
+        if fault_at("exit_mid_checkpoint", step):
+            os._exit(1)  # fault test: the job dies with the shards written and the checkpoint not committed
         state = {"step": step, "version": self.version, "data": dataclasses.asdict(self.stream.position),
                  "scheduler": saved["scheduler"]}
         info = {"step": step, "consumed_samples": step * self.r.data.train_batch_size, "last_val_score": last_val}
-        t = self.r.trainer
         return checkpoint.commit(tmp, self.inputs.model_path, state, info, self.inputs.output_dir / "config.yaml",
-                                 t.keep_last)
+                                 self.r.trainer.keep_last)
 
     def restore(self, ckpt: Path) -> int:
         """Learner weights and optimizer, scheduler, data position and version; generators get the weights."""
         state = checkpoint.load_state(ckpt)
-        self._get([l.load.remote(str(ckpt / "learner"), state["scheduler"]) for l in self.actors["learner"]],
+        self._get([l.load.remote(str(ckpt / "learner"), state["scheduler"]) for l in self.pools.actors["learner"]],
                   "checkpoint load")
         self.stream = PromptStream(self.inputs.train_rows, self.r.data.train_batch_size, self.r.trainer.seed,
                                    self.r.data.shuffle, Position(**state["data"]))
         self.version = state["version"]
         self.push_weights(self.version)  # before the first rollout
         return state["step"]
-
-    # --- setup -------------------------------------------------------------------------
-
-    def start(self, pools: tuple[str, ...] = POOLS) -> None:
-        """Reserve the cluster, start the pools, join the learner group and (with generators) the sync group."""
-        self.plans = placement.plan(self.r)
-        pgs = placement.reserve(self.r, pools)
-        self.groups = list({id(pg): pg for pg, _ in pgs.values()}.values())
-        self._start_pools(pgs, pools)
-        self._join_groups()
-        self._write_placement()
-
-    def _options(self, pool: str, index: int, pgs: dict, env: dict | None = None) -> dict:
-        pg, gpus = pgs[pool]
-        cpus = self.plans[pool].cpus
-        return dict(num_cpus=cpus, num_gpus=gpus, resources=self.plans[pool].resources or None,
-                    scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index),
-                    runtime_env={"env_vars": {"OMP_NUM_THREADS": str(max(1, round(cpus))), **(env or {})}})
-
-    def _start_pools(self, pgs: dict, pools: tuple[str, ...]) -> None:
-        r, path, g = self.r, self.inputs.model_path, self.r.generator
-        count = {p: self.plans[p].actors if p in pools else 0 for p in POOLS}
-        max_len = g.max_model_len or r.data.max_prompt_length + g.sampling.max_tokens
-        env = engine_env(r.cluster.device, g.num_cpus)
-        self.actors["generator"] = [
-            ray.remote(Generator).options(**self._options("generator", i, pgs, env)).remote(
-                path, g, max_len, r.trainer.seed + i, r.model.trust_remote_code, r.cluster.device)
-            for i in range(count["generator"])]
-        self.actors["learner"] = [
-            ray.remote(Learner).options(**self._options("learner", i, pgs)).remote(path, r, i, r.learner.world_size)
-            for i in range(count["learner"])]
-        self.actors["reference"] = [  # none when kl_coef is 0
-            ray.remote(Reference).options(**self._options("reference", i, pgs)).remote(
-                path, r.cluster.device, r.reference.micro_batch_size, g.sampling.temperature, r.reference.num_cpus,
-                r.model.trust_remote_code, r.learner.dtype) for i in range(count["reference"])]
-        functions = [(f.name, f.weight) for f in r.reward.functions]
-        self.actors["reward"] = [
-            ray.remote(RewardWorker).options(**self._options("reward", i, pgs)).remote(
-                functions, r.reward.timeout_s, r.data.response_prefix, r.reward.memory_mb, r.reward.sandbox)
-            for i in range(count["reward"])]
-
-    def _join_groups(self) -> None:
-        """The learners' torch.distributed group, then the weight-sync group: learner rank 0 + every engine worker."""
-        learners, gens, g = self.actors["learner"], self.actors["generator"], self.r.generator
-        if not learners:  # evaluation: generators and rewards only
-            return
-        host, port = self._get(learners[0].address.remote(), "learner address")
-        self.facts = self._get([l.setup.remote(host, port) for l in learners], "learner setup")[0]
-        if not gens:
-            return
-        self.metas = self._get(learners[0].weight_metas.remote(), "weight metadata")
-        world = 1 + len(gens) * g.tensor_parallel_size
-        host, port = self._get(learners[0].address.remote(), "sync address")
-        timeout, backend = self.r.trainer.call_timeout_s, backend_for(self.r.cluster.device)
-        self._get([learners[0].init_sync.remote(host, port, world, timeout)] +
-                  [gen.init_sync.remote(backend, host, port, 1 + i * g.tensor_parallel_size, world, timeout)
-                   for i, gen in enumerate(gens)], "weight-sync group")
-
-    def _write_placement(self) -> None:
-        out = {}
-        for pool, actors in self.actors.items():
-            where = self._get([a.where.remote() for a in actors], f"{pool} start")
-            p = self.plans[pool]
-            out[pool] = [{"actor": i, **w, "resources": {"CPU": p.cpus, "GPU": p.gpus, **p.resources}}
-                         for i, w in enumerate(where)]
-        placement.write_placement(self.inputs.output_dir / "placement.json", out)
-
-    def devices(self) -> float:
-        """Devices of all pools for perf/throughput: GPUs on cuda, reserved CPUs on cpu."""
-        if self.r.cluster.device == "cuda":
-            return sum(p.actors * p.gpus for p in self.plans.values())
-        return sum(p.actors * p.cpus for p in self.plans.values())
-
-    def memory(self) -> dict[str, float]:
-        """Peak memory per pool: perf/max_memory_allocated_gb/<pool> (torch on a GPU) or perf/peak_rss_gb/<pool>."""
-        pools = {pool: [a.peak_memory_gb.remote() for a in actors] for pool, actors in self.actors.items() if actors}
-        got = self._get([ref for refs in pools.values() for ref in refs], "memory")
-        out, i = {}, 0
-        for pool, refs in pools.items():
-            kind = got[i][0]
-            out[f"perf/{kind}/{pool}"] = max(gb for _, gb in got[i : i + len(refs)])
-            i += len(refs)
-        return out
 
     # --- run ---------------------------------------------------------------------------
 
@@ -290,47 +263,55 @@ class Controller:
         ckpt = checkpoint.find_resume(self.inputs.output_dir, t.resume)
         done = checkpoint.load_state(ckpt)["step"] if ckpt else 0
         keep_metrics(self.inputs.output_dir / "metrics.jsonl", done)  # steps after the checkpoint are redone
-        log = MetricsLog(self.inputs.output_dir, t.loggers, total)
+        self.log = MetricsLog(self.inputs.output_dir, t.loggers, total)
+        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "preempted_at", self.preempted_at or time.monotonic()))
         try:
             self.start()
             if ckpt:
-                log.say(f"resuming from {ckpt} (step {self.restore(ckpt)})")
-            log.say(f"pools started; probe before training: sync/logprob_diff {self.probe():.3g}")
+                self.say(f"resuming from {ckpt} (step {self.restore(ckpt)})")
+            self.say(f"pools started; probe before training: sync/logprob_diff {self.probe():.3g}")
             if t.val_before_train and self.inputs.val_rows and not done:
-                log.log(0, self.validate(0))
-            last_val = None
+                self.log.log(0, self.validate(0))
+            last_val, save_seconds = None, 0.0
             for step in range(done + 1, total + 1):
                 metrics = self.step(step)
                 if t.test_freq and self.inputs.val_rows and (step % t.test_freq == 0 or step == total):
                     metrics.update(self.validate(step))
                     last_val = statistics.fmean(v for k, v in metrics.items() if k.endswith("/pass@1"))
-                log.log(step, metrics)
-                if t.save_freq and (step % t.save_freq == 0 or step == total):
-                    log.say(f"saved {self.save(step, last_val)}")
+                self.log.log(step, metrics)
+                due = t.save_freq and (step % t.save_freq == 0 or step == total)
+                if due or self.preempted_at is not None:
+                    save_seconds = self.save_or_quit(step, last_val, due, save_seconds)
             self.flush_dumps()
         finally:
-            log.close()
+            self.log.close()
             self.shutdown()
 
-    def shutdown(self) -> None:
-        """Stop every actor and release the placement groups (by handle, not by name)."""
-        for actors in self.actors.values():
-            for a in actors:
-                ray.kill(a)
-        for pg in self.groups:
-            remove_placement_group(pg)
-        self.actors = {p: [] for p in POOLS}
-        self.groups = []
+    def save_or_quit(self, step: int, last_val: float | None, due: bool, last_seconds: float) -> float:
+        """Save when due; after SIGTERM, save if the last save fits in what is left of the grace, then stop."""
+        start = time.monotonic()
+        left = self.r.trainer.preemption_grace_s - (start - self.preempted_at) if self.preempted_at else 0.0
+        if due or (self.preempted_at is not None and last_seconds < left):
+            self.flush_dumps()
+            self.say(f"saved {self.save(step, last_val)}")
+        if self.preempted_at is not None:
+            saved = "a checkpoint of" if due or last_seconds < left else "no checkpoint (no time left) after"
+            raise Preempted(f"SIGTERM: stopped with {saved} step {step}; run the same command to resume")
+        return time.monotonic() - start
 
-    def _pick(self, pool: str, i: int):
-        actors = self.actors[pool]
-        return actors[i % len(actors)]
+    def start(self, pools: tuple[str, ...] = POOLS) -> None:
+        """Start the pools (all, or `pools` only) and write placement.json."""
+        self.pools.start(pools)
+        self.pools.write_placement(self.inputs.output_dir / "placement.json")
+
+    def shutdown(self) -> None:
+        self.pools.shutdown()
+
+    def say(self, line: str) -> None:
+        (self.log.say if self.log else print)(line)
 
     def _get(self, refs, what: str):
-        try:
-            return ray.get(refs, timeout=self.r.trainer.call_timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            raise RunError(f"{what} did not finish within trainer.call_timeout_s={self.r.trainer.call_timeout_s:g}s") from None
+        return self.pools.call(refs, what)
 
 
 def keep_metrics(path: Path, up_to: int) -> None:
@@ -356,14 +337,14 @@ def split(items: list, parts: int) -> list[list]:
 
 
 def connect(recipe: Recipe) -> None:
-    """Join the cluster in RAY_ADDRESS (as under `ray job submit`), or start a local one that stands in
+    """Join the cluster in RAY_ADDRESS (as under `ray job submit`), or start a new local one that stands in
     for every node group: it carries each node marker the recipe's pools ask for."""
     if not ray.is_initialized():
         if os.environ.get("RAY_ADDRESS"):
             ray.init(address=os.environ["RAY_ADDRESS"])
         else:
             markers = {m: 1000.0 for m in recipe.cluster.node_resources.values()}
-            ray.init(include_dashboard=False, resources=markers or None)
+            ray.init(address="local", include_dashboard=False, resources=markers or None)
 
 
 def train(recipe: Recipe, inputs: RunInputs) -> None:

@@ -3,3 +3,11 @@
 
 class UserError(ValueError):
     """Something the user gave (recipe, data, model name, reward) that cannot be used; the message says what to fix."""
+
+
+class RunError(RuntimeError):
+    """The run cannot go on (a pool call failed past recovery, a weight sync went wrong); the message says which."""
+
+
+class Preempted(RunError):
+    """SIGTERM (a preemption notice): the run stopped after a step, with a checkpoint when one fit in the grace period."""

@@ -41,4 +41,4 @@ def test_a_cluster_too_small_fails_before_any_actor_starts(ray_local, tmp_path):
     c = Controller(r, setup_run(r))
     with pytest.raises(placement.ClusterError, match=r"the pools ask for 7\.?\d* CPU in all, the cluster has 4"):
         c.start()
-    assert ray_local.util.list_named_actors() == [] and c.actors["learner"] == []
+    assert ray_local.util.list_named_actors() == [] and c.pools.actors["learner"] == []

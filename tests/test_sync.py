@@ -32,14 +32,14 @@ def test_sync_round_trip_through_the_pools(ray_local, tmp_path):
         c.start()
         assert c.probe() < 1e-5  # the same checkpoint on both sides
         rollouts = [ray_local.put(r) for r in tiny_rollouts(vocab=300, prompts=4, group=4)]
-        ray_local.get([l.train.remote(rollouts, None, torch.linspace(-2, 2, 16).tolist()) for l in c.actors["learner"]])
+        ray_local.get([l.train.remote(rollouts, None, torch.linspace(-2, 2, 16).tolist()) for l in c.pools.actors["learner"]])
         before = c.probe()
         assert before > 1e-3  # the learner moved, the generator did not yet
         synced = c.sync_weights()
         assert synced["sync/logprob_diff"] < 1e-5 and synced["sync/GBps"] > 0
         rollout, stats = c.generate([Prompt(c.inputs.probe_ids, "1", "test")], 2, step=1)
         rollout, stats = rollout[0], stats[0]
-        assert ray_local.get(stats).policy_version == 1 == ray_local.get(rollout).policy_version
+        assert stats.policy_version == 1 == ray_local.get(rollout).policy_version
         placement = json.loads((tmp_path / "placement.json").read_text())
         assert {p: len(a) for p, a in placement.items()} == {"generator": 1, "learner": 2, "reference": 1, "reward": 1}
         pids = [a["pid"] for actors in placement.values() for a in actors]

@@ -100,7 +100,7 @@ class Generator(RoleActor):
     def receive_weights(self, metas: list, bucket_bytes: int, version: int) -> float:
         """Receive a broadcast of the learner's weights and load them; returns the seconds it took."""
         start = time.perf_counter()
-        self.llm.collective_rpc("grpo_receive_weights", args=(metas, bucket_bytes))
+        self.llm.collective_rpc("grpo_receive_weights", args=(metas, bucket_bytes, version))
         self.llm.reset_prefix_cache()
         self.version = version
         return time.perf_counter() - start

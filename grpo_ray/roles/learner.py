@@ -15,6 +15,7 @@ loss is scaled so that FSDP2's gradient averaging over ranks gives the mini batc
 
 from __future__ import annotations
 
+import gc
 import time
 from contextlib import contextmanager
 from datetime import timedelta
@@ -27,6 +28,7 @@ from grpo_ray.algo.batching import chunks, collate, flatten, place_values, rank_
 from grpo_ray.algo.logprobs import token_logprobs
 from grpo_ray.algo.loss import grpo_loss
 from grpo_ray.config import Recipe
+from grpo_ray.faults import fault_at
 from grpo_ray.models import load_causal_lm
 from grpo_ray.perf import ModelShape, device_peak_tflops, measure_cpu_peak_tflops
 from grpo_ray.roles import RoleActor
@@ -142,6 +144,8 @@ class Learner(RoleActor):
                     loss, mm = grpo_loss(logp, old_logp, ref_logp, adv[micro].to(logp.device), mask,
                                          clip_low=a.clip_ratio_low, clip_high=a.clip_ratio_high, kl_coef=a.kl_coef,
                                          kl_estimator=a.kl_estimator, loss_agg=a.loss_agg, normaliser=normaliser)
+                    if fault_at("nan_loss", self.steps + 1):
+                        loss = loss * float("nan")
                     loss.backward()
                     mm["entropy_sum"] = (entropy.detach() * mask).sum().item()
                     totals += torch.tensor([mm[k] for k in METRIC_KEYS], dtype=torch.float64)
@@ -168,6 +172,7 @@ class Learner(RoleActor):
             "actor/grad_norm": sum(grad_norms) / len(grad_norms),
             "actor/lr": self.scheduler.get_last_lr()[0],
             "actor/skipped_updates": skipped,
+            "actor/updates": len(grad_norms),
             "timing_s/old_log_prob": old_seconds,
             "timing_s/update_actor": time.perf_counter() - start - old_seconds,
         }
@@ -235,7 +240,14 @@ class Learner(RoleActor):
         """Gather full weights (every rank takes part) and broadcast them from rank 0."""
         start = time.perf_counter()
         with self._unsharded() as full:
-            sent = sync.send(self.sync_group, metas, [p for _, p in full], bucket_bytes) if self.rank == 0 else 0
+            try:
+                sent = sync.send(self.sync_group, metas, [p for _, p in full], bucket_bytes) if self.rank == 0 else 0
+            except RuntimeError:
+                # a receiver is gone: close our end now, so the others' pending receives fail at once instead
+                # of waiting out their timeout; the controller builds a new group
+                self.sync_group = None
+                gc.collect()
+                raise
         return {"seconds": time.perf_counter() - start, "bytes": float(sent)}
 
     def full_weights(self) -> dict[str, torch.Tensor]:

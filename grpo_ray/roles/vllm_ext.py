@@ -12,7 +12,10 @@ generator's logprobs drift 1e-2 from the learner's after one step; with it, 1e-7
 
 from __future__ import annotations
 
+import os
+
 from grpo_ray import sync
+from grpo_ray.faults import fault_at
 
 
 def _refresh_cpu_lm_head(model) -> None:
@@ -33,7 +36,11 @@ class WeightSyncExtension:
         # one sync rank per worker of this engine: base_rank + the worker's rank inside the engine
         self._grpo_sync = sync.SyncGroup(backend, host, port, base_rank + self.rank, world_size, timeout_s)
 
-    def grpo_receive_weights(self, metas: list, bucket_bytes: int) -> None:
-        weights = list(sync.receive(self._grpo_sync, metas, bucket_bytes, device=self.device))
+    def grpo_receive_weights(self, metas: list, bucket_bytes: int, version: int = 0) -> None:
+        weights = []
+        for name, tensor in sync.receive(self._grpo_sync, metas, bucket_bytes, device=self.device):
+            weights.append((name, tensor))
+            if fault_at("exit_mid_sync", version):
+                os._exit(1)  # fault test: a receiver lost mid-broadcast (the first bucket arrived, the rest not)
         self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
         _refresh_cpu_lm_head(self.model_runner.get_model())

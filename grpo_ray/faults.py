@@ -1,0 +1,28 @@
+"""Fault injection for the fault tests: ``GRPO_RAY_FAULTS="point@N[,point@N...]"``.
+
+A named point in the code asks ``fault_at(point, n)``; it is true the first time that point is
+reached at step (or weight version) N, if the environment lists it -- once per run: the first
+process to get there leaves a marker in ``GRPO_RAY_FAULTS_DIR``, so a replaced actor or a resumed
+job does not fail again. Nothing else is faked: the processes really exit, the loss really is NaN.
+
+    nan_loss@N            the learner's loss is NaN at its step N (so are the gradients: the update is skipped)
+    exit_mid_sync@N       a generator exits after the first bucket of weight version N
+    exit_mid_checkpoint@N the driver exits after the learners wrote step N's shards, before the commit
+"""
+
+from __future__ import annotations
+
+import os
+
+ENV, DIR_ENV = "GRPO_RAY_FAULTS", "GRPO_RAY_FAULTS_DIR"
+
+
+def fault_at(point: str, n: int) -> bool:
+    name = f"{point}@{n}"
+    if name not in os.environ.get(ENV, "").replace(" ", "").split(","):
+        return False
+    try:
+        os.close(os.open(os.path.join(os.environ.get(DIR_ENV, "."), name), os.O_CREAT | os.O_EXCL))
+        return True
+    except FileExistsError:
+        return False

@@ -1,0 +1,166 @@
+"""The actors of every role: started in their placement groups, joined into their process groups,
+and, for generators, replaced when one is lost.
+
+``Pools.start`` reserves the cluster (``placement.reserve``), starts one Ray actor per bundle and
+role, sets up the learners' torch.distributed group and the weight-sync group (learner rank 0 +
+every engine worker). ``replace_generator(i)`` kills engine i (dead or hung) and starts a new one in
+the same bundle; ``join_sync`` then builds a fresh weight-sync group over all engines, since a
+collective group cannot take in a new member. The controller pushes the current weights before the
+new engine serves.
+
+``wait(refs, what, timeout)`` is the one way the controller waits on a pool: always with a deadline,
+and a lost actor or a deadline becomes a ``RunError`` that names the call (``PoolFault`` for calls
+the controller knows how to recover from).
+"""
+
+from __future__ import annotations
+
+import os
+
+import ray
+from ray.util.placement_group import remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from grpo_ray import faults, placement
+from grpo_ray.config import POOLS, Recipe
+from grpo_ray.errors import RunError
+from grpo_ray.roles.generator import Generator, engine_env
+from grpo_ray.roles.learner import Learner
+from grpo_ray.roles.reference import Reference
+from grpo_ray.roles.reward import RewardWorker
+from grpo_ray.sync import backend_for
+
+
+
+class PoolFault(RunError):
+    """A call failed because an actor died or missed its deadline; `actor` says which one when known."""
+
+    def __init__(self, message: str, actor=None):
+        super().__init__(message)
+        self.actor = actor
+
+
+def wait(refs, what: str, timeout_s: float):
+    """ray.get with a deadline; a lost actor or the deadline raises PoolFault naming the call."""
+    try:
+        return ray.get(refs, timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        raise PoolFault(f"{what} did not finish within {timeout_s:g}s") from None
+    except ray.exceptions.RayActorError as e:
+        raise PoolFault(f"{what}: an actor died ({str(e).splitlines()[0][:300]})") from None
+    except ray.exceptions.RayTaskError as e:  # raised inside the actor (e.g. a collective that timed out)
+        raise PoolFault(f"{what} failed: {e}") from None
+
+
+class Pools:
+    def __init__(self, recipe: Recipe, model_path: str):
+        self.r, self.model_path = recipe, model_path
+        self.plans = placement.plan(recipe)
+        self.actors: dict[str, list] = {p: [] for p in POOLS}
+        self.pgs: dict = {}
+        self.facts: dict = {}
+        self.metas: list = []
+        self.generator_restarts = 0
+
+    def start(self, pools: tuple[str, ...] = POOLS) -> None:
+        """Reserve the cluster, start the pools, join the learner group and (with generators) the sync group."""
+        self.pgs = placement.reserve(self.r, pools)
+        for pool in POOLS:
+            count = self.plans[pool].actors if pool in pools else 0
+            self.actors[pool] = [self._new(pool, i) for i in range(count)]
+        self._join_learners()
+        if self.actors["learner"] and self.actors["generator"]:
+            self.metas = self.call(self.actors["learner"][0].weight_metas.remote(), "weight metadata")
+            self.join_sync()
+
+    def _new(self, pool: str, i: int):
+        """Actor i of `pool`, in bundle i of the pool's placement group."""
+        r, g = self.r, self.r.generator
+        pg, gpus = self.pgs[pool]
+        cpus = self.plans[pool].cpus
+        env = {"OMP_NUM_THREADS": str(max(1, round(cpus)))}
+        env.update({k: os.environ[k] for k in (faults.ENV, faults.DIR_ENV) if k in os.environ})
+        if pool == "generator":
+            env.update(engine_env(r.cluster.device, g.num_cpus))
+        options = dict(num_cpus=cpus, num_gpus=gpus, resources=self.plans[pool].resources or None,
+                       scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
+                       runtime_env={"env_vars": env})
+        if pool == "generator":
+            max_len = g.max_model_len or r.data.max_prompt_length + g.sampling.max_tokens
+            return ray.remote(Generator).options(**options).remote(
+                self.model_path, g, max_len, r.trainer.seed + i, r.model.trust_remote_code, r.cluster.device)
+        if pool == "learner":
+            return ray.remote(Learner).options(**options).remote(self.model_path, r, i, r.learner.world_size)
+        if pool == "reference":
+            return ray.remote(Reference).options(**options).remote(
+                self.model_path, r.cluster.device, r.reference.micro_batch_size, g.sampling.temperature,
+                r.reference.num_cpus, r.model.trust_remote_code, r.learner.dtype)
+        w = r.reward
+        return ray.remote(RewardWorker).options(**options).remote(
+            [(f.name, f.weight) for f in w.functions], w.timeout_s, r.data.response_prefix, w.memory_mb, w.sandbox)
+
+    def _join_learners(self) -> None:
+        learners = self.actors["learner"]
+        if learners:  # evaluation runs generators and rewards only
+            host, port = self.call(learners[0].address.remote(), "learner address")
+            self.facts = self.call([l.setup.remote(host, port) for l in learners], "learner setup")[0]
+
+    def join_sync(self) -> None:
+        """A new weight-sync group: learner rank 0 (rank 0) + every worker of every engine."""
+        learner, gens, tp = self.actors["learner"][0], self.actors["generator"], self.r.generator.tensor_parallel_size
+        world = 1 + len(gens) * tp
+        host, port = self.call(learner.address.remote(), "sync address")
+        timeout, backend = self.r.trainer.sync_timeout_s, backend_for(self.r.cluster.device)
+        self.call([learner.init_sync.remote(host, port, world, timeout)] +
+                  [gen.init_sync.remote(backend, host, port, 1 + i * tp, world, timeout) for i, gen in enumerate(gens)],
+                  "weight-sync group", timeout + self.r.generator.timeout_s)
+
+    def replace_generator(self, i: int) -> None:
+        """Kill engine i (dead, or hung past its deadline) and start a new one in its bundle."""
+        ray.kill(self.actors["generator"][i])
+        self.actors["generator"][i] = self._new("generator", i)
+        self.generator_restarts += 1
+
+    def write_placement(self, path) -> None:
+        """placement.json: per pool, per actor, its node id, pid and resources."""
+        out = {}
+        for pool, actors in self.actors.items():
+            where = self.call([a.where.remote() for a in actors], f"{pool} start")
+            p = self.plans[pool]
+            out[pool] = [{"actor": i, **w, "resources": {"CPU": p.cpus, "GPU": p.gpus, **p.resources}}
+                         for i, w in enumerate(where)]
+        placement.write_placement(path, out)
+
+    def devices(self) -> float:
+        """Devices of all pools for perf/throughput: GPUs on cuda, reserved CPUs on cpu."""
+        if self.r.cluster.device == "cuda":
+            return sum(p.actors * p.gpus for p in self.plans.values())
+        return sum(p.actors * p.cpus for p in self.plans.values())
+
+    def memory(self) -> dict[str, float]:
+        """Peak memory per pool: perf/max_memory_allocated_gb/<pool> (torch on a GPU) or perf/peak_rss_gb/<pool>."""
+        pools = {pool: [a.peak_memory_gb.remote() for a in actors] for pool, actors in self.actors.items() if actors}
+        got = self.call([ref for refs in pools.values() for ref in refs], "memory")
+        out, i = {}, 0
+        for pool, refs in pools.items():
+            kind = got[i][0]
+            out[f"perf/{kind}/{pool}"] = max(gb for _, gb in got[i : i + len(refs)])
+            i += len(refs)
+        return out
+
+    def pick(self, pool: str, i: int):
+        actors = self.actors[pool]
+        return actors[i % len(actors)]
+
+    def call(self, refs, what: str, timeout_s: float | None = None):
+        return wait(refs, what, timeout_s or self.r.trainer.call_timeout_s)
+
+    def shutdown(self) -> None:
+        """Stop every actor and release the placement groups (by handle, not by name)."""
+        for actors in self.actors.values():
+            for a in actors:
+                ray.kill(a)
+        for pg in {id(pg): pg for pg, _ in self.pgs.values()}.values():
+            remove_placement_group(pg)
+        self.actors = {p: [] for p in POOLS}
+        self.pgs = {}

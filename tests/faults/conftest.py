@@ -1,0 +1,74 @@
+"""Helpers for the fault tests: a small, fast variant of the tiny recipe, and runs of the CLI that a test can kill."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+RECIPE = ROOT / "recipes" / "tiny-cpu.yaml"
+FAST = ["data.train_batch_size=4", "algorithm.group_size=4", "learner.mini_batch_size=16",
+        "learner.micro_batch_size=8", "trainer.test_freq=0", "trainer.val_before_train=false",
+        "trainer.loggers=[console,jsonl]"]
+
+
+class Run:
+    """`grpo-ray train` in its own process group (so the test can kill the whole job, Ray included)."""
+
+    def __init__(self, out: Path, overrides: list[str], env: dict | None = None):
+        self.out = out
+        self.log = open(out.parent / f"{out.name}.log", "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "grpo_ray", "train", str(RECIPE), *FAST,
+                                      f"trainer.output_dir={out}", *overrides], cwd=ROOT, stdout=self.log,
+                                     stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                                     start_new_session=True)
+
+    def wait(self, timeout: float = 600) -> int:
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.kill()
+
+    def kill(self, sig=signal.SIGKILL) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        if sig == signal.SIGKILL:
+            self.proc.wait(60)
+            self.log.close()
+
+    def output(self) -> str:
+        return (self.out.parent / f"{self.out.name}.log").read_text(errors="replace")
+
+
+def metrics(out: Path) -> list[dict]:
+    path = out / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def wait_for_step(out: Path, step: int, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(m["step"] >= step for m in metrics(out)):
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"no step {step} in {out} after {timeout}s")
+
+
+def dump(out: Path, step: int) -> list[dict]:
+    return [json.loads(line) for line in (out / "rollouts" / f"train_data_step{step}.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture
+def faults_env(tmp_path):
+    """GRPO_RAY_FAULTS_DIR for the markers that make each injected fault fire once."""
+    markers = tmp_path / "fault-markers"
+    markers.mkdir()
+    return {"GRPO_RAY_FAULTS_DIR": str(markers)}

@@ -1,0 +1,73 @@
+"""Item 8: bad input gives one clear error naming what to fix, exit 2, no traceback, before any actor starts."""
+
+import json
+import shutil
+
+import pytest
+
+from grpo_ray import models
+from tests.conftest import ROOT, TINY, run_cli
+
+RECIPE = "recipes/tiny-cpu.yaml"
+
+
+def _files(tmp_path):
+    """The broken inputs the cases below point at."""
+    (tmp_path / "broken.yaml").write_text("model:\n  path: [unclosed\ndata: {train_batch_size: 4\n")
+    (tmp_path / "list.yaml").write_text("- just\n- a list\n")
+    (tmp_path / "garbage.parquet").write_bytes(b"PAR1 this is not parquet at all")
+    good = {"prompt": [{"role": "user", "content": "Tom has 3 pens."}], "data_source": "x",
+            "reward_model": {"ground_truth": "3"}}
+    rows = [good, {"prompt": [{"role": "user", "content": "no answer"}], "data_source": "x"}]
+    (tmp_path / "missing_field.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "not_json.jsonl").write_text(json.dumps(good) + "\n{oops\n")
+    (tmp_path / "empty_dir").mkdir()
+    model = tmp_path / "no_template"
+    shutil.copytree(models.resolve(TINY.format(arch="qwen2")), model)
+    cfg = json.loads((model / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    (model / "tokenizer_config.json").write_text(json.dumps(cfg))
+    (model / "chat_template.jinja").unlink(missing_ok=True)
+
+
+CASES = {  # name: (recipe, overrides, what the message must say)
+    "malformed YAML": ("{tmp}/broken.yaml", [], "not valid YAML"),
+    "not a mapping": ("{tmp}/list.yaml", [], "the top level must be a mapping"),
+    "recipe missing": ("{tmp}/nope.yaml", [], "does not exist"),
+    "unknown key": (RECIPE, ["learner.optim.lrr=1e-3"], "unknown key 'learner.optim.lrr'; did you mean 'learner.optim.lr'"),
+    "wrong type": (RECIPE, ["learner.world_size=two"], "learner.world_size"),
+    "zero size": (RECIPE, ["data.train_batch_size=0"], "data.train_batch_size=0: must be positive"),
+    "negative size": (RECIPE, ["generator.num_engines=-1"], "generator.num_engines=-1: must be positive"),
+    "bad choice": (RECIPE, ["algorithm.kl_estimator=k9"], "algorithm.kl_estimator='k9': expected one of k1, k3"),
+    "sizes that clash": (RECIPE, ["learner.micro_batch_size=48"], "is not divisible by learner.micro_batch_size (48)"),
+    "missing data file": (RECIPE, ["data.train_files=[{tmp}/nope.parquet]"], "nope.parquet: no such file"),
+    "unreadable parquet": (RECIPE, ["data.train_files=[{tmp}/garbage.parquet]"], "garbage.parquet: not a readable parquet file"),
+    "row missing a field": (RECIPE, ["data.train_files=[{tmp}/missing_field.jsonl]"],
+                            "missing_field.jsonl row 1: 'reward_model.ground_truth' is missing or empty"),
+    "row not JSON": (RECIPE, ["data.train_files=[{tmp}/not_json.jsonl]"], "not_json.jsonl line 2: not a JSON object"),
+    "prompts too long": (RECIPE, ["data.max_prompt_length=5"], "every prompt is longer than data.max_prompt_length=5"),
+    "model path not a model": (RECIPE, ["model.path={tmp}/empty_dir"], "cannot load a tokenizer"),
+    "no chat template": (RECIPE, ["model.path={tmp}/no_template"], "the tokenizer has no chat template"),
+    "bad tiny model name": (RECIPE, ["model.path=tiny://qwen2?layers=two"], "layers='two' is not an integer"),
+    "reward not importable": (RECIPE, ["reward.functions=[{name: no_such_module:fn}]"], "reward.functions[0].name"),
+    "does not fit": (RECIPE, ["generator.gpu_memory_utilization=0.99"], "does not fit its cluster"),
+}
+
+
+@pytest.fixture(scope="module")
+def broken(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bad-input")
+    _files(tmp)
+    return tmp
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_is_refused_cleanly(case, broken, tmp_path):
+    recipe, overrides, expected = CASES[case]
+    fill = lambda s: s.replace("{tmp}", str(broken))  # noqa: E731
+    out = run_cli("train", fill(recipe), *map(fill, overrides), f"trainer.output_dir={tmp_path / 'run'}",
+                  cwd=ROOT, timeout=300)
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    assert expected in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr and out.stderr.startswith("grpo-ray: error: ")
+    assert "Started a local Ray" not in out.stdout + out.stderr  # refused before any actor (or cluster) starts

@@ -1,0 +1,52 @@
+"""Item 5: the whole job SIGKILLed at random points (and once mid-checkpoint), restarted each time with the same
+command: it resumes from the last complete checkpoint, and every step runs exactly once with the prompts an
+uninterrupted run gets."""
+
+import random
+import time
+
+import pytest
+
+from grpo_ray import checkpoint
+from tests.faults.conftest import Run, dump, metrics, wait_for_step
+
+pytestmark = pytest.mark.slow
+
+STEPS = 6
+ARGS = [f"trainer.total_steps={STEPS}", "trainer.save_freq=1", "trainer.keep_last=0"]
+
+
+def test_sigkill_at_random_points_loses_and_repeats_nothing(tmp_path, faults_env):
+    clean = tmp_path / "clean"
+    assert Run(clean, ARGS).wait() == 0
+
+    out = tmp_path / "killed"
+    rng = random.Random(7)
+    env = {**faults_env, "GRPO_RAY_FAULTS": "exit_mid_checkpoint@2"}
+    # 1: dies inside the save of step 2 (shards written, not committed): step 1 is the newest complete checkpoint
+    first = Run(out, ARGS, env)
+    assert first.wait() == 1
+    assert checkpoint.find_resume(out, "auto").name == "step_1"
+    assert (out / "checkpoints" / ".tmp_step_2").is_dir() and not (out / "checkpoints" / "step_2").exists()
+    kills = 0
+    for _ in range(2):  # 2, 3: SIGKILL to the whole process group at a random moment after a step is logged
+        run = Run(out, ARGS, env)
+        done = max((m["step"] for m in metrics(out)), default=0)
+        wait_for_step(out, done + 1)
+        time.sleep(rng.uniform(0.0, 1.5))
+        if run.proc.poll() is None:
+            run.kill()
+            kills += 1
+        else:
+            run.wait()
+    last = Run(out, ARGS, env)
+    assert last.wait() == 0, last.output()[-3000:]
+    assert kills >= 1
+
+    steps = [m["step"] for m in metrics(out)]
+    assert steps == list(range(1, STEPS + 1))  # each step once in the record
+    for step in range(1, STEPS + 1):  # and each with the prompts (and samples) the clean run had
+        assert [r["uid"] for r in dump(out, step)] == [r["uid"] for r in dump(clean, step)], step
+    assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("step_")) == \
+        [f"step_{s}" for s in range(1, STEPS + 1)]
+    assert all(not checkpoint.problems(out / "checkpoints" / f"step_{s}") for s in range(1, STEPS + 1))

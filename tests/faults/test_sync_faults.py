@@ -1,0 +1,34 @@
+"""Item 6: a receiver lost mid-broadcast is noticed within the sync timeout and replaced; a sync that completes
+with generator and learner disagreeing stops the run."""
+
+import time
+
+import pytest
+
+from tests.faults.conftest import Run, metrics
+
+pytestmark = pytest.mark.slow
+
+
+def test_receiver_killed_mid_broadcast_is_replaced(tmp_path, faults_env):
+    out = tmp_path / "run"
+    # 1 MiB buckets: the 1.4 MB model goes in two, and engine 0 or 1 exits after receiving the first
+    run = Run(out, ["trainer.total_steps=4", "generator.num_engines=2", "trainer.bucket_mb=1",
+                    "trainer.sync_timeout_s=15"], {**faults_env, "GRPO_RAY_FAULTS": "exit_mid_sync@2"})
+    start = time.monotonic()
+    assert run.wait() == 0, run.output()[-3000:]
+    m = {row["step"]: row for row in metrics(out)}
+    assert [m[s]["fault/generator_restarts"] for s in (1, 2, 3, 4)] == [0, 1, 1, 1]
+    assert all(m[s]["sync/logprob_diff"] < 1e-4 for s in (1, 2, 3, 4))  # the new engine holds version 2
+    assert m[2]["timing_s/step"] < 2 * 15 + 120  # within the bound: the timeout, the ping, a new engine
+    assert "weight sync to version 2 failed" in run.output()
+    assert time.monotonic() - start < 600
+
+
+def test_sync_that_leaves_engines_disagreeing_stops_the_run(tmp_path):
+    out = tmp_path / "run"
+    # bfloat16 engines against float32 learners: the push completes, the probe disagrees by ~1e-2
+    run = Run(out, ["trainer.total_steps=3", "generator.dtype=bfloat16", "trainer.max_sync_logprob_diff=1e-3"])
+    assert run.wait() == 1, run.output()[-3000:]
+    assert "weight sync to version 1: generator and learner logprobs differ by" in run.output()
+    assert "over trainer.max_sync_logprob_diff=0.001" in run.output() and "Traceback" not in run.output()
