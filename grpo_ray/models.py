@@ -221,6 +221,9 @@ def build_tiny(spec: TinySpec, out: Path, extra_texts: list[str] | None = None) 
     """Write a randomly initialised checkpoint of `spec` to `out` (atomically: built aside, then renamed)."""
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a tiny build is instant; keep the CLI's output to its own lines
 
     from grpo_ray.data import synthetic
 
@@ -310,6 +313,8 @@ def model_dims(name: str) -> ModelDims:
     if name in KNOWN_DIMS:
         return KNOWN_DIMS[name]
     path = Path(name) / "config.json"
+    if Path(name).is_dir() and not path.is_file():
+        raise ModelNameError(f"model.path={name!r}: the directory has no config.json, so it is not a Hugging Face model")
     try:
         if path.is_file():
             cfg = json.loads(path.read_text())
@@ -318,8 +323,8 @@ def model_dims(name: str) -> ModelDims:
 
             cfg = AutoConfig.from_pretrained(name, local_files_only=True).to_dict()
     except (OSError, ValueError):
-        raise ModelNameError(f"model {name!r}: no config.json found offline; download it to the Hugging Face cache "
-                             "or name a local directory") from None
+        raise ModelNameError(f"model.path={name!r}: no config.json found offline; download the model to the Hugging "
+                             "Face cache or name a local directory") from None
     cfg = cfg.get("text_config", cfg)  # multimodal checkpoints (Gemma 3 >= 4B) keep the LM's shape here
     heads = cfg["num_attention_heads"]
     return ModelDims(cfg["num_hidden_layers"], cfg["hidden_size"], heads, cfg.get("num_key_value_heads", heads),

@@ -46,7 +46,8 @@ CASES = {  # name: (recipe, overrides, what the message must say)
                             "missing_field.jsonl row 1: 'reward_model.ground_truth' is missing or empty"),
     "row not JSON": (RECIPE, ["data.train_files=[{tmp}/not_json.jsonl]"], "not_json.jsonl line 2: not a JSON object"),
     "prompts too long": (RECIPE, ["data.max_prompt_length=5"], "every prompt is longer than data.max_prompt_length=5"),
-    "model path not a model": (RECIPE, ["model.path={tmp}/empty_dir"], "cannot load a tokenizer"),
+    "model path not a model": (RECIPE, ["model.path={tmp}/empty_dir"], "has no config.json, so it is not a Hugging Face model"),
+    "model not found": (RECIPE, ["model.path=nobody/no-such-model"], "no config.json found offline"),
     "no chat template": (RECIPE, ["model.path={tmp}/no_template"], "the tokenizer has no chat template"),
     "bad tiny model name": (RECIPE, ["model.path=tiny://qwen2?layers=two"], "layers='two' is not an integer"),
     "reward not importable": (RECIPE, ["reward.functions=[{name: no_such_module:fn}]"], "reward.functions[0].name"),
@@ -69,5 +70,6 @@ def test_bad_input_is_refused_cleanly(case, broken, tmp_path):
                   cwd=ROOT, timeout=300)
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
     assert expected in out.stderr, out.stderr
-    assert "Traceback" not in out.stderr and out.stderr.startswith("grpo-ray: error: ")
+    assert "Traceback" not in out.stderr
+    assert [line for line in out.stderr.splitlines() if "error" in line.lower()][0].startswith("grpo-ray: error: ")
     assert "Started a local Ray" not in out.stdout + out.stderr  # refused before any actor (or cluster) starts

@@ -12,7 +12,7 @@ from tests.faults.conftest import Run, dump, metrics, wait_for_step
 
 pytestmark = pytest.mark.slow
 
-STEPS = 6
+STEPS = 12
 ARGS = [f"trainer.total_steps={STEPS}", "trainer.save_freq=1", "trainer.keep_last=0"]
 
 
@@ -30,8 +30,10 @@ def test_sigkill_at_random_points_loses_and_repeats_nothing(tmp_path, faults_env
     assert (out / "checkpoints" / ".tmp_step_2").is_dir() and not (out / "checkpoints" / "step_2").exists()
     kills = 0
     for _ in range(2):  # 2, 3: SIGKILL to the whole process group at a random moment after a step is logged
-        run = Run(out, ARGS, env)
         done = max((m["step"] for m in metrics(out)), default=0)
+        if done >= STEPS - 1:
+            break
+        run = Run(out, ARGS, env)
         wait_for_step(out, done + 1)
         time.sleep(rng.uniform(0.0, 1.5))
         if run.proc.poll() is None:
@@ -47,6 +49,6 @@ def test_sigkill_at_random_points_loses_and_repeats_nothing(tmp_path, faults_env
     assert steps == list(range(1, STEPS + 1))  # each step once in the record
     for step in range(1, STEPS + 1):  # and each with the prompts (and samples) the clean run had
         assert [r["uid"] for r in dump(out, step)] == [r["uid"] for r in dump(clean, step)], step
-    assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("step_")) == \
-        [f"step_{s}" for s in range(1, STEPS + 1)]
+    assert {p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("step_")} == \
+        {f"step_{s}" for s in range(1, STEPS + 1)}
     assert all(not checkpoint.problems(out / "checkpoints" / f"step_{s}") for s in range(1, STEPS + 1))

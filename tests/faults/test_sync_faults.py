@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 def test_receiver_killed_mid_broadcast_is_replaced(tmp_path, faults_env):
     out = tmp_path / "run"
     # 1 MiB buckets: the 1.4 MB model goes in two, and engine 0 or 1 exits after receiving the first
-    run = Run(out, ["trainer.total_steps=4", "generator.num_engines=2", "trainer.bucket_mb=1",
+    run = Run(out, ["trainer.total_steps=4", "generator.num_engines=2", "generator.num_cpus=0.25", "trainer.bucket_mb=1",
                     "trainer.sync_timeout_s=15"], {**faults_env, "GRPO_RAY_FAULTS": "exit_mid_sync@2"})
     start = time.monotonic()
     assert run.wait() == 0, run.output()[-3000:]
