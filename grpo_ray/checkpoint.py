@@ -149,3 +149,18 @@ def export_hf(ckpt: Path, out: Path, max_shard_size: str = "5GB") -> Path:
     if (ckpt / "generation_config.json").is_file():
         shutil.copy(ckpt / "generation_config.json", out / "generation_config.json")
     return out
+
+
+def keep_metrics(path: Path, up_to: int) -> None:
+    """Drop the lines of steps after `up_to` from a metrics file (a resumed run writes them again)."""
+    if path.is_file():
+        lines = [line for line in path.read_text().splitlines(keepends=True) if _step_of(line) <= up_to]
+        path.write_text("".join(lines))
+
+
+def _step_of(line: str) -> float:
+    """The step of a metrics line; a line torn by a kill mid-write counts as after every checkpoint."""
+    try:
+        return json.loads(line)["step"]
+    except (json.JSONDecodeError, KeyError):
+        return float("inf")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import signal
 import statistics
@@ -161,7 +160,13 @@ class Controller:
         sends = [l.push_weights.remote(metas, bucket) for l in actors["learner"]]
         receives = [g.receive_weights.remote(metas, bucket, version) for g in actors["generator"]]
         timeout = self.r.trainer.sync_timeout_s + self.r.generator.timeout_s
-        return self.pools.call(sends, "weight send", timeout), self.pools.call(receives, "weight receive", timeout)
+        try:
+            pushed = self.pools.call(sends, "weight send", timeout)
+        except PoolFault as e:
+            if e.died:  # a learner rank is gone with its shard of the state: nothing to replace it with
+                raise RunError(f"{e}; resume from the last checkpoint") from None
+            raise
+        return pushed, self.pools.call(receives, "weight receive", timeout)
 
     def sync_weights(self) -> dict[str, float]:
         """Push the learner's weights to every generator as the next version, then check them with the probe.
@@ -170,7 +175,7 @@ class Controller:
         try:
             pushed, received = self.push_weights(self.version)
         except PoolFault as e:
-            lost = self.lost_generators()
+            lost = self.pools.unresponsive_generators()
             self.say(f"weight sync to version {self.version} failed ({e}); replacing engines {lost}")
             pushed, received = self.recover(lost)
         diff = self.probe()
@@ -181,16 +186,6 @@ class Controller:
         send = pushed[0]["seconds"]  # timed inside learner rank 0: gather from shards + broadcast
         return {"sync/logprob_diff": diff, "sync/seconds": send, "sync/GBps": pushed[0]["bytes"] / send / 1e9,
                 "timing_s/sync_weights": max([send, *received])}
-
-    def lost_generators(self) -> list[int]:
-        """Engines that are dead or do not answer within the sync timeout (they may still be leaving a failed collective)."""
-        lost = []
-        for i, gen in enumerate(self.pools.actors["generator"]):
-            try:
-                self.pools.call(gen.where.remote(), f"engine {i} ping", self.r.trainer.sync_timeout_s + 10)
-            except PoolFault:
-                lost.append(i)
-        return lost
 
     def recover(self, engines: list[int]) -> tuple[list[dict], list[float]]:
         """Replace `engines`, rebuild the weight-sync group over all engines, load the current weights into all."""
@@ -262,7 +257,7 @@ class Controller:
         t, total = self.r.trainer, self.total_steps()
         ckpt = checkpoint.find_resume(self.inputs.output_dir, t.resume)
         done = checkpoint.load_state(ckpt)["step"] if ckpt else 0
-        keep_metrics(self.inputs.output_dir / "metrics.jsonl", done)  # steps after the checkpoint are redone
+        checkpoint.keep_metrics(self.inputs.output_dir / "metrics.jsonl", done)  # steps after the checkpoint are redone
         self.log = MetricsLog(self.inputs.output_dir, t.loggers, total)
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "preempted_at", self.preempted_at or time.monotonic()))
         try:
@@ -312,13 +307,6 @@ class Controller:
 
     def _get(self, refs, what: str):
         return self.pools.call(refs, what)
-
-
-def keep_metrics(path: Path, up_to: int) -> None:
-    """Drop the lines of steps after `up_to` from a metrics file (a resumed run writes them again)."""
-    if path.is_file():
-        lines = [line for line in path.read_text().splitlines(keepends=True) if json.loads(line)["step"] <= up_to]
-        path.write_text("".join(lines))
 
 
 def sample_seed(seed: int, step: int, uid: int) -> int:

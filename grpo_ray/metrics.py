@@ -102,15 +102,15 @@ class MetricsLog:
             print(line, flush=True)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
+        if self.jsonl:  # first: a console line means the step is on record
+            self.jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
+            self.jsonl.flush()
         if self.console:
             keys = [k for k in CONSOLE_KEYS if k in metrics] + sorted(k for k in metrics if k.startswith("val/"))
             self.say(f"step:{step} " + " ".join(f"{k}:{metrics[k]:.4g}" for k in keys))
             if self.bar is not None and step > 0:
                 self.bar.update(1)
                 self.bar.set_postfix(score=f"{metrics.get('critic/score/mean', 0):.3f}")
-        if self.jsonl:
-            self.jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
-            self.jsonl.flush()
         if self.tb:
             for k, v in metrics.items():
                 self.tb.add_scalar(k, v, step)

@@ -16,6 +16,7 @@ the controller knows how to recover from).
 from __future__ import annotations
 
 import os
+import time
 
 import ray
 from ray.util.placement_group import remove_placement_group
@@ -31,23 +32,29 @@ from grpo_ray.roles.reward import RewardWorker
 from grpo_ray.sync import backend_for
 
 
-
 class PoolFault(RunError):
-    """A call failed because an actor died or missed its deadline; `actor` says which one when known."""
+    """A call failed: an actor died (`died`), raised, or missed its deadline."""
 
-    def __init__(self, message: str, actor=None):
+    def __init__(self, message: str, died: bool = False):
         super().__init__(message)
-        self.actor = actor
+        self.died = died
 
 
 def wait(refs, what: str, timeout_s: float):
-    """ray.get with a deadline; a lost actor or the deadline raises PoolFault naming the call."""
+    """ray.get with a deadline; the first failed call, a lost actor or the deadline raises PoolFault naming
+    the call. A failure is raised as soon as it is known, not after the slowest call: when one learner rank
+    dies, the others block in a collective, and waiting for them would wait out their timeout."""
+    deadline = time.monotonic() + timeout_s
+    pending = list(refs) if isinstance(refs, list) else [refs]
     try:
-        return ray.get(refs, timeout=timeout_s)
-    except ray.exceptions.GetTimeoutError:
-        raise PoolFault(f"{what} did not finish within {timeout_s:g}s") from None
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not done:
+                raise PoolFault(f"{what} did not finish within {timeout_s:g}s")
+            ray.get(done, timeout=60)  # ready: raises now if that call failed
+        return ray.get(refs, timeout=60)
     except ray.exceptions.RayActorError as e:
-        raise PoolFault(f"{what}: an actor died ({str(e).splitlines()[0][:300]})") from None
+        raise PoolFault(f"{what}: an actor died ({str(e).splitlines()[0][:300]})", died=True) from None
     except ray.exceptions.RayTaskError as e:  # raised inside the actor (e.g. a collective that timed out)
         raise PoolFault(f"{what} failed: {e}") from None
 
@@ -120,6 +127,17 @@ class Pools:
         ray.kill(self.actors["generator"][i])
         self.actors["generator"][i] = self._new("generator", i)
         self.generator_restarts += 1
+
+    def unresponsive_generators(self) -> list[int]:
+        """Engines that are dead or do not answer within the sync timeout (they may still be leaving a failed
+        collective)."""
+        lost = []
+        for i, gen in enumerate(self.actors["generator"]):
+            try:
+                self.call(gen.where.remote(), f"engine {i} ping", self.r.trainer.sync_timeout_s + 10)
+            except PoolFault:
+                lost.append(i)
+        return lost
 
     def write_placement(self, path) -> None:
         """placement.json: per pool, per actor, its node id, pid and resources."""

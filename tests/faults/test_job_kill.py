@@ -52,3 +52,24 @@ def test_sigkill_at_random_points_loses_and_repeats_nothing(tmp_path, faults_env
     assert {p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("step_")} == \
         {f"step_{s}" for s in range(1, STEPS + 1)}
     assert all(not checkpoint.problems(out / "checkpoints" / f"step_{s}") for s in range(1, STEPS + 1))
+
+
+def test_learner_rank_lost_stops_the_run_at_once_and_the_rerun_resumes(tmp_path):
+    import json
+    import os
+    import signal
+
+    out = tmp_path / "run"
+    run = Run(out, ["trainer.total_steps=40", "trainer.save_freq=2"])
+    wait_for_step(out, 3)
+    rank1 = json.loads((out / "placement.json").read_text())["learner"][1]["pid"]
+    os.kill(rank1, signal.SIGKILL)  # rank 0 is left blocked in a collective with it
+    killed = time.monotonic()
+    assert run.wait(timeout=300) == 1, run.output()[-3000:]
+    assert time.monotonic() - killed < 60  # the failure is seen at once, not after gloo's 10-minute timeout
+    assert "an actor died" in run.output() and "Traceback" not in run.output().split("grpo-ray: run stopped")[-1]
+    saved = checkpoint.find_resume(out, "auto")
+    assert saved is not None
+    again = Run(out, [f"trainer.total_steps={int(saved.name.split('_')[1]) + 2}", "trainer.save_freq=2"])
+    assert again.wait() == 0, again.output()[-3000:]
+    assert f"resuming from {saved}" in again.output()
