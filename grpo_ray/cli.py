@@ -55,7 +55,7 @@ def cmd_plan(args) -> int:
 
     flags = list(args.overrides)
     if args.gpu == "cpu":
-        flags += ["cluster.device=cpu", "cluster.devices_per_node=0", "cluster.gpu="]
+        flags += ["cluster.device=cpu", "cluster.devices_per_node=0", "cluster.gpu=''"]
     elif args.gpu:
         flags += ["cluster.device=cuda", f"cluster.gpu={args.gpu}", "cluster.device_memory_gb=0"]
     if args.nodes:
