@@ -9,7 +9,7 @@ from tests.faults.conftest import Run
 
 pytestmark = pytest.mark.slow
 
-SECRETS = {"HF_TOKEN": "hf_plantedSecretToken0123456789", "WANDB_API_KEY": "wandb-planted-key-9876543210",
+SECRETS = {"HF_TOKEN": "hf_planted-fake-token-0123456789", "WANDB_API_KEY": "wandb-planted-key-9876543210",
            "MY_SERVICE_PASSWORD": "planted-password-42"}
 
 
