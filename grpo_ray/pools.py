@@ -48,10 +48,13 @@ def wait(refs, what: str, timeout_s: float):
     pending = list(refs) if isinstance(refs, list) else [refs]
     try:
         while pending:
-            done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
-            if not done:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise PoolFault(f"{what} did not finish within {timeout_s:g}s")
-            ray.get(done, timeout=60)  # ready: raises now if that call failed
+            # short slices: back in Python often, so Ctrl-C and SIGTERM are handled at once
+            done, pending = ray.wait(pending, num_returns=1, timeout=min(left, 5.0))
+            if done:
+                ray.get(done, timeout=60)  # ready: raises now if that call failed
         return ray.get(refs, timeout=60)
     except ray.exceptions.RayActorError as e:
         raise PoolFault(f"{what}: an actor died ({str(e).splitlines()[0][:300]})", died=True) from None

@@ -29,7 +29,7 @@ def free_port() -> int:
 
 
 def test_ray_job_submit_runs_the_tiny_recipe(tmp_path, model_cache):
-    gcs, dash = free_port(), free_port()
+    gcs, dash, agent = free_port(), free_port(), free_port()
     # Ray 2.60 heads require an auth token: this head and its client share one made for this test only
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "GRPO_RAY_CACHE": str(model_cache),
            "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
@@ -39,7 +39,7 @@ def test_ray_job_submit_runs_the_tiny_recipe(tmp_path, model_cache):
     head = subprocess.Popen(
         [str(BIN / "ray"), "start", "--head", "--block", f"--port={gcs}", f"--temp-dir={temp_dir}",
          "--dashboard-host=127.0.0.1",
-         f"--dashboard-port={dash}", "--num-cpus=3", "--include-dashboard=true", "--disable-usage-stats"],
+         f"--dashboard-port={dash}", f"--dashboard-agent-listen-port={agent}", "--num-cpus=3", "--include-dashboard=true", "--disable-usage-stats"],
         env=env, stdout=open(tmp_path / "head.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
     address = f"http://127.0.0.1:{dash}"
     try:
