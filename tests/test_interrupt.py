@@ -28,7 +28,10 @@ def test_ctrl_c_stops_every_actor(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "grpo_ray", "train", "recipes/tiny-cpu.yaml", "trainer.total_steps=1000",
          f"trainer.output_dir={tmp_path}"],
-        cwd=ROOT, stdout=open(log, "w"), stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        cwd=ROOT, stdout=open(log, "w"), stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        # as from a terminal: SIGINT at its default, whatever this test process inherited (a suite started in the
+        # background has SIGINT ignored, children inherit that, and Python then never raises KeyboardInterrupt)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.time() + 300
         while "\nstep:2 " not in log.read_text() and time.time() < deadline:
