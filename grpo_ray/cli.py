@@ -14,10 +14,11 @@ from grpo_ray.errors import UserError
 
 def cmd_train(args) -> int:
     from grpo_ray.config import load_recipe
+    from grpo_ray.fit import check
     from grpo_ray.setup_run import setup_run
 
     recipe = load_recipe(args.recipe, args.overrides)
-    report = fit_check(recipe)
+    report = check(recipe)
     if not report.fits:
         raise UserError(f"{args.recipe}: the recipe does not fit its cluster (grpo-ray plan {args.recipe} shows "
                         "the whole estimate):\n" + "\n".join(f"  - {p}" for p in report.problems))
@@ -44,12 +45,6 @@ def cmd_train(args) -> int:
     return 0
 
 
-def fit_check(recipe):
-    from grpo_ray.fit import check
-
-    return check(recipe)
-
-
 def cmd_plan(args) -> int:
     from grpo_ray.config import load_recipe
 
@@ -64,7 +59,9 @@ def cmd_plan(args) -> int:
     c = recipe.cluster
     kind = f"{c.devices_per_node} x {c.gpu or 'GPU'}" if c.device == "cuda" else "CPU"
     print(f"{args.recipe}: {recipe.model.path} on {c.nodes} node(s) of {kind}")
-    report = fit_check(recipe)
+    from grpo_ray.fit import check
+
+    report = check(recipe)
     print(report.text())
     return 0 if report.fits else 1
 

@@ -105,6 +105,11 @@ def seq_len(r: Recipe) -> int:
     return r.data.max_prompt_length + r.generator.sampling.max_tokens
 
 
+def max_model_len(r: Recipe) -> int:
+    """The engine's context length: generator.max_model_len, or the longest prompt plus response."""
+    return r.generator.max_model_len or seq_len(r)
+
+
 def learner_memory(d: ModelDims, r: Recipe, seq: int = 0) -> PoolMemory:
     """Per learner rank; `seq` is the longest sequence of a micro batch (default: the recipe's maximum)."""
     cpu, b, w = r.cluster.device == "cpu", dtype_bytes(r.learner.dtype), r.learner.world_size
@@ -153,7 +158,7 @@ def generator_memory(d: ModelDims, r: Recipe, memory_gb: float) -> tuple[PoolMem
     else:
         parts = {"weights": weights, "vllm_activations": VLLM_ACTIVATION_GB,
                  "kv_cache": max(0.0, reserved - weights - VLLM_ACTIVATION_GB)}
-    max_len = g.max_model_len or seq_len(r)
+    max_len = max_model_len(r)
     per_seq = kv_bytes_per_token(d, r) * max_len / GB
     holds = int(parts["kv_cache"] // per_seq)
     per_engine = -(-r.data.train_batch_size * r.algorithm.group_size // g.num_engines)
@@ -235,18 +240,18 @@ def check(r: Recipe) -> FitReport:
     if r.cluster.device == "cuda" and mem <= 0:
         problems.append("cluster.gpu is not set: name the GPU model (b200, h200, h100) or set cluster.device_memory_gb")
     elif r.cluster.device == "cuda":
-        problems += _gpu_problems(r, pools, mem, plans)
+        problems += _gpu_problems(d, r, pools, mem)
     devices = _device_lines(r, pools, mem, nodes, plans, problems)
     if "generator" in pools and holds < 1:
-        g = r.generator
+        length = max_model_len(r)
         problems.append(
             f"generator: the KV cache budget ({pools['generator'].parts['kv_cache']:.2f} GB per device) cannot hold "
-            f"one sequence of {g.max_model_len or seq_len(r)} tokens ({kv_bytes_per_token(d, r) * (g.max_model_len or seq_len(r)) / GB:.2f} GB); "
-            "raise generator.gpu_memory_utilization or generator.tensor_parallel_size, or lower the sequence length")
+            f"one sequence of {length} tokens ({kv_bytes_per_token(d, r) * length / GB:.2f} GB); raise "
+            "generator.gpu_memory_utilization or generator.tensor_parallel_size, or lower the sequence length")
     return FitReport(describe(nodes, r), list(pools.values()), devices, problems)
 
 
-def _gpu_problems(r: Recipe, pools: dict[str, PoolMemory], mem: float, plans) -> list[str]:
+def _gpu_problems(d: ModelDims, r: Recipe, pools: dict[str, PoolMemory], mem: float) -> list[str]:
     if "generator" not in pools:
         return []
     g = r.generator
@@ -255,7 +260,6 @@ def _gpu_problems(r: Recipe, pools: dict[str, PoolMemory], mem: float, plans) ->
     reserved = g.gpu_memory_utilization * mem
     if need <= reserved:
         return []
-    d = model_dims(r.model.path)
     b = dtype_bytes(g.dtype if g.dtype != "auto" else r.learner.dtype)
     tp = g.tensor_parallel_size
     while tp < 64 and d.params * b / tp / GB + VLLM_ACTIVATION_GB > reserved:
