@@ -199,7 +199,7 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
         c.shutdown()
         ray.shutdown()
 
-    flops = perf.train_flops(facts["shape"], seq_lens, r.algorithm.ppo_epochs)
+    flops = perf.train_flops(facts["dims"], seq_lens, r.algorithm.ppo_epochs)
     world, peak = r.learner.world_size, facts["peak_tflops"]
     mean = {k: statistics.fmean(m[k] for m in step_metrics) for k in step_metrics[0]}
     ours = {
@@ -228,7 +228,7 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
     gen_env = {**engine_env("cpu", g.num_cpus), "OMP_NUM_THREADS": str(max(1, round(g.num_cpus)))}
     raw_gen = run_child("vllm", {
         "model": inputs.model_path, "gpu_memory_utilization": g.gpu_memory_utilization, "dtype": g.dtype,
-        "enforce_eager": g.enforce_eager, "max_model_len": g.max_model_len or r.data.max_prompt_length + g.sampling.max_tokens,
+        "enforce_eager": g.enforce_eager, "max_model_len": max_model_len(r),
         "n": G, "max_tokens": g.sampling.max_tokens, "temperature": g.sampling.temperature, "top_p": g.sampling.top_p,
         "top_k": g.sampling.top_k, "prompts": [p.ids for p in prompts], "reps": reps,
         "seeds": [sample_seed(r.trainer.seed, 0, p.uid) for p in prompts]}, gen_env)

@@ -73,7 +73,8 @@ class GeneratorConfig:
     tensor_parallel_size: int = 1
     """Devices per engine."""
     gpu_memory_utilization: float = 0.6
-    """vLLM's share of device memory (on CPU: of host memory, for the KV cache; 0.1-0.2 there)."""
+    """vLLM's share of GPU memory (weights, activations, KV cache). Unused on CPU, where the KV cache is sized
+    from the recipe (every sample of an engine's share of a step at full length, + 25%)."""
     dtype: str = "auto"
     """Weights dtype in vLLM (auto, float32, bfloat16, float16)."""
     enforce_eager: bool = False

@@ -29,6 +29,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from grpo_ray import checkpoint
 from grpo_ray.algo.advantage import group_advantages
+from grpo_ray.algo.batching import Samples, balanced_ranges, spans_of
 from grpo_ray.config import POOLS, Recipe
 from grpo_ray.data.stream import Position, PromptStream
 from grpo_ray.dumps import write_dump
@@ -37,12 +38,13 @@ from grpo_ray.faults import fault_at
 from grpo_ray.metrics import (
     MetricsLog,
     perf_metrics,
+    pool_metrics,
     rollout_metrics,
     validation_metrics,
 )
 from grpo_ray.pools import PoolFault, Pools
 from grpo_ray.setup_run import RunInputs
-from grpo_ray.types import Prompt
+from grpo_ray.types import Prompt, Work
 
 __all__ = ["Controller", "RunError", "Preempted", "train", "replay", "connect"]
 
@@ -66,21 +68,24 @@ class Controller:
         start = time.perf_counter()
         batch = [Prompt.from_row(uid, row) for uid, row in self.stream.next_batch()]
         rollouts, stats = self.generate(batch, G, step)
-        scores = self.score(rollouts)
-        refs = self.reference_logprobs(rollouts)  # runs while the rewards are scored
+        samples = Samples.of(stats)  # counts and lengths: how the pools below share the work
+        scores = self.score(rollouts, samples)
+        refs = self.reference_logprobs(rollouts, samples)  # runs while the rewards are scored
         scores = self._get(scores, "reward")
         rewards = torch.tensor([t for s in scores for t in s.totals])
         advantages = group_advantages(rewards, G, r.algorithm.norm_adv_by_std).tolist()
-        trained = self.train_on(rollouts, advantages, refs)
+        trained, ref_work = self.train_on(rollouts, advantages, refs)
         synced = self.sync_weights() if self.updated(trained) else {"sync/seconds": 0.0, "timing_s/sync_weights": 0.0}
         if r.trainer.dump_rollouts:
             self.dump(f"train_data_step{step}", step, rollouts, scores, advantages)
         seconds = time.perf_counter() - start
-        busy = {"generator": max(s.seconds for s in stats) + synced["timing_s/sync_weights"],
-                "learner": trained["timing_s/update_actor"] + trained["timing_s/old_log_prob"] + synced["sync/seconds"],
-                "reference": trained["timing_s/ref"], "reward": max(s.seconds for s in scores)}
-        return {**rollout_metrics(stats, scores, r.generator.sampling.max_tokens), **trained, **synced,
-                **perf_metrics(stats, trained, busy, seconds, self.pools.facts, self.pools.devices(), self.r),
+        learner = trained["timing_s/update_actor"] + trained["timing_s/old_log_prob"] + synced["sync/seconds"]
+        work = {"generator": [Work(s.seconds + synced["timing_s/sync_weights"], len(s.response_lengths)) for s in stats],
+                "learner": [Work(learner, len(samples.costs) // r.learner.world_size)] * r.learner.world_size,
+                "reference": ref_work, "reward": [Work(s.seconds, len(s.totals)) for s in scores]}
+        return {**rollout_metrics(stats, scores), **trained, **synced,
+                **perf_metrics(stats, trained, seconds, self.pools.facts, self.pools.devices(), self.r),
+                **pool_metrics(work, {p: len(a) for p, a in self.pools.actors.items()}, seconds),
                 **self.pools.memory(), "fault/generator_restarts": self.pools.generator_restarts,
                 "fault/skipped_steps": self.skipped["total"], "timing_s/step": seconds}
 
@@ -127,23 +132,33 @@ class Controller:
         seeds = [sample_seed(self.r.trainer.seed, step, p.uid) for p in shard]
         return self.pools.actors["generator"][i].generate.options(num_returns=2).remote(shard, n, seeds, sampling)
 
-    def score(self, rollouts: list) -> list:
-        """Score refs, one per rollout, spread over the reward pool."""
-        return [self.pools.pick("reward", i).score.remote([ro]) for i, ro in enumerate(rollouts)]
+    def spread(self, pool: str, rollouts: list, samples: Samples, by_tokens: bool) -> list[tuple]:
+        """The step's samples cut into contiguous shares of near-equal tokens (or samples) over every actor of
+        `pool`: (actor, rollout refs, spans) per actor with a share, in sample order."""
+        actors = self.pools.actors[pool]
+        costs = samples.costs if by_tokens else [1] * len(samples.costs)
+        shares = [spans_of(samples.counts, share) for share in balanced_ranges(costs, len(actors))]
+        return [(actor, [rollouts[i] for i, _, _ in pieces], [(a, b) for _, a, b in pieces])
+                for actor, pieces in zip(actors, shares) if pieces]
 
-    def reference_logprobs(self, rollouts: list) -> list:
-        """(logprobs ref, seconds ref) per rollout from the reference pool; none when there is no KL term."""
-        return [self.pools.pick("reference", i).logprobs.options(num_returns=2).remote([ro])
-                for i, ro in enumerate(rollouts)] if self.pools.actors["reference"] else []
+    def score(self, rollouts: list, samples: Samples) -> list:
+        """Scores refs, one per reward actor: every actor scores an even share of the samples."""
+        return [a.score.remote(refs, spans) for a, refs, spans in self.spread("reward", rollouts, samples, False)]
 
-    def train_on(self, rollouts: list, advantages: list[float], refs: list | None = None) -> dict[str, float]:
-        """One learner step on the rollouts behind the refs, with reference logprobs when there is a KL term."""
-        refs = self.reference_logprobs(rollouts) if refs is None else refs
+    def reference_logprobs(self, rollouts: list, samples: Samples) -> list:
+        """(logprobs ref, Work ref) per reference actor, each an even share of the tokens; none without a KL term."""
+        return [a.logprobs.options(num_returns=2).remote(refs, spans)
+                for a, refs, spans in self.spread("reference", rollouts, samples, True)]
+
+    def train_on(self, rollouts: list, advantages: list[float], refs: list) -> tuple[dict[str, float], list[Work]]:
+        """One learner step on the rollouts behind the refs, with reference logprobs when there is a KL term;
+        the learner's metrics and the reference actors' work."""
         ref_lps = [lp for lp, _ in refs] or None
         trained = self._get([l.train.remote(rollouts, ref_lps, advantages) for l in self.pools.actors["learner"]],
                             "learner train")[0]
-        trained["timing_s/ref"] = max(self._get([s for _, s in refs], "reference")) if refs else 0.0
-        return trained
+        ref_work = self._get([w for _, w in refs], "reference") if refs else []
+        trained["timing_s/ref"] = max((w.seconds for w in ref_work), default=0.0)
+        return trained, ref_work
 
     def probe(self) -> float:
         """Mean absolute difference of generator and learner logprobs on a fixed sequence (worst engine)."""
@@ -198,8 +213,8 @@ class Controller:
         """pass@1 (and pass@val_n) per data source over the validation rows, with the validation sampling."""
         g = self.r.generator
         prompts = [Prompt.from_row(i, row) for i, row in enumerate(self.inputs.val_rows)]
-        rollouts, _ = self.generate(prompts, g.val_n, step, dataclasses.replace(g.sampling, temperature=g.val_temperature))
-        scores = self._get(self.score(rollouts), "validation reward")
+        rollouts, stats = self.generate(prompts, g.val_n, step, dataclasses.replace(g.sampling, temperature=g.val_temperature))
+        scores = self._get(self.score(rollouts, Samples.of(stats)), "validation reward")
         if self.r.trainer.dump_rollouts:
             self.dump(f"val_data_step{step}", step, rollouts, scores, None)
         perfect = sum(f.weight for f in self.r.reward.functions if f.weight > 0)
@@ -354,6 +369,7 @@ def replay(recipe: Recipe, dump_path: str) -> dict[str, float]:
     c = Controller(recipe, RunInputs(models.resolve(recipe.model.path), [], [], {}, out, []))
     try:
         c.start(pools=("learner", "reference"))
-        return c.train_on([ray.put(r) for r in rollouts], advantages)
+        refs = [ray.put(r) for r in rollouts]
+        return c.train_on(refs, advantages, c.reference_logprobs(refs, Samples.of_rollouts(rollouts)))[0]
     finally:
         c.shutdown()

@@ -14,22 +14,25 @@ from grpo_ray.types import Completion, Prompt, Rollout, Scores
 
 
 def write_dump(path: str, step: int, scores: list[Scores], advantages: list[float] | None, *rollouts: Rollout) -> int:
-    """Write the samples of `rollouts` (scored by `scores`, one per rollout) to `path`; returns the line count.
+    """Write the samples of `rollouts` (scored by `scores`, one per reward actor's share, in sample order) to
+    `path`; returns the line count.
 
     Runs as a Ray task on the driver's node: the rollouts arrive as resolved object refs.
     """
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".jsonl.tmp")
+    totals = [t for s in scores for t in s.totals]
+    components = {k: [v for s in scores for v in s.components[k]] for k in scores[0].components}
     i = 0
     with open(tmp, "w") as f:
-        for rollout, score in zip(rollouts, scores):
-            for j, c in enumerate(rollout.completions):
+        for rollout in rollouts:
+            for c in rollout.completions:
                 p = rollout.prompts[c.prompt]
                 f.write(json.dumps({
                     "step": step, "uid": p.uid, "data_source": p.data_source,
                     "prompt": p.text, "response": c.text, "ground_truth": p.ground_truth,
-                    "score": score.totals[j], "rewards": {k: v[j] for k, v in score.components.items()},
+                    "score": totals[i], "rewards": {k: v[i] for k, v in components.items()},
                     "advantage": None if advantages is None else advantages[i],
                     "policy_version": rollout.policy_version, "finish_reason": c.finish_reason,
                     "prompt_ids": p.ids, "response_ids": c.token_ids,

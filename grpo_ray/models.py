@@ -264,6 +264,11 @@ def load_causal_lm(path: str, dtype, trust_remote_code: bool = False):
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code, **kwargs)
 
 
+def pad_id(config) -> int:
+    """The token id that pads a batch: the config's pad token, else 0 (padding is masked out either way)."""
+    return config.pad_token_id if config.pad_token_id is not None else 0
+
+
 # --- shapes, for the fit check ------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -278,6 +283,19 @@ class ModelDims:
     intermediate: int
     vocab: int
     tied: bool
+    max_positions: int = 0
+    """Longest sequence the model's positions allow (max_position_embeddings); 0 when unknown."""
+
+    @property
+    def attn_dim(self) -> int:
+        """Width of the attention output: heads x head_dim."""
+        return self.heads * self.head_dim
+
+    @property
+    def matmul_params(self) -> int:
+        """Parameters that take part in a matmul per token: every decoder linear layer and the LM head (not the
+        embedding lookup, norms or biases), for the FLOPs count."""
+        return self.layers * self.layer_params + self.vocab * self.hidden
 
     @property
     def layer_params(self) -> int:
@@ -297,11 +315,11 @@ class ModelDims:
 
 # Text-model shapes of the public checkpoints our recipes name (their config.json), so `plan` runs offline.
 KNOWN_DIMS = {
-    "Qwen/Qwen2.5-32B-Instruct": ModelDims(64, 5120, 40, 8, 128, 27648, 152064, False),
-    "Qwen/Qwen2.5-1.5B-Instruct": ModelDims(28, 1536, 12, 2, 128, 8960, 151936, True),
-    "meta-llama/Llama-3.1-8B-Instruct": ModelDims(32, 4096, 32, 8, 128, 14336, 128256, False),
-    "google/gemma-3-27b-it": ModelDims(62, 5376, 32, 16, 128, 21504, 262208, True),
-    "google/gemma-3-1b-it": ModelDims(26, 1152, 4, 1, 256, 6912, 262144, True),
+    "Qwen/Qwen2.5-32B-Instruct": ModelDims(64, 5120, 40, 8, 128, 27648, 152064, False, 32768),
+    "Qwen/Qwen2.5-1.5B-Instruct": ModelDims(28, 1536, 12, 2, 128, 8960, 151936, True, 32768),
+    "meta-llama/Llama-3.1-8B-Instruct": ModelDims(32, 4096, 32, 8, 128, 14336, 128256, False, 131072),
+    "google/gemma-3-27b-it": ModelDims(62, 5376, 32, 16, 128, 21504, 262208, True, 131072),
+    "google/gemma-3-1b-it": ModelDims(26, 1152, 4, 1, 256, 6912, 262144, True, 32768),
 }
 
 
@@ -329,4 +347,5 @@ def model_dims(name: str) -> ModelDims:
     heads = cfg["num_attention_heads"]
     return ModelDims(cfg["num_hidden_layers"], cfg["hidden_size"], heads, cfg.get("num_key_value_heads", heads),
                      cfg.get("head_dim") or cfg["hidden_size"] // heads, cfg["intermediate_size"],
-                     cfg["vocab_size"], bool(cfg.get("tie_word_embeddings", True)))
+                     cfg["vocab_size"], bool(cfg.get("tie_word_embeddings", True)),
+                     int(cfg.get("max_position_embeddings") or 0))

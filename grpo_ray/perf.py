@@ -8,11 +8,14 @@ N is the number of parameters that take part in a matmul per token (every linear
 head; not the embedding lookup, not norms), L the number of layers and d_attn = heads x head_dim.
 The first term is the dense matmuls (2 FLOPs per multiply-add, x3 for forward and backward); the
 second is QK^T and AV (4 * s^2 * d_attn per layer forward, x3). A forward-only pass is a third of it.
+
+The learner's FLOPs in one step are ``ppo_epochs`` such passes over the step's samples, plus one
+forward pass (a third) only when the old-policy logprobs were really recomputed (``step_flops``).
+N, L and d_attn come from ``grpo_ray.models.ModelDims``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from math import comb
 
 # Dense bf16 peak TFLOPS per device (vendor datasheets, without sparsity).
@@ -23,20 +26,17 @@ class UnknownDeviceError(ValueError):
     """A device with no known peak: declare one with cluster.peak_tflops."""
 
 
-@dataclass(frozen=True)
-class ModelShape:
-    matmul_params: int
-    """Parameters used in a matmul per token (linear layers + LM head)."""
-    layers: int
-    attn_dim: int
-    """heads x head_dim."""
-
-
-def train_flops(shape: ModelShape, seq_lens: list[int], passes: float = 1.0) -> float:
-    """FLOPs of `passes` forward+backward passes over sequences of `seq_lens`."""
+def train_flops(dims, seq_lens: list[int], passes: float = 1.0) -> float:
+    """FLOPs of `passes` forward+backward passes over sequences of `seq_lens` (`dims`: a models.ModelDims)."""
     tokens = sum(seq_lens)
-    attention = 12 * shape.layers * shape.attn_dim * sum(s * s for s in seq_lens)
-    return passes * (6 * shape.matmul_params * tokens + attention)
+    attention = 12 * dims.layers * dims.attn_dim * sum(s * s for s in seq_lens)
+    return passes * (6 * dims.matmul_params * tokens + attention)
+
+
+def step_flops(dims, seq_lens: list[int], ppo_epochs: int, old_logprob_pass: bool) -> float:
+    """The learner's FLOPs of one step: `ppo_epochs` forward+backward passes, plus a forward pass (a third)
+    when the old-policy logprobs were recomputed (off-policy updates), not otherwise."""
+    return train_flops(dims, seq_lens, ppo_epochs + (1 / 3 if old_logprob_pass else 0))
 
 
 def device_peak_tflops(device_name: str, declared: float = 0.0) -> float:

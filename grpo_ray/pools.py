@@ -25,6 +25,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from grpo_ray import faults, placement
 from grpo_ray.config import POOLS, Recipe
 from grpo_ray.errors import RunError
+from grpo_ray.fit import cpu_kv_cache_bytes, max_model_len
+from grpo_ray.models import model_dims
 from grpo_ray.roles.generator import Generator, engine_env
 from grpo_ray.roles.learner import Learner
 from grpo_ray.roles.reference import Reference
@@ -96,9 +98,9 @@ class Pools:
                        scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
                        runtime_env={"env_vars": env})
         if pool == "generator":
-            max_len = g.max_model_len or r.data.max_prompt_length + g.sampling.max_tokens
+            kv = cpu_kv_cache_bytes(model_dims(self.model_path), r) if r.cluster.device == "cpu" else 0
             return ray.remote(Generator).options(**options).remote(
-                self.model_path, g, max_len, r.trainer.seed + i, r.model.trust_remote_code, r.cluster.device)
+                self.model_path, g, max_model_len(r), kv, r.trainer.seed + i, r.model.trust_remote_code, r.cluster.device)
         if pool == "learner":
             return ray.remote(Learner).options(**options).remote(self.model_path, r, i, r.learner.world_size)
         if pool == "reference":

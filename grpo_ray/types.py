@@ -60,7 +60,7 @@ class RolloutStats:
     prompt_lengths: list[int]
     response_lengths: list[int]
     truncated: int
-    """Completions that hit sampling.max_tokens."""
+    """Completions cut at sampling.max_tokens (finish reason "length"): response_length/clip_ratio."""
 
 
 @dataclass
@@ -74,3 +74,13 @@ class Scores:
     timeouts: int
     """Samples whose reward function ran past the time limit (scored 0)."""
     seconds: float
+
+
+@dataclass
+class Work:
+    """What one actor of a pool did in a step, for perf/idle/<pool> and perf/work_balance/<pool>."""
+
+    seconds: float
+    """Busy time inside the actor, after its input arrived."""
+    samples: int
+    """Samples it processed."""

@@ -111,3 +111,37 @@ def test_sample_seeds_depend_only_on_run_step_and_prompt():
     seeds = {sample_seed(0, step, uid) for step in range(50) for uid in range(200)}
     assert len(seeds) == 50 * 200 and all(0 <= s < 2**32 for s in seeds)
     assert sample_seed(1, 3, 17) != sample_seed(0, 3, 17)
+
+
+def test_balanced_ranges_cut_contiguous_shares_of_near_equal_cost():
+    from grpo_ray.algo.batching import balanced_ranges
+
+    assert balanced_ranges([1] * 10, 3) == [(0, 3), (3, 7), (7, 10)]
+    assert balanced_ranges([1] * 256, 8) == [(i * 32, i * 32 + 32) for i in range(8)]
+    # by cost: one long sample is a share of its own
+    assert balanced_ranges([10, 1, 1, 1, 1, 1, 1, 1, 1, 1], 2) == [(0, 1), (1, 10)]
+    assert balanced_ranges([3, 3, 1, 1, 1, 1, 1, 1], 2) == [(0, 2), (2, 8)]
+    # every actor gets an item while there are items; the rest get empty shares at the end
+    assert balanced_ranges([5, 5, 5, 100], 4) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    assert balanced_ranges([1, 1], 3) == [(0, 1), (1, 2), (2, 2)]
+    assert balanced_ranges([], 2) == [(0, 0), (0, 0)] and balanced_ranges([1, 2], 0) == []
+
+
+def test_spans_of_a_share_cross_rollouts():
+    from grpo_ray.algo.batching import spans_of
+
+    # rollouts of 4, 4 and 4 completions; flat samples 3..8 are the last of the first, all of the second, one more
+    assert spans_of([4, 4, 4], (3, 9)) == [(0, 3, 4), (1, 0, 4), (2, 0, 1)]
+    assert spans_of([4, 4, 4], (4, 8)) == [(1, 0, 4)]
+    assert spans_of([4, 4], (8, 8)) == []
+
+
+def test_samples_of_spans_keep_order():
+    from grpo_ray.algo.batching import flatten, samples
+    from grpo_ray.types import Completion, Prompt, Rollout
+
+    r = Rollout([Prompt([1], "1", "x"), Prompt([2], "2", "x")],
+                [Completion(0, [10], "", [], "stop"), Completion(0, [11], "", [], "stop"),
+                 Completion(1, [12], "", [], "stop")], 0)
+    assert flatten([r, r], [(1, 3), (0, 1)]) == [([1], [11]), ([2], [12]), ([1], [10])]
+    assert [c.token_ids for _, c in samples([r])] == [[10], [11], [12]]

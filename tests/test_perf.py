@@ -4,26 +4,54 @@ import pytest
 import torch
 
 from grpo_ray import models, perf
-from grpo_ray.metrics import validation_metrics
-from grpo_ray.roles.learner import model_shape
+from grpo_ray.metrics import perf_metrics, validation_metrics
+from grpo_ray.models import ModelDims
 from tests.conftest import TINY
 
 
-def test_model_shape_matches_a_count_from_the_config():
+def test_model_dims_count_the_matmul_parameters_of_the_real_model():
     # TINY: hidden 64, 2 heads of 32, 1 kv head, MLP 128, 2 layers, tied embeddings
     path = models.resolve(TINY.format(arch="qwen2"))
     model = models.load_causal_lm(path, torch.float32)
     vocab = model.config.vocab_size
     per_layer = 64 * 64 + 64 * 32 + 64 * 32 + 64 * 64 + 3 * 64 * 128  # q, k, v, o, gate/up/down
     by_hand = 2 * per_layer + 64 * vocab  # + the LM head's matmul (tied to the embedding)
-    assert model_shape(model) == perf.ModelShape(by_hand, 2, 64)
+    dims = models.model_dims(path)
+    assert dims.matmul_params == by_hand == sum(m.weight.numel() for m in model.modules()
+                                                 if isinstance(m, torch.nn.Linear))
+    assert (dims.layers, dims.attn_dim, dims.max_positions) == (2, 64, model.config.max_position_embeddings)
+
+
+# 1 layer, hidden 4, 1 head of 4, 1 kv head, MLP 2, vocab 6: layer 4*4*4 + 3*4*2 = 88, + head 24 = 112 matmul params
+DIMS = ModelDims(layers=1, hidden=4, heads=1, kv_heads=1, head_dim=4, intermediate=2, vocab=6, tied=True)
 
 
 def test_train_flops_by_hand():
-    shape = perf.ModelShape(matmul_params=1000, layers=2, attn_dim=8)
-    # dense: 6 * 1000 * (3 + 5) = 48000; attention: 12 * 2 * 8 * (9 + 25) = 6528
-    assert perf.train_flops(shape, [3, 5]) == 48000 + 6528
-    assert perf.train_flops(shape, [3, 5], passes=2 + 1 / 3) == pytest.approx((48000 + 6528) * 7 / 3)
+    assert DIMS.matmul_params == 112 and DIMS.attn_dim == 4
+    # dense: 6 * 112 * (3 + 5) = 5376; attention: 12 * 1 * 4 * (9 + 25) = 1632
+    assert perf.train_flops(DIMS, [3, 5]) == 5376 + 1632
+    assert perf.train_flops(DIMS, [3, 5], passes=2 + 1 / 3) == pytest.approx((5376 + 1632) * 7 / 3)
+
+
+@pytest.mark.parametrize("recomputed,epochs,expected", [
+    (0.0, 1, 7008.0),  # on policy: one forward+backward, no old-logprob pass (the learner times nothing)
+    (1.0, 2, 7008.0 * (2 + 1 / 3)),  # two epochs: old logprobs recomputed, a forward pass more
+])
+def test_mfu_counts_the_old_logprob_pass_only_when_it_ran(recomputed, epochs, expected):
+    from grpo_ray.config import Recipe
+
+    r = Recipe()
+    r.algorithm.ppo_epochs, r.learner.world_size = epochs, 1
+    from grpo_ray.types import RolloutStats
+
+    stats = [RolloutStats(0.1, 0, [1, 2], [2, 3], 0)]  # sequences of 3 and 5 tokens
+    trained = {"timing_s/update_actor": 1.0, "timing_s/old_log_prob": 3e-6 if not recomputed else 0.5,
+               "actor/old_log_prob_recomputed": recomputed}
+    facts = {"dims": DIMS, "peak_tflops": 1e-9}  # 1000 FLOP/s
+    m = perf_metrics(stats, trained, 2.0, facts, 1.0, r)
+    update = 1.0 + trained["timing_s/old_log_prob"]
+    assert m["perf/mfu/actor"] == pytest.approx(expected / update / 1000)
+    assert m["perf/mfu/step"] == pytest.approx(expected / 2.0 / 1000)
 
 
 def test_mfu_and_throughput_by_hand():
@@ -53,3 +81,16 @@ def test_validation_metrics_per_source():
     assert m == {"val/gsm8k/pass@1": pytest.approx(0.25), "val/gsm8k/pass@2": pytest.approx(0.5),
                  "val/math500/pass@1": 1.0, "val/math500/pass@2": 1.0}
     assert validation_metrics(["a"], [0.9], n=1, perfect=1.0) == {"val/a/pass@1": 0.0}  # partial credit fails
+
+
+def test_pool_metrics_count_every_actor_of_a_pool():
+    from grpo_ray.metrics import pool_metrics
+    from grpo_ray.types import Work
+
+    work = {"reference": [Work(1.0, 10), Work(0.5, 6)], "reward": [Work(0.2, 16)]}
+    m = pool_metrics(work, {"reference": 2, "reward": 2, "generator": 0}, step_seconds=2.0)
+    assert m["perf/idle/reference"] == pytest.approx(1 - 1.5 / 4)  # busy 1.5 of 2 actors x 2 s
+    assert m["perf/work_balance/reference"] == pytest.approx(0.6)
+    assert m["perf/idle/reward"] == pytest.approx(1 - 0.2 / 4)  # the second actor was given nothing
+    assert m["perf/work_balance/reward"] == 0.0
+    assert not any("generator" in k for k in m)

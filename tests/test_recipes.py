@@ -75,6 +75,10 @@ def test_twin_trains_to_completion(name, tmp_path):
     dump = [json.loads(line) for line in (tmp_path / "rollouts" / f"train_data_step{steps}.jsonl").read_text().splitlines()]
     assert len(dump) == r.data.train_batch_size * r.algorithm.group_size
     assert all(set(row["rewards"]) == names for row in dump)
+    for pool, plan in placement.plan(r).items():
+        if plan.actors >= 2:  # every actor of a pool of 2+ gets work at every step
+            balance = [m[f"perf/work_balance/{pool}"] for m in metrics if m["step"]]
+            assert min(balance) >= 0.5, (pool, balance)
     placed = json.loads((tmp_path / "placement.json").read_text())
     assert {p: len(a) for p, a in placed.items()} == {p: plan.actors for p, plan in placement.plan(r).items()}
     # the fit check's learner estimate, at this step's longest sequence, against the measured peak
@@ -123,8 +127,8 @@ def test_plan_for_other_gpus_and_node_counts():
 
 def test_train_runs_the_fit_check_before_any_actor(tmp_path):
     out = run_cli("train", "recipes/tiny-cpu.yaml", f"trainer.output_dir={tmp_path}",
-                  "generator.gpu_memory_utilization=0.99")
+                  "cluster.node_memory_gb=1")
     assert out.returncode == 2, out.stdout + out.stderr
-    assert "does not fit its cluster" in out.stderr and "generator kv_cache" in out.stderr
+    assert "does not fit its cluster" in out.stderr and "over its 1.0 GB of host memory" in out.stderr
     assert "Traceback" not in out.stderr and "Started a local Ray" not in out.stdout + out.stderr
     assert not (tmp_path / "config.yaml").exists()

@@ -1,7 +1,8 @@
 import pytest
 
 from grpo_ray import rewards
-from grpo_ray.rewards import RewardLoadError, combine, load
+from grpo_ray.rewards import RewardLoadError, load, weighted_sum
+from grpo_ray.rewards.runner import score_one
 
 
 @pytest.mark.parametrize("response,truth,expected", [
@@ -71,9 +72,11 @@ def test_load_by_module_path_and_errors():
         load("grpo_ray.rewards:nope")
 
 
-def test_combine_keeps_components_and_weights():
-    fns = [("gsm8k", load("gsm8k"), 0.9), ("format", load("format"), 0.1)]
-    total, parts = combine(fns, "#### 8", "7", data_source="gsm8k")
-    assert parts == {"gsm8k": 0.0, "format": 1.0} and total == pytest.approx(0.1)
-    total, parts = combine(fns, "#### 7", "7", data_source="gsm8k")
-    assert total == pytest.approx(1.0)
+def test_components_and_weights_as_the_reward_child_scores_them():
+    fns = [("gsm8k", 0.9), ("format", 0.1)]
+    extra = {"data_source": "gsm8k", "extra_info": {}}
+    parts, errors, oom = score_one(fns, "#### 8", "7", extra)
+    assert parts == {"gsm8k": 0.0, "format": 1.0} and (errors, oom) == (0, False)
+    assert weighted_sum(parts, fns) == pytest.approx(0.1)
+    parts, _, _ = score_one(fns, "#### 7", "7", extra)
+    assert weighted_sum(parts, fns) == pytest.approx(1.0)

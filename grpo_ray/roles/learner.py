@@ -29,19 +29,11 @@ from grpo_ray.algo.logprobs import token_logprobs
 from grpo_ray.algo.loss import grpo_loss
 from grpo_ray.config import Recipe
 from grpo_ray.faults import fault_at
-from grpo_ray.models import load_causal_lm
-from grpo_ray.perf import ModelShape, device_peak_tflops, measure_cpu_peak_tflops
+from grpo_ray.models import load_causal_lm, model_dims, pad_id
+from grpo_ray.perf import device_peak_tflops, measure_cpu_peak_tflops
 from grpo_ray.roles import RoleActor
 
 METRIC_KEYS = ("pg_loss", "kl_loss", "pg_clipfrac_sum", "ppo_kl_sum", "entropy_sum", "tokens")
-
-
-def model_shape(model) -> ModelShape:
-    """What the FLOPs count needs: matmul parameters (linear layers and LM head), layers, attention width."""
-    cfg = model.config
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    matmul = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
-    return ModelShape(matmul, cfg.num_hidden_layers, cfg.num_attention_heads * head_dim)
 
 
 class Learner(RoleActor):
@@ -58,7 +50,7 @@ class Learner(RoleActor):
         return sync.free_address()
 
     def setup(self, host: str, port: int) -> dict:
-        """Join the group, load and shard the model; returns the model's shape and this device's peak TFLOPS."""
+        """Join the group, load and shard the model; returns the model's dims and this device's peak TFLOPS."""
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -70,7 +62,6 @@ class Learner(RoleActor):
         mesh = init_device_mesh(self.device.type, (self.world_size,))
         # loaded on the host; fully_shard moves one layer at a time to the device and keeps only this rank's shard
         model = load_causal_lm(self.model_path, torch.float32, self.recipe.model.trust_remote_code)
-        shape = model_shape(model)
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         policy = MixedPrecisionPolicy(param_dtype=getattr(torch, cfg.dtype), reduce_dtype=torch.float32)
@@ -84,13 +75,13 @@ class Learner(RoleActor):
         warmup = o.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
-        self.pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+        self.pad_id = pad_id(model.config)
         declared = self.recipe.cluster.peak_tflops
         if self.device.type == "cuda":
             peak = device_peak_tflops(torch.cuda.get_device_name(), declared)
         else:
             peak = declared or measure_cpu_peak_tflops()
-        return {"shape": shape, "peak_tflops": peak}
+        return {"dims": model_dims(self.model_path), "peak_tflops": peak}
 
     # --- training --------------------------------------------------------------------
 
@@ -122,9 +113,10 @@ class Learner(RoleActor):
         minis = [rank_slice(list(range(b, b + m)), self.rank, self.world_size) for b in range(0, n, m)]
 
         start = time.perf_counter()
+        # one update per step: the policy that sampled is the one being trained, so old = logp.detach()
         on_policy = a.ppo_epochs == 1 and len(minis) == 1
         old = None if on_policy else self._old_logprobs(pairs, [i for mini in minis for i in mini])
-        old_seconds = time.perf_counter() - start
+        old_seconds = 0.0 if on_policy else time.perf_counter() - start
 
         totals = torch.zeros(len(METRIC_KEYS), dtype=torch.float64)
         grad_norms, skipped = [], 0
@@ -173,6 +165,7 @@ class Learner(RoleActor):
             "actor/lr": self.scheduler.get_last_lr()[0],
             "actor/skipped_updates": skipped,
             "actor/updates": len(grad_norms),
+            "actor/old_log_prob_recomputed": float(not on_policy),
             "timing_s/old_log_prob": old_seconds,
             "timing_s/update_actor": time.perf_counter() - start - old_seconds,
         }
@@ -249,11 +242,6 @@ class Learner(RoleActor):
                 gc.collect()
                 raise
         return {"seconds": time.perf_counter() - start, "bytes": float(sent)}
-
-    def full_weights(self) -> dict[str, torch.Tensor]:
-        """Full (unsharded) weights on CPU; every rank must call, rank 0's copy is the one to use."""
-        with self._unsharded() as full:
-            return {n: p.cpu().clone() for n, p in full}
 
     def shutdown(self) -> None:
         if dist.is_initialized():

@@ -6,10 +6,11 @@ import time
 
 import torch
 
-from grpo_ray.algo.batching import chunks, collate, flatten, response_values
+from grpo_ray.algo.batching import Span, chunks, collate, flatten, response_values
 from grpo_ray.algo.logprobs import token_logprobs
-from grpo_ray.models import load_causal_lm
+from grpo_ray.models import load_causal_lm, pad_id
 from grpo_ray.roles import RoleActor
+from grpo_ray.types import Work
 
 
 class Reference(RoleActor):
@@ -20,16 +21,17 @@ class Reference(RoleActor):
         # the learner's compute dtype, so both score with the same precision
         self.model = load_causal_lm(model_path, getattr(torch, dtype), trust_remote_code).to(self.device).eval()
         self.micro_batch_size, self.temperature = micro_batch_size, temperature
-        self.pad_id = self.model.config.pad_token_id or 0
+        self.pad_id = pad_id(self.model.config)
 
-    def logprobs(self, rollout_refs: list) -> tuple[list[list[float]], float]:
-        """Per-completion reference logprobs of the response tokens, and the seconds it took.
+    def logprobs(self, rollout_refs: list, spans: list[Span] | None = None) -> tuple[list[list[float]], Work]:
+        """Per-completion reference logprobs of the response tokens (of `spans` of each rollout, or all), and
+        the work done: seconds and samples.
 
-        Called with ``num_returns=2``: the logprobs go to the learner by object ref, the seconds to the controller.
+        Called with ``num_returns=2``: the logprobs go to the learner by object ref, the work to the controller.
         """
         import ray
 
-        pairs = flatten(ray.get(rollout_refs))
+        pairs = flatten(ray.get(rollout_refs), spans)
         start = time.perf_counter()
         out: list[list[float]] = []
         with torch.no_grad():
@@ -38,4 +40,4 @@ class Reference(RoleActor):
                 logp, _ = token_logprobs(self.model, seqs.input_ids.to(self.device),
                                          seqs.attention_mask.to(self.device), self.temperature)
                 out += response_values(logp.cpu(), seqs.response_mask)
-        return out, time.perf_counter() - start
+        return out, Work(time.perf_counter() - start, len(pairs))

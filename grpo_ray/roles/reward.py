@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 
+from grpo_ray.algo.batching import Span, samples
 from grpo_ray.rewards import weighted_sum
 from grpo_ray.rewards.sandbox import RewardChild
 from grpo_ray.roles import RoleActor
@@ -27,8 +28,9 @@ class RewardWorker(RoleActor):
         """What the reward child is isolated from: "network+filesystem", or "none (why)"."""
         return self.child.isolation
 
-    def score(self, rollout_refs: list) -> Scores:
-        """Scores of every completion of the rollouts behind `rollout_refs`, in order."""
+    def score(self, rollout_refs: list, spans: list[Span] | None = None) -> Scores:
+        """Scores of the completions of the rollouts behind `rollout_refs` (those in `spans` of each, or all),
+        in order."""
         import ray
 
         rollouts = ray.get(rollout_refs)
@@ -36,18 +38,16 @@ class RewardWorker(RoleActor):
         zeros = {name: 0.0 for name, _ in self.functions}
         components = {name: [] for name, _ in self.functions}
         totals, errors, timeouts = [], 0, 0
-        for rollout in rollouts:
-            for c in rollout.completions:
-                p = rollout.prompts[c.prompt]
-                extra = {"data_source": p.data_source, "extra_info": p.extra_info}
-                outcome, result = self.child.run((self.functions, self.prefix + c.text, p.ground_truth, extra),
-                                                 self.timeout_s)
-                comp, failed = (result[0], result[1]) if outcome == "ok" else (zeros, 1)
-                errors += failed if outcome != "timeout" else 0
-                timeouts += outcome == "timeout"
-                for name, _ in self.functions:
-                    components[name].append(comp[name])
-                totals.append(weighted_sum(comp, self.functions))
+        for p, c in samples(rollouts, spans):
+            extra = {"data_source": p.data_source, "extra_info": p.extra_info}
+            outcome, result = self.child.run((self.functions, self.prefix + c.text, p.ground_truth, extra),
+                                             self.timeout_s)
+            comp, failed = (result[0], result[1]) if outcome == "ok" else (zeros, 1)
+            errors += failed if outcome != "timeout" else 0
+            timeouts += outcome == "timeout"
+            for name, _ in self.functions:
+                components[name].append(comp[name])
+            totals.append(weighted_sum(comp, self.functions))
         return Scores(totals, components, errors, timeouts, time.perf_counter() - start)
 
     def shutdown(self) -> None:

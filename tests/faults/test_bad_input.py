@@ -51,7 +51,7 @@ CASES = {  # name: (recipe, overrides, what the message must say)
     "no chat template": (RECIPE, ["model.path={tmp}/no_template"], "the tokenizer has no chat template"),
     "bad tiny model name": (RECIPE, ["model.path=tiny://qwen2?layers=two"], "layers='two' is not an integer"),
     "reward not importable": (RECIPE, ["reward.functions=[{name: no_such_module:fn}]"], "reward.functions[0].name"),
-    "does not fit": (RECIPE, ["generator.gpu_memory_utilization=0.99"], "does not fit its cluster"),
+    "does not fit": (RECIPE, ["cluster.node_memory_gb=1"], "does not fit its cluster"),
 }
 
 
