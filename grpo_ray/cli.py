@@ -14,10 +14,11 @@ from grpo_ray.errors import UserError
 
 def cmd_train(args) -> int:
     from grpo_ray.config import load_recipe
-    from grpo_ray.fit import check
+    from grpo_ray.fit import check, model_limits
     from grpo_ray.setup_run import setup_run
 
     recipe = load_recipe(args.recipe, args.overrides)
+    model_limits(recipe)
     report = check(recipe)
     if not report.fits:
         raise UserError(f"{args.recipe}: the recipe does not fit its cluster (grpo-ray plan {args.recipe} shows "
@@ -59,8 +60,9 @@ def cmd_plan(args) -> int:
     c = recipe.cluster
     kind = f"{c.devices_per_node} x {c.gpu or 'GPU'}" if c.device == "cuda" else "CPU"
     print(f"{args.recipe}: {recipe.model.path} on {c.nodes} node(s) of {kind}")
-    from grpo_ray.fit import check
+    from grpo_ray.fit import check, model_limits
 
+    model_limits(recipe)
     report = check(recipe)
     print(report.text())
     return 0 if report.fits else 1
@@ -116,18 +118,23 @@ def cmd_eval(args) -> int:
     import tempfile
     from pathlib import Path
 
+    from grpo_ray import models
     from grpo_ray.checkpoint import export_hf
     from grpo_ray.config import load_recipe
-    from grpo_ray.evaluate import evaluate
+    from grpo_ray.evaluate import DEFAULT_RECIPE, device_overrides, evaluate
+    from grpo_ray.fit import model_limits
 
     out = Path(args.out)
     model = args.model
-    if (Path(model) / "manifest.json").is_file():  # a checkpoint: export it first
+    if (Path(model) / "manifest.json").is_file() or (Path(model) / "trainer_state.json").is_file():  # a checkpoint
         model = str(export_hf(Path(model), Path(tempfile.mkdtemp(prefix="grpo-eval-hf-"))))
+    models.model_dims(model)  # the model first: a bad path is one line, before any data or Ray
     flags = [f"model.path={model}", f"generator.val_n={args.n}", f"generator.val_temperature={args.temperature}"]
     if args.max_tokens:
         flags.append(f"generator.sampling.max_tokens={args.max_tokens}")
-    recipe = load_recipe(args.recipe, [*args.overrides, *flags, f"trainer.output_dir={out}"])
+    base = [] if args.recipe else device_overrides()  # without a recipe: this machine's device
+    recipe = load_recipe(args.recipe or DEFAULT_RECIPE, [*base, *args.overrides, *flags, f"trainer.output_dir={out}"])
+    model_limits(recipe)
     result = evaluate(recipe, args.data, out, args.limit)
     print(json.dumps(result["metrics"], indent=1))
     print(f"{result['rows']} rows ({result['dropped_too_long']} too long); wrote {out / 'eval.json'} and "
@@ -137,7 +144,9 @@ def cmd_eval(args) -> int:
 
 def cmd_export(args) -> int:
     from grpo_ray.checkpoint import export_hf
+    from grpo_ray.setup_run import writable_dir
 
+    writable_dir(args.out, "--out")
     print(f"wrote {export_hf(args.checkpoint, args.out, args.max_shard_size)}")
     return 0
 
@@ -190,7 +199,8 @@ def parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="pass@1 / pass@k of a model or checkpoint on a test set")
     ev.add_argument("model", help="hub name, model directory, tiny:// name, or OUTPUT_DIR/checkpoints/step_N")
     ev.add_argument("--data", required=True, help="gsm8k, math500, or a JSONL/parquet file")
-    ev.add_argument("--recipe", required=True, help="generator settings and reward functions come from here")
+    ev.add_argument("--recipe", help="generator settings and reward functions come from here (default: one engine "
+                                      "on this machine, each row scored by the reward of its data_source)")
     ev.add_argument("--n", type=int, default=1, help="samples per prompt (pass@n reported when > 1)")
     ev.add_argument("--temperature", type=float, default=0.0)
     ev.add_argument("--max-tokens", type=int, default=0, help="default: the recipe's sampling.max_tokens")

@@ -238,6 +238,9 @@ class TrainerConfig:
     """Seed for data order, sampling and initial weights of tiny models."""
     loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     """Any of console, jsonl, tensorboard."""
+    log_level: str = "info"
+    """info: the console shows one line per step and what calls for action; every actor's own output (vLLM,
+    transformers, Ray) goes to <output_dir>/logs/<pool>-<i>.log. debug: actors' output on the console too."""
     max_sync_logprob_diff: float = 1e-2
     """Stop when generator and learner logprobs of a probe differ by more than this after a sync."""
     call_timeout_s: float = 1800.0
@@ -281,10 +284,92 @@ CHOICES = {
     "algorithm.kl_estimator": ("k1", "k3"),
     "algorithm.loss_agg": ("token-mean", "seq-mean"),
     "cluster.device": ("cpu", "cuda"),
+    "trainer.log_level": ("info", "debug"),
 }
 LOGGERS = ("console", "jsonl", "tensorboard")
 GPU_MEMORY_GB = {"b200": 180.0, "h200": 141.0, "h100": 80.0}
 """Memory of one GPU of each known model (HBM as the datasheets give it)."""
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric recipe field may take (NaN and infinities never)."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    """`low` itself is not allowed."""
+    high_open: bool = False
+    """`high` itself is not allowed."""
+    why: str = ""
+    """Said after the range when a value is outside it."""
+
+    def holds(self, v: float) -> bool:
+        if v != v or v in (float("inf"), float("-inf")):
+            return False
+        if self.low is not None and (v < self.low or (self.low_open and v == self.low)):
+            return False
+        return self.high is None or (v < self.high or (not self.high_open and v == self.high))
+
+    def text(self) -> str:
+        if self.high is None:
+            if self.low == 0:
+                return "must be positive" if self.low_open else "must be >= 0"
+            return f"must be {'>' if self.low_open else '>='} {self.low:g}" if self.low is not None else "must be finite"
+        left = "(" if self.low_open else "["
+        right = ")" if self.high_open else "]"
+        return f"must be in {left}{self.low:g}, {self.high:g}{right}"
+
+
+POSITIVE, NON_NEGATIVE, FINITE = Range(0, low_open=True), Range(0), Range()
+SHARE = Range(0, 1, low_open=True, high_open=True)
+RANGES: dict[str, Range] = {
+    "data.train_batch_size": POSITIVE, "data.max_prompt_length": POSITIVE,
+    "generator.num_engines": POSITIVE, "generator.tensor_parallel_size": POSITIVE,
+    "generator.gpu_memory_utilization": SHARE, "generator.max_model_len": NON_NEGATIVE,
+    "generator.num_cpus": POSITIVE, "generator.val_temperature": NON_NEGATIVE, "generator.val_n": POSITIVE,
+    "generator.timeout_s": POSITIVE, "generator.max_restarts": NON_NEGATIVE,
+    "generator.sampling.temperature": Range(0, low_open=True, why="the learner divides logits by it; 0 (greedy) "
+                                            "samples a group of identical responses"),
+    "generator.sampling.top_p": Range(0, 1, low_open=True), "generator.sampling.top_k": Range(-1, why="-1 turns it off"),
+    "generator.sampling.max_tokens": POSITIVE,
+    "learner.world_size": POSITIVE, "learner.mini_batch_size": POSITIVE, "learner.micro_batch_size": POSITIVE,
+    "learner.num_cpus": POSITIVE, "learner.optim.lr": POSITIVE, "learner.optim.betas": Range(0, 1, high_open=True),
+    "learner.optim.eps": POSITIVE, "learner.optim.weight_decay": NON_NEGATIVE,
+    "learner.optim.warmup_steps": NON_NEGATIVE, "learner.optim.grad_clip": NON_NEGATIVE,
+    "reference.num_actors": POSITIVE, "reference.micro_batch_size": POSITIVE, "reference.num_cpus": POSITIVE,
+    "reward.functions.weight": FINITE, "reward.num_actors": POSITIVE, "reward.timeout_s": POSITIVE,
+    "reward.memory_mb": Range(64, why="the child process needs room for Python"), "reward.num_cpus": POSITIVE,
+    "algorithm.group_size": Range(2, why="GRPO compares samples of one prompt"),
+    "algorithm.clip_ratio_low": Range(0, 1, high_open=True), "algorithm.clip_ratio_high": NON_NEGATIVE,
+    "algorithm.kl_coef": NON_NEGATIVE, "algorithm.ppo_epochs": POSITIVE,
+    "cluster.nodes": POSITIVE, "cluster.devices_per_node": NON_NEGATIVE, "cluster.device_memory_gb": NON_NEGATIVE,
+    "cluster.node_memory_gb": NON_NEGATIVE, "cluster.peak_tflops": NON_NEGATIVE,
+    "trainer.total_steps": NON_NEGATIVE, "trainer.total_epochs": NON_NEGATIVE, "trainer.save_freq": NON_NEGATIVE,
+    "trainer.keep_last": NON_NEGATIVE, "trainer.test_freq": NON_NEGATIVE, "trainer.seed": NON_NEGATIVE,
+    "trainer.max_sync_logprob_diff": POSITIVE, "trainer.call_timeout_s": POSITIVE, "trainer.bucket_mb": POSITIVE,
+    "trainer.sync_timeout_s": POSITIVE, "trainer.max_skipped_steps": POSITIVE, "trainer.preemption_grace_s": NON_NEGATIVE,
+}
+"""Every numeric field of the recipe and its range, checked before anything starts (a test keeps this complete)."""
+FREE_TEXT = {"model.path", "data.response_prefix", "reward.functions.name", "trainer.resume", "trainer.output_dir",
+             "trainer.experiment_name", "cluster.gpu"}
+"""String fields that are not a choice among CHOICES (paths, names, text; cluster.gpu is checked on its own)."""
+
+
+def range_problems(r: "Recipe") -> list[str]:
+    """A message for every numeric field outside its range: 'key=value: must be ...'."""
+    p = []
+    for key, rng in RANGES.items():
+        head, _, last = key.rpartition(".")
+        parent = _get(r, head)
+        items = parent if isinstance(parent, list) else [parent]  # reward.functions: each item's field
+        for i, item in enumerate(items):
+            values = getattr(item, last)
+            name = f"{head}[{i}].{last}" if isinstance(parent, list) else key
+            for v in values if isinstance(values, list) else [values]:
+                if not rng.holds(v):
+                    p.append(f"{name}={v}: {rng.text()}" + (f" ({rng.why})" if rng.why else ""))
+    return p
 
 
 # --- loading -----------------------------------------------------------------------------
@@ -372,20 +457,11 @@ def validate(r: Recipe) -> list[str]:
         value = getattr(getattr(r, section), name)
         if value not in choices:
             p.append(f"{key}={value!r}: expected one of {', '.join(choices)}")
-    for key in ("data.train_batch_size", "data.max_prompt_length", "generator.num_engines",
-                "generator.tensor_parallel_size", "generator.sampling.max_tokens", "learner.world_size",
-                "learner.mini_batch_size", "learner.micro_batch_size", "reference.num_actors",
-                "reference.micro_batch_size", "reward.num_actors", "reward.memory_mb", "algorithm.ppo_epochs",
-                "cluster.nodes", "generator.timeout_s", "trainer.sync_timeout_s", "trainer.call_timeout_s",
-                "trainer.max_skipped_steps"):
-        if _get(r, key) <= 0:
-            p.append(f"{key}={_get(r, key)}: must be positive")
-    if any(m.endswith("must be positive") for m in p):
-        return p  # the arithmetic below assumes positive sizes
+    p += range_problems(r)
+    if p:
+        return p  # the arithmetic below assumes sizes in range
 
     g = r.algorithm.group_size
-    if g < 2:
-        p.append(f"algorithm.group_size={g}: GRPO compares samples of one prompt, so it needs at least 2")
     samples = r.data.train_batch_size * g
     if samples % r.learner.mini_batch_size:
         p.append(
@@ -398,18 +474,9 @@ def validate(r: Recipe) -> list[str]:
             f"learner.mini_batch_size ({r.learner.mini_batch_size}) is not divisible by learner.micro_batch_size "
             f"({r.learner.micro_batch_size}) x learner.world_size ({r.learner.world_size}) = {per_pass}"
         )
-    if not 0 <= r.algorithm.clip_ratio_low < 1 or r.algorithm.clip_ratio_high < 0:
-        p.append(
-            f"algorithm.clip_ratio_low={r.algorithm.clip_ratio_low} must be in [0, 1) and "
-            f"algorithm.clip_ratio_high={r.algorithm.clip_ratio_high} >= 0"
-        )
-    if r.algorithm.kl_coef < 0:
-        p.append(f"algorithm.kl_coef={r.algorithm.kl_coef}: must be >= 0")
-    if not 0 < r.generator.gpu_memory_utilization < 1:
-        p.append(f"generator.gpu_memory_utilization={r.generator.gpu_memory_utilization}: must be in (0, 1)")
     for bad in set(r.trainer.loggers) - set(LOGGERS):
         p.append(f"trainer.loggers: unknown logger {bad!r}; expected any of {', '.join(LOGGERS)}")
-    if r.trainer.total_steps < 0 or (r.trainer.total_steps == 0 and r.trainer.total_epochs <= 0):
+    if r.trainer.total_steps == 0 and r.trainer.total_epochs == 0:
         p.append("trainer.total_steps or trainer.total_epochs must be positive")
     if not r.data.train_files:
         p.append("data.train_files is empty: name parquet/JSONL files or synthetic://select?size=N")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import os
 import signal
 import statistics
@@ -276,6 +277,9 @@ class Controller:
         self.log = MetricsLog(self.inputs.output_dir, t.loggers, total)
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "preempted_at", self.preempted_at or time.monotonic()))
         try:
+            if t.log_level == "info":
+                self.say(f"actor logs (vLLM, transformers, Ray workers): {self.pools.log_dir()}/ "
+                         "(trainer.log_level=debug shows them here)")
             self.start()
             if ckpt:
                 self.say(f"resuming from {ckpt} (step {self.restore(ckpt)})")
@@ -346,6 +350,8 @@ def connect(recipe: Recipe) -> None:
         if os.environ.get("RAY_ADDRESS"):
             ray.init(address=os.environ["RAY_ADDRESS"])
         else:
+            # Ray 2.60 turns token auth on for a new local cluster and warns that it did: nothing to act on here
+            logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
             markers = {m: 1000.0 for m in recipe.cluster.node_resources.values()}
             ray.init(address="local", include_dashboard=False, resources=markers or None)
 

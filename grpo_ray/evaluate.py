@@ -14,6 +14,22 @@ from pathlib import Path
 from grpo_ray.config import Recipe
 from grpo_ray.data import DataError, row_problem
 from grpo_ray.data.prepare import DATASETS, gsm8k_row, math500_row, source_splits
+from grpo_ray.rewards.builtin import AUTO_SOURCES, reward_for_source
+
+DEFAULT_RECIPE = Path(__file__).with_name("eval.yaml")
+"""The recipe of an eval without --recipe: one engine, the `auto` reward (by each row's data_source)."""
+
+
+def device_overrides() -> list[str]:
+    """This machine's device for the default eval recipe: its GPUs when torch sees any, else the CPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    gb = torch.cuda.get_device_properties(0).total_memory / 1e9
+    return ["cluster.device=cuda", f"cluster.devices_per_node={torch.cuda.device_count()}",
+            f"cluster.device_memory_gb={gb:.0f}", "generator.gpu_memory_utilization=0.8",
+            "generator.enforce_eager=false"]
 
 
 def eval_rows(data: str, limit: int = 0) -> list[dict]:
@@ -60,6 +76,11 @@ def evaluate(recipe: Recipe, data: str, out: Path, limit: int = 0) -> dict:
     recipe.data.val_files = [str(rows_file)]
     dropped: dict[str, int] = {}
     rows = usable_rows(recipe.data.val_files, tokenizer, recipe, dropped)
+    if any(f.name == "auto" for f in recipe.reward.functions):
+        unknown = sorted({r["data_source"] for r in rows if reward_for_source(r["data_source"]) is None})
+        if unknown:
+            raise DataError(f"{data}: no built-in reward for data_source {', '.join(map(repr, unknown))} (the auto "
+                            f"reward knows {', '.join(AUTO_SOURCES)}); pass --recipe with reward.functions")
     dump_recipe(recipe, out / "config.yaml")
     connect(recipe)
     c = Controller(recipe, RunInputs(model_path, [], rows, dropped, out, []))

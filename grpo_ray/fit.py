@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from grpo_ray import placement
-from grpo_ray.config import GPU_MEMORY_GB, Recipe
+from grpo_ray.config import GPU_MEMORY_GB, Recipe, RecipeError
 from grpo_ray.models import ModelDims, model_dims
 
 GB = 1e9
@@ -255,6 +255,21 @@ def describe(nodes: list[Node], r: Recipe) -> list[str]:
         rw = placement.plan(r)["reward"]
         lines.append(f"reward x{rw.actors} ({rw.cpus:g} CPU each): no GPU, on any node with free CPUs")
     return lines
+
+
+def model_limits(r: Recipe) -> None:
+    """Raise RecipeError when the recipe asks the model for more than it has: positions, vocabulary."""
+    d, p = model_dims(r.model.path), []
+    length, g = max_model_len(r), r.generator
+    if d.max_positions and length > d.max_positions:
+        how = (f"generator.max_model_len={g.max_model_len}" if g.max_model_len else
+               f"data.max_prompt_length ({r.data.max_prompt_length}) + generator.sampling.max_tokens "
+               f"({g.sampling.max_tokens}) = {length}")
+        p.append(f"{how} tokens is over the model's max_position_embeddings ({d.max_positions}); lower it")
+    if g.sampling.top_k > d.vocab:
+        p.append(f"generator.sampling.top_k={g.sampling.top_k} is over the model's vocabulary ({d.vocab} tokens)")
+    if p:
+        raise RecipeError(f"model.path={r.model.path!r}: " + "; ".join(p))
 
 
 def check(r: Recipe) -> FitReport:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import ray
 from ray.util.placement_group import remove_placement_group
@@ -27,6 +28,7 @@ from grpo_ray.config import POOLS, Recipe
 from grpo_ray.errors import RunError
 from grpo_ray.fit import cpu_kv_cache_bytes, max_model_len
 from grpo_ray.models import model_dims
+from grpo_ray.roles import LOG_FILE_ENV
 from grpo_ray.roles.generator import Generator, engine_env
 from grpo_ray.roles.learner import Learner
 from grpo_ray.roles.reference import Reference
@@ -92,6 +94,8 @@ class Pools:
         cpus = self.plans[pool].cpus
         env = {"OMP_NUM_THREADS": str(max(1, round(cpus)))}
         env.update({k: os.environ[k] for k in (faults.ENV, faults.DIR_ENV) if k in os.environ})
+        if r.trainer.log_level == "info":  # the actor's own output to a file, not the console
+            env[LOG_FILE_ENV] = str(self.log_dir() / f"{pool}-{i}.log")
         if pool == "generator":
             env.update(engine_env(r.cluster.device, g.num_cpus))
         options = dict(num_cpus=cpus, num_gpus=gpus, resources=self.plans[pool].resources or None,
@@ -110,6 +114,10 @@ class Pools:
         w = r.reward
         return ray.remote(RewardWorker).options(**options).remote(
             [(f.name, f.weight) for f in w.functions], w.timeout_s, r.data.response_prefix, w.memory_mb, w.sandbox)
+
+    def log_dir(self) -> Path:
+        """Where actors write their output at trainer.log_level=info."""
+        return Path(self.r.trainer.output_dir).resolve() / "logs"
 
     def _join_learners(self) -> None:
         learners = self.actors["learner"]

@@ -6,6 +6,7 @@ are found here, on the driver, so a mistake costs seconds, not a cluster start.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,10 +50,24 @@ def usable_rows(files: list[str], tokenizer, recipe: Recipe, dropped: dict[str, 
     return rows
 
 
+def writable_dir(path: str, key: str) -> Path:
+    """`path` as a directory this process can write in (made if missing), or a RecipeError naming `key`."""
+    out = Path(path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".grpo-ray-write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise RecipeError(f"{key}={path!r}: cannot write there ({e.strerror or e})") from None
+    return out
+
+
 def setup_run(recipe: Recipe) -> RunInputs:
-    """Check rewards, build or locate the model, load and tokenize data, write config.yaml."""
+    """Check the output directory, rewards, build or locate the model, load and tokenize data, write config.yaml."""
     from transformers import AutoTokenizer
 
+    output_dir = writable_dir(recipe.trainer.output_dir, "trainer.output_dir")
     for i, fn in enumerate(recipe.reward.functions):
         try:
             rewards.load(fn.name)
@@ -72,7 +87,6 @@ def setup_run(recipe: Recipe) -> RunInputs:
         raise DataError(
             f"data.train_files give {len(train_rows)} usable rows, fewer than data.train_batch_size={recipe.data.train_batch_size}"
         )
-    output_dir = Path(recipe.trainer.output_dir)
     if (output_dir / "metrics.jsonl").exists() and recipe.trainer.resume == "disable":
         if not recipe.trainer.overwrite:
             raise RecipeError(f"trainer.output_dir={str(output_dir)!r} already holds a run (metrics.jsonl) and "

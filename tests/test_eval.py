@@ -18,8 +18,9 @@ def test_eval_rows_convert_raw_files(shared_data):
 
 
 def test_eval_writes_pass_at_k_that_its_own_samples_recount(shared_data, tmp_path):
-    res = run_cli("eval", TINY.format(arch="qwen2"), "data.max_prompt_length=900", "data.response_prefix=''",
-                  "--data", str(shared_data / "gsm8k" / "test.jsonl"), "--recipe", "recipes/tiny-cpu.yaml",
+    """No --recipe: the default eval recipe (one engine here, the reward chosen by each row's data_source)."""
+    res = run_cli("eval", TINY.format(arch="qwen2"), "data.max_prompt_length=900",
+                  "--data", str(shared_data / "gsm8k" / "test.jsonl"),
                   "--n", "2", "--temperature", "1.0", "--max-tokens", "8", "--limit", "50", "--out", str(tmp_path),
                   timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -35,3 +36,16 @@ def test_eval_writes_pass_at_k_that_its_own_samples_recount(shared_data, tmp_pat
     assert p1 == pytest.approx(sum(pass_at_k(2, sum(c), 1) for c in correct.values()) / 50)
     assert p2 == pytest.approx(sum(pass_at_k(2, sum(c), 2) for c in correct.values()) / 50)
     assert all(s["ground_truth"] and s["prompt"] for s in samples)
+    assert all(set(s["rewards"]) == {"auto"} for s in samples)
+
+
+def test_eval_checks_the_model_and_the_data_sources_first(tmp_path):
+    bad = run_cli("eval", str(tmp_path), "--data", "gsm8k", "--out", str(tmp_path / "out"))
+    assert bad.returncode == 2 and "has no config.json, so it is not a Hugging Face model" in bad.stderr, bad.stderr
+    assert "Traceback" not in bad.stderr and "huggingface" not in bad.stderr.lower()  # refused before the data
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"prompt": [{"role": "user", "content": "2+2?"}], "data_source": "my/quiz",
+                                "reward_model": {"ground_truth": "4"}}) + "\n")
+    unknown = run_cli("eval", TINY.format(arch="qwen2"), "--data", str(rows), "--out", str(tmp_path / "out"))
+    assert unknown.returncode == 2, unknown.stderr
+    assert "no built-in reward for data_source 'my/quiz'" in unknown.stderr and "Started a local Ray" not in unknown.stderr

@@ -51,6 +51,21 @@ def test_every_step_has_the_metrics_and_they_are_sane(run):
     assert "step:4 critic/score/mean:" in res.stdout
 
 
+def test_console_shows_steps_and_actor_output_goes_to_log_files(run):
+    """trainer.log_level=info (default): vLLM's per-load lines ("Failed to load weights", reload timings, prefix
+    cache resets) and model-loading bars go to <output_dir>/logs/, not the console."""
+    out, rows, res = run
+    console = res.stdout + res.stderr
+    assert f"actor logs (vLLM, transformers, Ray workers): {out}/logs/" in console
+    for noise in ("Failed to load weights", "Reloading", "prefix cache", "Loading weights", "(Generator pid="):
+        assert noise not in console, noise
+    assert sum("step:" in line for line in console.splitlines()) == len(rows)  # one line a step (+ validation)
+    generator = (out / "logs" / "generator-0.log").read_text()
+    assert "Reloading" in generator and "Initializing a V1 LLM engine" in generator
+    assert {p.name for p in (out / "logs").iterdir()} == {"generator-0.log", "learner-0.log", "learner-1.log",
+                                                          "reference-0.log", "reward-0.log"}
+
+
 def test_tensorboard_file_reads_back_with_tensorboards_reader(run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

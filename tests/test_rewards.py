@@ -80,3 +80,13 @@ def test_components_and_weights_as_the_reward_child_scores_them():
     assert weighted_sum(parts, fns) == pytest.approx(0.1)
     parts, _, _ = score_one(fns, "#### 7", "7", extra)
     assert weighted_sum(parts, fns) == pytest.approx(1.0)
+
+
+def test_auto_reward_follows_the_rows_data_source():
+    auto = load("auto")
+    assert auto("#### 7", "7", data_source="gsm8k") == 1.0
+    assert auto("\\boxed{7}", "7", data_source="gsm8k") == 0.0  # GSM8K pays the #### answer only
+    assert auto("\\boxed{\\frac{1}{2}}", "0.5", data_source="math500") == 1.0
+    assert auto("#### 7", "7", data_source="synthetic/select") == 1.0
+    with pytest.raises(ValueError, match="no built-in reward for data_source 'my/quiz'"):
+        auto("#### 7", "7", data_source="my/quiz")

@@ -3,7 +3,7 @@
 A reward is ``fn(response: str, ground_truth: str, **extra) -> float``. ``extra``
 carries the row's ``data_source`` and ``extra_info``; a function takes what it
 needs and ignores the rest. ``load(name)`` returns a built-in by name (``gsm8k``,
-``math``, ``format``) or imports ``"package.module:function"``.
+``math``, ``format``, ``auto``: by the row's data_source) or imports ``"package.module:function"``.
 
 A reward actor's child process scores one response with every function of the recipe
 (``grpo_ray.rewards.runner.score_one``) and keeps each component, so metrics show
@@ -16,7 +16,7 @@ import importlib
 from typing import Protocol
 
 from grpo_ray.errors import UserError
-from grpo_ray.rewards.builtin import format_reward, gsm8k_reward, math_reward
+from grpo_ray.rewards.builtin import auto_reward, format_reward, gsm8k_reward, math_reward
 
 
 class RewardFn(Protocol):
@@ -27,6 +27,7 @@ BUILTIN: dict[str, RewardFn] = {
     "gsm8k": gsm8k_reward,
     "math": math_reward,
     "format": format_reward,
+    "auto": auto_reward,
 }
 
 

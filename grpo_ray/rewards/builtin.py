@@ -6,6 +6,9 @@
            finds it equal to the ground truth (LaTeX-aware), else 0.0.
 ``format`` 1.0 when the answer format of the row's task is present exactly once:
            a final ``#### N`` line, or one ``\\boxed{}`` for ``math*`` data sources.
+``auto``   the row's own task, chosen by its ``data_source`` as verl's default scoring does:
+           ``gsm8k`` for GSM8K-style sources (``#### N``), ``math`` for MATH ones (``\\boxed{}``);
+           an unknown source raises (the sample scores 0 and counts in ``reward/errors``).
 
 What is not paid (reward hacking): an empty answer; several ``####`` or several
 ``\\boxed{}`` answers; several numbers after ``####`` ("every number listed");
@@ -81,3 +84,22 @@ def format_reward(response: str, ground_truth: str = "", data_source: str = "", 
         boxed = boxed_contents(response)
         return float(len(boxed) == 1 and bool(boxed[0].strip()))
     return float(extract_gsm8k_answer(response) is not None)
+
+
+AUTO_SOURCES = {"gsm8k": gsm8k_reward, "openai/gsm8k": gsm8k_reward, "synthetic/": gsm8k_reward,
+                "math": math_reward, "hendrycks": math_reward, "lighteval/math": math_reward,
+                "huggingfaceh4/math-500": math_reward}
+"""data_source prefix (lower case) -> the reward of its task."""
+
+
+def reward_for_source(data_source: str):
+    """The reward function of a data source, or None when no prefix of AUTO_SOURCES matches."""
+    source = data_source.lower()
+    return next((fn for prefix, fn in AUTO_SOURCES.items() if source.startswith(prefix)), None)
+
+
+def auto_reward(response: str, ground_truth: str, data_source: str = "", **extra) -> float:
+    fn = reward_for_source(data_source)
+    if fn is None:
+        raise ValueError(f"no built-in reward for data_source {data_source!r}")
+    return fn(response, ground_truth, data_source=data_source, **extra)

@@ -1,11 +1,34 @@
 """One Ray actor class per role: Generator, Learner, Reference, RewardWorker.
 
-They share only ``RoleActor``: where the actor runs and how much memory it has used.
+They share only ``RoleActor``: where the actor runs and how much memory it has used, and
+``log_to_file``: at ``trainer.log_level: info`` each actor's process writes its output (vLLM's,
+transformers' and Ray's worker lines included) to ``<output_dir>/logs/<pool>-<i>.log`` instead of the
+console; at ``debug`` Ray forwards it to the console as it comes.
 """
 
 from __future__ import annotations
 
 import os
+
+
+LOG_FILE_ENV = "GRPO_RAY_LOG_FILE"
+
+
+def log_to_file() -> None:
+    """Send this process's stdout and stderr (file descriptors 1 and 2, so C++ and child output too) to the
+    file in GRPO_RAY_LOG_FILE, when it is set. Called first thing in each role's __init__."""
+    path = os.environ.get(LOG_FILE_ENV)
+    if not path:
+        return
+    import sys
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
 
 
 class RoleActor:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import time
 
 from grpo_ray.config import GeneratorConfig, SamplingConfig
-from grpo_ray.roles import RoleActor
+from grpo_ray.roles import RoleActor, log_to_file
+from grpo_ray.roles.vllm_ext import bound_cpu_gemm_caches
 from grpo_ray.types import Completion, Prompt, Rollout, RolloutStats
 
 EXTENSION = "grpo_ray.roles.vllm_ext.WeightSyncExtension"
@@ -33,6 +34,7 @@ def engine_env(device: str, num_cpus: float) -> dict[str, str]:
 class Generator(RoleActor):
     def __init__(self, model_path: str, cfg: GeneratorConfig, max_model_len: int, kv_cache_bytes: int, seed: int,
                  trust_remote_code: bool = False, device: str = "cpu"):
+        log_to_file()
         from vllm import LLM
 
         self.cfg = cfg  # memory is reported as this process's RSS: on GPU the engine runs in a child process
@@ -45,6 +47,7 @@ class Generator(RoleActor):
             # an absolute KV size (grpo_ray.fit.cpu_kv_cache_bytes): gpu_memory_utilization would be a share of
             # the NUMA node's memory, less this process's, so what fits would depend on the host
             engine_kwargs.setdefault("kv_cache_memory_bytes", kv_cache_bytes)
+            bound_cpu_gemm_caches()  # the engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)
         self.llm = LLM(
             model=model_path,
             tensor_parallel_size=cfg.tensor_parallel_size,

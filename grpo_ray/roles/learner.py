@@ -31,13 +31,14 @@ from grpo_ray.config import Recipe
 from grpo_ray.faults import fault_at
 from grpo_ray.models import load_causal_lm, model_dims, pad_id
 from grpo_ray.perf import device_peak_tflops, measure_cpu_peak_tflops
-from grpo_ray.roles import RoleActor
+from grpo_ray.roles import RoleActor, log_to_file
 
 METRIC_KEYS = ("pg_loss", "kl_loss", "pg_clipfrac_sum", "ppo_kl_sum", "entropy_sum", "tokens")
 
 
 class Learner(RoleActor):
     def __init__(self, model_path: str, recipe: Recipe, rank: int, world_size: int):
+        log_to_file()
         self.model_path, self.recipe, self.rank, self.world_size = model_path, recipe, rank, world_size
         self.device = torch.device("cuda" if recipe.cluster.device == "cuda" else "cpu")
         torch.set_num_threads(max(1, round(recipe.learner.num_cpus)))

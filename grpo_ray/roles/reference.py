@@ -9,13 +9,14 @@ import torch
 from grpo_ray.algo.batching import Span, chunks, collate, flatten, response_values
 from grpo_ray.algo.logprobs import token_logprobs
 from grpo_ray.models import load_causal_lm, pad_id
-from grpo_ray.roles import RoleActor
+from grpo_ray.roles import RoleActor, log_to_file
 from grpo_ray.types import Work
 
 
 class Reference(RoleActor):
     def __init__(self, model_path: str, device: str, micro_batch_size: int, temperature: float, num_cpus: float,
                  trust_remote_code: bool = False, dtype: str = "float32"):
+        log_to_file()
         torch.set_num_threads(max(1, round(num_cpus)))
         self.device = torch.device("cuda" if device == "cuda" else "cpu")
         # the learner's compute dtype, so both score with the same precision

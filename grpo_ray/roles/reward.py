@@ -14,13 +14,14 @@ import time
 from grpo_ray.algo.batching import Span, samples
 from grpo_ray.rewards import weighted_sum
 from grpo_ray.rewards.sandbox import RewardChild
-from grpo_ray.roles import RoleActor
+from grpo_ray.roles import RoleActor, log_to_file
 from grpo_ray.types import Scores
 
 
 class RewardWorker(RoleActor):
     def __init__(self, functions: list[tuple[str, float]], timeout_s: float, response_prefix: str = "",
                  memory_mb: int = 2048, sandbox: bool = True):
+        log_to_file()
         self.functions, self.timeout_s, self.prefix = functions, timeout_s, response_prefix
         self.child = RewardChild(memory_mb, sandbox)
 
