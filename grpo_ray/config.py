@@ -457,9 +457,9 @@ def validate(r: Recipe) -> list[str]:
         value = getattr(getattr(r, section), name)
         if value not in choices:
             p.append(f"{key}={value!r}: expected one of {', '.join(choices)}")
-    p += range_problems(r)
-    if p:
-        return p  # the arithmetic below assumes sizes in range
+    out_of_range = range_problems(r)
+    if out_of_range:
+        return p + out_of_range  # the arithmetic below assumes sizes in range
 
     g = r.algorithm.group_size
     samples = r.data.train_batch_size * g

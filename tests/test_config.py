@@ -83,7 +83,7 @@ def test_malformed_yaml_and_missing_file(tmp_path):
 
 def test_group_size_below_two():
     msg = error_of(TINY, ["algorithm.group_size=1", "learner.mini_batch_size=16", "learner.micro_batch_size=8"])
-    assert "algorithm.group_size=1: GRPO compares samples of one prompt, so it needs at least 2" in msg
+    assert "algorithm.group_size=1: must be >= 2 (GRPO compares samples of one prompt)" in msg
 
 
 def test_batch_not_divisible_by_mini_batch():

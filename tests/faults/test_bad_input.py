@@ -52,6 +52,8 @@ CASES = {  # name: (recipe, overrides, what the message must say)
     "bad tiny model name": (RECIPE, ["model.path=tiny://qwen2?layers=two"], "layers='two' is not an integer"),
     "reward not importable": (RECIPE, ["reward.functions=[{name: no_such_module:fn}]"], "reward.functions[0].name"),
     "does not fit": (RECIPE, ["cluster.node_memory_gb=1"], "does not fit its cluster"),
+    "output dir not writable": (RECIPE, ["trainer.output_dir=/proc/grpo-ray-run"], "trainer.output_dir='/proc/grpo-ray-run': cannot write there"),
+    "longer than the model's positions": (RECIPE, ["generator.max_model_len=4096"], "over the model's max_position_embeddings (1024)"),
 }
 
 
@@ -66,10 +68,96 @@ def broken(tmp_path_factory):
 def test_bad_input_is_refused_cleanly(case, broken, tmp_path):
     recipe, overrides, expected = CASES[case]
     fill = lambda s: s.replace("{tmp}", str(broken))  # noqa: E731
-    out = run_cli("train", fill(recipe), *map(fill, overrides), f"trainer.output_dir={tmp_path / 'run'}",
-                  cwd=ROOT, timeout=300)
+    out_dir = [] if any("output_dir" in o for o in overrides) else [f"trainer.output_dir={tmp_path / 'run'}"]
+    out = run_cli("train", fill(recipe), *out_dir, *map(fill, overrides), cwd=ROOT, timeout=300)
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
     assert expected in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
     assert [line for line in out.stderr.splitlines() if "error" in line.lower()][0].startswith("grpo-ray: error: ")
     assert "Started a local Ray" not in out.stdout + out.stderr  # refused before any actor (or cluster) starts
+
+
+# --- the sweep generated from the recipe schema: every numeric field out of its range, every choice wrong ------
+
+def schema_leaves(schema=None, prefix=""):
+    """(dotted key, type) of every leaf field of the recipe; fields of list items are named without an index."""
+    from dataclasses import fields, is_dataclass
+    from typing import get_args, get_origin, get_type_hints
+
+    from grpo_ray.config import Recipe
+
+    schema = schema or Recipe
+    hints = get_type_hints(schema)
+    for f in fields(schema):
+        tp, key = hints[f.name], prefix + f.name
+        if is_dataclass(tp):
+            yield from schema_leaves(tp, key + ".")
+        elif get_origin(tp) is list and is_dataclass(get_args(tp)[0]):
+            yield from schema_leaves(get_args(tp)[0], key + ".")
+        else:
+            yield key, tp
+
+
+NUMERIC = (int, float, list[float], list[int])
+
+
+def test_every_field_has_a_range_or_a_set_of_choices():
+    """A new numeric or text field cannot be added without saying what values it takes."""
+    from grpo_ray.config import CHOICES, FREE_TEXT, RANGES
+
+    leaves = dict(schema_leaves())
+    numeric = {k for k, tp in leaves.items() if tp in NUMERIC}
+    text = {k for k, tp in leaves.items() if tp is str}
+    assert numeric == set(RANGES), (numeric ^ set(RANGES))
+    assert text == set(CHOICES) | FREE_TEXT, (text ^ (set(CHOICES) | FREE_TEXT))
+
+
+def _outside(rng, integer: bool) -> list:
+    """Values just outside a Range (and NaN / infinity for floats)."""
+    step = 1 if integer else 1e-3
+    out = []
+    if rng.low is not None:
+        out.append(rng.low if rng.low_open else rng.low - step)
+    if rng.high is not None:
+        out.append(rng.high if rng.high_open else rng.high + step)
+    if not integer:
+        out += [".nan", ".inf"]
+    return out
+
+
+def _sweep_cases():
+    from grpo_ray.config import CHOICES, RANGES
+
+    leaves = dict(schema_leaves())
+    cases = []
+    for key, rng in RANGES.items():
+        tp = leaves[key]
+        for v in _outside(rng, tp in (int, list[int])):
+            if key == "reward.functions.weight":
+                cases.append((key, f"reward.functions=[{{name: gsm8k, weight: {v}}}]", "reward.functions[0].weight="))
+            elif tp in (list[float], list[int]):
+                cases.append((key, f"{key}=[0.5,{v}]", f"{key}="))
+            else:
+                cases.append((key, f"{key}={v}", f"{key}="))
+    cases += [(key, f"{key}=nope", f"{key}='nope': expected one of") for key in CHOICES]
+    return cases
+
+
+SWEEP = _sweep_cases()
+
+
+@pytest.mark.parametrize("key,override,expected", SWEEP, ids=[c[1] for c in SWEEP])
+def test_sweep_out_of_range_is_refused_before_anything_starts(key, override, expected, capsys, tmp_path):
+    import ray
+
+    from grpo_ray.cli import main
+
+    rc = main(["train", RECIPE, override, f"trainer.output_dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert err.startswith("grpo-ray: error: ") and expected in err, err
+    assert "Traceback" not in err and not ray.is_initialized() and not (tmp_path / "run").exists()
+
+
+def test_sweep_size():
+    assert len(SWEEP) >= 100  # said in the README's bad-input count
