@@ -1,9 +1,10 @@
-"""`ray job submit` against a real Ray head started here (and stopped by its own handle)."""
+"""`ray job submit` against a real Ray head started here (and stopped by its own handle), with the README's
+own commands: its token line, its exports and its submit line, verbatim but for the ports."""
 
 import json
 import os
 import re
-import secrets
+import shlex
 import shutil
 import socket
 import subprocess
@@ -28,16 +29,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def readme_lines(name: str) -> list[str]:
+    """The commands of the README's bash block marked `<!-- name -->`, continuation lines joined."""
+    text = (ROOT / "README.md").read_text()
+    block = re.search(rf"<!-- {re.escape(name)} -->\n```bash\n(.*?)```", text, re.S).group(1)
+    return [line.split("  #")[0].strip() for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+
+
 def test_ray_job_submit_runs_the_tiny_recipe(tmp_path, model_cache):
     gcs, dash, agent = free_port(), free_port(), free_port()
-    # Ray 2.60 heads require an auth token: this head and its client share one made for this test only
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "GRPO_RAY_CACHE": str(model_cache),
-           "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
-    env.pop("RAY_ADDRESS", None)
+    token_line, export, start, submit_line = readme_lines("job-submit: local")
+    assert token_line.startswith("ray get-auth-token --generate") and start == "ray start --head"
+    # a home of its own: the README's token line makes ~/.ray/auth_token there, and nothing else gives a token
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH") and k != "RAY_ADDRESS"}
+    env.update({"PATH": f"{BIN}:{os.environ['PATH']}", "GRPO_RAY_CACHE": str(model_cache), "HOME": str(tmp_path)})
+    subprocess.run(token_line, shell=True, cwd=ROOT, env=env, check=True, capture_output=True, timeout=120)
+    assert (tmp_path / ".ray" / "auth_token").is_file()
+    env.update(dict(kv.split("=", 1) for kv in shlex.split(export.removeprefix("export "))))
     # its own (short: unix socket paths) temp dir, so its address file cannot send later runs to a dead head
     temp_dir = tempfile.mkdtemp(prefix="rayjob", dir="/tmp")
     head = subprocess.Popen(
-        [str(BIN / "ray"), "start", "--head", "--block", f"--port={gcs}", f"--temp-dir={temp_dir}",
+        [*shlex.split(start), "--block", f"--port={gcs}", f"--temp-dir={temp_dir}",
          "--dashboard-host=127.0.0.1",
          f"--dashboard-port={dash}", f"--dashboard-agent-listen-port={agent}", "--num-cpus=3", "--include-dashboard=true", "--disable-usage-stats"],
         env=env, stdout=open(tmp_path / "head.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
@@ -55,8 +67,7 @@ def test_ray_job_submit_runs_the_tiny_recipe(tmp_path, model_cache):
                 assert time.time() < deadline, "the Ray head did not come up"
                 time.sleep(1)
         out = tmp_path / "run"
-        submit = [str(BIN / "ray"), "job", "submit", "--address", address, "--runtime-env",
-                  "runtime_env/cpu-local.yaml", "--", "grpo-ray", "train", "recipes/tiny-cpu.yaml",
+        submit = [*shlex.split(submit_line.replace("http://127.0.0.1:8265", address)),
                   "trainer.total_steps=2", f"trainer.output_dir={out}"]
         deadline = time.time() + 120
         while True:  # the dashboard can answer before its job agent is up: Ray says to try again later

@@ -70,6 +70,10 @@ def test_manifest_matches_its_recipes(manifest: Path):
             env = {e["name"]: e for e in containers(template)[0]["env"]}
             assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "hf-token" and "value" not in env["HF_TOKEN"]
             assert env["HF_HOME"]["value"].startswith(shared[0] + "/")
+            # Ray 2.60 token auth: every pod runs in token mode with the token from a secret, never inline
+            assert env["RAY_AUTH_MODE"]["value"] == "token"
+            assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "ray-auth-token"
+            assert "value" not in env["RAY_AUTH_TOKEN"]
         for g in workers:
             volumes = {v["name"]: v for v in g["template"]["spec"]["volumes"]}
             shm = [m for m in containers(g["template"])[0]["volumeMounts"] if m["mountPath"] == "/dev/shm"]

@@ -65,16 +65,33 @@ def broken(tmp_path_factory):
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_bad_input_is_refused_cleanly(case, broken, tmp_path):
+def test_bad_input_is_refused_cleanly(case, broken, tmp_path, capsys):
+    """In this process (a second each): exit 2, one error line naming what to fix, no traceback, no Ray."""
+    import ray
+
+    from grpo_ray.cli import main
+
     recipe, overrides, expected = CASES[case]
     fill = lambda s: s.replace("{tmp}", str(broken))  # noqa: E731
     out_dir = [] if any("output_dir" in o for o in overrides) else [f"trainer.output_dir={tmp_path / 'run'}"]
-    out = run_cli("train", fill(recipe), *out_dir, *map(fill, overrides), cwd=ROOT, timeout=300)
+    rc = main(["train", fill(recipe), *out_dir, *map(fill, overrides)])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert expected in err, err
+    assert [line for line in err.splitlines() if "error" in line.lower()][0].startswith("grpo-ray: error: ")
+    assert not ray.is_initialized()  # refused before any actor (or cluster) starts
+
+
+@pytest.mark.parametrize("case", ["malformed YAML", "row missing a field", "does not fit"])
+def test_bad_input_from_the_command_line(case, broken, tmp_path):
+    """The same through the installed entry point, in a process of its own: nothing but the one line."""
+    recipe, overrides, expected = CASES[case]
+    fill = lambda s: s.replace("{tmp}", str(broken))  # noqa: E731
+    out = run_cli("train", fill(recipe), *map(fill, overrides), f"trainer.output_dir={tmp_path / 'run'}",
+                  cwd=ROOT, timeout=300)
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
-    assert expected in out.stderr, out.stderr
-    assert "Traceback" not in out.stderr
-    assert [line for line in out.stderr.splitlines() if "error" in line.lower()][0].startswith("grpo-ray: error: ")
-    assert "Started a local Ray" not in out.stdout + out.stderr  # refused before any actor (or cluster) starts
+    assert expected in out.stderr and "Traceback" not in out.stderr
+    assert "Started a local Ray" not in out.stdout + out.stderr
 
 
 # --- the sweep generated from the recipe schema: every numeric field out of its range, every choice wrong ------
