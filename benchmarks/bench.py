@@ -38,7 +38,10 @@ def raw_vllm(spec: dict) -> dict:
     """Raw vLLM: one engine in this process, the same prompts and sampling, timed over `reps` calls."""
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=spec["model"], gpu_memory_utilization=spec["gpu_memory_utilization"], dtype=spec["dtype"],
+    from grpo_ray.roles.vllm_ext import bound_cpu_gemm_caches
+
+    bound_cpu_gemm_caches()
+    llm = LLM(model=spec["model"], kv_cache_memory_bytes=spec["kv_cache_memory_bytes"], dtype=spec["dtype"],
               enforce_eager=spec["enforce_eager"], max_model_len=spec["max_model_len"], seed=0,
               enable_chunked_prefill=False)  # as our CPU generators run it
     params = [SamplingParams(n=spec["n"], max_tokens=spec["max_tokens"], temperature=spec["temperature"],
@@ -156,6 +159,8 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
     from grpo_ray.algo.batching import flatten
     from grpo_ray.config import load_recipe
     from grpo_ray.controller import Controller, connect, sample_seed
+    from grpo_ray.fit import cpu_kv_cache_bytes, max_model_len
+    from grpo_ray.models import model_dims
     from grpo_ray.roles.generator import engine_env
     from grpo_ray.setup_run import setup_run
     from grpo_ray.types import Prompt
@@ -227,7 +232,8 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
 
     gen_env = {**engine_env("cpu", g.num_cpus), "OMP_NUM_THREADS": str(max(1, round(g.num_cpus)))}
     raw_gen = run_child("vllm", {
-        "model": inputs.model_path, "gpu_memory_utilization": g.gpu_memory_utilization, "dtype": g.dtype,
+        "model": inputs.model_path, "kv_cache_memory_bytes": cpu_kv_cache_bytes(model_dims(inputs.model_path), r),
+        "dtype": g.dtype,
         "enforce_eager": g.enforce_eager, "max_model_len": max_model_len(r),
         "n": G, "max_tokens": g.sampling.max_tokens, "temperature": g.sampling.temperature, "top_p": g.sampling.top_p,
         "top_k": g.sampling.top_k, "prompts": [p.ids for p in prompts], "reps": reps,

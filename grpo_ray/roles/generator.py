@@ -27,6 +27,10 @@ def engine_env(device: str, num_cpus: float) -> dict[str, str]:
             "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine in the actor's own process: one process per engine
             "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # leave cores to Ray's accounting
             "OMP_NUM_THREADS": str(max(1, round(num_cpus))),
+            # glibc: blocks over 64 KiB from mmap, given back on free; without it, glibc raises its threshold as
+            # tensors are freed and the heap of a long run steps up by tens of MB (seen in benchmarks/soak.py)
+            "MALLOC_MMAP_THRESHOLD_": "65536",
+            "MALLOC_TRIM_THRESHOLD_": "1048576",
         })
     return env
 
