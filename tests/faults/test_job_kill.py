@@ -12,7 +12,7 @@ from tests.faults.conftest import Run, dump, metrics, wait_for_step
 
 pytestmark = pytest.mark.slow
 
-STEPS = 12
+STEPS = 8
 ARGS = [f"trainer.total_steps={STEPS}", "trainer.save_freq=1", "trainer.keep_last=0"]
 
 
