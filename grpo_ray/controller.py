@@ -51,6 +51,9 @@ __all__ = ["Controller", "RunError", "Preempted", "train", "replay", "connect"]
 
 
 class Controller:
+    save_at_end = False
+    """Save a checkpoint after the last step even when trainer.save_freq is 0."""
+
     def __init__(self, recipe: Recipe, inputs: RunInputs):
         self.r, self.inputs = recipe, inputs
         self.stream = PromptStream(inputs.train_rows, recipe.data.train_batch_size, recipe.trainer.seed,
@@ -260,7 +263,8 @@ class Controller:
         self.stream = PromptStream(self.inputs.train_rows, self.r.data.train_batch_size, self.r.trainer.seed,
                                    self.r.data.shuffle, Position(**state["data"]))
         self.version = state["version"]
-        self.push_weights(self.version)  # before the first rollout
+        if self.pools.actors["generator"]:
+            self.push_weights(self.version)  # before the first rollout
         return state["step"]
 
     # --- run ---------------------------------------------------------------------------
@@ -280,10 +284,11 @@ class Controller:
             if t.log_level == "info":
                 self.say(f"actor logs (vLLM, transformers, Ray workers): {self.pools.log_dir()}/ "
                          "(trainer.log_level=debug shows them here)")
-            self.start()
+            self.start(self.pools_needed())
             if ckpt:
                 self.say(f"resuming from {ckpt} (step {self.restore(ckpt)})")
-            self.say(f"pools started; probe before training: sync/logprob_diff {self.probe():.3g}")
+            if self.pools.actors["generator"]:
+                self.say(f"pools started; probe before training: sync/logprob_diff {self.probe():.3g}")
             if t.val_before_train and self.inputs.val_rows and not done:
                 self.log.log(0, self.validate(0))
             last_val, save_seconds = None, 0.0
@@ -293,7 +298,7 @@ class Controller:
                     metrics.update(self.validate(step))
                     last_val = statistics.fmean(v for k, v in metrics.items() if k.endswith("/pass@1"))
                 self.log.log(step, metrics)
-                due = t.save_freq and (step % t.save_freq == 0 or step == total)
+                due = (t.save_freq and step % t.save_freq == 0) or ((t.save_freq or self.save_at_end) and step == total)
                 if due or self.preempted_at is not None:
                     save_seconds = self.save_or_quit(step, last_val, due, save_seconds)
             self.flush_dumps()
@@ -312,6 +317,10 @@ class Controller:
             saved = "a checkpoint of" if due or last_seconds < left else "no checkpoint (no time left) after"
             raise Preempted(f"SIGTERM: stopped with {saved} step {step}; run the same command to resume")
         return time.monotonic() - start
+
+    def pools_needed(self) -> tuple[str, ...]:
+        """The pools a run starts."""
+        return POOLS
 
     def start(self, pools: tuple[str, ...] = POOLS) -> None:
         """Start the pools (all, or `pools` only) and write placement.json."""

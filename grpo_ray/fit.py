@@ -257,9 +257,14 @@ def describe(nodes: list[Node], r: Recipe) -> list[str]:
     return lines
 
 
-def model_limits(r: Recipe) -> None:
+def model_limits(r: Recipe, command: str = "train") -> None:
     """Raise RecipeError when the recipe asks the model for more than it has: positions, vocabulary."""
     d, p = model_dims(r.model.path), []
+    sft_len = r.data.max_prompt_length + r.sft.max_target_length
+    if command == "sft" and d.max_positions and sft_len > d.max_positions:
+        p.append(f"data.max_prompt_length ({r.data.max_prompt_length}) + sft.max_target_length "
+                 f"({r.sft.max_target_length}) = {sft_len} tokens is over the model's max_position_embeddings "
+                 f"({d.max_positions}); lower it")
     length, g = max_model_len(r), r.generator
     if d.max_positions and length > d.max_positions:
         how = (f"generator.max_model_len={g.max_model_len}" if g.max_model_len else

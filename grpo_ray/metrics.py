@@ -11,7 +11,7 @@ from pathlib import Path
 from grpo_ray import perf
 from grpo_ray.types import RolloutStats, Scores, Work
 
-CONSOLE_KEYS = ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy",
+CONSOLE_KEYS = ("critic/score/mean", "sft/loss", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy",
                 "actor/grad_norm", "sync/logprob_diff", "timing_s/step")
 
 

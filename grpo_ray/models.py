@@ -5,7 +5,9 @@ A recipe's ``model.path`` is one of:
 - a hub name (``Qwen/Qwen2.5-1.5B-Instruct``) or a local directory: used as it is;
 - ``tiny://ARCH?key=value&...``: a small randomly initialised checkpoint in the
   Qwen2, Llama or Gemma3 architecture, built here with no network, e.g.
-  ``tiny://qwen2?layers=2&hidden=128&heads=4&kv_heads=2&seed=0``.
+  ``tiny://qwen2?layers=2&hidden=128&heads=4&kv_heads=2&seed=0``;
+- ``sft://RECIPE.yaml``: the model an SFT recipe makes (``grpo-ray sft``), trained the first time it
+  is named and cached by the hash of the resolved recipe (grpo_ray.sft.warm_start).
 
 A tiny checkpoint is an ordinary Hugging Face directory (``config.json``,
 ``model.safetensors``, tokenizer files with a chat template of the family's own
@@ -30,6 +32,7 @@ from urllib.parse import parse_qsl, urlsplit
 from grpo_ray.errors import UserError
 
 TINY_SCHEME = "tiny://"
+SFT_SCHEME = "sft://"
 ARCHS = ("qwen2", "llama", "gemma3")
 
 
@@ -64,6 +67,8 @@ class TinySpec:
     """1 ties input and output embeddings (as small Qwen2 / Gemma3 / Llama-3.2 do)."""
     seed: int = 0
     """Seed of the random weights."""
+    text: str = "select"
+    """The synthetic task whose text trains the tokenizer: select or reasoning (grpo_ray.data.synthetic)."""
 
     @property
     def head_dim(self) -> int:
@@ -81,15 +86,22 @@ def parse_tiny(name: str) -> TinySpec:
     if arch not in ARCHS:
         raise ModelNameError(f"{name!r}: unknown tiny architecture {arch!r}; expected one of {', '.join(ARCHS)}")
     known = {f.name for f in fields(TinySpec)} - {"arch"}
-    values: dict[str, int] = {}
+    values: dict[str, int | str] = {}
     for key, raw in parse_qsl(parts.query, keep_blank_values=True):
         if key not in known:
             raise ModelNameError(f"{name!r}: unknown key {key!r}; expected one of {', '.join(sorted(known))}")
+        if key == "text":
+            values[key] = raw
+            continue
         try:
             values[key] = int(raw)
         except ValueError:
             raise ModelNameError(f"{name!r}: {key}={raw!r} is not an integer") from None
     spec = TinySpec(arch=arch, **values)
+    from grpo_ray.data.synthetic import TASKS
+
+    if spec.text not in TASKS:
+        raise ModelNameError(f"{name!r}: text={spec.text!r}; expected one of {', '.join(TASKS)}")
     if spec.hidden % spec.heads or spec.heads % spec.kv_heads:
         raise ModelNameError(
             f"{name!r}: hidden={spec.hidden} must be divisible by heads={spec.heads}, "
@@ -106,13 +118,34 @@ def is_tiny(name: str) -> bool:
     return name.startswith(TINY_SCHEME)
 
 
+def is_sft(name: str) -> bool:
+    return name.startswith(SFT_SCHEME)
+
+
+def sft_base(name: str) -> str:
+    """The model.path of the SFT recipe behind an ``sft://`` name (the warm start's shape and tokenizer)."""
+    from grpo_ray.config import RecipeError, load_recipe
+
+    try:
+        return load_recipe(name.removeprefix(SFT_SCHEME), command="sft").model.path
+    except RecipeError as e:
+        raise ModelNameError(f"model.path={name!r}: {e}") from None
+
+
 def cache_dir() -> Path:
     """Where tiny checkpoints are built: ``$GRPO_RAY_CACHE`` or ``~/.cache/grpo_ray``."""
     return Path(os.environ.get("GRPO_RAY_CACHE", Path.home() / ".cache" / "grpo_ray")) / "models"
 
 
-def resolve(name: str) -> str:
-    """A name loadable by transformers and vLLM: builds a tiny model if needed, else returns `name`."""
+def resolve(name: str, warm_start: bool = True) -> str:
+    """A name loadable by transformers and vLLM: builds a tiny model, or runs an SFT recipe, if needed, else
+    returns `name`. Without `warm_start`, an ``sft://`` name gives its base model (same tokenizer and shape)."""
+    if is_sft(name):
+        if not warm_start:
+            return resolve(sft_base(name), warm_start=False)
+        from grpo_ray.sft import warm_start as run_sft_recipe
+
+        return run_sft_recipe(name.removeprefix(SFT_SCHEME))
     if not is_tiny(name):
         return name
     spec = parse_tiny(name)
@@ -227,7 +260,7 @@ def build_tiny(spec: TinySpec, out: Path, extra_texts: list[str] | None = None) 
 
     from grpo_ray.data import synthetic
 
-    texts = synthetic.corpus() + list(extra_texts or [])
+    texts = synthetic.corpus(spec.text) + list(extra_texts or [])
     tokenizer = train_tokenizer(spec.arch, texts, spec.vocab, all_bytes=bool(spec.bytes))
     vocab_size = len(tokenizer)
     config = _config(spec, vocab_size, tokenizer)
@@ -326,6 +359,8 @@ KNOWN_DIMS = {
 def model_dims(name: str) -> ModelDims:
     """Shape of `name` without loading weights: a local (or freshly built tiny) config.json, the table
     above, or the Hugging Face cache. Raises ModelNameError when none of them knows it."""
+    if is_sft(name):  # fine-tuning keeps the shape
+        return model_dims(sft_base(name))
     if is_tiny(name):  # built here in seconds; its config has the vocabulary the tokenizer really got
         name = resolve(name)
     if name in KNOWN_DIMS:

@@ -33,21 +33,42 @@ class RunInputs:
     """A fixed token sequence scored by a generator and the learner after each weight sync."""
 
 
-def usable_rows(files: list[str], tokenizer, recipe: Recipe, dropped: dict[str, int]) -> list[dict]:
+def usable_rows(files: list[str], tokenizer, recipe: Recipe, dropped: dict[str, int], targets: bool = False) -> list[dict]:
+    """Rows whose prompt fits data.max_prompt_length, with 'prompt_ids' and 'prompt_text' added; with `targets`
+    (SFT), also 'target_ids' (the text at sft.target_key, then end of sequence), dropping targets over
+    sft.max_target_length. A row without a target is a DataError naming the file and row."""
     rows = []
     for spec in files:
         n = 0
-        for row in load_rows(spec):
+        for i, row in enumerate(load_rows(spec)):
             text = prompt_text(tokenizer, row, recipe.data.response_prefix, recipe.model.chat_template_kwargs)
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-            if len(ids) > recipe.data.max_prompt_length:
+            extra = {"prompt_ids": ids, "prompt_text": text}
+            if targets:
+                target = target_text(row, recipe.sft.target_key, recipe.data.response_prefix)
+                if target is None:
+                    raise DataError(f"{spec} row {i}: no text at sft.target_key={recipe.sft.target_key!r}")
+                extra["target_ids"] = tokenizer(target, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            if len(ids) > recipe.data.max_prompt_length or len(extra.get("target_ids", ())) > recipe.sft.max_target_length:
                 n += 1
                 continue
-            rows.append({**row, "prompt_ids": ids, "prompt_text": text})
+            rows.append({**row, **extra})
         dropped[spec] = n
         if n and not rows:
-            raise DataError(f"{spec}: every prompt is longer than data.max_prompt_length={recipe.data.max_prompt_length}")
+            raise DataError(f"{spec}: every prompt is longer than data.max_prompt_length={recipe.data.max_prompt_length}"
+                            + (f" or its target than sft.max_target_length={recipe.sft.max_target_length}" if targets else ""))
     return rows
+
+
+def target_text(row: dict, key: str, response_prefix: str = "") -> str | None:
+    """The SFT target of `row` at dotted `key` (``extra_info.answer``) without the response prefix the prompt
+    already ends with; None when missing or empty."""
+    value = row
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    if not isinstance(value, str) or not value.strip():
+        return None
+    return value.removeprefix(response_prefix) if response_prefix else value
 
 
 def writable_dir(path: str, key: str) -> Path:
@@ -63,8 +84,10 @@ def writable_dir(path: str, key: str) -> Path:
     return out
 
 
-def setup_run(recipe: Recipe) -> RunInputs:
-    """Check the output directory, rewards, build or locate the model, load and tokenize data, write config.yaml."""
+def setup_run(recipe: Recipe, command: str = "train") -> RunInputs:
+    """Check the output directory, rewards, build or locate the model, load and tokenize data, write config.yaml.
+    For `command` sft the training rows carry their targets. A model made by an SFT recipe (``sft://``) is
+    trained here, once the data has been checked with its tokenizer (the base model's)."""
     from transformers import AutoTokenizer
 
     output_dir = writable_dir(recipe.trainer.output_dir, "trainer.output_dir")
@@ -73,7 +96,7 @@ def setup_run(recipe: Recipe) -> RunInputs:
             rewards.load(fn.name)
         except rewards.RewardLoadError as e:
             raise RecipeError(f"reward.functions[{i}].name: {e}") from None
-    model_path = models.resolve(recipe.model.path)
+    model_path = models.resolve(recipe.model.path, warm_start=False)
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=recipe.model.trust_remote_code)
     except (OSError, ValueError) as e:
@@ -81,7 +104,7 @@ def setup_run(recipe: Recipe) -> RunInputs:
     if not tokenizer.chat_template:
         raise RecipeError(f"model.path={recipe.model.path!r}: the tokenizer has no chat template")
     dropped: dict[str, int] = {}
-    train_rows = usable_rows(recipe.data.train_files, tokenizer, recipe, dropped)
+    train_rows = usable_rows(recipe.data.train_files, tokenizer, recipe, dropped, targets=command == "sft")
     val_rows = usable_rows(recipe.data.val_files, tokenizer, recipe, dropped)
     if len(train_rows) < recipe.data.train_batch_size:
         raise DataError(
@@ -93,5 +116,7 @@ def setup_run(recipe: Recipe) -> RunInputs:
                               "trainer.resume=disable; resume it (trainer.resume=auto), choose another "
                               "trainer.output_dir, or set trainer.overwrite=true to replace it")
         (output_dir / "metrics.jsonl").unlink()
+    if models.is_sft(recipe.model.path):
+        model_path = models.resolve(recipe.model.path)
     dump_recipe(recipe, output_dir / "config.yaml")
     return RunInputs(model_path, train_rows, val_rows, dropped, output_dir, train_rows[0]["prompt_ids"])

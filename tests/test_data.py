@@ -10,6 +10,7 @@ from grpo_ray.rewards import load
 from tests.conftest import run_cli
 
 COLUMNS = {"data_source", "prompt", "ability", "reward_model", "extra_info"}
+TINY_BYTES = "tiny://qwen2?layers=1&hidden=64&heads=2&kv_heads=1&seed=0"  # all 256 bytes: any text encodes
 
 
 def test_synthetic_rows_are_seeded_and_gsm8k_shaped():
@@ -135,3 +136,92 @@ def test_prepare_data_cli_measures_prompts_with_the_recipes_model(shared_data, t
     assert res.returncode == 0, res.stderr
     dropped = int(res.stdout.split("prompt over 300 tokens ")[1].split(")")[0])
     assert 0 < dropped < 500 and f"500 rows read, {500 - dropped} kept" in res.stdout
+
+
+# --- the multi-step reasoning task and SFT targets ------------------------------------------------------------
+
+def test_reasoning_task_is_seeded_and_its_worked_solutions_are_right():
+    a = load_rows("synthetic://reasoning?size=400&seed=3")
+    assert a == load_rows("synthetic://reasoning?size=400&seed=3")
+    assert a != load_rows("synthetic://reasoning?size=400&seed=4")
+    test = load_rows("synthetic://reasoning?size=400&seed=3&split=test")
+    assert not {r["extra_info"]["question"] for r in a} & {r["extra_info"]["question"] for r in test}
+    gsm8k = load("gsm8k")
+    steps = Counter()
+    for r in a:
+        assert set(r) == COLUMNS and r["data_source"] == "synthetic/reasoning"
+        *lines, final = r["extra_info"]["answer"].splitlines()
+        steps[len(lines)] += 1
+        for line in lines:  # "6 + 5 = 11": one operation per line, and its result right
+            x, op, y, eq, z = line.split()
+            assert eq == "=" and {"+": int(x) + int(y), "-": int(x) - int(y), "*": int(x) * int(y)}[op] == int(z)
+            assert 1 <= int(z) <= 40
+        assert lines[0].split()[0] in r["extra_info"]["question"]  # the start count is read from the question
+        for later, earlier in zip(lines[1:], lines):
+            assert later.split()[0] == earlier.split()[-1]  # each step starts from the last result
+        assert final == f"#### {lines[-1].split()[-1]}" == f"#### {r['reward_model']['ground_truth']}"
+        assert gsm8k(r["extra_info"]["answer"], r["reward_model"]["ground_truth"]) == 1.0
+    assert set(steps) == {2, 3}
+    # answers spread evenly: guessing the commonest answer pays about 1 time in 39
+    truths = Counter(r["reward_model"]["ground_truth"] for r in load_rows("synthetic://reasoning?size=4000"))
+    assert max(truths.values()) / 4000 < 0.05
+
+
+def test_reasoning_responses_are_10_to_40_tokens_with_the_tiny_tokenizer():
+    from transformers import AutoTokenizer
+
+    from grpo_ray import models
+
+    tok = AutoTokenizer.from_pretrained(models.resolve(
+        "tiny://qwen2?layers=1&hidden=64&heads=2&kv_heads=1&vocab=256&bytes=0&text=reasoning"))
+    assert [tok.decode([t]) for t in tok("12 + 7 = 19")["input_ids"] if tok.decode([t]).strip().isdigit()] == \
+        list("127" "19")  # digits are single tokens
+    lengths = [len(tok(r["extra_info"]["answer"])["input_ids"]) for r in load_rows("synthetic://reasoning?size=300")]
+    assert 10 <= min(lengths) and max(lengths) <= 40
+
+
+def test_reasoning_spec_errors():
+    for spec, message in [("synthetic://reasoning?items=3", "unknown key 'items'"),
+                          ("synthetic://reasoning?max_value=5", "max_value=5 must be between 10 and 99"),
+                          ("synthetic://reasoning?min_steps=3&max_steps=2", "min_steps must not exceed max_steps"),
+                          ("synthetic://sum?size=3", "unknown synthetic task 'sum'")]:
+        with pytest.raises(DataError, match=message):
+            load_rows(spec)
+
+
+def test_sft_targets_from_prepared_gsm8k_rows(shared_data, tmp_path):
+    """GSM8K's worked solution is kept in extra_info.answer, so `grpo-ray sft` trains on the real rows."""
+    from transformers import AutoTokenizer
+
+    from grpo_ray import models
+    from grpo_ray.config import load_recipe
+    from grpo_ray.setup_run import usable_rows
+
+    prepare("gsm8k", str(shared_data / "gsm8k"), tmp_path)
+    recipe = load_recipe("recipes/tiny-cpu-reasoning-sft.yaml", ["model.path=" + TINY_BYTES, "data.max_prompt_length=400",
+                                                                  "sft.max_target_length=300"], command="sft")
+    tok = AutoTokenizer.from_pretrained(models.resolve(TINY_BYTES))
+    dropped = {}
+    rows = usable_rows([str(tmp_path / "test.parquet")], tok, recipe, dropped, targets=True)
+    assert len(rows) + dropped[str(tmp_path / "test.parquet")] == 1319 and len(rows) > 500
+    row = rows[0]
+    assert row["target_ids"][-1] == tok.eos_token_id
+    assert tok.decode(row["target_ids"][:-1]) == row["extra_info"]["answer"]
+    assert row["extra_info"]["answer"].rstrip().endswith("#### " + row["reward_model"]["ground_truth"])
+
+
+def test_sft_rows_without_a_target_name_the_file_and_row(tmp_path):
+    from transformers import AutoTokenizer
+
+    from grpo_ray import models
+    from grpo_ray.config import load_recipe
+    from grpo_ray.setup_run import usable_rows
+
+    rows = load_rows("synthetic://reasoning?size=3")
+    rows[2]["extra_info"].pop("answer")
+    p = tmp_path / "rows.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in rows))
+    recipe = load_recipe("recipes/tiny-cpu-reasoning-sft.yaml", ["model.path=" + TINY_BYTES], command="sft")
+    tok = AutoTokenizer.from_pretrained(models.resolve(TINY_BYTES))
+    with pytest.raises(DataError, match=r"rows.jsonl row 2: no text at sft.target_key='extra_info.answer'"):
+        usable_rows([str(p)], tok, recipe, {}, targets=True)

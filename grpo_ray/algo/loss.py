@@ -79,3 +79,11 @@ def grpo_loss(
         "tokens": m.sum().item(),
     }
     return loss, metrics
+
+
+def sft_loss(logp: torch.Tensor, mask: torch.Tensor, normaliser: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """Negative log-likelihood of the target tokens of one micro batch ([B, T]), token-mean over `normaliser`
+    tokens, and its metrics (sums over masked tokens)."""
+    m = mask.to(logp.dtype)
+    nll = -(logp * m)
+    return aggregate(nll, mask, "token-mean", normaliser), {"nll_sum": nll.sum().item(), "tokens": m.sum().item()}

@@ -2,15 +2,16 @@
 
 A row is a dict::
 
-    data_source   str                    where it comes from ("gsm8k", "math500", "synthetic/select")
+    data_source   str                    where it comes from ("gsm8k", "math500", "synthetic/reasoning")
     prompt        list of {role, content} chat messages, rendered with the model's chat template
     ability       str                    e.g. "math"
     reward_model  {style, ground_truth}  ground_truth is what reward functions compare with
     extra_info    dict                   split, index, the original question and answer
 
-``load_rows(spec)`` reads rows from a parquet or JSONL file or from a
-``synthetic://select?size=N&seed=S&items=K&split=train`` name, and checks each
-row, naming the file and row of the first bad one.
+``load_rows(spec)`` reads rows from a parquet or JSONL file or from a synthetic task's name
+(``synthetic://select?size=N&seed=S&items=K&split=train`` or
+``synthetic://reasoning?size=N&seed=S&min_steps=2&max_steps=3&max_value=40&split=test``, see
+grpo_ray.data.synthetic), and checks each row, naming the file and row of the first bad one.
 """
 
 from __future__ import annotations
@@ -81,27 +82,39 @@ def load_rows(spec: str) -> list[dict]:
     return rows
 
 
+# the keys of each synthetic task, beyond size, seed and split, with their least and greatest values
+SYNTHETIC_KEYS = {"select": {"items": (1, 8)},
+                  "reasoning": {"min_steps": (1, 6), "max_steps": (1, 6), "max_value": (10, 99)}}
+
+
 def _synthetic(spec: str) -> list[dict]:
     from grpo_ray.data import synthetic
 
     parts = urlsplit(spec)
     task = parts.netloc or parts.path.strip("/")
-    if task != "select":
-        raise DataError(f"{spec}: unknown synthetic task {task!r}; expected 'select'")
+    if task not in SYNTHETIC_KEYS:
+        raise DataError(f"{spec}: unknown synthetic task {task!r}; expected one of {', '.join(SYNTHETIC_KEYS)}")
     args = dict(parse_qsl(parts.query))
-    allowed = {"size": int, "seed": int, "items": int, "split": str}
+    bounds = SYNTHETIC_KEYS[task]
+    allowed = ["size", "seed", "split", *bounds]
     unknown = set(args) - set(allowed)
     if unknown:
         raise DataError(f"{spec}: unknown key {sorted(unknown)[0]!r}; expected any of {', '.join(allowed)}")
+    split = args.pop("split", "train")
     try:
-        size = int(args.get("size", 1000))
-        seed = int(args.get("seed", 0))
-        items = int(args.get("items", 3))
+        values = {k: int(v) for k, v in args.items()}
     except ValueError as e:
         raise DataError(f"{spec}: {e}") from None
-    if size <= 0 or not 1 <= items <= len(synthetic.ITEMS):
-        raise DataError(f"{spec}: size must be positive and items between 1 and {len(synthetic.ITEMS)}")
-    return synthetic.make_rows(size, seed=seed, num_items=items, split=args.get("split", "train"))
+    size, seed = values.pop("size", 1000), values.pop("seed", 0)
+    if size <= 0 or seed < 0:
+        raise DataError(f"{spec}: size must be positive and seed >= 0")
+    for key, v in values.items():
+        low, high = bounds[key]
+        if not low <= v <= high:
+            raise DataError(f"{spec}: {key}={v} must be between {low} and {high}")
+    if values.get("min_steps", 2) > values.get("max_steps", 3):
+        raise DataError(f"{spec}: min_steps must not exceed max_steps")
+    return synthetic.make_rows(size, seed=seed, split=split, task=task, **values)
 
 
 def prompt_text(tokenizer, row: dict, response_prefix: str = "", chat_template_kwargs: dict | None = None) -> str:

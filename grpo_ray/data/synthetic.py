@@ -1,19 +1,28 @@
-"""The built-in synthetic task: "select a number", written like a GSM8K word problem.
+"""The built-in synthetic tasks, written like GSM8K word problems and scored by the ``gsm8k`` reward.
 
-A prompt names one person and three kinds of things with a count each, then asks
-for one of the counts::
+``select``: one person, up to three kinds of things with a count each; the question asks for one count::
 
     Mia has 4 apples, 7 pears and 2 plums. How many pears does Mia have?
     Give the final answer after ####.
+    -> Mia has 7 pears.\\n#### 7
 
-The answer is GSM8K-shaped (``Mia has 7 pears.\\n#### 7``), so the same ``gsm8k``
-reward scores it. Why this task: the answer has to be read from the prompt, which
-a ~200K-parameter model learns by RL alone on a CPU in tens of steps, while
-arithmetic such as ``(a+b) mod 10`` is not learned in hundreds. The counts in a
-prompt are distinct digits 1-9 and the asked item is uniform, so any constant
-answer scores about 1/9 and copying a random count from the prompt about 1/3.
+A ~200K-parameter model learns to copy the count by RL alone on a CPU in tens of steps, while
+arithmetic such as ``(a+b) mod 10`` is not learned in hundreds. The counts of a prompt are
+distinct digits 1-9, so any constant answer scores about 1/9.
 
-Rows are generated procedurally from a seed: the same spec gives the same rows.
+``reasoning``: a multi-step word problem, two or three operations on small numbers, with a worked
+solution of one line per step, then the answer (GSM8K's shape)::
+
+    Mia has 6 apples. She buys 5 more. Then she gives away 3. How many apples does Mia have now?
+    Give the final answer after ####.
+    -> 6 + 5 = 11\\n11 - 3 = 8\\n#### 8
+
+Its responses are 15-35 tokens (digits are single tokens), so response length, truncation and
+per-token losses all show. Arithmetic this small is learnable by a tiny model from a warm start
+(SFT on the worked solutions), not by RL from random weights.
+
+Rows are generated procedurally from a seed: the same spec gives the same rows; the train and test
+splits of one seed are different streams.
 """
 
 from __future__ import annotations
@@ -21,42 +30,91 @@ from __future__ import annotations
 import random
 
 NAMES = ["Mia", "Tom", "Ava", "Leo", "Zoe", "Sam", "Eva", "Max"]
+PRONOUN = {"Mia": "she", "Ava": "she", "Zoe": "she", "Eva": "she", "Tom": "he", "Leo": "he", "Sam": "he", "Max": "he"}
 ITEMS = ["apples", "pears", "plums", "limes", "figs", "nuts", "eggs", "pens"]
 INSTRUCTION = "Give the final answer after ####."
-DATA_SOURCE = "synthetic/select"
+SOURCES = {"select": "synthetic/select", "reasoning": "synthetic/reasoning"}
+DATA_SOURCE = SOURCES["select"]
 
 
-def make_row(rng: random.Random, num_items: int = 3, index: int = 0, split: str = "train") -> dict:
-    """One synthetic problem as a row in the schema of `grpo_ray.data.schema`."""
-    name = rng.choice(NAMES)
-    items = rng.sample(ITEMS, num_items)
-    counts = rng.sample(range(1, 10), num_items)
-    asked = rng.randrange(num_items)
-    listed = [f"{c} {item}" for c, item in zip(counts, items)]
-    have = ", ".join(listed[:-1]) + f" and {listed[-1]}" if num_items > 1 else listed[0]
-    question = f"{name} has {have}. How many {items[asked]} does {name} have? {INSTRUCTION}"
-    answer = counts[asked]
+def _row(task: str, question: str, answer: int, solution: str, index: int, split: str) -> dict:
+    """A problem as a row in the schema of `grpo_ray.data` (solution in extra_info.answer, as verl keeps it)."""
     return {
-        "data_source": DATA_SOURCE,
+        "data_source": SOURCES[task],
         "prompt": [{"role": "user", "content": question}],
-        "ability": "select",
+        "ability": task,
         "reward_model": {"style": "rule", "ground_truth": str(answer)},
-        "extra_info": {
-            "split": split,
-            "index": index,
-            "answer": f"{name} has {answer} {items[asked]}.\n#### {answer}",
-            "question": question,
-        },
+        "extra_info": {"split": split, "index": index, "answer": solution, "question": question},
     }
 
 
-def make_rows(size: int, seed: int = 0, num_items: int = 3, split: str = "train") -> list[dict]:
-    """`size` problems from `seed`; train and test splits of one seed never share a stream."""
-    rng = random.Random(f"{seed}/{split}")
-    return [make_row(rng, num_items, i, split) for i in range(size)]
+def select_row(rng: random.Random, index: int = 0, split: str = "train", items: int = 3) -> dict:
+    """One "select a number" problem."""
+    name = rng.choice(NAMES)
+    kinds = rng.sample(ITEMS, items)
+    counts = rng.sample(range(1, 10), items)
+    asked = rng.randrange(items)
+    listed = [f"{c} {item}" for c, item in zip(counts, kinds)]
+    have = ", ".join(listed[:-1]) + f" and {listed[-1]}" if items > 1 else listed[0]
+    question = f"{name} has {have}. How many {kinds[asked]} does {name} have? {INSTRUCTION}"
+    answer = counts[asked]
+    return _row("select", question, answer, f"{name} has {answer} {kinds[asked]}.\n#### {answer}", index, split)
 
 
-def corpus(size: int = 2000, seed: int = 0) -> list[str]:
-    """Text of the task (questions and answers) to train a tiny tokenizer on."""
-    rows = make_rows(size, seed)
-    return [r["extra_info"]["question"] + "\n" + r["extra_info"]["answer"] for r in rows]
+def _operation(rng: random.Random, x: int, subject: str, max_value: int, target: int | None = None):
+    """One step applied to the running count `x`: (sentence, solution line, new count), or None when no step
+    reaches `target`. Counts stay within 1..max_value. `subject` starts the sentence ("She", "Then she")."""
+    ops = [("add", b) for b in range(1, 10) if x + b <= max_value]
+    ops += [("sub", b) for b in range(1, 10) if x - b >= 1]
+    ops += [("mul", k) for k in (2, 3) if k * x <= max_value]
+    if target is not None:
+        ops = [(op, b) for op, b in ops if {"add": x + b, "sub": x - b, "mul": x * b}[op] == target]
+        if not ops:
+            return None
+    kind = rng.choice(sorted({op for op, _ in ops}))  # each kind of step equally likely, then its number
+    op, b = rng.choice([o for o in ops if o[0] == kind])
+    if op == "add":
+        return f"{subject} {rng.choice(['buys', 'finds', 'gets'])} {b} more.", f"{x} + {b} = {x + b}", x + b
+    if op == "sub":
+        return f"{subject} {rng.choice(['gives away', 'eats', 'loses'])} {b}.", f"{x} - {b} = {x - b}", x - b
+    return f"{subject} {'doubles' if b == 2 else 'triples'} them.", f"{x} * {b} = {x * b}", x * b
+
+
+def reasoning_row(rng: random.Random, index: int = 0, split: str = "train", min_steps: int = 2, max_steps: int = 3,
+                  max_value: int = 40) -> dict:
+    """One multi-step problem: a start count, `min_steps`-`max_steps` operations (+, -, x2 / x3), the question.
+    The answer is drawn first, uniform over 2..max_value, and the last step made to reach it, so that no
+    constant answer pays more than 1 time in max_value - 1 (a tiny model under RL otherwise learns to guess
+    the commonest answers)."""
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    answer, steps = rng.randint(2, max_value), rng.randint(min_steps, max_steps)
+    while True:
+        x = rng.randint(2, min(12, max_value))
+        sentences, lines = [f"{name} has {x} {item}."], []
+        for i in range(steps):
+            subject = PRONOUN[name].capitalize() if i == 0 else f"Then {PRONOUN[name]}"
+            step = _operation(rng, x, subject, max_value, answer if i == steps - 1 else None)
+            if step is None:
+                break
+            sentence, line, x = step
+            sentences.append(sentence)
+            lines.append(line)
+        else:
+            break
+    question = " ".join(sentences) + f" How many {item} does {name} have now? {INSTRUCTION}"
+    return _row("reasoning", question, x, "\n".join(lines) + f"\n#### {x}", index, split)
+
+
+TASKS = {"select": select_row, "reasoning": reasoning_row}
+
+
+def make_rows(size: int, seed: int = 0, split: str = "train", task: str = "select", **options) -> list[dict]:
+    """`size` problems of `task` from `seed`; train and test splits of one seed never share a stream.
+    `options` are the task's keyword arguments (select: items; reasoning: min_steps, max_steps, max_value)."""
+    rng = random.Random(f"{seed}/{split}" if task == "select" else f"{task}/{seed}/{split}")
+    return [TASKS[task](rng, i, split, **options) for i in range(size)]
+
+
+def corpus(task: str = "select", size: int = 2000, seed: int = 0) -> list[str]:
+    """Text of a task (questions and worked answers) to train a tiny tokenizer on."""
+    return [r["extra_info"]["question"] + "\n" + r["extra_info"]["answer"] for r in make_rows(size, seed, task=task)]

@@ -5,6 +5,7 @@ The controller drives it step by step; it runs no loop of its own:
     setup(host, port)          join the group (gloo on CPU, nccl on GPU), load and shard the model
     train(rollouts, refs, adv) PPO epochs over mini batches, micro-batch gradient accumulation, one
                                optimizer step per mini batch; returns the step's metrics
+    sft_train(pairs)           one supervised step on (prompt, target) token ids, the same batching
     push_weights(...)          gather full tensors from the shards; rank 0 broadcasts them to the generators
     probe_logprobs(ids)        logprobs of a fixed sequence, to check a sync
 
@@ -16,6 +17,7 @@ loss is scaled so that FSDP2's gradient averaging over ranks gives the mini batc
 from __future__ import annotations
 
 import gc
+import math
 import time
 from contextlib import contextmanager
 from datetime import timedelta
@@ -26,7 +28,7 @@ import torch.distributed as dist
 from grpo_ray import sync
 from grpo_ray.algo.batching import chunks, collate, flatten, place_values, rank_slice
 from grpo_ray.algo.logprobs import token_logprobs
-from grpo_ray.algo.loss import grpo_loss
+from grpo_ray.algo.loss import grpo_loss, sft_loss
 from grpo_ray.config import Recipe
 from grpo_ray.faults import fault_at
 from grpo_ray.models import load_causal_lm, model_dims, pad_id
@@ -86,10 +88,12 @@ class Learner(RoleActor):
 
     # --- training --------------------------------------------------------------------
 
-    def _logprobs(self, pairs, with_entropy=False):
+    def _logprobs(self, pairs, with_entropy=False, temperature: float | None = None):
+        """Padded sequences of `pairs` and the logprobs of each next token (at the sampling temperature)."""
         seqs = collate(pairs, self.pad_id)
+        t = self.recipe.generator.sampling.temperature if temperature is None else temperature
         logp, entropy = token_logprobs(self.model, seqs.input_ids.to(self.device), seqs.attention_mask.to(self.device),
-                                       self.recipe.generator.sampling.temperature, with_entropy)
+                                       t, with_entropy)
         return seqs, logp, entropy
 
     def _old_logprobs(self, pairs: list, indices: list[int]) -> dict[int, torch.Tensor]:
@@ -124,9 +128,8 @@ class Learner(RoleActor):
         self.model.train()
         for _ in range(a.ppo_epochs):
             for mine in minis:
-                local = torch.tensor([float(sum(len(pairs[i][1]) for i in mine)), float(len(mine))])
-                dist.all_reduce(local)
-                normaliser = (local[0] if a.loss_agg == "token-mean" else local[1]).item() / self.world_size
+                tokens = a.loss_agg == "token-mean"
+                normaliser = self._normaliser(sum(len(pairs[i][1]) for i in mine) if tokens else len(mine))
                 for micro in chunks(mine, lc.micro_batch_size):
                     seqs, logp, entropy = self._logprobs([pairs[i] for i in micro], with_entropy=True)
                     mask = seqs.response_mask.to(logp.device)
@@ -142,15 +145,9 @@ class Learner(RoleActor):
                     loss.backward()
                     mm["entropy_sum"] = (entropy.detach() * mask).sum().item()
                     totals += torch.tensor([mm[k] for k in METRIC_KEYS], dtype=torch.float64)
-                norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), lc.optim.grad_clip or float("inf"))
-                norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-                if torch.isfinite(norm):
-                    self.optimizer.step()
-                    self.scheduler.step()
-                else:
-                    skipped += 1
-                self.optimizer.zero_grad(set_to_none=True)
-                grad_norms.append(norm.item())
+                norm = self._optimizer_step()
+                skipped += not math.isfinite(norm)
+                grad_norms.append(norm)
         dist.all_reduce(totals)
         self.steps += 1
         # losses: each update's loss summed over ranks is world_size x its value; token metrics: per token
@@ -170,6 +167,48 @@ class Learner(RoleActor):
             "timing_s/old_log_prob": old_seconds,
             "timing_s/update_actor": time.perf_counter() - start - old_seconds,
         }
+
+    def _optimizer_step(self) -> float:
+        """Clip the gradients and step (skipped when their norm is not finite); the norm before clipping."""
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.recipe.learner.optim.grad_clip or float("inf"))
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        if torch.isfinite(norm):
+            self.optimizer.step()
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm.item()
+
+    def _normaliser(self, local: int) -> float:
+        """Tokens (or sequences) of the whole mini batch, summed over ranks, / world size: with FSDP2's gradient
+        mean over ranks, each rank's loss summed over its share and divided by this is the mini batch's mean."""
+        total = torch.tensor([float(local)])
+        dist.all_reduce(total)
+        return total.item() / self.world_size
+
+    def sft_train(self, pairs: list[tuple[list[int], list[int]]]) -> dict[str, float]:
+        """One SFT step: (prompt ids, target ids) pairs cut into mini batches (an optimizer step each), each
+        cut over the ranks; loss on target tokens only, token mean over the mini batch."""
+        lc = self.recipe.learner
+        n, m = len(pairs), lc.mini_batch_size
+        minis = [rank_slice(list(range(b, min(b + m, n))), self.rank, self.world_size) for b in range(0, n, m)]
+        start = time.perf_counter()
+        totals = torch.zeros(2, dtype=torch.float64)  # nll, tokens
+        grad_norms = []
+        self.model.train()
+        for mine in minis:
+            normaliser = self._normaliser(sum(len(pairs[i][1]) for i in mine))
+            for micro in chunks(mine, lc.micro_batch_size):
+                seqs, logp, _ = self._logprobs([pairs[i] for i in micro], temperature=1.0)
+                loss, mm = sft_loss(logp, seqs.response_mask.to(logp.device), normaliser)
+                loss.backward()
+                totals += torch.tensor([mm["nll_sum"], mm["tokens"]], dtype=torch.float64)
+            grad_norms.append(self._optimizer_step())
+        dist.all_reduce(totals)
+        self.steps += 1
+        return {"sft/loss": (totals[0] / totals[1]).item(), "sft/tokens": totals[1].item(),
+                "actor/grad_norm": sum(grad_norms) / len(grad_norms), "actor/lr": self.scheduler.get_last_lr()[0],
+                "actor/skipped_updates": sum(not math.isfinite(g) for g in grad_norms), "actor/updates": len(grad_norms),
+                "timing_s/update_actor": time.perf_counter() - start}
 
     def probe_logprobs(self, token_ids: list[int]) -> list[float]:
         """Logprobs of a fixed sequence at temperature 1 (every rank must call: FSDP2's forward is collective)."""

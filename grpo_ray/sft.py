@@ -1,0 +1,104 @@
+"""Supervised fine-tuning on the learner pool: ``grpo-ray sft RECIPE``, and the ``sft://RECIPE`` warm start.
+
+An SFT run is the GRPO run's machinery with another step: the same FSDP2 learner actors, data
+stream, checkpoints (and resume), metrics, TensorBoard and console. A step takes
+data.train_batch_size rows, each a prompt (chat template applied) and its target (the text at
+sft.target_key, then end of sequence); the loss is the target tokens' negative log-likelihood,
+token mean over each mini batch. With validation rows and trainer.test_freq, the weights are
+pushed to a generator and pass@1 is measured with the recipe's rewards, as in GRPO.
+
+After the last step the final checkpoint is exported as a Hugging Face model to
+``<output_dir>/model``, which a GRPO recipe names as its model.path. A GRPO recipe may instead
+name ``sft://RECIPE.yaml``: the SFT recipe then runs the first time (in the cache, keyed by the hash
+of the resolved recipe) and later runs reuse its model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import ray
+
+from grpo_ray import checkpoint, perf
+from grpo_ray.config import Recipe, load_recipe, recipe_dict
+from grpo_ray.controller import Controller, connect
+from grpo_ray.setup_run import RunInputs, setup_run
+
+# trainer fields that change where and how a run reports, not the model it makes
+NOT_IN_HASH = ("output_dir", "experiment_name", "loggers", "log_level", "overwrite", "resume", "call_timeout_s",
+               "save_freq", "keep_last", "dump_rollouts", "preemption_grace_s")
+
+
+class SFTController(Controller):
+    """Runs SFT steps on the learner pool; starts generators and rewards only to validate."""
+
+    save_at_end = True
+
+    def pools_needed(self) -> tuple[str, ...]:
+        validating = self.inputs.val_rows and (self.r.trainer.test_freq or self.r.trainer.val_before_train)
+        return ("learner", "generator", "reward") if validating else ("learner",)
+
+    def step(self, step: int) -> dict[str, float]:
+        start = time.perf_counter()
+        rows = [row for _, row in self.stream.next_batch()]
+        pairs = ray.put([(row["prompt_ids"], row["target_ids"]) for row in rows])  # one small object for all ranks
+        trained = self._get([l.sft_train.remote(pairs) for l in self.pools.actors["learner"]], "learner sft")[0]
+        seconds = time.perf_counter() - start
+        lengths = [len(row["prompt_ids"]) + len(row["target_ids"]) for row in rows]
+        facts, ranks = self.pools.facts, self.r.learner.world_size
+        return {**trained, "perf/mfu": perf.mfu(perf.train_flops(facts["dims"], lengths), seconds,
+                                                 facts["peak_tflops"], ranks),
+                "perf/throughput": perf.throughput(sum(lengths), seconds, ranks),
+                "response_length/mean": sum(len(row["target_ids"]) for row in rows) / len(rows),
+                **self.pools.memory(), "timing_s/step": seconds}
+
+    def validate(self, step: int) -> dict[str, float]:
+        self.sync_weights()  # the generators sample with this step's weights
+        return super().validate(step)
+
+
+def run_sft(recipe: Recipe, inputs: RunInputs) -> Path:
+    """Train, then export the last checkpoint to <output_dir>/model (replaced whole); its path."""
+    connect(recipe)
+    SFTController(recipe, inputs).run()
+    last = checkpoint.find_resume(inputs.output_dir, "auto")
+    out = inputs.output_dir / "model"
+    tmp = Path(tempfile.mkdtemp(prefix=".model.", dir=inputs.output_dir))
+    try:
+        checkpoint.export_hf(last, tmp)
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def recipe_key(recipe: Recipe) -> str:
+    """Hash of what decides the model an SFT recipe makes (not where or how it reports)."""
+    d = recipe_dict(recipe)
+    for k in NOT_IN_HASH:
+        d["trainer"].pop(k, None)
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def warm_start(recipe_path: str) -> str:
+    """The model of the SFT recipe at `recipe_path`: trained once, cached by the recipe's hash, then reused.
+    The SFT run lives in the cache too, so an interrupted warm start resumes from its checkpoint."""
+    from grpo_ray.models import cache_dir
+
+    recipe = load_recipe(recipe_path, command="sft")
+    home = cache_dir() / f"sft-{recipe_key(recipe)}"
+    if (home / "run" / "model" / "config.json").is_file():
+        print(f"SFT warm start: {recipe_path} done before, model at {home / 'run' / 'model'}")
+        return str(home / "run" / "model")
+    recipe.trainer.output_dir = str(home / "run")
+    recipe.trainer.resume = "auto"
+    print(f"SFT warm start: training {recipe_path} once (run in {home / 'run'}, reused while the recipe is unchanged)")
+    model = run_sft(recipe, setup_run(recipe, "sft"))
+    print(f"SFT warm start: model at {model}")
+    return str(model)
