@@ -13,6 +13,7 @@ PANELS = [
     ("actor/grad_norm", "grad norm"),
     ("timing_s/step", "step time (s)"),
     ("perf/throughput", "throughput (tokens/s/device)"),
+    ("/pass@1", "validation pass@1 (greedy)"),  # any val/<data_source>/pass@1, step 0 included
 ]
 
 
@@ -33,17 +34,24 @@ def plot_runs(run_dirs: list[str], out: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 4, figsize=(16, 7))
-    runs = [(Path(d).name or str(d), [r for r in read_metrics(d) if r["step"] > 0]) for d in run_dirs]
+    runs = [(Path(d).name or str(d), read_metrics(d)) for d in run_dirs]
     for ax, (key, title) in zip(axes.flat, PANELS):
         for name, rows in runs:
-            points = [(r["step"], r[key]) for r in rows if key in r]
+            if key.startswith("/"):  # validation: one line per data source
+                for source in sorted({k for r in rows for k in r if k.startswith("val/") and k.endswith(key)}):
+                    points = [(r["step"], r[source]) for r in rows if source in r]
+                    ax.plot(*zip(*points), marker="o", label=f"{name} {source.split('/')[1:-1]}")
+                continue
+            points = [(r["step"], r[key]) for r in rows if key in r and r["step"] > 0]
             if points:
                 ax.plot(*zip(*points), label=name)
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    axes.flat[0].legend()
-    axes.flat[-1].axis("off")
+    for ax in axes.flat:  # one legend, on the first panel with lines
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
+            break
     fig.tight_layout()
     out = Path(out)
     fig.savefig(out, dpi=80)
