@@ -167,6 +167,17 @@ def test_reasoning_task_is_seeded_and_its_worked_solutions_are_right():
     assert max(truths.values()) / 4000 < 0.05
 
 
+def test_answer_only_rows_drop_the_worked_lines_of_about_that_share():
+    rows = load_rows("synthetic://reasoning?size=1000&seed=0&answer_only=0.5")
+    bare = [r for r in rows if r["extra_info"]["answer"].startswith("####")]
+    assert 400 <= len(bare) <= 600
+    gsm8k = load("gsm8k")
+    assert all(gsm8k(r["extra_info"]["answer"], r["reward_model"]["ground_truth"]) == 1.0 for r in rows)
+    assert all(r["extra_info"]["answer"].count("\n") >= 2 for r in rows if r not in bare)
+    with pytest.raises(DataError, match="answer_only=2.0 must be between 0 and 1"):
+        load_rows("synthetic://reasoning?answer_only=2")
+
+
 def test_reasoning_responses_are_10_to_40_tokens_with_the_tiny_tokenizer():
     from transformers import AutoTokenizer
 

@@ -2,10 +2,9 @@
 
 The first run trains the SFT warm start (the real recipes/tiny-cpu-reasoning-sft.yaml, in this session's
 model cache) and GRPO then starts from it. A model that has not learned scores 0 on these problems
-(answers spread over 2..40), so the SFT bounds fail when SFT stops learning. GRPO at the recipe's settings
-holds the warm start's pass@1 here but does not raise it yet (README, "SFT, then GRPO"): the GRPO test
-checks what holds today, that multi-token GRPO keeps solving problems and keeps the skill (a broken update,
-sync or mask collapses the score within a few steps, as lr 5e-4 did), not the +0.2 the issue asks for.
+(answers spread over 2..40), so the bounds fail when SFT or GRPO stops learning: the warm start answers
+many problems without working them out, and GRPO must learn that the worked lines pay (longer responses,
+higher pass@1; measured here +0.26 in 40 steps, 0.18 -> 0.44).
 """
 
 import json
@@ -44,9 +43,9 @@ def test_sft_warm_start_lowers_the_loss_and_raises_pass_at_1(showcase):
     rows = metrics(model.parent)
     losses = [r["sft/loss"] for r in rows if "sft/loss" in r]
     print("SFT pass@1:", pass_at_1(rows))
-    assert len(losses) == 250 and statistics.fmean(losses[:10]) > 5 * statistics.fmean(losses[-10:])
+    assert len(losses) == 500 and statistics.fmean(losses[:10]) > 5 * statistics.fmean(losses[-10:])
     (first, before), *_, (last, after) = pass_at_1(rows)
-    assert (first, last) == (0, 250)
+    assert (first, last) == (0, 500)
     assert before < 0.05 and 0.1 <= after <= 0.6  # attempts the task, often wrong: room for RL
     assert (model / "config.json").is_file() and list((model.parent / "tensorboard").iterdir())
 
@@ -60,15 +59,16 @@ def test_warm_start_is_built_once(showcase):
     assert (model.parent / "metrics.jsonl").stat().st_mtime_ns == stamp
 
 
-def test_grpo_keeps_the_warm_starts_skill_on_multi_token_responses(showcase):
+def test_grpo_raises_pass_at_1_over_its_sft_start(showcase):
     res, out, _ = showcase
     rows = metrics(out)
     curve = pass_at_1(rows)
     print("GRPO pass@1:", curve)
     (first, before), (last, after) = curve
     assert (first, last) == (0, STEPS)
-    assert 0.1 <= before <= 0.6 and after >= before - 0.12
+    assert after >= before + 0.1
     steps = [r for r in rows if r["step"] > 0]
-    assert len(steps) == STEPS and min(r["response_length/mean"] for r in steps) >= 10
-    assert statistics.fmean(r["critic/score/mean"] for r in steps[-20:]) >= 0.1  # still solving at T=0.7
+    lengths = [r["response_length/mean"] for r in steps]
+    assert len(steps) == STEPS and min(lengths) >= 10
+    assert statistics.fmean(lengths[-10:]) >= statistics.fmean(lengths[:5]) + 4  # it learns to work problems out
     assert max(r["sync/logprob_diff"] for r in steps) < 1e-3

@@ -84,7 +84,8 @@ def load_rows(spec: str) -> list[dict]:
 
 # the keys of each synthetic task, beyond size, seed and split, with their least and greatest values
 SYNTHETIC_KEYS = {"select": {"items": (1, 8)},
-                  "reasoning": {"min_steps": (1, 6), "max_steps": (1, 6), "max_value": (10, 99)}}
+                  "reasoning": {"min_steps": (1, 6), "max_steps": (1, 6), "max_value": (10, 99), "answer_only": (0, 1)}}
+FLOAT_KEYS = {"answer_only"}
 
 
 def _synthetic(spec: str) -> list[dict]:
@@ -102,7 +103,7 @@ def _synthetic(spec: str) -> list[dict]:
         raise DataError(f"{spec}: unknown key {sorted(unknown)[0]!r}; expected any of {', '.join(allowed)}")
     split = args.pop("split", "train")
     try:
-        values = {k: int(v) for k, v in args.items()}
+        values = {k: float(v) if k in FLOAT_KEYS else int(v) for k, v in args.items()}
     except ValueError as e:
         raise DataError(f"{spec}: {e}") from None
     size, seed = values.pop("size", 1000), values.pop("seed", 0)

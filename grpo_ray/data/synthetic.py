@@ -19,7 +19,8 @@ solution of one line per step, then the answer (GSM8K's shape)::
 
 Its responses are 15-35 tokens (digits are single tokens), so response length, truncation and
 per-token losses all show. Arithmetic this small is learnable by a tiny model from a warm start
-(SFT on the worked solutions), not by RL from random weights.
+(SFT on the worked solutions), not by RL from random weights. With ``answer_only=F`` a share F of
+the rows keeps only the final ``#### N`` line (warm-start data of mixed quality).
 
 Rows are generated procedurally from a seed: the same spec gives the same rows; the train and test
 splits of one seed are different streams.
@@ -81,11 +82,13 @@ def _operation(rng: random.Random, x: int, subject: str, max_value: int, target:
 
 
 def reasoning_row(rng: random.Random, index: int = 0, split: str = "train", min_steps: int = 2, max_steps: int = 3,
-                  max_value: int = 40) -> dict:
+                  max_value: int = 40, answer_only: float = 0.0) -> dict:
     """One multi-step problem: a start count, `min_steps`-`max_steps` operations (+, -, x2 / x3), the question.
     The answer is drawn first, uniform over 2..max_value, and the last step made to reach it, so that no
     constant answer pays more than 1 time in max_value - 1 (a tiny model under RL otherwise learns to guess
-    the commonest answers)."""
+    the commonest answers). A share `answer_only` of the rows has a solution without its worked lines (just
+    ``#### N``), as warm-start data of mixed quality has: a model taught on both modes answers some problems
+    without working them out, and mostly wrong."""
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
     answer, steps = rng.randint(2, max_value), rng.randint(min_steps, max_steps)
     while True:
@@ -102,7 +105,9 @@ def reasoning_row(rng: random.Random, index: int = 0, split: str = "train", min_
         else:
             break
     question = " ".join(sentences) + f" How many {item} does {name} have now? {INSTRUCTION}"
-    return _row("reasoning", question, x, "\n".join(lines) + f"\n#### {x}", index, split)
+    if answer_only and rng.random() < answer_only:
+        lines = []
+    return _row("reasoning", question, x, "".join(line + "\n" for line in lines) + f"#### {x}", index, split)
 
 
 TASKS = {"select": select_row, "reasoning": reasoning_row}
