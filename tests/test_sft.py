@@ -42,7 +42,7 @@ def test_recipe_key_follows_what_makes_the_model():
     assert base == recipe_key(load_recipe(RECIPE, ["trainer.output_dir=/elsewhere", "trainer.loggers=[jsonl]"],
                                           command="sft"))
     assert base != recipe_key(load_recipe(RECIPE, ["learner.optim.lr=1e-4"], command="sft"))
-    assert base != recipe_key(load_recipe(RECIPE, ["trainer.total_epochs=2"], command="sft"))
+    assert base != recipe_key(load_recipe(RECIPE, ["trainer.total_epochs=3"], command="sft"))
 
 
 @pytest.mark.parametrize("override,expected", [
