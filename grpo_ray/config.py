@@ -390,9 +390,6 @@ def range_problems(r: "Recipe") -> list[str]:
 
 # --- loading -----------------------------------------------------------------------------
 
-COMMANDS = ("train", "sft")
-
-
 def load_recipe(path: str | os.PathLike, overrides: list[str] = (), command: str = "train") -> Recipe:
     """Read, override, type-check and validate a recipe for `command` (train: GRPO, sft: one sample per row);
     raise RecipeError on any problem."""

@@ -298,7 +298,7 @@ class Controller:
                     metrics.update(self.validate(step))
                     last_val = statistics.fmean(v for k, v in metrics.items() if k.endswith("/pass@1"))
                 self.log.log(step, metrics)
-                due = (t.save_freq and step % t.save_freq == 0) or ((t.save_freq or self.save_at_end) and step == total)
+                due = (t.save_freq and step % t.save_freq == 0) or (step == total and (t.save_freq or self.save_at_end))
                 if due or self.preempted_at is not None:
                     save_seconds = self.save_or_quit(step, last_val, due, save_seconds)
             self.flush_dumps()

@@ -191,6 +191,11 @@ def test_reasoning_responses_are_10_to_40_tokens_with_the_tiny_tokenizer():
     assert 10 <= min(lengths) and max(lengths) <= 40
 
 
+def test_one_step_problems_with_answers_no_start_reaches_still_end():
+    rows = load_rows("synthetic://reasoning?size=300&seed=0&min_steps=1&max_steps=1&max_value=99")
+    assert len(rows) == 300 and all(r["extra_info"]["answer"].count("\n") == 1 for r in rows)
+
+
 def test_reasoning_spec_errors():
     for spec, message in [("synthetic://reasoning?items=3", "unknown key 'items'"),
                           ("synthetic://reasoning?max_value=5", "max_value=5 must be between 10 and 99"),

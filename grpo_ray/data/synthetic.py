@@ -28,6 +28,7 @@ splits of one seed are different streams.
 
 from __future__ import annotations
 
+import itertools
 import random
 
 NAMES = ["Mia", "Tom", "Ava", "Leo", "Zoe", "Sam", "Eva", "Max"]
@@ -35,7 +36,6 @@ PRONOUN = {"Mia": "she", "Ava": "she", "Zoe": "she", "Eva": "she", "Tom": "he", 
 ITEMS = ["apples", "pears", "plums", "limes", "figs", "nuts", "eggs", "pens"]
 INSTRUCTION = "Give the final answer after ####."
 SOURCES = {"select": "synthetic/select", "reasoning": "synthetic/reasoning"}
-DATA_SOURCE = SOURCES["select"]
 
 
 def _row(task: str, question: str, answer: int, solution: str, index: int, split: str) -> dict:
@@ -91,7 +91,9 @@ def reasoning_row(rng: random.Random, index: int = 0, split: str = "train", min_
     without working them out, and mostly wrong."""
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
     answer, steps = rng.randint(2, max_value), rng.randint(min_steps, max_steps)
-    while True:
+    for attempt in itertools.count(1):
+        if attempt % 1000 == 0:  # no start reaches this answer (one step to a large one): draw another
+            answer = rng.randint(2, max_value)
         x = rng.randint(2, min(12, max_value))
         sentences, lines = [f"{name} has {x} {item}."], []
         for i in range(steps):
@@ -116,6 +118,7 @@ TASKS = {"select": select_row, "reasoning": reasoning_row}
 def make_rows(size: int, seed: int = 0, split: str = "train", task: str = "select", **options) -> list[dict]:
     """`size` problems of `task` from `seed`; train and test splits of one seed never share a stream.
     `options` are the task's keyword arguments (select: items; reasoning: min_steps, max_steps, max_value)."""
+    # select keeps the stream it had before there was a second task, so its rows are the same as then
     rng = random.Random(f"{seed}/{split}" if task == "select" else f"{task}/{seed}/{split}")
     return [TASKS[task](rng, i, split, **options) for i in range(size)]
 
