@@ -197,7 +197,7 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
             start = time.perf_counter()
             c.push_weights(c.version)
             sync_s.append(time.perf_counter() - start)
-        nbytes = sum(m.numel * 4 for m in c.pools.metas)
+        nbytes = sum(m.nbytes for m in c.pools.metas)
         params = sum(m.numel for m in c.pools.metas)
         facts = c.pools.facts
     finally:

@@ -150,9 +150,11 @@ class Controller:
         return [a.score.remote(refs, spans) for a, refs, spans in self.spread("reward", rollouts, samples, False)]
 
     def reference_logprobs(self, rollouts: list, samples: Samples) -> list:
-        """(logprobs ref, Work ref) per reference actor, each an even share of the tokens; none without a KL term."""
-        return [a.logprobs.options(num_returns=2).remote(refs, spans)
-                for a, refs, spans in self.spread("reference", rollouts, samples, True)]
+        """(logprobs ref, Work ref) per reference actor, each an even share of the tokens; none without a KL term.
+        Every actor is called, with or without a share: their forwards are collective (one FSDP2 group)."""
+        shares = {id(a): (refs, spans) for a, refs, spans in self.spread("reference", rollouts, samples, True)}
+        return [a.logprobs.options(num_returns=2).remote(*shares.get(id(a), ([], [])))
+                for a in self.pools.actors["reference"]]
 
     def train_on(self, rollouts: list, advantages: list[float], refs: list) -> tuple[dict[str, float], list[Work]]:
         """One learner step on the rollouts behind the refs, with reference logprobs when there is a KL term;
@@ -173,7 +175,7 @@ class Controller:
         learner = self._get(learners, "learner probe")[0]
         return max(sum(abs(a - b) for a, b in zip(gen, learner)) / len(gen) for gen in gens)
 
-    def push_weights(self, version: int) -> tuple[list[dict], list[float]]:
+    def push_weights(self, version: int) -> tuple[list[dict], list[dict]]:
         """Learner rank 0 broadcasts (all ranks gather), every engine receives and loads; the workers' timings."""
         bucket, metas, actors = self.r.trainer.bucket_mb << 20, self.pools.metas, self.pools.actors
         sends = [l.push_weights.remote(metas, bucket) for l in actors["learner"]]
@@ -202,11 +204,13 @@ class Controller:
         if diff > bound:
             raise RunError(f"weight sync to version {self.version}: generator and learner logprobs differ by "
                            f"{diff:.3g} on the probe, over trainer.max_sync_logprob_diff={bound}")
-        send = pushed[0]["seconds"]  # timed inside learner rank 0: gather from shards + broadcast
-        return {"sync/logprob_diff": diff, "sync/seconds": send, "sync/GBps": pushed[0]["bytes"] / send / 1e9,
-                "timing_s/sync_weights": max([send, *received])}
+        sent, slowest = pushed[0], max(received, key=lambda t: t["seconds"])
+        seconds = max(sent["seconds"], slowest["seconds"])  # the push ends when the last engine has loaded
+        return {"sync/logprob_diff": diff, "sync/seconds": seconds, "sync/GBps": sent["bytes"] / seconds / 1e9,
+                **{f"sync/{phase}_s": sent.get(phase, 0.0) for phase in ("gather", "cast")},
+                "sync/load_s": slowest["load"], "timing_s/sync_weights": seconds}
 
-    def recover(self, engines: list[int]) -> tuple[list[dict], list[float]]:
+    def recover(self, engines: list[int]) -> tuple[list[dict], list[dict]]:
         """Replace `engines`, rebuild the weight-sync group over all engines, load the current weights into all."""
         for i in engines:
             self.pools.replace_generator(i)

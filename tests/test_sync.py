@@ -1,4 +1,5 @@
-"""Weight sync learner -> vLLM generator over a gloo group: a round trip through the real pools."""
+"""Weight sync learner -> vLLM generator over a gloo group: a round trip through the real pools (3 learner ranks,
+so dimension 0 of some weights is cut unevenly), and the memory a push adds on either side at 122M parameters."""
 
 import json
 
@@ -6,6 +7,7 @@ import pytest
 import torch
 
 from grpo_ray import sync
+from grpo_ray.roles import fsdp
 from grpo_ray.config import load_recipe
 from grpo_ray.controller import Controller
 from grpo_ray.setup_run import setup_run
@@ -19,6 +21,18 @@ def test_bucket_plan_is_shared_by_sender_and_receiver():
     # 64 + 16 bytes fit in 96; the dtype changes at c; d alone is larger than a bucket
     assert sync.plan_buckets(metas, 96) == [[0, 1], [2], [3]]
     assert sync.backend_for("cpu") == "gloo" and sync.backend_for("cuda") == "nccl"
+    assert sync.largest_bucket_bytes(metas, 96) == 400
+
+
+def test_shard_rows_follow_fsdp2_chunks():
+    """Rows per rank as FSDP2 cuts dimension 0 (torch.chunk, padded with empty chunks): what rank 0 assembles from."""
+    assert fsdp.shard_rows(64, 3) == [22, 22, 20]
+    assert fsdp.shard_rows(5, 4) == [2, 2, 1, 0]
+    assert fsdp.shard_rows(1, 2) == [1, 0]
+    for rows in range(1, 40):
+        for w in range(1, 6):
+            assert fsdp.shard_rows(rows, w) == [len(c) for c in torch.empty(rows).chunk(w)] + [0] * (
+                w - len(torch.empty(rows).chunk(w)))
 
 
 @pytest.mark.slow
@@ -26,13 +40,14 @@ def test_sync_round_trip_through_the_pools(ray_local, tmp_path):
     recipe = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", [
         f"model.path={TINY.format(arch='qwen2')}", f"trainer.output_dir={tmp_path}", "data.train_batch_size=4",
         "algorithm.group_size=4", "learner.mini_batch_size=16", "learner.micro_batch_size=8",
-        "data.max_prompt_length=200", "trainer.bucket_mb=1"])
+        "data.max_prompt_length=200", "trainer.bucket_mb=1", "learner.world_size=3", "data.train_batch_size=3",
+        "learner.mini_batch_size=12", "learner.micro_batch_size=4"])
     c = Controller(recipe, setup_run(recipe))
     try:
         c.start()
         assert c.probe() < 1e-5  # the same checkpoint on both sides
-        rollouts = [ray_local.put(r) for r in tiny_rollouts(vocab=300, prompts=4, group=4)]
-        ray_local.get([l.train.remote(rollouts, None, torch.linspace(-2, 2, 16).tolist()) for l in c.pools.actors["learner"]])
+        rollouts = [ray_local.put(r) for r in tiny_rollouts(vocab=300, prompts=6, group=2)]
+        ray_local.get([l.train.remote(rollouts, None, torch.linspace(-2, 2, 12).tolist()) for l in c.pools.actors["learner"]])
         before = c.probe()
         assert before > 1e-3  # the learner moved, the generator did not yet
         synced = c.sync_weights()
@@ -41,8 +56,49 @@ def test_sync_round_trip_through_the_pools(ray_local, tmp_path):
         rollout, stats = rollout[0], stats[0]
         assert stats.policy_version == 1 == ray_local.get(rollout).policy_version
         placement = json.loads((tmp_path / "placement.json").read_text())
-        assert {p: len(a) for p, a in placement.items()} == {"generator": 1, "learner": 2, "reference": 1, "reward": 1}
+        assert {p: len(a) for p, a in placement.items()} == {"generator": 1, "learner": 3, "reference": 1, "reward": 1}
         pids = [a["pid"] for actors in placement.values() for a in actors]
-        assert len(set(pids)) == 5  # every actor is its own process
+        assert len(set(pids)) == 6  # every actor is its own process
+    finally:
+        c.shutdown()
+
+
+BIG = "tiny://qwen2?layers=8&hidden=1024&heads=8&kv_heads=2&vocab=8000&tie=0&seed=0"  # 122M parameters
+
+
+def _largest_unit(metas) -> int:
+    units: dict[str, int] = {}
+    for m in metas:
+        parts = m.name.split(".")
+        key = ".".join(parts[:3]) if parts[:2] == ["model", "layers"] else "root"
+        units[key] = units.get(key, 0) + m.nbytes
+    return max(units.values())
+
+
+@pytest.mark.slow
+def test_push_memory_stays_within_two_units_and_two_buckets(ray_local, tmp_path):
+    """122M parameters (490 MB in float32), 2 learner ranks, a real engine, 32 MiB buckets: the extra peak RSS of
+    learner rank 0 and of the engine during a push stays within 1.25 x (2 FSDP units + 2 buckets), about 40% of the
+    model; before streaming, each held the whole model (0.6 and 0.7 GB extra, benchmarks/results/sync.md)."""
+    recipe = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", [
+        f"model.path={BIG}", f"trainer.output_dir={tmp_path}", "trainer.bucket_mb=32", "algorithm.kl_coef=0",
+        "data.response_prefix=''", "data.train_batch_size=4", "learner.mini_batch_size=64", "learner.micro_batch_size=16"])
+    c = Controller(recipe, setup_run(recipe))
+    try:
+        c.start(("learner", "generator"))
+        learner, engine = c.pools.actors["learner"][0], c.pools.actors["generator"][0]
+        metas = c.pools.metas
+        bound = 2 * _largest_unit(metas) + 2 * sync.largest_bucket_bytes(metas, 32 << 20)
+        model = sum(m.nbytes for m in metas)
+        assert model > 4e8 and bound < 0.5 * model  # a bound that all-at-once gathering or receiving would break
+        c.push_weights(1)  # first push: one-off allocations (gloo buffers, vLLM's reload bookkeeping)
+        before = ray_local.get([learner.mark_rss.remote(), engine.mark_rss.remote()])
+        pushed, received = c.push_weights(2)
+        peaks = ray_local.get([learner.peak_rss_since_mark.remote(), engine.peak_rss_since_mark.remote()])
+        extra = [(p - b) * 1e9 for p, b in zip(peaks, before)]
+        assert extra[0] <= 1.25 * bound, (extra, bound)
+        assert extra[1] <= 1.25 * bound, (extra, bound)
+        assert pushed[0]["bytes"] == model and received[0]["load"] > 0
+        assert c.probe() < 5e-6  # float32 on both sides: the 1e-7 level
     finally:
         c.shutdown()

@@ -50,3 +50,18 @@ class RoleActor:
         import resource
 
         return "peak_rss_gb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # KiB on Linux
+
+    def mark_rss(self) -> float:
+        """Start a memory window: reset this process's peak RSS (Linux clear_refs) and return its RSS now, GB."""
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return _status_kb("VmRSS") / 1e6
+
+    def peak_rss_since_mark(self) -> float:
+        """The peak RSS of this process since ``mark_rss``, GB."""
+        return _status_kb("VmHWM") / 1e6
+
+
+def _status_kb(key: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(key + ":"))

@@ -107,10 +107,15 @@ class Generator(RoleActor):
         """Join the weight-sync group as ranks base_rank .. base_rank + tensor_parallel_size - 1."""
         self.llm.collective_rpc("grpo_init_sync", args=(backend, host, port, base_rank, world_size, timeout_s))
 
-    def receive_weights(self, metas: list, bucket_bytes: int, version: int) -> float:
-        """Receive a broadcast of the learner's weights and load them; returns the seconds it took."""
+    def weight_dtype(self) -> str:
+        """The dtype the engine holds its weights in (what ``generator.dtype: auto`` resolved to)."""
+        return self.llm.collective_rpc("grpo_weight_dtype")[0]
+
+    def receive_weights(self, metas: list, bucket_bytes: int, version: int) -> dict[str, float]:
+        """Receive a broadcast of the learner's weights and load it, bucket by bucket; the slowest worker's
+        seconds in all, waiting on the wire and loading."""
         start = time.perf_counter()
-        self.llm.collective_rpc("grpo_receive_weights", args=(metas, bucket_bytes, version))
+        timings = self.llm.collective_rpc("grpo_receive_weights", args=(metas, bucket_bytes, version))
         self.llm.reset_prefix_cache()
         self.version = version
-        return time.perf_counter() - start
+        return {**max(timings, key=lambda t: t["seconds"]), "seconds": time.perf_counter() - start}

@@ -6,7 +6,8 @@ The controller drives it step by step; it runs no loop of its own:
     train(rollouts, refs, adv) PPO epochs over mini batches, micro-batch gradient accumulation, one
                                optimizer step per mini batch; returns the step's metrics
     sft_train(pairs)           one supervised step on (prompt, target) token ids, the same batching
-    push_weights(...)          gather full tensors from the shards; rank 0 broadcasts them to the generators
+    push_weights(...)          assemble full tensors on rank 0 from the shards, bucket by bucket, and broadcast
+                               them to the generators in the engines' dtype
     probe_logprobs(ids)        logprobs of a fixed sequence, to check a sync
 
 Data parallelism: each mini batch of M samples is cut into W contiguous shares; a rank's
@@ -19,8 +20,6 @@ from __future__ import annotations
 import gc
 import math
 import time
-from contextlib import contextmanager
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -33,7 +32,7 @@ from grpo_ray.config import Recipe
 from grpo_ray.faults import fault_at
 from grpo_ray.models import load_causal_lm, model_dims, pad_id
 from grpo_ray.perf import device_peak_tflops, measure_cpu_peak_tflops
-from grpo_ray.roles import RoleActor, log_to_file
+from grpo_ray.roles import RoleActor, fsdp, log_to_file
 
 METRIC_KEYS = ("pg_loss", "kl_loss", "pg_clipfrac_sum", "ppo_kl_sum", "entropy_sum", "tokens")
 
@@ -54,23 +53,13 @@ class Learner(RoleActor):
 
     def setup(self, host: str, port: int) -> dict:
         """Join the group, load and shard the model; returns the model's dims and this device's peak TFLOPS."""
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
         cfg = self.recipe.learner
-        dist.init_process_group(sync.backend_for(self.recipe.cluster.device), init_method=f"tcp://{host}:{port}",
-                                rank=self.rank, world_size=self.world_size, timeout=timedelta(minutes=10))
-        if self.device.type == "cuda":
-            torch.cuda.set_device(0)  # Ray gives each learner actor one GPU
-        mesh = init_device_mesh(self.device.type, (self.world_size,))
+        mesh = fsdp.join(self.recipe.cluster.device, host, port, self.rank, self.world_size)
         # loaded on the host; fully_shard moves one layer at a time to the device and keeps only this rank's shard
         model = load_causal_lm(self.model_path, torch.float32, self.recipe.model.trust_remote_code)
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
-        policy = MixedPrecisionPolicy(param_dtype=getattr(torch, cfg.dtype), reduce_dtype=torch.float32)
-        for layer in model.model.layers:
-            fully_shard(layer, mesh=mesh, mp_policy=policy)
-        fully_shard(model, mesh=mesh, mp_policy=policy)
+        fsdp.shard(model, mesh, getattr(torch, cfg.dtype))
         self.model = model
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
@@ -245,9 +234,9 @@ class Learner(RoleActor):
 
     # --- weight sync -----------------------------------------------------------------
 
-    def weight_metas(self) -> list[sync.WeightMeta]:
-        return [sync.WeightMeta(name, tuple(p.shape), str(p.dtype).removeprefix("torch."))
-                for name, p in self.model.named_parameters()]
+    def weight_metas(self, wire_dtype: str) -> list[sync.WeightMeta]:
+        """What a push sends, in the order it sends it, cast to `wire_dtype` (the engine's)."""
+        return [sync.WeightMeta(name, tuple(p.shape), wire_dtype) for name, p in self.model.named_parameters()]
 
     def init_sync(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
         """Rank 0 joins the weight-sync group as its rank 0 (and hosts its store); other ranks have no part in it."""
@@ -255,33 +244,37 @@ class Learner(RoleActor):
             self.sync_group = sync.SyncGroup(sync.backend_for(self.recipe.cluster.device), host, port, 0, world_size,
                                              timeout_s)
 
-    @contextmanager
-    def _unsharded(self):
-        """The full parameters, by name: one FSDP2 all-gather per sharded module (every rank takes part)."""
-        from torch.distributed.fsdp import FSDPModule
-
-        modules = [m for m in self.model.modules() if isinstance(m, FSDPModule)]
-        for m in modules:
-            m.unshard()
-        try:
-            yield [(n, p.detach()) for n, p in self.model.named_parameters()]
-        finally:
-            for m in modules:
-                m.reshard()
-
     def push_weights(self, metas: list[sync.WeightMeta], bucket_bytes: int) -> dict[str, float]:
-        """Gather full weights (every rank takes part) and broadcast them from rank 0."""
-        start = time.perf_counter()
-        with self._unsharded() as full:
+        """Stream the full weights to the engines, bucket by bucket: every rank sends its shards of the bucket to
+        rank 0 (cast to the wire dtype), which broadcasts the bucket while the next one is assembled. No rank
+        unshards anything. Returns rank 0's seconds per phase (gather, broadcast), in all, and the bytes sent."""
+        start, phases = time.perf_counter(), sync.Phases()
+        fsdp.reshard(self.model)
+        params, buckets = dict(self.model.named_parameters()), sync.plan_buckets(metas, bucket_bytes)
+        filled = []
+
+        def fill(bucket: list[int], flat: torch.Tensor) -> None:
+            fsdp.gather_bucket(params, metas, bucket, flat, phases)
+            filled.append(bucket)
+
+        if self.rank == 0:
             try:
-                sent = sync.send(self.sync_group, metas, [p for _, p in full], bucket_bytes) if self.rank == 0 else 0
+                sent = sync.send(self.sync_group, metas, fill, bucket_bytes, phases, self.device)
             except RuntimeError:
                 # a receiver is gone: close our end now, so the others' pending receives fail at once instead
-                # of waiting out their timeout; the controller builds a new group
+                # of waiting out their timeout (the controller builds a new group); take the other ranks'
+                # remaining shards, so that none waits on us
                 self.sync_group = None
                 gc.collect()
+                for bucket in buckets[len(filled):]:
+                    numel = sum(metas[i].numel for i in bucket)
+                    fill(bucket, torch.empty(numel, dtype=metas[bucket[0]].torch_dtype, device=self.device))
                 raise
-        return {"seconds": time.perf_counter() - start, "bytes": float(sent)}
+        else:
+            sent = 0
+            for bucket in buckets:
+                fsdp.gather_bucket(params, metas, bucket, None, phases)
+        return {"seconds": time.perf_counter() - start, "bytes": float(sent), **dict(phases.seconds)}
 
     def shutdown(self) -> None:
         if dist.is_initialized():

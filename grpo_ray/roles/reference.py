@@ -1,32 +1,54 @@
-"""The reference role: the frozen initial policy, computing logprobs of sampled responses (data parallel)."""
+"""The reference role: the frozen initial policy, computing logprobs of sampled responses.
+
+The reference actors form an FSDP2 group of their own, sharded like the learner (``roles.fsdp``): each holds
+1/N of the weights in the learner's compute dtype and gathers one block at a time as its forward runs, so a
+32B reference over 8 GPUs costs 8 GB of weights per GPU, not 65. Each actor scores its own share of the
+samples (data parallel); since every forward is a collective, an actor with fewer micro batches than the
+others runs forwards on a one-token filler until they are done.
+"""
 
 from __future__ import annotations
 
 import time
 
 import torch
+import torch.distributed as dist
 
+from grpo_ray import sync
 from grpo_ray.algo.batching import Span, chunks, collate, flatten, response_values
 from grpo_ray.algo.logprobs import token_logprobs
 from grpo_ray.models import load_causal_lm, pad_id
-from grpo_ray.roles import RoleActor, log_to_file
+from grpo_ray.roles import RoleActor, fsdp, log_to_file
 from grpo_ray.types import Work
 
 
 class Reference(RoleActor):
     def __init__(self, model_path: str, device: str, micro_batch_size: int, temperature: float, num_cpus: float,
-                 trust_remote_code: bool = False, dtype: str = "float32"):
+                 rank: int = 0, world_size: int = 1, trust_remote_code: bool = False, dtype: str = "float32"):
         log_to_file()
         torch.set_num_threads(max(1, round(num_cpus)))
+        self.device_kind = device
         self.device = torch.device("cuda" if device == "cuda" else "cpu")
-        # the learner's compute dtype, so both score with the same precision
-        self.model = load_causal_lm(model_path, getattr(torch, dtype), trust_remote_code).to(self.device).eval()
+        self.model_path, self.trust_remote_code, self.dtype = model_path, trust_remote_code, getattr(torch, dtype)
+        self.rank, self.world_size = rank, world_size
         self.micro_batch_size, self.temperature = micro_batch_size, temperature
+
+    def address(self) -> tuple[str, int]:
+        """A free address on this actor's node (rank 0 hosts the group's store)."""
+        return sync.free_address()
+
+    def setup(self, host: str, port: int) -> None:
+        """Join the reference group; load the model in the learner's compute dtype (so both score with the same
+        precision) and shard it."""
+        mesh = fsdp.join(self.device_kind, host, port, self.rank, self.world_size)
+        model = load_causal_lm(self.model_path, self.dtype, self.trust_remote_code)
+        model.requires_grad_(False)
+        self.model = fsdp.shard(model, mesh, self.dtype).eval()
         self.pad_id = pad_id(self.model.config)
 
     def logprobs(self, rollout_refs: list, spans: list[Span] | None = None) -> tuple[list[list[float]], Work]:
         """Per-completion reference logprobs of the response tokens (of `spans` of each rollout, or all), and
-        the work done: seconds and samples.
+        the work done: seconds and samples. Every actor of the group must be called (an empty share is fine).
 
         Called with ``num_returns=2``: the logprobs go to the learner by object ref, the work to the controller.
         """
@@ -34,11 +56,26 @@ class Reference(RoleActor):
 
         pairs = flatten(ray.get(rollout_refs), spans)
         start = time.perf_counter()
+        micros = list(chunks(pairs, self.micro_batch_size))
+        rounds = torch.tensor([len(micros)])
+        dist.all_reduce(rounds, op=dist.ReduceOp.MAX)
+        filler = [([self.pad_id], [self.pad_id])]  # keeps this rank in the other ranks' all-gathers
         out: list[list[float]] = []
         with torch.no_grad():
-            for micro in chunks(pairs, self.micro_batch_size):
-                seqs = collate(micro, self.pad_id)
+            for k in range(int(rounds.item())):
+                seqs = collate(micros[k] if k < len(micros) else filler, self.pad_id)
                 logp, _ = token_logprobs(self.model, seqs.input_ids.to(self.device),
                                          seqs.attention_mask.to(self.device), self.temperature)
-                out += response_values(logp.cpu(), seqs.response_mask)
+                if k < len(micros):
+                    out += response_values(logp.cpu(), seqs.response_mask)
+        fsdp.reshard(self.model)  # FSDP2 keeps the root (embeddings, LM head) gathered after a forward: free it
         return out, Work(time.perf_counter() - start, len(pairs))
+
+    def shard_numel(self) -> tuple[int, int]:
+        """Parameters this actor holds, and the model's."""
+        return (sum(p.to_local().numel() for p in self.model.parameters()),
+                sum(p.numel() for p in self.model.parameters()))
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -18,6 +18,7 @@ whose batches vary in length grew by megabytes a step (1.00 -> 1.14 GB over the 
 from __future__ import annotations
 
 import os
+import time
 
 from grpo_ray import sync
 from grpo_ray.faults import fault_at
@@ -61,11 +62,23 @@ class WeightSyncExtension:
         # one sync rank per worker of this engine: base_rank + the worker's rank inside the engine
         self._grpo_sync = sync.SyncGroup(backend, host, port, base_rank + self.rank, world_size, timeout_s)
 
-    def grpo_receive_weights(self, metas: list, bucket_bytes: int, version: int = 0) -> None:
-        weights = []
-        for name, tensor in sync.receive(self._grpo_sync, metas, bucket_bytes, device=self.device):
-            weights.append((name, tensor))
-            if fault_at("exit_mid_sync", version):
-                os._exit(1)  # fault test: a receiver lost mid-broadcast (the first bucket arrived, the rest not)
-        self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+    def grpo_weight_dtype(self) -> str:
+        """The dtype this worker's model holds its weights in: the wire dtype of the sync."""
+        return str(self.model_config.dtype).removeprefix("torch.")
+
+    def grpo_receive_weights(self, metas: list, bucket_bytes: int, version: int = 0) -> dict[str, float]:
+        """Receive a push and load it bucket by bucket: vLLM's in-place reload consumes the weights lazily and
+        processes each layer as soon as all its tensors are in, so a bucket's buffer is freed once its layers
+        are loaded. Returns this worker's seconds waiting on the wire ("broadcast") and loading ("load")."""
+        start, phases = time.perf_counter(), sync.Phases()
+
+        def weights():
+            for k, bucket in enumerate(sync.receive(self._grpo_sync, metas, bucket_bytes, self.device, phases)):
+                if k == 1 and fault_at("exit_mid_sync", version):
+                    os._exit(1)  # fault test: a receiver lost mid-broadcast (the first bucket arrived, the rest not)
+                yield from bucket
+
+        self.reload_weights(weights_iterator=weights(), is_checkpoint_format=True)
         _refresh_cpu_lm_head(self.model_runner.get_model())
+        total = time.perf_counter() - start
+        return {"seconds": total, "broadcast": phases.seconds["broadcast"], "load": total - phases.seconds["broadcast"]}

@@ -1,0 +1,160 @@
+"""Weight sync against a raw broadcast of the same bytes, and the memory a sync adds, on CPU (gloo).
+
+    python benchmarks/sync.py --out benchmarks/results
+
+For a model of 122M parameters (float32, the wire dtype of a float32 engine) with 2 learner ranks and one
+vLLM engine, it pushes the weights `--reps` times through the real pools (controller -> learner ranks ->
+gloo -> the engine's worker extension -> vLLM's in-place reload) and reports per push:
+  - seconds and GB/s end to end (the slowest side), against ``torch.distributed.broadcast`` of the same bytes
+    over gloo between as many processes, in the same run;
+  - where the time goes: on learner rank 0 gather (FSDP all-gathers waited on), cast (copies into buckets),
+    broadcast (waits on the wire); on the engine broadcast (waits) and load (vLLM's reload); then the probe;
+  - the extra peak RSS of learner rank 0 and of the engine during the push (peak since a reset just before,
+    minus RSS then), against the bound 2 FSDP units + 2 buckets.
+Writes sync.json and sync.md to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+MODEL = "tiny://qwen2?layers=8&hidden=1024&heads=8&kv_heads=2&vocab=8000&tie=0&seed=0"
+
+
+def unit_bytes(metas) -> int:
+    """The largest FSDP unit of a push (a transformer block, or the root: embeddings, norm, LM head)."""
+    units: dict[str, int] = {}
+    for m in metas:
+        parts = m.name.split(".")
+        key = ".".join(parts[:3]) if parts[:2] == ["model", "layers"] else "root"
+        units[key] = units.get(key, 0) + m.nbytes
+    return max(units.values())
+
+
+def measure(model: str, bucket_mb: int, reps: int) -> dict:
+    import ray
+
+    from benchmarks.bench import run_child
+    from grpo_ray import sync
+    from grpo_ray.config import load_recipe
+    from grpo_ray.controller import Controller, connect
+    from grpo_ray.setup_run import setup_run
+
+    out_dir = tempfile.mkdtemp(prefix="grpo-sync-")
+    r = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", [
+        f"model.path={model}", f"trainer.bucket_mb={bucket_mb}", "algorithm.kl_coef=0", "data.response_prefix=''",
+        f"trainer.output_dir={out_dir}", "trainer.loggers=[jsonl]", "trainer.val_before_train=false"])
+    inputs = setup_run(r)
+    connect(r)
+    c = Controller(r, inputs)
+    rows = []
+    try:
+        c.start(("learner", "generator"))
+        learner0, engine = c.pools.actors["learner"][0], c.pools.actors["generator"][0]
+        c.push_weights(0)  # warm-up
+        for k in range(1, reps + 1):
+            before = ray.get([learner0.mark_rss.remote(), engine.mark_rss.remote()])
+            start = time.perf_counter()
+            pushed, received = c.push_weights(k)
+            push_s = time.perf_counter() - start
+            peaks = ray.get([learner0.peak_rss_since_mark.remote(), engine.peak_rss_since_mark.remote()])
+            start = time.perf_counter()
+            diff = c.probe()
+            probe_s = time.perf_counter() - start
+            rows.append({"push_s": push_s, "probe_s": probe_s, "logprob_diff": diff,
+                         "learner": pushed[0], "engine": received[0],
+                         "extra_rss_gb": {"learner": peaks[0] - before[0], "engine": peaks[1] - before[1]}})
+        metas = c.pools.metas
+    finally:
+        c.shutdown()
+        ray.shutdown()
+    nbytes = sum(m.numel * m.torch_dtype.itemsize for m in metas)
+    raw = run_child("broadcast", {"world": 1 + r.generator.num_engines, "bytes": nbytes, "reps": reps},
+                    {"OMP_NUM_THREADS": "1"})
+    med = lambda f: statistics.median(f(row) for row in rows)  # noqa: E731
+    push_s = med(lambda row: row["push_s"])
+    bound = 2 * unit_bytes(metas) + 2 * sync.largest_bucket_bytes(metas, bucket_mb << 20)
+    return {
+        "model": model, "parameters": sum(m.numel for m in metas), "wire_dtype": metas[0].dtype, "bytes": nbytes,
+        "bucket_mb": bucket_mb, "reps": reps,
+        "push_s": push_s, "push_GBps": nbytes / push_s / 1e9,
+        "raw_broadcast_s": raw["seconds"], "raw_GBps": nbytes / raw["seconds"] / 1e9,
+        "ratio": raw["seconds"] / push_s,
+        "phases_s": {
+            "learner gather": med(lambda row: row["learner"].get("gather", 0.0)),
+            "learner cast": med(lambda row: row["learner"].get("cast", 0.0)),
+            "learner broadcast wait": med(lambda row: row["learner"].get("broadcast", 0.0)),
+            "learner total": med(lambda row: row["learner"]["seconds"]),
+            "engine broadcast wait": med(lambda row: row["engine"]["broadcast"]),
+            "engine load": med(lambda row: row["engine"]["load"]),
+            "engine total": med(lambda row: row["engine"]["seconds"]),
+            "probe": med(lambda row: row["probe_s"]),
+        },
+        "logprob_diff_max": max(row["logprob_diff"] for row in rows),
+        "extra_rss_gb": {side: max(row["extra_rss_gb"][side] for row in rows) for side in ("learner", "engine")},
+        "bound_gb": bound / 1e9, "unit_gb": unit_bytes(metas) / 1e9,
+        "bucket_gb": sync.largest_bucket_bytes(metas, bucket_mb << 20) / 1e9,
+    }
+
+
+def markdown(report: dict) -> str:
+    target = lambda ok: "met" if ok else "**missed**"  # noqa: E731
+    m = report["machine"]
+    lines = [f"# Weight sync: {report['runs'][0]['parameters'] / 1e6:.0f}M parameters, 2 learner ranks -> 1 vLLM engine (gloo)", "",
+             f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gb']} GB; torch {m['torch']}, vLLM {m['vllm']}, "
+             f"Ray {m['ray']}; {m['date']}. Median of {report['runs'][0]['reps']} pushes after a warm-up.", "",
+             "| bucket | wire | bytes | push (s) | push GB/s | raw broadcast GB/s | ratio | probe diff |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in report["runs"]:
+        lines.append(f"| {r['bucket_mb']} MiB | {r['wire_dtype']} | {r['bytes'] / 1e6:.0f} MB | {r['push_s']:.3f} | "
+                     f"{r['push_GBps']:.2f} | {r['raw_GBps']:.2f} | **{r['ratio']:.2f}** | {r['logprob_diff_max']:.1e} |")
+    lines += ["", "Where the time goes (seconds, median; each side's wall time on its own thread, so the sides overlap):", "",
+              "| bucket | " + " | ".join(report["runs"][0]["phases_s"]) + " |",
+              "| --- |" + " --- |" * len(report["runs"][0]["phases_s"])]
+    for r in report["runs"]:
+        lines.append(f"| {r['bucket_mb']} MiB | " + " | ".join(f"{v:.3f}" for v in r["phases_s"].values()) + " |")
+    lines += ["", "Extra peak RSS during a push (GB; peak since a reset just before the push, minus RSS then), against "
+              "the bound 2 FSDP units + 2 buckets (largest unit and bucket, wire dtype):", "",
+              "| bucket | unit | bucket size | bound | learner rank 0 | ratio | engine | ratio |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in report["runs"]:
+        x, b = r["extra_rss_gb"], r["bound_gb"]
+        lines.append(f"| {r['bucket_mb']} MiB | {r['unit_gb']:.3f} | {r['bucket_gb']:.3f} | {b:.3f} | {x['learner']:.3f} | "
+                     f"{x['learner'] / b:.2f} | {x['engine']:.3f} | {x['engine'] / b:.2f} |")
+    best = max(r["ratio"] for r in report["runs"])
+    lines += ["", f"Sync at {best:.2f} x the raw broadcast's GB/s (target >= 0.5: {target(best >= 0.5)}); "
+              "extra memory within 1.25 x the bound: "
+              + target(all(max(r["extra_rss_gb"].values()) <= 1.25 * r["bound_gb"] for r in report["runs"])) + "."]
+    if report.get("before"):
+        lines += ["", report["before"]]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    from benchmarks.bench import machine
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=MODEL)
+    ap.add_argument("--bucket-mb", type=int, nargs="+", default=[32, 256])
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--out", default="benchmarks/results")
+    args = ap.parse_args()
+    report = {"machine": machine(), "runs": [measure(args.model, b, args.reps) for b in args.bucket_mb]}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sync.json").write_text(json.dumps(report, indent=1))
+    (out / "sync.md").write_text(markdown(report))
+    print(markdown(report))
+
+
+if __name__ == "__main__":
+    main()

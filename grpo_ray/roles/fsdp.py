@@ -1,0 +1,92 @@
+"""The FSDP2 seam shared by the learner and the reference: join a group, shard a model, gather its weights.
+
+A model is sharded in units, one per transformer block and the root (embeddings, final norm, LM head);
+each parameter is cut along dimension 0 over the ranks. For the weight sync, ``gather_bucket`` assembles one
+bucket of full tensors on rank 0 from the shards by point-to-point sends, with no unit unsharded anywhere:
+on gloo this moves the bytes 12x faster than FSDP2's all-gathers (measured, 122M parameters, 2 ranks:
+0.09 s against 1.1 s), and only rank 0 needs them.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from grpo_ray import sync
+
+
+def join(device: str, host: str, port: int, rank: int, world_size: int):
+    """Join the role's process group (gloo on CPU, nccl on GPU); returns its one-dimensional device mesh."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group(sync.backend_for(device), init_method=f"tcp://{host}:{port}", rank=rank,
+                            world_size=world_size, timeout=timedelta(minutes=10))
+    if device == "cuda":
+        torch.cuda.set_device(0)  # Ray gives each actor one GPU
+    return init_device_mesh("cuda" if device == "cuda" else "cpu", (world_size,))
+
+
+def shard(model: torch.nn.Module, mesh, param_dtype: torch.dtype, reduce_dtype: torch.dtype = torch.float32):
+    """FSDP2 over `mesh`: one unit per transformer block, then the root."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model
+
+
+def shard_rows(rows: int, world_size: int) -> list[int]:
+    """Rows of dimension 0 each rank holds: FSDP2 cuts it into chunks of ceil(rows / W), the last ones short or
+    empty (torch.chunk's sizes, padded with empty chunks)."""
+    chunk = -(-rows // world_size)
+    return [max(0, min(chunk, rows - r * chunk)) for r in range(world_size)]
+
+
+def reshard(model: torch.nn.Module) -> None:
+    """Free every unsharded parameter (FSDP2 keeps the root's after a forward), so each is a DTensor shard."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
+
+
+def gather_bucket(params: dict, metas: list[sync.WeightMeta], bucket: list[int], flat: torch.Tensor | None,
+                  phases: sync.Phases) -> None:
+    """One bucket of full weights assembled on rank 0 from every rank's shards, straight into `flat` (the bucket
+    buffer, wire dtype; None on the other ranks). No parameter is unsharded: rank 0 copies its own rows into
+    place (with the cast), and receives each other rank's rows, cast by their owner, into place; every rank
+    must call it for every bucket, in the same order."""
+    from torch.distributed.tensor import Shard
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ops, keep, offset = [], [], 0
+    for i in bucket:
+        m, p = metas[i], params[metas[i].name]
+        assert tuple(p.placements) == (Shard(0),), f"{m.name}: expected FSDP2's Shard(0), got {p.placements}"
+        per_row = m.numel // m.shape[0] if m.shape and m.shape[0] else m.numel
+        rows = shard_rows(m.shape[0], world)
+        local = p.to_local()
+        if rank == 0:
+            start = offset
+            for r, n in enumerate(rows):
+                piece = flat[start : start + n * per_row]
+                if r == 0:
+                    with phases("cast"):
+                        piece.copy_(local.reshape(-1))
+                elif n:
+                    ops.append(dist.P2POp(dist.irecv, piece, r))
+                start += n * per_row
+        elif rows[rank]:
+            with phases("cast"):
+                wire = local.detach().reshape(-1).to(m.torch_dtype)
+            keep.append(wire)
+            ops.append(dist.P2POp(dist.isend, wire, 0))
+        offset += m.numel
+    with phases("gather"):
+        for work in dist.batch_isend_irecv(ops) if ops else []:
+            work.wait()

@@ -1,0 +1,38 @@
+"""The reference pool as one FSDP2 group: sharded over 3 actors (uneven rows, one actor with no share) it scores
+what one unsharded actor scores."""
+
+import pytest
+import torch
+
+from grpo_ray import models
+from grpo_ray.roles.reference import Reference
+from tests.conftest import TINY, tiny_rollouts
+
+pytestmark = pytest.mark.slow
+
+
+def reference_pool(ray, path, n):
+    actors = [ray.remote(Reference).options(num_cpus=0.25).remote(path, "cpu", 3, 1.0, 0.25, i, n) for i in range(n)]
+    host, port = ray.get(actors[0].address.remote())
+    ray.get([a.setup.remote(host, port) for a in actors])
+    return actors
+
+
+def test_sharded_reference_matches_one_actor(ray_local):
+    path = models.resolve(TINY.format(arch="qwen2"))
+    refs = [ray_local.put(r) for r in tiny_rollouts(vocab=300, prompts=4, group=4)]
+    one = reference_pool(ray_local, path, 1)
+    whole, work = ray_local.get(one[0].logprobs.options(num_returns=2).remote(refs))
+    three = reference_pool(ray_local, path, 3)
+    # shares as the controller cuts them: 7 samples (3 micro batches), 9 samples (3), none (only filler forwards)
+    calls = [three[0].logprobs.options(num_returns=2).remote([refs[0]], [(0, 7)]),
+             three[1].logprobs.options(num_returns=2).remote([refs[0], refs[1]], [(7, 8), (0, 8)]),
+             three[2].logprobs.options(num_returns=2).remote([], [])]
+    got = ray_local.get([lp for lp, _ in calls])
+    shards = ray_local.get(three[0].shard_numel.remote())
+    for a in one + three:
+        ray_local.kill(a)
+    assert [len(g) for g in got] == [7, 9, 0] and work.samples == 16
+    flat = [x for g in got for lp in g for x in lp]
+    assert torch.allclose(torch.tensor(flat), torch.tensor([x for lp in whole for x in lp]), atol=1e-5)
+    assert shards[0] < 0.4 * shards[1]  # each actor holds about a third of the weights
