@@ -1,4 +1,4 @@
-"""Predicted learner memory (grpo_ray.fit) against the measured peak, on CPU, for models of growing size.
+"""Predicted learner and reference memory (grpo_ray.fit) against the measured peaks, on CPU, for models of growing size.
 
     python benchmarks/memory.py --out benchmarks/results
 
@@ -44,14 +44,19 @@ def measure(name: str, overrides: list[str], work: Path) -> dict:
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     measured = max(m["perf/peak_rss_gb/learner"] for m in metrics)
+    ref_measured = max(m["perf/peak_rss_gb/reference"] for m in metrics)
     rows = [json.loads(line) for line in (out / "rollouts" / "train_data_step2.jsonl").read_text().splitlines()]
     seq = max(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows)
     recipe = load_recipe(RECIPE, flags)
     dims = model_dims(recipe.model.path)
     est = fit.learner_memory(dims, recipe, seq)
+    ref = fit.reference_memory(dims, recipe, seq)
     return {"config": name, "parameters": dims.params, "micro_batch": recipe.learner.micro_batch_size,
             "seq": seq, "predicted_gb": round(est.total, 3), "measured_gb": measured,
-            "ratio": round(est.total / measured, 3), "parts_gb": {k: round(v, 4) for k, v in est.parts.items()}}
+            "ratio": round(est.total / measured, 3), "parts_gb": {k: round(v, 4) for k, v in est.parts.items()},
+            "reference": {"micro_batch": recipe.reference.micro_batch_size, "predicted_gb": round(ref.total, 3),
+                          "measured_gb": ref_measured, "ratio": round(ref.total / ref_measured, 3),
+                          "parts_gb": {k: round(v, 4) for k, v in ref.parts.items()}}}
 
 
 def main() -> None:
@@ -68,6 +73,13 @@ def main() -> None:
              "| --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {r['config']} | {r['parameters'] / 1e6:.1f}M | {r['micro_batch']} x {r['seq']} | "
               f"{r['predicted_gb']:.3f} | {r['measured_gb']:.3f} | {r['ratio']:.2f} |" for r in results]
+    lines += ["", "Reference actor (FSDP2 group of its own, 1 actor here), same runs:", "",
+              "| config | parameters | micro batch x seq | predicted GB | measured peak RSS GB | ratio |",
+              "| --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['config']} | {r['parameters'] / 1e6:.1f}M | {r['reference']['micro_batch']} x {r['seq']} | "
+              f"{r['reference']['predicted_gb']:.3f} | {r['reference']['measured_gb']:.3f} | "
+              f"{r['reference']['ratio']:.2f} |" for r in results]
+    lines += ["", "The memory a weight push adds (learner rank 0, engine) is measured against the plan in sync.md."]
     (out / "memory.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

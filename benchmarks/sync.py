@@ -80,6 +80,12 @@ def measure(model: str, bucket_mb: int, reps: int) -> dict:
     nbytes = sum(m.numel * m.torch_dtype.itemsize for m in metas)
     raw = run_child("broadcast", {"world": 1 + r.generator.num_engines, "bytes": nbytes, "reps": reps},
                     {"OMP_NUM_THREADS": "1"})
+    from grpo_ray import fit
+    from grpo_ray.models import model_dims
+
+    dims = model_dims(inputs.model_path)
+    plan = {"learner": 2 * fit.bucket_bytes(dims, r) / 1e9,
+            "engine": fit.generator_memory(dims, r, 0.0)[0].parts["sync_buffers"]}
     med = lambda f: statistics.median(f(row) for row in rows)  # noqa: E731
     push_s = med(lambda row: row["push_s"])
     bound = 2 * unit_bytes(metas) + 2 * sync.largest_bucket_bytes(metas, bucket_mb << 20)
@@ -101,7 +107,7 @@ def measure(model: str, bucket_mb: int, reps: int) -> dict:
         },
         "logprob_diff_max": max(row["logprob_diff"] for row in rows),
         "extra_rss_gb": {side: max(row["extra_rss_gb"][side] for row in rows) for side in ("learner", "engine")},
-        "bound_gb": bound / 1e9, "unit_gb": unit_bytes(metas) / 1e9,
+        "plan_gb": plan, "bound_gb": bound / 1e9, "unit_gb": unit_bytes(metas) / 1e9,
         "bucket_gb": sync.largest_bucket_bytes(metas, bucket_mb << 20) / 1e9,
     }
 
@@ -124,18 +130,26 @@ def markdown(report: dict) -> str:
         lines.append(f"| {r['bucket_mb']} MiB | " + " | ".join(f"{v:.3f}" for v in r["phases_s"].values()) + " |")
     lines += ["", "Extra peak RSS during a push (GB; peak since a reset just before the push, minus RSS then), against "
               "the bound 2 FSDP units + 2 buckets (largest unit and bucket, wire dtype):", "",
-              "| bucket | unit | bucket size | bound | learner rank 0 | ratio | engine | ratio |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "| bucket | unit | bucket size | bound | learner rank 0 | / bound | plan | engine | / bound | plan |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in report["runs"]:
-        x, b = r["extra_rss_gb"], r["bound_gb"]
+        x, b, p = r["extra_rss_gb"], r["bound_gb"], r["plan_gb"]
         lines.append(f"| {r['bucket_mb']} MiB | {r['unit_gb']:.3f} | {r['bucket_gb']:.3f} | {b:.3f} | {x['learner']:.3f} | "
-                     f"{x['learner'] / b:.2f} | {x['engine']:.3f} | {x['engine'] / b:.2f} |")
+                     f"{x['learner'] / b:.2f} | {p['learner']:.3f} | {x['engine']:.3f} | {x['engine'] / b:.2f} | "
+                     f"{p['engine']:.3f} |")
+    lines += ["", "plan: what `grpo-ray plan` counts for it (learner: 2 buckets, of which `sync_extra` is what the step's working set does not already cover; generator: `sync_buffers`)."]
     best = max(r["ratio"] for r in report["runs"])
     lines += ["", f"Sync at {best:.2f} x the raw broadcast's GB/s (target >= 0.5: {target(best >= 0.5)}); "
               "extra memory within 1.25 x the bound: "
               + target(all(max(r["extra_rss_gb"].values()) <= 1.25 * r["bound_gb"] for r in report["runs"])) + "."]
-    if report.get("before"):
-        lines += ["", report["before"]]
+    before = report.get("before")
+    if before:
+        lines += ["", f"Before (commit {before['commit']}, {before['date']}, this machine: {before['what']}):", "",
+                  "| bucket | push (s) | push GB/s | extra RSS learner rank 0 | extra RSS engine |",
+                  "| --- | --- | --- | --- | --- |"]
+        for bucket, b in before["runs"].items():
+            lines.append(f"| {bucket} MiB | {b['push_s']:.3f} | {b['GBps']:.2f} | {b['extra_rss_gb']['learner']:.3f} | "
+                         f"{b['extra_rss_gb']['engine']:.3f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -150,6 +164,8 @@ def main() -> None:
     args = ap.parse_args()
     report = {"machine": machine(), "runs": [measure(args.model, b, args.reps) for b in args.bucket_mb]}
     out = Path(args.out)
+    if (out / "sync-before.json").is_file():  # the pre-streaming sync, measured once at the same model
+        report["before"] = json.loads((out / "sync-before.json").read_text())
     out.mkdir(parents=True, exist_ok=True)
     (out / "sync.json").write_text(json.dumps(report, indent=1))
     (out / "sync.md").write_text(markdown(report))

@@ -12,13 +12,15 @@ learner (FSDP2 over W ranks, P parameters, b = bytes of learner.dtype, T = micro
     + logits: T x V x (b + 12) (the logits, their fp32 copy, log-softmax and its gradient)
     + runtime (CUDA context and NCCL buffers; on CPU the process with torch, transformers and Ray,
       and the full fp32 model every rank reads before sharding)
-    + sync buckets (rank 0 during a weight push): 2 x the bucket (trainer.bucket_mb, or the largest tensor when
-      that is larger) in the wire dtype w (the engine's); a push unshards nothing (rank 0 assembles each bucket
-      from the ranks' shards)
+    + sync extra: a weight push (between steps, when activations, logits and gathered layers are freed) holds 2
+      buckets on rank 0 (trainer.bucket_mb, or the largest tensor when that is larger) in the wire dtype w (the
+      engine's), and unshards nothing (rank 0 assembles each bucket from the ranks' shards); counted as what
+      those 2 buckets need beyond the step's working set
 reference (FSDP2 over its N actors, like the learner): weights P b / N + gathered 2 units x b, forward-only
     activations and logits of one micro batch, runtime
 generator (vLLM, tensor parallel t): weights P w / t, + during a push the receive buffers of each worker
-    (2 buckets of full tensors: each worker takes its tensor-parallel slice as it loads) and one block being
+    (3 buckets of full tensors, never more than the model: the one loading, the next arriving, the one before
+    while its last layer waits; each worker takes its tensor-parallel slice as it loads) and one block being
     reloaded (its largest unit x w / t); on GPU the KV cache gets
     gpu_memory_utilization x device memory - weights - vLLM's activation peak;
     on CPU it is sized from the recipe (``cpu_kv_cache_bytes``: every sample of an engine's share of a
@@ -172,17 +174,18 @@ def learner_memory(d: ModelDims, r: Recipe, seq: int = 0) -> PoolMemory:
         "gathered": 2 * b * unit_params(d),
         "activations": acts, "logits": t * d.vocab * (b + 12),
     }
-    if r.generator.num_engines:
-        parts["sync_buckets"] = 2 * bucket_bytes(d, r)
+    if r.generator.num_engines:  # a push runs between steps, in the memory the step's working set gives back
+        parts["sync_extra"] = max(0.0, 2 * bucket_bytes(d, r) - parts["gathered"] - acts - parts["logits"])
     parts = {k: v / GB for k, v in parts.items()}
     parts["runtime"] = CPU_RUNTIME_GB["learner"] + 4 * d.params / GB if cpu else GPU_RUNTIME_GB
     return PoolMemory("learner", parts, f"micro batch {r.learner.micro_batch_size} x {s} tokens, {w} ranks"
                       + (", gradient checkpointing" if r.learner.gradient_checkpointing else ""))
 
 
-def reference_memory(d: ModelDims, r: Recipe) -> PoolMemory:
+def reference_memory(d: ModelDims, r: Recipe, seq: int = 0) -> PoolMemory:
+    """Per reference actor; `seq` is the longest sequence of a micro batch (default: the recipe's maximum)."""
     cpu, b = r.cluster.device == "cpu", dtype_bytes(r.learner.dtype)
-    s = seq_len(r)
+    s = seq or seq_len(r)
     t = r.reference.micro_batch_size * s
     acts = t * b * (4 * d.hidden + 2 * d.intermediate) + (t * d.heads * s * 2 * b if cpu else 0)
     n = r.reference.num_actors
@@ -216,7 +219,8 @@ def generator_memory(d: ModelDims, r: Recipe, memory_gb: float) -> tuple[PoolMem
     g, cpu = r.generator, r.cluster.device == "cpu"
     b = dtype_bytes(wire_dtype(r))
     weights = d.params * b / g.tensor_parallel_size / GB
-    sync = (2 * bucket_bytes(d, r) + unit_params(d) * b / g.tensor_parallel_size) / GB
+    # the bucket being loaded, the next arriving, and the one before when its last layer is not complete
+    sync = (min(3 * bucket_bytes(d, r), d.params * b) + unit_params(d) * b / g.tensor_parallel_size) / GB
     reserved = g.gpu_memory_utilization * memory_gb
     if cpu:
         parts = {"weights": weights, "sync_buffers": sync, "kv_cache": cpu_kv_cache_bytes(d, r) / GB,
