@@ -30,16 +30,6 @@ sys.path.insert(0, str(ROOT))
 MODEL = "tiny://qwen2?layers=8&hidden=1024&heads=8&kv_heads=2&vocab=8000&tie=0&seed=0"
 
 
-def unit_bytes(metas) -> int:
-    """The largest FSDP unit of a push (a transformer block, or the root: embeddings, norm, LM head)."""
-    units: dict[str, int] = {}
-    for m in metas:
-        parts = m.name.split(".")
-        key = ".".join(parts[:3]) if parts[:2] == ["model", "layers"] else "root"
-        units[key] = units.get(key, 0) + m.nbytes
-    return max(units.values())
-
-
 def measure(model: str, bucket_mb: int, reps: int) -> dict:
     import ray
 
@@ -47,6 +37,7 @@ def measure(model: str, bucket_mb: int, reps: int) -> dict:
     from grpo_ray import sync
     from grpo_ray.config import load_recipe
     from grpo_ray.controller import Controller, connect
+    from grpo_ray.roles import fsdp
     from grpo_ray.setup_run import setup_run
 
     out_dir = tempfile.mkdtemp(prefix="grpo-sync-")
@@ -88,7 +79,7 @@ def measure(model: str, bucket_mb: int, reps: int) -> dict:
             "engine": fit.generator_memory(dims, r, 0.0)[0].parts["sync_buffers"]}
     med = lambda f: statistics.median(f(row) for row in rows)  # noqa: E731
     push_s = med(lambda row: row["push_s"])
-    bound = 2 * unit_bytes(metas) + 2 * sync.largest_bucket_bytes(metas, bucket_mb << 20)
+    bound = 2 * fsdp.largest_unit_bytes(metas) + 2 * sync.largest_bucket_bytes(metas, bucket_mb << 20)
     return {
         "model": model, "parameters": sum(m.numel for m in metas), "wire_dtype": metas[0].dtype, "bytes": nbytes,
         "bucket_mb": bucket_mb, "reps": reps,
@@ -107,7 +98,7 @@ def measure(model: str, bucket_mb: int, reps: int) -> dict:
         },
         "logprob_diff_max": max(row["logprob_diff"] for row in rows),
         "extra_rss_gb": {side: max(row["extra_rss_gb"][side] for row in rows) for side in ("learner", "engine")},
-        "plan_gb": plan, "bound_gb": bound / 1e9, "unit_gb": unit_bytes(metas) / 1e9,
+        "plan_gb": plan, "bound_gb": bound / 1e9, "unit_gb": fsdp.largest_unit_bytes(metas) / 1e9,
         "bucket_gb": sync.largest_bucket_bytes(metas, bucket_mb << 20) / 1e9,
     }
 

@@ -66,20 +66,11 @@ def test_sync_round_trip_through_the_pools(ray_local, tmp_path):
 BIG = "tiny://qwen2?layers=8&hidden=1024&heads=8&kv_heads=2&vocab=8000&tie=0&seed=0"  # 122M parameters
 
 
-def _largest_unit(metas) -> int:
-    units: dict[str, int] = {}
-    for m in metas:
-        parts = m.name.split(".")
-        key = ".".join(parts[:3]) if parts[:2] == ["model", "layers"] else "root"
-        units[key] = units.get(key, 0) + m.nbytes
-    return max(units.values())
-
-
 @pytest.mark.slow
 def test_push_memory_stays_within_two_units_and_two_buckets(ray_local, tmp_path):
     """122M parameters (490 MB in float32), 2 learner ranks, a real engine, 32 MiB buckets: the extra peak RSS of
     learner rank 0 and of the engine during a push stays within 1.25 x (2 FSDP units + 2 buckets), about 40% of the
-    model; before streaming, each held the whole model (0.6 and 0.7 GB extra, benchmarks/results/sync.md)."""
+    model; before streaming they took 0.36 and 0.54 GB extra (benchmarks/results/sync.md)."""
     recipe = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", [
         f"model.path={BIG}", f"trainer.output_dir={tmp_path}", "trainer.bucket_mb=32", "algorithm.kl_coef=0",
         "data.response_prefix=''", "data.train_batch_size=4", "learner.mini_batch_size=64", "learner.micro_batch_size=16"])
@@ -88,7 +79,7 @@ def test_push_memory_stays_within_two_units_and_two_buckets(ray_local, tmp_path)
         c.start(("learner", "generator"))
         learner, engine = c.pools.actors["learner"][0], c.pools.actors["generator"][0]
         metas = c.pools.metas
-        bound = 2 * _largest_unit(metas) + 2 * sync.largest_bucket_bytes(metas, 32 << 20)
+        bound = 2 * fsdp.largest_unit_bytes(metas) + 2 * sync.largest_bucket_bytes(metas, 32 << 20)
         model = sum(m.nbytes for m in metas)
         assert model > 4e8 and bound < 0.5 * model  # a bound that all-at-once gathering or receiving would break
         c.push_weights(1)  # first push: one-off allocations (gloo buffers, vLLM's reload bookkeeping)

@@ -46,6 +46,16 @@ def shard_rows(rows: int, world_size: int) -> list[int]:
     return [max(0, min(chunk, rows - r * chunk)) for r in range(world_size)]
 
 
+def largest_unit_bytes(metas: list[sync.WeightMeta]) -> int:
+    """Bytes of the largest FSDP unit among `metas` (a block ``model.layers.N``, or the root: the rest)."""
+    units: dict[str, int] = {}
+    for m in metas:
+        parts = m.name.split(".")
+        key = ".".join(parts[:3]) if parts[:2] == ["model", "layers"] else ""
+        units[key] = units.get(key, 0) + m.nbytes
+    return max(units.values(), default=0)
+
+
 def reshard(model: torch.nn.Module) -> None:
     """Free every unsharded parameter (FSDP2 keeps the root's after a forward), so each is a DTensor shard."""
     from torch.distributed.fsdp import FSDPModule
