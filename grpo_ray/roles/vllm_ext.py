@@ -74,7 +74,7 @@ class WeightSyncExtension:
 
         def weights():
             for k, bucket in enumerate(sync.receive(self._grpo_sync, metas, bucket_bytes, self.device, phases)):
-                if k == 1 and fault_at("exit_mid_sync", version):
+                if k == 0 and fault_at("exit_mid_sync", version):
                     os._exit(1)  # fault test: a receiver lost mid-broadcast (the first bucket arrived, the rest not)
                 yield from bucket
 
