@@ -115,10 +115,12 @@ def test_plan_refuses_a_kv_budget_that_holds_no_full_sequence():
 
 
 def test_plan_for_other_gpus_and_node_counts():
-    """--gpu and --nodes replan the same recipe: the 32B recipe does not fit an H200's 141 GB, and on one node
-    the marked node groups cannot both exist."""
+    """--gpu and --nodes replan the same recipe: the 32B recipe fits an H200's 141 GB since its reference is
+    sharded (it did not before), not an H100's 80 GB; on one node the marked node groups cannot both exist."""
     h200 = run_cli("plan", "recipes/qwen2.5-32b-gsm8k-b200.yaml", "--gpu", "h200")
-    assert h200.returncode == 1 and "over the 141 GB of one device" in h200.stdout, h200.stdout
+    assert h200.returncode == 0 and "112.1 of 141 GB" in h200.stdout, h200.stdout
+    h200 = run_cli("plan", "recipes/qwen2.5-32b-gsm8k-b200.yaml", "--gpu", "h100")
+    assert h200.returncode == 1 and "over the 80 GB of one device" in h200.stdout, h200.stdout
     one = run_cli("plan", "recipes/llama3.1-8b-math-4node.yaml", "--nodes", "1")
     assert one.returncode == 1 and "mark 4 nodes, but cluster.nodes is 1" in one.stdout, one.stdout
     cpu = run_cli("plan", "recipes/gemma3-1b-math500-1node.yaml", "--gpu", "cpu", "--nodes", "1")
