@@ -256,8 +256,8 @@ class TrainerConfig:
     call_timeout_s: float = 1800.0
     """Longest wait for any one call to a pool; past it the run stops with the call's name."""
     bucket_mb: int = 256
-    """Weight-sync bucket size in MiB, in the engine's dtype: learner rank 0 and every engine worker hold at most two
-    at a time (a tensor larger than this goes alone)."""
+    """Weight-sync bucket size in MiB, in the engine's dtype: learner rank 0 holds two at a time, an engine worker up
+    to three (a tensor larger than this goes alone)."""
     sync_timeout_s: float = 600.0
     """Timeout of each weight-sync collective; a receiver lost mid-broadcast is noticed within it."""
     max_skipped_steps: int = 3

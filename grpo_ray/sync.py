@@ -131,20 +131,16 @@ def send(group: SyncGroup, metas: list[WeightMeta], fill: Callable[[list[int], t
     buckets in flight."""
     phases = phases or Phases()
     pending: deque = deque()  # (work, buffer) of buckets on the wire
-    free: list[torch.Tensor] = []
     sent = 0
     for bucket in plan_buckets(metas, bucket_bytes):
         dtype, numel = metas[bucket[0]].torch_dtype, sum(metas[i].numel for i in bucket)
-        if len(pending) == 2:
+        buf = None
+        if len(pending) == 2:  # reuse the older buffer once its broadcast is done
             with phases("broadcast"):
                 work, buf = pending.popleft()
                 work.wait()
-            free.append(buf)
-        buf = next((b for b in free if b.dtype == dtype and b.numel() >= numel), None)
-        if buf is None:
+        if buf is None or buf.dtype != dtype or buf.numel() < numel:
             buf = torch.empty(numel, dtype=dtype, device=device)
-        else:
-            free.remove(buf)
         flat = buf[:numel]
         fill(bucket, flat)
         with phases("broadcast"):
