@@ -190,7 +190,7 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
         learn_s = []
         for _ in range(reps):  # the learner hop alone (no reference pass: the raw loop has none either)
             start = time.perf_counter()
-            ray.get([l.train.remote(rollouts, None, advantages) for l in c.pools.actors["learner"]])
+            ray.get([l.train.remote(rollouts, None, advantages, c.version) for l in c.pools.actors["learner"]])
             learn_s.append(time.perf_counter() - start)
         sync_s = []
         for _ in range(max(reps, 5)):  # gather from shards + broadcast + load into vLLM; not the probe

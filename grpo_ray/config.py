@@ -167,6 +167,28 @@ class RewardConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    """How the loss corrects for the sampler (vLLM) and the learner disagreeing on a sample's logprobs: verl's
+    ``algorithm.rollout_correction`` keys. The ratio corrected is exp(old - sampler) per token, ``old`` being the
+    learner's logprobs at the version that generated the sample (grpo_ray.algo.correction)."""
+
+    rollout_is: str | None = None
+    """null (none), or token: truncated importance sampling, each token's loss weighted by min(ratio, threshold)."""
+    rollout_is_threshold: float = 2.0
+    """The cap of the token weights (verl's default 2.0)."""
+    rollout_rs: str | None = None
+    """null (none), sequence (a sample's product of ratios) or geometric (their geometric mean, i.e. per token):
+    samples whose value is outside [rollout_rs_threshold_lower, rollout_rs_threshold] are masked out of the loss."""
+    rollout_rs_threshold: float = 2.0
+    """Upper bound of the sample-level ratio; over it the sample is masked."""
+    rollout_rs_threshold_lower: float = 0.0
+    """Lower bound of the sample-level ratio; 0 means 1 / rollout_rs_threshold."""
+    bypass_mode: bool = False
+    """Take the sampler's logprobs as the old policy (no learner forward for them; then there is nothing to
+    correct, so rollout_is and rollout_rs must be null)."""
+
+
+@dataclass
 class AlgorithmConfig:
     group_size: int = 8
     """Responses sampled per prompt (verl's rollout.n); advantages compare within a group."""
@@ -184,6 +206,13 @@ class AlgorithmConfig:
     """token-mean (all tokens of the mini batch weigh the same) or seq-mean (each sequence's mean, averaged)."""
     ppo_epochs: int = 1
     """Passes over each step's samples."""
+    max_staleness: int = 0
+    """How many versions older than the learner's a trained sample's weights may be (NeMo RL's
+    max_trajectory_age_steps). 0: on-policy, each batch is generated with the weights of the step before.
+    1: one step off, the next batch is generated while this one trains. k > 1: the same overlap, with the
+    weights pushed only every k-th step. Colocated generators need 0 (they share devices with the learner)."""
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    """The sampler-to-learner mismatch correction (importance sampling or masking), verl's names."""
 
 
 @dataclass
@@ -299,6 +328,8 @@ CHOICES = {
     "learner.dtype": ("bfloat16", "float32"),
     "algorithm.kl_estimator": ("k1", "k3"),
     "algorithm.loss_agg": ("token-mean", "seq-mean"),
+    "algorithm.rollout_correction.rollout_is": (None, "token"),
+    "algorithm.rollout_correction.rollout_rs": (None, "sequence", "geometric"),
     "cluster.device": ("cpu", "cuda"),
     "trainer.log_level": ("info", "debug"),
 }
@@ -358,7 +389,12 @@ RANGES: dict[str, Range] = {
     "reward.memory_mb": Range(64, why="the child process needs room for Python"), "reward.num_cpus": POSITIVE,
     "algorithm.group_size": Range(2, why="GRPO compares samples of one prompt"),
     "algorithm.clip_ratio_low": Range(0, 1, high_open=True), "algorithm.clip_ratio_high": NON_NEGATIVE,
-    "algorithm.kl_coef": NON_NEGATIVE, "algorithm.ppo_epochs": POSITIVE,
+    "algorithm.kl_coef": NON_NEGATIVE, "algorithm.ppo_epochs": POSITIVE, "algorithm.max_staleness": NON_NEGATIVE,
+    "algorithm.rollout_correction.rollout_is_threshold": Range(1, low_open=True, why="a cap of the weights at 1 or "
+                                                               "below would down-weight every token"),
+    "algorithm.rollout_correction.rollout_rs_threshold": Range(1, low_open=True),
+    "algorithm.rollout_correction.rollout_rs_threshold_lower": Range(0, 1, high_open=True, why="0 means 1 / the "
+                                                                     "upper threshold"),
     "cluster.nodes": POSITIVE, "cluster.devices_per_node": NON_NEGATIVE, "cluster.device_memory_gb": NON_NEGATIVE,
     "cluster.node_memory_gb": NON_NEGATIVE, "cluster.peak_tflops": NON_NEGATIVE,
     "trainer.total_steps": NON_NEGATIVE, "trainer.total_epochs": NON_NEGATIVE, "trainer.save_freq": NON_NEGATIVE,
@@ -471,10 +507,9 @@ def validate(r: Recipe, command: str = "train") -> list[str]:
     """Every problem of a type-correct recipe for `command`, as messages naming the numbers that clash."""
     p: list[str] = []
     for key, choices in CHOICES.items():
-        section, name = key.split(".")
-        value = getattr(getattr(r, section), name)
+        value = _get(r, key)
         if value not in choices:
-            p.append(f"{key}={value!r}: expected one of {', '.join(choices)}")
+            p.append(f"{key}={value!r}: expected one of {', '.join('null' if c is None else c for c in choices)}")
     out_of_range = range_problems(r)
     if out_of_range:
         return p + out_of_range  # the arithmetic below assumes sizes in range
@@ -502,6 +537,20 @@ def validate(r: Recipe, command: str = "train") -> list[str]:
     if not r.reward.functions:
         p.append("reward.functions is empty: name at least one reward function")
     p += _cluster_problems(r)
+    p += _schedule_problems(r)
+    return p
+
+
+def _schedule_problems(r: Recipe) -> list[str]:
+    a, p = r.algorithm, []
+    rc = a.rollout_correction
+    if rc.bypass_mode and (rc.rollout_is or rc.rollout_rs):
+        p.append("algorithm.rollout_correction.bypass_mode=true takes the sampler's logprobs as the old policy, so "
+                 "there is no mismatch to correct: set rollout_is and rollout_rs to null, or bypass_mode=false")
+    shared = next((g for g in r.cluster.colocate if "generator" in g and "learner" in g), None)
+    if a.max_staleness and shared:
+        p.append(f"algorithm.max_staleness={a.max_staleness}: the generator shares devices with the learner "
+                 f"(cluster.colocate {shared}), so generation cannot overlap training; set it to 0")
     return p
 
 

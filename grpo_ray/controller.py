@@ -8,9 +8,19 @@
 
 Rollouts and logprobs travel between pools as Ray object refs; the controller only
 gathers rewards, lengths, timings and metrics (rollout dumps are written by a task on the
-driver's node, not by the controller). Generation of step k+1 could overlap training of
-step k by launching the next ``generate`` before ``train_on`` returns: the hops are
-already separate remote calls, so that is a change of schedule here, not a rewrite.
+driver's node, not by the controller).
+
+The schedule (``algorithm.max_staleness``): at 0 each batch is generated after the last
+push, so it is on-policy. At k >= 1 the next batch's generation is launched before this
+step waits on anything, so the engines generate step s+1 while the learner trains step s:
+
+    engines   │ gen s+1 ··········│push│ gen s+2 ··········│push│
+    learner   │ score, ref, train s    │ score, ref, train s+1  │
+
+An engine runs its calls in the order they were sent, so a batch is generated with the
+weights of the last push sent before it (``Batch.version``) and the push waits for the
+generation ahead of it. Weights are pushed when the next batch would otherwise be more than
+k versions older than the learner when trained, and before validation and checkpoints.
 """
 
 from __future__ import annotations
@@ -49,6 +59,24 @@ from grpo_ray.types import Prompt, Work
 
 __all__ = ["Controller", "RunError", "Preempted", "train", "replay", "connect"]
 
+NO_SYNC = {"sync/seconds": 0.0, "timing_s/sync_weights": 0.0}
+
+
+@dataclasses.dataclass
+class Batch:
+    """One step's generation, launched and not yet collected."""
+
+    step: int
+    prompts: list[Prompt]
+    version: int
+    """The engines' weights when it was launched: the version that generates it."""
+    n: int
+    """Samples per prompt."""
+    sampling: object
+    """SamplingConfig, or None for the training sampling."""
+    calls: dict[int, tuple]
+    """Engine index -> (rollout ref, stats ref, the actor called)."""
+
 
 class Controller:
     save_at_end = False
@@ -59,6 +87,13 @@ class Controller:
         self.stream = PromptStream(inputs.train_rows, recipe.data.train_batch_size, recipe.trainer.seed,
                                    recipe.data.shuffle)
         self.version = 0
+        """The learner's weights: updates that changed them."""
+        self.engine_version = 0
+        """The weights the engines hold (the last push)."""
+        self.inflight: dict[int, Batch] = {}
+        """Batches launched ahead of their step (max_staleness >= 1)."""
+        self.last_update: tuple[float, float] = (0.0, 0.0)
+        """Wall-clock window of the last learner update, to measure what generation overlapped it."""
         self.pools = Pools(recipe, inputs.model_path)
         self.pending_dumps: list = []
         self.skipped = {"in_a_row": 0, "total": 0}
@@ -70,8 +105,11 @@ class Controller:
     def step(self, step: int) -> dict[str, float]:
         r, G = self.r, self.r.algorithm.group_size
         start = time.perf_counter()
-        batch = [Prompt.from_row(uid, row) for uid, row in self.stream.next_batch()]
-        rollouts, stats = self.generate(batch, G, step)
+        batch = self.inflight.pop(step, None) or self.launch(step)  # launched during the last step, or now
+        if self.overlaps(step):
+            self.inflight[step + 1] = self.launch(step + 1)  # generated while this step trains
+        rollouts, stats = self.collect(batch)
+        staleness = self.check_staleness(stats)
         samples = Samples.of(stats)  # counts and lengths: how the pools below share the work
         scores = self.score(rollouts, samples)
         refs = self.reference_logprobs(rollouts, samples)  # runs while the rewards are scored
@@ -79,19 +117,46 @@ class Controller:
         rewards = torch.tensor([t for s in scores for t in s.totals])
         advantages = group_advantages(rewards, G, r.algorithm.norm_adv_by_std).tolist()
         trained, ref_work = self.train_on(rollouts, advantages, refs)
-        synced = self.sync_weights() if self.updated(trained) else {"sync/seconds": 0.0, "timing_s/sync_weights": 0.0}
+        self.version += self.updated(trained)
+        synced = self.sync_weights() if self.push_due(step) else NO_SYNC  # waits for the generation ahead of it
         if r.trainer.dump_rollouts:
             self.dump(f"train_data_step{step}", step, rollouts, scores, advantages)
         seconds = time.perf_counter() - start
         learner = trained["timing_s/update_actor"] + trained["timing_s/old_log_prob"] + synced["sync/seconds"]
-        work = {"generator": [Work(s.seconds + synced["timing_s/sync_weights"], len(s.response_lengths)) for s in stats],
+        work = {"generator": [Work(s.seconds + synced["sync/seconds"], len(s.response_lengths)) for s in stats],
                 "learner": [Work(learner, len(samples.costs) // r.learner.world_size)] * r.learner.world_size,
                 "reference": ref_work, "reward": [Work(s.seconds, len(s.totals)) for s in scores]}
-        return {**rollout_metrics(stats, scores), **trained, **synced,
+        return {**rollout_metrics(stats, scores), **trained, **synced, **staleness,
                 **perf_metrics(stats, trained, seconds, self.pools.facts, self.pools.devices(), self.r),
                 **pool_metrics(work, {p: len(a) for p, a in self.pools.actors.items()}, seconds),
                 **self.pools.memory(), "fault/generator_restarts": self.pools.generator_restarts,
                 "fault/skipped_steps": self.skipped["total"], "timing_s/step": seconds}
+
+    def overlaps(self, step: int) -> bool:
+        """Whether the next batch is launched during this step. Not before a scheduled checkpoint: the next
+        batch then waits for this step's weights, as it will in a run resumed from that checkpoint."""
+        return self.r.algorithm.max_staleness > 0 and step < self.total_steps() and not self.saving(step)
+
+    def push_due(self, step: int) -> bool:
+        """Whether to push the learner's weights now: when the next batch launched would otherwise be more than
+        max_staleness versions behind the learner when it trains (at 0: after every update), and before
+        validation and checkpoints."""
+        behind = self.version - self.engine_version
+        return behind > 0 and (behind + 1 > self.r.algorithm.max_staleness or self.validating(step)
+                               or self.saving(step))
+
+    def check_staleness(self, stats: list) -> dict[str, float]:
+        """The batch's age against the learner's weights (a sample older than max_staleness is never trained on),
+        and from the engines' clocks, how much of its generation overlapped the last update and how long before
+        that update ended it started (negative: after)."""
+        oldest = min(s.policy_version for s in stats)
+        if self.version - oldest > self.r.algorithm.max_staleness:
+            raise RunError(f"samples of version {oldest} reached a learner at version {self.version}: older than "
+                           f"algorithm.max_staleness={self.r.algorithm.max_staleness}")
+        start, end = min(s.window[0] for s in stats), max(s.window[1] for s in stats)
+        overlap = max(0.0, min(end, self.last_update[1]) - max(start, self.last_update[0]))
+        return {"rollout/staleness": float(self.version - oldest), "perf/gen_overlap_s": overlap,
+                "perf/gen_ahead_s": self.last_update[1] - start if self.last_update[1] else 0.0}
 
     def updated(self, trained: dict[str, float]) -> bool:
         """Whether the learner's weights changed; a step whose every update was skipped (non-finite loss or
@@ -111,30 +176,46 @@ class Controller:
 
     # --- hops --------------------------------------------------------------------------
 
-    def generate(self, prompts: list[Prompt], n: int, step: int, sampling=None) -> tuple[list, list]:
-        """Prompts cut evenly over the engines: rollout refs (for the pools) and their stats (for us). An engine
-        that dies or misses generator.timeout_s is replaced and its share alone is generated again."""
-        g = self.r.generator
+    def launch(self, step: int, prompts: list[Prompt] | None = None, n: int = 0, sampling=None) -> Batch:
+        """Send a batch (the next training prompts unless given) to the engines, cut evenly over them."""
+        prompts = prompts or [Prompt.from_row(uid, row) for uid, row in self.stream.next_batch()]
         shards = split(prompts, len(self.pools.actors["generator"]))
-        calls = {i: self._generate_on(i, shard, n, step, sampling) for i, shard in enumerate(shards) if shard}
+        batch = Batch(step, prompts, self.engine_version, n or self.r.algorithm.group_size, sampling, {})
+        for i, shard in enumerate(shards):
+            if shard:
+                batch.calls[i] = self._generate_on(i, shard, batch.n, step, sampling)
+        return batch
+
+    def collect(self, batch: Batch) -> tuple[list, list]:
+        """The batch's rollout refs (for the pools) and stats (for us). An engine that dies or misses
+        generator.timeout_s is replaced (unless that happened already, e.g. in a push) and its share alone is
+        generated again, with the seeds it had and the weights the engines hold now."""
+        g = self.r.generator
+        shards = split(batch.prompts, len(self.pools.actors["generator"]))
         done = {}
-        for i in calls:
+        for i, call in batch.calls.items():
             for attempt in range(g.max_restarts + 1):
                 try:
-                    done[i] = calls[i][0], self.pools.call(calls[i][1], f"generate on engine {i}", g.timeout_s)
+                    done[i] = call[0], self.pools.call(call[1], f"generate on engine {i}", g.timeout_s)
                     break
                 except PoolFault as e:
                     if attempt == g.max_restarts:
                         raise RunError(f"{e}; engine {i} was replaced {g.max_restarts} times in this step "
                                        "(generator.max_restarts)") from None
-                    self.say(f"engine {i} lost ({e}); replacing it")
-                    self.recover([i])
-                    calls[i] = self._generate_on(i, shards[i], n, step, sampling)
+                    if self.pools.actors["generator"][i] is call[2]:
+                        self.say(f"engine {i} lost ({e}); replacing it")
+                        self.recover([i])
+                    call = self._generate_on(i, shards[i], batch.n, batch.step, batch.sampling)
         return [done[i][0] for i in sorted(done)], [done[i][1] for i in sorted(done)]
+
+    def generate(self, prompts: list[Prompt], n: int, step: int, sampling=None) -> tuple[list, list]:
+        """Generate `n` samples of each prompt now, and wait for them (validation)."""
+        return self.collect(self.launch(step, prompts, n, sampling))
 
     def _generate_on(self, i: int, shard: list[Prompt], n: int, step: int, sampling) -> tuple:
         seeds = [sample_seed(self.r.trainer.seed, step, p.uid) for p in shard]
-        return self.pools.actors["generator"][i].generate.options(num_returns=2).remote(shard, n, seeds, sampling)
+        actor = self.pools.actors["generator"][i]
+        return (*actor.generate.options(num_returns=2).remote(shard, n, seeds, sampling), actor)
 
     def spread(self, pool: str, rollouts: list, samples: Samples, by_tokens: bool) -> list[tuple]:
         """The step's samples cut into contiguous shares of near-equal tokens (or samples) over every actor of
@@ -160,8 +241,10 @@ class Controller:
         """One learner step on the rollouts behind the refs, with reference logprobs when there is a KL term;
         the learner's metrics and the reference actors' work."""
         ref_lps = [lp for lp, _ in refs] or None
-        trained = self._get([l.train.remote(rollouts, ref_lps, advantages) for l in self.pools.actors["learner"]],
-                            "learner train")[0]
+        keep_from = min([self.engine_version] + [b.version for b in self.inflight.values()])
+        trained = self._get([l.train.remote(rollouts, ref_lps, advantages, self.version, keep_from)
+                             for l in self.pools.actors["learner"]], "learner train")[0]
+        self.last_update = trained.pop("timing_s/update_window")
         ref_work = self._get([w for _, w in refs], "reference") if refs else []
         trained["timing_s/ref"] = max((w.seconds for w in ref_work), default=0.0)
         return trained, ref_work
@@ -187,12 +270,16 @@ class Controller:
             if e.died:  # a learner rank is gone with its shard of the state: nothing to replace it with
                 raise RunError(f"{e}; resume from the last checkpoint") from None
             raise
-        return pushed, self.pools.call(receives, "weight receive", timeout)
+        received = self.pools.call(receives, "weight receive", timeout)
+        self.engine_version = version
+        return pushed, received
 
     def sync_weights(self) -> dict[str, float]:
-        """Push the learner's weights to every generator as the next version, then check them with the probe.
-        A push that fails (a receiver lost mid-broadcast) replaces the lost engines and pushes again, once."""
-        self.version += 1
+        """Push the learner's weights to every generator, then check them with the probe. A push that fails (a
+        receiver lost mid-broadcast) replaces the lost engines and pushes again, once. It starts on an engine when
+        the generation sent before it ends: sync/seconds is the push as the engines see it, timing_s/sync_weights
+        the controller's wait, that generation and the probe included."""
+        start = time.perf_counter()
         try:
             pushed, received = self.push_weights(self.version)
         except PoolFault as e:
@@ -205,10 +292,10 @@ class Controller:
             raise RunError(f"weight sync to version {self.version}: generator and learner logprobs differ by "
                            f"{diff:.3g} on the probe, over trainer.max_sync_logprob_diff={bound}")
         sent, slowest = pushed[0], max(received, key=lambda t: t["seconds"])
-        seconds = max(sent["seconds"], slowest["seconds"])  # the push ends when the last engine has loaded
+        seconds = slowest["seconds"]  # from the engines' start of the push until the last one has loaded
         return {"sync/logprob_diff": diff, "sync/seconds": seconds, "sync/GBps": sent["bytes"] / seconds / 1e9,
                 **{f"sync/{phase}_s": sent.get(phase, 0.0) for phase in ("gather", "cast")},
-                "sync/load_s": slowest["load"], "timing_s/sync_weights": seconds}
+                "sync/load_s": slowest["load"], "timing_s/sync_weights": time.perf_counter() - start}
 
     def recover(self, engines: list[int]) -> tuple[list[dict], list[dict]]:
         """Replace `engines`, rebuild the weight-sync group over all engines, load the current weights into all."""
@@ -266,7 +353,7 @@ class Controller:
                   "checkpoint load")
         self.stream = PromptStream(self.inputs.train_rows, self.r.data.train_batch_size, self.r.trainer.seed,
                                    self.r.data.shuffle, Position(**state["data"]))
-        self.version = state["version"]
+        self.version = self.engine_version = state["version"]
         if self.pools.actors["generator"]:
             self.push_weights(self.version)  # before the first rollout
         return state["step"]
@@ -298,17 +385,27 @@ class Controller:
             last_val, save_seconds = None, 0.0
             for step in range(done + 1, total + 1):
                 metrics = self.step(step)
-                if t.test_freq and self.inputs.val_rows and (step % t.test_freq == 0 or step == total):
+                if self.validating(step):
                     metrics.update(self.validate(step))
                     last_val = statistics.fmean(v for k, v in metrics.items() if k.endswith("/pass@1"))
                 self.log.log(step, metrics)
-                due = (t.save_freq and step % t.save_freq == 0) or (step == total and (t.save_freq or self.save_at_end))
-                if due or self.preempted_at is not None:
-                    save_seconds = self.save_or_quit(step, last_val, due, save_seconds)
+                if self.saving(step) or self.preempted_at is not None:
+                    save_seconds = self.save_or_quit(step, last_val, self.saving(step), save_seconds)
             self.flush_dumps()
         finally:
             self.log.close()
             self.shutdown()
+
+    def validating(self, step: int) -> bool:
+        """Whether validation runs after `step`."""
+        t = self.r.trainer
+        return bool(t.test_freq and self.inputs.val_rows and (step % t.test_freq == 0 or step == self.total_steps()))
+
+    def saving(self, step: int) -> bool:
+        """Whether a checkpoint is due after `step` (SIGTERM aside)."""
+        t = self.r.trainer
+        return bool((t.save_freq and step % t.save_freq == 0)
+                    or (step == self.total_steps() and (t.save_freq or self.save_at_end)))
 
     def save_or_quit(self, step: int, last_val: float | None, due: bool, last_seconds: float) -> float:
         """Save when due; after SIGTERM, save if the last save fits in what is left of the grace, then stop."""
@@ -377,7 +474,10 @@ def train(recipe: Recipe, inputs: RunInputs) -> None:
 def replay(recipe: Recipe, dump_path: str) -> dict[str, float]:
     """One learner step on a training dump, with no generators: only the learner (and reference) pools start.
 
-    Replaying step N's dump into learners holding the weights of step N-1 reproduces that step's update."""
+    The loaded weights are taken as those that generated the dump (its policy_version), so replaying step N's
+    dump into learners holding the weights of step N-1 reproduces an on-policy step's update. A batch generated
+    with older weights than the learner's (max_staleness >= 1) had those older weights as its old policy: its
+    replay reproduces the update only when the loaded weights are the generating ones and the step's own."""
     from grpo_ray import models
     from grpo_ray.dumps import load_dump
 
@@ -389,6 +489,7 @@ def replay(recipe: Recipe, dump_path: str) -> dict[str, float]:
     try:
         c.start(pools=("learner", "reference"))
         refs = [ray.put(r) for r in rollouts]
+        c.version = c.engine_version = rollouts[0].policy_version
         return c.train_on(refs, advantages, c.reference_logprobs(refs, Samples.of_rollouts(rollouts)))[0]
     finally:
         c.shutdown()

@@ -2,7 +2,8 @@
 
 A line holds the prompt and response text, the ground truth, each reward component and the
 combined score, the advantage, the policy version that sampled it, and the token ids
-(``prompt_ids``, ``response_ids``) that ``load_dump`` turns back into rollouts for a replay.
+(``prompt_ids``, ``response_ids``) and the sampler's logprob of each response token (``sampler_logprobs``)
+that ``load_dump`` turns back into rollouts for a replay.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def write_dump(path: str, step: int, scores: list[Scores], advantages: list[floa
                     "score": totals[i], "rewards": {k: v[i] for k, v in components.items()},
                     "advantage": None if advantages is None else advantages[i],
                     "policy_version": rollout.policy_version, "finish_reason": c.finish_reason,
-                    "prompt_ids": p.ids, "response_ids": c.token_ids,
+                    "prompt_ids": p.ids, "response_ids": c.token_ids, "sampler_logprobs": c.sampler_logprobs,
                 }) + "\n")
                 i += 1
     tmp.rename(out)  # a dump is there whole or not at all
@@ -54,7 +55,8 @@ def load_dump(path: str | Path) -> tuple[list[Rollout], list[float]]:
             raise ValueError(f"{path}: a validation dump has no advantages to replay")
         if not prompts or prompts[-1].uid != d["uid"] or prompts[-1].ids != d["prompt_ids"]:
             prompts.append(Prompt(d["prompt_ids"], d["ground_truth"], d["data_source"], {}, d["uid"], d["prompt"]))
-        completions.append(Completion(len(prompts) - 1, d["response_ids"], d["response"], [], d["finish_reason"]))
+        completions.append(Completion(len(prompts) - 1, d["response_ids"], d["response"], d["sampler_logprobs"],
+                                      d["finish_reason"]))
         advantages.append(d["advantage"])
         version = d["policy_version"]
     return [Rollout(prompts, completions, version)], advantages

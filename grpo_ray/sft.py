@@ -58,6 +58,7 @@ class SFTController(Controller):
                 **self.pools.memory(), "timing_s/step": seconds}
 
     def validate(self, step: int) -> dict[str, float]:
+        self.version = step
         self.sync_weights()  # the generators sample with this step's weights
         return super().validate(step)
 

@@ -61,6 +61,8 @@ class RolloutStats:
     response_lengths: list[int]
     truncated: int
     """Completions cut at sampling.max_tokens (finish reason "length"): response_length/clip_ratio."""
+    window: tuple[float, float] = (0.0, 0.0)
+    """Wall-clock start and end of the generation (time.time() in the actor): what overlapped what."""
 
 
 @dataclass

@@ -60,7 +60,10 @@ def tiny_rollouts(vocab: int, prompts: int = 4, group: int = 4, seed: int = 0, s
     per = prompts // split
     for s in range(split):
         ps = [Prompt([rng.randrange(3, vocab) for _ in range(rng.randint(4, 9))], "1", "test") for _ in range(per)]
-        cs = [Completion(i, [rng.randrange(3, vocab) for _ in range(rng.randint(1, 5))], "", [], "stop")
-              for i in range(per) for _ in range(group)]
+        cs = []
+        for i in range(per):
+            for _ in range(group):
+                ids = [rng.randrange(3, vocab) for _ in range(rng.randint(1, 5))]
+                cs.append(Completion(i, ids, "", [-rng.uniform(4, 7) for _ in ids], "stop"))  # a sampler's logprobs
         out.append(Rollout(ps, cs, 0))
     return out

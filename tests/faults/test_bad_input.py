@@ -124,7 +124,7 @@ def test_every_field_has_a_range_or_a_set_of_choices():
 
     leaves = dict(schema_leaves())
     numeric = {k for k, tp in leaves.items() if tp in NUMERIC}
-    text = {k for k, tp in leaves.items() if tp is str}
+    text = {k for k, tp in leaves.items() if tp in (str, str | None)}
     assert numeric == set(RANGES), (numeric ^ set(RANGES))
     assert text == set(CHOICES) | FREE_TEXT, (text ^ (set(CHOICES) | FREE_TEXT))
 

@@ -2,6 +2,7 @@
 weights before it serves, and only its share of the prompts is generated again."""
 
 import ast
+import json
 import os
 import signal
 import threading
@@ -69,6 +70,32 @@ def test_lost_engine_is_replaced_mid_rollout(ray_local, tmp_path, capsys, sig, e
             assert seconds < 15 + 120, seconds
         third = c.step(3)  # and the pool goes on as before
         assert third["fault/generator_restarts"] == 1 and third["sync/logprob_diff"] < 1e-4
+    finally:
+        c.shutdown()
+
+
+def test_engine_lost_while_generating_ahead_is_replaced_once(ray_local, tmp_path, capsys):
+    """One step off: engine 0 is killed while it generates batch 3 and the learner trains step 2. The push
+    after step 2 finds it gone and replaces it; step 3 then regenerates that engine's share on the new engine
+    (with the weights it holds now) without replacing it again, and no sample is older than the bound."""
+    r = load_recipe(RECIPE, [*LONG, f"trainer.output_dir={tmp_path}", "algorithm.max_staleness=1",
+                             "trainer.total_steps=4"])
+    c = Controller(r, setup_run(r))
+    try:
+        c.start()
+        c.step(1)  # batch 2 was launched with version 0 at the start of step 1
+        metrics, _ = hit_mid_step(c, 2, signal.SIGKILL)  # batch 3 is being generated with version 1
+        assert metrics["fault/generator_restarts"] == 1 and metrics["rollout/staleness"] == 1
+        third = c.step(3)
+        assert third["fault/generator_restarts"] == 1  # the share was generated again, the engine not replaced again
+        assert third["rollout/staleness"] <= 1 and third["sync/logprob_diff"] < 1e-4
+        c.flush_dumps()
+        rows = [json.loads(line) for line in (tmp_path / "rollouts" / "train_data_step3.jsonl").read_text().splitlines()]
+        per_prompt = Counter(row["uid"] for row in rows)
+        assert len(per_prompt) == r.data.train_batch_size and set(per_prompt.values()) == {r.algorithm.group_size}
+        # engine 1's share kept version 1; engine 0's share came from the new engine, on version 2
+        assert {row["policy_version"] for row in rows} == {1, 2}
+        assert "engine 0 lost" not in capsys.readouterr().out.split("weight sync to version 2 failed")[-1]
     finally:
         c.shutdown()
 

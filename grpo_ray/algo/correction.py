@@ -1,0 +1,62 @@
+"""Rollout correction: the sampler (vLLM) and the learner disagree a little on a sample's logprobs, even at
+the same weights (another kernel, bf16 on GPU), so the loss can weight or mask the samples by how much.
+
+Per response token t of sample i, ``old`` the learner's logprob at the version that generated the sample and
+``sampler`` vLLM's logprob of the same token:
+
+    d_t     = old_t - sampler_t                 (clamped to [-20, 20])
+    ratio_t = exp(d_t)
+
+    rollout_is = token:      w_t = min(ratio_t, threshold)          truncated IS (TIS), a weight on the
+                                                                     policy-gradient term, no gradient through it
+    rollout_rs = sequence:   r_i = exp(sum_t d_t)                   sample i is masked out of the loss when
+                 geometric:  r_i = exp(mean_t d_t)                  r_i is outside [lower, upper]
+
+Metrics, named as verl's ``rollout_corr/*`` (sums here; the learner divides them):
+
+    kl         KL(sampler || old) from the sampled tokens, k1: mean of -d_t
+    k3_kl      the same, k3: mean of ratio_t - d_t - 1 (>= 0, lower variance)
+    rollout_is_mean / _max       the token ratio before any cap
+    rollout_rs_masked_fraction / rollout_rs_seq_masked_fraction    tokens / samples masked
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+SUM_KEYS = ("corr_tokens", "corr_kl_sum", "corr_k3_sum", "corr_ratio_sum", "corr_masked_tokens", "corr_masked_seqs", "corr_seqs")
+"""The sums ``rollout_correction`` returns, in the order the learner adds them up."""
+
+
+def rollout_correction(old: torch.Tensor, sampler: torch.Tensor, mask: torch.Tensor, rollout_is: str | None,
+                       is_threshold: float, rollout_rs: str | None, rs_upper: float, rs_lower: float
+                       ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float], float]:
+    """For one micro batch ([B, T] tensors, `mask` 1 on response tokens): the per-token weights of the
+    policy-gradient term, the mask of the tokens kept in the loss, the metric sums (SUM_KEYS) and the largest
+    token ratio. `rs_lower` 0 means 1 / `rs_upper`."""
+    m = mask.to(torch.float32)
+    d = ((old.float() - sampler.float()) * m).clamp(-20, 20)
+    ratio = d.exp()
+    weights = ratio.clamp(max=is_threshold) if rollout_is == "token" else torch.ones_like(ratio)
+    has_tokens = m.sum(dim=1) > 0
+    keep_seq = torch.ones_like(has_tokens, dtype=torch.float32)
+    if rollout_rs is not None:
+        log_r = d.sum(dim=1)
+        if rollout_rs == "geometric":
+            log_r = log_r / m.sum(dim=1).clamp(min=1)
+        lower = rs_lower or 1 / rs_upper
+        keep_seq = ((log_r >= math.log(lower)) & (log_r <= math.log(rs_upper))).float()
+    keep = m * keep_seq.unsqueeze(1)
+    sums = {
+        "corr_tokens": m.sum().item(),
+        "corr_kl_sum": (-d * m).sum().item(),
+        "corr_k3_sum": ((ratio - d - 1) * m).sum().item(),
+        "corr_ratio_sum": (ratio * m).sum().item(),
+        "corr_masked_tokens": (m - keep).sum().item(),
+        "corr_masked_seqs": ((1 - keep_seq) * has_tokens).sum().item(),
+        "corr_seqs": has_tokens.sum().item(),
+    }
+    largest = ratio[m.bool()].max().item() if m.any() else 0.0
+    return weights.detach(), keep, sums, largest
