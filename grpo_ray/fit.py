@@ -176,10 +176,21 @@ def learner_memory(d: ModelDims, r: Recipe, seq: int = 0) -> PoolMemory:
     }
     if r.generator.num_engines:  # a push runs between steps, in the memory the step's working set gives back
         parts["sync_extra"] = max(0.0, 2 * bucket_bytes(d, r) - parts["gathered"] - acts - parts["logits"])
+    snapshots = snapshot_count(r) * 4 * d.params / w  # this rank's shard of earlier versions, on the host
+    if cpu and snapshots:
+        parts["snapshots"] = snapshots
     parts = {k: v / GB for k, v in parts.items()}
     parts["runtime"] = CPU_RUNTIME_GB["learner"] + 4 * d.params / GB if cpu else GPU_RUNTIME_GB
+    host = f"; {snapshots / GB:.1f} GB of host memory for {snapshot_count(r)} weight snapshots" if snapshots and not cpu else ""
     return PoolMemory("learner", parts, f"micro batch {r.learner.micro_batch_size} x {s} tokens, {w} ranks"
-                      + (", gradient checkpointing" if r.learner.gradient_checkpointing else ""))
+                      + (", gradient checkpointing" if r.learner.gradient_checkpointing else "") + host)
+
+
+def snapshot_count(r: Recipe) -> int:
+    """Versions of the weights a learner rank keeps besides training (max_staleness >= 1, learner old policy): the
+    one being trained and those that generated the batches not yet trained."""
+    a = r.algorithm
+    return 0 if not a.max_staleness or a.rollout_correction.bypass_mode else a.max_staleness + 1
 
 
 def reference_memory(d: ModelDims, r: Recipe, seq: int = 0) -> PoolMemory:

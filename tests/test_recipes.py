@@ -42,6 +42,7 @@ def _structure(path):
         "chat template kwargs": dict(r.model.chat_template_kwargs),
         "vllm kwargs": dict(r.generator.vllm_kwargs),
         "algorithm": (r.algorithm.kl_coef, r.algorithm.kl_estimator, r.algorithm.clip_ratio_high, r.algorithm.loss_agg),
+        "schedule": (r.algorithm.max_staleness, r.algorithm.rollout_correction.rollout_is),
         "optimizer steps per step": r.data.train_batch_size * r.algorithm.group_size // r.learner.mini_batch_size,
         "gradient checkpointing": r.learner.gradient_checkpointing,
         "tied embeddings": dims.tied,
