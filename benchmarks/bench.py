@@ -268,6 +268,15 @@ def machine() -> dict:
             "date": time.strftime("%Y-%m-%d")}
 
 
+def write_report(out: str | Path, name: str, report: dict, text: str) -> None:
+    """`<out>/<name>.json` and `<out>/<name>.md`, and the Markdown on stdout."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(report, indent=1))
+    (out / f"{name}.md").write_text(text)
+    print(text)
+
+
 def markdown(report: dict) -> str:
     m, main = report["machine"], report["main"]
     o, rw = main["ours"], main["raw"]

@@ -14,7 +14,6 @@ and pipeline.md to --out.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -24,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench import machine  # noqa: E402
+from benchmarks.bench import machine, write_report  # noqa: E402
 
 MODEL = "tiny://qwen2?layers=6&hidden=512&heads=8&kv_heads=4&intermediate=1024&vocab=384&seed=0"
 COMMON = [f"model.path={MODEL}", "data.train_batch_size=8", "algorithm.group_size=8", "data.response_prefix=''",
@@ -120,11 +119,7 @@ def main() -> None:
     params = models.model_dims(MODEL).params
     runs = [run(name, o, args.warmup, args.steps) for name, o in SCHEDULES.items() if not args.only or name in args.only]
     report = {"machine": machine(), "steps": args.steps, "warmup": args.warmup, "params": params, "runs": runs}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "pipeline.json").write_text(json.dumps(report, indent=1))
-    (out / "pipeline.md").write_text(markdown(report))
-    print(markdown(report))
+    write_report(args.out, "pipeline", report, markdown(report))
 
 
 if __name__ == "__main__":

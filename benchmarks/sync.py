@@ -145,7 +145,7 @@ def markdown(report: dict) -> str:
 
 
 def main() -> None:
-    from benchmarks.bench import machine
+    from benchmarks.bench import machine, write_report
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=MODEL)
@@ -157,10 +157,7 @@ def main() -> None:
     out = Path(args.out)
     if (out / "sync-before.json").is_file():  # the pre-streaming sync, measured once at the same model
         report["before"] = json.loads((out / "sync-before.json").read_text())
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "sync.json").write_text(json.dumps(report, indent=1))
-    (out / "sync.md").write_text(markdown(report))
-    print(markdown(report))
+    write_report(out, "sync", report, markdown(report))
 
 
 if __name__ == "__main__":

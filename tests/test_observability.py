@@ -15,6 +15,8 @@ STEP_KEYS = [
     "global_seqlen/mean", "timing_s/gen", "timing_s/reward", "timing_s/ref", "timing_s/old_log_prob",
     "timing_s/update_actor", "timing_s/sync_weights", "timing_s/step", "perf/throughput", "perf/mfu/actor",
     "perf/mfu/step", "sync/seconds", "sync/GBps", "sync/logprob_diff", "reward/errors", "reward/timeouts",
+    "rollout_corr/kl", "rollout_corr/k3_kl", "rollout_corr/rollout_is_mean", "rollout_corr/rollout_is_max",
+    "rollout_corr/rollout_rs_masked_fraction", "rollout/staleness", "actor/policy_version", "perf/gen_overlap_s",
     *[f"perf/idle/{p}" for p in ("generator", "learner", "reference", "reward")],
     *[f"perf/peak_rss_gb/{p}" for p in ("generator", "learner", "reference", "reward")],
 ]
@@ -46,6 +48,8 @@ def test_every_step_has_the_metrics_and_they_are_sane(run):
         assert all(0 <= r[f"perf/idle/{p}"] < 1 for p in ("generator", "learner", "reference", "reward"))
         assert r["timing_s/update_actor"] < r["timing_s/step"] and r["timing_s/gen"] < r["timing_s/step"]
         assert r["sync/GBps"] > 0 and r["perf/peak_rss_gb/generator"] > 0.1
+        # fp32 on CPU, on-policy: vLLM's sampler and the learner agree on the sampled tokens to ~1e-8
+        assert abs(r["rollout_corr/kl"]) < 1e-6 and r["rollout/staleness"] == 0
     val = {r["step"]: r["val/synthetic/select/pass@1"] for r in rows if "val/synthetic/select/pass@1" in r}
     assert sorted(val) == [0, 2, 4] and all(0 <= v <= 1 for v in val.values())
     assert "step:4 critic/score/mean:" in res.stdout

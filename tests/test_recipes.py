@@ -92,7 +92,7 @@ def test_twin_trains_to_completion(name, tmp_path):
 def test_plan_refuses_qwen_32b_on_one_h100_with_tp1():
     out = run_cli("plan", "recipes/qwen2.5-32b-gsm8k-b200.yaml", "cluster.devices_per_node=1",
                   "generator.tensor_parallel_size=1", "learner.world_size=1", "reference.num_actors=1",
-                  "cluster.colocate=[[generator,learner,reference]]", "--gpu", "h100", "--nodes", "1")
+                  "cluster.colocate=[[generator,learner,reference]]", "algorithm.max_staleness=0", "--gpu", "h100", "--nodes", "1")
     assert out.returncode == 1, out.stdout + out.stderr
     assert "DOES NOT FIT" in out.stdout
     assert re.search(r"generator: weights 65\.5 GB per GPU \(tensor_parallel_size 1\).*exceed.*0\.6\) x 80 GB = 48\.0 GB; "

@@ -17,6 +17,9 @@ FAST = ["data.train_batch_size=4", "algorithm.group_size=4", "learner.mini_batch
         "learner.micro_batch_size=8", "trainer.test_freq=0", "trainer.val_before_train=false",
         "trainer.loggers=[console,jsonl]"]
 
+SCHEDULES = {"on-policy": [], "one-step-off": ["algorithm.max_staleness=1", "algorithm.rollout_correction.rollout_is=token"]}
+"""The faults that meet a batch in flight are tried under both schedules."""
+
 
 class Run:
     """`grpo-ray train` in its own process group (so the test can kill the whole job, Ray included)."""

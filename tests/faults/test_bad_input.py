@@ -53,6 +53,11 @@ CASES = {  # name: (recipe, overrides, what the message must say)
     "reward not importable": (RECIPE, ["reward.functions=[{name: no_such_module:fn}]"], "reward.functions[0].name"),
     "does not fit": (RECIPE, ["cluster.node_memory_gb=1"], "does not fit its cluster"),
     "output dir not writable": (RECIPE, ["trainer.output_dir=/proc/grpo-ray-run"], "trainer.output_dir='/proc/grpo-ray-run': cannot write there"),
+    "overlap on shared devices": (RECIPE, ["algorithm.max_staleness=1", "cluster.colocate=[[generator,learner]]"],
+                                  "algorithm.max_staleness=1: the generator shares devices with the learner"),
+    "correction with nothing to correct": (RECIPE, ["algorithm.rollout_correction.bypass_mode=true",
+                                                    "algorithm.rollout_correction.rollout_is=token"],
+                                           "bypass_mode=true takes the sampler's logprobs as the old policy"),
     "longer than the model's positions": (RECIPE, ["generator.max_model_len=4096"], "over the model's max_position_embeddings (1024)"),
 }
 

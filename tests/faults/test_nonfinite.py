@@ -2,21 +2,24 @@
 
 import pytest
 
-from tests.faults.conftest import Run, dump, metrics
+from tests.faults.conftest import SCHEDULES, Run, dump, metrics
 
 pytestmark = pytest.mark.slow
 
 
-def test_one_nan_step_is_skipped_and_the_run_goes_on(tmp_path, faults_env):
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_one_nan_step_is_skipped_and_the_run_goes_on(tmp_path, faults_env, schedule):
     out = tmp_path / "run"
-    run = Run(out, ["trainer.total_steps=4"], {**faults_env, "GRPO_RAY_FAULTS": "nan_loss@2"})
+    run = Run(out, ["trainer.total_steps=4", *SCHEDULES[schedule]], {**faults_env, "GRPO_RAY_FAULTS": "nan_loss@2"})
     assert run.wait() == 0, run.output()[-3000:]
     m = {row["step"]: row for row in metrics(out)}
     assert [m[s]["fault/skipped_steps"] for s in (1, 2, 3, 4)] == [0, 1, 1, 1]
     assert m[2]["actor/skipped_updates"] == m[2]["actor/updates"] == 1
     assert "sync/logprob_diff" not in m[2] and "sync/logprob_diff" in m[3]  # step 2's weights were not pushed
-    # versions: step 1 pushes 1; step 2 pushes nothing; step 3 samples with 1 and pushes 2; step 4 samples with 2
-    assert [{row["policy_version"] for row in dump(out, s)} for s in (2, 3, 4)] == [{1}, {1}, {2}]
+    # on-policy: step 1 pushes 1; step 2 pushes nothing; step 3 samples with 1 and pushes 2; step 4 samples with 2.
+    # one step off: batch k+1 is sampled during step k, with what step k-1 pushed
+    versions = {"on-policy": [{1}, {1}, {2}], "one-step-off": [{0}, {1}, {1}]}[schedule]
+    assert [{row["policy_version"] for row in dump(out, s)} for s in (2, 3, 4)] == versions
     assert "non-finite loss or gradients: update skipped" in run.output()
 
 

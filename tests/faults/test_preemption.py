@@ -7,14 +7,17 @@ import time
 import pytest
 
 from grpo_ray import checkpoint
-from tests.faults.conftest import Run, metrics, wait_for_step
+from tests.faults.conftest import SCHEDULES, Run, metrics, wait_for_step
 
 pytestmark = pytest.mark.slow
 
 
-def test_sigterm_checkpoints_and_exits_for_a_retry(tmp_path):
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_sigterm_checkpoints_and_exits_for_a_retry(tmp_path, schedule):
+    """One step off, the batch in flight at the SIGTERM is generated again after the resume, with the
+    checkpoint's weights."""
     out = tmp_path / "run"
-    args = ["trainer.total_steps=200", "trainer.save_freq=0", "trainer.preemption_grace_s=20"]
+    args = ["trainer.total_steps=200", "trainer.save_freq=0", "trainer.preemption_grace_s=20", *SCHEDULES[schedule]]
     run = Run(out, args)
     wait_for_step(out, 3)
     sent = time.monotonic()
@@ -27,7 +30,8 @@ def test_sigterm_checkpoints_and_exits_for_a_retry(tmp_path):
     assert ckpt is not None and ckpt.name == f"step_{last}" and not checkpoint.problems(ckpt)
     assert f"SIGTERM: stopped with a checkpoint of step {last}" in run.output()
 
-    again = Run(out, [f"trainer.total_steps={last + 2}"])
+    again = Run(out, [f"trainer.total_steps={last + 2}", *SCHEDULES[schedule]])
     assert again.wait() == 0, again.output()[-3000:]
     assert f"resuming from {ckpt}" in again.output()
     assert [m["step"] for m in metrics(out)] == list(range(1, last + 3))
+    assert all(m["rollout/staleness"] <= (schedule != "on-policy") for m in metrics(out))
