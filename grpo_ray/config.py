@@ -189,11 +189,35 @@ class RolloutCorrectionConfig:
 
 
 @dataclass
+class OverlongBufferConfig:
+    """DAPO's overlong reward shaping (verl keeps it under reward_model): a length penalty added to the reward."""
+
+    len: int = 0
+    """The last `len` tokens before generator.sampling.max_tokens, over which the penalty grows from 0 to
+    -penalty_factor (DAPO: 4096 of 20480); 0 turns it off."""
+    penalty_factor: float = 1.0
+    """The penalty of a response that reaches max_tokens."""
+
+
+@dataclass
 class AlgorithmConfig:
     group_size: int = 8
     """Responses sampled per prompt (verl's rollout.n); advantages compare within a group."""
+    adv_estimator: str = "grpo"
+    """grpo (group-centred, over the group's std), rloo (leave-one-out baseline) or reinforce_plus_plus_baseline
+    (group-centred, then whitened over the batch's tokens); grpo_ray.algo.advantage."""
     norm_adv_by_std: bool = True
-    """Divide the group-centred reward by the group's std (off: Dr. GRPO style)."""
+    """grpo: divide the group-centred reward by the group's std (off: Dr. GRPO; verl's norm_adv_by_std_in_grpo)."""
+    loss_mode: str = "vanilla"
+    """The policy-gradient term: vanilla (PPO clip), gspo (sequence-level, length-normalised ratio; its papers clip
+    at about 3e-4 / 4e-4) or cispo (clipped, stop-gradient IS weight on the logprob); grpo_ray.algo.loss."""
+    clip_ratio_c: float = 0.0
+    """Dual clip (vanilla): with c > 1, a negative advantage's term is capped at -A * c; 0 turns it off (verl's
+    default is 3)."""
+    entropy_coeff: float = 0.0
+    """Weight of the entropy bonus subtracted from the loss (verl's actor.entropy_coeff)."""
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    """DAPO's length penalty near the response limit (grpo_ray.algo.advantage.overlong_penalty)."""
     clip_ratio_low: float = 0.2
     """PPO clip below: ratio >= 1 - clip_ratio_low."""
     clip_ratio_high: float = 0.2
@@ -203,7 +227,9 @@ class AlgorithmConfig:
     kl_estimator: str = "k3"
     """k1 (log ratio) or k3 (low-variance, always >= 0)."""
     loss_agg: str = "token-mean"
-    """token-mean (all tokens of the mini batch weigh the same) or seq-mean (each sequence's mean, averaged)."""
+    """verl's loss_agg_mode: token-mean (every token of the mini batch weighs the same), seq-mean-token-sum,
+    seq-mean-token-mean (each sequence's mean, averaged) or seq-mean-token-sum-norm (token sum over sequences x
+    generator.sampling.max_tokens: Dr. GRPO)."""
     ppo_epochs: int = 1
     """Passes over each step's samples."""
     max_staleness: int = 0
@@ -327,7 +353,9 @@ CHOICES = {
     "generator.dtype": ("auto", "float32", "bfloat16", "float16"),
     "learner.dtype": ("bfloat16", "float32"),
     "algorithm.kl_estimator": ("k1", "k3"),
-    "algorithm.loss_agg": ("token-mean", "seq-mean"),
+    "algorithm.loss_agg": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
+    "algorithm.adv_estimator": ("grpo", "rloo", "reinforce_plus_plus_baseline"),
+    "algorithm.loss_mode": ("vanilla", "gspo", "cispo"),
     "algorithm.rollout_correction.rollout_is": (None, "token"),
     "algorithm.rollout_correction.rollout_rs": (None, "sequence", "geometric"),
     "cluster.device": ("cpu", "cuda"),
@@ -390,6 +418,9 @@ RANGES: dict[str, Range] = {
     "algorithm.group_size": Range(2, why="GRPO compares samples of one prompt"),
     "algorithm.clip_ratio_low": Range(0, 1, high_open=True), "algorithm.clip_ratio_high": NON_NEGATIVE,
     "algorithm.kl_coef": NON_NEGATIVE, "algorithm.ppo_epochs": POSITIVE, "algorithm.max_staleness": NON_NEGATIVE,
+    "algorithm.clip_ratio_c": Range(0, why="0 turns dual clip off; above 1 caps a negative advantage's term"),
+    "algorithm.entropy_coeff": NON_NEGATIVE, "algorithm.overlong_buffer.len": NON_NEGATIVE,
+    "algorithm.overlong_buffer.penalty_factor": NON_NEGATIVE,
     "algorithm.rollout_correction.rollout_is_threshold": Range(1, low_open=True, why="a cap of the weights at 1 or "
                                                                "below would down-weight every token"),
     "algorithm.rollout_correction.rollout_rs_threshold": Range(1, low_open=True),
@@ -543,6 +574,11 @@ def validate(r: Recipe, command: str = "train") -> list[str]:
 
 def _schedule_problems(r: Recipe) -> list[str]:
     a, p = r.algorithm, []
+    if a.overlong_buffer.len > r.generator.sampling.max_tokens:
+        p.append(f"algorithm.overlong_buffer.len ({a.overlong_buffer.len}) is longer than the responses can be "
+                 f"(generator.sampling.max_tokens={r.generator.sampling.max_tokens})")
+    if 0 < a.clip_ratio_c <= 1:
+        p.append(f"algorithm.clip_ratio_c={a.clip_ratio_c:g}: dual clip needs a value above 1 (or 0 for none)")
     rc = a.rollout_correction
     if rc.bypass_mode and (rc.rollout_is or rc.rollout_rs):
         p.append("algorithm.rollout_correction.bypass_mode=true takes the sampler's logprobs as the old policy, so "

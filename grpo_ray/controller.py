@@ -26,6 +26,7 @@ k versions older than the learner when trained, and before validation and checkp
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import astuple
 import hashlib
 import logging
 import os
@@ -39,7 +40,7 @@ import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from grpo_ray import checkpoint
-from grpo_ray.algo.advantage import group_advantages
+from grpo_ray.algo.advantage import advantages as estimate, overlong_penalty
 from grpo_ray.algo.batching import Samples, balanced_ranges, spans_of
 from grpo_ray.config import POOLS, Recipe
 from grpo_ray.data.stream import Position, PromptStream
@@ -114,8 +115,10 @@ class Controller:
         scores = self.score(rollouts, samples)
         refs = self.reference_logprobs(rollouts, samples)  # runs while the rewards are scored
         scores = self._get(scores, "reward")
-        rewards = torch.tensor([t for s in scores for t in s.totals])
-        advantages = group_advantages(rewards, G, r.algorithm.norm_adv_by_std).tolist()
+        lengths = torch.tensor([n for s in stats for n in s.response_lengths])
+        penalty = overlong_penalty(lengths, r.generator.sampling.max_tokens, *astuple(r.algorithm.overlong_buffer))
+        rewards = torch.tensor([t for s in scores for t in s.totals]) + penalty
+        advantages = estimate(r.algorithm.adv_estimator, rewards, G, lengths, r.algorithm.norm_adv_by_std).tolist()
         trained, ref_work = self.train_on(rollouts, advantages, refs)
         self.version += self.updated(trained)
         synced = self.sync_weights() if self.push_due(step) else NO_SYNC  # waits for the generation ahead of it
@@ -127,6 +130,7 @@ class Controller:
                 "learner": [Work(learner, len(samples.costs) // r.learner.world_size)] * r.learner.world_size,
                 "reference": ref_work, "reward": [Work(s.seconds, len(s.totals)) for s in scores]}
         return {**rollout_metrics(stats, scores), **trained, **synced, **staleness,
+                "reward/overlong_penalty/mean": penalty.mean().item(),
                 **perf_metrics(stats, trained, seconds, self.pools.facts, self.pools.devices(), self.r),
                 **pool_metrics(work, {p: len(a) for p, a in self.pools.actors.items()}, seconds),
                 **self.pools.memory(), "fault/generator_restarts": self.pools.generator_restarts,

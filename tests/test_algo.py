@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from grpo_ray.algo.advantage import group_advantages
+from grpo_ray.algo.advantage import advantages, group_advantages
 from grpo_ray.algo.batching import (
     chunks,
     collate,
@@ -13,7 +13,7 @@ from grpo_ray.algo.batching import (
     rank_slice,
     response_values,
 )
-from grpo_ray.algo.loss import aggregate, grpo_loss, kl_penalty
+from grpo_ray.algo.loss import aggregate, grpo_loss, kl_penalty, normaliser_count
 
 S = 1 / math.sqrt(2)  # (1 - 0.5) / std([1, 0]) with the unbiased std sqrt(0.5)
 
@@ -36,11 +36,18 @@ def test_kl_estimators_by_hand():
     assert kl_penalty(ref, ref, "k3").item() == 0.0
 
 
-def test_aggregation_by_hand():
+@pytest.mark.parametrize("mode, count, expected", [
+    # two sequences: tokens [1, 2] and [3] (the 100 is padding); a horizon of 4 tokens
+    ("token-mean", 3, (1 + 2 + 3) / 3),
+    ("seq-mean-token-sum", 2, ((1 + 2) + 3) / 2),
+    ("seq-mean-token-mean", 2, (1.5 + 3) / 2),
+    ("seq-mean-token-sum-norm", 2 * 4, (1 + 2 + 3) / (2 * 4)),
+])
+def test_aggregation_by_hand(mode, count, expected):
     values = torch.tensor([[1.0, 2.0], [3.0, 100.0]])
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
-    assert aggregate(values, mask, "token-mean", normaliser=3).item() == pytest.approx(2.0)  # (1+2+3)/3
-    assert aggregate(values, mask, "seq-mean", normaliser=2).item() == pytest.approx(2.25)  # (1.5+3)/2
+    assert normaliser_count(mode, [2, 1], horizon=4) == count
+    assert aggregate(values, mask, mode, normaliser=count).item() == pytest.approx(expected)
 
 
 def loss_of(ratio, adv, **kw):
@@ -207,3 +214,91 @@ def test_is_weights_scale_the_policy_gradient_and_masked_samples_get_none():
     assert loss.item() == pytest.approx(-(1.5 + 2.0) / 4)
     assert logp.grad.flatten().tolist() == pytest.approx([-1.5 / 4, -2.0 / 4, 0.0, 0.0])
     assert m["tokens"] == 2
+
+
+
+# --- estimators and policy losses of the registries, worked by hand ------------------------------------------------
+
+def test_rloo_baseline_is_the_mean_of_the_other_samples():
+    adv = advantages("rloo", torch.tensor([3.0, 0.0, 0.0, 1.0, 1.0, 1.0]), group_size=3)
+    assert adv.tolist() == pytest.approx([3 - 0, 0 - 1.5, 0 - 1.5, 0, 0, 0])  # equal rewards: no signal
+
+
+def test_reinforce_plus_plus_baseline_whitens_over_the_batch_tokens():
+    # group-centred: [1, -1] and [0.5, -0.5]; lengths 1, 3, 2, 2 weigh them by tokens
+    rewards, lengths = torch.tensor([2.0, 0.0, 1.0, 0.0]), torch.tensor([1.0, 3.0, 2.0, 2.0])
+    a = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    mu = (a * lengths).sum() / 8  # (1 - 3 + 1 - 1) / 8 = -0.25
+    var = ((a - mu) ** 2 * lengths).sum() / 7
+    adv = advantages("reinforce_plus_plus_baseline", rewards, group_size=2, lengths=lengths)
+    assert adv.tolist() == pytest.approx(((a - mu) / torch.sqrt(var + 1e-8)).tolist())
+    assert float((adv * lengths).sum()) == pytest.approx(0.0, abs=1e-6)  # mean 0 over tokens
+
+
+def test_estimators_match_the_config_choices():
+    from grpo_ray.algo.advantage import ESTIMATORS
+    from grpo_ray.algo.loss import AGG_MODES, POLICY_LOSSES
+    from grpo_ray.config import CHOICES
+
+    assert set(CHOICES["algorithm.adv_estimator"]) == set(ESTIMATORS)
+    assert set(CHOICES["algorithm.loss_mode"]) == set(POLICY_LOSSES)
+    assert set(CHOICES["algorithm.loss_agg"]) == set(AGG_MODES)
+
+
+def _pg(mode, logp, old, adv, mask, **kw):
+    logp = torch.tensor(logp, requires_grad=True)
+    args = dict(clip_low=0.2, clip_high=0.2, kl_coef=0.0, kl_estimator="k3", loss_agg="token-mean",
+                normaliser=float(sum(map(sum, mask)))) | kw
+    loss, m = grpo_loss(logp, torch.tensor(old), None, torch.tensor(adv), torch.tensor(mask), loss_mode=mode, **args)
+    loss.backward()
+    return loss.item(), logp.grad, m
+
+
+def test_dual_clip_caps_a_negative_advantage_under_a_large_ratio():
+    # ratio e^2 = 7.39, A = -1: PPO's term is max(7.39, 1.2) = 7.39; dual clip c = 3 caps it at 3, no gradient
+    loss, grad, _ = _pg("vanilla", [[2.0]], [[0.0]], [-1.0], [[1.0]], clip_ratio_c=3.0)
+    assert loss == pytest.approx(3.0) and grad.item() == 0.0
+    loss, _, _ = _pg("vanilla", [[2.0]], [[0.0]], [-1.0], [[1.0]])
+    assert loss == pytest.approx(math.exp(2.0))
+    loss, _, _ = _pg("vanilla", [[2.0]], [[0.0]], [1.0], [[1.0]], clip_ratio_c=3.0)  # positive A: unchanged
+    assert loss == pytest.approx(-1.2)
+
+
+def test_gspo_uses_the_sequence_ratio_for_every_token():
+    # sequence 0: token log ratios 0.1 and 0.3 -> s = exp(0.2); the padded third token must not count
+    logp, old = [[0.1, 0.3, 5.0]], [[0.0, 0.0, 0.0]]
+    loss, grad, m = _pg("gspo", logp, old, [1.0], [[1.0, 1.0, 0.0]], clip_low=0.5, clip_high=0.5)
+    s = math.exp(0.2)
+    assert loss == pytest.approx(-s)  # token-mean of -A * s over 2 tokens
+    assert grad[0, :2].tolist() == pytest.approx([-s / 2, -s / 2]) and grad[0, 2].item() == 0.0
+    loss, grad, m = _pg("gspo", logp, old, [1.0], [[1.0, 1.0, 0.0]], clip_low=3e-4, clip_high=4e-4)
+    assert loss == pytest.approx(-(1 + 4e-4)) and m["pg_clipfrac_sum"] == 2  # clipped: no gradient
+    assert grad.abs().sum().item() == 0.0
+
+
+def test_cispo_keeps_the_gradient_of_clipped_tokens():
+    # ratio e^1 = 2.72 with A = 1: PPO clips it (no gradient); CISPO weighs the logprob by the clipped 1.2
+    loss, grad, m = _pg("cispo", [[1.0]], [[0.0]], [1.0], [[1.0]])
+    assert loss == pytest.approx(-1.2 * 1.0) and grad.item() == pytest.approx(-1.2)
+    assert m["pg_clipfrac_sum"] == 1
+    _, grad, _ = _pg("vanilla", [[1.0]], [[0.0]], [1.0], [[1.0]])
+    assert grad.item() == 0.0
+
+
+def test_entropy_bonus_is_subtracted_with_its_coefficient():
+    logp = torch.zeros(1, 2, requires_grad=True)
+    entropy = torch.tensor([[1.0, 3.0]], requires_grad=True)
+    args = dict(clip_low=0.2, clip_high=0.2, kl_coef=0.0, kl_estimator="k3", loss_agg="token-mean", normaliser=2.0)
+    loss, _ = grpo_loss(logp, logp.detach(), None, torch.tensor([0.0]), torch.ones(1, 2), entropy=entropy,
+                        entropy_coef=0.1, **args)
+    loss.backward()
+    assert loss.item() == pytest.approx(-0.1 * 2.0) and entropy.grad.flatten().tolist() == pytest.approx([-0.05, -0.05])
+
+
+def test_overlong_penalty_by_hand():
+    from grpo_ray.algo.advantage import overlong_penalty
+
+    # max 20 tokens, a buffer of the last 8: no penalty up to 12, then -0.5 * (len - 12) / 8, -0.5 at 20
+    lengths = torch.tensor([5, 12, 16, 20])
+    assert overlong_penalty(lengths, 20, 8, 0.5).tolist() == pytest.approx([0.0, 0.0, -0.25, -0.5])
+    assert overlong_penalty(lengths, 20, 0, 0.5).tolist() == [0.0] * 4  # off

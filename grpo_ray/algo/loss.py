@@ -1,26 +1,102 @@
-"""The GRPO loss: clipped surrogate plus a KL-to-reference term, aggregated over tokens.
+"""The policy loss: a policy-gradient term chosen by ``algorithm.loss_mode``, plus a KL-to-reference term and
+an entropy bonus, aggregated as ``algorithm.loss_agg`` says (verl's names for both).
 
-Per response token t of sample i (A_i its group-relative advantage):
+Per response token t of sample i (A_i its advantage, ratio = exp(logp - logp_old), w_t the rollout-correction
+weight of grpo_ray.algo.correction, 1 without one):
 
-    ratio   = exp(logp - logp_old)
-    pg      = max(-A_i * ratio, -A_i * clip(ratio, 1 - clip_low, 1 + clip_high)) * w_t
-              (w_t: the rollout-correction weight, grpo_ray.algo.correction; 1 without one)
-    kl      = k1: logp - logp_ref
-              k3: exp(logp_ref - logp) - (logp_ref - logp) - 1   (Schulman's low-variance, >= 0)
-    loss_t  = pg + kl_coef * kl
+    vanilla   pg = max(-A_i * ratio, -A_i * clip(ratio, 1 - clip_low, 1 + clip_high)) * w_t      (PPO clip)
+              with clip_ratio_c > 1 (dual clip) a negative advantage's term is also capped: min(pg, -A_i * c)
+    gspo      s_i = exp(mean_t (logp - logp_old)) (the sequence's length-normalised ratio), used for every token
+              of the sequence with the gradient of its own logp: pg = max(-A_i * s, -A_i * clip(s, ...)) * w_t
+    cispo     pg = -A_i * sg(clip(ratio, 1 - clip_low, 1 + clip_high)) * logp * w_t   (the clipped IS weight
+              carries no gradient, so no token ever loses its gradient to the clip)
+    kl        k1: logp - logp_ref;  k3: exp(logp_ref - logp) - (logp_ref - logp) - 1   (Schulman's, >= 0)
+    loss_t    pg + kl_coef * kl - entropy_coef * entropy_t
 
-Aggregation (``normaliser`` makes micro batches and ranks add up to the mini batch):
+Aggregation over a mini batch of S sequences and T tokens in all (``normaliser`` makes micro batches and
+ranks add up to exactly that, see ``normaliser_count``):
 
-    token-mean: sum over all response tokens of loss_t / normaliser (= tokens in the mini batch)
-    seq-mean:   sum over sequences of mean_t(loss_t)  / normaliser (= sequences in the mini batch)
+    token-mean                sum_{i,t} loss / T
+    seq-mean-token-sum        sum_i (sum_t loss) / S
+    seq-mean-token-mean       sum_i (mean_t loss) / S
+    seq-mean-token-sum-norm   sum_{i,t} loss / (S * L), L = generator.sampling.max_tokens (Dr. GRPO's constant;
+                              verl divides by the padded length of the batch instead, which varies)
 
 so that accumulating micro batches, and averaging over data-parallel ranks with each
 rank's loss multiplied by the world size, equals one pass over the whole mini batch.
+A new policy loss is one function registered in POLICY_LOSSES and one value of ``algorithm.loss_mode``.
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
+
+
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+def normaliser_count(mode: str, response_lengths: list[int], horizon: int) -> float:
+    """What `mode` divides by, counted over these samples (the learner sums it over ranks): tokens, sequences,
+    or sequences x the response-length horizon."""
+    if mode == "token-mean":
+        return float(sum(response_lengths))
+    if mode in ("seq-mean-token-sum", "seq-mean-token-mean"):
+        return float(len(response_lengths))
+    if mode == "seq-mean-token-sum-norm":
+        return float(len(response_lengths) * horizon)
+    raise ValueError(f"unknown loss aggregation {mode!r}")
+
+
+def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str, normaliser: float) -> torch.Tensor:
+    """Sum of masked per-token `values` ([B, T]) under `mode` (each sequence's mean for seq-mean-token-mean,
+    its tokens' sum otherwise), divided by `normaliser`."""
+    mask = mask.to(values.dtype)
+    if mode == "seq-mean-token-mean":
+        per_seq = (values * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+        return per_seq.sum() / normaliser
+    if mode in AGG_MODES:
+        return (values * mask).sum() / normaliser
+    raise ValueError(f"unknown loss aggregation {mode!r}")
+
+
+POLICY_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {}
+
+
+def policy_loss(name: str):
+    """Register a policy-gradient term: (logp, old_logp, advantages [B, 1], mask, clip_low, clip_high, clip_c) ->
+    (per-token term [B, T], where the clip was active [B, T])."""
+    def register(fn):
+        POLICY_LOSSES[name] = fn
+        return fn
+    return register
+
+
+@policy_loss("vanilla")
+def vanilla(logp, old_logp, adv, mask, clip_low, clip_high, clip_c):
+    ratio = (logp - old_logp).exp()
+    unclipped, clipped = -adv * ratio, -adv * ratio.clamp(1 - clip_low, 1 + clip_high)
+    pg = torch.maximum(unclipped, clipped)
+    if clip_c:
+        pg = torch.where(adv < 0, torch.minimum(pg, -adv * clip_c), pg)
+    return pg, clipped > unclipped
+
+
+@policy_loss("gspo")
+def gspo(logp, old_logp, adv, mask, clip_low, clip_high, clip_c):
+    m = mask.to(logp.dtype)
+    seq = ((logp - old_logp) * m).sum(dim=1, keepdim=True) / m.sum(dim=1, keepdim=True).clamp(min=1)
+    s = (seq.detach() + logp - logp.detach()).clamp(max=20).exp()  # the sequence's ratio, each token's gradient
+    unclipped, clipped = -adv * s, -adv * s.clamp(1 - clip_low, 1 + clip_high)
+    return torch.maximum(unclipped, clipped), clipped > unclipped
+
+
+@policy_loss("cispo")
+def cispo(logp, old_logp, adv, mask, clip_low, clip_high, clip_c):
+    ratio = (logp - old_logp).detach().exp()
+    weight = ratio.clamp(1 - clip_low, 1 + clip_high)
+    return -adv * weight * logp, weight != ratio
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
@@ -31,17 +107,6 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> to
         delta = (ref_logp - logp).clamp(-20, 20)
         return delta.exp() - delta - 1
     raise ValueError(f"unknown KL estimator {estimator!r}")
-
-
-def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str, normaliser: float) -> torch.Tensor:
-    """Sum of masked per-token `values` ([B, T]) under `mode`, divided by `normaliser`."""
-    mask = mask.to(values.dtype)
-    if mode == "token-mean":
-        return (values * mask).sum() / normaliser
-    if mode == "seq-mean":
-        per_seq = (values * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
-        return per_seq.sum() / normaliser
-    raise ValueError(f"unknown loss aggregation {mode!r}")
 
 
 def grpo_loss(
@@ -58,14 +123,14 @@ def grpo_loss(
     loss_agg: str,
     normaliser: float,
     is_weights: torch.Tensor | None = None,
+    loss_mode: str = "vanilla",
+    clip_ratio_c: float = 0.0,
+    entropy: torch.Tensor | None = None,
+    entropy_coef: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss of one micro batch ([B, T] tensors, advantages [B]) and its metrics (sums over masked tokens)."""
     adv = advantages.unsqueeze(1).to(logp.dtype)
-    log_ratio = logp - old_logp
-    ratio = log_ratio.exp()
-    unclipped = -adv * ratio
-    clipped = -adv * ratio.clamp(1 - clip_low, 1 + clip_high)
-    pg = torch.maximum(unclipped, clipped)
+    pg, was_clipped = POLICY_LOSSES[loss_mode](logp, old_logp, adv, mask, clip_low, clip_high, clip_ratio_c)
     if is_weights is not None:
         pg = pg * is_weights
     pg_loss = aggregate(pg, mask, loss_agg, normaliser)
@@ -74,12 +139,14 @@ def grpo_loss(
     if ref_logp is not None and kl_coef > 0:
         kl_loss = aggregate(kl_penalty(logp, ref_logp, kl_estimator), mask, loss_agg, normaliser)
         loss = loss + kl_coef * kl_loss
+    if entropy is not None and entropy_coef > 0:
+        loss = loss - entropy_coef * aggregate(entropy, mask, loss_agg, normaliser)
     m = mask.to(logp.dtype)
     metrics = {
         "pg_loss": pg_loss.item(),
         "kl_loss": kl_loss.item(),
-        "pg_clipfrac_sum": ((clipped > unclipped).to(logp.dtype) * m).sum().item(),
-        "ppo_kl_sum": (-log_ratio.detach() * m).sum().item(),
+        "pg_clipfrac_sum": (was_clipped.to(logp.dtype) * m).sum().item(),
+        "ppo_kl_sum": (-(logp - old_logp).detach() * m).sum().item(),
         "tokens": m.sum().item(),
     }
     return loss, metrics

@@ -30,7 +30,7 @@ from grpo_ray import sync
 from grpo_ray.algo.batching import chunks, collate, flatten, place_values, rank_slice
 from grpo_ray.algo.correction import SUM_KEYS, rollout_correction
 from grpo_ray.algo.logprobs import token_logprobs
-from grpo_ray.algo.loss import grpo_loss, sft_loss
+from grpo_ray.algo.loss import grpo_loss, normaliser_count, sft_loss
 from grpo_ray.config import Recipe
 from grpo_ray.faults import fault_at
 from grpo_ray.models import load_causal_lm, model_dims, pad_id
@@ -175,8 +175,8 @@ class Learner(RoleActor):
         started = time.time()
         for epoch in range(a.ppo_epochs):
             for mine in minis:
-                tokens = a.loss_agg == "token-mean"
-                normaliser = self._normaliser(sum(len(pairs[i][1]) for i in mine) if tokens else len(mine))
+                normaliser = self._normaliser(normaliser_count(a.loss_agg, [len(pairs[i][1]) for i in mine],
+                                                               self.recipe.generator.sampling.max_tokens))
                 for micro in chunks(mine, lc.micro_batch_size):
                     seqs, logp, entropy = self._logprobs([pairs[i] for i in micro], with_entropy=True)
                     mask = seqs.response_mask.to(logp.device)
@@ -197,7 +197,8 @@ class Learner(RoleActor):
                     loss, mm = grpo_loss(logp, old_logp, ref_logp, adv[micro].to(logp.device), keep,
                                          clip_low=a.clip_ratio_low, clip_high=a.clip_ratio_high, kl_coef=a.kl_coef,
                                          kl_estimator=a.kl_estimator, loss_agg=a.loss_agg, normaliser=normaliser,
-                                         is_weights=weights if rc.rollout_is else None)
+                                         is_weights=weights if rc.rollout_is else None, loss_mode=a.loss_mode,
+                                         clip_ratio_c=a.clip_ratio_c, entropy=entropy, entropy_coef=a.entropy_coeff)
                     if fault_at("nan_loss", self.steps + 1):
                         loss = loss * float("nan")
                     loss.backward()

@@ -58,6 +58,9 @@ CASES = {  # name: (recipe, overrides, what the message must say)
     "correction with nothing to correct": (RECIPE, ["algorithm.rollout_correction.bypass_mode=true",
                                                     "algorithm.rollout_correction.rollout_is=token"],
                                            "bypass_mode=true takes the sampler's logprobs as the old policy"),
+    "dual clip at 1 or below": (RECIPE, ["algorithm.clip_ratio_c=0.5"], "algorithm.clip_ratio_c=0.5: dual clip needs a value above 1"),
+    "length penalty longer than the responses": (RECIPE, ["algorithm.overlong_buffer.len=8"],
+                                                 "algorithm.overlong_buffer.len (8) is longer than the responses can be"),
     "longer than the model's positions": (RECIPE, ["generator.max_model_len=4096"], "over the model's max_position_embeddings (1024)"),
 }
 
