@@ -158,7 +158,8 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
     from grpo_ray import perf
     from grpo_ray.algo.batching import flatten
     from grpo_ray.config import load_recipe
-    from grpo_ray.controller import Controller, connect, sample_seed
+    from grpo_ray.controller import Controller, sample_seed
+    from grpo_ray.launch import connect
     from grpo_ray.fit import cpu_kv_cache_bytes, max_model_len
     from grpo_ray.models import model_dims
     from grpo_ray.roles.generator import engine_env

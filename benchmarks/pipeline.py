@@ -45,7 +45,8 @@ def run(name: str, overrides: list[str], warmup: int, steps: int) -> dict:
     import ray
 
     from grpo_ray.config import load_recipe
-    from grpo_ray.controller import Controller, connect
+    from grpo_ray.controller import Controller
+    from grpo_ray.launch import connect
     from grpo_ray.setup_run import setup_run
 
     out = tempfile.mkdtemp(prefix="grpo-pipeline-")

@@ -36,7 +36,8 @@ def measure(model: str, bucket_mb: int, reps: int) -> dict:
     from benchmarks.bench import run_child
     from grpo_ray import sync
     from grpo_ray.config import load_recipe
-    from grpo_ray.controller import Controller, connect
+    from grpo_ray.controller import Controller
+    from grpo_ray.launch import connect
     from grpo_ray.roles import fsdp
     from grpo_ray.setup_run import setup_run
 

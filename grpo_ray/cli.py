@@ -22,7 +22,7 @@ def cmd_train(args) -> int:
     if not report.fits:
         raise UserError(f"{args.recipe}: the recipe does not fit its cluster (grpo-ray plan {args.recipe} shows "
                         "the whole estimate):\n" + "\n".join(f"  - {p}" for p in report.problems))
-    from grpo_ray.controller import train
+    from grpo_ray.launch import train
 
     # the inputs inside the job: an sft:// model is trained while they are made (after the data is checked)
     return _run(lambda: train(recipe, _inputs(recipe, "train")),
@@ -128,7 +128,7 @@ def cmd_replay(args) -> int:
     import json
 
     from grpo_ray.config import load_recipe
-    from grpo_ray.controller import replay
+    from grpo_ray.launch import replay
 
     metrics = replay(load_recipe(args.recipe, args.overrides), args.dump)
     print(json.dumps(metrics, indent=1))

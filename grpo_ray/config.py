@@ -200,6 +200,18 @@ class OverlongBufferConfig:
 
 
 @dataclass
+class FilterGroupsConfig:
+    """DAPO's dynamic sampling (verl's algorithm.filter_groups)."""
+
+    enable: bool = False
+    """Train only on groups whose rewards are not all equal (the others carry no signal), generating the next
+    prompts of the stream until data.train_batch_size such groups are in hand."""
+    max_num_gen_batches: int = 10
+    """The most batches generated for one step; if still short, the batch is filled up with dropped groups
+    (advantage 0). verl's 0 (no bound) is not offered: a task every group of which is solved would never end."""
+
+
+@dataclass
 class AlgorithmConfig:
     group_size: int = 8
     """Responses sampled per prompt (verl's rollout.n); advantages compare within a group."""
@@ -216,6 +228,8 @@ class AlgorithmConfig:
     default is 3)."""
     entropy_coeff: float = 0.0
     """Weight of the entropy bonus subtracted from the loss (verl's actor.entropy_coeff)."""
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    """DAPO's dynamic sampling: drop groups with equal rewards, generate more prompts until the batch is full."""
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     """DAPO's length penalty near the response limit (grpo_ray.algo.advantage.overlong_penalty)."""
     clip_ratio_low: float = 0.2
@@ -420,6 +434,7 @@ RANGES: dict[str, Range] = {
     "algorithm.kl_coef": NON_NEGATIVE, "algorithm.ppo_epochs": POSITIVE, "algorithm.max_staleness": NON_NEGATIVE,
     "algorithm.clip_ratio_c": Range(0, why="0 turns dual clip off; above 1 caps a negative advantage's term"),
     "algorithm.entropy_coeff": NON_NEGATIVE, "algorithm.overlong_buffer.len": NON_NEGATIVE,
+    "algorithm.filter_groups.max_num_gen_batches": POSITIVE,
     "algorithm.overlong_buffer.penalty_factor": NON_NEGATIVE,
     "algorithm.rollout_correction.rollout_is_threshold": Range(1, low_open=True, why="a cap of the weights at 1 or "
                                                                "below would down-weight every token"),

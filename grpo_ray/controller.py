@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import astuple
 import hashlib
-import logging
 import os
 import signal
 import statistics
@@ -41,7 +40,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from grpo_ray import checkpoint
 from grpo_ray.algo.advantage import advantages as estimate, overlong_penalty
-from grpo_ray.algo.batching import Samples, balanced_ranges, spans_of
+from grpo_ray.algo.batching import Samples, balanced_ranges, select_groups, signal_groups, spans_of, take_groups
 from grpo_ray.config import POOLS, Recipe
 from grpo_ray.data.stream import Position, PromptStream
 from grpo_ray.dumps import write_dump
@@ -58,7 +57,7 @@ from grpo_ray.pools import PoolFault, Pools
 from grpo_ray.setup_run import RunInputs
 from grpo_ray.types import Prompt, Work
 
-__all__ = ["Controller", "RunError", "Preempted", "train", "replay", "connect"]
+__all__ = ["Controller", "RunError", "Preempted"]
 
 NO_SYNC = {"sync/seconds": 0.0, "timing_s/sync_weights": 0.0}
 
@@ -104,17 +103,21 @@ class Controller:
     # --- one step ----------------------------------------------------------------------
 
     def step(self, step: int) -> dict[str, float]:
-        r, G = self.r, self.r.algorithm.group_size
+        r, G, dapo = self.r, self.r.algorithm.group_size, self.r.algorithm.filter_groups.enable
         start = time.perf_counter()
         batch = self.inflight.pop(step, None) or self.launch(step)  # launched during the last step, or now
         if self.overlaps(step):
             self.inflight[step + 1] = self.launch(step + 1)  # generated while this step trains
         rollouts, stats = self.collect(batch)
-        staleness = self.check_staleness(stats)
         samples = Samples.of(stats)  # counts and lengths: how the pools below share the work
         scores = self.score(rollouts, samples)
-        refs = self.reference_logprobs(rollouts, samples)  # runs while the rewards are scored
-        scores = self._get(scores, "reward")
+        refs = [] if dapo else self.reference_logprobs(rollouts, samples)  # runs while the rewards are scored
+        scores, kept = self._get(scores, "reward"), {}
+        if dapo:  # dynamic sampling: only groups whose rewards differ, more prompts until the batch is full
+            rollouts, stats, scores, kept = self.keep_signal(step, rollouts, stats, scores)
+            samples = Samples.of(stats)
+            refs = self.reference_logprobs(rollouts, samples)
+        staleness = self.check_staleness(stats)
         lengths = torch.tensor([n for s in stats for n in s.response_lengths])
         penalty = overlong_penalty(lengths, r.generator.sampling.max_tokens, *astuple(r.algorithm.overlong_buffer))
         rewards = torch.tensor([t for s in scores for t in s.totals]) + penalty
@@ -129,7 +132,7 @@ class Controller:
         work = {"generator": [Work(s.seconds + synced["sync/seconds"], len(s.response_lengths)) for s in stats],
                 "learner": [Work(learner, len(samples.costs) // r.learner.world_size)] * r.learner.world_size,
                 "reference": ref_work, "reward": [Work(s.seconds, len(s.totals)) for s in scores]}
-        return {**rollout_metrics(stats, scores), **trained, **synced, **staleness,
+        return {**rollout_metrics(stats, scores), **trained, **synced, **staleness, **kept,
                 "reward/overlong_penalty/mean": penalty.mean().item(),
                 **perf_metrics(stats, trained, seconds, self.pools.facts, self.pools.devices(), self.r),
                 **pool_metrics(work, {p: len(a) for p, a in self.pools.actors.items()}, seconds),
@@ -161,6 +164,32 @@ class Controller:
         overlap = max(0.0, min(end, self.last_update[1]) - max(start, self.last_update[0]))
         return {"rollout/staleness": float(self.version - oldest), "perf/gen_overlap_s": overlap,
                 "perf/gen_ahead_s": self.last_update[1] - start if self.last_update[1] else 0.0}
+
+    def keep_signal(self, step: int, rollouts: list, stats: list, scores: list) -> tuple[list, list, list, dict]:
+        """DAPO's dynamic sampling: keep the groups whose rewards are not all equal; while fewer than
+        data.train_batch_size are kept, generate the stream's next prompts too, up to
+        filter_groups.max_num_gen_batches batches in all, then fill up with dropped groups (advantage 0). Only
+        the scores are read here; a task per rollout cuts the chosen groups out of it."""
+        G, want, cfg = self.r.algorithm.group_size, self.r.data.train_batch_size, self.r.algorithm.filter_groups
+        batches, kept, dropped = [], [], []
+        while True:
+            signal = signal_groups(len(batches), stats, scores, G)
+            kept, dropped = kept + signal[0], dropped + signal[1]
+            batches.append((rollouts, stats, scores))
+            if len(kept) >= want or len(batches) >= cfg.max_num_gen_batches:
+                break
+            rollouts, stats = self.collect(self.launch(step))
+            scores = self._get(self.score(rollouts, Samples.of(stats)), "reward")
+        chosen, cut = sorted((kept + dropped)[:want]), ray.remote(select_groups).options(num_cpus=0)
+        taken = [(rollouts[i], groups, st, sc) for b, (rollouts, stats, scores) in enumerate(batches)
+                 for i, groups, st, sc in take_groups(b, stats, scores, chosen, G, self.r.generator.sampling.max_tokens)]
+        every = [sc for _, _, scores in batches for sc in scores]  # reward work and faults of all that was scored
+        first = dataclasses.replace(taken[0][3], errors=sum(sc.errors for sc in every),
+                                    timeouts=sum(sc.timeouts for sc in every), seconds=sum(sc.seconds for sc in every))
+        return ([cut.remote([groups], G, ref) for ref, groups, _, _ in taken], [st for _, _, st, _ in taken],
+                [first] + [sc for _, _, _, sc in taken[1:]],
+                {"filter_groups/num_gen_batches": len(batches), "filter_groups/kept_groups": len(kept),
+                 "filter_groups/dropped_groups": len(dropped), "filter_groups/filled_groups": max(0, want - len(kept))})
 
     def updated(self, trained: dict[str, float]) -> bool:
         """Whether the learner's weights changed; a step whose every update was skipped (non-finite loss or
@@ -455,45 +484,3 @@ def split(items: list, parts: int) -> list[list]:
         out.append(items[start : start + n])
         start += n
     return out
-
-
-def connect(recipe: Recipe) -> None:
-    """Join the cluster in RAY_ADDRESS (as under `ray job submit`), or start a new local one that stands in
-    for every node group: it carries each node marker the recipe's pools ask for."""
-    if not ray.is_initialized():
-        if os.environ.get("RAY_ADDRESS"):
-            ray.init(address=os.environ["RAY_ADDRESS"])
-        else:
-            # Ray 2.60 turns token auth on for a new local cluster and warns that it did: nothing to act on here
-            logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
-            markers = {m: 1000.0 for m in recipe.cluster.node_resources.values()}
-            ray.init(address="local", include_dashboard=False, resources=markers or None)
-
-
-def train(recipe: Recipe, inputs: RunInputs) -> None:
-    connect(recipe)
-    Controller(recipe, inputs).run()
-
-
-def replay(recipe: Recipe, dump_path: str) -> dict[str, float]:
-    """One learner step on a training dump, with no generators: only the learner (and reference) pools start.
-
-    The loaded weights are taken as those that generated the dump (its policy_version), so replaying step N's
-    dump into learners holding the weights of step N-1 reproduces an on-policy step's update. A batch generated
-    with older weights than the learner's (max_staleness >= 1) had those older weights as its old policy: its
-    replay reproduces the update only when the loaded weights are the generating ones and the step's own."""
-    from grpo_ray import models
-    from grpo_ray.dumps import load_dump
-
-    rollouts, advantages = load_dump(dump_path)
-    out = Path(recipe.trainer.output_dir) / "replay"
-    out.mkdir(parents=True, exist_ok=True)
-    connect(recipe)
-    c = Controller(recipe, RunInputs(models.resolve(recipe.model.path), [], [], {}, out, []))
-    try:
-        c.start(pools=("learner", "reference"))
-        refs = [ray.put(r) for r in rollouts]
-        c.version = c.engine_version = rollouts[0].policy_version
-        return c.train_on(refs, advantages, c.reference_logprobs(refs, Samples.of_rollouts(rollouts)))[0]
-    finally:
-        c.shutdown()

@@ -65,7 +65,8 @@ def evaluate(recipe: Recipe, data: str, out: Path, limit: int = 0) -> dict:
 
     from grpo_ray import models
     from grpo_ray.config import dump_recipe
-    from grpo_ray.controller import Controller, connect
+    from grpo_ray.controller import Controller
+    from grpo_ray.launch import connect
     from grpo_ray.setup_run import RunInputs, usable_rows
 
     out.mkdir(parents=True, exist_ok=True)

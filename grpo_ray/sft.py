@@ -26,7 +26,8 @@ import ray
 
 from grpo_ray import checkpoint, perf
 from grpo_ray.config import Recipe, load_recipe, recipe_dict
-from grpo_ray.controller import Controller, connect
+from grpo_ray.controller import Controller
+from grpo_ray.launch import connect
 from grpo_ray.setup_run import RunInputs, setup_run
 
 # trainer fields that change where and how a run reports, not the model it makes

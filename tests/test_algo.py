@@ -302,3 +302,30 @@ def test_overlong_penalty_by_hand():
     lengths = torch.tensor([5, 12, 16, 20])
     assert overlong_penalty(lengths, 20, 8, 0.5).tolist() == pytest.approx([0.0, 0.0, -0.25, -0.5])
     assert overlong_penalty(lengths, 20, 0, 0.5).tolist() == [0.0] * 4  # off
+
+
+def test_select_groups_keeps_the_picked_groups_in_order():
+    from grpo_ray.algo.batching import select_groups
+    from grpo_ray.types import Completion, Prompt, Rollout
+
+    prompts = [Prompt([p], str(p), "x") for p in (1, 2, 3)]
+    r = Rollout(prompts, [Completion(i // 2, [10 + i], "", [-float(i)], "stop") for i in range(6)], 7)
+    out = select_groups([[0, 2]], 2, r)
+    assert [p.ids for p in out.prompts] == [[1], [3]] and out.policy_version == 7
+    assert [(c.prompt, c.token_ids, c.sampler_logprobs) for c in out.completions] == \
+        [(0, [10], [-0.0]), (0, [11], [-1.0]), (1, [14], [-4.0]), (1, [15], [-5.0])]
+
+
+def test_signal_groups_and_take_groups_by_hand():
+    from grpo_ray.algo.batching import signal_groups, take_groups
+    from grpo_ray.types import RolloutStats, Scores
+
+    # two rollouts of groups of 2: rollout 0 holds groups [1, 0] and [0, 0]; rollout 1 holds [1, 1]
+    stats = [RolloutStats(1.0, 3, [5, 5, 6, 6], [1, 2, 3, 4], 0), RolloutStats(2.0, 3, [7, 7], [5, 6], 0)]
+    scores = [Scores([1.0, 0.0, 0.0], {"f": [1.0, 0.0, 0.0]}, 0, 0, 0.1), Scores([0.0, 1.0, 1.0], {"f": [0.0, 1.0, 1.0]}, 0, 0, 0.1)]
+    kept, dropped = signal_groups(4, stats, scores, 2)
+    assert kept == [(4, 0, 0)] and dropped == [(4, 0, 1), (4, 1, 0)]
+    taken = take_groups(4, stats, scores, [(4, 0, 0), (4, 1, 0)], 2, max_tokens=6)
+    assert [(i, groups) for i, groups, _, _ in taken] == [(0, [0]), (1, [0])]
+    assert taken[0][2].response_lengths == [1, 2] and taken[1][2].response_lengths == [5, 6]
+    assert taken[1][2].truncated == 1 and taken[1][3].totals == [1.0, 1.0] and taken[0][3].components == {"f": [1.0, 0.0]}
