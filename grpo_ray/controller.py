@@ -26,7 +26,6 @@ k versions older than the learner when trained, and before validation and checkp
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import astuple
 import hashlib
 import os
 import signal
@@ -119,7 +118,7 @@ class Controller:
             refs = self.reference_logprobs(rollouts, samples)
         staleness = self.check_staleness(stats)
         lengths = torch.tensor([n for s in stats for n in s.response_lengths])
-        penalty = overlong_penalty(lengths, r.generator.sampling.max_tokens, *astuple(r.algorithm.overlong_buffer))
+        penalty = overlong_penalty(lengths, r.generator.sampling.max_tokens, *dataclasses.astuple(r.algorithm.overlong_buffer))
         rewards = torch.tensor([t for s in scores for t in s.totals]) + penalty
         advantages = estimate(r.algorithm.adv_estimator, rewards, G, lengths, r.algorithm.norm_adv_by_std).tolist()
         trained, ref_work = self.train_on(rollouts, advantages, refs)
