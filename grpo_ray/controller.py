@@ -118,7 +118,8 @@ class Controller:
             refs = self.reference_logprobs(rollouts, samples)
         staleness = self.check_staleness(stats)
         lengths = torch.tensor([n for s in stats for n in s.response_lengths])
-        penalty = overlong_penalty(lengths, r.generator.sampling.max_tokens, *dataclasses.astuple(r.algorithm.overlong_buffer))
+        ob = r.algorithm.overlong_buffer  # DAPO's length penalty (0 unless set)
+        penalty = overlong_penalty(lengths, r.generator.sampling.max_tokens, ob.len, ob.penalty_factor)
         rewards = torch.tensor([t for s in scores for t in s.totals]) + penalty
         advantages = estimate(r.algorithm.adv_estimator, rewards, G, lengths, r.algorithm.norm_adv_by_std).tolist()
         trained, ref_work = self.train_on(rollouts, advantages, refs)
