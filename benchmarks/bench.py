@@ -200,7 +200,7 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
             sync_s.append(time.perf_counter() - start)
         nbytes = sum(m.nbytes for m in c.pools.metas)
         params = sum(m.numel for m in c.pools.metas)
-        facts = c.pools.facts
+        facts, pool_threads = c.pools.facts, dict(c.pools.threads)
     finally:
         c.shutdown()
         ray.shutdown()
@@ -231,7 +231,7 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
     if not raw:
         return result
 
-    gen_env = {**engine_env("cpu", g.num_cpus), "OMP_NUM_THREADS": str(max(1, round(g.num_cpus)))}
+    gen_env = engine_env("cpu", pool_threads["generator"])
     raw_gen = run_child("vllm", {
         "model": inputs.model_path, "kv_cache_memory_bytes": cpu_kv_cache_bytes(model_dims(inputs.model_path), r),
         "dtype": g.dtype,
@@ -239,7 +239,7 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
         "n": G, "max_tokens": g.sampling.max_tokens, "temperature": g.sampling.temperature, "top_p": g.sampling.top_p,
         "top_k": g.sampling.top_k, "prompts": [p.ids for p in prompts], "reps": reps,
         "seeds": [sample_seed(r.trainer.seed, 0, p.uid) for p in prompts]}, gen_env)
-    threads = max(1, round(r.learner.num_cpus))
+    threads = pool_threads["learner"]
     raw_learn = run_child("fsdp", {
         "model": inputs.model_path, "world": world, "threads": threads, "micro": r.learner.micro_batch_size,
         "pad": 0, "pairs": pairs, "advantages": advantages, "reps": reps}, {"OMP_NUM_THREADS": str(threads)})

@@ -287,6 +287,11 @@ class ClusterConfig:
     """Host memory of one node in GB for the fit check on CPU; 0 means this machine's."""
     peak_tflops: float = 0.0
     """Peak TFLOPS of one learner device for MFU; 0: the H100/H200/B200 table on GPU, a matmul measured on CPU."""
+    cpu_threads: str = "auto"
+    """Compute threads of each generator, learner and reference actor. reserved: its pool's num_cpus, rounded
+    (at least 1). node: the node's CPUs shared among the actors of its pool, for phases that run one at a
+    time. auto: node on one CPU node with the on-policy schedule (algorithm.max_staleness 0), where no two
+    phases overlap; reserved otherwise, where they do."""
 
 
 @dataclass
@@ -373,6 +378,7 @@ CHOICES = {
     "algorithm.rollout_correction.rollout_is": (None, "token"),
     "algorithm.rollout_correction.rollout_rs": (None, "sequence", "geometric"),
     "cluster.device": ("cpu", "cuda"),
+    "cluster.cpu_threads": ("auto", "reserved", "node"),
     "trainer.log_level": ("info", "debug"),
 }
 LOGGERS = ("console", "jsonl", "tensorboard")

@@ -58,6 +58,17 @@ def plan(recipe: Recipe, pools: tuple[str, ...] = POOLS) -> dict[str, PoolPlan]:
     return plans
 
 
+def threads(recipe: Recipe, plans: dict[str, PoolPlan], node_cpus: float) -> dict[str, int]:
+    """Compute threads per actor of each pool (cluster.cpu_threads). On one CPU node with the on-policy schedule
+    the phases run one at a time, so the phase running takes the node's CPUs; reward actors score in
+    Python and keep their reservation."""
+    mode, c = recipe.cluster.cpu_threads, recipe.cluster
+    if mode == "auto":
+        mode = "node" if c.device == "cpu" and c.nodes == 1 and recipe.algorithm.max_staleness == 0 else "reserved"
+    return {pool: max(1, int(node_cpus // max(1, p.actors)) if mode == "node" and pool != "reward" else round(p.cpus))
+            for pool, p in plans.items()}
+
+
 def node_groups(recipe: Recipe) -> list[list[str]]:
     """Pools that share a placement group: the colocate groups, then every other pool on its own."""
     grouped = [list(g) for g in recipe.cluster.colocate]
@@ -137,7 +148,7 @@ def reserve(recipe: Recipe, pools: tuple[str, ...] = POOLS, timeout_s: float = 1
 
 
 def write_placement(path: Path, pools: dict[str, list[dict]]) -> None:
-    """placement.json: per pool, per actor, its node id, pid and resources."""
+    """placement.json: per pool, per actor, its node id, pid, compute threads and resources."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(pools, indent=1))
 

@@ -72,6 +72,8 @@ class Pools:
         self.plans = placement.plan(recipe)
         self.actors: dict[str, list] = {p: [] for p in POOLS}
         self.pgs: dict = {}
+        self.threads: dict[str, int] = {}
+        """Compute threads per actor of each pool (placement.threads), set when the pools start."""
         self.facts: dict = {}
         self.metas: list = []
         self.generator_restarts = 0
@@ -79,6 +81,8 @@ class Pools:
     def start(self, pools: tuple[str, ...] = POOLS) -> None:
         """Reserve the cluster, start the pools, join the learner group and (with generators) the sync group."""
         self.pgs = placement.reserve(self.r, pools)
+        node_cpus = min(c for n in ray.nodes() if n["Alive"] and (c := n["Resources"].get("CPU", 0)) > 0)
+        self.threads = placement.threads(self.r, self.plans, node_cpus)
         for pool in POOLS:
             count = self.plans[pool].actors if pool in pools else 0
             self.actors[pool] = [self._new(pool, i) for i in range(count)]
@@ -93,13 +97,13 @@ class Pools:
         """Actor i of `pool`, in bundle i of the pool's placement group."""
         r, g = self.r, self.r.generator
         pg, gpus = self.pgs[pool]
-        cpus = self.plans[pool].cpus
-        env = {"OMP_NUM_THREADS": str(max(1, round(cpus)))}
+        cpus, threads = self.plans[pool].cpus, self.threads[pool]
+        env = {"OMP_NUM_THREADS": str(threads)}
         env.update({k: os.environ[k] for k in (faults.ENV, faults.DIR_ENV) if k in os.environ})
         if r.trainer.log_level == "info":  # the actor's own output to a file, not the console
             env[LOG_FILE_ENV] = str(self.log_dir() / f"{pool}-{i}.log")
         if pool == "generator":
-            env.update(engine_env(r.cluster.device, g.num_cpus))
+            env.update(engine_env(r.cluster.device, threads))
         options = dict(num_cpus=cpus, num_gpus=gpus, resources=self.plans[pool].resources or None,
                        scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
                        runtime_env={"env_vars": env})
@@ -108,11 +112,11 @@ class Pools:
             return ray.remote(Generator).options(**options).remote(
                 self.model_path, g, max_model_len(r), kv, r.trainer.seed + i, r.model.trust_remote_code, r.cluster.device)
         if pool == "learner":
-            return ray.remote(Learner).options(**options).remote(self.model_path, r, i, r.learner.world_size)
+            return ray.remote(Learner).options(**options).remote(self.model_path, r, i, r.learner.world_size, threads)
         if pool == "reference":
             return ray.remote(Reference).options(**options).remote(
                 self.model_path, r.cluster.device, r.reference.micro_batch_size, g.sampling.temperature,
-                r.reference.num_cpus, i, self.plans[pool].actors, r.model.trust_remote_code, r.learner.dtype)
+                threads, i, self.plans[pool].actors, r.model.trust_remote_code, r.learner.dtype)
         w = r.reward
         return ray.remote(RewardWorker).options(**options).remote(
             [(f.name, f.weight) for f in w.functions], w.timeout_s, r.data.response_prefix, w.memory_mb, w.sandbox)
@@ -157,7 +161,7 @@ class Pools:
         return lost
 
     def write_placement(self, path) -> None:
-        """placement.json: per pool, per actor, its node id, pid and resources."""
+        """placement.json: per pool, per actor, its node id, pid, compute threads and resources."""
         out = {}
         for pool, actors in self.actors.items():
             where = self.call([a.where.remote() for a in actors], f"{pool} start")

@@ -157,10 +157,13 @@ def test_samples_of_spans_keep_order():
 # --- rollout correction (grpo_ray.algo.correction), worked by hand --------------------------------------------
 
 def _correction(old, sampler, mask, **kw):
-    from grpo_ray.algo.correction import rollout_correction
+    """weights, keep, the sums by name, the largest ratio (the function returns them as tensors)."""
+    from grpo_ray.algo.correction import SUM_KEYS, rollout_correction
 
     args = dict(rollout_is=None, is_threshold=2.0, rollout_rs=None, rs_upper=3.0, rs_lower=0.0) | kw
-    return rollout_correction(torch.tensor(old), torch.tensor(sampler), torch.tensor(mask), **args)
+    weights, keep, sums, largest = rollout_correction(torch.tensor(old), torch.tensor(sampler), torch.tensor(mask), **args)
+    assert sums.dtype == largest.dtype == torch.float64 and sums.shape == (len(SUM_KEYS),) and largest.dim() == 0
+    return weights, keep, dict(zip(SUM_KEYS, sums.tolist())), largest.item()
 
 
 def test_token_tis_caps_the_ratio_of_old_to_sampler_and_reports_the_mismatch():

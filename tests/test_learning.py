@@ -7,11 +7,14 @@ a constant answer scores about 1/9, and a generator left on the initial weights 
 """
 
 import json
+import os
 import statistics
 
 import pytest
 
-from tests.conftest import run_cli
+from grpo_ray.config import load_recipe
+from grpo_ray.placement import plan, threads
+from tests.conftest import ROOT, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -39,5 +42,9 @@ def test_tiny_recipe_learns_with_every_pool_its_own_actor(tmp_path, schedule):
     placement = json.loads((tmp_path / "placement.json").read_text())
     assert {p: len(a) for p, a in placement.items()} == {"generator": 1, "learner": 2, "reference": 1, "reward": 1}
     assert len({a["pid"] for actors in placement.values() for a in actors}) == 5
+    recipe = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", schedule)  # each actor runs the threads planned
+    planned = threads(recipe, plan(recipe), os.cpu_count())
+    assert {p: [a["threads"] for a in actors] for p, actors in placement.items() if p != "reward"} == {
+        p: [planned[p]] * n for p, n in (("generator", 1), ("learner", 2), ("reference", 1))}
     for line in ("step:1 ", f"step:{len(rows)} "):
         assert line in res.stdout

@@ -34,6 +34,24 @@ def test_plan_and_fit_check_on_gpu_nodes():
         "no node can hold one actor of generator")
 
 
+def test_compute_threads_follow_the_schedule():
+    on_policy = load_recipe(TINY_RECIPE)  # generator 0.5, learner 2 x 0.5, reference 0.25, reward 0.25 CPUs
+    plans = placement.plan(on_policy)
+    # one phase at a time: the phase running takes the node (the learner's 2 ranks share it); rewards keep theirs
+    assert placement.threads(on_policy, plans, 8) == {"generator": 8, "learner": 4, "reference": 8, "reward": 1}
+    assert placement.threads(on_policy, plans, 1) == {"generator": 1, "learner": 1, "reference": 1, "reward": 1}
+    two_engines = load_recipe(TINY_RECIPE, ["generator.num_engines=2", "generator.num_cpus=3"])
+    assert placement.threads(two_engines, placement.plan(two_engines), 8)["generator"] == 4
+    reserved = {"generator": 3, "learner": 1, "reference": 1, "reward": 1}  # num_cpus rounded, at least 1
+    for overrides in (["algorithm.max_staleness=1"],  # phases overlap: each keeps its reservation
+                      ["cluster.cpu_threads=reserved"], ["cluster.nodes=2"],
+                      ["cluster.device=cuda", "cluster.devices_per_node=8"]):
+        r = load_recipe(TINY_RECIPE, ["generator.num_cpus=3", *overrides])
+        assert placement.threads(r, placement.plan(r), 8) == reserved, overrides
+    forced = load_recipe(TINY_RECIPE, ["algorithm.max_staleness=1", "cluster.cpu_threads=node"])
+    assert placement.threads(forced, placement.plan(forced), 8)["generator"] == 8
+
+
 @pytest.mark.slow
 def test_a_cluster_too_small_fails_before_any_actor_starts(ray_local, tmp_path):
     r = load_recipe(TINY_RECIPE, [f"model.path={TINY.format(arch='qwen2')}", f"trainer.output_dir={tmp_path}",

@@ -127,8 +127,9 @@ def grpo_loss(
     clip_ratio_c: float = 0.0,
     entropy: torch.Tensor | None = None,
     entropy_coef: float = 0.0,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Loss of one micro batch ([B, T] tensors, advantages [B]) and its metrics (sums over masked tokens)."""
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Loss of one micro batch ([B, T] tensors, advantages [B]) and its metrics (sums over masked tokens, 0-dim
+    tensors on the device: read them once a step, not per micro batch)."""
     adv = advantages.unsqueeze(1).to(logp.dtype)
     pg, was_clipped = POLICY_LOSSES[loss_mode](logp, old_logp, adv, mask, clip_low, clip_high, clip_ratio_c)
     if is_weights is not None:
@@ -143,18 +144,18 @@ def grpo_loss(
         loss = loss - entropy_coef * aggregate(entropy, mask, loss_agg, normaliser)
     m = mask.to(logp.dtype)
     metrics = {
-        "pg_loss": pg_loss.item(),
-        "kl_loss": kl_loss.item(),
-        "pg_clipfrac_sum": (was_clipped.to(logp.dtype) * m).sum().item(),
-        "ppo_kl_sum": (-(logp - old_logp).detach() * m).sum().item(),
-        "tokens": m.sum().item(),
+        "pg_loss": pg_loss.detach(),
+        "kl_loss": kl_loss.detach(),
+        "pg_clipfrac_sum": (was_clipped.to(logp.dtype) * m).sum(),
+        "ppo_kl_sum": (-(logp - old_logp).detach() * m).sum(),
+        "tokens": m.sum(),
     }
     return loss, metrics
 
 
-def sft_loss(logp: torch.Tensor, mask: torch.Tensor, normaliser: float) -> tuple[torch.Tensor, dict[str, float]]:
+def sft_loss(logp: torch.Tensor, mask: torch.Tensor, normaliser: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Negative log-likelihood of the target tokens of one micro batch ([B, T]), token-mean over `normaliser`
-    tokens, and its metrics (sums over masked tokens)."""
+    tokens, and its metrics (sums over masked tokens, 0-dim tensors on the device)."""
     m = mask.to(logp.dtype)
     nll = -(logp * m)
-    return aggregate(nll, mask, "token-mean", normaliser), {"nll_sum": nll.sum().item(), "tokens": m.sum().item()}
+    return aggregate(nll, mask, "token-mean", normaliser), {"nll_sum": nll.detach().sum(), "tokens": m.sum()}

@@ -9,6 +9,7 @@ console; at ``debug`` Ray forwards it to the console as it comes.
 from __future__ import annotations
 
 import os
+import sys
 
 
 LOG_FILE_ENV = "GRPO_RAY_LOG_FILE"
@@ -35,10 +36,12 @@ class RoleActor:
     device: str = "cpu"
 
     def where(self) -> dict:
-        """Node id and pid of this actor, for placement.json."""
+        """Node id, pid and compute threads (torch's, when loaded) of this actor, for placement.json."""
         import ray
 
-        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
+        torch = sys.modules.get("torch")
+        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
+                "threads": torch.get_num_threads() if torch else None}
 
     def peak_memory_gb(self) -> tuple[str, float]:
         """("max_memory_allocated_gb", GB) when this actor's torch holds its model on a GPU,

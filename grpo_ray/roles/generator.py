@@ -19,14 +19,14 @@ from grpo_ray.types import Completion, Prompt, Rollout, RolloutStats
 EXTENSION = "grpo_ray.roles.vllm_ext.WeightSyncExtension"
 
 
-def engine_env(device: str, num_cpus: float) -> dict[str, str]:
+def engine_env(device: str, threads: int) -> dict[str, str]:
     """Environment for a generator actor's process (set through its runtime_env, before vLLM is imported)."""
     env = {"TOKENIZERS_PARALLELISM": "false"}
     if device == "cpu":
         env.update({
             "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine in the actor's own process: one process per engine
             "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # leave cores to Ray's accounting
-            "OMP_NUM_THREADS": str(max(1, round(num_cpus))),
+            "OMP_NUM_THREADS": str(threads),
             # glibc: blocks over 64 KiB from mmap, given back on free; without it, glibc raises its threshold as
             # tensors are freed and the heap of a long run steps up by tens of MB (seen in benchmarks/soak.py)
             "MALLOC_MMAP_THRESHOLD_": "65536",

@@ -41,11 +41,11 @@ METRIC_KEYS = ("pg_loss", "kl_loss", "pg_clipfrac_sum", "ppo_kl_sum", "entropy_s
 
 
 class Learner(RoleActor):
-    def __init__(self, model_path: str, recipe: Recipe, rank: int, world_size: int):
+    def __init__(self, model_path: str, recipe: Recipe, rank: int, world_size: int, threads: int = 1):
         log_to_file()
         self.model_path, self.recipe, self.rank, self.world_size = model_path, recipe, rank, world_size
         self.device = torch.device("cuda" if recipe.cluster.device == "cuda" else "cpu")
-        torch.set_num_threads(max(1, round(recipe.learner.num_cpus)))
+        torch.set_num_threads(threads)
         torch.manual_seed(recipe.trainer.seed)
         self.sync_group: sync.SyncGroup | None = None
         self.steps = 0
@@ -101,7 +101,7 @@ class Learner(RoleActor):
         with torch.no_grad():
             for v in sorted(set(versions)):  # every rank holds the whole batch: the same versions in the same order
                 micros = chunks([i for i in indices if versions[i] == v], self.recipe.learner.micro_batch_size)
-                rounds = torch.tensor([len(micros)])
+                rounds = torch.tensor([len(micros)], device=self.device)
                 dist.all_reduce(rounds, op=dist.ReduceOp.MAX)
                 with self._weights_of(v):
                     for k in range(int(rounds.item())):
@@ -168,8 +168,10 @@ class Learner(RoleActor):
         old = self._old_logprobs(pairs, [i for mini in minis for i in mini], versions) if recompute else None
         old_seconds = time.perf_counter() - start if recompute else 0.0
 
-        totals = torch.zeros(len(METRIC_KEYS), dtype=torch.float64)
-        corr, largest = torch.zeros(len(SUM_KEYS), dtype=torch.float64), torch.zeros(1, dtype=torch.float64)
+        # metric sums stay on the device until the step's end: no host sync per micro batch
+        totals = torch.zeros(len(METRIC_KEYS), dtype=torch.float64, device=self.device)
+        corr = torch.zeros(len(SUM_KEYS), dtype=torch.float64, device=self.device)
+        largest = torch.zeros((), dtype=torch.float64, device=self.device)
         grad_norms, skipped = [], 0
         self.model.train()
         started = time.time()
@@ -189,8 +191,8 @@ class Learner(RoleActor):
                         old_logp, sampler_logp, mask, rc.rollout_is, rc.rollout_is_threshold, rc.rollout_rs,
                         rc.rollout_rs_threshold, rc.rollout_rs_threshold_lower)
                     if epoch == 0:
-                        corr += torch.tensor([sums[k] for k in SUM_KEYS], dtype=torch.float64)
-                        largest = torch.maximum(largest, torch.tensor([top], dtype=torch.float64))
+                        corr += sums
+                        largest = torch.maximum(largest, top)
                     ref_logp = None
                     if ref_lps is not None:
                         ref_logp = place_values([ref_lps[i] for i in micro], seqs.response_mask).to(logp.device)
@@ -202,8 +204,8 @@ class Learner(RoleActor):
                     if fault_at("nan_loss", self.steps + 1):
                         loss = loss * float("nan")
                     loss.backward()
-                    mm["entropy_sum"] = (entropy.detach() * mask).sum().item()
-                    totals += torch.tensor([mm[k] for k in METRIC_KEYS], dtype=torch.float64)
+                    mm["entropy_sum"] = (entropy.detach() * mask).sum()
+                    totals += torch.stack([mm[k] for k in METRIC_KEYS]).double()
                 norm = self._optimizer_step()
                 skipped += not math.isfinite(norm)
                 grad_norms.append(norm)
@@ -252,7 +254,7 @@ class Learner(RoleActor):
     def _normaliser(self, local: int) -> float:
         """Tokens (or sequences) of the whole mini batch, summed over ranks, / world size: with FSDP2's gradient
         mean over ranks, each rank's loss summed over its share and divided by this is the mini batch's mean."""
-        total = torch.tensor([float(local)])
+        total = torch.tensor([float(local)], device=self.device)  # on the device: nccl reduces only device tensors
         dist.all_reduce(total)
         return total.item() / self.world_size
 
@@ -263,7 +265,7 @@ class Learner(RoleActor):
         n, m = len(pairs), lc.mini_batch_size
         minis = [rank_slice(list(range(b, min(b + m, n))), self.rank, self.world_size) for b in range(0, n, m)]
         start = time.perf_counter()
-        totals = torch.zeros(2, dtype=torch.float64)  # nll, tokens
+        totals = torch.zeros(2, dtype=torch.float64, device=self.device)  # nll, tokens
         grad_norms = []
         self.model.train()
         for mine in minis:
@@ -272,7 +274,7 @@ class Learner(RoleActor):
                 seqs, logp, _ = self._logprobs([pairs[i] for i in micro], temperature=1.0)
                 loss, mm = sft_loss(logp, seqs.response_mask.to(logp.device), normaliser)
                 loss.backward()
-                totals += torch.tensor([mm["nll_sum"], mm["tokens"]], dtype=torch.float64)
+                totals += torch.stack([mm["nll_sum"], mm["tokens"]]).double()
             grad_norms.append(self._optimizer_step())
         dist.all_reduce(totals)
         self.steps += 1

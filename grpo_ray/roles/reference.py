@@ -23,10 +23,10 @@ from grpo_ray.types import Work
 
 
 class Reference(RoleActor):
-    def __init__(self, model_path: str, device: str, micro_batch_size: int, temperature: float, num_cpus: float,
+    def __init__(self, model_path: str, device: str, micro_batch_size: int, temperature: float, threads: int,
                  rank: int = 0, world_size: int = 1, trust_remote_code: bool = False, dtype: str = "float32"):
         log_to_file()
-        torch.set_num_threads(max(1, round(num_cpus)))
+        torch.set_num_threads(max(1, threads))
         self.device_kind = device
         self.device = torch.device("cuda" if device == "cuda" else "cpu")
         self.model_path, self.trust_remote_code, self.dtype = model_path, trust_remote_code, getattr(torch, dtype)

@@ -1,0 +1,198 @@
+"""grpo-ray against a single-process GRPO trainer (TRL's ``GRPOTrainer``, HF generation) doing equal work, in one run.
+
+    bash benchmarks/peer.sh            # installs TRL into .peer/ (not a dependency of grpo-ray), then runs this
+    python benchmarks/peer.py --steps 3 --out benchmarks/results/peer
+
+Equal work, per optimizer step, on both sides:
+  - the same model: a 14.3M-parameter Qwen2-shaped model built offline (random init, 384-token vocabulary),
+  - the same prompts (the quick start's task, 8 a step), 8 samples each, at most 128 response tokens at
+    temperature 1 (a random-init model rarely stops early, so almost every sample runs to 128),
+  - a KL term to a frozen reference (k3, coefficient 1e-3): a reference forward over every sample,
+  - one optimizer step over the 64 samples (one PPO epoch, no old-policy forward),
+  - the same thread budget: the machine's cores (TRL: one process with that many threads; grpo-ray: its pools
+    share them as the recipe's thread settings say).
+Tokens/s counts prompt + response tokens of the step's samples over the step's wall time, each side's own counts.
+Each configuration runs --warmup steps, then --steps timed steps. Writes peer.json and peer.md to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.bench import machine, write_report  # noqa: E402
+
+MODEL = "tiny://qwen2?layers=6&hidden=512&heads=8&kv_heads=4&intermediate=1024&vocab=384&seed=0"
+PROMPTS, GROUP, MAX_TOKENS, KL = 8, 8, 128, 1e-3
+COMMON = [f"model.path={MODEL}", f"data.train_batch_size={PROMPTS}", f"algorithm.group_size={GROUP}",
+          "data.response_prefix=''", "data.max_prompt_length=64", f"generator.sampling.max_tokens={MAX_TOKENS}",
+          f"algorithm.kl_coef={KL}", "algorithm.kl_estimator=k3", "learner.mini_batch_size=64",
+          "learner.micro_batch_size=16", "reference.micro_batch_size=32",
+          "trainer.max_sync_logprob_diff=0.05", "trainer.total_steps=1000", "learner.optim.lr=1e-6"]
+OURS = {  # the quick start's CPU shares: generator 0.5, learner 2 x 0.5, reference 0.25, reward 0.25
+    # before: each actor ran as many threads as its reserved CPUs, rounded up to 1
+    "grpo-ray fp32, threads = reserved CPUs": ["cluster.cpu_threads=reserved"],
+    # on-policy the phases run one at a time: each takes the node's cores (generator 2, reference 2, learner 2 x 1)
+    "grpo-ray fp32, threads follow the schedule": [],
+}
+PEERS = {"TRL fp32": {"bf16": False}, "TRL bf16": {"bf16": True}}
+
+
+def ours(name: str, overrides: list[str], warmup: int, steps: int) -> dict:
+    import ray
+
+    from grpo_ray.config import load_recipe
+    from grpo_ray.controller import Controller
+    from grpo_ray.launch import connect
+    from grpo_ray.setup_run import setup_run
+
+    out = tempfile.mkdtemp(prefix="grpo-peer-")
+    r = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", [*COMMON, *overrides, f"trainer.output_dir={out}",
+                                                         "trainer.dump_rollouts=false", "trainer.loggers=[jsonl]",
+                                                         "trainer.test_freq=0", "trainer.val_before_train=false"])
+    connect(r)
+    c = Controller(r, setup_run(r))
+    try:
+        c.start()
+        for k in range(1, warmup + 1):
+            c.step(k)
+        start = time.perf_counter()
+        rows = [c.step(k) for k in range(warmup + 1, warmup + steps + 1)]
+        wall = time.perf_counter() - start
+    finally:
+        c.shutdown()
+        ray.shutdown()
+    tokens = sum(m["perf/total_num_tokens"] for m in rows)
+    parts = {k.split("/", 1)[1]: statistics.fmean(m[k] for m in rows) for k in rows[0]
+             if k.startswith("timing_s/") and k != "timing_s/step"}
+    return {"name": name, "overrides": overrides, "step_s": wall / steps, "tokens_per_s": tokens / wall,
+            "response_length": statistics.fmean(m["response_length/mean"] for m in rows),
+            "prompt_length": statistics.fmean(m["prompt_length/mean"] for m in rows), "parts": parts}
+
+
+def peer(name: str, settings: dict, warmup: int, steps: int) -> dict:
+    """TRL in a child process (its own environment: PYTHONPATH=.peer)."""
+    from grpo_ray.config import load_recipe
+    from grpo_ray.setup_run import setup_run
+
+    with tempfile.TemporaryDirectory() as tmp:
+        r = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", [*COMMON, f"trainer.output_dir={tmp}/run"])
+        inputs = setup_run(r)
+        spec = {"model": inputs.model_path, "prompts": [row["prompt_text"] for row in inputs.train_rows[:512]],
+                "answers": [row["reward_model"]["ground_truth"] for row in inputs.train_rows[:512]],
+                "warmup": warmup, "steps": steps, "threads": os.cpu_count(), "out": f"{tmp}/trl", **settings}
+        (Path(tmp) / "spec.json").write_text(json.dumps(spec))
+        env = {**os.environ, "PYTHONPATH": str(ROOT / ".peer"), "OMP_NUM_THREADS": str(os.cpu_count())}
+        res = subprocess.run([sys.executable, __file__, "--trl", f"{tmp}/spec.json"], capture_output=True, text=True,
+                             env=env, timeout=3600)
+    lines = [line for line in res.stdout.splitlines() if line.startswith("TRL ")]
+    if res.returncode or not lines:
+        raise SystemExit(f"{name}: exit {res.returncode}\n{res.stderr[-3000:]}")
+    return {"name": name, "settings": settings, **json.loads(lines[-1][4:])}
+
+
+def trl_child(spec: dict) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from grpo_ray.rewards.builtin import gsm8k_reward
+
+    torch.set_num_threads(spec["threads"])
+    tok = AutoTokenizer.from_pretrained(spec["model"])
+    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
+    data = Dataset.from_dict({"prompt": spec["prompts"], "answer": spec["answers"]})
+
+    def reward(completions, answer, **_):
+        return [gsm8k_reward(c, a) for c, a in zip(completions, answer)]
+
+    class Clock(TrainerCallback):
+        def __init__(self):
+            self.ends, self.logs = [], []
+
+        def on_step_begin(self, args, state, control, **kw):
+            if state.global_step == spec["warmup"]:
+                self.start = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            self.ends.append(time.perf_counter())
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            self.logs.append(dict(logs or {}))
+
+    clock = Clock()
+    cfg = GRPOConfig(
+        output_dir=spec["out"], max_steps=spec["warmup"] + spec["steps"], per_device_train_batch_size=PROMPTS * GROUP,
+        gradient_accumulation_steps=1, num_generations=GROUP, max_completion_length=MAX_TOKENS, temperature=1.0,
+        beta=KL, num_iterations=1, learning_rate=1e-6, use_cpu=True, bf16=spec["bf16"],
+        gradient_checkpointing=False,  # its default (True) recomputes the forward: off, TRL's faster setting
+        logging_steps=1, report_to="none", save_strategy="no", seed=0, disable_tqdm=True, dataloader_num_workers=0)
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=data, processing_class=tok,
+                          callbacks=[clock])
+    trainer.train()
+    wall = clock.ends[-1] - clock.start
+    timed = [log for log in clock.logs if "completions/mean_length" in log][spec["warmup"]:]
+    completion = statistics.fmean(log["completions/mean_length"] for log in timed)
+    prompt_len = statistics.fmean(len(tok(p)["input_ids"]) for p in spec["prompts"][:PROMPTS * 4])
+    n = PROMPTS * GROUP
+    return {"step_s": wall / spec["steps"], "tokens_per_s": (prompt_len + completion) * n * spec["steps"] / wall,
+            "response_length": completion, "prompt_length": prompt_len}
+
+
+def markdown(report: dict) -> str:
+    m, runs = report["machine"], report["runs"]
+    base = next(r for r in runs if r["name"] == "TRL fp32")["tokens_per_s"]
+    lines = [
+        "# grpo-ray against TRL's GRPOTrainer, equal work",
+        "",
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gb']} GB; torch {m['torch']}, vLLM {m['vllm']}, "
+        f"Ray {m['ray']}, TRL {report['trl']}; {m['date']}. `python benchmarks/peer.py --steps {report['steps']} "
+        f"--warmup {report['warmup']}`: {report['params'] / 1e6:.1f}M parameters, {PROMPTS} prompts x {GROUP} samples, "
+        f"at most {MAX_TOKENS} response tokens, KL to a reference (k3, {KL}), one optimizer step a step; "
+        f"{m['cores']} cores for everything. Equal work is defined in the script's docstring.",
+        "",
+        "| configuration | step (s) | tokens/s | vs TRL fp32 | prompt / response tokens | parts (s) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in runs:
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in sorted(r.get("parts", {}).items()) if v >= 0.01)
+        lines.append(f"| {r['name']} | {r['step_s']:.2f} | {r['tokens_per_s']:.0f} | {r['tokens_per_s'] / base:.2f}x "
+                     f"| {r['prompt_length']:.0f} / {r['response_length']:.0f} | {parts} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--out", default="benchmarks/results/peer")
+    ap.add_argument("--only", nargs="*", help="configurations to run (default: all)")
+    args = ap.parse_args()
+    from grpo_ray import models
+
+    pick = lambda name: not args.only or name in args.only  # noqa: E731
+    runs = [peer(n, s, args.warmup, args.steps) for n, s in PEERS.items() if pick(n)]
+    runs += [ours(n, o, args.warmup, args.steps) for n, o in OURS.items() if pick(n)]
+    trl = subprocess.run([sys.executable, "-c", "import trl; print(trl.__version__)"], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT / ".peer")}).stdout.strip()
+    report = {"machine": machine(), "steps": args.steps, "warmup": args.warmup, "trl": trl,
+              "params": models.model_dims(MODEL).params, "runs": runs}
+    write_report(args.out, "peer", report, markdown(report))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--trl":
+        print("TRL " + json.dumps(trl_child(json.loads(Path(sys.argv[2]).read_text()))))
+    else:
+        main()
