@@ -7,6 +7,7 @@ import torch
 
 from grpo_ray.algo.advantage import advantages, group_advantages
 from grpo_ray.algo.batching import (
+    by_length,
     chunks,
     collate,
     place_values,
@@ -104,6 +105,17 @@ def test_collate_masks_line_up_with_next_token_logprobs():
     placed = place_values(values, seqs.response_mask)
     assert placed.tolist() == [[0, 0, 0.25, 0.5], [1.0, 2.0, 4.0, 0]]
     assert response_values(placed, seqs.response_mask) == values
+    as_tensors = place_values([torch.tensor(v) for v in values], seqs.response_mask)  # the old policy's form
+    assert torch.equal(as_tensors, placed)
+
+
+def test_micro_batches_are_cut_longest_first():
+    pairs = [([1], [2]), ([1, 2], [3, 4, 5]), ([1], [2, 3]), ([1, 2, 3], [4, 5]), ([1], [2, 3, 4])]
+    assert by_length([0, 1, 2, 3, 4], pairs) == [1, 3, 4, 2, 0]  # 5, 5 (ties in order), 4, 3, 2 tokens
+    assert by_length([4, 0, 2], pairs) == [4, 2, 0]
+    # two micro batches of 2 pad to 5 and 3 tokens (16 positions), against 5 and 5 (20) in the given order
+    cut = [collate([pairs[i] for i in micro], 0) for micro in chunks(by_length([0, 1, 2, 3], pairs), 2)]
+    assert [s.input_ids.shape for s in cut] == [(2, 5), (2, 3)]
 
 
 def test_mini_batch_shares_and_chunks():

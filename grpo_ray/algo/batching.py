@@ -106,15 +106,26 @@ def response_values(per_position: torch.Tensor, mask: torch.Tensor) -> list[list
     return [row[m.bool()].tolist() for row, m in zip(per_position, mask)]
 
 
-def place_values(values: list[list[float]], mask: torch.Tensor) -> torch.Tensor:
-    """Inverse of response_values: a tensor shaped like `mask` with each sample's values at its response positions."""
+def place_values(values: list, mask: torch.Tensor) -> torch.Tensor:
+    """Inverse of response_values: a tensor shaped like `mask` with each sample's values (a list of floats or
+    a 1-D tensor per sample) at its response positions."""
     out = torch.zeros_like(mask, dtype=torch.float32)
-    out[mask.bool()] = torch.tensor([v for row in values for v in row], dtype=torch.float32)
+    if values and isinstance(values[0], torch.Tensor):
+        out[mask.bool()] = torch.cat(values).to(torch.float32)
+    else:
+        out[mask.bool()] = torch.tensor([v for row in values for v in row], dtype=torch.float32)
     return out
 
 
 def chunks(indices: list[int], size: int) -> list[list[int]]:
     return [indices[i : i + size] for i in range(0, len(indices), size)]
+
+
+def by_length(indices: list[int], pairs: list[tuple[list[int], list[int]]]) -> list[int]:
+    """`indices` from the longest sample (prompt + response) to the shortest, ties in their order: micro batches
+    cut from it in order pad each sample to a length near its own. The loss sums over tokens with a normaliser
+    of the whole mini batch, so which micro batch a sample lands in does not change the gradient."""
+    return sorted(indices, key=lambda i: -(len(pairs[i][0]) + len(pairs[i][1])))
 
 
 def rank_slice(indices: list[int], rank: int, world_size: int) -> list[int]:

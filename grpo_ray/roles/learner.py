@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from grpo_ray import sync
-from grpo_ray.algo.batching import chunks, collate, flatten, place_values, rank_slice
+from grpo_ray.algo.batching import by_length, chunks, collate, flatten, place_values, rank_slice
 from grpo_ray.algo.correction import SUM_KEYS, rollout_correction
 from grpo_ray.algo.logprobs import token_logprobs
 from grpo_ray.algo.loss import grpo_loss, normaliser_count, sft_loss
@@ -93,21 +93,22 @@ class Learner(RoleActor):
         return seqs, logp, entropy
 
     def _old_logprobs(self, pairs: list, indices: list[int], versions: list[int]) -> dict[int, torch.Tensor]:
-        """Logprobs under the weights that generated each sample (its version), for the samples this rank trains
-        on; samples of older versions are scored with that version's snapshot swapped in. Collective: every rank
+        """Logprobs of the response tokens under the weights that generated each sample (its version), for the
+        samples this rank trains on (a 1-D tensor each, so any micro batch can take it); samples of older versions are scored with that version's snapshot swapped in. Collective: every rank
         swaps in each version of the batch and runs as many forwards as the rank with the most (filler ones)."""
         out = {}
         filler = [([self.pad_id], [self.pad_id])]  # keeps this rank in the other ranks' all-gathers
         with torch.no_grad():
             for v in sorted(set(versions)):  # every rank holds the whole batch: the same versions in the same order
-                micros = chunks([i for i in indices if versions[i] == v], self.recipe.learner.micro_batch_size)
+                micros = chunks(by_length([i for i in indices if versions[i] == v], pairs),
+                                self.recipe.learner.micro_batch_size)
                 rounds = torch.tensor([len(micros)], device=self.device)
                 dist.all_reduce(rounds, op=dist.ReduceOp.MAX)
                 with self._weights_of(v):
                     for k in range(int(rounds.item())):
                         seqs, logp, _ = self._logprobs([pairs[i] for i in micros[k]] if k < len(micros) else filler)
                         for j, i in enumerate(micros[k] if k < len(micros) else []):
-                            out[i] = (logp[j] * seqs.response_mask[j].to(logp.device)).cpu()
+                            out[i] = logp[j][seqs.response_mask[j].to(logp.device).bool()].cpu()
         return out
 
     def _snapshot(self, keep_from: int) -> None:
@@ -179,14 +180,15 @@ class Learner(RoleActor):
             for mine in minis:
                 normaliser = self._normaliser(normaliser_count(a.loss_agg, [len(pairs[i][1]) for i in mine],
                                                                self.recipe.generator.sampling.max_tokens))
-                for micro in chunks(mine, lc.micro_batch_size):
+                for micro in chunks(by_length(mine, pairs), lc.micro_batch_size):
                     seqs, logp, entropy = self._logprobs([pairs[i] for i in micro], with_entropy=True)
                     mask = seqs.response_mask.to(logp.device)
                     sampler_logp = place_values([sampler[i] for i in micro], seqs.response_mask).to(logp.device)
                     if rc.bypass_mode:
                         old_logp = sampler_logp
                     else:
-                        old_logp = logp.detach() if old is None else torch.stack([old[i] for i in micro]).to(logp.device)
+                        old_logp = (logp.detach() if old is None else
+                                    place_values([old[i] for i in micro], seqs.response_mask).to(logp.device))
                     weights, keep, sums, top = rollout_correction(
                         old_logp, sampler_logp, mask, rc.rollout_is, rc.rollout_is_threshold, rc.rollout_rs,
                         rc.rollout_rs_threshold, rc.rollout_rs_threshold_lower)
@@ -270,7 +272,7 @@ class Learner(RoleActor):
         self.model.train()
         for mine in minis:
             normaliser = self._normaliser(sum(len(pairs[i][1]) for i in mine))
-            for micro in chunks(mine, lc.micro_batch_size):
+            for micro in chunks(by_length(mine, pairs), lc.micro_batch_size):
                 seqs, logp, _ = self._logprobs([pairs[i] for i in micro], temperature=1.0)
                 loss, mm = sft_loss(logp, seqs.response_mask.to(logp.device), normaliser)
                 loss.backward()

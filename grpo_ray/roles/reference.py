@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from grpo_ray import sync
-from grpo_ray.algo.batching import Span, chunks, collate, flatten, response_values
+from grpo_ray.algo.batching import Span, by_length, chunks, collate, flatten, response_values
 from grpo_ray.algo.logprobs import token_logprobs
 from grpo_ray.models import load_causal_lm, pad_id
 from grpo_ray.roles import RoleActor, fsdp, log_to_file
@@ -56,18 +56,20 @@ class Reference(RoleActor):
 
         pairs = flatten(ray.get(rollout_refs), spans)
         start = time.perf_counter()
-        micros = list(chunks(pairs, self.micro_batch_size))
+        order = by_length(list(range(len(pairs))), pairs)  # longest first: little padding per micro batch
+        micros = [[pairs[i] for i in micro] for micro in chunks(order, self.micro_batch_size)]
         rounds = torch.tensor([len(micros)])
         dist.all_reduce(rounds, op=dist.ReduceOp.MAX)
         filler = [([self.pad_id], [self.pad_id])]  # keeps this rank in the other ranks' all-gathers
-        out: list[list[float]] = []
+        out: list[list[float]] = [[] for _ in pairs]
         with torch.no_grad():
             for k in range(int(rounds.item())):
                 seqs = collate(micros[k] if k < len(micros) else filler, self.pad_id)
                 logp, _ = token_logprobs(self.model, seqs.input_ids.to(self.device),
                                          seqs.attention_mask.to(self.device), self.temperature)
                 if k < len(micros):
-                    out += response_values(logp.cpu(), seqs.response_mask)
+                    for i, values in zip(order[k * self.micro_batch_size:], response_values(logp.cpu(), seqs.response_mask)):
+                        out[i] = values
         fsdp.reshard(self.model)  # FSDP2 keeps the root (embeddings, LM head) gathered after a forward: free it
         return out, Work(time.perf_counter() - start, len(pairs))
 
