@@ -152,13 +152,41 @@ def run_child(kind: str, spec: dict, env: dict) -> dict:
 # --- our side: the controller's hops ------------------------------------------------------------
 
 
+def timed_steps(overrides: list[str], warmup: int, steps: int, recipe: str = "recipes/tiny-cpu.yaml") -> tuple[list[dict], float]:
+    """The controller's steps on `recipe` with `overrides` (no validation, no dumps): `warmup` steps, then
+    `steps` timed ones; their metrics and wall seconds."""
+    import ray
+
+    from grpo_ray.config import load_recipe
+    from grpo_ray.controller import Controller
+    from grpo_ray.launch import connect
+    from grpo_ray.setup_run import setup_run
+
+    out = tempfile.mkdtemp(prefix="grpo-bench-")
+    r = load_recipe(ROOT / recipe, [*overrides, f"trainer.output_dir={out}", "trainer.dump_rollouts=false",
+                                    "trainer.loggers=[jsonl]", "trainer.test_freq=0", "trainer.val_before_train=false"])
+    connect(r)
+    c = Controller(r, setup_run(r))
+    try:
+        c.start()
+        for k in range(1, warmup + 1):
+            c.step(k)
+        start = time.perf_counter()
+        rows = [c.step(k) for k in range(warmup + 1, warmup + steps + 1)]
+        return rows, time.perf_counter() - start
+    finally:
+        c.shutdown()
+        ray.shutdown()
+
+
 def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: bool) -> dict:
     import ray
 
     from grpo_ray import perf
     from grpo_ray.algo.batching import flatten
     from grpo_ray.config import load_recipe
-    from grpo_ray.controller import Controller, sample_seed
+    from grpo_ray.controller import Controller
+    from grpo_ray.engines import sample_seed
     from grpo_ray.launch import connect
     from grpo_ray.fit import cpu_kv_cache_bytes, max_model_len
     from grpo_ray.models import model_dims
@@ -182,7 +210,7 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
         gen_s, gen_tokens = [], 0
         for _ in range(reps):
             start = time.perf_counter()
-            rollouts, stats = c.generate(prompts, G, 0)
+            rollouts, stats = c.engines.generate(prompts, G, 0)
             gen_s.append(time.perf_counter() - start)
             gen_tokens = sum(sum(s.response_lengths) for s in stats)
         pairs = flatten(ray.get(rollouts))
@@ -196,7 +224,7 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
         sync_s = []
         for _ in range(max(reps, 5)):  # gather from shards + broadcast + load into vLLM; not the probe
             start = time.perf_counter()
-            c.push_weights(c.version)
+            c.engines.push(c.version)
             sync_s.append(time.perf_counter() - start)
         nbytes = sum(m.nbytes for m in c.pools.metas)
         params = sum(m.numel for m in c.pools.metas)

@@ -1,7 +1,8 @@
 """grpo-ray against a single-process GRPO trainer (TRL's ``GRPOTrainer``, HF generation) doing equal work, in one run.
 
-    bash benchmarks/peer.sh            # installs TRL into .peer/ (not a dependency of grpo-ray), then runs this
-    python benchmarks/peer.py --steps 3 --out benchmarks/results/peer
+    bash benchmarks/peer.sh --steps 3 --out benchmarks/results/peer
+
+(peer.sh installs TRL into .peer/, beside .venv and not a dependency of grpo-ray, then runs this script.)
 
 Equal work, per optimizer step, on both sides:
   - the same model: a 14.3M-parameter Qwen2-shaped model built offline (random init, 384-token vocabulary),
@@ -30,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench import machine, write_report  # noqa: E402
+from benchmarks.bench import machine, timed_steps, write_report  # noqa: E402
 
 MODEL = "tiny://qwen2?layers=6&hidden=512&heads=8&kv_heads=4&intermediate=1024&vocab=384&seed=0"
 PROMPTS, GROUP, MAX_TOKENS, KL = 8, 8, 128, 1e-3
@@ -38,46 +39,30 @@ COMMON = [f"model.path={MODEL}", f"data.train_batch_size={PROMPTS}", f"algorithm
           "data.response_prefix=''", "data.max_prompt_length=64", f"generator.sampling.max_tokens={MAX_TOKENS}",
           f"algorithm.kl_coef={KL}", "algorithm.kl_estimator=k3", "learner.mini_batch_size=64",
           "learner.micro_batch_size=16", "reference.micro_batch_size=32",
-          "trainer.max_sync_logprob_diff=0.05", "trainer.total_steps=1000", "learner.optim.lr=1e-6"]
+          "trainer.max_sync_logprob_diff=1e-2", "trainer.total_steps=1000", "learner.optim.lr=1e-6"]
+BF16 = ["generator.dtype=bfloat16", "learner.dtype=bfloat16"]
 OURS = {  # the quick start's CPU shares: generator 0.5, learner 2 x 0.5, reference 0.25, reward 0.25
     # before: each actor ran as many threads as its reserved CPUs, rounded up to 1
     "grpo-ray fp32, threads = reserved CPUs": ["cluster.cpu_threads=reserved"],
     # on-policy the phases run one at a time: each takes the node's cores (generator 2, reference 2, learner 2 x 1)
     "grpo-ray fp32, threads follow the schedule": [],
+    # bf16 compute everywhere: vLLM's weights, the learner's FSDP2 mixed precision, the reference (the learner's dtype)
+    "grpo-ray bf16": BF16,
+    "grpo-ray bf16, one step off": [*BF16, "algorithm.max_staleness=1", "algorithm.rollout_correction.rollout_is=token"],
 }
 PEERS = {"TRL fp32": {"bf16": False}, "TRL bf16": {"bf16": True}}
 
 
 def ours(name: str, overrides: list[str], warmup: int, steps: int) -> dict:
-    import ray
-
-    from grpo_ray.config import load_recipe
-    from grpo_ray.controller import Controller
-    from grpo_ray.launch import connect
-    from grpo_ray.setup_run import setup_run
-
-    out = tempfile.mkdtemp(prefix="grpo-peer-")
-    r = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", [*COMMON, *overrides, f"trainer.output_dir={out}",
-                                                         "trainer.dump_rollouts=false", "trainer.loggers=[jsonl]",
-                                                         "trainer.test_freq=0", "trainer.val_before_train=false"])
-    connect(r)
-    c = Controller(r, setup_run(r))
-    try:
-        c.start()
-        for k in range(1, warmup + 1):
-            c.step(k)
-        start = time.perf_counter()
-        rows = [c.step(k) for k in range(warmup + 1, warmup + steps + 1)]
-        wall = time.perf_counter() - start
-    finally:
-        c.shutdown()
-        ray.shutdown()
+    rows, wall = timed_steps([*COMMON, *overrides], warmup, steps)
     tokens = sum(m["perf/total_num_tokens"] for m in rows)
     parts = {k.split("/", 1)[1]: statistics.fmean(m[k] for m in rows) for k in rows[0]
              if k.startswith("timing_s/") and k != "timing_s/step"}
     return {"name": name, "overrides": overrides, "step_s": wall / steps, "tokens_per_s": tokens / wall,
             "response_length": statistics.fmean(m["response_length/mean"] for m in rows),
-            "prompt_length": statistics.fmean(m["prompt_length/mean"] for m in rows), "parts": parts}
+            "prompt_length": statistics.fmean(m["prompt_length/mean"] for m in rows), "parts": parts,
+            "probe_diff": max(m["sync/logprob_diff"] for m in rows if "sync/logprob_diff" in m),
+            "mismatch_kl": statistics.fmean(m["rollout_corr/kl"] for m in rows)}
 
 
 def peer(name: str, settings: dict, warmup: int, steps: int) -> dict:
@@ -152,7 +137,7 @@ def trl_child(spec: dict) -> dict:
 
 def markdown(report: dict) -> str:
     m, runs = report["machine"], report["runs"]
-    base = next(r for r in runs if r["name"] == "TRL fp32")["tokens_per_s"]
+    base = next((r for r in runs if r["name"] == "TRL fp32"), runs[0])["tokens_per_s"]
     lines = [
         "# grpo-ray against TRL's GRPOTrainer, equal work",
         "",

@@ -16,14 +16,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench import machine, write_report  # noqa: E402
+from benchmarks.bench import machine, timed_steps, write_report  # noqa: E402
 
 MODEL = "tiny://qwen2?layers=6&hidden=512&heads=8&kv_heads=4&intermediate=1024&vocab=384&seed=0"
 COMMON = [f"model.path={MODEL}", "data.train_batch_size=8", "algorithm.group_size=8", "data.response_prefix=''",
@@ -42,29 +40,7 @@ PARTS = ("timing_s/gen", "timing_s/reward", "timing_s/old_log_prob", "timing_s/u
 
 
 def run(name: str, overrides: list[str], warmup: int, steps: int) -> dict:
-    import ray
-
-    from grpo_ray.config import load_recipe
-    from grpo_ray.controller import Controller
-    from grpo_ray.launch import connect
-    from grpo_ray.setup_run import setup_run
-
-    out = tempfile.mkdtemp(prefix="grpo-pipeline-")
-    r = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", [*COMMON, *overrides, f"trainer.output_dir={out}",
-                                                         "trainer.dump_rollouts=false", "trainer.loggers=[jsonl]",
-                                                         "trainer.test_freq=0", "trainer.val_before_train=false"])
-    connect(r)
-    c = Controller(r, setup_run(r))
-    try:
-        c.start()
-        for k in range(1, warmup + 1):
-            c.step(k)
-        start = time.perf_counter()
-        rows = [c.step(k) for k in range(warmup + 1, warmup + steps + 1)]
-        wall = time.perf_counter() - start
-    finally:
-        c.shutdown()
-        ray.shutdown()
+    rows, wall = timed_steps([*COMMON, *overrides], warmup, steps)
     mean = lambda key: statistics.fmean(r[key] for r in rows)  # noqa: E731
     return {"schedule": name, "overrides": overrides, "steps": steps, "wall_s": wall, "steps_per_s": steps / wall,
             "idle": {p: mean(f"perf/idle/{p}") for p in ("generator", "learner")},

@@ -52,15 +52,15 @@ def measure(model: str, bucket_mb: int, reps: int) -> dict:
     try:
         c.start(("learner", "generator"))
         learner0, engine = c.pools.actors["learner"][0], c.pools.actors["generator"][0]
-        c.push_weights(0)  # warm-up
+        c.engines.push(0)  # warm-up
         for k in range(1, reps + 1):
             before = ray.get([learner0.mark_rss.remote(), engine.mark_rss.remote()])
             start = time.perf_counter()
-            pushed, received = c.push_weights(k)
+            pushed, received = c.engines.push(k)
             push_s = time.perf_counter() - start
             peaks = ray.get([learner0.peak_rss_since_mark.remote(), engine.peak_rss_since_mark.remote()])
             start = time.perf_counter()
-            diff = c.probe()
+            diff = c.engines.probe()
             probe_s = time.perf_counter() - start
             rows.append({"push_s": push_s, "probe_s": probe_s, "logprob_diff": diff,
                          "learner": pushed[0], "engine": received[0],

@@ -289,9 +289,9 @@ class ClusterConfig:
     """Peak TFLOPS of one learner device for MFU; 0: the H100/H200/B200 table on GPU, a matmul measured on CPU."""
     cpu_threads: str = "auto"
     """Compute threads of each generator, learner and reference actor. reserved: its pool's num_cpus, rounded
-    (at least 1). node: the node's CPUs shared among the actors of its pool, for phases that run one at a
-    time. auto: node on one CPU node with the on-policy schedule (algorithm.max_staleness 0), where no two
-    phases overlap; reserved otherwise, where they do."""
+    (at least 1). node: the node's CPUs (Ray's count, at most the cores the driver may use) shared among the
+    actors of its pool, for phases that run one at a time. auto: node on one CPU node with the on-policy
+    schedule (algorithm.max_staleness 0), where no two phases overlap; reserved otherwise, where they do."""
 
 
 @dataclass

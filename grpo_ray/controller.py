@@ -26,7 +26,6 @@ k versions older than the learner when trained, and before validation and checkp
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import signal
 import statistics
@@ -43,6 +42,7 @@ from grpo_ray.algo.batching import Samples, balanced_ranges, select_groups, sign
 from grpo_ray.config import POOLS, Recipe
 from grpo_ray.data.stream import Position, PromptStream
 from grpo_ray.dumps import write_dump
+from grpo_ray.engines import Batch, Engines
 from grpo_ray.errors import Preempted, RunError
 from grpo_ray.faults import fault_at
 from grpo_ray.metrics import (
@@ -52,29 +52,13 @@ from grpo_ray.metrics import (
     rollout_metrics,
     validation_metrics,
 )
-from grpo_ray.pools import PoolFault, Pools
+from grpo_ray.pools import Pools
 from grpo_ray.setup_run import RunInputs
 from grpo_ray.types import Prompt, Work
 
 __all__ = ["Controller", "RunError", "Preempted"]
 
 NO_SYNC = {"sync/seconds": 0.0, "timing_s/sync_weights": 0.0}
-
-
-@dataclasses.dataclass
-class Batch:
-    """One step's generation, launched and not yet collected."""
-
-    step: int
-    prompts: list[Prompt]
-    version: int
-    """The engines' weights when it was launched: the version that generates it."""
-    n: int
-    """Samples per prompt."""
-    sampling: object
-    """SamplingConfig, or None for the training sampling."""
-    calls: dict[int, tuple]
-    """Engine index -> (rollout ref, stats ref, the actor called)."""
 
 
 class Controller:
@@ -87,13 +71,13 @@ class Controller:
                                    recipe.data.shuffle)
         self.version = 0
         """The learner's weights: updates that changed them."""
-        self.engine_version = 0
-        """The weights the engines hold (the last push)."""
         self.inflight: dict[int, Batch] = {}
         """Batches launched ahead of their step (max_staleness >= 1)."""
         self.last_update: tuple[float, float] = (0.0, 0.0)
         """Wall-clock window of the last learner update, to measure what generation overlapped it."""
         self.pools = Pools(recipe, inputs.model_path)
+        self.engines = Engines(recipe, self.pools, inputs.probe_ids, lambda: self.version, self.say)
+        """The generator side: batches out, weights in (engines.version: the weights they hold)."""
         self.pending_dumps: list = []
         self.skipped = {"in_a_row": 0, "total": 0}
         self.preempted_at: float | None = None
@@ -107,7 +91,7 @@ class Controller:
         batch = self.inflight.pop(step, None) or self.launch(step)  # launched during the last step, or now
         if self.overlaps(step):
             self.inflight[step + 1] = self.launch(step + 1)  # generated while this step trains
-        rollouts, stats = self.collect(batch)
+        rollouts, stats = self.engines.collect(batch)
         samples = Samples.of(stats)  # counts and lengths: how the pools below share the work
         scores = self.score(rollouts, samples)
         refs = [] if dapo else self.reference_logprobs(rollouts, samples)  # runs while the rewards are scored
@@ -124,7 +108,7 @@ class Controller:
         advantages = estimate(r.algorithm.adv_estimator, rewards, G, lengths, r.algorithm.norm_adv_by_std).tolist()
         trained, ref_work = self.train_on(rollouts, advantages, refs)
         self.version += self.updated(trained)
-        synced = self.sync_weights() if self.push_due(step) else NO_SYNC  # waits for the generation ahead of it
+        synced = self.engines.sync() if self.push_due(step) else NO_SYNC  # waits for the generation ahead of it
         if r.trainer.dump_rollouts:
             self.dump(f"train_data_step{step}", step, rollouts, scores, advantages)
         seconds = time.perf_counter() - start
@@ -148,7 +132,7 @@ class Controller:
         """Whether to push the learner's weights now: when the next batch launched would otherwise be more than
         max_staleness versions behind the learner when it trains (at 0: after every update), and before
         validation and checkpoints."""
-        behind = self.version - self.engine_version
+        behind = self.version - self.engines.version
         return behind > 0 and (behind + 1 > self.r.algorithm.max_staleness or self.validating(step)
                                or self.saving(step))
 
@@ -178,7 +162,7 @@ class Controller:
             batches.append((rollouts, stats, scores))
             if len(kept) >= want or len(batches) >= cfg.max_num_gen_batches:
                 break
-            rollouts, stats = self.collect(self.launch(step))
+            rollouts, stats = self.engines.collect(self.launch(step))
             scores = self._get(self.score(rollouts, Samples.of(stats)), "reward")
         chosen, cut = sorted((kept + dropped)[:want]), ray.remote(select_groups).options(num_cpus=0)
         taken = [(rollouts[i], groups, st, sc) for b, (rollouts, stats, scores) in enumerate(batches)
@@ -209,46 +193,9 @@ class Controller:
 
     # --- hops --------------------------------------------------------------------------
 
-    def launch(self, step: int, prompts: list[Prompt] | None = None, n: int = 0, sampling=None) -> Batch:
-        """Send a batch (the next training prompts unless given) to the engines, cut evenly over them."""
-        prompts = prompts or [Prompt.from_row(uid, row) for uid, row in self.stream.next_batch()]
-        shards = split(prompts, len(self.pools.actors["generator"]))
-        batch = Batch(step, prompts, self.engine_version, n or self.r.algorithm.group_size, sampling, {})
-        for i, shard in enumerate(shards):
-            if shard:
-                batch.calls[i] = self._generate_on(i, shard, batch.n, step, sampling)
-        return batch
-
-    def collect(self, batch: Batch) -> tuple[list, list]:
-        """The batch's rollout refs (for the pools) and stats (for us). An engine that dies or misses
-        generator.timeout_s is replaced (unless that happened already, e.g. in a push) and its share alone is
-        generated again, with the seeds it had and the weights the engines hold now."""
-        g = self.r.generator
-        shards = split(batch.prompts, len(self.pools.actors["generator"]))
-        done = {}
-        for i, call in batch.calls.items():
-            for attempt in range(g.max_restarts + 1):
-                try:
-                    done[i] = call[0], self.pools.call(call[1], f"generate on engine {i}", g.timeout_s)
-                    break
-                except PoolFault as e:
-                    if attempt == g.max_restarts:
-                        raise RunError(f"{e}; engine {i} was replaced {g.max_restarts} times in this step "
-                                       "(generator.max_restarts)") from None
-                    if self.pools.actors["generator"][i] is call[2]:
-                        self.say(f"engine {i} lost ({e}); replacing it")
-                        self.recover([i])
-                    call = self._generate_on(i, shards[i], batch.n, batch.step, batch.sampling)
-        return [done[i][0] for i in sorted(done)], [done[i][1] for i in sorted(done)]
-
-    def generate(self, prompts: list[Prompt], n: int, step: int, sampling=None) -> tuple[list, list]:
-        """Generate `n` samples of each prompt now, and wait for them (validation)."""
-        return self.collect(self.launch(step, prompts, n, sampling))
-
-    def _generate_on(self, i: int, shard: list[Prompt], n: int, step: int, sampling) -> tuple:
-        seeds = [sample_seed(self.r.trainer.seed, step, p.uid) for p in shard]
-        actor = self.pools.actors["generator"][i]
-        return (*actor.generate.options(num_returns=2).remote(shard, n, seeds, sampling), actor)
+    def launch(self, step: int) -> Batch:
+        """Send the stream's next prompts to the engines."""
+        return self.engines.launch(step, [Prompt.from_row(uid, row) for uid, row in self.stream.next_batch()])
 
     def spread(self, pool: str, rollouts: list, samples: Samples, by_tokens: bool) -> list[tuple]:
         """The step's samples cut into contiguous shares of near-equal tokens (or samples) over every actor of
@@ -274,7 +221,7 @@ class Controller:
         """One learner step on the rollouts behind the refs, with reference logprobs when there is a KL term;
         the learner's metrics and the reference actors' work."""
         ref_lps = [lp for lp, _ in refs] or None
-        keep_from = min([self.engine_version] + [b.version for b in self.inflight.values()])
+        keep_from = min([self.engines.version] + [b.version for b in self.inflight.values()])
         trained = self._get([l.train.remote(rollouts, ref_lps, advantages, self.version, keep_from)
                              for l in self.pools.actors["learner"]], "learner train")[0]
         self.last_update = trained.pop("timing_s/update_window")
@@ -282,66 +229,12 @@ class Controller:
         trained["timing_s/ref"] = max((w.seconds for w in ref_work), default=0.0)
         return trained, ref_work
 
-    def probe(self) -> float:
-        """Mean absolute difference of generator and learner logprobs on a fixed sequence (worst engine)."""
-        ids = self.inputs.probe_ids
-        gens = [g.prompt_logprobs.remote(ids) for g in self.pools.actors["generator"]]
-        learners = [l.probe_logprobs.remote(ids) for l in self.pools.actors["learner"]]  # both sides at once
-        gens = self.pools.call(gens, "generator probe", self.r.generator.timeout_s)
-        learner = self._get(learners, "learner probe")[0]
-        return max(sum(abs(a - b) for a, b in zip(gen, learner)) / len(gen) for gen in gens)
-
-    def push_weights(self, version: int) -> tuple[list[dict], list[dict]]:
-        """Learner rank 0 broadcasts (all ranks gather), every engine receives and loads; the workers' timings."""
-        bucket, metas, actors = self.r.trainer.bucket_mb << 20, self.pools.metas, self.pools.actors
-        sends = [l.push_weights.remote(metas, bucket) for l in actors["learner"]]
-        receives = [g.receive_weights.remote(metas, bucket, version) for g in actors["generator"]]
-        timeout = self.r.trainer.sync_timeout_s + self.r.generator.timeout_s
-        try:
-            pushed = self.pools.call(sends, "weight send", timeout)
-        except PoolFault as e:
-            if e.died:  # a learner rank is gone with its shard of the state: nothing to replace it with
-                raise RunError(f"{e}; resume from the last checkpoint") from None
-            raise
-        received = self.pools.call(receives, "weight receive", timeout)
-        self.engine_version = version
-        return pushed, received
-
-    def sync_weights(self) -> dict[str, float]:
-        """Push the learner's weights to every generator, then check them with the probe. A push that fails (a
-        receiver lost mid-broadcast) replaces the lost engines and pushes again, once. It starts on an engine when
-        the generation sent before it ends: sync/seconds is the push as the engines see it, timing_s/sync_weights
-        the controller's wait, that generation and the probe included."""
-        start = time.perf_counter()
-        try:
-            pushed, received = self.push_weights(self.version)
-        except PoolFault as e:
-            lost = self.pools.unresponsive_generators()
-            self.say(f"weight sync to version {self.version} failed ({e}); replacing engines {lost}")
-            pushed, received = self.recover(lost)
-        diff = self.probe()
-        bound = self.r.trainer.max_sync_logprob_diff
-        if diff > bound:
-            raise RunError(f"weight sync to version {self.version}: generator and learner logprobs differ by "
-                           f"{diff:.3g} on the probe, over trainer.max_sync_logprob_diff={bound}")
-        sent, slowest = pushed[0], max(received, key=lambda t: t["seconds"])
-        seconds = slowest["seconds"]  # from the engines' start of the push until the last one has loaded
-        return {"sync/logprob_diff": diff, "sync/seconds": seconds, "sync/GBps": sent["bytes"] / seconds / 1e9,
-                **{f"sync/{phase}_s": sent.get(phase, 0.0) for phase in ("gather", "cast")},
-                "sync/load_s": slowest["load"], "timing_s/sync_weights": time.perf_counter() - start}
-
-    def recover(self, engines: list[int]) -> tuple[list[dict], list[dict]]:
-        """Replace `engines`, rebuild the weight-sync group over all engines, load the current weights into all."""
-        for i in engines:
-            self.pools.replace_generator(i)
-        self.pools.join_sync()
-        return self.push_weights(self.version)
-
     def validate(self, step: int) -> dict[str, float]:
         """pass@1 (and pass@val_n) per data source over the validation rows, with the validation sampling."""
         g = self.r.generator
         prompts = [Prompt.from_row(i, row) for i, row in enumerate(self.inputs.val_rows)]
-        rollouts, stats = self.generate(prompts, g.val_n, step, dataclasses.replace(g.sampling, temperature=g.val_temperature))
+        sampling = dataclasses.replace(g.sampling, temperature=g.val_temperature)
+        rollouts, stats = self.engines.generate(prompts, g.val_n, step, sampling)
         scores = self._get(self.score(rollouts, Samples.of(stats)), "validation reward")
         if self.r.trainer.dump_rollouts:
             self.dump(f"val_data_step{step}", step, rollouts, scores, None)
@@ -386,9 +279,9 @@ class Controller:
                   "checkpoint load")
         self.stream = PromptStream(self.inputs.train_rows, self.r.data.train_batch_size, self.r.trainer.seed,
                                    self.r.data.shuffle, Position(**state["data"]))
-        self.version = self.engine_version = state["version"]
+        self.version = self.engines.version = state["version"]
         if self.pools.actors["generator"]:
-            self.push_weights(self.version)  # before the first rollout
+            self.engines.push(self.version)  # before the first rollout
         return state["step"]
 
     # --- run ---------------------------------------------------------------------------
@@ -412,7 +305,7 @@ class Controller:
             if ckpt:
                 self.say(f"resuming from {ckpt} (step {self.restore(ckpt)})")
             if self.pools.actors["generator"]:
-                self.say(f"pools started; probe before training: sync/logprob_diff {self.probe():.3g}")
+                self.say(f"pools started; probe before training: sync/logprob_diff {self.engines.probe():.3g}")
             if t.val_before_train and self.inputs.val_rows and not done:
                 self.log.log(0, self.validate(0))
             last_val, save_seconds = None, 0.0
@@ -469,18 +362,3 @@ class Controller:
 
     def _get(self, refs, what: str):
         return self.pools.call(refs, what)
-
-
-def sample_seed(seed: int, step: int, uid: int) -> int:
-    """The sampling seed of one prompt at one step: a hash of (run seed, step, prompt), so it needs no history."""
-    return int.from_bytes(hashlib.blake2b(f"{seed}/{step}/{uid}".encode(), digest_size=4).digest(), "little")
-
-
-def split(items: list, parts: int) -> list[list]:
-    """`items` cut into `parts` contiguous shares as even as can be."""
-    out, start = [], 0
-    for k in range(parts):
-        n = len(items) // parts + (k < len(items) % parts)
-        out.append(items[start : start + n])
-        start += n
-    return out

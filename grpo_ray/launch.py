@@ -52,7 +52,7 @@ def replay(recipe: Recipe, dump_path: str) -> dict[str, float]:
     try:
         c.start(pools=("learner", "reference"))
         refs = [ray.put(r) for r in rollouts]
-        c.version = c.engine_version = rollouts[0].policy_version
+        c.version = c.engines.version = rollouts[0].policy_version
         return c.train_on(refs, advantages, c.reference_logprobs(refs, Samples.of_rollouts(rollouts)))[0]
     finally:
         c.shutdown()

@@ -81,7 +81,9 @@ class Pools:
     def start(self, pools: tuple[str, ...] = POOLS) -> None:
         """Reserve the cluster, start the pools, join the learner group and (with generators) the sync group."""
         self.pgs = placement.reserve(self.r, pools)
-        node_cpus = min(c for n in ray.nodes() if n["Alive"] and (c := n["Resources"].get("CPU", 0)) > 0)
+        # Ray's CPUs are a count the cluster was given (tests give 4 on 2 cores): never more than the cores here
+        node_cpus = min([c for n in ray.nodes() if n["Alive"] and (c := n["Resources"].get("CPU", 0)) > 0]
+                        + [len(os.sched_getaffinity(0))])
         self.threads = placement.threads(self.r, self.plans, node_cpus)
         for pool in POOLS:
             count = self.plans[pool].actors if pool in pools else 0

@@ -60,7 +60,7 @@ class SFTController(Controller):
 
     def validate(self, step: int) -> dict[str, float]:
         self.version = step
-        self.sync_weights()  # the generators sample with this step's weights
+        self.engines.sync()  # the generators sample with this step's weights
         return super().validate(step)
 
 

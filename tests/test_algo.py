@@ -124,7 +124,7 @@ def test_mini_batch_shares_and_chunks():
 
 
 def test_sample_seeds_depend_only_on_run_step_and_prompt():
-    from grpo_ray.controller import sample_seed
+    from grpo_ray.engines import sample_seed
 
     assert sample_seed(0, 3, 17) == sample_seed(0, 3, 17)
     seeds = {sample_seed(0, step, uid) for step in range(50) for uid in range(200)}

@@ -45,15 +45,15 @@ def test_sync_round_trip_through_the_pools(ray_local, tmp_path):
     c = Controller(recipe, setup_run(recipe))
     try:
         c.start()
-        assert c.probe() < 1e-5  # the same checkpoint on both sides
+        assert c.engines.probe() < 1e-5  # the same checkpoint on both sides
         rollouts = [ray_local.put(r) for r in tiny_rollouts(vocab=300, prompts=6, group=2)]
         ray_local.get([l.train.remote(rollouts, None, torch.linspace(-2, 2, 12).tolist(), 0) for l in c.pools.actors["learner"]])
-        before = c.probe()
+        before = c.engines.probe()
         assert before > 1e-3  # the learner moved, the generator did not yet
         c.version = 1
-        synced = c.sync_weights()
+        synced = c.engines.sync()
         assert synced["sync/logprob_diff"] < 1e-5 and synced["sync/GBps"] > 0
-        rollout, stats = c.generate([Prompt(c.inputs.probe_ids, "1", "test")], 2, step=1)
+        rollout, stats = c.engines.generate([Prompt(c.inputs.probe_ids, "1", "test")], 2, step=1)
         rollout, stats = rollout[0], stats[0]
         assert stats.policy_version == 1 == ray_local.get(rollout).policy_version
         placement = json.loads((tmp_path / "placement.json").read_text())
@@ -83,14 +83,14 @@ def test_push_memory_stays_within_two_units_and_two_buckets(ray_local, tmp_path)
         bound = 2 * fsdp.largest_unit_bytes(metas) + 2 * sync.largest_bucket_bytes(metas, 32 << 20)
         model = sum(m.nbytes for m in metas)
         assert model > 4e8 and bound < 0.5 * model  # a bound that all-at-once gathering or receiving would break
-        c.push_weights(1)  # first push: one-off allocations (gloo buffers, vLLM's reload bookkeeping)
+        c.engines.push(1)  # first push: one-off allocations (gloo buffers, vLLM's reload bookkeeping)
         before = ray_local.get([learner.mark_rss.remote(), engine.mark_rss.remote()])
-        pushed, received = c.push_weights(2)
+        pushed, received = c.engines.push(2)
         peaks = ray_local.get([learner.peak_rss_since_mark.remote(), engine.peak_rss_since_mark.remote()])
         extra = [(p - b) * 1e9 for p, b in zip(peaks, before)]
         assert extra[0] <= 1.25 * bound, (extra, bound)
         assert extra[1] <= 1.25 * bound, (extra, bound)
         assert pushed[0]["bytes"] == model and received[0]["load"] > 0
-        assert c.probe() < 5e-6  # float32 on both sides: the 1e-7 level
+        assert c.engines.probe() < 5e-6  # float32 on both sides: the 1e-7 level
     finally:
         c.shutdown()

@@ -1,0 +1,148 @@
+"""The generator side of a step, for the controller: batches out to the engines, weights in, lost engines replaced.
+
+An engine runs its calls in the order they were sent, so a batch is generated with the weights of the last push
+sent before it (``Batch.version``), and a push waits for the generation queued ahead of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+from typing import Callable
+
+from grpo_ray.errors import RunError
+from grpo_ray.pools import PoolFault, Pools
+from grpo_ray.types import Prompt
+
+
+@dataclasses.dataclass
+class Batch:
+    """One step's generation, launched and not yet collected."""
+
+    step: int
+    prompts: list[Prompt]
+    version: int
+    """The engines' weights when it was launched: the version that generates it."""
+    n: int
+    """Samples per prompt."""
+    sampling: object
+    """SamplingConfig, or None for the training sampling."""
+    calls: dict[int, tuple]
+    """Engine index -> (rollout ref, stats ref, the actor called)."""
+
+
+class Engines:
+    def __init__(self, recipe, pools: Pools, probe_ids: list[int], learner_version: Callable[[], int],
+                 say: Callable[[str], None]):
+        self.r, self.pools, self.probe_ids, self.learner_version, self.say = recipe, pools, probe_ids, learner_version, say
+        self.version = 0
+        """The weights the engines hold (the last push)."""
+
+    def launch(self, step: int, prompts: list[Prompt], n: int = 0, sampling=None) -> Batch:
+        """Send `prompts` to the engines, cut evenly over them, `n` samples each (default: the group size)."""
+        batch = Batch(step, prompts, self.version, n or self.r.algorithm.group_size, sampling, {})
+        for i, shard in enumerate(split(prompts, len(self.pools.actors["generator"]))):
+            if shard:
+                batch.calls[i] = self._generate_on(i, shard, batch.n, step, sampling)
+        return batch
+
+    def collect(self, batch: Batch) -> tuple[list, list]:
+        """The batch's rollout refs (for the pools) and stats (for the controller). An engine that dies or misses
+        generator.timeout_s is replaced (unless that happened already, e.g. in a push) and its share alone is
+        generated again, with the seeds it had and the weights the engines hold now."""
+        g = self.r.generator
+        shards = split(batch.prompts, len(self.pools.actors["generator"]))
+        done = {}
+        for i, call in batch.calls.items():
+            for attempt in range(g.max_restarts + 1):
+                try:
+                    done[i] = call[0], self.pools.call(call[1], f"generate on engine {i}", g.timeout_s)
+                    break
+                except PoolFault as e:
+                    if attempt == g.max_restarts:
+                        raise RunError(f"{e}; engine {i} was replaced {g.max_restarts} times in this step "
+                                       "(generator.max_restarts)") from None
+                    if self.pools.actors["generator"][i] is call[2]:
+                        self.say(f"engine {i} lost ({e}); replacing it")
+                        self.recover([i])
+                    call = self._generate_on(i, shards[i], batch.n, batch.step, batch.sampling)
+        return [done[i][0] for i in sorted(done)], [done[i][1] for i in sorted(done)]
+
+    def generate(self, prompts: list[Prompt], n: int, step: int, sampling=None) -> tuple[list, list]:
+        """Generate `n` samples of each prompt now, and wait for them (validation)."""
+        return self.collect(self.launch(step, prompts, n, sampling))
+
+    def _generate_on(self, i: int, shard: list[Prompt], n: int, step: int, sampling) -> tuple:
+        seeds = [sample_seed(self.r.trainer.seed, step, p.uid) for p in shard]
+        actor = self.pools.actors["generator"][i]
+        return (*actor.generate.options(num_returns=2).remote(shard, n, seeds, sampling), actor)
+
+    def probe(self) -> float:
+        """Mean absolute difference of generator and learner logprobs on a fixed sequence (worst engine)."""
+        gens = [g.prompt_logprobs.remote(self.probe_ids) for g in self.pools.actors["generator"]]
+        learners = [l.probe_logprobs.remote(self.probe_ids) for l in self.pools.actors["learner"]]  # both at once
+        gens = self.pools.call(gens, "generator probe", self.r.generator.timeout_s)
+        learner = self.pools.call(learners, "learner probe")[0]
+        return max(sum(abs(a - b) for a, b in zip(gen, learner)) / len(gen) for gen in gens)
+
+    def push(self, version: int) -> tuple[list[dict], list[dict]]:
+        """Learner rank 0 broadcasts (all ranks gather), every engine receives and loads; the workers' timings."""
+        bucket, metas, actors = self.r.trainer.bucket_mb << 20, self.pools.metas, self.pools.actors
+        sends = [l.push_weights.remote(metas, bucket) for l in actors["learner"]]
+        receives = [g.receive_weights.remote(metas, bucket, version) for g in actors["generator"]]
+        timeout = self.r.trainer.sync_timeout_s + self.r.generator.timeout_s
+        try:
+            pushed = self.pools.call(sends, "weight send", timeout)
+        except PoolFault as e:
+            if e.died:  # a learner rank is gone with its shard of the state: nothing to replace it with
+                raise RunError(f"{e}; resume from the last checkpoint") from None
+            raise
+        received = self.pools.call(receives, "weight receive", timeout)
+        self.version = version
+        return pushed, received
+
+    def sync(self) -> dict[str, float]:
+        """Push the learner's weights to every engine, then check them with the probe. A push that fails (a
+        receiver lost mid-broadcast) replaces the lost engines and pushes again, once. It starts on an engine when
+        the generation sent before it ends: sync/seconds is the push as the engines see it, timing_s/sync_weights
+        the controller's wait, that generation and the probe included."""
+        start, version = time.perf_counter(), self.learner_version()
+        try:
+            pushed, received = self.push(version)
+        except PoolFault as e:
+            lost = self.pools.unresponsive_generators()
+            self.say(f"weight sync to version {version} failed ({e}); replacing engines {lost}")
+            pushed, received = self.recover(lost)
+        diff = self.probe()
+        bound = self.r.trainer.max_sync_logprob_diff
+        if diff > bound:
+            raise RunError(f"weight sync to version {version}: generator and learner logprobs differ by "
+                           f"{diff:.3g} on the probe, over trainer.max_sync_logprob_diff={bound}")
+        sent, slowest = pushed[0], max(received, key=lambda t: t["seconds"])
+        seconds = slowest["seconds"]  # from the engines' start of the push until the last one has loaded
+        return {"sync/logprob_diff": diff, "sync/seconds": seconds, "sync/GBps": sent["bytes"] / seconds / 1e9,
+                **{f"sync/{phase}_s": sent.get(phase, 0.0) for phase in ("gather", "cast")},
+                "sync/load_s": slowest["load"], "timing_s/sync_weights": time.perf_counter() - start}
+
+    def recover(self, engines: list[int]) -> tuple[list[dict], list[dict]]:
+        """Replace `engines`, rebuild the weight-sync group over all engines, load the learner's weights into all."""
+        for i in engines:
+            self.pools.replace_generator(i)
+        self.pools.join_sync()
+        return self.push(self.learner_version())
+
+
+def sample_seed(seed: int, step: int, uid: int) -> int:
+    """The sampling seed of one prompt at one step: a hash of (run seed, step, prompt), so it needs no history."""
+    return int.from_bytes(hashlib.blake2b(f"{seed}/{step}/{uid}".encode(), digest_size=4).digest(), "little")
+
+
+def split(items: list, parts: int) -> list[list]:
+    """`items` cut into `parts` contiguous shares as even as can be."""
+    out, start = [], 0
+    for k in range(parts):
+        n = len(items) // parts + (k < len(items) % parts)
+        out.append(items[start : start + n])
+        start += n
+    return out
