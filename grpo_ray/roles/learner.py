@@ -94,8 +94,9 @@ class Learner(RoleActor):
 
     def _old_logprobs(self, pairs: list, indices: list[int], versions: list[int]) -> dict[int, torch.Tensor]:
         """Logprobs of the response tokens under the weights that generated each sample (its version), for the
-        samples this rank trains on (a 1-D tensor each, so any micro batch can take it); samples of older versions are scored with that version's snapshot swapped in. Collective: every rank
-        swaps in each version of the batch and runs as many forwards as the rank with the most (filler ones)."""
+        samples this rank trains on (a 1-D tensor each, so any micro batch can take it); samples of older
+        versions are scored with that version's snapshot swapped in. Collective: every rank swaps in each version
+        of the batch and runs as many forwards as the rank with the most (filler ones)."""
         out = {}
         filler = [([self.pad_id], [self.pad_id])]  # keeps this rank in the other ranks' all-gathers
         with torch.no_grad():

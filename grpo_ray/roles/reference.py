@@ -58,7 +58,7 @@ class Reference(RoleActor):
         start = time.perf_counter()
         order = by_length(list(range(len(pairs))), pairs)  # longest first: little padding per micro batch
         micros = [[pairs[i] for i in micro] for micro in chunks(order, self.micro_batch_size)]
-        rounds = torch.tensor([len(micros)])
+        rounds = torch.tensor([len(micros)], device=self.device)  # nccl reduces only device tensors
         dist.all_reduce(rounds, op=dist.ReduceOp.MAX)
         filler = [([self.pad_id], [self.pad_id])]  # keeps this rank in the other ranks' all-gathers
         out: list[list[float]] = [[] for _ in pairs]
