@@ -2,7 +2,8 @@
 
 ``<output_dir>/checkpoints/step_{N}/`` holds
 
-    learner/             model and optimizer, torch.distributed.checkpoint (one shard file per rank)
+    learner/             model and optimizer, torch.distributed.checkpoint (one shard file per rank); with LoRA
+                         the adapters and their optimizer state only (the base weights are frozen)
     trainer_state.json   step, policy version, data position, LR scheduler state
     training_info.json   step, consumed samples, last validation score
     config.yaml          the resolved recipe (secrets redacted)
@@ -24,6 +25,8 @@ import json
 import re
 import shutil
 from pathlib import Path
+
+import yaml
 
 from grpo_ray.errors import UserError
 
@@ -121,13 +124,18 @@ def load_state(ckpt: Path) -> dict:
 
 def export_hf(ckpt: Path, out: Path, max_shard_size: str = "5GB") -> Path:
     """A Hugging Face model directory from a checkpoint: consolidated safetensors (sharded with an index
-    past `max_shard_size`), config, generation config and tokenizer. transformers and vLLM load it."""
+    past `max_shard_size`), config, generation config and tokenizer. transformers and vLLM load it. A LoRA
+    checkpoint gives the model with its adapters merged, and the adapters alone in ``out/adapter`` (peft's format)."""
     import tempfile
 
     import torch
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
+
+    from grpo_ray import lora
+    from grpo_ray.config import LoraConfig
+    from grpo_ray.models import resolve
 
     hf_logging.disable_progress_bar()  # one shard of a small model: a bar would only clutter the output
     ckpt, out = Path(ckpt), Path(out)
@@ -138,14 +146,23 @@ def export_hf(ckpt: Path, out: Path, max_shard_size: str = "5GB") -> Path:
         dcp_to_torch_save(ckpt / "learner", Path(tmp) / "full.pt")  # every shard, consolidated in this process
         weights = torch.load(Path(tmp) / "full.pt", weights_only=False)["model"]
     config = AutoConfig.from_pretrained(ckpt)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    recipe = yaml.safe_load((ckpt / "config.yaml").read_text())["model"]
+    adapters = LoraConfig(**recipe.get("lora", {}))
+    if adapters.rank:  # the checkpoint holds the adapters only: the base model comes from the run's model.path
+        model = lora.wrap(AutoModelForCausalLM.from_pretrained(resolve(recipe["path"]), dtype=torch.float32), adapters)
+        expected = {name for name, _ in model.named_parameters() if lora.is_adapter(name)}
+    else:
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        expected = set(model.state_dict()) - ({"lm_head.weight"} if config.tie_word_embeddings else set())
     missing, unexpected = model.load_state_dict(weights, strict=False)
-    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
-    if unexpected or set(missing) - tied:
-        raise CheckpointError(f"{ckpt}: weights do not match the model config (missing {sorted(missing)[:5]}, "
-                              f"unexpected {sorted(unexpected)[:5]})")
-    model.tie_weights()
+    if unexpected or set(missing) & expected:
+        raise CheckpointError(f"{ckpt}: weights do not match the model config (missing "
+                              f"{sorted(set(missing) & expected)[:5]}, unexpected {sorted(unexpected)[:5]})")
     out.mkdir(parents=True, exist_ok=True)
+    if adapters.rank:
+        model.save_pretrained(out / "adapter")  # a peft adapter directory: PeftModel.from_pretrained(base, it)
+        model = model.merge_and_unload()  # and the merged model beside it, which needs no peft
+    model.tie_weights()
     model.save_pretrained(out, safe_serialization=True, max_shard_size=max_shard_size)
     AutoTokenizer.from_pretrained(ckpt).save_pretrained(out)
     if (ckpt / "generation_config.json").is_file():

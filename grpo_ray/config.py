@@ -29,6 +29,21 @@ class RecipeError(UserError):
 
 
 @dataclass
+class LoraConfig:
+    """Low-rank adapters (peft's LoRA) on the learner: only they are trained; the base weights stay frozen."""
+
+    rank: int = 0
+    """Rank of each adapter; 0 trains the full model. With LoRA the reference is the base model with the
+    adapters switched off, computed by the learner: no reference pool and no second copy of the weights."""
+    alpha: float = 16.0
+    """Scale of the adapters' update: alpha / rank times B A is added to each target weight."""
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    """Module names to adapt (``q_proj``, ``down_proj``, ...), or ``[all-linear]``: every linear layer but the LM head."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input while training."""
+
+
+@dataclass
 class ModelConfig:
     path: str = MISSING
     """Hub name, local checkpoint directory, or ``tiny://ARCH?...`` (see grpo_ray.models)."""
@@ -36,6 +51,9 @@ class ModelConfig:
     """Let transformers / vLLM run code shipped with the checkpoint."""
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra variables for the chat template, e.g. ``{enable_thinking: false}``."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapters instead of full fine-tuning (rank 0: off). Adapters want a larger learner.optim.lr than full
+    fine-tuning, typically 1e-5 to 1e-4 against 1e-6."""
 
 
 @dataclass
@@ -419,6 +437,7 @@ class Range:
 POSITIVE, NON_NEGATIVE, FINITE = Range(0, low_open=True), Range(0), Range()
 SHARE = Range(0, 1, low_open=True, high_open=True)
 RANGES: dict[str, Range] = {
+    "model.lora.rank": NON_NEGATIVE, "model.lora.alpha": POSITIVE, "model.lora.dropout": Range(0, 1, high_open=True),
     "data.train_batch_size": POSITIVE, "data.max_prompt_length": POSITIVE,
     "generator.num_engines": POSITIVE, "generator.tensor_parallel_size": POSITIVE,
     "generator.gpu_memory_utilization": SHARE, "generator.max_model_len": NON_NEGATIVE,
@@ -588,6 +607,8 @@ def validate(r: Recipe, command: str = "train") -> list[str]:
         p.append("data.train_files is empty: name parquet/JSONL files or synthetic://select?size=N")
     if not r.reward.functions:
         p.append("reward.functions is empty: name at least one reward function")
+    if r.model.lora.rank and not r.model.lora.target_modules:
+        p.append("model.lora.target_modules is empty: name modules (q_proj, v_proj, ...) or [all-linear]")
     p += _cluster_problems(r)
     p += _schedule_problems(r)
     return p

@@ -226,7 +226,8 @@ class Controller:
                              for l in self.pools.actors["learner"]], "learner train")[0]
         self.last_update = trained.pop("timing_s/update_window")
         ref_work = self._get([w for _, w in refs], "reference") if refs else []
-        trained["timing_s/ref"] = max((w.seconds for w in ref_work), default=0.0)
+        if ref_work:  # with LoRA the learner scores the reference itself (timing_s/ref is its own)
+            trained["timing_s/ref"] = max(w.seconds for w in ref_work)
         return trained, ref_work
 
     def validate(self, step: int) -> dict[str, float]:
@@ -306,6 +307,9 @@ class Controller:
                 self.say(f"resuming from {ckpt} (step {self.restore(ckpt)})")
             if self.pools.actors["generator"]:
                 self.say(f"pools started; probe before training: sync/logprob_diff {self.engines.probe():.3g}")
+            if self.r.model.lora.rank and self.pools.metas:
+                self.say(f"LoRA: a sync sends the weights with the adapters merged "
+                         f"({sum(m.nbytes for m in self.pools.metas) / 1e6:.3g} MB), not the adapters alone")
             if t.val_before_train and self.inputs.val_rows and not done:
                 self.log.log(0, self.validate(0))
             last_val, save_seconds = None, 0.0

@@ -121,7 +121,8 @@ class Engines:
                            f"{diff:.3g} on the probe, over trainer.max_sync_logprob_diff={bound}")
         sent, slowest = pushed[0], max(received, key=lambda t: t["seconds"])
         seconds = slowest["seconds"]  # from the engines' start of the push until the last one has loaded
-        return {"sync/logprob_diff": diff, "sync/seconds": seconds, "sync/GBps": sent["bytes"] / seconds / 1e9,
+        return {"sync/logprob_diff": diff, "sync/seconds": seconds, "sync/bytes": sent["bytes"],
+                "sync/GBps": sent["bytes"] / seconds / 1e9,
                 **{f"sync/{phase}_s": sent.get(phase, 0.0) for phase in ("gather", "cast")},
                 "sync/load_s": slowest["load"], "timing_s/sync_weights": time.perf_counter() - start}
 

@@ -5,7 +5,8 @@
 the way ``placement.reserve`` asks Ray to, then estimates memory per device (GB = 1e9 bytes):
 
 learner (FSDP2 over W ranks, P parameters, b = bytes of learner.dtype, T = micro batch x sequence tokens)
-    params 4P/W + grads 4P/W + Adam 8P/W (fp32, sharded)
+    params 4P/W + grads 4P/W + Adam 8P/W (fp32, sharded); with LoRA, A adapter parameters: params 4(P + A)/W,
+    grads 4A/W, Adam 8A/W, and no reference pool (the learner is its own reference, adapters off)
     + gathered: 2 units (the one running and the one prefetched) x b x the largest FSDP unit
     + activations: T x L x (b(10h + 4i) + 16h) saved for backward (T x L x b h with gradient checkpointing,
       plus one layer's worth), + T x heads x S x 2b for eager attention scores on CPU
@@ -169,21 +170,25 @@ def learner_memory(d: ModelDims, r: Recipe, seq: int = 0) -> PoolMemory:
     acts = t * d.layers * b * d.hidden + full if r.learner.gradient_checkpointing else d.layers * full
     if cpu:  # eager attention keeps the score matrices
         acts += d.layers * t * d.heads * s * 2 * b
+    lo = r.model.lora
+    trained = d.lora_params(lo.rank, lo.target_modules) if lo.rank else d.params  # LoRA: the base is frozen
     parts = {
-        "params": 4 * d.params / w, "grads": 4 * d.params / w, "optimizer": 8 * d.params / w,
-        "gathered": 2 * b * unit_params(d),
+        "params": 4 * (d.params + (trained if lo.rank else 0)) / w, "grads": 4 * trained / w,
+        "optimizer": 8 * trained / w, "gathered": 2 * b * unit_params(d),
         "activations": acts, "logits": t * d.vocab * (b + 12),
     }
     if r.generator.num_engines:  # a push runs between steps, in the memory the step's working set gives back
         parts["sync_extra"] = max(0.0, 2 * bucket_bytes(d, r) - parts["gathered"] - acts - parts["logits"])
-    snapshots = snapshot_count(r) * 4 * d.params / w  # this rank's shard of earlier versions, on the host
+    snapshots = snapshot_count(r) * 4 * trained / w  # this rank's shard of earlier versions, on the host
     if cpu and snapshots:
         parts["snapshots"] = snapshots
     parts = {k: v / GB for k, v in parts.items()}
     parts["runtime"] = CPU_RUNTIME_GB["learner"] + 4 * d.params / GB if cpu else GPU_RUNTIME_GB
     host = f"; {snapshots / GB:.1f} GB of host memory for {snapshot_count(r)} weight snapshots" if snapshots and not cpu else ""
+    count = lambda n: f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M"  # noqa: E731
+    adapters = f", LoRA rank {lo.rank}: {count(trained)} of {count(d.params)} parameters train" if lo.rank else ""
     return PoolMemory("learner", parts, f"micro batch {r.learner.micro_batch_size} x {s} tokens, {w} ranks"
-                      + (", gradient checkpointing" if r.learner.gradient_checkpointing else "") + host)
+                      + (", gradient checkpointing" if r.learner.gradient_checkpointing else "") + adapters + host)
 
 
 def snapshot_count(r: Recipe) -> int:
@@ -283,7 +288,7 @@ def layout(r: Recipe) -> tuple[list[Node], list[str]]:
                      "fewer actors" if want else "; add nodes, colocate pools (cluster.colocate) or ask for fewer actors"))
                 break
             node.free -= gpus
-            node.hosts.append(("+".join(group), i, gpus))
+            node.hosts.append(("+".join(p for p in group if plans[p].actors > i), i, gpus))
     return nodes, problems
 
 
@@ -318,6 +323,11 @@ def model_limits(r: Recipe, command: str = "train") -> None:
                f"data.max_prompt_length ({r.data.max_prompt_length}) + generator.sampling.max_tokens "
                f"({g.sampling.max_tokens}) = {length}")
         p.append(f"{how} tokens is over the model's max_position_embeddings ({d.max_positions}); lower it")
+    lo = r.model.lora
+    unknown = [t for t in lo.target_modules if t not in d.linears()] if lo.rank and lo.target_modules != ["all-linear"] else []
+    if unknown:
+        p.append(f"model.lora.target_modules: no module named {', '.join(unknown)} in a decoder block; expected "
+                 f"[all-linear] or any of {', '.join(d.linears())}")
     if g.sampling.top_k > d.vocab:
         p.append(f"generator.sampling.top_k={g.sampling.top_k} is over the model's vocabulary ({d.vocab} tokens)")
     if p:

@@ -336,6 +336,17 @@ class ModelDims:
         attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
         return attn + 3 * self.hidden * self.intermediate
 
+    def linears(self) -> dict[str, tuple[int, int]]:
+        """(in, out) features of each linear layer of a decoder block, by module name (the LM head aside)."""
+        h, a, kv, i = self.hidden, self.attn_dim, self.kv_heads * self.head_dim, self.intermediate
+        return {"q_proj": (h, a), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (a, h),
+                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
+    def lora_params(self, rank: int, targets: list[str]) -> int:
+        """Adapter parameters of LoRA at `rank` on the `targets` of every block ([all-linear]: all of them)."""
+        chosen = self.linears() if list(targets) == ["all-linear"] else {t: self.linears()[t] for t in targets}
+        return self.layers * sum(rank * (i + o) for i, o in chosen.values())
+
     @property
     def embedding_params(self) -> int:
         """Input embedding plus, when untied, the LM head."""

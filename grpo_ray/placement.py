@@ -48,7 +48,9 @@ def plan(recipe: Recipe, pools: tuple[str, ...] = POOLS) -> dict[str, PoolPlan]:
     plans = {
         "generator": PoolPlan("generator", g.num_engines, g.num_cpus, g.tensor_parallel_size if cuda else 0),
         "learner": PoolPlan("learner", l.world_size, l.num_cpus, 1 if cuda else 0),
-        "reference": PoolPlan("reference", f.num_actors if recipe.algorithm.kl_coef > 0 else 0, f.num_cpus, 1 if cuda else 0),
+        # no KL term: no reference; LoRA: the learner is its own reference (the adapters switched off)
+        "reference": PoolPlan("reference", f.num_actors if recipe.algorithm.kl_coef > 0 and not recipe.model.lora.rank
+                              else 0, f.num_cpus, 1 if cuda else 0),
         "reward": PoolPlan("reward", r.num_actors, r.num_cpus, 0),
     }
     for pool, resource in recipe.cluster.node_resources.items():

@@ -29,7 +29,8 @@ def join(device: str, host: str, port: int, rank: int, world_size: int):
 
 
 def shard(model: torch.nn.Module, mesh, param_dtype: torch.dtype, reduce_dtype: torch.dtype = torch.float32):
-    """FSDP2 over `mesh`: one unit per transformer block, then the root."""
+    """FSDP2 over `mesh`: one unit per transformer block, then the root (a transformers model; with LoRA, the
+    one inside the peft wrapper)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
@@ -65,22 +66,28 @@ def reshard(model: torch.nn.Module) -> None:
             m.reshard()
 
 
-def gather_bucket(params: dict, metas: list[sync.WeightMeta], bucket: list[int], flat: torch.Tensor | None,
-                  phases: sync.Phases) -> None:
-    """One bucket of full weights assembled on rank 0 from every rank's shards, straight into `flat` (the bucket
-    buffer, wire dtype; None on the other ranks). No parameter is unsharded: rank 0 copies its own rows into
-    place (with the cast), and receives each other rank's rows, cast by their owner, into place; every rank
-    must call it for every bucket, in the same order."""
+def local_rows(p) -> torch.Tensor:
+    """This rank's rows of a sharded parameter (FSDP2 cuts every parameter along dimension 0)."""
     from torch.distributed.tensor import Shard
 
+    assert tuple(p.placements) == (Shard(0),), f"expected FSDP2's Shard(0), got {p.placements}"
+    return p.to_local()
+
+
+def gather_bucket(rows_of: dict, metas: list[sync.WeightMeta], bucket: list[int], flat: torch.Tensor | None,
+                  phases: sync.Phases) -> None:
+    """One bucket of full weights assembled on rank 0 from every rank's rows, straight into `flat` (the bucket
+    buffer, wire dtype; None on the other ranks); `rows_of[name]()` gives this rank's rows of a weight (its shard,
+    or with LoRA its shard merged with the adapters). No parameter is unsharded: rank 0 copies its own rows into
+    place (with the cast), and receives each other rank's rows, cast by their owner, into place; every rank
+    must call it for every bucket, in the same order."""
     rank, world = dist.get_rank(), dist.get_world_size()
     ops, keep, offset = [], [], 0
     for i in bucket:
-        m, p = metas[i], params[metas[i].name]
-        assert tuple(p.placements) == (Shard(0),), f"{m.name}: expected FSDP2's Shard(0), got {p.placements}"
+        m = metas[i]
         per_row = m.numel // m.shape[0] if m.shape and m.shape[0] else m.numel
         rows = shard_rows(m.shape[0], world)
-        local = p.to_local()
+        local = rows_of[m.name]()  # on every rank, even one without rows: a LoRA merge gathers its A collectively
         if rank == 0:
             start = offset
             for r, n in enumerate(rows):

@@ -11,6 +11,9 @@ The controller drives it step by step; it runs no loop of its own:
                                them to the generators in the engines' dtype
     probe_logprobs(ids)        logprobs of a fixed sequence, to check a sync
 
+With LoRA (``model.lora.rank``) the model is wrapped by peft before sharding and only the adapters train; the
+reference logprobs are computed here, with the adapters off (``grpo_ray.lora``), and a push sends merged weights.
+
 Data parallelism: each mini batch of M samples is cut into W contiguous shares; a rank's
 loss is scaled so that FSDP2's gradient averaging over ranks gives the mini batch's loss
 (see grpo_ray.algo.loss).
@@ -26,7 +29,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from grpo_ray import sync
+from grpo_ray import lora, sync
 from grpo_ray.algo.batching import by_length, chunks, collate, flatten, place_values, rank_slice
 from grpo_ray.algo.correction import SUM_KEYS, rollout_correction
 from grpo_ray.algo.logprobs import token_logprobs
@@ -44,6 +47,7 @@ class Learner(RoleActor):
     def __init__(self, model_path: str, recipe: Recipe, rank: int, world_size: int, threads: int = 1):
         log_to_file()
         self.model_path, self.recipe, self.rank, self.world_size = model_path, recipe, rank, world_size
+        self.lora = recipe.model.lora.rank > 0
         self.device = torch.device("cuda" if recipe.cluster.device == "cuda" else "cpu")
         torch.set_num_threads(threads)
         torch.manual_seed(recipe.trainer.seed)
@@ -66,10 +70,16 @@ class Learner(RoleActor):
         model = load_causal_lm(self.model_path, torch.float32, self.recipe.model.trust_remote_code)
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
-        fsdp.shard(model, mesh, getattr(torch, cfg.dtype))
+            if self.lora:
+                model.enable_input_require_grads()  # the frozen embeddings would cut the checkpointed graph
+        model = lora.wrap(model, self.recipe.model.lora)
+        fsdp.shard(lora.base_model(model), mesh, getattr(torch, cfg.dtype))
         self.model = model
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        """What trains: every parameter, or with LoRA the adapters."""
+        self.engine_weights = lora.engine_weights(model, fsdp.local_rows)
         o = cfg.optim
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
+        self.optimizer = torch.optim.AdamW(self.params, lr=o.lr, betas=tuple(o.betas), eps=o.eps,
                                            weight_decay=o.weight_decay)
         warmup = o.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -92,31 +102,37 @@ class Learner(RoleActor):
                                        t, with_entropy)
         return seqs, logp, entropy
 
-    def _old_logprobs(self, pairs: list, indices: list[int], versions: list[int]) -> dict[int, torch.Tensor]:
-        """Logprobs of the response tokens under the weights that generated each sample (its version), for the
-        samples this rank trains on (a 1-D tensor each, so any micro batch can take it); samples of older
-        versions are scored with that version's snapshot swapped in. Collective: every rank swaps in each version
-        of the batch and runs as many forwards as the rank with the most (filler ones)."""
+    def _score(self, pairs: list, indices: list[int]) -> dict[int, torch.Tensor]:
+        """Logprobs of the response tokens of `indices` under the weights held now, without gradients (a 1-D
+        tensor each, so any micro batch can take it). Collective: every rank runs as many forwards as the rank
+        with the most (filler ones)."""
         out = {}
         filler = [([self.pad_id], [self.pad_id])]  # keeps this rank in the other ranks' all-gathers
+        micros = chunks(by_length(indices, pairs), self.recipe.learner.micro_batch_size)
+        rounds = torch.tensor([len(micros)], device=self.device)
+        dist.all_reduce(rounds, op=dist.ReduceOp.MAX)
         with torch.no_grad():
-            for v in sorted(set(versions)):  # every rank holds the whole batch: the same versions in the same order
-                micros = chunks(by_length([i for i in indices if versions[i] == v], pairs),
-                                self.recipe.learner.micro_batch_size)
-                rounds = torch.tensor([len(micros)], device=self.device)
-                dist.all_reduce(rounds, op=dist.ReduceOp.MAX)
-                with self._weights_of(v):
-                    for k in range(int(rounds.item())):
-                        seqs, logp, _ = self._logprobs([pairs[i] for i in micros[k]] if k < len(micros) else filler)
-                        for j, i in enumerate(micros[k] if k < len(micros) else []):
-                            out[i] = logp[j][seqs.response_mask[j].to(logp.device).bool()].cpu()
+            for k in range(int(rounds.item())):
+                seqs, logp, _ = self._logprobs([pairs[i] for i in micros[k]] if k < len(micros) else filler)
+                for j, i in enumerate(micros[k] if k < len(micros) else []):
+                    out[i] = logp[j][seqs.response_mask[j].to(logp.device).bool()].cpu()
+        return out
+
+    def _old_logprobs(self, pairs: list, indices: list[int], versions: list[int]) -> dict[int, torch.Tensor]:
+        """Logprobs of the response tokens under the weights that generated each sample (its version), for the
+        samples this rank trains on; samples of older versions are scored with that version's snapshot swapped
+        in. Collective: every rank swaps in each version of the batch."""
+        out = {}
+        for v in sorted(set(versions)):  # every rank holds the whole batch: the same versions in the same order
+            with self._weights_of(v):
+                out.update(self._score(pairs, [i for i in indices if versions[i] == v]))
         return out
 
     def _snapshot(self, keep_from: int) -> None:
         """Keep this rank's shards of the current version (once), and drop those older than `keep_from`."""
         fsdp.reshard(self.model)
         if self.version not in self.snapshots:
-            self.snapshots[self.version] = [p.to_local().detach().to("cpu", copy=True) for p in self.model.parameters()]
+            self.snapshots[self.version] = [p.to_local().detach().to("cpu", copy=True) for p in self.params]
         for v in [v for v in self.snapshots if v < keep_from]:
             del self.snapshots[v]
 
@@ -132,14 +148,14 @@ class Learner(RoleActor):
                                "cannot be computed; algorithm.rollout_correction.bypass_mode=true takes the sampler's")
         fsdp.reshard(self.model)
         with torch.no_grad():
-            for p, saved in zip(self.model.parameters(), self.snapshots[version]):
+            for p, saved in zip(self.params, self.snapshots[version]):
                 p.to_local().copy_(saved)
         try:
             yield
         finally:
             fsdp.reshard(self.model)
             with torch.no_grad():
-                for p, saved in zip(self.model.parameters(), self.snapshots[self.version]):
+                for p, saved in zip(self.params, self.snapshots[self.version]):
                     p.to_local().copy_(saved)
 
     def train(self, rollout_refs: list, ref_logprob_refs: list | None, advantages: list[float], version: int,
@@ -169,6 +185,11 @@ class Learner(RoleActor):
         recompute = not (on_policy or rc.bypass_mode)
         old = self._old_logprobs(pairs, [i for mini in minis for i in mini], versions) if recompute else None
         old_seconds = time.perf_counter() - start if recompute else 0.0
+        ref_seconds = 0.0
+        if self.lora and a.kl_coef > 0 and ref_lps is None:  # the reference: this model with the adapters off
+            with lora.adapters_off(self.model):
+                ref_lps = self._score(pairs, [i for mini in minis for i in mini])
+            ref_seconds = time.perf_counter() - start - old_seconds
 
         # metric sums stay on the device until the step's end: no host sync per micro batch
         totals = torch.zeros(len(METRIC_KEYS), dtype=torch.float64, device=self.device)
@@ -240,13 +261,14 @@ class Learner(RoleActor):
             "rollout_corr/rollout_rs_masked_fraction": c["corr_masked_tokens"] / pass_tokens,
             "rollout_corr/rollout_rs_seq_masked_fraction": c["corr_masked_seqs"] / max(c["corr_seqs"], 1),
             "timing_s/old_log_prob": old_seconds,
-            "timing_s/update_actor": time.perf_counter() - start - old_seconds,
+            "timing_s/ref": ref_seconds,
+            "timing_s/update_actor": time.perf_counter() - start - old_seconds - ref_seconds,
             "timing_s/update_window": (started, time.time()),
         }
 
     def _optimizer_step(self) -> float:
         """Clip the gradients and step (skipped when their norm is not finite); the norm before clipping."""
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.recipe.learner.optim.grad_clip or float("inf"))
+        norm = torch.nn.utils.clip_grad_norm_(self.params, self.recipe.learner.optim.grad_clip or float("inf"))
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
         if torch.isfinite(norm):
             self.optimizer.step()
@@ -296,12 +318,19 @@ class Learner(RoleActor):
 
     # --- checkpoints -----------------------------------------------------------------
 
+    def _state_options(self):
+        """What a checkpoint holds of the model: every weight, or with LoRA the adapters (the base is frozen)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        # with LoRA, dcp.load fails on a missing adapter; the frozen base is not in the checkpoint, so not strict
+        return StateDictOptions(ignore_frozen_params=self.lora, strict=not self.lora)
+
     def save(self, path: str) -> dict:
         """Model and optimizer into `path` with torch.distributed.checkpoint (every rank writes its shard)."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._state_options())
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
         return {"scheduler": self.scheduler.state_dict()}
 
@@ -313,17 +342,19 @@ class Learner(RoleActor):
             set_state_dict,
         )
 
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        options = self._state_options()
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=options)
         state = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, checkpoint_id=path)
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                       options=options)
         self.scheduler.load_state_dict(scheduler_state)
 
     # --- weight sync -----------------------------------------------------------------
 
     def weight_metas(self, wire_dtype: str) -> list[sync.WeightMeta]:
         """What a push sends, in the order it sends it, cast to `wire_dtype` (the engine's)."""
-        return [sync.WeightMeta(name, tuple(p.shape), wire_dtype) for name, p in self.model.named_parameters()]
+        return [sync.WeightMeta(name, tuple(shape), wire_dtype) for name, (shape, _) in self.engine_weights.items()]
 
     def init_sync(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
         """Rank 0 joins the weight-sync group as its rank 0 (and hosts its store); other ranks have no part in it."""
@@ -337,11 +368,11 @@ class Learner(RoleActor):
         unshards anything. Returns rank 0's seconds per phase (gather, broadcast), in all, and the bytes sent."""
         start, phases = time.perf_counter(), sync.Phases()
         fsdp.reshard(self.model)
-        params, buckets = dict(self.model.named_parameters()), sync.plan_buckets(metas, bucket_bytes)
+        rows_of, buckets = {n: rows for n, (_, rows) in self.engine_weights.items()}, sync.plan_buckets(metas, bucket_bytes)
         filled = []
 
         def fill(bucket: list[int], flat: torch.Tensor) -> None:
-            fsdp.gather_bucket(params, metas, bucket, flat, phases)
+            fsdp.gather_bucket(rows_of, metas, bucket, flat, phases)
             filled.append(bucket)
 
         if self.rank == 0:
@@ -360,7 +391,7 @@ class Learner(RoleActor):
         else:
             sent = 0
             for bucket in buckets:
-                fsdp.gather_bucket(params, metas, bucket, None, phases)
+                fsdp.gather_bucket(rows_of, metas, bucket, None, phases)
         return {"seconds": time.perf_counter() - start, "bytes": float(sent), **dict(phases.seconds)}
 
     def shutdown(self) -> None:

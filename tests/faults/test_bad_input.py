@@ -62,6 +62,10 @@ CASES = {  # name: (recipe, overrides, what the message must say)
     "length penalty longer than the responses": (RECIPE, ["algorithm.overlong_buffer.len=8"],
                                                  "algorithm.overlong_buffer.len (8) is longer than the responses can be"),
     "longer than the model's positions": (RECIPE, ["generator.max_model_len=4096"], "over the model's max_position_embeddings (1024)"),
+    "LoRA on a module the model lacks": (RECIPE, ["model.lora.rank=4", "model.lora.target_modules=[q_proj,qkv]"],
+                                         "model.lora.target_modules: no module named qkv in a decoder block"),
+    "LoRA on no module": (RECIPE, ["model.lora.rank=4", "model.lora.target_modules=[]"],
+                          "model.lora.target_modules is empty"),
 }
 
 

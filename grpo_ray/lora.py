@@ -1,0 +1,81 @@
+"""LoRA on the learner (peft): wrap the model, switch the adapters off for the reference, merge them for a sync.
+
+With ``model.lora.rank > 0`` the learner's model is a peft ``PeftModel``: each target linear layer gets adapters
+A (rank x in) and B (out x rank), B starting at zero, and only they train. The base weights are frozen: no
+gradients, no optimizer state, nothing in a checkpoint but the adapters. The reference is the same model with
+the adapters off (``adapters_off``), so a LoRA run has no reference pool and no second copy of the weights.
+
+The engines hold plain weights: a sync sends each target weight merged, W + (alpha / rank) B A, under the base
+model's own name. Every learner rank merges the rows it holds: FSDP2 cuts W and B along dimension 0 into the
+same rows, and A (rank x in) is small and gathered whole, so no weight is ever unsharded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable
+
+import torch
+
+from grpo_ray.config import LoraConfig
+
+PREFIX = "base_model.model."
+"""What peft puts before the wrapped model's parameter names."""
+
+
+def wrap(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
+    """`model` with adapters on its target modules (peft), base weights frozen; unchanged when cfg.rank is 0."""
+    if not cfg.rank:
+        return model
+    from peft import LoraConfig as PeftLoraConfig, get_peft_model
+
+    targets = "all-linear" if list(cfg.target_modules) == ["all-linear"] else list(cfg.target_modules)
+    return get_peft_model(model, PeftLoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
+                                                target_modules=targets))
+
+
+def base_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model inside (the model itself without LoRA): what FSDP2 shards."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def adapters_off(model: torch.nn.Module):
+    """Inside the block, the model is its base: the reference policy."""
+    return model.disable_adapter() if hasattr(model, "disable_adapter") else contextlib.nullcontext()
+
+
+def is_adapter(name: str) -> bool:
+    return ".lora_" in name
+
+
+def base_name(name: str) -> str:
+    """The base model's name of a parameter of the wrapped model ('...q_proj.base_layer.weight' -> '...q_proj.weight')."""
+    return name.removeprefix(PREFIX).replace(".base_layer.", ".")
+
+
+def engine_weights(model: torch.nn.Module, local: Callable) -> dict[str, tuple[torch.Size, Callable[[], torch.Tensor]]]:
+    """What a sync sends, in order: the engine's name of each weight -> (its full shape, a function returning this
+    rank's rows of it). `local(param)` gives a parameter's rows on this rank; with LoRA each adapted weight's rows
+    are merged with its adapters. Every rank must call the functions in the same order (A's gather is collective)."""
+    adapted = {}
+    for prefix, module in model.named_modules():
+        if hasattr(module, "lora_A") and "default" in getattr(module, "lora_A", {}):
+            adapted[f"{prefix}.base_layer.weight"] = module
+    out = {}
+    for name, p in model.named_parameters():
+        if is_adapter(name):
+            continue
+        if name in adapted:
+            out[base_name(name)] = (p.shape, _merged(p, adapted[name], local))
+        else:
+            out[base_name(name)] = (p.shape, lambda p=p: local(p))
+    return out
+
+
+def _merged(weight, module, local: Callable) -> Callable[[], torch.Tensor]:
+    def rows() -> torch.Tensor:
+        a, b = module.lora_A["default"].weight, module.lora_B["default"].weight
+        full_a = a.full_tensor() if hasattr(a, "full_tensor") else a
+        with torch.no_grad():
+            return local(weight) + module.scaling["default"] * (local(b) @ full_a)
+    return rows

@@ -1,0 +1,120 @@
+"""LoRA (model.lora): adapters train, the base stays frozen and is the reference, the engines get the merged
+weights, checkpoints hold the adapters, export writes both an adapter directory and a merged model."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from grpo_ray import lora, models
+from grpo_ray.config import LoraConfig, load_recipe
+from tests.conftest import ROOT, TINY, run_cli
+from tests.test_checkpoint import assert_same_metrics, metrics, whole_and_resumed
+
+LORA = ["model.lora.rank=4", "model.lora.alpha=8", "learner.optim.lr=1e-2"]
+
+
+def test_merged_weights_are_peft_merge_under_the_base_names():
+    """What a sync sends (every rank's rows merged; here one process holds all rows) is what peft's own merge
+    gives, under the base model's names, for every weight of the base model."""
+    path = models.resolve(TINY.format(arch="qwen2"))
+    base_names = set(dict(models.load_causal_lm(path, torch.float32).named_parameters()))
+    model = lora.wrap(models.load_causal_lm(path, torch.float32), LoraConfig(rank=4, alpha=8, target_modules=["q_proj", "down_proj"]))
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_()  # B starts at zero: make the adapters matter
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(lora.is_adapter(n) for n in trainable)
+    sent = {name: rows() for name, (shape, rows) in lora.engine_weights(model, lambda p: p.detach()).items()}
+    assert set(sent) == base_names
+    merged = dict(model.merge_and_unload().named_parameters())
+    for name, tensor in sent.items():
+        assert torch.allclose(tensor, merged[name], atol=1e-6), name
+    changed = {n for n in sent if not torch.equal(sent[n], models.load_causal_lm(path, torch.float32).state_dict()[n])}
+    assert changed == {f"model.layers.{i}.{m}.weight" for i in range(2) for m in ("self_attn.q_proj", "mlp.down_proj")}
+
+
+def test_plan_counts_adapters_only_and_no_reference():
+    from grpo_ray.fit import check
+
+    full = load_recipe(ROOT / "recipes" / "llama3.1-8b-math-4node.yaml")
+    adapted = load_recipe(ROOT / "recipes" / "llama3.1-8b-math-4node.yaml", ["model.lora.rank=32"])
+    a, b = ({p.pool: p for p in check(r).memory} for r in (full, adapted))
+    assert "reference" in a and "reference" not in b
+    assert b["learner"].parts["optimizer"] < a["learner"].parts["optimizer"] / 50
+    assert b["learner"].parts["grads"] < a["learner"].parts["grads"] / 50
+    assert b["learner"].total < a["learner"].total
+    assert "LoRA rank 32" in b["learner"].note
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return whole_and_resumed(tmp_path_factory, LORA)
+
+
+@pytest.mark.slow
+def test_lora_run_syncs_merged_weights_and_resumes_exactly(runs):
+    whole, killed = runs
+    assert_same_metrics(whole, killed)  # a checkpoint of adapters and their optimizer state resumes exactly
+    rows = metrics(whole)
+    assert max(r["sync/logprob_diff"] for r in rows) < 1e-3  # the engine holds the merged weights every step
+    assert rows[0]["actor/kl_loss"] == 0 and all(r["actor/kl_loss"] > 0 for r in rows[1:])  # adapters off = reference
+    assert all(r["timing_s/ref"] > 0 for r in rows)
+    placement = json.loads((whole / "placement.json").read_text())
+    assert {p: len(a) for p, a in placement.items()} == {"generator": 1, "learner": 2, "reference": 0, "reward": 1}
+    meta = json.loads((whole / "checkpoints" / "step_4" / "manifest.json").read_text())["files"]
+    shards = sum(size for name, size in meta.items() if name.startswith("learner/"))
+    params = models.model_dims(load_recipe(ROOT / "recipes" / "tiny-cpu.yaml").model.path).params
+    assert shards < params * 4  # adapters + Adam moments: less than the fp32 weights alone (full: 3x them)
+
+
+@pytest.mark.slow
+def test_lora_export_writes_adapters_and_a_merged_model(runs, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    whole, _ = runs
+    res = run_cli("export", str(whole / "checkpoints" / "step_4"), "--out", str(tmp_path / "hf"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    path = models.resolve(load_recipe(ROOT / "recipes" / "tiny-cpu.yaml").model.path)
+    ids = torch.tensor([list(range(3, 60))])
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
+                                        tmp_path / "hf" / "adapter")
+    base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    with torch.no_grad():
+        m, a, b = (x(ids).logits for x in (merged, adapted, base))
+    assert (m - a).abs().max() < 1e-4  # the adapters on the base are the merged model
+    assert (m - b).abs().max() > 1e-3  # and they trained
+
+
+@pytest.mark.slow
+def test_engine_takes_each_update_of_the_adapters(ray_local, tmp_path):
+    """The anchors' silent no-op (an adapter sync that never reaches the engine) cannot pass here: after a LoRA
+    step the engine's logprobs differ from the learner's until the push, and match them after it."""
+    from grpo_ray.controller import Controller
+    from grpo_ray.setup_run import setup_run
+    from tests.conftest import tiny_rollouts
+
+    recipe = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", [
+        *LORA, f"model.path={TINY.format(arch='qwen2')}", f"trainer.output_dir={tmp_path}", "data.train_batch_size=3",
+        "algorithm.group_size=4", "learner.mini_batch_size=12", "learner.micro_batch_size=6", "trainer.bucket_mb=1"])
+    c = Controller(recipe, setup_run(recipe))
+    try:
+        c.start()
+        assert not c.pools.actors["reference"]
+        assert c.engines.probe() < 1e-5  # the same base weights on both sides
+        for version in (1, 2):
+            rollouts = [ray_local.put(dataclasses.replace(r, policy_version=version - 1))
+                        for r in tiny_rollouts(vocab=300, prompts=6, group=2, seed=version)]
+            ray_local.get([l.train.remote(rollouts, None, torch.linspace(-2, 2, 12).tolist(), version - 1)
+                           for l in c.pools.actors["learner"]])
+            assert c.engines.probe() > 1e-3  # the adapters moved the learner; the engine has not seen it yet
+            c.version = version
+            synced = c.engines.sync()
+            assert synced["sync/logprob_diff"] < 1e-5 and synced["sync/bytes"] > 0
+    finally:
+        c.shutdown()
