@@ -41,6 +41,10 @@ class LoraConfig:
     """Module names to adapt (``q_proj``, ``down_proj``, ...), or ``[all-linear]``: every linear layer but the LM head."""
     dropout: float = 0.0
     """Dropout on the adapters' input while training."""
+    sync: str = "adapters"
+    """What a weight sync sends: ``adapters`` (only they; the engines load them in place through vLLM's LoRA
+    support and keep their base weights) or ``merged`` (every weight, the adapters merged in: for an engine
+    without LoRA support for the model)."""
 
 
 @dataclass
@@ -397,9 +401,12 @@ CHOICES = {
     "algorithm.rollout_correction.rollout_rs": (None, "sequence", "geometric"),
     "cluster.device": ("cpu", "cuda"),
     "cluster.cpu_threads": ("auto", "reserved", "node"),
+    "model.lora.sync": ("adapters", "merged"),
     "trainer.log_level": ("info", "debug"),
 }
 LOGGERS = ("console", "jsonl", "tensorboard")
+ENGINE_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The ranks vLLM's max_lora_rank takes: an engine serves adapters up to the next one."""
 GPU_MEMORY_GB = {"b200": 180.0, "h200": 141.0, "h100": 80.0}
 """Memory of one GPU of each known model (HBM as the datasheets give it)."""
 
@@ -607,8 +614,12 @@ def validate(r: Recipe, command: str = "train") -> list[str]:
         p.append("data.train_files is empty: name parquet/JSONL files or synthetic://select?size=N")
     if not r.reward.functions:
         p.append("reward.functions is empty: name at least one reward function")
-    if r.model.lora.rank and not r.model.lora.target_modules:
+    lo = r.model.lora
+    if lo.rank and not lo.target_modules:
         p.append("model.lora.target_modules is empty: name modules (q_proj, v_proj, ...) or [all-linear]")
+    if lo.rank > ENGINE_LORA_RANKS[-1] and lo.sync == "adapters":
+        p.append(f"model.lora.rank={lo.rank}: vLLM serves adapters up to rank {ENGINE_LORA_RANKS[-1]}; lower it, "
+                 "or set model.lora.sync=merged")
     p += _cluster_problems(r)
     p += _schedule_problems(r)
     return p

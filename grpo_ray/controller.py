@@ -308,8 +308,9 @@ class Controller:
             if self.pools.actors["generator"]:
                 self.say(f"pools started; probe before training: sync/logprob_diff {self.engines.probe():.3g}")
             if self.r.model.lora.rank and self.pools.metas:
-                self.say(f"LoRA: a sync sends the weights with the adapters merged "
-                         f"({sum(m.nbytes for m in self.pools.metas) / 1e6:.3g} MB), not the adapters alone")
+                what = {"adapters": "the adapters only, loaded in place by vLLM's LoRA support",
+                        "merged": "every weight, the adapters merged (model.lora.sync=merged)"}[self.r.model.lora.sync]
+                self.say(f"LoRA: a sync sends {what}: {sum(m.nbytes for m in self.pools.metas) / 1e6:.3g} MB")
             if t.val_before_train and self.inputs.val_rows and not done:
                 self.log.log(0, self.validate(0))
             last_val, save_seconds = None, 0.0

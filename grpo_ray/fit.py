@@ -19,7 +19,8 @@ learner (FSDP2 over W ranks, P parameters, b = bytes of learner.dtype, T = micro
       those 2 buckets need beyond the step's working set
 reference (FSDP2 over its N actors, like the learner): weights P b / N + gathered 2 units x b, forward-only
     activations and logits of one micro batch, runtime
-generator (vLLM, tensor parallel t): weights P w / t, + during a push the receive buffers of each worker
+generator (vLLM, tensor parallel t): weights P w / t (+ with LoRA synced as adapters, its LoRA slot: every linear
+    layer at max_lora_rank, and the adapters loaded), + during a push the receive buffers of each worker
     (3 buckets of full tensors, never more than the model: the one loading, the next arriving, the one before
     while its last layer waits; each worker takes its tensor-parallel slice as it loads) and one block being
     reloaded (its largest unit x w / t); on GPU the KV cache gets
@@ -46,6 +47,7 @@ from pathlib import Path
 
 from grpo_ray import placement
 from grpo_ray.config import GPU_MEMORY_GB, Recipe, RecipeError
+from grpo_ray.lora import engine_rank
 from grpo_ray.models import ModelDims, model_dims
 
 GB = 1e9
@@ -244,6 +246,14 @@ def generator_memory(d: ModelDims, r: Recipe, memory_gb: float) -> tuple[PoolMem
     else:  # the receive buffers are allocated after vLLM took its share: they sit beside it on the device
         parts = {"weights": weights, "vllm_activations": VLLM_ACTIVATION_GB,
                  "kv_cache": max(0.0, reserved - weights - VLLM_ACTIVATION_GB), "sync_buffers": sync}
+    lo = r.model.lora
+    if lo.rank and lo.sync == "adapters":  # vLLM's LoRA slot (every linear layer at max_lora_rank) + the loaded copy
+        slot = d.lora_params(engine_rank(lo.rank), ["all-linear"]) / g.tensor_parallel_size
+        adapters = d.lora_params(lo.rank, lo.target_modules) * b
+        parts["lora"] = (slot * b + adapters) / GB
+        parts["sync_buffers"] = min(3 * bucket_bytes(d, r), adapters) / GB  # a push carries the adapters only
+        if not cpu:  # inside vLLM's share of the device
+            parts["kv_cache"] = max(0.0, parts["kv_cache"] - parts["lora"])
     max_len = max_model_len(r)
     per_seq = kv_bytes_per_token(d, r) * max_len / GB
     holds = int(parts["kv_cache"] // per_seq)

@@ -5,19 +5,26 @@ A (rank x in) and B (out x rank), B starting at zero, and only they train. The b
 gradients, no optimizer state, nothing in a checkpoint but the adapters. The reference is the same model with
 the adapters off (``adapters_off``), so a LoRA run has no reference pool and no second copy of the weights.
 
-The engines hold plain weights: a sync sends each target weight merged, W + (alpha / rank) B A, under the base
-model's own name. Every learner rank merges the rows it holds: FSDP2 cuts W and B along dimension 0 into the
-same rows, and A (rank x in) is small and gathered whole, so no weight is ever unsharded.
+A sync (``engine_weights``) sends one of two things (``model.lora.sync``):
+
+- ``adapters``: A and B only, under peft's saved names. The engine writes them as a peft adapter directory
+  (``write_adapter``) and reloads it in place through vLLM's LoRA support, over its unchanged base weights.
+- ``merged``: every weight of the base model, each target weight merged, W + (alpha / rank) B A, under the base
+  model's own name, for engines without LoRA support. Every learner rank merges the rows it holds: FSDP2 cuts W
+  and B along dimension 0 into the same rows, and A (rank x in) is small and gathered whole, so no weight is
+  ever unsharded.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+from pathlib import Path
 from typing import Callable
 
 import torch
 
-from grpo_ray.config import LoraConfig
+from grpo_ray.config import ENGINE_LORA_RANKS, LoraConfig
 
 PREFIX = "base_model.model."
 """What peft puts before the wrapped model's parameter names."""
@@ -53,10 +60,15 @@ def base_name(name: str) -> str:
     return name.removeprefix(PREFIX).replace(".base_layer.", ".")
 
 
-def engine_weights(model: torch.nn.Module, local: Callable) -> dict[str, tuple[torch.Size, Callable[[], torch.Tensor]]]:
+def engine_weights(model: torch.nn.Module, local: Callable, adapters_only: bool = False
+                   ) -> dict[str, tuple[torch.Size, Callable[[], torch.Tensor]]]:
     """What a sync sends, in order: the engine's name of each weight -> (its full shape, a function returning this
-    rank's rows of it). `local(param)` gives a parameter's rows on this rank; with LoRA each adapted weight's rows
-    are merged with its adapters. Every rank must call the functions in the same order (A's gather is collective)."""
+    rank's rows of it). `local(param)` gives a parameter's rows on this rank. With `adapters_only`, the adapters
+    under peft's saved names; otherwise every base weight, each adapted one merged with its adapters. Every rank
+    must call the functions in the same order (A's gather is collective)."""
+    if adapters_only:
+        return {name.replace(".default.", "."): (p.shape, lambda p=p: local(p))
+                for name, p in model.named_parameters() if is_adapter(name)}
     adapted = {}
     for prefix, module in model.named_modules():
         if hasattr(module, "lora_A") and "default" in getattr(module, "lora_A", {}):
@@ -79,3 +91,21 @@ def _merged(weight, module, local: Callable) -> Callable[[], torch.Tensor]:
         with torch.no_grad():
             return local(weight) + module.scaling["default"] * (local(b) @ full_a)
     return rows
+
+
+def engine_rank(rank: int) -> int:
+    """The max_lora_rank an engine needs for adapters of `rank` (vLLM takes a few values only)."""
+    return next(r for r in ENGINE_LORA_RANKS if r >= rank)
+
+
+def write_adapter(directory: str, tensors: dict[str, torch.Tensor], alpha: float) -> None:
+    """A peft adapter directory (what vLLM's LoRA support loads) from A and B under peft's saved names; the rank
+    and target modules are read off the tensors."""
+    from safetensors.torch import save_file
+
+    a = {name: t for name, t in tensors.items() if name.endswith("lora_A.weight")}
+    config = {"peft_type": "LORA", "r": next(iter(a.values())).shape[0], "lora_alpha": alpha, "bias": "none",
+              "target_modules": sorted({name.split(".")[-3] for name in a}), "lora_dropout": 0.0,
+              "fan_in_fan_out": False, "use_rslora": False}
+    save_file({name: t.contiguous() for name, t in tensors.items()}, str(Path(directory) / "adapter_model.safetensors"))
+    (Path(directory) / "adapter_config.json").write_text(json.dumps(config))

@@ -112,7 +112,8 @@ class Pools:
         if pool == "generator":
             kv = cpu_kv_cache_bytes(model_dims(self.model_path), r) if r.cluster.device == "cpu" else 0
             return ray.remote(Generator).options(**options).remote(
-                self.model_path, g, max_model_len(r), kv, r.trainer.seed + i, r.model.trust_remote_code, r.cluster.device)
+                self.model_path, g, max_model_len(r), kv, r.trainer.seed + i, r.model.trust_remote_code, r.cluster.device,
+                r.model.lora if r.model.lora.rank and r.model.lora.sync == "adapters" else None)
         if pool == "learner":
             return ray.remote(Learner).options(**options).remote(self.model_path, r, i, r.learner.world_size, threads)
         if pool == "reference":

@@ -1,5 +1,6 @@
-"""LoRA (model.lora): adapters train, the base stays frozen and is the reference, the engines get the merged
-weights, checkpoints hold the adapters, export writes both an adapter directory and a merged model."""
+"""LoRA (model.lora): adapters train, the base stays frozen and is the reference, the engines get the adapters
+alone (vLLM's LoRA support) or the merged weights, checkpoints hold the adapters, export writes both an adapter
+directory and a merged model."""
 
 import dataclasses
 import json
@@ -56,18 +57,19 @@ def runs(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_lora_run_syncs_merged_weights_and_resumes_exactly(runs):
+def test_lora_run_syncs_the_adapters_and_resumes_exactly(runs):
     whole, killed = runs
     assert_same_metrics(whole, killed)  # a checkpoint of adapters and their optimizer state resumes exactly
     rows = metrics(whole)
-    assert max(r["sync/logprob_diff"] for r in rows) < 1e-3  # the engine holds the merged weights every step
+    assert max(r["sync/logprob_diff"] for r in rows) < 1e-3  # the engine applies the learner's adapters every step
+    params = models.model_dims(load_recipe(ROOT / "recipes" / "tiny-cpu.yaml").model.path).params
+    assert all(0 < r["sync/bytes"] < params * 4 / 5 for r in rows)  # the adapters alone, not the model
     assert rows[0]["actor/kl_loss"] == 0 and all(r["actor/kl_loss"] > 0 for r in rows[1:])  # adapters off = reference
     assert all(r["timing_s/ref"] > 0 for r in rows)
     placement = json.loads((whole / "placement.json").read_text())
     assert {p: len(a) for p, a in placement.items()} == {"generator": 1, "learner": 2, "reference": 0, "reward": 1}
     meta = json.loads((whole / "checkpoints" / "step_4" / "manifest.json").read_text())["files"]
     shards = sum(size for name, size in meta.items() if name.startswith("learner/"))
-    params = models.model_dims(load_recipe(ROOT / "recipes" / "tiny-cpu.yaml").model.path).params
     assert shards < params * 4  # adapters + Adam moments: less than the fp32 weights alone (full: 3x them)
 
 
@@ -92,15 +94,17 @@ def test_lora_export_writes_adapters_and_a_merged_model(runs, tmp_path):
 
 
 @pytest.mark.slow
-def test_engine_takes_each_update_of_the_adapters(ray_local, tmp_path):
+@pytest.mark.parametrize("mode", ["adapters", "merged"])
+def test_engine_takes_each_update_of_the_adapters(ray_local, tmp_path, mode):
     """The anchors' silent no-op (an adapter sync that never reaches the engine) cannot pass here: after a LoRA
-    step the engine's logprobs differ from the learner's until the push, and match them after it."""
+    step the engine's logprobs differ from the learner's until the push, and match them after it; a push sends
+    the adapters alone (a small share of the model), or the whole model merged."""
     from grpo_ray.controller import Controller
     from grpo_ray.setup_run import setup_run
     from tests.conftest import tiny_rollouts
 
     recipe = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", [
-        *LORA, f"model.path={TINY.format(arch='qwen2')}", f"trainer.output_dir={tmp_path}", "data.train_batch_size=3",
+        *LORA, f"model.lora.sync={mode}", f"model.path={TINY.format(arch='qwen2')}", f"trainer.output_dir={tmp_path}", "data.train_batch_size=3",
         "algorithm.group_size=4", "learner.mini_batch_size=12", "learner.micro_batch_size=6", "trainer.bucket_mb=1"])
     c = Controller(recipe, setup_run(recipe))
     try:
@@ -115,6 +119,11 @@ def test_engine_takes_each_update_of_the_adapters(ray_local, tmp_path):
             assert c.engines.probe() > 1e-3  # the adapters moved the learner; the engine has not seen it yet
             c.version = version
             synced = c.engines.sync()
-            assert synced["sync/logprob_diff"] < 1e-5 and synced["sync/bytes"] > 0
+            assert synced["sync/logprob_diff"] < 1e-5
+            model_bytes = 4 * models.model_dims(recipe.model.path).params
+            if mode == "adapters":
+                assert synced["sync/bytes"] < model_bytes / 10
+            else:
+                assert synced["sync/bytes"] >= model_bytes * 0.95
     finally:
         c.shutdown()

@@ -9,9 +9,11 @@ and values belong to the old weights.
 
 from __future__ import annotations
 
+import tempfile
 import time
 
-from grpo_ray.config import GeneratorConfig, SamplingConfig
+from grpo_ray.config import GeneratorConfig, LoraConfig, SamplingConfig
+from grpo_ray.lora import engine_rank
 from grpo_ray.roles import RoleActor, log_to_file
 from grpo_ray.roles.vllm_ext import bound_cpu_gemm_caches
 from grpo_ray.types import Completion, Prompt, Rollout, RolloutStats
@@ -37,13 +39,18 @@ def engine_env(device: str, threads: int) -> dict[str, str]:
 
 class Generator(RoleActor):
     def __init__(self, model_path: str, cfg: GeneratorConfig, max_model_len: int, kv_cache_bytes: int, seed: int,
-                 trust_remote_code: bool = False, device: str = "cpu"):
+                 trust_remote_code: bool = False, device: str = "cpu", adapters: LoraConfig | None = None):
         log_to_file()
         from vllm import LLM
 
         self.cfg = cfg  # memory is reported as this process's RSS: on GPU the engine runs in a child process
         self.version = 0
         engine_kwargs = dict(cfg.vllm_kwargs)
+        self.adapter, self.lora_request = None, None
+        """LoRA adapters synced alone: where they are written, and the request that applies them (once pushed)."""
+        if adapters:
+            engine_kwargs.update(enable_lora=True, max_lora_rank=engine_rank(adapters.rank), max_loras=1)
+            self.adapter = {"dir": tempfile.mkdtemp(prefix="grpo-ray-adapter-"), "alpha": adapters.alpha}
         # the logprobs of the distribution sampled from (temperature, top-k / top-p applied), as the learner's
         engine_kwargs.setdefault("logprobs_mode", "processed_logprobs")
         if device == "cpu":
@@ -81,7 +88,8 @@ class Generator(RoleActor):
         s = sampling or self.cfg.sampling
         params = [SamplingParams(n=group_size, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                                  max_tokens=s.max_tokens, logprobs=0, seed=seed) for seed in seeds]
-        outputs = self.llm.generate([{"prompt_token_ids": p.ids} for p in prompts], params, use_tqdm=False)
+        outputs = self.llm.generate([{"prompt_token_ids": p.ids} for p in prompts], params, use_tqdm=False,
+                                    lora_request=self.lora_request)
         completions = []
         for i, out in enumerate(outputs):
             for c in out.outputs:
@@ -103,7 +111,7 @@ class Generator(RoleActor):
         from vllm import SamplingParams
 
         out = self.llm.generate([{"prompt_token_ids": token_ids}], SamplingParams(max_tokens=1, prompt_logprobs=0),
-                                use_tqdm=False)[0]
+                                use_tqdm=False, lora_request=self.lora_request)[0]
         return [lp[t].logprob for t, lp in zip(token_ids[1:], out.prompt_logprobs[1:])]
 
     def init_sync(self, backend: str, host: str, port: int, base_rank: int, world_size: int, timeout_s: float) -> None:
@@ -118,7 +126,14 @@ class Generator(RoleActor):
         """Receive a broadcast of the learner's weights and load it, bucket by bucket; the slowest worker's
         seconds in all, waiting on the wire and loading."""
         start = time.perf_counter()
-        timings = self.llm.collective_rpc("grpo_receive_weights", args=(metas, bucket_bytes, version))
+        timings = self.llm.collective_rpc("grpo_receive_weights", args=(metas, bucket_bytes, version, self.adapter))
+        if self.adapter:  # reloaded in place under one id; the prefix cache below still holds the old adapter's KV
+            from vllm.lora.request import LoRARequest
+
+            added = time.perf_counter()
+            self.llm.llm_engine.add_lora(LoRARequest("policy", 1, self.adapter["dir"], load_inplace=True))
+            self.lora_request = LoRARequest("policy", 1, self.adapter["dir"])
+            timings = [{**t, "load": t["load"] + time.perf_counter() - added} for t in timings]
         self.llm.reset_prefix_cache()
         self.version = version
         return {**max(timings, key=lambda t: t["seconds"]), "seconds": time.perf_counter() - start}

@@ -77,7 +77,8 @@ class Learner(RoleActor):
         self.model = model
         self.params = [p for p in model.parameters() if p.requires_grad]
         """What trains: every parameter, or with LoRA the adapters."""
-        self.engine_weights = lora.engine_weights(model, fsdp.local_rows)
+        self.engine_weights = lora.engine_weights(model, fsdp.local_rows,
+                                                  self.lora and self.recipe.model.lora.sync == "adapters")
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(self.params, lr=o.lr, betas=tuple(o.betas), eps=o.eps,
                                            weight_decay=o.weight_decay)

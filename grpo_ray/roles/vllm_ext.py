@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import time
 
-from grpo_ray import sync
+from grpo_ray import lora, sync
 from grpo_ray.faults import fault_at
 
 
@@ -66,11 +66,21 @@ class WeightSyncExtension:
         """The dtype this worker's model holds its weights in: the wire dtype of the sync."""
         return str(self.model_config.dtype).removeprefix("torch.")
 
-    def grpo_receive_weights(self, metas: list, bucket_bytes: int, version: int = 0) -> dict[str, float]:
+    def grpo_receive_weights(self, metas: list, bucket_bytes: int, version: int = 0,
+                             adapter: dict | None = None) -> dict[str, float]:
         """Receive a push and load it bucket by bucket: vLLM's in-place reload consumes the weights lazily and
         processes each layer as soon as all its tensors are in, so a bucket's buffer is freed once its layers
-        are loaded. Returns this worker's seconds waiting on the wire ("broadcast") and loading ("load")."""
+        are loaded. Returns this worker's seconds waiting on the wire ("broadcast") and loading ("load").
+        LoRA adapters (`adapter`: the directory to write and alpha) are written as a peft adapter by worker 0,
+        for the engine to load in place (``Generator.receive_weights``)."""
         start, phases = time.perf_counter(), sync.Phases()
+        if adapter:
+            tensors = {name: t for bucket in sync.receive(self._grpo_sync, metas, bucket_bytes, "cpu", phases)
+                       for name, t in bucket}
+            if self.rank == 0:
+                lora.write_adapter(adapter["dir"], tensors, adapter["alpha"])
+            total = time.perf_counter() - start
+            return {"seconds": total, "broadcast": phases.seconds["broadcast"], "load": total - phases.seconds["broadcast"]}
 
         def weights():
             for k, bucket in enumerate(sync.receive(self._grpo_sync, metas, bucket_bytes, self.device, phases)):
