@@ -9,7 +9,8 @@ learner (FSDP2 over W ranks, P parameters, b = bytes of learner.dtype, T = micro
     grads 4A/W, Adam 8A/W, and no reference pool (the learner is its own reference, adapters off)
     + gathered: 2 units (the one running and the one prefetched) x b x the largest FSDP unit
     + activations: T x L x (b(10h + 4i) + 16h) saved for backward (T x L x b h with gradient checkpointing,
-      plus one layer's worth), + T x heads x S x 2b for eager attention scores on CPU
+      plus one layer's worth), + T x heads x S x 2b for eager attention scores on CPU; with LoRA, + T x L x b x
+      the adapted layers' output widths (peft keeps each adapted layer's output once more)
     + logits: T x V x (b + 12) (the logits, their fp32 copy, log-softmax and its gradient)
     + runtime (CUDA context and NCCL buffers; on CPU the process with torch, transformers and Ray,
       and the full fp32 model every rank reads before sharding)
@@ -169,10 +170,13 @@ def learner_memory(d: ModelDims, r: Recipe, seq: int = 0) -> PoolMemory:
     s = seq or seq_len(r)
     t = r.learner.micro_batch_size * s
     full = t * (b * (10 * d.hidden + 4 * d.intermediate) + 16 * d.hidden)  # one layer, saved for backward
+    lo = r.model.lora
+    if lo.rank:  # peft keeps each adapted layer's output once more (measured: +0.6 GB at 122M, 16 x 96 tokens)
+        targets = d.linears() if list(lo.target_modules) == ["all-linear"] else {m: d.linears()[m] for m in lo.target_modules}
+        full += t * b * sum(out for _, out in targets.values())
     acts = t * d.layers * b * d.hidden + full if r.learner.gradient_checkpointing else d.layers * full
     if cpu:  # eager attention keeps the score matrices
         acts += d.layers * t * d.heads * s * 2 * b
-    lo = r.model.lora
     trained = d.lora_params(lo.rank, lo.target_modules) if lo.rank else d.params  # LoRA: the base is frozen
     parts = {
         "params": 4 * (d.params + (trained if lo.rank else 0)) / w, "grads": 4 * trained / w,

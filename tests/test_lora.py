@@ -4,6 +4,8 @@ directory and a merged model."""
 
 import dataclasses
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -14,6 +16,7 @@ from tests.conftest import ROOT, TINY, run_cli
 from tests.test_checkpoint import assert_same_metrics, metrics, whole_and_resumed
 
 LORA = ["model.lora.rank=4", "model.lora.alpha=8", "learner.optim.lr=1e-2"]
+ONE_STEP_OFF = ["algorithm.max_staleness=1", "algorithm.rollout_correction.rollout_is=token"]
 
 
 def test_merged_weights_are_peft_merge_under_the_base_names():
@@ -53,11 +56,11 @@ def test_plan_counts_adapters_only_and_no_reference():
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    return whole_and_resumed(tmp_path_factory, LORA)
+    return whole_and_resumed(tmp_path_factory, [*LORA, *ONE_STEP_OFF])
 
 
 @pytest.mark.slow
-def test_lora_run_syncs_the_adapters_and_resumes_exactly(runs):
+def test_lora_run_one_step_off_syncs_the_adapters_and_resumes_exactly(runs):
     whole, killed = runs
     assert_same_metrics(whole, killed)  # a checkpoint of adapters and their optimizer state resumes exactly
     rows = metrics(whole)
@@ -66,6 +69,9 @@ def test_lora_run_syncs_the_adapters_and_resumes_exactly(runs):
     assert all(0 < r["sync/bytes"] < params * 4 / 5 for r in rows)  # the adapters alone, not the model
     assert rows[0]["actor/kl_loss"] == 0 and all(r["actor/kl_loss"] > 0 for r in rows[1:])  # adapters off = reference
     assert all(r["timing_s/ref"] > 0 for r in rows)
+    # one step off: the old policy of a stale batch is the learner's adapters of that version (a snapshot)
+    assert [r["rollout/staleness"] for r in rows] == [0, 1, 0, 1]  # step 3 waits for the checkpoint of step 2
+    assert max(abs(r["rollout_corr/kl"]) for r in rows) < 1e-5
     placement = json.loads((whole / "placement.json").read_text())
     assert {p: len(a) for p, a in placement.items()} == {"generator": 1, "learner": 2, "reference": 0, "reward": 1}
     meta = json.loads((whole / "checkpoints" / "step_4" / "manifest.json").read_text())["files"]
@@ -91,6 +97,9 @@ def test_lora_export_writes_adapters_and_a_merged_model(runs, tmp_path):
         m, a, b = (x(ids).logits for x in (merged, adapted, base))
     assert (m - a).abs().max() < 1e-4  # the adapters on the base are the merged model
     assert (m - b).abs().max() > 1e-3  # and they trained
+    gen = subprocess.run([sys.executable, str(ROOT / "tests" / "helpers" / "vllm_generate.py"), str(tmp_path / "hf")],
+                         capture_output=True, text=True, timeout=300)
+    assert gen.returncode == 0 and "RESULT " in gen.stdout, gen.stderr[-3000:]  # vLLM serves the merged model
 
 
 @pytest.mark.slow
