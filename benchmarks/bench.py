@@ -152,6 +152,15 @@ def run_child(kind: str, spec: dict, env: dict) -> dict:
 # --- our side: the controller's hops ------------------------------------------------------------
 
 
+def step_parser(steps: int, warmup: int, out: str) -> argparse.ArgumentParser:
+    """The arguments every step-timing benchmark takes: --steps timed after --warmup, results to --out."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--warmup", type=int, default=warmup)
+    ap.add_argument("--out", default=out)
+    return ap
+
+
 def timed_steps(overrides: list[str], warmup: int, steps: int, recipe: str = "recipes/tiny-cpu.yaml") -> tuple[list[dict], float]:
     """The controller's steps on `recipe` with `overrides` (no validation, no dumps): `warmup` steps, then
     `steps` timed ones; their metrics and wall seconds."""

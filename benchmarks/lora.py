@@ -13,7 +13,6 @@ actor. Each configuration runs --warmup steps, then --steps timed ones. Writes l
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench import machine, timed_steps, write_report  # noqa: E402
+from benchmarks.bench import machine, step_parser, timed_steps, write_report  # noqa: E402
 
 MODEL = "tiny://qwen2?layers=8&hidden=1024&heads=8&kv_heads=2&vocab=8000&tie=0&seed=0"
 COMMON = [f"model.path={MODEL}", "data.train_batch_size=8", "algorithm.group_size=8", "data.response_prefix=''",
@@ -72,10 +71,7 @@ def markdown(report: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--out", default="benchmarks/results/lora")
+    ap = step_parser(3, 1, "benchmarks/results/lora")
     args = ap.parse_args()
     from grpo_ray.models import model_dims
 

@@ -18,7 +18,6 @@ Each configuration runs --warmup steps, then --steps timed steps. Writes peer.js
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -31,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench import machine, timed_steps, write_report  # noqa: E402
+from benchmarks.bench import machine, step_parser, timed_steps, write_report  # noqa: E402
 
 MODEL = "tiny://qwen2?layers=6&hidden=512&heads=8&kv_heads=4&intermediate=1024&vocab=384&seed=0"
 PROMPTS, GROUP, MAX_TOKENS, KL = 8, 8, 128, 1e-3
@@ -158,10 +157,7 @@ def markdown(report: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--out", default="benchmarks/results/peer")
+    ap = step_parser(3, 1, "benchmarks/results/peer")
     ap.add_argument("--only", nargs="*", help="configurations to run (default: all)")
     args = ap.parse_args()
     from grpo_ray import models

@@ -13,7 +13,6 @@ and pipeline.md to --out.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench import machine, timed_steps, write_report  # noqa: E402
+from benchmarks.bench import machine, step_parser, timed_steps, write_report  # noqa: E402
 
 MODEL = "tiny://qwen2?layers=6&hidden=512&heads=8&kv_heads=4&intermediate=1024&vocab=384&seed=0"
 COMMON = [f"model.path={MODEL}", "data.train_batch_size=8", "algorithm.group_size=8", "data.response_prefix=''",
@@ -85,10 +84,7 @@ def markdown(report: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--out", default="benchmarks/results")
+    ap = step_parser(6, 2, "benchmarks/results")
     ap.add_argument("--only", nargs="*", help="schedules to run (default: all)")
     args = ap.parse_args()
     from grpo_ray import models
