@@ -4,7 +4,9 @@ It samples ``group_size`` completions per prompt and returns them with the sampl
 per-token logprobs and the version of the weights that produced them. New weights
 arrive through the worker extension (``grpo_ray.roles.vllm_ext``) over the
 weight-sync group; the prefix cache is dropped after every load, since cached keys
-and values belong to the old weights.
+and values belong to the old weights. With LoRA adapters synced alone (``model.lora.sync:
+adapters``) the engine keeps its base weights, serves every request with the adapters of
+the last push, and loads each push's adapters through vLLM's LoRA support.
 """
 
 from __future__ import annotations
@@ -127,12 +129,15 @@ class Generator(RoleActor):
         seconds in all, waiting on the wire and loading."""
         start = time.perf_counter()
         timings = self.llm.collective_rpc("grpo_receive_weights", args=(metas, bucket_bytes, version, self.adapter))
-        if self.adapter:  # reloaded in place under one id; the prefix cache below still holds the old adapter's KV
+        if self.adapter:  # the new adapters replace the old under one id (remove + add: any vLLM version; a
+            # request carrying load_inplace would reload the files at every engine step); the prefix cache below
+            # still holds the old adapter's keys and values
             from vllm.lora.request import LoRARequest
 
             added = time.perf_counter()
-            self.llm.llm_engine.add_lora(LoRARequest("policy", 1, self.adapter["dir"], load_inplace=True))
             self.lora_request = LoRARequest("policy", 1, self.adapter["dir"])
+            self.llm.llm_engine.remove_lora(1)
+            self.llm.llm_engine.add_lora(self.lora_request)
             timings = [{**t, "load": t["load"] + time.perf_counter() - added} for t in timings]
         self.llm.reset_prefix_cache()
         self.version = version
