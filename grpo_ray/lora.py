@@ -8,7 +8,8 @@ the adapters off (``adapters_off``), so a LoRA run has no reference pool and no 
 A sync (``engine_weights``) sends one of two things (``model.lora.sync``):
 
 - ``adapters``: A and B only, under peft's saved names. The engine writes them as a peft adapter directory
-  (``write_adapter``) and reloads it in place through vLLM's LoRA support, over its unchanged base weights.
+  (``write_adapter``) and loads it, in place of the last one, through vLLM's LoRA support, over its unchanged
+  base weights.
 - ``merged``: every weight of the base model, each target weight merged, W + (alpha / rank) B A, under the base
   model's own name, for engines without LoRA support. Every learner rank merges the rows it holds: FSDP2 cuts W
   and B along dimension 0 into the same rows, and A (rank x in) is small and gathered whole, so no weight is

@@ -12,7 +12,8 @@ The controller drives it step by step; it runs no loop of its own:
     probe_logprobs(ids)        logprobs of a fixed sequence, to check a sync
 
 With LoRA (``model.lora.rank``) the model is wrapped by peft before sharding and only the adapters train; the
-reference logprobs are computed here, with the adapters off (``grpo_ray.lora``), and a push sends merged weights.
+reference logprobs are computed here, with the adapters off (``grpo_ray.lora``), and a push sends the adapters
+alone or, with ``model.lora.sync: merged``, every weight with the adapters merged.
 
 Data parallelism: each mini batch of M samples is cut into W contiguous shares; a rank's
 loss is scaled so that FSDP2's gradient averaging over ranks gives the mini batch's loss
