@@ -172,8 +172,7 @@ def learner_memory(d: ModelDims, r: Recipe, seq: int = 0) -> PoolMemory:
     full = t * (b * (10 * d.hidden + 4 * d.intermediate) + 16 * d.hidden)  # one layer, saved for backward
     lo = r.model.lora
     if lo.rank:  # peft keeps each adapted layer's output once more (measured: +0.6 GB at 122M, 16 x 96 tokens)
-        targets = d.linears() if list(lo.target_modules) == ["all-linear"] else {m: d.linears()[m] for m in lo.target_modules}
-        full += t * b * sum(out for _, out in targets.values())
+        full += t * b * sum(out for _, out in d.lora_targets(lo.target_modules).values())
     acts = t * d.layers * b * d.hidden + full if r.learner.gradient_checkpointing else d.layers * full
     if cpu:  # eager attention keeps the score matrices
         acts += d.layers * t * d.heads * s * 2 * b

@@ -342,10 +342,14 @@ class ModelDims:
         return {"q_proj": (h, a), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (a, h),
                 "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
 
+    def lora_targets(self, targets: list[str]) -> dict[str, tuple[int, int]]:
+        """The linear layers of a block that LoRA's `targets` name ([all-linear]: all of them), as ``linears``."""
+        every = self.linears()
+        return every if list(targets) == ["all-linear"] else {t: every[t] for t in targets}
+
     def lora_params(self, rank: int, targets: list[str]) -> int:
-        """Adapter parameters of LoRA at `rank` on the `targets` of every block ([all-linear]: all of them)."""
-        chosen = self.linears() if list(targets) == ["all-linear"] else {t: self.linears()[t] for t in targets}
-        return self.layers * sum(rank * (i + o) for i, o in chosen.values())
+        """Adapter parameters of LoRA at `rank` on the `targets` of every block."""
+        return self.layers * sum(rank * (i + o) for i, o in self.lora_targets(targets).values())
 
     @property
     def embedding_params(self) -> int:

@@ -74,21 +74,20 @@ class WeightSyncExtension:
         LoRA adapters (`adapter`: the directory to write and alpha) are written as a peft adapter by worker 0,
         for the engine to load in place (``Generator.receive_weights``)."""
         start, phases = time.perf_counter(), sync.Phases()
-        if adapter:
-            tensors = {name: t for bucket in sync.receive(self._grpo_sync, metas, bucket_bytes, "cpu", phases)
-                       for name, t in bucket}
-            if self.rank == 0:
-                lora.write_adapter(adapter["dir"], tensors, adapter["alpha"])
-            total = time.perf_counter() - start
-            return {"seconds": total, "broadcast": phases.seconds["broadcast"], "load": total - phases.seconds["broadcast"]}
 
         def weights():
+            # received on the worker's device (nccl takes no host tensors), whatever is done with them
             for k, bucket in enumerate(sync.receive(self._grpo_sync, metas, bucket_bytes, self.device, phases)):
                 if k == 0 and fault_at("exit_mid_sync", version):
                     os._exit(1)  # fault test: a receiver lost mid-broadcast (the first bucket arrived, the rest not)
                 yield from bucket
 
-        self.reload_weights(weights_iterator=weights(), is_checkpoint_format=True)
-        _refresh_cpu_lm_head(self.model_runner.get_model())
+        if adapter:
+            tensors = {name: t.cpu() for name, t in weights()}
+            if self.rank == 0:
+                lora.write_adapter(adapter["dir"], tensors, adapter["alpha"])
+        else:
+            self.reload_weights(weights_iterator=weights(), is_checkpoint_format=True)
+            _refresh_cpu_lm_head(self.model_runner.get_model())
         total = time.perf_counter() - start
         return {"seconds": total, "broadcast": phases.seconds["broadcast"], "load": total - phases.seconds["broadcast"]}
