@@ -31,12 +31,21 @@ def engine_env(device: str, threads: int) -> dict[str, str]:
             "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine in the actor's own process: one process per engine
             "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # leave cores to Ray's accounting
             "OMP_NUM_THREADS": str(threads),
-            # glibc: blocks over 64 KiB from mmap, given back on free; without it, glibc raises its threshold as
-            # tensors are freed and the heap of a long run steps up by tens of MB (seen in benchmarks/soak.py)
-            "MALLOC_MMAP_THRESHOLD_": "65536",
-            "MALLOC_TRIM_THRESHOLD_": "1048576",
         })
     return env
+
+
+def trim_heap() -> None:
+    """Give the heap's free pages back to the OS (glibc's malloc_trim; a few ms). Without it, an engine's heap
+    stepped up by tens of MB late in a long run (benchmarks/soak.py). Once a generate call: fixing glibc's mmap
+    threshold at 64 KiB instead, the earlier cure, made every larger tensor a fresh mapping and generation 1.5x
+    slower (benchmarks/results/peer/levers.md)."""
+    import ctypes
+    import ctypes.util
+
+    libc = ctypes.util.find_library("c")
+    if libc and hasattr(ctypes.CDLL(libc), "malloc_trim"):
+        ctypes.CDLL(libc).malloc_trim(0)
 
 
 class Generator(RoleActor):
@@ -47,6 +56,7 @@ class Generator(RoleActor):
 
         self.cfg = cfg  # memory is reported as this process's RSS: on GPU the engine runs in a child process
         self.version = 0
+        self.on_cpu = device == "cpu"
         engine_kwargs = dict(cfg.vllm_kwargs)
         self.adapter, self.lora_request = None, None
         """LoRA adapters synced alone: where they are written, and the request that applies them (once pushed)."""
@@ -98,6 +108,8 @@ class Generator(RoleActor):
                 ids = list(c.token_ids)
                 logprobs = [lp[t].logprob for t, lp in zip(ids, c.logprobs)]
                 completions.append(Completion(i, ids, c.text, logprobs, str(c.finish_reason)))
+        if self.on_cpu:
+            trim_heap()
         stats = RolloutStats(
             seconds=time.perf_counter() - start,
             window=(started, time.time()),
