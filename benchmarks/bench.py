@@ -1,6 +1,6 @@
 """grpo-ray against the raw components doing the same work, in one run.
 
-    python benchmarks/bench.py --recipe recipes/tiny-cpu.yaml --steps 5 --out benchmarks/results
+    python benchmarks/bench.py --recipe recipes/tiny-cpu.yaml --steps 5 --out benchmarks/results [--set KEY=VALUE ...]
 
 For the recipe it measures, side by side:
   - generation: our generator pool (the controller's generate hop, Ray included) vs raw vLLM
@@ -38,6 +38,7 @@ def raw_vllm(spec: dict) -> dict:
     """Raw vLLM: one engine in this process, the same prompts and sampling, timed over `reps` calls."""
     from vllm import LLM, SamplingParams
 
+    from grpo_ray.roles.generator import trim_heap
     from grpo_ray.roles.vllm_ext import bound_cpu_gemm_caches
 
     bound_cpu_gemm_caches()
@@ -52,6 +53,8 @@ def raw_vllm(spec: dict) -> dict:
     for _ in range(spec["reps"]):
         start = time.perf_counter()
         out = llm.generate(prompts, params, use_tqdm=False)
+        if spec.get("trim"):
+            trim_heap()  # as the generator does after each generate
         times.append(time.perf_counter() - start)
         tokens = sum(len(c.token_ids) for o in out for c in o.outputs)
     return {"seconds": statistics.median(times), "tokens": tokens}
@@ -63,7 +66,8 @@ def _raw_fsdp_rank(rank: int, spec: dict, port: int, out: dict) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from grpo_ray.algo.batching import chunks, collate
+    from grpo_ray.algo.batching import collate, micro_batches
+    from grpo_ray.algo.logprobs import sequence_logprobs
     from grpo_ray.models import load_causal_lm
 
     torch.set_num_threads(spec["threads"])
@@ -80,11 +84,11 @@ def _raw_fsdp_rank(rank: int, spec: dict, port: int, out: dict) -> None:
     mine = list(range(rank * per_rank, (rank + 1) * per_rank))
     tokens = sum(len(pairs[i][1]) for i in range(len(pairs)))
 
-    def one_step():
-        for micro in chunks(mine, spec["micro"]):
-            seqs = collate([pairs[i] for i in micro], spec["pad"])
-            logits = model(input_ids=seqs.input_ids, attention_mask=seqs.attention_mask, use_cache=False).logits
-            logp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, seqs.input_ids[:, 1:, None])[..., 0]
+    def one_step():  # the learner's batching (packed or padded), forward and logprobs; a plain policy gradient
+        micros, capacity = micro_batches(mine, pairs, spec["micro"], spec["packing"])
+        for micro in micros:
+            seqs = collate([pairs[i] for i in micro], spec["pad"], capacity)
+            logp, _ = sequence_logprobs(model, seqs, "cpu")
             loss = -(logp * adv[micro, None] * seqs.response_mask).sum() / tokens * world
             loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -274,12 +278,12 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
         "dtype": g.dtype,
         "enforce_eager": g.enforce_eager, "max_model_len": max_model_len(r),
         "n": G, "max_tokens": g.sampling.max_tokens, "temperature": g.sampling.temperature, "top_p": g.sampling.top_p,
-        "top_k": g.sampling.top_k, "prompts": [p.ids for p in prompts], "reps": reps,
+        "top_k": g.sampling.top_k, "prompts": [p.ids for p in prompts], "reps": reps, "trim": True,
         "seeds": [sample_seed(r.trainer.seed, 0, p.uid) for p in prompts]}, gen_env)
     threads = pool_threads["learner"]
     raw_learn = run_child("fsdp", {
         "model": inputs.model_path, "world": world, "threads": threads, "micro": r.learner.micro_batch_size,
-        "pad": 0, "pairs": pairs, "advantages": advantages, "reps": reps}, {"OMP_NUM_THREADS": str(threads)})
+        "pad": 0, "packing": r.model.sequence_packing, "pairs": pairs, "advantages": advantages, "reps": reps}, {"OMP_NUM_THREADS": str(threads)})
     rawd = {
         "gen_s": raw_gen["seconds"], "gen_tok_s": raw_gen["tokens"] / raw_gen["seconds"],
         "learn_s": raw_learn["seconds"], "learn_tok_s": sum(seq_lens) / raw_learn["seconds"],
@@ -320,7 +324,7 @@ def markdown(report: dict) -> str:
     o, rw = main["ours"], main["raw"]
     target = lambda ok: "met" if ok else "**missed**"  # noqa: E731
     lines = [
-        f"# grpo-ray benchmark: `{report['recipe']}`",
+        f"# grpo-ray benchmark: `{report['recipe']}`" + "".join(f" `{o}`" for o in report.get("overrides", [])),
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gb']} GB; torch {m['torch']}, vLLM {m['vllm']}, "
         f"Ray {m['ray']}; {m['date']}. No GPU: CPU peak = best measured fp32 matmul of one learner thread "
@@ -395,11 +399,12 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="overrides of the recipe measured")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    report = {"recipe": args.recipe, "machine": machine(), "steps": args.steps}
-    report["main"] = measure(args.recipe, [], args.steps, args.reps, raw=True)
+    report = {"recipe": args.recipe, "overrides": args.set, "machine": machine(), "steps": args.steps}
+    report["main"] = measure(args.recipe, args.set, args.steps, args.reps, raw=True)
     report["sweep"] = []
     if not args.no_sweep:
         small = ["data.train_batch_size=8", "learner.mini_batch_size=32", "learner.micro_batch_size=8",

@@ -13,7 +13,9 @@ Equal work, per optimizer step, on both sides:
   - the same thread budget: the machine's cores (TRL: one process with that many threads; grpo-ray: its pools
     share them as the recipe's thread settings say).
 Tokens/s counts prompt + response tokens of the step's samples over the step's wall time, each side's own counts.
-Each configuration runs --warmup steps, then --steps timed steps. Writes peer.json and peer.md to --out.
+Each configuration runs --warmup steps, then --steps timed steps. grpo-ray's configurations are a series of
+levers, each on top of another (OURS), and one lever no recipe key reverts, the generator's heap settings, is
+measured on raw vLLM (HEAP). Writes peer.json and peer.md to --out: the ratios, and a table of what each lever gave.
 """
 
 from __future__ import annotations
@@ -40,15 +42,35 @@ COMMON = [f"model.path={MODEL}", f"data.train_batch_size={PROMPTS}", f"algorithm
           "learner.micro_batch_size=16", "reference.micro_batch_size=32",
           "trainer.max_sync_logprob_diff=1e-2", "trainer.total_steps=1000", "learner.optim.lr=1e-6"]
 BF16 = ["generator.dtype=bfloat16", "learner.dtype=bfloat16"]
-OURS = {  # the quick start's CPU shares: generator 0.5, learner 2 x 0.5, reference 0.25, reward 0.25
-    # before: each actor ran as many threads as its reserved CPUs, rounded up to 1
-    "grpo-ray fp32, threads = reserved CPUs": ["cluster.cpu_threads=reserved"],
-    # on-policy the phases run one at a time: each takes the node's cores (generator 2, reference 2, learner 2 x 1)
-    "grpo-ray fp32, threads follow the schedule": [],
-    # bf16 compute everywhere: vLLM's weights, the learner's FSDP2 mixed precision, the reference (the learner's dtype)
-    "grpo-ray bf16": BF16,
-    "grpo-ray bf16, one step off": [*BF16, "algorithm.max_staleness=1", "algorithm.rollout_correction.rollout_is=token"],
+ONE_STEP_OFF = [*BF16, "algorithm.max_staleness=1"]
+# grpo-ray's configurations, each one lever on top of the configuration it names (None: the first); the quick
+# start's CPU shares: generator 0.5, learner 2 x 0.5, reference 0.25, reward 0.25
+OURS = {
+    "grpo-ray fp32, threads = reserved CPUs, padded": (
+        ["cluster.cpu_threads=reserved", "model.sequence_packing=false"], None,
+        "each actor runs as many threads as its reserved CPUs, rounded up to 1; every sample padded to the longest"),
+    "grpo-ray fp32, threads follow the schedule, padded": (
+        ["model.sequence_packing=false"], "grpo-ray fp32, threads = reserved CPUs, padded",
+        "on-policy the phases run one at a time: each takes the node's cores (generator 2, reference 2, learner "
+        "2 x 1)"),
+    "grpo-ray fp32": (
+        [], "grpo-ray fp32, threads follow the schedule, padded",
+        "sequence packing (model.sequence_packing): several samples to a row in the learner's and the reference's "
+        "forwards"),
+    "grpo-ray bf16": (
+        BF16, "grpo-ray fp32",
+        "bf16 compute everywhere: vLLM's weights, the learner's FSDP2 mixed precision, the reference"),
+    "grpo-ray bf16, one step off": (
+        [*ONE_STEP_OFF, "algorithm.rollout_correction.rollout_is=token"], "grpo-ray bf16",
+        "generation of the next batch overlaps this step's reference and update; the old policy recomputed "
+        "(an extra forward), token-level IS"),
+    "grpo-ray bf16, one step off, bypass": (
+        [*ONE_STEP_OFF, "algorithm.rollout_correction.bypass_mode=true"], "grpo-ray bf16",
+        "one step off with the sampler's logprobs as the old policy (no extra forward)"),
 }
+HEAP = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "1048576"}
+"""The generator's environment before this lever: glibc's mmap threshold fixed at 64 KiB (now: glibc's default
+and the heap trimmed once a generate call). Measured on raw vLLM, as no recipe key brings it back."""
 PEERS = {"TRL fp32": {"bf16": False}, "TRL bf16": {"bf16": True}}
 
 
@@ -62,6 +84,31 @@ def ours(name: str, overrides: list[str], warmup: int, steps: int) -> dict:
             "prompt_length": statistics.fmean(m["prompt_length/mean"] for m in rows), "parts": parts,
             "probe_diff": max(m["sync/logprob_diff"] for m in rows if "sync/logprob_diff" in m),
             "mismatch_kl": statistics.fmean(m["rollout_corr/kl"] for m in rows)}
+
+
+def heap_lever(reps: int) -> dict:
+    """Raw vLLM generating one step's work in the fp32 configuration, with the old heap settings and without."""
+    from benchmarks.bench import run_child
+    from grpo_ray.config import load_recipe
+    from grpo_ray.engines import sample_seed
+    from grpo_ray.fit import cpu_kv_cache_bytes, max_model_len
+    from grpo_ray.models import model_dims
+    from grpo_ray.roles.generator import engine_env
+    from grpo_ray.setup_run import setup_run
+
+    with tempfile.TemporaryDirectory() as tmp:
+        r = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", [*COMMON, f"trainer.output_dir={tmp}/run"])
+        inputs = setup_run(r)
+    g = r.generator
+    rows = inputs.train_rows[:PROMPTS]
+    spec = {"model": inputs.model_path, "kv_cache_memory_bytes": cpu_kv_cache_bytes(model_dims(inputs.model_path), r),
+            "dtype": g.dtype, "enforce_eager": g.enforce_eager, "max_model_len": max_model_len(r), "n": GROUP,
+            "max_tokens": MAX_TOKENS, "temperature": 1.0, "top_p": g.sampling.top_p, "top_k": g.sampling.top_k,
+            "prompts": [row["prompt_ids"] for row in rows], "reps": reps,
+            "seeds": [sample_seed(r.trainer.seed, 0, k) for k in range(len(rows))]}
+    env = engine_env("cpu", os.cpu_count())
+    before, after = run_child("vllm", spec, {**env, **HEAP}), run_child("vllm", {**spec, "trim": True}, env)
+    return {"before_s": before["seconds"], "after_s": after["seconds"], "tokens": after["tokens"]}
 
 
 def peer(name: str, settings: dict, warmup: int, steps: int) -> dict:
@@ -136,7 +183,7 @@ def trl_child(spec: dict) -> dict:
 
 def markdown(report: dict) -> str:
     m, runs = report["machine"], report["runs"]
-    base = next((r for r in runs if r["name"] == "TRL fp32"), runs[0])["tokens_per_s"]
+    base = next((r for r in runs if r["name"] == "TRL fp32"), runs[0] if runs else {}).get("tokens_per_s", 1.0)
     lines = [
         "# grpo-ray against TRL's GRPOTrainer, equal work",
         "",
@@ -153,6 +200,26 @@ def markdown(report: dict) -> str:
         parts = ", ".join(f"{k} {v:.2f}" for k, v in sorted(r.get("parts", {}).items()) if v >= 0.01)
         lines.append(f"| {r['name']} | {r['step_s']:.2f} | {r['tokens_per_s']:.0f} | {r['tokens_per_s'] / base:.2f}x "
                      f"| {r['prompt_length']:.0f} / {r['response_length']:.0f} | {parts} |")
+    trl16 = next((r for r in runs if r["name"] == "TRL bf16"), None)
+    if trl16:
+        best = max((r for r in runs if "bf16" in r["name"] and r["name"] != "TRL bf16"),
+                   key=lambda r: r["tokens_per_s"], default=None)
+        if best:
+            lines += ["", f"Against TRL's best CPU setting (bf16): {best['name']}, "
+                          f"{best['tokens_per_s'] / trl16['tokens_per_s']:.2f}x its tokens/s."]
+    by_name = {r["name"]: r for r in runs}
+    levers = [(r["lever"], by_name[r["base"]]["step_s"], r["step_s"]) for r in runs if by_name.get(r.get("base"))]
+    if levers or report.get("heap"):
+        lines += ["", "## What each lever gave", "",
+                  "Each grpo-ray configuration above is one lever on top of another: step seconds before and after, "
+                  "same run.", "", "| lever | before (s) | after (s) | change |", "| --- | --- | --- | --- |"]
+        lines += [f"| {lever} | {a:.2f} | {b:.2f} | {(b - a) / a:+.0%} |" for lever, a, b in levers]
+        if report.get("heap"):
+            h = report["heap"]
+            lines.append(f"| generator heap: glibc's default mmap threshold and a trim once a generate call, instead of "
+                         f"a threshold fixed at 64 KiB (raw vLLM, one fp32 step's generation, {h['tokens']} tokens: "
+                         f"generation seconds) | {h['before_s']:.2f} | {h['after_s']:.2f} | "
+                         f"{(h['after_s'] - h['before_s']) / h['before_s']:+.0%} |")
     return "\n".join(lines) + "\n"
 
 
@@ -164,11 +231,13 @@ def main() -> None:
 
     pick = lambda name: not args.only or name in args.only  # noqa: E731
     runs = [peer(n, s, args.warmup, args.steps) for n, s in PEERS.items() if pick(n)]
-    runs += [ours(n, o, args.warmup, args.steps) for n, o in OURS.items() if pick(n)]
+    runs += [{**ours(n, o, args.warmup, args.steps), "base": base, "lever": lever}
+             for n, (o, base, lever) in OURS.items() if pick(n)]
+    heap = heap_lever(args.steps) if pick("heap") else None
     trl = subprocess.run([sys.executable, "-c", "import trl; print(trl.__version__)"], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT / ".peer")}).stdout.strip()
     report = {"machine": machine(), "steps": args.steps, "warmup": args.warmup, "trl": trl,
-              "params": models.model_dims(MODEL).params, "runs": runs}
+              "params": models.model_dims(MODEL).params, "runs": runs, "heap": heap}
     write_report(args.out, "peer", report, markdown(report))
 
 

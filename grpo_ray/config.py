@@ -55,6 +55,10 @@ class ModelConfig:
     """Let transformers / vLLM run code shipped with the checkpoint."""
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra variables for the chat template, e.g. ``{enable_thinking: false}``."""
+    sequence_packing: bool = True
+    """Pack several samples into each row of the learner's and the reference's forwards (positions restart with
+    each sample, attention stays within it) instead of padding every sample to the longest: verl's
+    use_remove_padding. A micro batch is then micro_batch_size rows of the longest sample's length."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA adapters instead of full fine-tuning (rank 0: off). Adapters want a larger learner.optim.lr than full
     fine-tuning, typically 1e-5 to 1e-4 against 1e-6."""

@@ -82,3 +82,33 @@ def test_tiny_checkpoint_generates_in_vllm(built, arch):
     out = json.loads(lines[0][len("RESULT "):])
     assert len(out["token_ids"]) == 2 and all(len(t) >= 1 for t in out["token_ids"])
     assert all(lp <= 0 for lps in out["logprobs"] for lp in lps)
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_packed_forward_gives_the_padded_logprobs_and_gradients(built, arch):
+    """Several samples to a row (model.sequence_packing): each sample's logprobs, entropies and the gradient of
+    their sum are the padded forward's, so no sample attends to another and each one's positions restart."""
+    import random
+
+    from grpo_ray.algo.batching import collate, micro_batches
+    from grpo_ray.algo.logprobs import sequence_logprobs
+
+    model = models.load_causal_lm(built[arch], torch.float32)
+    rng, vocab = random.Random(0), model.config.vocab_size
+    pairs = [([rng.randrange(3, vocab) for _ in range(rng.randint(2, 12))],
+              [rng.randrange(3, vocab) for _ in range(rng.randint(1, 30))]) for _ in range(12)]
+    (micro, *_), capacity = micro_batches(list(range(12)), pairs, 12, packing=True)
+    padded = collate([pairs[i] for i in micro], 0)
+    packed = collate([pairs[i] for i in micro], 0, capacity)
+    assert packed.packed.input_ids.shape[0] < len(micro)  # rows really are shared
+    grads = []
+    for seqs in (padded, packed):
+        model.zero_grad()
+        logp, entropy = sequence_logprobs(model, seqs, "cpu", temperature=0.7, with_entropy=True)
+        (logp * seqs.response_mask).sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+        mask = seqs.response_mask.bool()
+        if seqs is padded:
+            want = logp[mask], entropy[mask]
+    assert torch.allclose(logp[mask], want[0], atol=1e-5) and torch.allclose(entropy[mask], want[1], atol=1e-5)
+    assert torch.allclose(grads[0], grads[1], atol=1e-4, rtol=1e-3)

@@ -14,6 +14,21 @@ Span = tuple[int, int]
 
 
 @dataclass
+class Packed:
+    """The same sequences packed: several to a row, each row of the longest one's length at most, so a forward
+    spends little on padding. Positions restart at 0 with each sequence, and the model keeps each sequence's
+    attention to itself (transformers: a block-diagonal causal mask from position_ids, with no attention_mask)."""
+
+    input_ids: torch.Tensor
+    """[R, C] sequences one after another in each row, then padding."""
+    position_ids: torch.Tensor
+    """[R, C] 0, 1, ... from each sequence's first token (a row's padding goes on counting from its last)."""
+    index: torch.Tensor
+    """[B, L-1] where next-token position t of sequence b lies in the packed rows' [R, C-1] positions, flattened;
+    -1 past the sequence's end."""
+
+
+@dataclass
 class Sequences:
     """Prompt + response token sequences, right-padded; masks line up with next-token logprobs."""
 
@@ -23,6 +38,8 @@ class Sequences:
     """[B, L] 1 on real tokens."""
     response_mask: torch.Tensor
     """[B, L-1] 1 where logprob position t predicts a response token (token t+1)."""
+    packed: Packed | None = None
+    """The forward's layout when packed (collate's `capacity`); values come back in the [B, L-1] layout above."""
 
 
 def samples(rollouts: list[Rollout], spans: list[Span] | None = None) -> list[tuple[Prompt, Completion]]:
@@ -89,7 +106,9 @@ def spans_of(counts: list[int], share: Span) -> list[tuple[int, int, int]]:
     return out
 
 
-def collate(pairs: list[tuple[list[int], list[int]]], pad_id: int) -> Sequences:
+def collate(pairs: list[tuple[list[int], list[int]]], pad_id: int, capacity: int = 0) -> Sequences:
+    """The pairs right-padded to the longest; with `capacity` (tokens a row holds, at least the longest pair),
+    packed too (``pack_rows``)."""
     length = max(len(p) + len(r) for p, r in pairs)
     ids = torch.full((len(pairs), length), pad_id, dtype=torch.long)
     attn = torch.zeros((len(pairs), length), dtype=torch.long)
@@ -98,7 +117,55 @@ def collate(pairs: list[tuple[list[int], list[int]]], pad_id: int) -> Sequences:
         ids[i, : len(p) + len(r)] = torch.tensor(p + r, dtype=torch.long)
         attn[i, : len(p) + len(r)] = 1
         resp[i, len(p) - 1 : len(p) + len(r) - 1] = 1
-    return Sequences(ids, attn, resp)
+    if not capacity:
+        return Sequences(ids, attn, resp)
+    lengths = [len(p) + len(r) for p, r in pairs]
+    rows = pack_rows(lengths, capacity)
+    width = max(sum(lengths[i] for i in row) for row in rows)  # the fullest row: no column of padding only
+    packed_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    positions = torch.zeros((len(rows), width), dtype=torch.long)
+    index = torch.full((len(pairs), length - 1), -1, dtype=torch.long)
+    for r, row in enumerate(rows):
+        at = 0
+        for i in row:
+            n = lengths[i]
+            packed_ids[r, at : at + n] = ids[i, :n]
+            positions[r, at : at + n] = torch.arange(n)
+            index[i, : n - 1] = r * (width - 1) + at + torch.arange(n - 1)
+            at += n
+        positions[r, at:] = torch.arange(n, n + width - at)
+    return Sequences(ids, attn, resp, Packed(packed_ids, positions, index))
+
+
+def pack_rows(lengths: list[int], capacity: int) -> list[list[int]]:
+    """Which sequences share a row: first fit, longest first (ties in order), no row over `capacity` tokens.
+    Packing the sequences of any run of consecutive rows again gives those rows back, so a micro batch cut
+    from a share's rows (``micro_batches``) packs into as many rows as it was cut with."""
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        r = next((r for r, free in enumerate(room) if lengths[i] <= free), None)
+        if r is None:
+            rows.append([])
+            room.append(capacity)
+            r = len(rows) - 1
+        rows[r].append(i)
+        room[r] -= lengths[i]
+    return rows
+
+
+def micro_batches(indices: list[int], pairs: list[tuple[list[int], list[int]]], size: int,
+                  packing: bool) -> tuple[list[list[int]], int]:
+    """`indices` cut into micro batches, and the row capacity to collate them with (0: not packed). Unpacked:
+    `size` samples each, longest first (``by_length``). Packed: `size` rows each, a row as long as the longest
+    sample of `indices`, so a micro batch never holds more tokens than unpacked, and often several times the
+    samples."""
+    if not packing:
+        return chunks(by_length(indices, pairs), size), 0
+    lengths = [len(pairs[i][0]) + len(pairs[i][1]) for i in indices]
+    capacity = max(lengths, default=1)
+    rows = [[indices[j] for j in row] for row in pack_rows(lengths, capacity)]
+    return [[i for row in rows[k : k + size] for i in row] for k in range(0, len(rows), size)], capacity
 
 
 def response_values(per_position: torch.Tensor, mask: torch.Tensor) -> list[list[float]]:

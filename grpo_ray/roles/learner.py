@@ -31,9 +31,9 @@ import torch
 import torch.distributed as dist
 
 from grpo_ray import lora, sync
-from grpo_ray.algo.batching import by_length, chunks, collate, flatten, place_values, rank_slice
+from grpo_ray.algo.batching import collate, flatten, micro_batches, place_values, rank_slice
 from grpo_ray.algo.correction import SUM_KEYS, rollout_correction
-from grpo_ray.algo.logprobs import token_logprobs
+from grpo_ray.algo.logprobs import sequence_logprobs, token_logprobs
 from grpo_ray.algo.loss import grpo_loss, normaliser_count, sft_loss
 from grpo_ray.config import Recipe
 from grpo_ray.faults import fault_at
@@ -96,12 +96,16 @@ class Learner(RoleActor):
 
     # --- training --------------------------------------------------------------------
 
-    def _logprobs(self, pairs, with_entropy=False, temperature: float | None = None):
-        """Padded sequences of `pairs` and the logprobs of each next token (at the sampling temperature)."""
-        seqs = collate(pairs, self.pad_id)
+    def _micro_batches(self, indices: list[int], pairs: list) -> tuple[list[list[int]], int]:
+        """This rank's micro batches of `indices`, and their row capacity when packed (model.sequence_packing)."""
+        return micro_batches(indices, pairs, self.recipe.learner.micro_batch_size, self.recipe.model.sequence_packing)
+
+    def _logprobs(self, pairs, capacity: int, with_entropy=False, temperature: float | None = None):
+        """Padded sequences of `pairs` (packed into rows of `capacity` for the forward, unless 0) and the
+        logprobs of each next token (at the sampling temperature)."""
+        seqs = collate(pairs, self.pad_id, capacity)
         t = self.recipe.generator.sampling.temperature if temperature is None else temperature
-        logp, entropy = token_logprobs(self.model, seqs.input_ids.to(self.device), seqs.attention_mask.to(self.device),
-                                       t, with_entropy)
+        logp, entropy = sequence_logprobs(self.model, seqs, self.device, t, with_entropy)
         return seqs, logp, entropy
 
     def _score(self, pairs: list, indices: list[int]) -> dict[int, torch.Tensor]:
@@ -110,12 +114,13 @@ class Learner(RoleActor):
         with the most (filler ones)."""
         out = {}
         filler = [([self.pad_id], [self.pad_id])]  # keeps this rank in the other ranks' all-gathers
-        micros = chunks(by_length(indices, pairs), self.recipe.learner.micro_batch_size)
+        micros, capacity = self._micro_batches(indices, pairs)
         rounds = torch.tensor([len(micros)], device=self.device)
         dist.all_reduce(rounds, op=dist.ReduceOp.MAX)
         with torch.no_grad():
             for k in range(int(rounds.item())):
-                seqs, logp, _ = self._logprobs([pairs[i] for i in micros[k]] if k < len(micros) else filler)
+                seqs, logp, _ = self._logprobs([pairs[i] for i in micros[k]] if k < len(micros) else filler,
+                                               capacity if k < len(micros) else 0)
                 for j, i in enumerate(micros[k] if k < len(micros) else []):
                     out[i] = logp[j][seqs.response_mask[j].to(logp.device).bool()].cpu()
         return out
@@ -204,8 +209,9 @@ class Learner(RoleActor):
             for mine in minis:
                 normaliser = self._normaliser(normaliser_count(a.loss_agg, [len(pairs[i][1]) for i in mine],
                                                                self.recipe.generator.sampling.max_tokens))
-                for micro in chunks(by_length(mine, pairs), lc.micro_batch_size):
-                    seqs, logp, entropy = self._logprobs([pairs[i] for i in micro], with_entropy=True)
+                micros, capacity = self._micro_batches(mine, pairs)
+                for micro in micros:
+                    seqs, logp, entropy = self._logprobs([pairs[i] for i in micro], capacity, with_entropy=True)
                     mask = seqs.response_mask.to(logp.device)
                     sampler_logp = place_values([sampler[i] for i in micro], seqs.response_mask).to(logp.device)
                     if rc.bypass_mode:
@@ -297,8 +303,9 @@ class Learner(RoleActor):
         self.model.train()
         for mine in minis:
             normaliser = self._normaliser(sum(len(pairs[i][1]) for i in mine))
-            for micro in chunks(by_length(mine, pairs), lc.micro_batch_size):
-                seqs, logp, _ = self._logprobs([pairs[i] for i in micro], temperature=1.0)
+            micros, capacity = self._micro_batches(mine, pairs)
+            for micro in micros:
+                seqs, logp, _ = self._logprobs([pairs[i] for i in micro], capacity, temperature=1.0)
                 loss, mm = sft_loss(logp, seqs.response_mask.to(logp.device), normaliser)
                 loss.backward()
                 totals += torch.stack([mm["nll_sum"], mm["tokens"]]).double()

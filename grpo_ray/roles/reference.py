@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 
 from grpo_ray import sync
-from grpo_ray.algo.batching import Span, by_length, chunks, collate, flatten, response_values
-from grpo_ray.algo.logprobs import token_logprobs
+from grpo_ray.algo.batching import Span, collate, flatten, micro_batches, response_values
+from grpo_ray.algo.logprobs import sequence_logprobs
 from grpo_ray.models import load_causal_lm, pad_id
 from grpo_ray.roles import RoleActor, fsdp, log_to_file
 from grpo_ray.types import Work
@@ -24,14 +24,15 @@ from grpo_ray.types import Work
 
 class Reference(RoleActor):
     def __init__(self, model_path: str, device: str, micro_batch_size: int, temperature: float, threads: int,
-                 rank: int = 0, world_size: int = 1, trust_remote_code: bool = False, dtype: str = "float32"):
+                 rank: int = 0, world_size: int = 1, trust_remote_code: bool = False, dtype: str = "float32",
+                 packing: bool = True):
         log_to_file()
         torch.set_num_threads(max(1, threads))
         self.device_kind = device
         self.device = torch.device("cuda" if device == "cuda" else "cpu")
         self.model_path, self.trust_remote_code, self.dtype = model_path, trust_remote_code, getattr(torch, dtype)
         self.rank, self.world_size = rank, world_size
-        self.micro_batch_size, self.temperature = micro_batch_size, temperature
+        self.micro_batch_size, self.temperature, self.packing = micro_batch_size, temperature, packing
 
     def address(self) -> tuple[str, int]:
         """A free address on this actor's node (rank 0 hosts the group's store)."""
@@ -56,20 +57,19 @@ class Reference(RoleActor):
 
         pairs = flatten(ray.get(rollout_refs), spans)
         start = time.perf_counter()
-        order = by_length(list(range(len(pairs))), pairs)  # longest first: little padding per micro batch
-        micros = [[pairs[i] for i in micro] for micro in chunks(order, self.micro_batch_size)]
+        # longest first, or packed: little padding per micro batch
+        micros, capacity = micro_batches(list(range(len(pairs))), pairs, self.micro_batch_size, self.packing)
         rounds = torch.tensor([len(micros)], device=self.device)  # nccl reduces only device tensors
         dist.all_reduce(rounds, op=dist.ReduceOp.MAX)
         filler = [([self.pad_id], [self.pad_id])]  # keeps this rank in the other ranks' all-gathers
         out: list[list[float]] = [[] for _ in pairs]
         with torch.no_grad():
             for k in range(int(rounds.item())):
-                seqs = collate(micros[k] if k < len(micros) else filler, self.pad_id)
-                logp, _ = token_logprobs(self.model, seqs.input_ids.to(self.device),
-                                         seqs.attention_mask.to(self.device), self.temperature)
-                if k < len(micros):
-                    for i, values in zip(order[k * self.micro_batch_size:], response_values(logp.cpu(), seqs.response_mask)):
-                        out[i] = values
+                mine = k < len(micros)
+                seqs = collate([pairs[i] for i in micros[k]] if mine else filler, self.pad_id, capacity if mine else 0)
+                logp, _ = sequence_logprobs(self.model, seqs, self.device, self.temperature)
+                for i, values in zip(micros[k] if mine else [], response_values(logp.cpu(), seqs.response_mask)):
+                    out[i] = values
         fsdp.reshard(self.model)  # FSDP2 keeps the root (embeddings, LM head) gathered after a forward: free it
         return out, Work(time.perf_counter() - start, len(pairs))
 
