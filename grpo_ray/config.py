@@ -147,7 +147,8 @@ class LearnerConfig:
     mini_batch_size: int = 64
     """Samples per optimizer step (global, over all ranks)."""
     micro_batch_size: int = 8
-    """Samples per forward/backward on one rank (gradient accumulation up to the mini batch)."""
+    """Samples per forward/backward on one rank (gradient accumulation up to the mini batch); with
+    model.sequence_packing, rows per forward/backward, each as long as the rank's longest sample."""
     dtype: str = "bfloat16"
     """Parameter dtype in forward/backward (bfloat16 or float32); master weights stay float32."""
     gradient_checkpointing: bool = False
@@ -163,7 +164,7 @@ class ReferenceConfig:
     num_actors: int = 1
     """Reference-logprob actors (data parallel); unused when algorithm.kl_coef is 0."""
     micro_batch_size: int = 16
-    """Samples per forward pass."""
+    """Samples per forward pass; with model.sequence_packing, rows, each as long as the actor's longest sample."""
     num_cpus: float = 0.5
     """CPUs reserved per reference actor."""
 
