@@ -39,7 +39,7 @@ def trim_heap() -> None:
     """Give the heap's free pages back to the OS (glibc's malloc_trim; a few ms). Without it, an engine's heap
     stepped up by tens of MB late in a long run (benchmarks/soak.py). Once a generate call: fixing glibc's mmap
     threshold at 64 KiB instead, the earlier cure, made every larger tensor a fresh mapping and generation 1.5x
-    slower (benchmarks/results/peer/levers.md)."""
+    slower (the heap lever in benchmarks/results/peer/peer.md)."""
     import ctypes
     import ctypes.util
 
