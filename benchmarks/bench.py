@@ -60,6 +60,21 @@ def raw_vllm(spec: dict) -> dict:
     return {"seconds": statistics.median(times), "tokens": tokens}
 
 
+def raw_vllm_spec(r, model_path: str, prompts: list, reps: int) -> dict:
+    """What ``raw_vllm`` runs: the recipe's engine settings and training sampling on `prompts` (Prompt objects,
+    step 0's seeds), trimming the heap after each call as the generator does."""
+    from grpo_ray.engines import sample_seed
+    from grpo_ray.fit import cpu_kv_cache_bytes, max_model_len
+    from grpo_ray.models import model_dims
+
+    g = r.generator
+    return {"model": model_path, "kv_cache_memory_bytes": cpu_kv_cache_bytes(model_dims(model_path), r),
+            "dtype": g.dtype, "enforce_eager": g.enforce_eager, "max_model_len": max_model_len(r),
+            "n": r.algorithm.group_size, "max_tokens": g.sampling.max_tokens, "temperature": g.sampling.temperature,
+            "top_p": g.sampling.top_p, "top_k": g.sampling.top_k, "prompts": [p.ids for p in prompts], "reps": reps,
+            "trim": True, "seeds": [sample_seed(r.trainer.seed, 0, p.uid) for p in prompts]}
+
+
 def _raw_fsdp_rank(rank: int, spec: dict, port: int, out: dict) -> None:
     import torch
     import torch.distributed as dist
@@ -199,10 +214,7 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
     from grpo_ray.algo.batching import flatten
     from grpo_ray.config import load_recipe
     from grpo_ray.controller import Controller
-    from grpo_ray.engines import sample_seed
     from grpo_ray.launch import connect
-    from grpo_ray.fit import cpu_kv_cache_bytes, max_model_len
-    from grpo_ray.models import model_dims
     from grpo_ray.roles.generator import engine_env
     from grpo_ray.setup_run import setup_run
     from grpo_ray.types import Prompt
@@ -273,13 +285,7 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
         return result
 
     gen_env = engine_env("cpu", pool_threads["generator"])
-    raw_gen = run_child("vllm", {
-        "model": inputs.model_path, "kv_cache_memory_bytes": cpu_kv_cache_bytes(model_dims(inputs.model_path), r),
-        "dtype": g.dtype,
-        "enforce_eager": g.enforce_eager, "max_model_len": max_model_len(r),
-        "n": G, "max_tokens": g.sampling.max_tokens, "temperature": g.sampling.temperature, "top_p": g.sampling.top_p,
-        "top_k": g.sampling.top_k, "prompts": [p.ids for p in prompts], "reps": reps, "trim": True,
-        "seeds": [sample_seed(r.trainer.seed, 0, p.uid) for p in prompts]}, gen_env)
+    raw_gen = run_child("vllm", raw_vllm_spec(r, inputs.model_path, prompts, reps), gen_env)
     threads = pool_threads["learner"]
     raw_learn = run_child("fsdp", {
         "model": inputs.model_path, "world": world, "threads": threads, "micro": r.learner.micro_batch_size,

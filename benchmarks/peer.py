@@ -88,26 +88,18 @@ def ours(name: str, overrides: list[str], warmup: int, steps: int) -> dict:
 
 def heap_lever(reps: int) -> dict:
     """Raw vLLM generating one step's work in the fp32 configuration, with the old heap settings and without."""
-    from benchmarks.bench import run_child
+    from benchmarks.bench import raw_vllm_spec, run_child
     from grpo_ray.config import load_recipe
-    from grpo_ray.engines import sample_seed
-    from grpo_ray.fit import cpu_kv_cache_bytes, max_model_len
-    from grpo_ray.models import model_dims
     from grpo_ray.roles.generator import engine_env
     from grpo_ray.setup_run import setup_run
+    from grpo_ray.types import Prompt
 
     with tempfile.TemporaryDirectory() as tmp:
         r = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", [*COMMON, f"trainer.output_dir={tmp}/run"])
         inputs = setup_run(r)
-    g = r.generator
-    rows = inputs.train_rows[:PROMPTS]
-    spec = {"model": inputs.model_path, "kv_cache_memory_bytes": cpu_kv_cache_bytes(model_dims(inputs.model_path), r),
-            "dtype": g.dtype, "enforce_eager": g.enforce_eager, "max_model_len": max_model_len(r), "n": GROUP,
-            "max_tokens": MAX_TOKENS, "temperature": 1.0, "top_p": g.sampling.top_p, "top_k": g.sampling.top_k,
-            "prompts": [row["prompt_ids"] for row in rows], "reps": reps,
-            "seeds": [sample_seed(r.trainer.seed, 0, k) for k in range(len(rows))]}
-    env = engine_env("cpu", os.cpu_count())
-    before, after = run_child("vllm", spec, {**env, **HEAP}), run_child("vllm", {**spec, "trim": True}, env)
+    prompts = [Prompt.from_row(uid, row) for uid, row in enumerate(inputs.train_rows[:PROMPTS])]
+    spec, env = raw_vllm_spec(r, inputs.model_path, prompts, reps), engine_env("cpu", os.cpu_count())
+    before, after = run_child("vllm", {**spec, "trim": False}, {**env, **HEAP}), run_child("vllm", spec, env)
     return {"before_s": before["seconds"], "after_s": after["seconds"], "tokens": after["tokens"]}
 
 

@@ -11,6 +11,7 @@ the last push, and loads each push's adapters through vLLM's LoRA support.
 
 from __future__ import annotations
 
+import functools
 import tempfile
 import time
 
@@ -40,12 +41,17 @@ def trim_heap() -> None:
     stepped up by tens of MB late in a long run (benchmarks/soak.py). Once a generate call: fixing glibc's mmap
     threshold at 64 KiB instead, the earlier cure, made every larger tensor a fresh mapping and generation 1.5x
     slower (the heap lever in benchmarks/results/peer/peer.md)."""
-    import ctypes
-    import ctypes.util
+    trim = getattr(_libc(), "malloc_trim", None)  # glibc only
+    if trim:
+        trim(0)
 
-    libc = ctypes.util.find_library("c")
-    if libc and hasattr(ctypes.CDLL(libc), "malloc_trim"):
-        ctypes.CDLL(libc).malloc_trim(0)
+
+@functools.cache
+def _libc():
+    """The C library this process already runs on (looked up once: ctypes' find_library runs ldconfig)."""
+    import ctypes
+
+    return ctypes.CDLL(None)
 
 
 class Generator(RoleActor):
