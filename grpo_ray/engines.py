@@ -83,14 +83,15 @@ class Engines:
         gens = [g.prompt_logprobs.remote(self.probe_ids) for g in self.pools.actors["generator"]]
         learners = [l.probe_logprobs.remote(self.probe_ids) for l in self.pools.actors["learner"]]  # both at once
         gens = self.pools.call(gens, "generator probe", self.r.generator.timeout_s)
-        learner = self.pools.call(learners, "learner probe")[0]
-        return max(sum(abs(a - b) for a, b in zip(gen, learner)) / len(gen) for gen in gens)
+        return probe_diff(gens, self.pools.call(learners, "learner probe")[0])
 
-    def push(self, version: int) -> tuple[list[dict], list[dict]]:
-        """Learner rank 0 broadcasts (all ranks gather), every engine receives and loads; the workers' timings."""
+    def push(self, version: int, probe: bool = False) -> tuple[list[dict], list[dict]]:
+        """Learner rank 0 broadcasts (all ranks gather), every engine receives and loads; the workers' timings.
+        With `probe`, each side also computes the probe's logprobs in the same call (their "probe")."""
         bucket, metas, actors = self.r.trainer.bucket_mb << 20, self.pools.metas, self.pools.actors
-        sends = [l.push_weights.remote(metas, bucket) for l in actors["learner"]]
-        receives = [g.receive_weights.remote(metas, bucket, version) for g in actors["generator"]]
+        ids = self.probe_ids if probe else None
+        sends = [l.push_weights.remote(metas, bucket, ids) for l in actors["learner"]]
+        receives = [g.receive_weights.remote(metas, bucket, version, ids) for g in actors["generator"]]
         timeout = self.r.trainer.sync_timeout_s + self.r.generator.timeout_s
         try:
             pushed = self.pools.call(sends, "weight send", timeout)
@@ -103,18 +104,19 @@ class Engines:
         return pushed, received
 
     def sync(self) -> dict[str, float]:
-        """Push the learner's weights to every engine, then check them with the probe. A push that fails (a
+        """Push the learner's weights to every engine and check them with the probe, whose logprobs each side
+        computes at the end of its push call (the learner's while the engines load). A push that fails (a
         receiver lost mid-broadcast) replaces the lost engines and pushes again, once. It starts on an engine when
         the generation sent before it ends: sync/seconds is the push as the engines see it, timing_s/sync_weights
         the controller's wait, that generation and the probe included."""
         start, version = time.perf_counter(), self.learner_version()
         try:
-            pushed, received = self.push(version)
+            pushed, received = self.push(version, probe=True)
         except PoolFault as e:
             lost = self.pools.unresponsive_generators()
             self.say(f"weight sync to version {version} failed ({e}); replacing engines {lost}")
-            pushed, received = self.recover(lost)
-        diff = self.probe()
+            pushed, received = self.recover(lost, probe=True)
+        diff = probe_diff([r.pop("probe") for r in received], pushed[0].pop("probe"))
         bound = self.r.trainer.max_sync_logprob_diff
         if diff > bound:
             raise RunError(f"weight sync to version {version}: generator and learner logprobs differ by "
@@ -126,12 +128,18 @@ class Engines:
                 **{f"sync/{phase}_s": sent.get(phase, 0.0) for phase in ("gather", "cast")},
                 "sync/load_s": slowest["load"], "timing_s/sync_weights": time.perf_counter() - start}
 
-    def recover(self, engines: list[int]) -> tuple[list[dict], list[dict]]:
-        """Replace `engines`, rebuild the weight-sync group over all engines, load the learner's weights into all."""
+    def recover(self, engines: list[int], probe: bool = False) -> tuple[list[dict], list[dict]]:
+        """Replace `engines`, rebuild the weight-sync group over all engines, load the learner's weights into all
+        (`probe`: as in push)."""
         for i in engines:
             self.pools.replace_generator(i)
         self.pools.join_sync()
-        return self.push(self.learner_version())
+        return self.push(self.learner_version(), probe)
+
+
+def probe_diff(engines: list[list[float]], learner: list[float]) -> float:
+    """Mean absolute difference of each engine's probe logprobs from the learner's; the worst engine's."""
+    return max(sum(abs(a - b) for a, b in zip(gen, learner)) / len(gen) for gen in engines)
 
 
 def sample_seed(seed: int, step: int, uid: int) -> int:

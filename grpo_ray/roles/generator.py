@@ -142,9 +142,11 @@ class Generator(RoleActor):
         """The dtype the engine holds its weights in (what ``generator.dtype: auto`` resolved to)."""
         return self.llm.collective_rpc("grpo_weight_dtype")[0]
 
-    def receive_weights(self, metas: list, bucket_bytes: int, version: int) -> dict[str, float]:
+    def receive_weights(self, metas: list, bucket_bytes: int, version: int,
+                        probe_ids: list[int] | None = None) -> dict:
         """Receive a broadcast of the learner's weights and load it, bucket by bucket; the slowest worker's
-        seconds in all, waiting on the wire and loading."""
+        seconds in all, waiting on the wire and loading. With `probe_ids`, then the probe's logprobs under the new
+        weights ("probe"), in the same call: no round trip of its own after a push."""
         start = time.perf_counter()
         timings = self.llm.collective_rpc("grpo_receive_weights", args=(metas, bucket_bytes, version, self.adapter))
         if self.adapter:  # the new adapters replace the old under one id (remove + add: any vLLM version; a
@@ -159,4 +161,5 @@ class Generator(RoleActor):
             timings = [{**t, "load": t["load"] + time.perf_counter() - added} for t in timings]
         self.llm.reset_prefix_cache()
         self.version = version
-        return {**max(timings, key=lambda t: t["seconds"]), "seconds": time.perf_counter() - start}
+        received = {**max(timings, key=lambda t: t["seconds"]), "seconds": time.perf_counter() - start}
+        return {**received, "probe": self.prompt_logprobs(probe_ids)} if probe_ids else received
