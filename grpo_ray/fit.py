@@ -11,7 +11,8 @@ learner (FSDP2 over W ranks, P parameters, b = bytes of learner.dtype, T = micro
     + activations: T x L x (b(10h + 4i) + 16h) saved for backward (T x L x b h with gradient checkpointing,
       plus one layer's worth), + T x heads x S x 2b for eager attention scores on CPU; with LoRA, + T x L x b x
       the adapted layers' output widths (peft keeps each adapted layer's output once more)
-    + logits: T x V x (b + 12) (the logits, their fp32 copy, log-softmax and its gradient)
+    + logits: T x V x (b + 12) (the logits, their fp32 copy, log-softmax and its gradient; only positions
+      that predict a response token get logits, so T bounds them)
     + runtime (CUDA context and NCCL buffers; on CPU the process with torch, transformers and Ray,
       and the full fp32 model every rank reads before sharding)
     + sync extra: a weight push (between steps, when activations, logits and gathered layers are freed) holds 2

@@ -86,12 +86,13 @@ def test_tiny_checkpoint_generates_in_vllm(built, arch):
 
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_packed_forward_gives_the_padded_logprobs_and_gradients(built, arch):
-    """Several samples to a row (model.sequence_packing): each sample's logprobs, entropies and the gradient of
-    their sum are the padded forward's, so no sample attends to another and each one's positions restart."""
+    """Several samples to a row (model.sequence_packing), the LM head on response positions only: each sample's
+    logprobs, entropies and the gradient of their sum are those of a padded forward with the head on every
+    position, so no sample attends to another, each one's positions restart and the head skips nothing needed."""
     import random
 
     from grpo_ray.algo.batching import collate, micro_batches
-    from grpo_ray.algo.logprobs import sequence_logprobs
+    from grpo_ray.algo.logprobs import sequence_logprobs, token_logprobs
 
     model = models.load_causal_lm(built[arch], torch.float32)
     rng, vocab = random.Random(0), model.config.vocab_size
@@ -101,14 +102,20 @@ def test_packed_forward_gives_the_padded_logprobs_and_gradients(built, arch):
     padded = collate([pairs[i] for i in micro], 0)
     packed = collate([pairs[i] for i in micro], 0, capacity)
     assert packed.packed.input_ids.shape[0] < len(micro)  # rows really are shared
-    grads = []
-    for seqs in (padded, packed):
+    mask = padded.response_mask.bool()
+    full_head = lambda: token_logprobs(model, padded.input_ids, padded.attention_mask, 0.7, True)  # noqa: E731
+    grads, outs = [], []
+    for forward in (full_head, lambda: sequence_logprobs(model, padded, "cpu", 0.7, True),
+                    lambda: sequence_logprobs(model, packed, "cpu", 0.7, True)):
         model.zero_grad()
-        logp, entropy = sequence_logprobs(model, seqs, "cpu", temperature=0.7, with_entropy=True)
-        (logp * seqs.response_mask).sum().backward()
+        logp, entropy = forward()
+        (logp * padded.response_mask).sum().backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
-        mask = seqs.response_mask.bool()
-        if seqs is padded:
-            want = logp[mask], entropy[mask]
-    assert torch.allclose(logp[mask], want[0], atol=1e-5) and torch.allclose(entropy[mask], want[1], atol=1e-5)
-    assert torch.allclose(grads[0], grads[1], atol=1e-4, rtol=1e-3)
+        outs.append((logp, entropy))
+    (want_logp, want_entropy), *heads_on_responses = outs
+    for logp, entropy in heads_on_responses:
+        assert torch.allclose(logp[mask], want_logp[mask], atol=1e-5)
+        assert torch.allclose(entropy[mask], want_entropy[mask], atol=1e-5)
+        assert not logp[~mask].any() and not entropy[~mask].any()  # no logits off the responses
+    assert torch.allclose(grads[1], grads[0], atol=1e-4, rtol=1e-3)
+    assert torch.allclose(grads[2], grads[0], atol=1e-4, rtol=1e-3)
