@@ -9,6 +9,8 @@ gloo -> the engine's worker extension -> vLLM's in-place reload) and reports per
     over gloo between as many processes, in the same run;
   - where the time goes: on learner rank 0 gather (FSDP all-gathers waited on), cast (copies into buckets),
     broadcast (waits on the wire); on the engine broadcast (waits) and load (vLLM's reload); then the probe;
+  - a sync as the controller runs it: the push with each side's probe in its push call (``push(probe=True)``),
+    against the push and then the probe;
   - the extra peak RSS of learner rank 0 and of the engine during the push (peak since a reset just before,
     minus RSS then), against the bound 2 FSDP units + 2 buckets.
 Writes sync.json and sync.md to --out.
@@ -37,6 +39,7 @@ def measure(model: str, bucket_mb: int, reps: int) -> dict:
     from grpo_ray import sync
     from grpo_ray.config import load_recipe
     from grpo_ray.controller import Controller
+    from grpo_ray.engines import probe_diff
     from grpo_ray.launch import connect
     from grpo_ray.roles import fsdp
     from grpo_ray.setup_run import setup_run
@@ -62,7 +65,11 @@ def measure(model: str, bucket_mb: int, reps: int) -> dict:
             start = time.perf_counter()
             diff = c.engines.probe()
             probe_s = time.perf_counter() - start
-            rows.append({"push_s": push_s, "probe_s": probe_s, "logprob_diff": diff,
+            start = time.perf_counter()  # the same push and probe as a sync runs them: each side probes in its call
+            fused = c.engines.push(k, probe=True)
+            fused_s = time.perf_counter() - start
+            rows.append({"push_s": push_s, "probe_s": probe_s, "logprob_diff": diff, "fused_s": fused_s,
+                         "fused_diff": probe_diff([r["probe"] for r in fused[1]], fused[0][0]["probe"]),
                          "learner": pushed[0], "engine": received[0],
                          "extra_rss_gb": {"learner": peaks[0] - before[0], "engine": peaks[1] - before[1]}})
         metas = c.pools.metas
@@ -97,7 +104,8 @@ def measure(model: str, bucket_mb: int, reps: int) -> dict:
             "engine total": med(lambda row: row["engine"]["seconds"]),
             "probe": med(lambda row: row["probe_s"]),
         },
-        "logprob_diff_max": max(row["logprob_diff"] for row in rows),
+        "fused_s": med(lambda row: row["fused_s"]),
+        "logprob_diff_max": max(max(row["logprob_diff"], row["fused_diff"]) for row in rows),
         "extra_rss_gb": {side: max(row["extra_rss_gb"][side] for row in rows) for side in ("learner", "engine")},
         "plan_gb": plan, "bound_gb": bound / 1e9, "unit_gb": fsdp.largest_unit_bytes(metas) / 1e9,
         "bucket_gb": sync.largest_bucket_bytes(metas, bucket_mb << 20) / 1e9,
@@ -120,6 +128,11 @@ def markdown(report: dict) -> str:
               "| --- |" + " --- |" * len(report["runs"][0]["phases_s"])]
     for r in report["runs"]:
         lines.append(f"| {r['bucket_mb']} MiB | " + " | ".join(f"{v:.3f}" for v in r["phases_s"].values()) + " |")
+    lines += ["", "A sync as the controller runs it, push and probe (seconds, median): one after the other, and with "
+              "each side's probe at the end of its push call (the learner's forward while the engine loads):", "",
+              "| bucket | push, then probe | push with the probe in its calls |", "| --- | --- | --- |"]
+    for r in report["runs"]:
+        lines.append(f"| {r['bucket_mb']} MiB | {r['push_s'] + r['phases_s']['probe']:.3f} | {r['fused_s']:.3f} |")
     lines += ["", "Extra peak RSS during a push (GB; peak since a reset just before the push, minus RSS then), against "
               "the bound 2 FSDP units + 2 buckets (largest unit and bucket, wire dtype):", "",
               "| bucket | unit | bucket size | bound | learner rank 0 | / bound | plan | engine | / bound | plan |",
