@@ -100,9 +100,9 @@ def _raw_fsdp_rank(rank: int, spec: dict, port: int, out: dict) -> None:
     tokens = sum(len(pairs[i][1]) for i in range(len(pairs)))
 
     def one_step():  # the learner's batching (packed or padded), forward and logprobs; a plain policy gradient
-        micros, capacity = micro_batches(mine, pairs, spec["micro"], spec["packing"])
+        micros, capacity = micro_batches(mine, pairs, spec["micro"], spec["packing"], spec["shared"])
         for micro in micros:
-            seqs = collate([pairs[i] for i in micro], spec["pad"], capacity)
+            seqs = collate([pairs[i] for i in micro], spec["pad"], capacity, spec["shared"])
             logp, _ = sequence_logprobs(model, seqs, "cpu")
             loss = -(logp * adv[micro, None] * seqs.response_mask).sum() / tokens * world
             loss.backward()
@@ -289,7 +289,7 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
     threads = pool_threads["learner"]
     raw_learn = run_child("fsdp", {
         "model": inputs.model_path, "world": world, "threads": threads, "micro": r.learner.micro_batch_size,
-        "pad": 0, "packing": r.model.sequence_packing, "pairs": pairs, "advantages": advantages, "reps": reps}, {"OMP_NUM_THREADS": str(threads)})
+        "pad": 0, "packing": r.model.sequence_packing, "shared": r.model.shared_prompt, "pairs": pairs, "advantages": advantages, "reps": reps}, {"OMP_NUM_THREADS": str(threads)})
     rawd = {
         "gen_s": raw_gen["seconds"], "gen_tok_s": raw_gen["tokens"] / raw_gen["seconds"],
         "learn_s": raw_learn["seconds"], "learn_tok_s": sum(seq_lens) / raw_learn["seconds"],

@@ -67,6 +67,13 @@ OURS = {
     "grpo-ray bf16, one step off, bypass": (
         [*ONE_STEP_OFF, "algorithm.rollout_correction.bypass_mode=true"], "grpo-ray bf16",
         "one step off with the sampler's logprobs as the old policy (no extra forward)"),
+    "grpo-ray fp32, shared prompts": (
+        ["model.shared_prompt=true"], "grpo-ray fp32",
+        "each prompt run once a group (model.shared_prompt), in the learner's and the reference's forwards, instead "
+        "of packing whole samples"),
+    "grpo-ray bf16, one step off, bypass, shared prompts": (
+        [*ONE_STEP_OFF, "algorithm.rollout_correction.bypass_mode=true", "model.shared_prompt=true"],
+        "grpo-ray bf16, one step off, bypass", "each prompt run once a group (model.shared_prompt)"),
 }
 HEAP = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "1048576"}
 """The generator's environment before this lever: glibc's mmap threshold fixed at 64 KiB (now: glibc's default

@@ -59,6 +59,13 @@ class ModelConfig:
     """Pack several samples into each row of the learner's and the reference's forwards (positions restart with
     each sample, attention stays within it) instead of padding every sample to the longest: verl's
     use_remove_padding. A micro batch is then micro_batch_size rows of the longest sample's length."""
+    shared_prompt: bool = False
+    """Run each prompt once for all its samples in the learner's and the reference's forwards (verl's
+    use_prefix_grouper): a forward of the distinct prompts keeps their keys and values, and the responses,
+    packed several to a row with the responses to the same prompt, attend to them. The same logprobs and
+    gradients with the prompt's work done once a group. Takes the place of sequence_packing; a micro batch is
+    consecutive samples (whole groups where they fit) of at most micro_batch_size x the longest sample's tokens,
+    each distinct prompt counted once. Needs eager or sdpa attention."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA adapters instead of full fine-tuning (rank 0: off). Adapters want a larger learner.optim.lr than full
     fine-tuning, typically 1e-5 to 1e-4 against 1e-6."""

@@ -119,7 +119,8 @@ class Pools:
         if pool == "reference":
             return ray.remote(Reference).options(**options).remote(
                 self.model_path, r.cluster.device, r.reference.micro_batch_size, g.sampling.temperature,
-                threads, i, self.plans[pool].actors, r.model.trust_remote_code, r.learner.dtype, r.model.sequence_packing)
+                threads, i, self.plans[pool].actors, r.model.trust_remote_code, r.learner.dtype, r.model.sequence_packing,
+                r.model.shared_prompt)
         w = r.reward
         return ray.remote(RewardWorker).options(**options).remote(
             [(f.name, f.weight) for f in w.functions], w.timeout_s, r.data.response_prefix, w.memory_mb, w.sandbox)

@@ -382,3 +382,21 @@ def test_signal_groups_and_take_groups_by_hand():
     assert [(i, groups) for i, groups, _, _ in taken] == [(0, [0]), (1, [0])]
     assert taken[0][2].response_lengths == [1, 2] and taken[1][2].response_lengths == [5, 6]
     assert taken[1][2].truncated == 1 and taken[1][3].totals == [1.0, 1.0] and taken[0][3].components == {"f": [1.0, 0.0]}
+
+
+def test_shared_prompt_micro_batches_keep_order_and_the_token_budget():
+    """model.shared_prompt: micro batches are runs of the samples in order, each within micro_batch_size x the
+    longest sample's tokens with a prompt counted once per micro batch, so a group shares its prompt's forward."""
+    from grpo_ray.algo.batching import micro_batches
+
+    prompts = [[1] * 10, [2] * 30, [3] * 5]
+    pairs = [(prompts[k // 4], [7] * (3 + 5 * (k % 4))) for k in range(12)]  # 3 groups of 4
+    micros, capacity = micro_batches(list(range(12)), pairs, 2, packing=True, shared=True)
+    assert capacity == 0 and [i for m in micros for i in m] == list(range(12))
+    budget = 2 * max(len(p) + len(r) for p, r in pairs)
+    for m in micros:
+        distinct = {tuple(pairs[i][0]) for i in m}
+        assert sum(len(p) for p in distinct) + sum(len(pairs[i][1]) for i in m) <= budget
+    # 2 x 48 tokens: prompt 10 and its 4 responses (3 + 8 + 13 + 18), then prompt 30 with two of its responses
+    # (3 + 8): 93 tokens; padded, the first 4 samples alone would take 4 x 28
+    assert micros[0] == [0, 1, 2, 3, 4, 5] and micros[1][0] == 6

@@ -110,3 +110,23 @@ def test_stale_samples_take_the_old_policy_from_the_version_that_generated_them(
     finally:
         for a in actors:
             ray_local.kill(a)
+
+
+def test_shared_prompts_make_the_same_update_as_packed_samples(ray_local):
+    """model.shared_prompt: each prompt run once, its keys and values serving its responses, on 2 gloo ranks (two
+    FSDP2 forwards a micro batch before one backward), with old logprobs recomputed over 2 mini batches x 2 epochs
+    and a KL term: the same metrics and weights after the step as 1 process with packed samples."""
+    path = models.resolve(TINY.format(arch="qwen2"))
+    rollouts = tiny_rollouts(vocab=300, prompts=4, group=4)
+    advantages = torch.linspace(-1.5, 1.5, 16).tolist()
+    ref_lps = [[[-5.0 - 0.1 * j for j in range(len(c.token_ids))] for c in r.completions] for r in rollouts]
+    common = ["data.train_batch_size=4", "algorithm.group_size=4", "learner.mini_batch_size=8",
+              "learner.micro_batch_size=2", "algorithm.ppo_epochs=2", "algorithm.kl_coef=0.1"]
+    packed, before1, after1 = run_learner(ray_local, path, 1, common, rollouts, ref_lps, advantages)
+    shared, before2, after2 = run_learner(ray_local, path, 2, [*common, "model.shared_prompt=true"], rollouts,
+                                          ref_lps, advantages)
+    for key in ("actor/grad_norm", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/ppo_kl"):
+        assert shared[0][key] == pytest.approx(packed[0][key], rel=1e-4, abs=1e-6), key
+    assert torch.allclose(before1, before2, atol=1e-6)
+    assert torch.allclose(after1, after2, atol=1e-5)
+    assert (after1 - before1).abs().max() > 1e-4

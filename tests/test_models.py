@@ -119,3 +119,37 @@ def test_packed_forward_gives_the_padded_logprobs_and_gradients(built, arch):
         assert not logp[~mask].any() and not entropy[~mask].any()  # no logits off the responses
     assert torch.allclose(grads[1], grads[0], atol=1e-4, rtol=1e-3)
     assert torch.allclose(grads[2], grads[0], atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_shared_prompt_forward_gives_the_padded_logprobs_and_gradients(built, arch):
+    """Each distinct prompt run once (model.shared_prompt), its keys and values serving its responses packed
+    several to a row: each sample's logprobs, entropies and the gradient of their sum are those of a padded
+    forward of every whole sequence, for groups of samples sharing a prompt, a prompt alone, and an empty
+    response."""
+    import random
+
+    from grpo_ray.algo.batching import collate
+    from grpo_ray.algo.logprobs import sequence_logprobs, token_logprobs
+
+    model = models.load_causal_lm(built[arch], torch.float32)
+    rng, vocab = random.Random(1), model.config.vocab_size
+    word = lambda n: [rng.randrange(3, vocab) for _ in range(n)]  # noqa: E731
+    prompts = [word(rng.randint(2, 12)) for _ in range(4)]
+    pairs = [(prompts[k], word(rng.randint(1, 20))) for k in (0, 0, 0, 1, 1, 2, 3, 3, 0)] + [(prompts[3], [])]
+    padded, shared = collate(pairs, 0), collate(pairs, 0, shared=True)
+    assert shared.shared.prompt_ids.shape[0] == 4 and shared.shared.input_ids.shape[0] < len(pairs)
+    mask = padded.response_mask.bool()
+    grads, outs = [], []
+    for forward in (lambda: token_logprobs(model, padded.input_ids, padded.attention_mask, 0.7, True),
+                    lambda: sequence_logprobs(model, shared, "cpu", 0.7, True)):
+        model.zero_grad()
+        logp, entropy = forward()
+        (logp * padded.response_mask).sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+        outs.append((logp, entropy))
+    (want_logp, want_entropy), (logp, entropy) = outs
+    assert torch.allclose(logp[mask], want_logp[mask], atol=1e-5)
+    assert torch.allclose(entropy[mask], want_entropy[mask], atol=1e-5)
+    assert not logp[~mask].any() and not entropy[~mask].any()
+    assert torch.allclose(grads[1], grads[0], atol=1e-4, rtol=1e-3)

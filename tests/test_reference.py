@@ -11,19 +11,22 @@ from tests.conftest import TINY, tiny_rollouts
 pytestmark = pytest.mark.slow
 
 
-def reference_pool(ray, path, n):
-    actors = [ray.remote(Reference).options(num_cpus=0.25).remote(path, "cpu", 3, 1.0, 0.25, i, n) for i in range(n)]
+def reference_pool(ray, path, n, shared=False):
+    actors = [ray.remote(Reference).options(num_cpus=0.25).remote(path, "cpu", 3, 1.0, 0.25, i, n, shared=shared)
+              for i in range(n)]
     host, port = ray.get(actors[0].address.remote())
     ray.get([a.setup.remote(host, port) for a in actors])
     return actors
 
 
-def test_sharded_reference_matches_one_actor(ray_local):
+@pytest.mark.parametrize("shared", [False, True], ids=["packed", "shared-prompts"])
+def test_sharded_reference_matches_one_actor(ray_local, shared):
+    """Three actors, packed or with each prompt run once (model.shared_prompt), against one actor packed."""
     path = models.resolve(TINY.format(arch="qwen2"))
     refs = [ray_local.put(r) for r in tiny_rollouts(vocab=300, prompts=4, group=4)]
     one = reference_pool(ray_local, path, 1)
     whole, work = ray_local.get(one[0].logprobs.options(num_returns=2).remote(refs))
-    three = reference_pool(ray_local, path, 3)
+    three = reference_pool(ray_local, path, 3, shared)
     # shares as the controller cuts them: 7 samples (3 micro batches), 9 samples (3), none (only filler forwards)
     calls = [three[0].logprobs.options(num_returns=2).remote([refs[0]], [(0, 7)]),
              three[1].logprobs.options(num_returns=2).remote([refs[0], refs[1]], [(7, 8), (0, 8)]),

@@ -29,6 +29,32 @@ class Packed:
 
 
 @dataclass
+class Shared:
+    """The same sequences with each distinct prompt run once (model.shared_prompt): the prompts form a batch of
+    their own, whose keys and values then serve every response to them; the responses are packed several to a
+    row, a row holding responses to one prompt only and no longer than the longest response."""
+
+    prompt_ids: torch.Tensor
+    """[G, P] the distinct prompts, right-padded."""
+    prompt_lengths: torch.Tensor
+    """[G] their lengths."""
+    input_ids: torch.Tensor
+    """[R, C] responses one after another in each row, then padding."""
+    row_prompt: torch.Tensor
+    """[R] the prompt whose keys and values each row attends to."""
+    segment: torch.Tensor
+    """[R, C] which response of its row a position holds (0, 1, ...), -1 on padding."""
+    position_ids: torch.Tensor
+    """[R, C] each response's positions after its prompt (prompt length, +1, ...; padding goes on counting)."""
+    first: torch.Tensor
+    """[B, 2] each sequence's prompt and first response token: that token is predicted at the prompt's last
+    position, in the prompts' batch."""
+    index: torch.Tensor
+    """[B, L-1] where next-token position t of sequence b lies: < B, the first response token of that sequence;
+    else B + a position of the rows' [R, C-1] flattened; -1 off the response."""
+
+
+@dataclass
 class Sequences:
     """Prompt + response token sequences, right-padded; masks line up with next-token logprobs."""
 
@@ -40,6 +66,8 @@ class Sequences:
     """[B, L-1] 1 where logprob position t predicts a response token (token t+1)."""
     packed: Packed | None = None
     """The forward's layout when packed (collate's `capacity`); values come back in the [B, L-1] layout above."""
+    shared: Shared | None = None
+    """The forward's layout with each prompt run once (collate's `shared`); values come back as above."""
 
 
 def samples(rollouts: list[Rollout], spans: list[Span] | None = None) -> list[tuple[Prompt, Completion]]:
@@ -106,9 +134,10 @@ def spans_of(counts: list[int], share: Span) -> list[tuple[int, int, int]]:
     return out
 
 
-def collate(pairs: list[tuple[list[int], list[int]]], pad_id: int, capacity: int = 0) -> Sequences:
+def collate(pairs: list[tuple[list[int], list[int]]], pad_id: int, capacity: int = 0, shared: bool = False
+            ) -> Sequences:
     """The pairs right-padded to the longest; with `capacity` (tokens a row holds, at least the longest pair),
-    packed too (``pack_rows``)."""
+    packed too (``pack_rows``); with `shared`, laid out to run each distinct prompt once (``share_prompts``)."""
     length = max(len(p) + len(r) for p, r in pairs)
     ids = torch.full((len(pairs), length), pad_id, dtype=torch.long)
     attn = torch.zeros((len(pairs), length), dtype=torch.long)
@@ -117,6 +146,8 @@ def collate(pairs: list[tuple[list[int], list[int]]], pad_id: int, capacity: int
         ids[i, : len(p) + len(r)] = torch.tensor(p + r, dtype=torch.long)
         attn[i, : len(p) + len(r)] = 1
         resp[i, len(p) - 1 : len(p) + len(r) - 1] = 1
+    if shared:
+        return Sequences(ids, attn, resp, shared=share_prompts(pairs, pad_id, length))
     if not capacity:
         return Sequences(ids, attn, resp)
     lengths = [len(p) + len(r) for p, r in pairs]
@@ -137,6 +168,43 @@ def collate(pairs: list[tuple[list[int], list[int]]], pad_id: int, capacity: int
     return Sequences(ids, attn, resp, Packed(packed_ids, positions, index))
 
 
+def share_prompts(pairs: list[tuple[list[int], list[int]]], pad_id: int, length: int) -> Shared:
+    """The ``Shared`` layout of `pairs` (padded to `length` tokens): distinct prompts in order of appearance; each
+    one's responses packed first fit, longest first, into rows as long as the longest response."""
+    prompts: dict[tuple[int, ...], int] = {}
+    of = [prompts.setdefault(tuple(p), len(prompts)) for p, _ in pairs]
+    width = max([len(r) for _, r in pairs] + [1])
+    rows: list[tuple[int, list[int]]] = []
+    for g in range(len(prompts)):
+        members = [i for i, (_, r) in enumerate(pairs) if of[i] == g and r]
+        rows += [(g, [members[j] for j in row]) for row in pack_rows([len(pairs[i][1]) for i in members], width)]
+    rows = rows or [(0, [])]  # no response at all: one row of padding keeps the forward's shapes
+    prompt_ids = torch.full((len(prompts), max(map(len, prompts))), pad_id, dtype=torch.long)
+    for g, p in enumerate(prompts):
+        prompt_ids[g, : len(p)] = torch.tensor(p, dtype=torch.long)
+    plen = [len(p) for p in prompts]
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    segment = torch.full((len(rows), width), -1, dtype=torch.long)
+    positions = torch.zeros((len(rows), width), dtype=torch.long)
+    index = torch.full((len(pairs), length - 1), -1, dtype=torch.long)
+    first = torch.zeros((len(pairs), 2), dtype=torch.long)
+    for k, (g, row) in enumerate(rows):
+        at = 0
+        for s, i in enumerate(row):
+            p, r = pairs[i]
+            n = len(r)
+            ids[k, at : at + n] = torch.tensor(r, dtype=torch.long)
+            segment[k, at : at + n] = s
+            positions[k, at : at + n] = torch.arange(plen[g], plen[g] + n)
+            first[i] = torch.tensor([g, r[0]])
+            index[i, len(p) - 1] = i
+            index[i, len(p) : len(p) + n - 1] = len(pairs) + k * (width - 1) + at + torch.arange(n - 1)
+            at += n
+        positions[k, at:] = torch.arange(width - at) + (positions[k, at - 1] + 1 if at else plen[g])
+    return Shared(prompt_ids, torch.tensor(plen), ids, torch.tensor([g for g, _ in rows]), segment, positions,
+                  first, index)
+
+
 def pack_rows(lengths: list[int], capacity: int) -> list[list[int]]:
     """Which sequences share a row: first fit, longest first (ties in order), no row over `capacity` tokens.
     Packing the sequences of any run of consecutive rows again gives those rows back, so a micro batch cut
@@ -155,17 +223,37 @@ def pack_rows(lengths: list[int], capacity: int) -> list[list[int]]:
 
 
 def micro_batches(indices: list[int], pairs: list[tuple[list[int], list[int]]], size: int,
-                  packing: bool) -> tuple[list[list[int]], int]:
+                  packing: bool, shared: bool = False) -> tuple[list[list[int]], int]:
     """`indices` cut into micro batches, and the row capacity to collate them with (0: not packed). Unpacked:
     `size` samples each, longest first (``by_length``). Packed: `size` rows each, a row as long as the longest
     sample of `indices`, so a micro batch never holds more tokens than unpacked, and often several times the
-    samples."""
+    samples. Shared prompts (`shared`, collated with ``share_prompts``): `indices` in order, as many as fit in
+    `size` x the longest sample's tokens with each distinct prompt counted once, so a group stays together."""
+    if shared:
+        return shared_micro_batches(indices, pairs, size), 0
     if not packing:
         return chunks(by_length(indices, pairs), size), 0
     lengths = [len(pairs[i][0]) + len(pairs[i][1]) for i in indices]
     capacity = max(lengths, default=1)
     rows = [[indices[j] for j in row] for row in pack_rows(lengths, capacity)]
     return [[i for row in rows[k : k + size] for i in row] for k in range(0, len(rows), size)], capacity
+
+
+def shared_micro_batches(indices: list[int], pairs: list[tuple[list[int], list[int]]], size: int) -> list[list[int]]:
+    """``micro_batches`` with shared prompts: consecutive runs of `indices` within the token budget."""
+    budget = size * max((len(pairs[i][0]) + len(pairs[i][1]) for i in indices), default=1)
+    micros: list[list[int]] = []
+    tokens, prompts = budget, set()
+    for i in indices:
+        prompt, response = pairs[i]
+        cost = len(response) + (0 if tuple(prompt) in prompts else len(prompt))
+        if tokens + cost > budget:  # a new micro batch, where this prompt is new again
+            micros.append([])
+            tokens, prompts, cost = 0, set(), len(prompt) + len(response)
+        micros[-1].append(i)
+        tokens += cost
+        prompts.add(tuple(prompt))
+    return micros
 
 
 def response_values(per_position: torch.Tensor, mask: torch.Tensor) -> list[list[float]]:

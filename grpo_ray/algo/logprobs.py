@@ -10,40 +10,45 @@ from grpo_ray.algo.batching import Sequences
 
 
 def token_logprobs(
-    model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, temperature: float = 1.0,
-    with_entropy: bool = False, position_ids: torch.Tensor | None = None, keep: torch.Tensor | None = None,
+    model, input_ids: torch.Tensor, attention_mask, temperature: float = 1.0, with_entropy: bool = False,
+    position_ids: torch.Tensor | None = None, keep: torch.Tensor | None = None, past_key_values=None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(x_t | x_<t) for t = 1..T-1 ([B, T-1]), and the entropy of each of those distributions.
 
     Logits are divided by the sampling temperature, as the sampler did before drawing. With `keep` ([B, T-1]
     bool), only those positions get logits (the LM head runs on their hidden states alone); the others hold 0.
+    With `past_key_values`, `input_ids` go on from those keys and values (``attention_mask`` then covers both).
     """
-    with head_on(model, keep):
+    with head_on(model, None if keep is None else torch.nn.functional.pad(keep, (0, 1))):
         logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                       use_cache=False).logits
+                       past_key_values=past_key_values, use_cache=past_key_values is not None).logits
     if keep is None:
         logits, targets = logits[:, :-1], input_ids[:, 1:]
     else:
         targets = input_ids[:, 1:][keep]
-    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
-    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
+    logp, entropy = _logprobs_of(logits, targets, temperature, with_entropy)
     if keep is not None:
         place = lambda v: torch.zeros(keep.shape, dtype=v.dtype, device=v.device).masked_scatter(keep, v)  # noqa: E731
         logp, entropy = place(logp), None if entropy is None else place(entropy)
     return logp, entropy
 
 
+def _logprobs_of(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
+    """log p(target) under logits / temperature, and the distribution's entropy (or None)."""
+    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
+    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return logp, -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
+
+
 @contextlib.contextmanager
 def head_on(model, keep: torch.Tensor | None):
-    """While open, `model`'s LM head sees the hidden states of the `keep` positions only ([B, T-1] bool: position
-    t predicts token t+1), flattened to [N, hidden]. With a vocabulary of 150K the head is the largest layer,
-    and its logits ([tokens, vocab], in fp32 for the softmax) the largest activation; prompt positions need
-    neither."""
+    """While open, `model`'s LM head sees the hidden states of the `keep` positions only ([B, T] bool), flattened
+    to [N, hidden]. With a vocabulary of 150K the head is the largest layer, and its logits ([tokens, vocab], in
+    fp32 for the softmax) the largest activation; prompt positions need neither."""
     if keep is None:
         yield
         return
-    handle = model.get_output_embeddings().register_forward_pre_hook(lambda _, args: (args[0][:, :-1][keep],))
+    handle = model.get_output_embeddings().register_forward_pre_hook(lambda _, args: (args[0][keep],))
     try:
         yield
     finally:
@@ -53,8 +58,11 @@ def head_on(model, keep: torch.Tensor | None):
 def sequence_logprobs(model, seqs: Sequences, device, temperature: float = 1.0, with_entropy: bool = False
                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``token_logprobs`` of the response tokens of `seqs` in their [B, L-1] layout (0 off ``response_mask``),
-    whether the forward runs on them padded or packed (``seqs.packed``)."""
+    whether the forward runs on them padded, packed (``seqs.packed``) or with each prompt run once
+    (``seqs.shared``)."""
     keep = seqs.response_mask.to(device).bool()
+    if seqs.shared is not None:
+        return shared_prompt_logprobs(model, seqs, device, temperature, with_entropy)
     if seqs.packed is None:
         return token_logprobs(model, seqs.input_ids.to(device), seqs.attention_mask.to(device), temperature,
                               with_entropy, keep=keep)
@@ -68,3 +76,60 @@ def sequence_logprobs(model, seqs: Sequences, device, temperature: float = 1.0, 
     inside, at = index >= 0, index.clamp(min=0)
     unpack = lambda v: torch.where(inside, v.reshape(-1)[at], 0.0)  # noqa: E731
     return unpack(logp), None if entropy is None else unpack(entropy)
+
+
+def shared_prompt_logprobs(model, seqs: Sequences, device, temperature: float = 1.0, with_entropy: bool = False
+                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``sequence_logprobs`` with each distinct prompt run once (``seqs.shared``, model.shared_prompt): a forward
+    of the prompts keeps their keys and values (gradients flow back through them) and predicts each one's first
+    response token; a forward of the response rows attends to its prompt's keys and values and to its own
+    response, causally. The same math as one forward per sequence, with the prompt's work done once for all its
+    responses."""
+    from transformers import DynamicCache
+
+    s = seqs.shared
+    prompts, plen = s.prompt_ids.to(device), s.prompt_lengths.to(device)
+    width = prompts.shape[1]
+    cache = DynamicCache()  # full layers: a config's sliding-window layers would drop keys the rows still need
+    last = torch.arange(width, device=device) == (plen - 1)[:, None]
+    with head_on(model, last):
+        first_logits = model(input_ids=prompts, attention_mask=(torch.arange(width, device=device) < plen[:, None]).long(),
+                             past_key_values=cache, use_cache=True).logits
+    row_prompt = s.row_prompt.to(device)
+    rows = DynamicCache(ddp_cache_data=[(layer.keys[row_prompt], layer.values[row_prompt]) for layer in cache.layers])
+    segment, positions = s.segment.to(device), s.position_ids.to(device)
+    keep = (segment[:, :-1] >= 0) & (segment[:, :-1] == segment[:, 1:])  # predicts its own response's next token
+    mask = _row_masks(model, plen[row_prompt], width, segment, positions)
+    row_logp, row_entropy = token_logprobs(model, s.input_ids.to(device), mask, temperature, with_entropy,
+                                           positions, keep, rows)
+    first = s.first.to(device)
+    first_logp, first_entropy = _logprobs_of(first_logits[first[:, 0]], first[:, 1], temperature, with_entropy)
+    index = s.index.to(device)
+    inside, at = index >= 0, index.clamp(min=0)
+    unpack = lambda a, b: torch.where(inside, torch.cat([a, b.reshape(-1)])[at], 0.0)  # noqa: E731
+    return unpack(first_logp, row_logp), None if row_entropy is None else unpack(first_entropy, row_entropy)
+
+
+def _row_masks(model, plen: torch.Tensor, width: int, segment: torch.Tensor, positions: torch.Tensor):
+    """Attention masks ([R, 1, C, P + C]) of response rows over their prompt's keys (the first P, of which each
+    row sees its prompt's length) then their own: a response sees its prompt and itself, causally; padding sees
+    its prompt. A model whose layers have sliding windows (``config.layer_types``) gets one mask per kind of
+    layer, the sliding ones within the window. Boolean for sdpa, additive for eager attention."""
+    config = model.config
+    n = segment.shape[1]
+    col = torch.arange(n, device=segment.device)
+    own = (segment[:, :, None] == segment[:, None, :]) & (col[None, :, None] >= col[None, None, :]) \
+        & (segment[:, None, :] >= 0)
+    prompt = (torch.arange(width, device=segment.device)[None, None, :] < plen[:, None, None]).expand(-1, n, -1)
+    key_pos = torch.cat([torch.arange(width, device=segment.device).expand(len(segment), -1), positions], dim=1)
+    seen = torch.cat([prompt, own], dim=2)
+    masks = {}
+    for kind in set(getattr(config, "layer_types", None) or ["full_attention"]):
+        m = seen
+        if kind == "sliding_attention":
+            m = m & (positions[:, :, None] - key_pos[:, None, :] < config.sliding_window)
+        m = m[:, None]
+        if config._attn_implementation != "sdpa":
+            m = torch.zeros(m.shape, device=m.device).masked_fill(~m, torch.finfo(torch.float32).min)
+        masks[kind] = m
+    return masks if getattr(config, "layer_types", None) else masks["full_attention"]

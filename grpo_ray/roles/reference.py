@@ -25,7 +25,7 @@ from grpo_ray.types import Work
 class Reference(RoleActor):
     def __init__(self, model_path: str, device: str, micro_batch_size: int, temperature: float, threads: int,
                  rank: int = 0, world_size: int = 1, trust_remote_code: bool = False, dtype: str = "float32",
-                 packing: bool = True):
+                 packing: bool = True, shared: bool = False):
         log_to_file()
         torch.set_num_threads(max(1, threads))
         self.device_kind = device
@@ -33,6 +33,7 @@ class Reference(RoleActor):
         self.model_path, self.trust_remote_code, self.dtype = model_path, trust_remote_code, getattr(torch, dtype)
         self.rank, self.world_size = rank, world_size
         self.micro_batch_size, self.temperature, self.packing = micro_batch_size, temperature, packing
+        self.shared = shared
 
     def address(self) -> tuple[str, int]:
         """A free address on this actor's node (rank 0 hosts the group's store)."""
@@ -58,7 +59,8 @@ class Reference(RoleActor):
         pairs = flatten(ray.get(rollout_refs), spans)
         start = time.perf_counter()
         # longest first, or packed: little padding per micro batch
-        micros, capacity = micro_batches(list(range(len(pairs))), pairs, self.micro_batch_size, self.packing)
+        micros, capacity = micro_batches(list(range(len(pairs))), pairs, self.micro_batch_size, self.packing,
+                                         self.shared)
         rounds = torch.tensor([len(micros)], device=self.device)  # nccl reduces only device tensors
         dist.all_reduce(rounds, op=dist.ReduceOp.MAX)
         filler = [([self.pad_id], [self.pad_id])]  # keeps this rank in the other ranks' all-gathers
@@ -66,7 +68,8 @@ class Reference(RoleActor):
         with torch.no_grad():
             for k in range(int(rounds.item())):
                 mine = k < len(micros)
-                seqs = collate([pairs[i] for i in micros[k]] if mine else filler, self.pad_id, capacity if mine else 0)
+                seqs = collate([pairs[i] for i in micros[k]] if mine else filler, self.pad_id, capacity if mine else 0,
+                               self.shared)
                 logp, _ = sequence_logprobs(self.model, seqs, self.device, self.temperature)
                 for i, values in zip(micros[k] if mine else [], response_values(logp.cpu(), seqs.response_mask)):
                     out[i] = values
