@@ -64,8 +64,8 @@ class ModelConfig:
     use_prefix_grouper): a forward of the distinct prompts keeps their keys and values, and the responses,
     packed several to a row with the responses to the same prompt, attend to them. The same logprobs and
     gradients with the prompt's work done once a group. Takes the place of sequence_packing; a micro batch is
-    consecutive samples (whole groups where they fit) of at most micro_batch_size x the longest sample's tokens,
-    each distinct prompt counted once. Needs eager or sdpa attention."""
+    consecutive samples (whole groups where they fit) whose layout, padding included, holds at most
+    micro_batch_size x the longest sample's tokens, as a packed one does. Needs eager or sdpa attention."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA adapters instead of full fine-tuning (rank 0: off). Adapters want a larger learner.optim.lr than full
     fine-tuning, typically 1e-5 to 1e-4 against 1e-6."""

@@ -4,7 +4,8 @@
 (``cluster.nodes`` x ``cluster.devices_per_node``, the first nodes carrying ``cluster.node_markers``)
 the way ``placement.reserve`` asks Ray to, then estimates memory per device (GB = 1e9 bytes):
 
-learner (FSDP2 over W ranks, P parameters, b = bytes of learner.dtype, T = micro batch x sequence tokens)
+learner (FSDP2 over W ranks, P parameters, b = bytes of learner.dtype, T = micro batch x sequence tokens: what a
+micro batch holds padded, packed or with shared prompts)
     params 4P/W + grads 4P/W + Adam 8P/W (fp32, sharded); with LoRA, A adapter parameters: params 4(P + A)/W,
     grads 4A/W, Adam 8A/W, and no reference pool (the learner is its own reference, adapters off)
     + gathered: 2 units (the one running and the one prefetched) x b x the largest FSDP unit

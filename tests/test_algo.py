@@ -385,9 +385,10 @@ def test_signal_groups_and_take_groups_by_hand():
 
 
 def test_shared_prompt_micro_batches_keep_order_and_the_token_budget():
-    """model.shared_prompt: micro batches are runs of the samples in order, each within micro_batch_size x the
-    longest sample's tokens with a prompt counted once per micro batch, so a group shares its prompt's forward."""
-    from grpo_ray.algo.batching import micro_batches
+    """model.shared_prompt: micro batches are runs of the samples in order, each laid out (prompts once, responses
+    packed per prompt, padding included) within micro_batch_size x the longest sample's tokens, as a packed
+    micro batch is; so a group shares its prompt's forward."""
+    from grpo_ray.algo.batching import collate, micro_batches
 
     prompts = [[1] * 10, [2] * 30, [3] * 5]
     pairs = [(prompts[k // 4], [7] * (3 + 5 * (k % 4))) for k in range(12)]  # 3 groups of 4
@@ -395,8 +396,8 @@ def test_shared_prompt_micro_batches_keep_order_and_the_token_budget():
     assert capacity == 0 and [i for m in micros for i in m] == list(range(12))
     budget = 2 * max(len(p) + len(r) for p, r in pairs)
     for m in micros:
-        distinct = {tuple(pairs[i][0]) for i in m}
-        assert sum(len(p) for p in distinct) + sum(len(pairs[i][1]) for i in m) <= budget
-    # 2 x 48 tokens: prompt 10 and its 4 responses (3 + 8 + 13 + 18), then prompt 30 with two of its responses
-    # (3 + 8): 93 tokens; padded, the first 4 samples alone would take 4 x 28
-    assert micros[0] == [0, 1, 2, 3, 4, 5] and micros[1][0] == 6
+        s = collate([pairs[i] for i in m], 0, shared=True).shared
+        assert s.prompt_ids.numel() + s.input_ids.numel() <= budget
+    # 2 x 48 slots: prompt 10 and its 4 responses (3 + 8 + 13 + 18) in 3 rows of 18 = 64, then prompt 30 with its
+    # first response (30 x 2 + 3 rows x 18 = 114) would not fit
+    assert micros[0] == [0, 1, 2, 3] and micros[1][0] == 4

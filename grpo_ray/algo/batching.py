@@ -227,8 +227,8 @@ def micro_batches(indices: list[int], pairs: list[tuple[list[int], list[int]]], 
     """`indices` cut into micro batches, and the row capacity to collate them with (0: not packed). Unpacked:
     `size` samples each, longest first (``by_length``). Packed: `size` rows each, a row as long as the longest
     sample of `indices`, so a micro batch never holds more tokens than unpacked, and often several times the
-    samples. Shared prompts (`shared`, collated with ``share_prompts``): `indices` in order, as many as fit in
-    `size` x the longest sample's tokens with each distinct prompt counted once, so a group stays together."""
+    samples. Shared prompts (`shared`, collated with ``share_prompts``): `indices` in order, as many as their
+    layout fits in `size` x the longest sample's tokens, so a group stays together."""
     if shared:
         return shared_micro_batches(indices, pairs, size), 0
     if not packing:
@@ -240,20 +240,27 @@ def micro_batches(indices: list[int], pairs: list[tuple[list[int], list[int]]], 
 
 
 def shared_micro_batches(indices: list[int], pairs: list[tuple[list[int], list[int]]], size: int) -> list[list[int]]:
-    """``micro_batches`` with shared prompts: consecutive runs of `indices` within the token budget."""
+    """``micro_batches`` with shared prompts: consecutive runs of `indices`, each as long as its layout (``Shared``:
+    the prompts' batch and the response rows, padding included) stays within `size` x the longest sample's tokens,
+    the bound a packed micro batch keeps."""
     budget = size * max((len(pairs[i][0]) + len(pairs[i][1]) for i in indices), default=1)
     micros: list[list[int]] = []
-    tokens, prompts = budget, set()
     for i in indices:
-        prompt, response = pairs[i]
-        cost = len(response) + (0 if tuple(prompt) in prompts else len(prompt))
-        if tokens + cost > budget:  # a new micro batch, where this prompt is new again
+        if not micros or shared_tokens([pairs[j] for j in micros[-1] + [i]]) > budget:
             micros.append([])
-            tokens, prompts, cost = 0, set(), len(prompt) + len(response)
         micros[-1].append(i)
-        tokens += cost
-        prompts.add(tuple(prompt))
     return micros
+
+
+def shared_tokens(pairs: list[tuple[list[int], list[int]]]) -> int:
+    """Token slots of `pairs` in the ``Shared`` layout: distinct prompts x the longest prompt, plus response rows x
+    the longest response."""
+    prompts: dict[tuple[int, ...], list[int]] = {}
+    for p, r in pairs:
+        prompts.setdefault(tuple(p), []).append(len(r))
+    width = max([len(r) for _, r in pairs] + [1])
+    rows = sum(len(pack_rows([n for n in lengths if n], width)) for lengths in prompts.values())
+    return len(prompts) * max(map(len, prompts)) + max(rows, 1) * width
 
 
 def response_values(per_position: torch.Tensor, mask: torch.Tensor) -> list[list[float]]:
