@@ -84,6 +84,29 @@ def test_tiny_checkpoint_generates_in_vllm(built, arch):
     assert all(lp <= 0 for lps in out["logprobs"] for lp in lps)
 
 
+def assert_same_as_full_padded_forward(model, padded, *layouts):
+    """Each layout's ``sequence_logprobs`` gives the logprobs and entropies (temperature 0.7) of a padded forward
+    with the LM head on every position, 0 off the responses, and the gradient of their sum."""
+    from grpo_ray.algo.logprobs import sequence_logprobs, token_logprobs
+
+    mask = padded.response_mask.bool()
+    forwards = [lambda: token_logprobs(model, padded.input_ids, padded.attention_mask, 0.7, True)]
+    forwards += [lambda seqs=seqs: sequence_logprobs(model, seqs, "cpu", 0.7, True) for seqs in layouts]
+    grads, outs = [], []
+    for forward in forwards:
+        model.zero_grad()
+        logp, entropy = forward()
+        (logp * padded.response_mask).sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+        outs.append((logp, entropy))
+    (want_logp, want_entropy), *got = outs
+    for (logp, entropy), grad in zip(got, grads[1:]):
+        assert torch.allclose(logp[mask], want_logp[mask], atol=1e-5)
+        assert torch.allclose(entropy[mask], want_entropy[mask], atol=1e-5)
+        assert not logp[~mask].any() and not entropy[~mask].any()  # no logits off the responses
+        assert torch.allclose(grad, grads[0], atol=1e-4, rtol=1e-3)
+
+
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_packed_forward_gives_the_padded_logprobs_and_gradients(built, arch):
     """Several samples to a row (model.sequence_packing), the LM head on response positions only: each sample's
@@ -92,7 +115,6 @@ def test_packed_forward_gives_the_padded_logprobs_and_gradients(built, arch):
     import random
 
     from grpo_ray.algo.batching import collate, micro_batches
-    from grpo_ray.algo.logprobs import sequence_logprobs, token_logprobs
 
     model = models.load_causal_lm(built[arch], torch.float32)
     rng, vocab = random.Random(0), model.config.vocab_size
@@ -102,23 +124,7 @@ def test_packed_forward_gives_the_padded_logprobs_and_gradients(built, arch):
     padded = collate([pairs[i] for i in micro], 0)
     packed = collate([pairs[i] for i in micro], 0, capacity)
     assert packed.packed.input_ids.shape[0] < len(micro)  # rows really are shared
-    mask = padded.response_mask.bool()
-    full_head = lambda: token_logprobs(model, padded.input_ids, padded.attention_mask, 0.7, True)  # noqa: E731
-    grads, outs = [], []
-    for forward in (full_head, lambda: sequence_logprobs(model, padded, "cpu", 0.7, True),
-                    lambda: sequence_logprobs(model, packed, "cpu", 0.7, True)):
-        model.zero_grad()
-        logp, entropy = forward()
-        (logp * padded.response_mask).sum().backward()
-        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
-        outs.append((logp, entropy))
-    (want_logp, want_entropy), *heads_on_responses = outs
-    for logp, entropy in heads_on_responses:
-        assert torch.allclose(logp[mask], want_logp[mask], atol=1e-5)
-        assert torch.allclose(entropy[mask], want_entropy[mask], atol=1e-5)
-        assert not logp[~mask].any() and not entropy[~mask].any()  # no logits off the responses
-    assert torch.allclose(grads[1], grads[0], atol=1e-4, rtol=1e-3)
-    assert torch.allclose(grads[2], grads[0], atol=1e-4, rtol=1e-3)
+    assert_same_as_full_padded_forward(model, padded, padded, packed)
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
@@ -130,7 +136,6 @@ def test_shared_prompt_forward_gives_the_padded_logprobs_and_gradients(built, ar
     import random
 
     from grpo_ray.algo.batching import collate
-    from grpo_ray.algo.logprobs import sequence_logprobs, token_logprobs
 
     model = models.load_causal_lm(built[arch], torch.float32)
     rng, vocab = random.Random(1), model.config.vocab_size
@@ -139,17 +144,21 @@ def test_shared_prompt_forward_gives_the_padded_logprobs_and_gradients(built, ar
     pairs = [(prompts[k], word(rng.randint(1, 20))) for k in (0, 0, 0, 1, 1, 2, 3, 3, 0)] + [(prompts[3], [])]
     padded, shared = collate(pairs, 0), collate(pairs, 0, shared=True)
     assert shared.shared.prompt_ids.shape[0] == 4 and shared.shared.input_ids.shape[0] < len(pairs)
-    mask = padded.response_mask.bool()
-    grads, outs = [], []
-    for forward in (lambda: token_logprobs(model, padded.input_ids, padded.attention_mask, 0.7, True),
-                    lambda: sequence_logprobs(model, shared, "cpu", 0.7, True)):
-        model.zero_grad()
-        logp, entropy = forward()
-        (logp * padded.response_mask).sum().backward()
-        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
-        outs.append((logp, entropy))
-    (want_logp, want_entropy), (logp, entropy) = outs
-    assert torch.allclose(logp[mask], want_logp[mask], atol=1e-5)
-    assert torch.allclose(entropy[mask], want_entropy[mask], atol=1e-5)
-    assert not logp[~mask].any() and not entropy[~mask].any()
-    assert torch.allclose(grads[1], grads[0], atol=1e-4, rtol=1e-3)
+    assert_same_as_full_padded_forward(model, padded, shared)
+
+
+def test_shared_prompt_forward_keeps_sliding_windows(built):
+    """Gemma 3's sliding-window layers, with a window shorter than the sequences: each kind of layer gets its own
+    mask with shared prompts, and the result is still the padded forward's (which transformers masks itself)."""
+    import random
+
+    from grpo_ray.algo.batching import collate
+
+    model = models.load_causal_lm(built["gemma3"], torch.float32)
+    assert "sliding_attention" in model.config.layer_types
+    model.config.sliding_window = 6
+    rng, vocab = random.Random(2), model.config.vocab_size
+    word = lambda n: [rng.randrange(3, vocab) for _ in range(n)]  # noqa: E731
+    prompts = [word(9), word(4)]
+    pairs = [(prompts[k], word(rng.randint(3, 15))) for k in (0, 0, 0, 1, 1)]
+    assert_same_as_full_padded_forward(model, collate(pairs, 0), collate(pairs, 0, shared=True))
