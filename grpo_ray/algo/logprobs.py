@@ -60,9 +60,9 @@ def sequence_logprobs(model, seqs: Sequences, device, temperature: float = 1.0, 
     """``token_logprobs`` of the response tokens of `seqs` in their [B, L-1] layout (0 off ``response_mask``),
     whether the forward runs on them padded, packed (``seqs.packed``) or with each prompt run once
     (``seqs.shared``)."""
-    keep = seqs.response_mask.to(device).bool()
     if seqs.shared is not None:
         return shared_prompt_logprobs(model, seqs, device, temperature, with_entropy)
+    keep = seqs.response_mask.to(device).bool()
     if seqs.packed is None:
         return token_logprobs(model, seqs.input_ids.to(device), seqs.attention_mask.to(device), temperature,
                               with_entropy, keep=keep)

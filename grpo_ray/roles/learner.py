@@ -97,13 +97,14 @@ class Learner(RoleActor):
     # --- training --------------------------------------------------------------------
 
     def _micro_batches(self, indices: list[int], pairs: list) -> tuple[list[list[int]], int]:
-        """This rank's micro batches of `indices`, and their row capacity when packed (model.sequence_packing)."""
+        """This rank's micro batches of `indices`, and their row capacity when packed (model.sequence_packing; with
+        model.shared_prompt, runs of whole groups where they fit)."""
         m = self.recipe.model
         return micro_batches(indices, pairs, self.recipe.learner.micro_batch_size, m.sequence_packing, m.shared_prompt)
 
     def _logprobs(self, pairs, capacity: int, with_entropy=False, temperature: float | None = None):
-        """Padded sequences of `pairs` (packed into rows of `capacity` for the forward, unless 0) and the
-        logprobs of each next token (at the sampling temperature)."""
+        """Padded sequences of `pairs` (for the forward packed into rows of `capacity`, unless 0, or each prompt
+        run once with model.shared_prompt) and the logprobs of each next token (at the sampling temperature)."""
         seqs = collate(pairs, self.pad_id, capacity, self.recipe.model.shared_prompt)
         t = self.recipe.generator.sampling.temperature if temperature is None else temperature
         logp, entropy = sequence_logprobs(self.model, seqs, self.device, t, with_entropy)
