@@ -9,7 +9,8 @@ gloo -> the engine's worker extension -> vLLM's in-place reload) and reports per
     over gloo between as many processes, in the same run;
   - where the time goes: on learner rank 0 gather (FSDP all-gathers waited on), cast (copies into buckets),
     broadcast (waits on the wire); on the engine broadcast (waits) and load (vLLM's reload); then the probe;
-  - a sync as the controller runs it: the push with each side's probe in its push call (``push(probe=True)``),
+  - a sync as the controller runs it: the push with the probe as part of it (``push(probe=True)``: the engine's
+    at the end of its receive call, the learner's started once it has sent),
     against the push and then the probe;
   - the extra peak RSS of learner rank 0 and of the engine during the push (peak since a reset just before,
     minus RSS then), against the bound 2 FSDP units + 2 buckets.
@@ -129,8 +130,9 @@ def markdown(report: dict) -> str:
     for r in report["runs"]:
         lines.append(f"| {r['bucket_mb']} MiB | " + " | ".join(f"{v:.3f}" for v in r["phases_s"].values()) + " |")
     lines += ["", "A sync as the controller runs it, push and probe (seconds, median): one after the other, and with "
-              "each side's probe at the end of its push call (the learner's forward while the engine loads):", "",
-              "| bucket | push, then probe | push with the probe in its calls |", "| --- | --- | --- |"]
+              "the probe as part of the push (the engine's at the end of its receive call, the learner's started once it "
+              "has sent, while the engine loads):", "",
+              "| bucket | push, then probe | push with the probe |", "| --- | --- | --- |"]
     for r in report["runs"]:
         lines.append(f"| {r['bucket_mb']} MiB | {r['push_s'] + r['phases_s']['probe']:.3f} | {r['fused_s']:.3f} |")
     lines += ["", "Extra peak RSS during a push (GB; peak since a reset just before the push, minus RSS then), against "

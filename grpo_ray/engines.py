@@ -87,11 +87,14 @@ class Engines:
 
     def push(self, version: int, probe: bool = False) -> tuple[list[dict], list[dict]]:
         """Learner rank 0 broadcasts (all ranks gather), every engine receives and loads; the workers' timings.
-        With `probe`, each side also computes the probe's logprobs in the same call (their "probe")."""
+        With `probe`, both sides' probe logprobs too (their "probe"): each engine's at the end of its receive
+        call, the learner's sent once its ranks have sent, so it runs while the engines still load. (Not inside
+        the learner's push call: a rank whose send failed would leave the others alone in the probe's
+        collective forward.)"""
         bucket, metas, actors = self.r.trainer.bucket_mb << 20, self.pools.metas, self.pools.actors
-        ids = self.probe_ids if probe else None
-        sends = [l.push_weights.remote(metas, bucket, ids) for l in actors["learner"]]
-        receives = [g.receive_weights.remote(metas, bucket, version, ids) for g in actors["generator"]]
+        sends = [l.push_weights.remote(metas, bucket) for l in actors["learner"]]
+        receives = [g.receive_weights.remote(metas, bucket, version, self.probe_ids if probe else None)
+                    for g in actors["generator"]]
         timeout = self.r.trainer.sync_timeout_s + self.r.generator.timeout_s
         try:
             pushed = self.pools.call(sends, "weight send", timeout)
@@ -99,13 +102,16 @@ class Engines:
             if e.died:  # a learner rank is gone with its shard of the state: nothing to replace it with
                 raise RunError(f"{e}; resume from the last checkpoint") from None
             raise
+        probes = [l.probe_logprobs.remote(self.probe_ids) for l in actors["learner"]] if probe else []
         received = self.pools.call(receives, "weight receive", timeout)
+        if probes:
+            pushed[0]["probe"] = self.pools.call(probes, "learner probe")[0]
         self.version = version
         return pushed, received
 
     def sync(self) -> dict[str, float]:
         """Push the learner's weights to every engine and check them with the probe, whose logprobs each side
-        computes at the end of its push call (the learner's while the engines load). A push that fails (a
+        computes as part of the push (``push``: the learner's while the engines load). A push that fails (a
         receiver lost mid-broadcast) replaces the lost engines and pushes again, once. It starts on an engine when
         the generation sent before it ends: sync/seconds is the push as the engines see it, timing_s/sync_weights
         the controller's wait, that generation and the probe included."""

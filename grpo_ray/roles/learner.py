@@ -373,12 +373,10 @@ class Learner(RoleActor):
             self.sync_group = sync.SyncGroup(sync.backend_for(self.recipe.cluster.device), host, port, 0, world_size,
                                              timeout_s)
 
-    def push_weights(self, metas: list[sync.WeightMeta], bucket_bytes: int,
-                     probe_ids: list[int] | None = None) -> dict:
+    def push_weights(self, metas: list[sync.WeightMeta], bucket_bytes: int) -> dict[str, float]:
         """Stream the full weights to the engines, bucket by bucket: every rank sends its shards of the bucket to
         rank 0 (cast to the wire dtype), which broadcasts the bucket while the next one is assembled. No rank
-        unshards anything. Returns rank 0's seconds per phase (gather, broadcast), in all, and the bytes sent;
-        with `probe_ids`, also the probe's logprobs ("probe"), computed while the engines load."""
+        unshards anything. Returns rank 0's seconds per phase (gather, broadcast), in all, and the bytes sent."""
         start, phases = time.perf_counter(), sync.Phases()
         fsdp.reshard(self.model)
         rows_of, buckets = {n: rows for n, (_, rows) in self.engine_weights.items()}, sync.plan_buckets(metas, bucket_bytes)
@@ -405,8 +403,7 @@ class Learner(RoleActor):
             sent = 0
             for bucket in buckets:
                 fsdp.gather_bucket(rows_of, metas, bucket, None, phases)
-        pushed = {"seconds": time.perf_counter() - start, "bytes": float(sent), **dict(phases.seconds)}
-        return {**pushed, "probe": self.probe_logprobs(probe_ids)} if probe_ids else pushed
+        return {"seconds": time.perf_counter() - start, "bytes": float(sent), **dict(phases.seconds)}
 
     def shutdown(self) -> None:
         if dist.is_initialized():
