@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_bench_smoke(tmp_path):
-    res = subprocess.run([sys.executable, "benchmarks/bench.py", "--steps", "1", "--reps", "1", "--no-sweep",
+    res = subprocess.run([sys.executable, "benchmarks/bench.py", "--warmup", "1", "--steps", "1", "--reps", "1", "--no-sweep",
                           "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-4000:]
     main = json.loads((tmp_path / "results.json").read_text())["main"]
