@@ -70,8 +70,11 @@ BIG = "tiny://qwen2?layers=8&hidden=1024&heads=8&kv_heads=2&vocab=8000&tie=0&see
 @pytest.mark.slow
 def test_push_memory_stays_within_two_units_and_two_buckets(ray_local, tmp_path):
     """122M parameters (490 MB in float32), 2 learner ranks, a real engine, 32 MiB buckets: the extra peak RSS of
-    learner rank 0 and of the engine during a push stays within 1.25 x (2 FSDP units + 2 buckets), about 40% of the
-    model; before streaming they took 0.36 and 0.54 GB extra (benchmarks/results/sync.md)."""
+    learner rank 0 during a push stays within 1.25 x (2 FSDP units + 2 buckets), about 40% of the model, and the
+    engine's within 1.5 x: its peak also holds vLLM's reload repacking each layer (the packed copy beside the old)
+    and what glibc keeps of those frees, which varies run to run (0.18-0.24 GB measured here). Receiving all at once
+    would take at least the model (0.49 GB) on either side; before streaming they took 0.36 and 0.54 GB extra
+    (benchmarks/results/sync.md)."""
     recipe = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", [
         f"model.path={BIG}", f"trainer.output_dir={tmp_path}", "trainer.bucket_mb=32", "algorithm.kl_coef=0",
         "data.response_prefix=''", "data.train_batch_size=4", "learner.mini_batch_size=64", "learner.micro_batch_size=16"])
@@ -89,7 +92,7 @@ def test_push_memory_stays_within_two_units_and_two_buckets(ray_local, tmp_path)
         peaks = ray_local.get([learner.peak_rss_since_mark.remote(), engine.peak_rss_since_mark.remote()])
         extra = [(p - b) * 1e9 for p, b in zip(peaks, before)]
         assert extra[0] <= 1.25 * bound, (extra, bound)
-        assert extra[1] <= 1.25 * bound, (extra, bound)
+        assert extra[1] <= 1.5 * bound < model, (extra, bound)
         assert pushed[0]["bytes"] == model and received[0]["load"] > 0
         assert c.engines.probe() < 5e-6  # float32 on both sides: the 1e-7 level
     finally:
