@@ -72,7 +72,7 @@ def test_push_memory_stays_within_two_units_and_two_buckets(ray_local, tmp_path)
     """122M parameters (490 MB in float32), 2 learner ranks, a real engine, 32 MiB buckets: the extra peak RSS of
     learner rank 0 during a push stays within 1.25 x (2 FSDP units + 2 buckets), about 40% of the model, and the
     engine's within 1.5 x: its peak also holds vLLM's reload repacking each layer (the packed copy beside the old)
-    and what glibc keeps of those frees, which varies run to run (0.18-0.24 GB measured here). Receiving all at once
+    and what glibc keeps of those frees, which varies run to run (0.18-0.25 GB measured here). Receiving all at once
     would take at least the model (0.49 GB) on either side; before streaming they took 0.36 and 0.54 GB extra
     (benchmarks/results/sync.md)."""
     recipe = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", [
