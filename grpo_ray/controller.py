@@ -73,6 +73,8 @@ class Controller:
         """The learner's weights: updates that changed them."""
         self.inflight: dict[int, Batch] = {}
         """Batches launched ahead of their step (max_staleness >= 1)."""
+        self.learner_probe: list[float] | None = None
+        """The learner's probe logprobs at its weights now (its last update computed them), for the sync's check."""
         self.last_update: tuple[float, float] = (0.0, 0.0)
         """Wall-clock window of the last learner update, to measure what generation overlapped it."""
         self.pools = Pools(recipe, inputs.model_path)
@@ -108,7 +110,8 @@ class Controller:
         advantages = estimate(r.algorithm.adv_estimator, rewards, G, lengths, r.algorithm.norm_adv_by_std).tolist()
         trained, ref_work = self.train_on(rollouts, advantages, refs)
         self.version += self.updated(trained)
-        synced = self.engines.sync() if self.push_due(step) else NO_SYNC  # waits for the generation ahead of it
+        memory = self.pools.ask_memory()  # answered while the weights go out: a push's own peak shows a step later
+        synced = self.engines.sync(self.learner_probe) if self.push_due(step) else NO_SYNC  # waits for generation ahead
         if r.trainer.dump_rollouts:
             self.dump(f"train_data_step{step}", step, rollouts, scores, advantages)
         seconds = time.perf_counter() - start
@@ -120,7 +123,7 @@ class Controller:
                 "reward/overlong_penalty/mean": penalty.mean().item(),
                 **perf_metrics(stats, trained, seconds, self.pools.facts, self.pools.devices(), self.r),
                 **pool_metrics(work, {p: len(a) for p, a in self.pools.actors.items()}, seconds),
-                **self.pools.memory(), "fault/generator_restarts": self.pools.generator_restarts,
+                **self.pools.memory(memory), "fault/generator_restarts": self.pools.generator_restarts,
                 "fault/skipped_steps": self.skipped["total"], "timing_s/step": seconds}
 
     def overlaps(self, step: int) -> bool:
@@ -219,12 +222,14 @@ class Controller:
 
     def train_on(self, rollouts: list, advantages: list[float], refs: list) -> tuple[dict[str, float], list[Work]]:
         """One learner step on the rollouts behind the refs, with reference logprobs when there is a KL term;
-        the learner's metrics and the reference actors' work."""
+        the learner's metrics and the reference actors' work. Keeps the learner's probe logprobs of its new weights
+        (``learner_probe``), for the sync that pushes them."""
         ref_lps = [lp for lp, _ in refs] or None
         keep_from = min([self.engines.version] + [b.version for b in self.inflight.values()])
-        trained = self._get([l.train.remote(rollouts, ref_lps, advantages, self.version, keep_from)
+        probe = self.inputs.probe_ids if self.pools.actors["generator"] else None
+        trained = self._get([l.train.remote(rollouts, ref_lps, advantages, self.version, keep_from, probe)
                              for l in self.pools.actors["learner"]], "learner train")[0]
-        self.last_update = trained.pop("timing_s/update_window")
+        self.last_update, self.learner_probe = trained.pop("timing_s/update_window"), trained.pop("probe", None)
         ref_work = self._get([w for _, w in refs], "reference") if refs else []
         if ref_work:  # with LoRA the learner scores the reference itself (timing_s/ref is its own)
             trained["timing_s/ref"] = max(w.seconds for w in ref_work)

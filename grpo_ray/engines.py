@@ -85,12 +85,13 @@ class Engines:
         gens = self.pools.call(gens, "generator probe", self.r.generator.timeout_s)
         return probe_diff(gens, self.pools.call(learners, "learner probe")[0])
 
-    def push(self, version: int, probe: bool = False) -> tuple[list[dict], list[dict]]:
+    def push(self, version: int, probe: bool | list[float] = False) -> tuple[list[dict], list[dict]]:
         """Learner rank 0 broadcasts (all ranks gather), every engine receives and loads; the workers' timings.
         With `probe`, both sides' probe logprobs too (their "probe"): each engine's at the end of its receive
-        call, the learner's sent once its ranks have sent, so it runs while the engines still load. (Not inside
-        the learner's push call: a rank whose send failed would leave the others alone in the probe's
-        collective forward.)"""
+        call; the learner's as given (a list: from the update that made these weights, ``Learner.train``) or
+        else asked for once its ranks have sent, so it runs while the engines still load. (Not inside the
+        learner's push call: a rank whose send failed would leave the others alone in the probe's collective
+        forward.)"""
         bucket, metas, actors = self.r.trainer.bucket_mb << 20, self.pools.metas, self.pools.actors
         sends = [l.push_weights.remote(metas, bucket) for l in actors["learner"]]
         receives = [g.receive_weights.remote(metas, bucket, version, self.probe_ids if probe else None)
@@ -102,26 +103,27 @@ class Engines:
             if e.died:  # a learner rank is gone with its shard of the state: nothing to replace it with
                 raise RunError(f"{e}; resume from the last checkpoint") from None
             raise
-        probes = [l.probe_logprobs.remote(self.probe_ids) for l in actors["learner"]] if probe else []
+        asked = [l.probe_logprobs.remote(self.probe_ids) for l in actors["learner"]] if probe is True else []
         received = self.pools.call(receives, "weight receive", timeout)
-        if probes:
-            pushed[0]["probe"] = self.pools.call(probes, "learner probe")[0]
+        if probe:
+            pushed[0]["probe"] = self.pools.call(asked, "learner probe")[0] if asked else probe
         self.version = version
         return pushed, received
 
-    def sync(self) -> dict[str, float]:
+    def sync(self, learner_probe: list[float] | None = None) -> dict[str, float]:
         """Push the learner's weights to every engine and check them with the probe, whose logprobs each side
-        computes as part of the push (``push``: the learner's while the engines load). A push that fails (a
-        receiver lost mid-broadcast) replaces the lost engines and pushes again, once. It starts on an engine when
-        the generation sent before it ends: sync/seconds is the push as the engines see it, timing_s/sync_weights
-        the controller's wait, that generation and the probe included."""
+        computes as part of the push (``push``): the learner's are `learner_probe` when its update computed them,
+        else computed while the engines load. A push that fails (a receiver lost mid-broadcast) replaces the lost
+        engines and pushes again, once. It starts on an engine when the generation sent before it ends:
+        sync/seconds is the push as the engines see it, timing_s/sync_weights the controller's wait, that
+        generation and the probe included."""
         start, version = time.perf_counter(), self.learner_version()
         try:
-            pushed, received = self.push(version, probe=True)
+            pushed, received = self.push(version, learner_probe or True)
         except PoolFault as e:
             lost = self.pools.unresponsive_generators()
             self.say(f"weight sync to version {version} failed ({e}); replacing engines {lost}")
-            pushed, received = self.recover(lost, probe=True)
+            pushed, received = self.recover(lost, learner_probe or True)
         diff = probe_diff([r.pop("probe") for r in received], pushed[0].pop("probe"))
         bound = self.r.trainer.max_sync_logprob_diff
         if diff > bound:
@@ -134,7 +136,7 @@ class Engines:
                 **{f"sync/{phase}_s": sent.get(phase, 0.0) for phase in ("gather", "cast")},
                 "sync/load_s": slowest["load"], "timing_s/sync_weights": time.perf_counter() - start}
 
-    def recover(self, engines: list[int], probe: bool = False) -> tuple[list[dict], list[dict]]:
+    def recover(self, engines: list[int], probe: bool | list[float] = False) -> tuple[list[dict], list[dict]]:
         """Replace `engines`, rebuild the weight-sync group over all engines, load the learner's weights into all
         (`probe`: as in push)."""
         for i in engines:

@@ -20,8 +20,10 @@ def run_learner(ray, path, world_size, overrides, rollouts, ref_lps, advantages)
     ref_refs = [ray.put(x) for x in ref_lps] if ref_lps else None
     probe = [t for c in rollouts[0].prompts for t in c.ids]  # the weights, seen through the sync probe's path
     before = ray.get([a.probe_logprobs.remote(probe) for a in actors])[0]
-    metrics = ray.get([a.train.remote(refs, ref_refs, advantages, 0) for a in actors])
+    metrics = ray.get([a.train.remote(refs, ref_refs, advantages, 0, None, probe) for a in actors])
     after = ray.get([a.probe_logprobs.remote(probe) for a in actors])[0]
+    for m in metrics:  # the update's own probe, which the controller's sync checks the engines against
+        assert m.pop("probe") == pytest.approx(after, abs=1e-6)
     for a in actors:
         ray.kill(a)
     return metrics, torch.tensor(before), torch.tensor(after)

@@ -168,10 +168,12 @@ class Learner(RoleActor):
                     p.to_local().copy_(saved)
 
     def train(self, rollout_refs: list, ref_logprob_refs: list | None, advantages: list[float], version: int,
-              keep_from: int | None = None) -> dict[str, float]:
+              keep_from: int | None = None, probe_ids: list[int] | None = None) -> dict[str, float]:
         """One GRPO step over all samples of `rollout_refs` (Ray object refs, fetched here, not by the controller)
         with the weights of `version`. The old policy of each sample is the learner at the version that generated
-        it (snapshots of versions >= `keep_from` are kept for later batches), or the sampler's in bypass mode."""
+        it (snapshots of versions >= `keep_from` are kept for later batches), or the sampler's in bypass mode.
+        With `probe_ids`, the updated weights' ``probe_logprobs`` too ("probe"), for the sync that pushes them:
+        no call of its own then."""
         import ray
 
         lc, a = self.recipe.learner, self.recipe.algorithm
@@ -252,7 +254,7 @@ class Learner(RoleActor):
         per_token = totals / totals[METRIC_KEYS.index("tokens")]
         c = dict(zip(SUM_KEYS, corr.tolist()))
         pass_tokens = max(c["corr_tokens"], 1)
-        return {
+        metrics = {
             "actor/pg_loss": per_update[0].item(),
             "actor/kl_loss": per_update[1].item(),
             "actor/pg_clipfrac": per_token[2].item(),
@@ -275,6 +277,7 @@ class Learner(RoleActor):
             "timing_s/update_actor": time.perf_counter() - start - old_seconds - ref_seconds,
             "timing_s/update_window": (started, time.time()),
         }
+        return {**metrics, "probe": self.probe_logprobs(probe_ids)} if probe_ids else metrics
 
     def _optimizer_step(self) -> float:
         """Clip the gradients and step (skipped when their norm is not finite); the norm before clipping."""
