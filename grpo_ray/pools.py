@@ -180,10 +180,20 @@ class Pools:
             return sum(p.actors * p.gpus for p in self.plans.values())
         return sum(p.actors * p.cpus for p in self.plans.values())
 
-    def memory(self) -> dict[str, float]:
-        """Peak memory per pool: perf/max_memory_allocated_gb/<pool> (torch on a GPU) or perf/peak_rss_gb/<pool>."""
-        pools = {pool: [a.peak_memory_gb.remote() for a in actors] for pool, actors in self.actors.items() if actors}
-        got = self.call([ref for refs in pools.values() for ref in refs], "memory")
+    def ask_memory(self) -> dict[str, list]:
+        """Ask every actor for its peak memory so far; ``memory`` reads the answers."""
+        return {pool: [a.peak_memory_gb.remote() for a in actors] for pool, actors in self.actors.items() if actors}
+
+    def memory(self, asked: dict[str, list] | None = None) -> dict[str, float]:
+        """Peak memory per pool: perf/max_memory_allocated_gb/<pool> (torch on a GPU) or perf/peak_rss_gb/<pool>;
+        the answers to `asked` (``ask_memory``), or asked now if none, or if an actor asked has been replaced since."""
+        pools = asked or self.ask_memory()
+        try:
+            got = self.call([ref for refs in pools.values() for ref in refs], "memory")
+        except PoolFault:
+            if asked is None:
+                raise
+            return self.memory()
         out, i = {}, 0
         for pool, refs in pools.items():
             kind = got[i][0]
