@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import tempfile
+import threading
 import time
 
 from grpo_ray.config import GeneratorConfig, LoraConfig, SamplingConfig
@@ -37,10 +38,11 @@ def engine_env(device: str, threads: int) -> dict[str, str]:
 
 
 def trim_heap() -> None:
-    """Give the heap's free pages back to the OS (glibc's malloc_trim; a few ms). Without it, an engine's heap
-    stepped up by tens of MB late in a long run (benchmarks/soak.py). Once a generate call: fixing glibc's mmap
-    threshold at 64 KiB instead, the earlier cure, made every larger tensor a fresh mapping and generation 1.5x
-    slower (the heap lever in benchmarks/results/peer/peer.md)."""
+    """Give the heap's free pages back to the OS (glibc's malloc_trim: 2 ms on the tiny recipe's raw engine, about
+    10 ms in a generator's step). Without it, an engine's heap stepped up by tens of MB late in a long run
+    (benchmarks/soak.py). Once a generate call: fixing glibc's mmap threshold at 64 KiB instead, the earlier cure,
+    made every larger tensor a fresh mapping and generation 1.5x slower (the heap lever in
+    benchmarks/results/peer/peer.md)."""
     trim = getattr(_libc(), "malloc_trim", None)  # glibc only
     if trim:
         trim(0)
@@ -114,8 +116,8 @@ class Generator(RoleActor):
                 ids = list(c.token_ids)
                 logprobs = [lp[t].logprob for t, lp in zip(ids, c.logprobs)]
                 completions.append(Completion(i, ids, c.text, logprobs, str(c.finish_reason)))
-        if self.on_cpu:
-            trim_heap()
+        if self.on_cpu:  # in a thread: the call returns at once, the trim runs while the other pools work
+            threading.Thread(target=trim_heap, daemon=True).start()
         stats = RolloutStats(
             seconds=time.perf_counter() - start,
             window=(started, time.time()),
