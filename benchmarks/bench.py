@@ -1,6 +1,6 @@
 """grpo-ray against the raw components doing the same work, in one run.
 
-    python benchmarks/bench.py --recipe recipes/tiny-cpu.yaml --warmup 3 --steps 5 --out benchmarks/results \
+    python benchmarks/bench.py --recipe recipes/tiny-cpu.yaml --warmup 8 --steps 20 --out benchmarks/results \
         [--set KEY=VALUE ...]
 
 For the recipe it measures, side by side:
@@ -9,12 +9,15 @@ For the recipe it measures, side by side:
   - learner: our learner pool's train hop vs a raw FSDP2 forward/backward/step loop over the same
     batch with the same ranks, micro batches and threads (tokens/s and MFU);
   - weight sync: our sync hop (gather from shards, broadcast, load into vLLM, probe) vs a raw
-    ``torch.distributed.broadcast`` of the same bytes over the same backend;
-  - the end-to-end step and its breakdown; overhead = step time - (raw generation + raw learner +
-    raw broadcast + reward and reference work measured inside their actors).
+    ``torch.distributed.broadcast`` of the same bytes over the same backend (GB/s), and vLLM's in-place reload
+    of the same weights, in memory, in the raw vLLM process (``raw_reload``);
+  - the end-to-end step and its breakdown; overhead = step time - the step's raw parts: its own batch's
+    generated and trained tokens at the raw components' tokens/s, raw broadcast + raw reload, and the reward
+    and reference work measured inside their actors; the median over the steps.
 Each side after its warm-up (--warmup steps; the raw components one call), then the median of --steps steps
-(--reps calls): the same statistic on both sides. A run's first few steps are slower (vLLM's and oneDNN's
-first calls on new shapes), so one warm-up step is not enough at the tiny size.
+(--reps calls): the same statistic on both sides. A run's first steps are slower (vLLM's and oneDNN's first
+calls on new shapes; the raw side repeats one batch, so one call warms it): at the tiny size a step's overhead
+fell from 0.08-0.12 s over its first 3 timed steps after 3 warm-up steps to 0.02-0.04 s from the 8th step on.
 Then a sweep over model size and over group size x response length (end-to-end steps only).
 It writes results.json, results.md and PNG plots to --out.
 """
@@ -57,11 +60,30 @@ def raw_vllm(spec: dict) -> dict:
     for _ in range(spec["reps"]):
         start = time.perf_counter()
         out = llm.generate(prompts, params, use_tqdm=False)
-        if spec.get("trim"):
-            trim_heap()  # as the generator does after each generate
         times.append(time.perf_counter() - start)
+        if spec.get("trim"):
+            trim_heap()  # as the generator does after each generate, off the clock (the generator: in a thread)
         tokens = sum(len(c.token_ids) for o in out for c in o.outputs)
-    return {"seconds": statistics.median(times), "tokens": tokens}
+    return {"seconds": statistics.median(times), "tokens": tokens, "reload_seconds": raw_reload(llm, spec)}
+
+
+def raw_reload(llm, spec: dict) -> float:
+    """vLLM's in-place reload of the model's own weights, already in memory in the engine's dtype (what a
+    sync loads once they are received): the median of `reps` reloads after one warm-up."""
+    from safetensors.torch import load_file
+
+    from grpo_ray.roles.vllm_ext import reload_in_place
+
+    dtype = llm.llm_engine.model_config.dtype
+    weights = {k: v.to(dtype) for f in sorted(Path(spec["model"]).glob("*.safetensors")) for k, v in load_file(f).items()}
+    load = lambda worker: reload_in_place(worker, iter(weights.items()))  # noqa: E731
+    llm.collective_rpc(load)
+    times = []
+    for _ in range(spec["reps"]):
+        start = time.perf_counter()
+        llm.collective_rpc(load)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def raw_vllm_spec(r, model_path: str, prompts: list, reps: int) -> dict:
@@ -211,6 +233,11 @@ def timed_steps(overrides: list[str], warmup: int, steps: int, recipe: str = "re
         ray.shutdown()
 
 
+RAW_PARTS = [("generation", "gen_s"), ("learner", "learn_s"), ("broadcast", "sync_s"), ("vLLM reload", "reload_s"),
+             ("reward", "reward_s"), ("reference", "ref_s")]
+"""A step's raw parts (``measure``'s raw_steps): name, key."""
+
+
 def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: bool, warmup: int = 1) -> dict:
     import ray
 
@@ -224,8 +251,12 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
     from grpo_ray.types import Prompt
 
     out_dir = tempfile.mkdtemp(prefix="grpo-bench-")
+    # a learning rate too small to move an fp32 weight: every step does the same work, and the engines keep the
+    # model the raw components load, so both sides generate the same responses (a tiny model trained at the
+    # recipe's rate changes its response lengths, and with them the tokens/s, from step to step)
     r = load_recipe(recipe_path, [*overrides, f"trainer.output_dir={out_dir}", "trainer.dump_rollouts=false",
-                                  "trainer.loggers=[jsonl]", "trainer.test_freq=0", "trainer.val_before_train=false"])
+                                  "trainer.loggers=[jsonl]", "trainer.test_freq=0", "trainer.val_before_train=false",
+                                  "learner.optim.lr=1e-12"])
     inputs = setup_run(r)
     connect(r)
     c = Controller(r, inputs)
@@ -299,10 +330,20 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
         "gen_s": raw_gen["seconds"], "gen_tok_s": raw_gen["tokens"] / raw_gen["seconds"],
         "learn_s": raw_learn["seconds"], "learn_tok_s": sum(seq_lens) / raw_learn["seconds"],
         "learn_mfu": perf.mfu(flops, raw_learn["seconds"], peak, world),
-        "sync_s": raw_sync["seconds"], "sync_GBps": result["raw_sync_GBps"],
+        "sync_s": raw_sync["seconds"], "sync_GBps": result["raw_sync_GBps"], "reload_s": raw_gen["reload_seconds"],
     }
-    raw_sum = rawd["gen_s"] + rawd["learn_s"] + rawd["sync_s"] + ours["reward_s"] + ours["ref_s"]
-    result.update(raw=rawd, overhead_s=ours["step_s"] - raw_sum, overhead_share=(ours["step_s"] - raw_sum) / ours["step_s"])
+    # each timed step's own work at the raw components' speeds: its batch, not the one the raw side ran (a tiny
+    # model's response lengths vary from step to step), generated and trained at their tokens/s
+    raw_steps = []
+    for m in step_metrics:
+        gen_tokens, learn_tokens = m["response_length/mean"] * r.data.train_batch_size * G, m["perf/total_num_tokens"]
+        raw_steps.append({"step_s": m["timing_s/step"], "gen_tokens": gen_tokens, "learn_tokens": learn_tokens,
+                          "gen_s": gen_tokens / rawd["gen_tok_s"], "learn_s": learn_tokens / rawd["learn_tok_s"],
+                          "sync_s": rawd["sync_s"], "reload_s": rawd["reload_s"], "reward_s": m["timing_s/reward"],
+                          "ref_s": m["timing_s/ref"]})
+    overheads = [s["step_s"] - sum(s[k] for _, k in RAW_PARTS) for s in raw_steps]
+    result.update(raw=rawd, raw_steps=raw_steps, overhead_s=statistics.median(overheads),
+                  overhead_share=statistics.median(o / s["step_s"] for o, s in zip(overheads, raw_steps)))
     return result
 
 
@@ -352,9 +393,10 @@ def markdown(report: dict) -> str:
         f"{o['step_s']:.3f} s; breakdown (s): "
         + ", ".join(f"{k} {v:.3f}" for k, v in sorted(o["breakdown_s"].items())),
         "",
-        f"Raw parts: generation {rw['gen_s']:.3f} + learner {rw['learn_s']:.3f} + broadcast {rw['sync_s']:.4f} "
-        f"+ reward {o['reward_s']:.3f} + reference {o['ref_s']:.3f} s. "
-        f"Framework overhead: {main['overhead_s']:.3f} s = **{main['overhead_share']:.1%}** of the step "
+        "Raw parts, each step's own batch at the raw components' speeds (medians over the steps): "
+        + " + ".join(f"{name} {statistics.median(s[k] for s in main['raw_steps']):.4f}" for name, k in RAW_PARTS)
+        + f" s. Framework overhead, each step's time less its raw parts (median over the steps): "
+        f"{main['overhead_s']:.3f} s = **{main['overhead_share']:.1%}** of the step "
         f"(target <= 10%: {target(main['overhead_share'] <= 0.10)}). "
         f"Sync at {main['sync_ratio']:.2f} x the raw broadcast's GB/s (target >= 0.5: {target(main['sync_ratio'] >= 0.5)}).",
         "",
@@ -407,8 +449,8 @@ WORK = [(4, 1), (16, 1), (4, 32), (16, 32)]  # (group size, max response tokens)
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--recipe", default="recipes/tiny-cpu.yaml")
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--no-sweep", action="store_true")

@@ -19,7 +19,11 @@ def test_bench_smoke(tmp_path):
     for part in ("gen_tok_s", "learn_tok_s", "learn_mfu", "sync_GBps"):
         assert main["ours"][part] > 0 and main["raw"][part] > 0, part
     assert 0 < main["ours"]["learn_mfu"] <= 1 and main["sync_ratio"] > 0
+    (step,) = main["raw_steps"]  # the timed step's work at the raw components' speeds
+    assert step["learn_s"] == pytest.approx(step["learn_tokens"] / main["raw"]["learn_tok_s"])
+    assert step["gen_s"] == pytest.approx(step["gen_tokens"] / main["raw"]["gen_tok_s"])
+    assert 0 < step["gen_s"] and 0 < step["reload_s"] < step["step_s"]
     assert main["overhead_s"] == pytest.approx(
-        main["ours"]["step_s"] - main["raw"]["gen_s"] - main["raw"]["learn_s"] - main["raw"]["sync_s"]
-        - main["ours"]["reward_s"] - main["ours"]["ref_s"])
+        step["step_s"] - step["gen_s"] - step["learn_s"] - step["sync_s"] - step["reload_s"] - step["reward_s"]
+        - step["ref_s"])
     assert "| generation (tokens/s) |" in (tmp_path / "results.md").read_text()

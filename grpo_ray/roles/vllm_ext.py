@@ -37,6 +37,13 @@ def _refresh_cpu_lm_head(model) -> None:
             module.quant_method.process_weights_after_loading(module)
 
 
+def reload_in_place(worker, weights) -> None:
+    """Load `weights` ((name, tensor) pairs, checkpoint names) into a running engine's worker in place: vLLM's
+    reload, which processes each layer once its tensors are in, then the CPU LM head's packed copy refreshed."""
+    worker.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+    _refresh_cpu_lm_head(worker.model_runner.get_model())
+
+
 CPU_GEMM_CACHE = 4
 """oneDNN primitives kept per linear layer: the recent batch shapes. Measured: no growth over 300 new shapes,
 and a new shape costs what a cached one does (0.48 ms for a 128 x 256 layer)."""
@@ -87,7 +94,6 @@ class WeightSyncExtension:
             if self.rank == 0:
                 lora.write_adapter(adapter["dir"], tensors, adapter["alpha"])
         else:
-            self.reload_weights(weights_iterator=weights(), is_checkpoint_format=True)
-            _refresh_cpu_lm_head(self.model_runner.get_model())
+            reload_in_place(self, weights())
         total = time.perf_counter() - start
         return {"seconds": total, "broadcast": phases.seconds["broadcast"], "load": total - phases.seconds["broadcast"]}
