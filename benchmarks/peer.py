@@ -71,6 +71,11 @@ OURS = {
         ["model.shared_prompt=true"], "grpo-ray fp32",
         "each prompt run once a group (model.shared_prompt), in the learner's and the reference's forwards, instead "
         "of packing whole samples"),
+    "grpo-ray fp32, one step off, bypass, shared prompts": (
+        ["algorithm.max_staleness=1", "algorithm.rollout_correction.bypass_mode=true", "model.shared_prompt=true"],
+        "grpo-ray fp32, shared prompts",
+        "fp32, generation of the next batch overlapping this step's reference and update, the sampler's logprobs as "
+        "the old policy (no extra forward)"),
     "grpo-ray bf16, one step off, bypass, shared prompts": (
         [*ONE_STEP_OFF, "algorithm.rollout_correction.bypass_mode=true", "model.shared_prompt=true"],
         "grpo-ray bf16, one step off, bypass", "each prompt run once a group (model.shared_prompt)"),
