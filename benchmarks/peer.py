@@ -6,8 +6,9 @@
 
 Equal work, per optimizer step, on both sides:
   - the same model: a 14.3M-parameter Qwen2-shaped model built offline (random init, 384-token vocabulary),
-  - the same prompts (the quick start's task, 8 a step), 8 samples each, at most 128 response tokens at
-    temperature 1 (a random-init model rarely stops early, so almost every sample runs to 128),
+  - the same prompts (--workload select: the quick start's task, 8 a step, 8 samples each; gsm8k: GSM8K's
+    questions, 4 a step, 16 samples each), at most 128 response tokens at temperature 1 (a random-init model
+    rarely stops early, so most samples run to 128),
   - a KL term to a frozen reference (k3, coefficient 1e-3): a reference forward over every sample,
   - one optimizer step over the 64 samples (one PPO epoch, no old-policy forward),
   - the same thread budget: the machine's cores (TRL: one process with that many threads; grpo-ray: its pools
@@ -41,6 +42,17 @@ COMMON = [f"model.path={MODEL}", f"data.train_batch_size={PROMPTS}", f"algorithm
           f"algorithm.kl_coef={KL}", "algorithm.kl_estimator=k3", "learner.mini_batch_size=64",
           "learner.micro_batch_size=16", "reference.micro_batch_size=32",
           "trainer.max_sync_logprob_diff=1e-2", "trainer.total_steps=1000", "learner.optim.lr=1e-6"]
+WORKLOADS = {
+    "select": [],
+    # GSM8K's training questions (../shared/data, prepared into a temporary folder at run time): with this
+    # model's 384-token vocabulary a prompt is 259 tokens on average (GSM8K's share of a step's tokens, or more),
+    # in 4 groups of 16, a recipe's shape; prompts over 320 tokens dropped on both sides
+    "gsm8k": ["data.train_batch_size=4", "algorithm.group_size=16", "data.max_prompt_length=320",
+              "reference.micro_batch_size=16"],
+}
+"""--workload: overrides of COMMON: the quick start's task (short prompts, the issue's benchmark) or GSM8K."""
+WORKLOAD: list[str] = []
+"""The workload's overrides for this run (set by main)."""
 BF16 = ["generator.dtype=bfloat16", "learner.dtype=bfloat16"]
 ONE_STEP_OFF = [*BF16, "algorithm.max_staleness=1"]
 # grpo-ray's configurations, each one lever on top of the configuration it names (None: the first); the quick
@@ -87,7 +99,7 @@ PEERS = {"TRL fp32": {"bf16": False}, "TRL bf16": {"bf16": True}}
 
 
 def ours(name: str, overrides: list[str], warmup: int, steps: int) -> dict:
-    rows, wall = timed_steps([*COMMON, *overrides], warmup, steps)
+    rows, wall = timed_steps([*COMMON, *WORKLOAD, *overrides], warmup, steps)
     tokens = sum(m["perf/total_num_tokens"] for m in rows)
     parts = {k.split("/", 1)[1]: statistics.fmean(m[k] for m in rows) for k in rows[0]
              if k.startswith("timing_s/") and k != "timing_s/step"}
@@ -107,9 +119,9 @@ def heap_lever(reps: int) -> dict:
     from grpo_ray.types import Prompt
 
     with tempfile.TemporaryDirectory() as tmp:
-        r = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", [*COMMON, f"trainer.output_dir={tmp}/run"])
+        r = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", [*COMMON, *WORKLOAD, f"trainer.output_dir={tmp}/run"])
         inputs = setup_run(r)
-    prompts = [Prompt.from_row(uid, row) for uid, row in enumerate(inputs.train_rows[:PROMPTS])]
+    prompts = [Prompt.from_row(uid, row) for uid, row in enumerate(inputs.train_rows[:r.data.train_batch_size])]
     spec, env = raw_vllm_spec(r, inputs.model_path, prompts, reps), engine_env("cpu", os.cpu_count())
     before, after = run_child("vllm", {**spec, "trim": False}, {**env, **HEAP}), run_child("vllm", spec, env)
     return {"before_s": before["seconds"], "after_s": after["seconds"], "tokens": after["tokens"]}
@@ -121,9 +133,9 @@ def peer(name: str, settings: dict, warmup: int, steps: int) -> dict:
     from grpo_ray.setup_run import setup_run
 
     with tempfile.TemporaryDirectory() as tmp:
-        r = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", [*COMMON, f"trainer.output_dir={tmp}/run"])
+        r = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", [*COMMON, *WORKLOAD, f"trainer.output_dir={tmp}/run"])
         inputs = setup_run(r)
-        spec = {"model": inputs.model_path, "prompts": [row["prompt_text"] for row in inputs.train_rows[:512]],
+        spec = {"prompts_per_step": r.data.train_batch_size, "group": r.algorithm.group_size,"model": inputs.model_path, "prompts": [row["prompt_text"] for row in inputs.train_rows[:512]],
                 "answers": [row["reward_model"]["ground_truth"] for row in inputs.train_rows[:512]],
                 "warmup": warmup, "steps": steps, "threads": os.cpu_count(), "out": f"{tmp}/trl", **settings}
         (Path(tmp) / "spec.json").write_text(json.dumps(spec))
@@ -167,9 +179,10 @@ def trl_child(spec: dict) -> dict:
             self.logs.append(dict(logs or {}))
 
     clock = Clock()
+    n = spec["prompts_per_step"] * spec["group"]
     cfg = GRPOConfig(
-        output_dir=spec["out"], max_steps=spec["warmup"] + spec["steps"], per_device_train_batch_size=PROMPTS * GROUP,
-        gradient_accumulation_steps=1, num_generations=GROUP, max_completion_length=MAX_TOKENS, temperature=1.0,
+        output_dir=spec["out"], max_steps=spec["warmup"] + spec["steps"], per_device_train_batch_size=n,
+        gradient_accumulation_steps=1, num_generations=spec["group"], max_completion_length=MAX_TOKENS, temperature=1.0,
         beta=KL, num_iterations=1, learning_rate=1e-6, use_cpu=True, bf16=spec["bf16"],
         gradient_checkpointing=False,  # its default (True) recomputes the forward: off, TRL's faster setting
         logging_steps=1, report_to="none", save_strategy="no", seed=0, disable_tqdm=True, dataloader_num_workers=0)
@@ -179,8 +192,7 @@ def trl_child(spec: dict) -> dict:
     wall = clock.ends[-1] - clock.start
     timed = [log for log in clock.logs if "completions/mean_length" in log][spec["warmup"]:]
     completion = statistics.fmean(log["completions/mean_length"] for log in timed)
-    prompt_len = statistics.fmean(len(tok(p)["input_ids"]) for p in spec["prompts"][:PROMPTS * 4])
-    n = PROMPTS * GROUP
+    prompt_len = statistics.fmean(len(tok(p)["input_ids"]) for p in spec["prompts"][:spec["prompts_per_step"] * 4])
     return {"step_s": wall / spec["steps"], "tokens_per_s": (prompt_len + completion) * n * spec["steps"] / wall,
             "response_length": completion, "prompt_length": prompt_len}
 
@@ -193,7 +205,8 @@ def markdown(report: dict) -> str:
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gb']} GB; torch {m['torch']}, vLLM {m['vllm']}, "
         f"Ray {m['ray']}, TRL {report['trl']}; {m['date']}. `python benchmarks/peer.py --steps {report['steps']} "
-        f"--warmup {report['warmup']}`: {report['params'] / 1e6:.1f}M parameters, {PROMPTS} prompts x {GROUP} samples, "
+        f"--warmup {report['warmup']} --workload {report['workload']}`: {report['params'] / 1e6:.1f}M parameters, {report['workload']} prompts: {report['prompts_per_step']} a step "
+        f"x {report['group']} samples, "
         f"at most {MAX_TOKENS} response tokens, KL to a reference (k3, {KL}), one optimizer step a step; "
         f"{m['cores']} cores for everything. Equal work is defined in the script's docstring.",
         "",
@@ -230,8 +243,17 @@ def markdown(report: dict) -> str:
 def main() -> None:
     ap = step_parser(3, 1, "benchmarks/results/peer")
     ap.add_argument("--only", nargs="*", help="configurations to run (default: all)")
+    ap.add_argument("--workload", choices=sorted(WORKLOADS), default="select")
     args = ap.parse_args()
     from grpo_ray import models
+
+    WORKLOAD[:] = WORKLOADS[args.workload]
+    if args.workload == "gsm8k":
+        from grpo_ray.data.prepare import prepare
+
+        data = tempfile.mkdtemp(prefix="grpo-peer-gsm8k-")
+        prepare("gsm8k", str(ROOT.parent / "shared" / "data" / "gsm8k"), data)
+        WORKLOAD.append(f"data.train_files=[{data}/train.parquet]")
 
     pick = lambda name: not args.only or name in args.only  # noqa: E731
     runs = [peer(n, s, args.warmup, args.steps) for n, s in PEERS.items() if pick(n)]
@@ -240,7 +262,11 @@ def main() -> None:
     heap = heap_lever(args.steps) if pick("heap") else None
     trl = subprocess.run([sys.executable, "-c", "import trl; print(trl.__version__)"], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT / ".peer")}).stdout.strip()
-    report = {"machine": machine(), "steps": args.steps, "warmup": args.warmup, "trl": trl,
+    from grpo_ray.config import load_recipe
+
+    r = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", [*COMMON, *WORKLOAD])
+    report = {"machine": machine(), "steps": args.steps, "warmup": args.warmup, "trl": trl, "workload": args.workload,
+              "prompts_per_step": r.data.train_batch_size, "group": r.algorithm.group_size,
               "params": models.model_dims(MODEL).params, "runs": runs, "heap": heap}
     write_report(args.out, "peer", report, markdown(report))
 
