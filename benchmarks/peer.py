@@ -51,8 +51,6 @@ WORKLOADS = {
               "reference.micro_batch_size=16"],
 }
 """--workload: overrides of COMMON: the quick start's task (short prompts, the issue's benchmark) or GSM8K."""
-WORKLOAD: list[str] = []
-"""The workload's overrides for this run (set by main)."""
 BF16 = ["generator.dtype=bfloat16", "learner.dtype=bfloat16"]
 ONE_STEP_OFF = [*BF16, "algorithm.max_staleness=1"]
 # grpo-ray's configurations, each one lever on top of the configuration it names (None: the first); the quick
@@ -98,8 +96,8 @@ and the heap trimmed once a generate call). Measured on raw vLLM, as no recipe k
 PEERS = {"TRL fp32": {"bf16": False}, "TRL bf16": {"bf16": True}}
 
 
-def ours(name: str, overrides: list[str], warmup: int, steps: int) -> dict:
-    rows, wall = timed_steps([*COMMON, *WORKLOAD, *overrides], warmup, steps)
+def ours(name: str, common: list[str], overrides: list[str], warmup: int, steps: int) -> dict:
+    rows, wall = timed_steps([*common, *overrides], warmup, steps)
     tokens = sum(m["perf/total_num_tokens"] for m in rows)
     parts = {k.split("/", 1)[1]: statistics.fmean(m[k] for m in rows) for k in rows[0]
              if k.startswith("timing_s/") and k != "timing_s/step"}
@@ -110,7 +108,7 @@ def ours(name: str, overrides: list[str], warmup: int, steps: int) -> dict:
             "mismatch_kl": statistics.fmean(m["rollout_corr/kl"] for m in rows)}
 
 
-def heap_lever(reps: int) -> dict:
+def heap_lever(common: list[str], reps: int) -> dict:
     """Raw vLLM generating one step's work in the fp32 configuration, with the old heap settings and without."""
     from benchmarks.bench import raw_vllm_spec, run_child
     from grpo_ray.config import load_recipe
@@ -119,7 +117,7 @@ def heap_lever(reps: int) -> dict:
     from grpo_ray.types import Prompt
 
     with tempfile.TemporaryDirectory() as tmp:
-        r = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", [*COMMON, *WORKLOAD, f"trainer.output_dir={tmp}/run"])
+        r = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", [*common, f"trainer.output_dir={tmp}/run"])
         inputs = setup_run(r)
     prompts = [Prompt.from_row(uid, row) for uid, row in enumerate(inputs.train_rows[:r.data.train_batch_size])]
     spec, env = raw_vllm_spec(r, inputs.model_path, prompts, reps), engine_env("cpu", os.cpu_count())
@@ -127,15 +125,16 @@ def heap_lever(reps: int) -> dict:
     return {"before_s": before["seconds"], "after_s": after["seconds"], "tokens": after["tokens"]}
 
 
-def peer(name: str, settings: dict, warmup: int, steps: int) -> dict:
+def peer(name: str, common: list[str], settings: dict, warmup: int, steps: int) -> dict:
     """TRL in a child process (its own environment: PYTHONPATH=.peer)."""
     from grpo_ray.config import load_recipe
     from grpo_ray.setup_run import setup_run
 
     with tempfile.TemporaryDirectory() as tmp:
-        r = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", [*COMMON, *WORKLOAD, f"trainer.output_dir={tmp}/run"])
+        r = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", [*common, f"trainer.output_dir={tmp}/run"])
         inputs = setup_run(r)
-        spec = {"prompts_per_step": r.data.train_batch_size, "group": r.algorithm.group_size,"model": inputs.model_path, "prompts": [row["prompt_text"] for row in inputs.train_rows[:512]],
+        spec = {"model": inputs.model_path, "prompts": [row["prompt_text"] for row in inputs.train_rows[:512]],
+                "prompts_per_step": r.data.train_batch_size, "group": r.algorithm.group_size,
                 "answers": [row["reward_model"]["ground_truth"] for row in inputs.train_rows[:512]],
                 "warmup": warmup, "steps": steps, "threads": os.cpu_count(), "out": f"{tmp}/trl", **settings}
         (Path(tmp) / "spec.json").write_text(json.dumps(spec))
@@ -205,8 +204,8 @@ def markdown(report: dict) -> str:
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gb']} GB; torch {m['torch']}, vLLM {m['vllm']}, "
         f"Ray {m['ray']}, TRL {report['trl']}; {m['date']}. `python benchmarks/peer.py --steps {report['steps']} "
-        f"--warmup {report['warmup']} --workload {report['workload']}`: {report['params'] / 1e6:.1f}M parameters, {report['workload']} prompts: {report['prompts_per_step']} a step "
-        f"x {report['group']} samples, "
+        f"--warmup {report['warmup']} --workload {report['workload']}`: {report['params'] / 1e6:.1f}M parameters, "
+        f"{report['workload']} prompts: {report['prompts_per_step']} a step x {report['group']} samples, "
         f"at most {MAX_TOKENS} response tokens, KL to a reference (k3, {KL}), one optimizer step a step; "
         f"{m['cores']} cores for everything. Equal work is defined in the script's docstring.",
         "",
@@ -247,24 +246,24 @@ def main() -> None:
     args = ap.parse_args()
     from grpo_ray import models
 
-    WORKLOAD[:] = WORKLOADS[args.workload]
+    from grpo_ray.config import load_recipe
+
+    common = [*COMMON, *WORKLOADS[args.workload]]
     if args.workload == "gsm8k":
         from grpo_ray.data.prepare import prepare
 
         data = tempfile.mkdtemp(prefix="grpo-peer-gsm8k-")
         prepare("gsm8k", str(ROOT.parent / "shared" / "data" / "gsm8k"), data)
-        WORKLOAD.append(f"data.train_files=[{data}/train.parquet]")
+        common.append(f"data.train_files=[{data}/train.parquet]")
+    r = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", common)
 
     pick = lambda name: not args.only or name in args.only  # noqa: E731
-    runs = [peer(n, s, args.warmup, args.steps) for n, s in PEERS.items() if pick(n)]
-    runs += [{**ours(n, o, args.warmup, args.steps), "base": base, "lever": lever}
+    runs = [peer(n, common, s, args.warmup, args.steps) for n, s in PEERS.items() if pick(n)]
+    runs += [{**ours(n, common, o, args.warmup, args.steps), "base": base, "lever": lever}
              for n, (o, base, lever) in OURS.items() if pick(n)]
-    heap = heap_lever(args.steps) if pick("heap") else None
+    heap = heap_lever(common, args.steps) if pick("heap") else None
     trl = subprocess.run([sys.executable, "-c", "import trl; print(trl.__version__)"], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT / ".peer")}).stdout.strip()
-    from grpo_ray.config import load_recipe
-
-    r = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", [*COMMON, *WORKLOAD])
     report = {"machine": machine(), "steps": args.steps, "warmup": args.warmup, "trl": trl, "workload": args.workload,
               "prompts_per_step": r.data.train_batch_size, "group": r.algorithm.group_size,
               "params": models.model_dims(MODEL).params, "runs": runs, "heap": heap}
