@@ -308,6 +308,9 @@ class Controller:
                 self.say(f"actor logs (vLLM, transformers, Ray workers): {self.pools.log_dir()}/ "
                          "(trainer.log_level=debug shows them here)")
             self.start(self.pools_needed())
+            if self.pools.facts and not self.pools.facts["peak_tflops"]:
+                self.say(f"MFU not reported: no peak TFLOPS known for {self.pools.facts['device_name']!r}; set "
+                         "cluster.peak_tflops to report it")
             if ckpt:
                 self.say(f"resuming from {ckpt} (step {self.restore(ckpt)})")
             if self.pools.actors["generator"]:

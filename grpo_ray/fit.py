@@ -12,8 +12,9 @@ micro batch holds padded, packed or with shared prompts)
     + activations: T x L x (b(10h + 4i) + 16h) saved for backward (T x L x b h with gradient checkpointing,
       plus one layer's worth), + T x heads x S x 2b for eager attention scores on CPU; with LoRA, + T x L x b x
       the adapted layers' output widths (peft keeps each adapted layer's output once more)
-    + logits: T x V x (b + 12) (the logits, their fp32 copy, log-softmax and its gradient; only positions
-      that predict a response token get logits, so T bounds them)
+    + logits: T x V x (b + 8) (the logits, their fp32 copy, log-softmax and its gradient; only positions
+      that predict a response token get logits, so T bounds them), + T x V x 4 with an entropy term in the loss
+      (the softmax its gradient keeps; without one the entropy is a metric computed without a graph)
     + runtime (CUDA context and NCCL buffers; on CPU the process with torch, transformers and Ray,
       and the full fp32 model every rank reads before sharding)
     + sync extra: a weight push (between steps, when activations, logits and gathered layers are freed) holds 2
@@ -182,7 +183,7 @@ def learner_memory(d: ModelDims, r: Recipe, seq: int = 0) -> PoolMemory:
     parts = {
         "params": 4 * (d.params + (trained if lo.rank else 0)) / w, "grads": 4 * trained / w,
         "optimizer": 8 * trained / w, "gathered": 2 * b * unit_params(d),
-        "activations": acts, "logits": t * d.vocab * (b + 12),
+        "activations": acts, "logits": t * d.vocab * (b + 8 + (4 if r.algorithm.entropy_coeff > 0 else 0)),
     }
     if r.generator.num_engines:  # a push runs between steps, in the memory the step's working set gives back
         parts["sync_extra"] = max(0.0, 2 * bucket_bytes(d, r) - parts["gathered"] - acts - parts["logits"])

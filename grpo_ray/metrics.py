@@ -42,19 +42,18 @@ def rollout_metrics(stats: list[RolloutStats], scores: list[Scores]) -> dict[str
 
 def perf_metrics(stats: list[RolloutStats], trained: dict, step_seconds: float, facts: dict, devices: float,
                  recipe) -> dict[str, float]:
-    """Throughput and MFU of the learner (over update time and over the whole step)."""
+    """Throughput and MFU of the learner (over update time and over the whole step); MFU only where the device's
+    peak is known (``perf.device_peak_tflops``)."""
     seq_lens = [p + r for s in stats for p, r in zip(s.prompt_lengths, s.response_lengths)]
     flops = perf.step_flops(facts["dims"], seq_lens, recipe.algorithm.ppo_epochs,
                             old_logprob_pass=trained["actor/old_log_prob_recomputed"] > 0)
     update = trained["timing_s/update_actor"] + trained["timing_s/old_log_prob"]
     world = recipe.learner.world_size
-    out = {
-        "perf/total_num_tokens": sum(seq_lens),
-        "perf/throughput": perf.throughput(sum(seq_lens), step_seconds, devices),
-        "perf/mfu/actor": perf.mfu(flops, update, facts["peak_tflops"], world),
-        "perf/mfu/step": perf.mfu(flops, step_seconds, facts["peak_tflops"], world),
-        "perf/peak_tflops_per_device": facts["peak_tflops"],
-    }
+    out = {"perf/total_num_tokens": sum(seq_lens), "perf/throughput": perf.throughput(sum(seq_lens), step_seconds, devices)}
+    peak = facts["peak_tflops"]
+    if peak:  # unknown device and no cluster.peak_tflops: no MFU (said once at start), never a failed run
+        out.update({"perf/mfu/actor": perf.mfu(flops, update, peak, world),
+                    "perf/mfu/step": perf.mfu(flops, step_seconds, peak, world), "perf/peak_tflops_per_device": peak})
     return out
 
 

@@ -18,14 +18,6 @@ from __future__ import annotations
 
 from math import comb
 
-# Dense bf16 peak TFLOPS per device (vendor datasheets, without sparsity).
-PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "B200": 2250.0}
-
-
-class UnknownDeviceError(ValueError):
-    """A device with no known peak: declare one with cluster.peak_tflops."""
-
-
 def train_flops(dims, seq_lens: list[int], passes: float = 1.0) -> float:
     """FLOPs of `passes` forward+backward passes over sequences of `seq_lens` (`dims`: a models.ModelDims)."""
     tokens = sum(seq_lens)
@@ -39,15 +31,27 @@ def step_flops(dims, seq_lens: list[int], ppo_epochs: int, old_logprob_pass: boo
     return train_flops(dims, seq_lens, ppo_epochs + (1 / 3 if old_logprob_pass else 0))
 
 
-def device_peak_tflops(device_name: str, declared: float = 0.0) -> float:
-    """Peak TFLOPS of one device: the declared number if given, else the table's; unknown is an error."""
+# Dense bf16 peak TFLOPS per device (vendor datasheets, without sparsity), matched against torch's device name in
+# this order, the first match winning (so "H100 PCIe" before "H100", "A100" before "A10", "L40S" before "L40").
+# Consumer cards are listed at their rate with fp32 accumulation, the one training uses.
+PEAK_TFLOPS: list[tuple[str, float]] = [
+    (r"GB200", 2500.0), (r"B200", 2250.0), (r"B100", 1750.0),
+    (r"H100 PCIe", 756.0), (r"H100 NVL", 835.0), (r"GH200|H200|H100|H800", 989.0), (r"H20\b", 148.0),
+    (r"A100|A800", 312.0), (r"A30\b", 165.0), (r"A40\b", 149.7), (r"A10\b", 125.0),
+    (r"L40S", 362.0), (r"L40\b", 181.0), (r"L4\b", 121.0),
+    (r"RTX 6000 Ada", 364.2), (r"RTX A6000", 154.8), (r"RTX 4090", 165.2), (r"RTX 3090", 71.0),
+    (r"MI325X|MI300X", 1307.4), (r"MI250X", 383.0),
+]
+
+
+def device_peak_tflops(device_name: str, declared: float = 0.0) -> float | None:
+    """Peak TFLOPS of one device: the declared number if given, else the table's; None when neither knows it
+    (MFU is then not reported: a metric never stops a run)."""
+    import re
+
     if declared > 0:
         return declared
-    for key, peak in PEAK_TFLOPS.items():
-        if key in device_name:
-            return peak
-    raise UnknownDeviceError(f"no peak FLOPS known for device {device_name!r}; set cluster.peak_tflops "
-                             f"(known: {', '.join(PEAK_TFLOPS)})")
+    return next((peak for pattern, peak in PEAK_TFLOPS if re.search(pattern, device_name)), None)
 
 
 def mfu(flops: float, seconds: float, peak_tflops: float, devices: int) -> float:

@@ -52,9 +52,9 @@ class SFTController(Controller):
         seconds = time.perf_counter() - start
         lengths = [len(row["prompt_ids"]) + len(row["target_ids"]) for row in rows]
         facts, ranks = self.pools.facts, self.r.learner.world_size
-        return {**trained, "perf/mfu": perf.mfu(perf.train_flops(facts["dims"], lengths), seconds,
-                                                 facts["peak_tflops"], ranks),
-                "perf/throughput": perf.throughput(sum(lengths), seconds, ranks),
+        mfu = {"perf/mfu": perf.mfu(perf.train_flops(facts["dims"], lengths), seconds, facts["peak_tflops"], ranks)
+               } if facts["peak_tflops"] else {}
+        return {**trained, **mfu, "perf/throughput": perf.throughput(sum(lengths), seconds, ranks),
                 "response_length/mean": sum(len(row["target_ids"]) for row in rows) / len(rows),
                 **self.pools.memory(), "timing_s/step": seconds}
 

@@ -64,10 +64,14 @@ def free_address() -> tuple[str, int]:
     """This node's IP and a free TCP port, for a process group's store."""
     import ray
 
-    ip = ray.util.get_node_ip_address()
+    return ray.util.get_node_ip_address(), free_port()
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now."""
     with socket.socket() as s:
         s.bind(("", 0))
-        return ip, s.getsockname()[1]
+        return s.getsockname()[1]
 
 
 class Phases:

@@ -162,3 +162,22 @@ def test_shared_prompt_forward_keeps_sliding_windows(built):
     prompts = [word(9), word(4)]
     pairs = [(prompts[k], word(rng.randint(3, 15))) for k in (0, 0, 0, 1, 1)]
     assert_same_as_full_padded_forward(model, collate(pairs, 0), collate(pairs, 0, shared=True))
+
+
+def test_entropy_carries_a_gradient_only_when_asked(built):
+    """Without an entropy term in the loss the entropies are a metric: no graph (whose [tokens, vocab] tensor would
+    hold memory until the micro batch ends), the same values, and the same logprob gradients."""
+    from grpo_ray.algo.batching import collate
+    from grpo_ray.algo.logprobs import sequence_logprobs
+
+    model = models.load_causal_lm(built["qwen2"], torch.float32)
+    seqs = collate([([5, 6, 7], [8, 9]), ([5, 6], [10, 11, 12])], 0, capacity=6)
+    outs = []
+    for grad in (True, False):
+        model.zero_grad()
+        logp, entropy = sequence_logprobs(model, seqs, "cpu", 0.7, True, entropy_grad=grad)
+        (logp * seqs.response_mask).sum().backward()
+        outs.append((entropy, torch.cat([p.grad.flatten() for p in model.parameters()])))
+    (with_grad, g1), (without, g2) = outs
+    assert with_grad.requires_grad and not without.requires_grad
+    assert torch.equal(with_grad.detach(), without) and torch.equal(g1, g2)

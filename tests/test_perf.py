@@ -63,8 +63,16 @@ def test_device_peaks():
     assert perf.device_peak_tflops("NVIDIA H100 80GB HBM3") == 989.0
     assert perf.device_peak_tflops("NVIDIA B200") == 2250.0
     assert perf.device_peak_tflops("Some CPU", declared=1.5) == 1.5
-    with pytest.raises(perf.UnknownDeviceError, match="set cluster.peak_tflops"):
-        perf.device_peak_tflops("NVIDIA A10G")
+    # the table's order matters: a longer name must not be taken for a shorter one it contains
+    assert perf.device_peak_tflops("NVIDIA H100 PCIe") == 756.0
+    assert perf.device_peak_tflops("NVIDIA A100-SXM4-80GB") == 312.0
+    assert perf.device_peak_tflops("NVIDIA A10") == 125.0
+    assert perf.device_peak_tflops("NVIDIA L40S") == 362.0 and perf.device_peak_tflops("NVIDIA L40") == 181.0
+    assert perf.device_peak_tflops("NVIDIA L4") == 121.0
+    assert perf.device_peak_tflops("NVIDIA GeForce RTX 4090") == 165.2
+    assert perf.device_peak_tflops("NVIDIA RTX 6000 Ada Generation") == 364.2
+    # unknown: no peak, never an error (a metric must not stop a run after its start)
+    assert perf.device_peak_tflops("Tesla T4") is None and perf.device_peak_tflops("NVIDIA A10G") is None
     assert 0 < perf.measure_cpu_peak_tflops(size=256, repeats=2, trials=2) < 100
 
 

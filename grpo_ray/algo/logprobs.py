@@ -12,8 +12,10 @@ from grpo_ray.algo.batching import Sequences
 def token_logprobs(
     model, input_ids: torch.Tensor, attention_mask, temperature: float = 1.0, with_entropy: bool = False,
     position_ids: torch.Tensor | None = None, keep: torch.Tensor | None = None, past_key_values=None,
+    entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log p(x_t | x_<t) for t = 1..T-1 ([B, T-1]), and the entropy of each of those distributions.
+    """log p(x_t | x_<t) for t = 1..T-1 ([B, T-1]), and the entropy of each of those distributions (without a
+    gradient unless `entropy_grad`: a metric alone needs none, and its graph would keep a [tokens, vocab] tensor).
 
     Logits are divided by the sampling temperature, as the sampler did before drawing. With `keep` ([B, T-1]
     bool), only those positions get logits (the LM head runs on their hidden states alone); the others hold 0.
@@ -26,18 +28,23 @@ def token_logprobs(
         logits, targets = logits[:, :-1], input_ids[:, 1:]
     else:
         targets = input_ids[:, 1:][keep]
-    logp, entropy = _logprobs_of(logits, targets, temperature, with_entropy)
+    logp, entropy = _logprobs_of(logits, targets, temperature, with_entropy, entropy_grad)
     if keep is not None:
         place = lambda v: torch.zeros(keep.shape, dtype=v.dtype, device=v.device).masked_scatter(keep, v)  # noqa: E731
         logp, entropy = place(logp), None if entropy is None else place(entropy)
     return logp, entropy
 
 
-def _logprobs_of(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
-    """log p(target) under logits / temperature, and the distribution's entropy (or None)."""
+def _logprobs_of(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool,
+                 entropy_grad: bool = True):
+    """log p(target) under logits / temperature, and the distribution's entropy (or None; with a gradient only if
+    `entropy_grad`)."""
     logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return logp, -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
+    if not with_entropy:
+        return logp, None
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        return logp, -(logp_all.exp() * logp_all).sum(-1)
 
 
 @contextlib.contextmanager
@@ -55,31 +62,32 @@ def head_on(model, keep: torch.Tensor | None):
         handle.remove()
 
 
-def sequence_logprobs(model, seqs: Sequences, device, temperature: float = 1.0, with_entropy: bool = False
-                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def sequence_logprobs(model, seqs: Sequences, device, temperature: float = 1.0, with_entropy: bool = False,
+                      entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``token_logprobs`` of the response tokens of `seqs` in their [B, L-1] layout (0 off ``response_mask``),
     whether the forward runs on them padded, packed (``seqs.packed``) or with each prompt run once
     (``seqs.shared``)."""
     if seqs.shared is not None:
-        return shared_prompt_logprobs(model, seqs, device, temperature, with_entropy)
+        return shared_prompt_logprobs(model, seqs, device, temperature, with_entropy, entropy_grad)
     keep = seqs.response_mask.to(device).bool()
     if seqs.packed is None:
         return token_logprobs(model, seqs.input_ids.to(device), seqs.attention_mask.to(device), temperature,
-                              with_entropy, keep=keep)
+                              with_entropy, keep=keep, entropy_grad=entropy_grad)
     p = seqs.packed
     index = p.index.to(device)
     rows, width = p.input_ids.shape
     packed_keep = torch.zeros(rows * (width - 1), dtype=torch.bool, device=device)
     packed_keep[index[keep]] = True
     logp, entropy = token_logprobs(model, p.input_ids.to(device), None, temperature, with_entropy,
-                                   p.position_ids.to(device), packed_keep.view(rows, width - 1))
+                                   p.position_ids.to(device), packed_keep.view(rows, width - 1),
+                                   entropy_grad=entropy_grad)
     inside, at = index >= 0, index.clamp(min=0)
     unpack = lambda v: torch.where(inside, v.reshape(-1)[at], 0.0)  # noqa: E731
     return unpack(logp), None if entropy is None else unpack(entropy)
 
 
-def shared_prompt_logprobs(model, seqs: Sequences, device, temperature: float = 1.0, with_entropy: bool = False
-                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def shared_prompt_logprobs(model, seqs: Sequences, device, temperature: float = 1.0, with_entropy: bool = False,
+                           entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``sequence_logprobs`` with each distinct prompt run once (``seqs.shared``, model.shared_prompt): a forward
     of the prompts keeps their keys and values (gradients flow back through them) and predicts each one's first
     response token; a forward of the response rows attends to its prompt's keys and values and to its own
@@ -101,9 +109,10 @@ def shared_prompt_logprobs(model, seqs: Sequences, device, temperature: float = 
     keep = (segment[:, :-1] >= 0) & (segment[:, :-1] == segment[:, 1:])  # predicts its own response's next token
     mask = _row_masks(model, plen[row_prompt], width, segment, positions)
     row_logp, row_entropy = token_logprobs(model, s.input_ids.to(device), mask, temperature, with_entropy,
-                                           positions, keep, rows)
+                                           positions, keep, rows, entropy_grad)
     first = s.first.to(device)
-    first_logp, first_entropy = _logprobs_of(first_logits[first[:, 0]], first[:, 1], temperature, with_entropy)
+    first_logp, first_entropy = _logprobs_of(first_logits[first[:, 0]], first[:, 1], temperature, with_entropy,
+                                             entropy_grad)
     index = s.index.to(device)
     inside, at = index >= 0, index.clamp(min=0)
     unpack = lambda a, b: torch.where(inside, torch.cat([a, b.reshape(-1)])[at], 0.0)  # noqa: E731

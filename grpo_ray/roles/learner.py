@@ -64,7 +64,8 @@ class Learner(RoleActor):
         return sync.free_address()
 
     def setup(self, host: str, port: int) -> dict:
-        """Join the group, load and shard the model; returns the model's dims and this device's peak TFLOPS."""
+        """Join the group, load and shard the model; returns the model's dims, this device's name and its peak TFLOPS
+        (None when unknown: no MFU then)."""
         cfg = self.recipe.learner
         mesh = fsdp.join(self.recipe.cluster.device, host, port, self.rank, self.world_size)
         # loaded on the host; fully_shard moves one layer at a time to the device and keeps only this rank's shard
@@ -89,10 +90,11 @@ class Learner(RoleActor):
         self.pad_id = pad_id(model.config)
         declared = self.recipe.cluster.peak_tflops
         if self.device.type == "cuda":
-            peak = device_peak_tflops(torch.cuda.get_device_name(), declared)
+            name = torch.cuda.get_device_name()
+            peak = device_peak_tflops(name, declared)
         else:
-            peak = declared or measure_cpu_peak_tflops()
-        return {"dims": model_dims(self.model_path), "peak_tflops": peak}
+            name, peak = "cpu", declared or measure_cpu_peak_tflops()
+        return {"dims": model_dims(self.model_path), "peak_tflops": peak, "device_name": name}
 
     # --- training --------------------------------------------------------------------
 
@@ -104,10 +106,12 @@ class Learner(RoleActor):
 
     def _logprobs(self, pairs, capacity: int, with_entropy=False, temperature: float | None = None):
         """Padded sequences of `pairs` (for the forward packed into rows of `capacity`, unless 0, or each prompt
-        run once with model.shared_prompt) and the logprobs of each next token (at the sampling temperature)."""
+        run once with model.shared_prompt) and the logprobs of each next token (at the sampling temperature); the
+        entropies carry a gradient only when the loss has an entropy term."""
         seqs = collate(pairs, self.pad_id, capacity, self.recipe.model.shared_prompt)
         t = self.recipe.generator.sampling.temperature if temperature is None else temperature
-        logp, entropy = sequence_logprobs(self.model, seqs, self.device, t, with_entropy)
+        logp, entropy = sequence_logprobs(self.model, seqs, self.device, t, with_entropy,
+                                          entropy_grad=self.recipe.algorithm.entropy_coeff > 0)
         return seqs, logp, entropy
 
     def _score(self, pairs: list, indices: list[int]) -> dict[int, torch.Tensor]:
@@ -170,19 +174,25 @@ class Learner(RoleActor):
     def train(self, rollout_refs: list, ref_logprob_refs: list | None, advantages: list[float], version: int,
               keep_from: int | None = None, probe_ids: list[int] | None = None) -> dict[str, float]:
         """One GRPO step over all samples of `rollout_refs` (Ray object refs, fetched here, not by the controller)
-        with the weights of `version`. The old policy of each sample is the learner at the version that generated
-        it (snapshots of versions >= `keep_from` are kept for later batches), or the sampler's in bypass mode.
-        With `probe_ids`, the updated weights' ``probe_logprobs`` too ("probe"), for the sync that pushes them:
-        no call of its own then."""
+        with the weights of `version`: ``update`` on what they hold."""
         import ray
 
+        rollouts = ray.get(rollout_refs)
+        ref_lps = [lp for chunk in ray.get(ref_logprob_refs) for lp in chunk] if ref_logprob_refs else None
+        return self.update(rollouts, ref_lps, advantages, version, keep_from, probe_ids)
+
+    def update(self, rollouts: list, ref_lps: list | None, advantages: list[float], version: int,
+               keep_from: int | None = None, probe_ids: list[int] | None = None) -> dict[str, float]:
+        """One GRPO step over all samples of `rollouts` with the weights of `version` (no Ray: benchmarks/gpu.py
+        calls it directly). The old policy of each sample is the learner at the version that generated it
+        (snapshots of versions >= `keep_from` are kept for later batches), or the sampler's in bypass mode.
+        With `probe_ids`, the updated weights' ``probe_logprobs`` too ("probe"), for the sync that pushes them:
+        no call of its own then."""
         lc, a = self.recipe.learner, self.recipe.algorithm
         rc = a.rollout_correction
-        rollouts = ray.get(rollout_refs)
         pairs = flatten(rollouts)
         versions = [r.policy_version for r in rollouts for _ in r.completions]
         sampler = [c.sampler_logprobs for r in rollouts for c in r.completions]
-        ref_lps = [lp for chunk in ray.get(ref_logprob_refs) for lp in chunk] if ref_logprob_refs else None
         adv = torch.tensor(advantages, dtype=torch.float32)
         n, m = len(pairs), lc.mini_batch_size
         minis = [rank_slice(list(range(b, b + m)), self.rank, self.world_size) for b in range(0, n, m)]
