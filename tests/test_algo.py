@@ -16,7 +16,7 @@ from grpo_ray.algo.batching import (
     rank_slice,
     response_values,
 )
-from grpo_ray.algo.loss import aggregate, grpo_loss, kl_penalty, normaliser_count
+from grpo_ray.algo.loss import aggregate, grpo_loss, kept_count, kl_penalty
 
 S = 1 / math.sqrt(2)  # (1 - 0.5) / std([1, 0]) with the unbiased std sqrt(0.5)
 
@@ -49,7 +49,9 @@ def test_kl_estimators_by_hand():
 def test_aggregation_by_hand(mode, count, expected):
     values = torch.tensor([[1.0, 2.0], [3.0, 100.0]])
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
-    assert normaliser_count(mode, [2, 1], horizon=4) == count
+    assert kept_count(mode, mask, horizon=4) == count
+    assert kept_count(mode, torch.tensor([[1.0, 1.0], [0.0, 0.0]]), horizon=4) == {  # a masked sample
+        "token-mean": 2, "seq-mean-token-sum-norm": 4}.get(mode, 1)
     assert aggregate(values, mask, mode, normaliser=count).item() == pytest.approx(expected)
 
 
@@ -295,7 +297,24 @@ def test_estimators_match_the_config_choices():
 
     assert set(CHOICES["algorithm.adv_estimator"]) == set(ESTIMATORS)
     assert set(CHOICES["algorithm.loss_mode"]) == set(POLICY_LOSSES)
-    assert set(CHOICES["algorithm.loss_agg"]) == set(AGG_MODES)
+    assert set(CHOICES["algorithm.loss_agg"]) == set(AGG_MODES) | {"auto"}
+
+
+def test_gspo_takes_its_own_aggregation_unless_the_recipe_names_one():
+    """verl forces seq-mean-token-mean for GSPO; with token-mean each sequence would weigh by its length."""
+    from grpo_ray.config import AlgorithmConfig, loss_aggregation, notices
+    from tests.conftest import ROOT
+
+    assert loss_aggregation(AlgorithmConfig(loss_mode="gspo")) == "seq-mean-token-mean"
+    assert loss_aggregation(AlgorithmConfig()) == "token-mean"
+    assert loss_aggregation(AlgorithmConfig(loss_mode="gspo", loss_agg="token-mean")) == "token-mean"
+    from grpo_ray.config import load_recipe
+
+    auto = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", ["algorithm.loss_mode=gspo"])
+    assert "seq-mean-token-mean" in notices(auto)[0]
+    explicit = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", ["algorithm.loss_mode=gspo", "algorithm.loss_agg=token-mean"])
+    assert "not GSPO's objective" in notices(explicit)[0]
+    assert notices(load_recipe(ROOT / "recipes" / "tiny-cpu.yaml")) == []
 
 
 def _pg(mode, logp, old, adv, mask, **kw):

@@ -13,9 +13,12 @@ i gets its A_i (outcome supervision). For a group with rewards r_1..r_G:
 Before any estimator, DAPO's overlong buffer (``overlong_penalty``) can add a length penalty to the reward:
 0 up to max_tokens - len tokens, then falling linearly to -penalty_factor at max_tokens.
 
-std is the unbiased sample std (as verl's torch.std). A group whose rewards are all equal gets zero
-advantages under grpo and rloo: it carries no signal. A new estimator is one function here, registered
-under its name, and one value of ``algorithm.adv_estimator``.
+std is the unbiased sample std (as verl's torch.std). Estimators compute in float64 from the centred rewards
+``centred`` gives, exactly 0 for a group whose rewards are all equal: such a group carries no signal, so under grpo
+and rloo every one of its responses gets advantage 0. (verl centres in float32, where the group mean of equal
+rewards such as 0.9 or 1.2 can be one rounding step off the rewards, and that step over std + eps gives each
+response about +-0.06: a steady push, not noise. The formula gives 0, and so do we.) A new estimator is one
+function here, registered under its name, and one value of ``algorithm.adv_estimator``.
 """
 
 from __future__ import annotations
@@ -35,37 +38,43 @@ def estimator(name: str):
     return register
 
 
+def centred(grouped: torch.Tensor) -> torch.Tensor:
+    """r_i - mean(r) of each group (rows of `grouped`), exactly 0 for a group whose rewards are all equal."""
+    equal = (grouped == grouped[:, :1]).all(dim=1, keepdim=True)
+    return torch.where(equal, 0.0, grouped - grouped.mean(dim=1, keepdim=True))
+
+
 @estimator("grpo")
 def grpo(grouped: torch.Tensor, lengths: torch.Tensor, norm_by_std: bool, eps: float = 1e-6) -> torch.Tensor:
-    centred = grouped - grouped.mean(dim=1, keepdim=True)
-    return centred / (grouped.std(dim=1, keepdim=True) + eps) if norm_by_std else centred
+    c = centred(grouped)
+    return c / (grouped.std(dim=1, keepdim=True) + eps) if norm_by_std else c
 
 
 @estimator("rloo")
 def rloo(grouped: torch.Tensor, lengths: torch.Tensor, norm_by_std: bool) -> torch.Tensor:
     g = grouped.shape[1]
-    return (grouped - grouped.mean(dim=1, keepdim=True)) * g / (g - 1)
+    return centred(grouped) * g / (g - 1)
 
 
 @estimator("reinforce_plus_plus_baseline")
 def reinforce_plus_plus_baseline(grouped: torch.Tensor, lengths: torch.Tensor, norm_by_std: bool) -> torch.Tensor:
-    centred = grouped - grouped.mean(dim=1, keepdim=True)
-    w = lengths.to(centred.dtype)
+    centred_ = centred(grouped)
+    w = lengths.to(centred_.dtype)
     n = w.sum()
-    mu = (centred * w).sum() / n
-    var = ((centred - mu) ** 2 * w).sum() / (n - 1).clamp(min=1)
-    return (centred - mu) / torch.sqrt(var + 1e-8)
+    mu = (centred_ * w).sum() / n
+    var = ((centred_ - mu) ** 2 * w).sum() / (n - 1).clamp(min=1)
+    return (centred_ - mu) / torch.sqrt(var + 1e-8)
 
 
 def advantages(name: str, rewards: torch.Tensor, group_size: int, lengths: torch.Tensor | None = None,
                norm_by_std: bool = True) -> torch.Tensor:
-    """Advantages of `rewards` (length B * group_size, group after group) under estimator `name`; `lengths` are
-    the responses' token counts (only batch whitening uses them)."""
+    """Advantages of `rewards` (length B * group_size, group after group) under estimator `name` (a registered name
+    or ``module:function``), in float64; `lengths` are the responses' token counts (only batch whitening uses them)."""
     if rewards.ndim != 1 or rewards.numel() % group_size:
         raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
     lengths = torch.ones_like(rewards) if lengths is None else lengths
-    grouped = rewards.float().view(-1, group_size)
-    return ESTIMATORS[name](grouped, lengths.float().view(-1, group_size), norm_by_std).reshape(-1)
+    grouped = rewards.double().view(-1, group_size)
+    return ESTIMATORS[name](grouped, lengths.double().view(-1, group_size), norm_by_std).reshape(-1)
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, norm_by_std: bool = True) -> torch.Tensor:
@@ -77,6 +86,6 @@ def overlong_penalty(lengths: torch.Tensor, max_tokens: int, buffer_len: int, fa
     """DAPO's soft length penalty of each response: -factor * min(1, max(0, len - (max_tokens - buffer_len)) /
     buffer_len); zeros when buffer_len is 0."""
     if not buffer_len:
-        return torch.zeros_like(lengths, dtype=torch.float32)
-    over = (lengths.float() - (max_tokens - buffer_len)).clamp(min=0) / buffer_len
+        return torch.zeros_like(lengths, dtype=torch.float64)
+    over = (lengths.double() - (max_tokens - buffer_len)).clamp(min=0) / buffer_len
     return -factor * over.clamp(max=1)

@@ -4,13 +4,17 @@ the same weights (another kernel, bf16 on GPU), so the loss can weight or mask t
 Per response token t of sample i, ``old`` the learner's logprob at the version that generated the sample and
 ``sampler`` vLLM's logprob of the same token:
 
-    d_t     = old_t - sampler_t                 (clamped to [-20, 20])
-    ratio_t = exp(d_t)
+    d_t     = old_t - sampler_t
+    ratio_t = exp(clamp(d_t, -20, 20))          (verl's clamp: the exponential stays finite in float32)
 
     rollout_is = token:      w_t = min(ratio_t, threshold)          truncated IS (TIS), a weight on the
                                                                      policy-gradient term, no gradient through it
-    rollout_rs = sequence:   r_i = exp(sum_t d_t)                   sample i is masked out of the loss when
-                 geometric:  r_i = exp(mean_t d_t)                  r_i is outside [lower, upper]
+    rollout_rs = sequence:   log r_i = sum_t d_t                    sample i is masked out of the loss when
+                 geometric:  log r_i = mean_t d_t                   log r_i is outside [log lower, log upper]
+
+The sequence's log ratio adds up the tokens' unclamped differences (as verl, which clamps the sum): a sample with
+token differences [30, -20] is far off the sampler (log r = 10) and is masked, where clamping each token first
+would call it exact. The comparison is made in log space, so nothing overflows.
 
 Metrics, named as verl's ``rollout_corr/*`` (sums here; the learner divides them):
 
@@ -37,18 +41,20 @@ def rollout_correction(old: torch.Tensor, sampler: torch.Tensor, mask: torch.Ten
     policy-gradient term, the mask of the tokens kept in the loss, the metric sums (SUM_KEYS, one float64
     tensor) and the largest token ratio (0 without tokens). Tensors on the inputs' device: nothing here waits
     for the device. `rs_lower` 0 means 1 / `rs_upper`."""
-    m = mask.to(torch.float32)
-    d = ((old.float() - sampler.float()) * m).clamp(-20, 20)
+    dtype = torch.promote_types(old.dtype, torch.float32)  # at least float32 (float64 inputs stay float64)
+    m = mask.to(dtype)
+    raw = (old.to(dtype) - sampler.to(dtype)) * m
+    d = raw.clamp(-20, 20)
     ratio = d.exp()
     weights = ratio.clamp(max=is_threshold) if rollout_is == "token" else torch.ones_like(ratio)
     has_tokens = m.sum(dim=1) > 0
-    keep_seq = torch.ones_like(has_tokens, dtype=torch.float32)
+    keep_seq = torch.ones_like(has_tokens, dtype=dtype)
     if rollout_rs is not None:
-        log_r = d.sum(dim=1)
+        log_r = raw.sum(dim=1)
         if rollout_rs == "geometric":
             log_r = log_r / m.sum(dim=1).clamp(min=1)
         lower = rs_lower or 1 / rs_upper
-        keep_seq = ((log_r >= math.log(lower)) & (log_r <= math.log(rs_upper))).float()
+        keep_seq = ((log_r >= math.log(lower)) & (log_r <= math.log(rs_upper))).to(dtype)
     keep = m * keep_seq.unsqueeze(1)
     sums = torch.stack([m.sum(), (-d * m).sum(), ((ratio - d - 1) * m).sum(), (ratio * m).sum(), (m - keep).sum(),
                         ((1 - keep_seq) * has_tokens).sum(), has_tokens.sum()]).double()

@@ -4,17 +4,27 @@ an entropy bonus, aggregated as ``algorithm.loss_agg`` says (verl's names for bo
 Per response token t of sample i (A_i its advantage, ratio = exp(logp - logp_old), w_t the rollout-correction
 weight of grpo_ray.algo.correction, 1 without one):
 
-    vanilla   pg = max(-A_i * ratio, -A_i * clip(ratio, 1 - clip_low, 1 + clip_high)) * w_t      (PPO clip)
+    vanilla   ratio = exp(clamp(logp - logp_old, -20, 20))                                  (verl's clamp)
+              pg = max(-A_i * ratio, -A_i * clip(ratio, 1 - clip_low, 1 + clip_high)) * w_t      (PPO clip)
               with clip_ratio_c > 1 (dual clip) a negative advantage's term is also capped: min(pg, -A_i * c)
-    gspo      s_i = exp(mean_t (logp - logp_old)) (the sequence's length-normalised ratio), used for every token
-              of the sequence with the gradient of its own logp: pg = max(-A_i * s, -A_i * clip(s, ...)) * w_t
+    gspo      s_i = exp(min(mean_t (logp - logp_old), 10)) (the sequence's length-normalised ratio; verl's clamp at
+              10), used for every token of the sequence with the gradient of its own logp:
+              pg = max(-A_i * s, -A_i * clip(s, ...)) * w_t
     cispo     pg = -A_i * sg(clip(ratio, 1 - clip_low, 1 + clip_high)) * logp * w_t   (the clipped IS weight
               carries no gradient, so no token ever loses its gradient to the clip)
-    kl        k1: logp - logp_ref;  k3: exp(logp_ref - logp) - (logp_ref - logp) - 1   (Schulman's, >= 0)
+    kl        k1: logp - logp_ref
+              k3: clamp(exp(d) - d - 1, -10, 10), d = clamp(logp_ref - logp, -20, 20)  (Schulman's, >= 0; verl's
+              clamps: past a log gap of about 2.5 the value stops at 10 and its gradient at 0, where unclamped a gap
+              of 4 gave 49.6 and a gradient of -53.6)
     loss_t    pg + kl_coef * kl - entropy_coef * entropy_t
 
-Aggregation over a mini batch of S sequences and T tokens in all (``normaliser`` makes micro batches and
-ranks add up to exactly that, see ``normaliser_count``):
+Each clamp bounds what a float32 step could otherwise blow up (a log ratio past about 88 overflows exp); a token
+or sequence past it keeps a finite loss and no gradient through the clamped quantity.
+
+Aggregation over a mini batch of S sequences and T tokens in all, counting only what the loss keeps (rollout
+rejection masks whole samples out: S and T count the kept ones, as verl divides by the kept tokens;
+``micro_batch_loss`` returns each micro batch's sums and counts, and the learner divides by the mini batch's
+total over ranks once it is known):
 
     token-mean                sum_{i,t} loss / T
     seq-mean-token-sum        sum_i (sum_t loss) / S
@@ -29,23 +39,29 @@ A new policy loss is one function registered in POLICY_LOSSES and one value of `
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
+
+from grpo_ray.algo.correction import rollout_correction
+from grpo_ray.config import AlgorithmConfig, loss_aggregation
 
 
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
-def normaliser_count(mode: str, response_lengths: list[int], horizon: int) -> float:
-    """What `mode` divides by, counted over these samples (the learner sums it over ranks): tokens, sequences,
-    or sequences x the response-length horizon."""
+def kept_count(mode: str, keep: torch.Tensor, horizon: int) -> torch.Tensor:
+    """What `mode` divides by, counted over the tokens `keep` ([B, T], 1 where the loss keeps a token) of a micro
+    batch: tokens, sequences with a kept token, or those sequences x the response-length horizon. The learner adds
+    it up over micro batches and ranks into the mini batch's normaliser."""
+    seqs = (keep.sum(dim=1) > 0).sum().to(torch.float64)
     if mode == "token-mean":
-        return float(sum(response_lengths))
+        return keep.sum().to(torch.float64)
     if mode in ("seq-mean-token-sum", "seq-mean-token-mean"):
-        return float(len(response_lengths))
+        return seqs
     if mode == "seq-mean-token-sum-norm":
-        return float(len(response_lengths) * horizon)
+        return seqs * horizon
     raise ValueError(f"unknown loss aggregation {mode!r}")
 
 
@@ -75,7 +91,7 @@ def policy_loss(name: str):
 
 @policy_loss("vanilla")
 def vanilla(logp, old_logp, adv, mask, clip_low, clip_high, clip_c):
-    ratio = (logp - old_logp).exp()
+    ratio = (logp - old_logp).clamp(-20, 20).exp()
     unclipped, clipped = -adv * ratio, -adv * ratio.clamp(1 - clip_low, 1 + clip_high)
     pg = torch.maximum(unclipped, clipped)
     if clip_c:
@@ -87,7 +103,7 @@ def vanilla(logp, old_logp, adv, mask, clip_low, clip_high, clip_c):
 def gspo(logp, old_logp, adv, mask, clip_low, clip_high, clip_c):
     m = mask.to(logp.dtype)
     seq = ((logp - old_logp) * m).sum(dim=1, keepdim=True) / m.sum(dim=1, keepdim=True).clamp(min=1)
-    s = (seq.detach() + logp - logp.detach()).clamp(max=20).exp()  # the sequence's ratio, each token's gradient
+    s = (seq.detach() + logp - logp.detach()).clamp(max=10).exp()  # the sequence's ratio, each token's gradient
     unclipped, clipped = -adv * s, -adv * s.clamp(1 - clip_low, 1 + clip_high)
     return torch.maximum(unclipped, clipped), clipped > unclipped
 
@@ -105,7 +121,7 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> to
         return logp - ref_logp
     if estimator == "k3":
         delta = (ref_logp - logp).clamp(-20, 20)
-        return delta.exp() - delta - 1
+        return (delta.exp() - delta - 1).clamp(-10, 10)
     raise ValueError(f"unknown KL estimator {estimator!r}")
 
 
@@ -151,6 +167,55 @@ def grpo_loss(
         "tokens": m.sum(),
     }
     return loss, metrics
+
+
+@dataclass
+class LossInputs:
+    """One micro batch of the learner's update: [B, T] tensors on one device, 0 off the responses."""
+
+    logp: torch.Tensor
+    """The learner's logprobs of the sampled tokens, with their gradient."""
+    sampler: torch.Tensor
+    """The sampler's (vLLM's) logprobs of the same tokens."""
+    advantages: torch.Tensor
+    """[B] one per sample."""
+    mask: torch.Tensor
+    """1 on response tokens."""
+    old: torch.Tensor | None = None
+    """The old policy's logprobs: the learner's at the version that generated each sample; None when that is the
+    weights being trained (one on-policy update: logp itself, detached)."""
+    ref: torch.Tensor | None = None
+    """The reference's logprobs, for the KL term."""
+    entropy: torch.Tensor | None = None
+    """The learner's entropy at each position (with a gradient only when the loss has an entropy term)."""
+
+
+LOSS_SUMS = ("pg_loss", "kl_loss", "pg_clipfrac_sum", "ppo_kl_sum", "entropy_sum", "tokens")
+"""The metric sums ``micro_batch_loss`` returns, in this order: the first two to be divided by the mini batch's
+normaliser like the loss, the others per kept token."""
+
+
+def micro_batch_loss(x: LossInputs, a: AlgorithmConfig, horizon: int
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The whole loss of one micro batch, before normalisation: the old policy (the sampler's in bypass mode),
+    rollout correction, the policy-gradient term, KL and entropy, aggregated as ``a.loss_agg`` says (auto:
+    ``config.loss_aggregation``) with a
+    normaliser of 1. Returns (loss sum, its count for the normaliser (``kept_count``), LOSS_SUMS as one float64
+    tensor, the correction's sums (``correction.SUM_KEYS``), the largest token ratio). The learner divides the
+    gradient and the first two sums by the mini batch's count over every micro batch and rank."""
+    rc, agg = a.rollout_correction, loss_aggregation(a)
+    old = x.sampler if rc.bypass_mode else (x.logp.detach() if x.old is None else x.old)
+    weights, keep, corr, top = rollout_correction(old, x.sampler, x.mask, rc.rollout_is, rc.rollout_is_threshold,
+                                                  rc.rollout_rs, rc.rollout_rs_threshold, rc.rollout_rs_threshold_lower)
+    loss, m = grpo_loss(x.logp, old, x.ref, x.advantages.to(x.logp.device), keep, clip_low=a.clip_ratio_low,
+                        clip_high=a.clip_ratio_high, kl_coef=a.kl_coef, kl_estimator=a.kl_estimator,
+                        loss_agg=agg, normaliser=1.0, is_weights=weights if rc.rollout_is else None,
+                        loss_mode=a.loss_mode, clip_ratio_c=a.clip_ratio_c, entropy=x.entropy,
+                        entropy_coef=a.entropy_coeff)
+    entropy = torch.zeros((), device=keep.device) if x.entropy is None else (x.entropy.detach() * keep).sum()
+    m["entropy_sum"] = entropy.to(m["tokens"].dtype)
+    sums = torch.stack([m[k] for k in LOSS_SUMS]).double()
+    return loss, kept_count(agg, keep, horizon), sums, corr, top
 
 
 def sft_loss(logp: torch.Tensor, mask: torch.Tensor, normaliser: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

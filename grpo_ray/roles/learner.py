@@ -32,16 +32,14 @@ import torch.distributed as dist
 
 from grpo_ray import lora, sync
 from grpo_ray.algo.batching import collate, flatten, micro_batches, place_values, rank_slice
-from grpo_ray.algo.correction import SUM_KEYS, rollout_correction
+from grpo_ray.algo.correction import SUM_KEYS
 from grpo_ray.algo.logprobs import sequence_logprobs, token_logprobs
-from grpo_ray.algo.loss import grpo_loss, normaliser_count, sft_loss
+from grpo_ray.algo.loss import LOSS_SUMS, LossInputs, micro_batch_loss, sft_loss
 from grpo_ray.config import Recipe
 from grpo_ray.faults import fault_at
 from grpo_ray.models import load_causal_lm, model_dims, pad_id
 from grpo_ray.perf import device_peak_tflops, measure_cpu_peak_tflops
 from grpo_ray.roles import RoleActor, fsdp, log_to_file
-
-METRIC_KEYS = ("pg_loss", "kl_loss", "pg_clipfrac_sum", "ppo_kl_sum", "entropy_sum", "tokens")
 
 
 class Learner(RoleActor):
@@ -213,46 +211,46 @@ class Learner(RoleActor):
             ref_seconds = time.perf_counter() - start - old_seconds
 
         # metric sums stay on the device until the step's end: no host sync per micro batch
-        totals = torch.zeros(len(METRIC_KEYS), dtype=torch.float64, device=self.device)
+        totals = torch.zeros(len(LOSS_SUMS), dtype=torch.float64, device=self.device)
         corr = torch.zeros(len(SUM_KEYS), dtype=torch.float64, device=self.device)
         largest = torch.zeros((), dtype=torch.float64, device=self.device)
-        grad_norms, skipped = [], 0
+        grad_norms, skipped, empty = [], 0, 0
         self.model.train()
         started = time.time()
         for epoch in range(a.ppo_epochs):
             for mine in minis:
-                normaliser = self._normaliser(normaliser_count(a.loss_agg, [len(pairs[i][1]) for i in mine],
-                                                               self.recipe.generator.sampling.max_tokens))
+                count = torch.zeros((), dtype=torch.float64, device=self.device)
+                mini = torch.zeros(len(LOSS_SUMS), dtype=torch.float64, device=self.device)
                 micros, capacity = self._micro_batches(mine, pairs)
                 for micro in micros:
                     seqs, logp, entropy = self._logprobs([pairs[i] for i in micro], capacity, with_entropy=True)
-                    mask = seqs.response_mask.to(logp.device)
-                    sampler_logp = place_values([sampler[i] for i in micro], seqs.response_mask).to(logp.device)
-                    if rc.bypass_mode:
-                        old_logp = sampler_logp
-                    else:
-                        old_logp = (logp.detach() if old is None else
-                                    place_values([old[i] for i in micro], seqs.response_mask).to(logp.device))
-                    weights, keep, sums, top = rollout_correction(
-                        old_logp, sampler_logp, mask, rc.rollout_is, rc.rollout_is_threshold, rc.rollout_rs,
-                        rc.rollout_rs_threshold, rc.rollout_rs_threshold_lower)
-                    if epoch == 0:
-                        corr += sums
-                        largest = torch.maximum(largest, top)
-                    ref_logp = None
-                    if ref_lps is not None:
-                        ref_logp = place_values([ref_lps[i] for i in micro], seqs.response_mask).to(logp.device)
-                    loss, mm = grpo_loss(logp, old_logp, ref_logp, adv[micro].to(logp.device), keep,
-                                         clip_low=a.clip_ratio_low, clip_high=a.clip_ratio_high, kl_coef=a.kl_coef,
-                                         kl_estimator=a.kl_estimator, loss_agg=a.loss_agg, normaliser=normaliser,
-                                         is_weights=weights if rc.rollout_is else None, loss_mode=a.loss_mode,
-                                         clip_ratio_c=a.clip_ratio_c, entropy=entropy, entropy_coef=a.entropy_coeff)
+                    place = lambda values: place_values(values, seqs.response_mask).to(logp.device)  # noqa: E731
+                    x = LossInputs(logp, place([sampler[i] for i in micro]), adv[micro],
+                                   seqs.response_mask.to(logp.device),
+                                   None if old is None else place([old[i] for i in micro]),
+                                   None if ref_lps is None else place([ref_lps[i] for i in micro]), entropy)
+                    loss, n, sums, corr_sums, top = micro_batch_loss(x, a, self.recipe.generator.sampling.max_tokens)
                     if fault_at("nan_loss", self.steps + 1):
                         loss = loss * float("nan")
                     loss.backward()
-                    mm["entropy_sum"] = (entropy.detach() * mask).sum()
-                    totals += torch.stack([mm[k] for k in METRIC_KEYS]).double()
-                norm = self._optimizer_step()
+                    count += n
+                    mini += sums
+                    if epoch == 0:
+                        corr += corr_sums
+                        largest = torch.maximum(largest, top)
+                # the mini batch's normaliser: what the loss kept (tokens or sequences) on every rank; FSDP2 averages
+                # the gradients over ranks, so each rank's sum is divided by that over the world size
+                dist.all_reduce(count)
+                kept = count.item()
+                scale = self.world_size / kept if kept else 0.0
+                mini[:2] *= scale  # the losses, as their gradients
+                totals += mini
+                if not kept:  # every sample masked (rollout rejection): no gradient, no step (Adam's momentum
+                    self.optimizer.zero_grad(set_to_none=True)  # would still move the weights)
+                    empty += 1
+                    grad_norms.append(0.0)
+                    continue
+                norm = self._optimizer_step(scale)
                 skipped += not math.isfinite(norm)
                 grad_norms.append(norm)
         dist.all_reduce(totals)
@@ -261,7 +259,7 @@ class Learner(RoleActor):
         self.steps += 1
         # losses: each update's loss summed over ranks is world_size x its value; token metrics: per token
         per_update = totals / (self.world_size * a.ppo_epochs * len(minis))
-        per_token = totals / totals[METRIC_KEYS.index("tokens")]
+        per_token = totals / totals[LOSS_SUMS.index("tokens")].clamp(min=1)
         c = dict(zip(SUM_KEYS, corr.tolist()))
         pass_tokens = max(c["corr_tokens"], 1)
         metrics = {
@@ -272,7 +270,8 @@ class Learner(RoleActor):
             "actor/entropy": per_token[4].item(),
             "actor/grad_norm": sum(grad_norms) / len(grad_norms),
             "actor/lr": self.scheduler.get_last_lr()[0],
-            "actor/skipped_updates": skipped,
+            "actor/skipped_updates": skipped + empty,
+            "actor/empty_updates": empty,
             "actor/updates": len(grad_norms),
             "actor/old_log_prob_recomputed": float(recompute),
             "actor/policy_version": float(version),
@@ -289,8 +288,13 @@ class Learner(RoleActor):
         }
         return {**metrics, "probe": self.probe_logprobs(probe_ids)} if probe_ids else metrics
 
-    def _optimizer_step(self) -> float:
-        """Clip the gradients and step (skipped when their norm is not finite); the norm before clipping."""
+    def _optimizer_step(self, scale: float = 1.0) -> float:
+        """Scale the gradients by `scale` (the mini batch's normaliser, once known), clip them and step (skipped when
+        their norm is not finite); the norm before clipping."""
+        if scale != 1.0:
+            for p in self.params:
+                if p.grad is not None:
+                    p.grad.mul_(scale)
         norm = torch.nn.utils.clip_grad_norm_(self.params, self.recipe.learner.optim.grad_clip or float("inf"))
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
         if torch.isfinite(norm):
