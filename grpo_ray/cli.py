@@ -51,6 +51,11 @@ def _inputs(recipe, command: str):
     limits = f"data.max_prompt_length={recipe.data.max_prompt_length}"
     if command == "sft":
         limits += f" or a target over sft.max_target_length={recipe.sft.max_target_length}"
+    if command == "train":
+        from grpo_ray.config import notices
+
+        for line in notices(recipe):
+            print(line)
     for spec, n in inputs.dropped.items():
         if n:
             print(f"dropped {n} rows of {spec}: prompt longer than {limits}")
@@ -115,7 +120,8 @@ def cmd_prepare_data(args) -> int:
 
         tokenizer = AutoTokenizer.from_pretrained(models.resolve(model))
     reports = prepare(args.name, args.source, args.out, tokenizer=tokenizer, max_prompt_tokens=limit,
-                      max_bad_fraction=args.max_bad_fraction, chat_template_kwargs=template_kwargs)
+                      max_bad_fraction=args.max_bad_fraction, chat_template_kwargs=template_kwargs,
+                      overwrite=args.overwrite)
     for r in reports:
         print(r.line())
         for example in r.examples:
@@ -155,6 +161,9 @@ def cmd_eval(args) -> int:
     from grpo_ray.fit import model_limits
 
     out = Path(args.out)
+    if (out / "eval.json").exists() and not args.overwrite:
+        raise UserError(f"--out {out} already holds an evaluation (eval.json); nothing was changed (--overwrite "
+                        "replaces it)")
     model = args.model
     if (Path(model) / "manifest.json").is_file() or (Path(model) / "trainer_state.json").is_file():  # a checkpoint
         model = str(export_hf(Path(model), Path(tempfile.mkdtemp(prefix="grpo-eval-hf-"))))
@@ -173,11 +182,13 @@ def cmd_eval(args) -> int:
 
 
 def cmd_export(args) -> int:
+    from pathlib import Path
+
     from grpo_ray.checkpoint import export_hf
     from grpo_ray.setup_run import writable_dir
 
-    writable_dir(args.out, "--out")
-    print(f"wrote {export_hf(args.checkpoint, args.out, args.max_shard_size)}")
+    writable_dir(Path(args.out).parent, "--out")
+    print(f"wrote {export_hf(args.checkpoint, args.out, args.max_shard_size, args.overwrite)}")
     return 0
 
 
@@ -219,6 +230,7 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--tokenizer", help="model whose chat template measures prompt length")
     d.add_argument("--max-prompt-tokens", type=int, default=0, help="drop longer prompts (needs a tokenizer)")
     d.add_argument("--max-bad-fraction", type=float, default=0.05, help="fail when more rows than this are bad")
+    d.add_argument("--overwrite", action="store_true", help="replace split files already in --out")
     d.set_defaults(func=cmd_prepare_data)
 
     rp = sub.add_parser("replay", help="one learner step on a rollout dump, without generators")
@@ -242,6 +254,7 @@ def parser() -> argparse.ArgumentParser:
     ev.add_argument("--max-tokens", type=int, default=0, help="default: the recipe's sampling.max_tokens")
     ev.add_argument("--limit", type=int, default=0, help="use the first N usable rows")
     ev.add_argument("--out", default="runs/eval", help="where eval.json and the per-sample JSONL go")
+    ev.add_argument("--overwrite", action="store_true", help="replace an evaluation already in --out")
     ev.add_argument("overrides", nargs="*", help="dotted recipe overrides, right after MODEL")
     ev.set_defaults(func=cmd_eval)
 
@@ -249,6 +262,7 @@ def parser() -> argparse.ArgumentParser:
     ex.add_argument("checkpoint", help="OUTPUT_DIR/checkpoints/step_N")
     ex.add_argument("--out", required=True, help="directory to write")
     ex.add_argument("--max-shard-size", default="5GB", help="safetensors shard size (an index file past one shard)")
+    ex.add_argument("--overwrite", action="store_true", help="replace a --out that already holds files")
     ex.set_defaults(func=cmd_export)
 
     b = sub.add_parser("build-model", help="build a tiny:// model offline and print its path")

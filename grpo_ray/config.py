@@ -242,7 +242,8 @@ class FilterGroupsConfig:
     prompts of the stream until data.train_batch_size such groups are in hand."""
     max_num_gen_batches: int = 10
     """The most batches generated for one step; if still short, the batch is filled up with dropped groups
-    (advantage 0). verl's 0 (no bound) is not offered: a task every group of which is solved would never end."""
+    (advantage 0, unless the overlong penalty, added after the filter, tells their lengths apart). verl's 0 (no
+    bound) is not offered: a task every group of which is solved would never end."""
 
 
 @dataclass
@@ -274,10 +275,11 @@ class AlgorithmConfig:
     """Weight of the KL-to-reference loss term; 0 drops the reference pool."""
     kl_estimator: str = "k3"
     """k1 (log ratio) or k3 (low-variance, always >= 0)."""
-    loss_agg: str = "token-mean"
+    loss_agg: str = "auto"
     """verl's loss_agg_mode: token-mean (every token of the mini batch weighs the same), seq-mean-token-sum,
     seq-mean-token-mean (each sequence's mean, averaged) or seq-mean-token-sum-norm (token sum over sequences x
-    generator.sampling.max_tokens: Dr. GRPO)."""
+    generator.sampling.max_tokens: Dr. GRPO); auto: the loss mode's own, seq-mean-token-mean for gspo (GSPO's
+    sequence-level objective, as verl forces), token-mean otherwise (``loss_aggregation``)."""
     ppo_epochs: int = 1
     """Passes over each step's samples."""
     max_staleness: int = 0
@@ -351,7 +353,11 @@ class TrainerConfig:
     experiment_name: str = "grpo"
     """Name of the run."""
     overwrite: bool = False
-    """Start in an output_dir that already holds a run's metrics, replacing them (otherwise that is an error)."""
+    """Start afresh in an output_dir that holds a run with no whole checkpoint to resume (or with trainer.resume:
+    disable), removing that run's files (metrics, dumps, TensorBoard, checkpoints, logs); otherwise that is an
+    error, and nothing is touched (grpo_ray.rundir)."""
+    set_aside: bool = False
+    """Like overwrite, but the old run is kept: its output_dir is moved to <output_dir>.<N> (the next free N)."""
     seed: int = 0
     """Seed for data order, sampling and initial weights of tiny models."""
     loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])
@@ -406,7 +412,7 @@ CHOICES = {
     "generator.dtype": ("auto", "float32", "bfloat16", "float16"),
     "learner.dtype": ("bfloat16", "float32"),
     "algorithm.kl_estimator": ("k1", "k3"),
-    "algorithm.loss_agg": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
+    "algorithm.loss_agg": ("auto", "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
     "algorithm.adv_estimator": ("grpo", "rloo", "reinforce_plus_plus_baseline"),
     "algorithm.loss_mode": ("vanilla", "gspo", "cispo"),
     "algorithm.rollout_correction.rollout_is": (None, "token"),
@@ -689,6 +695,28 @@ def _cluster_problems(r: Recipe) -> list[str]:
     return p
 
 
+def loss_aggregation(a: AlgorithmConfig) -> str:
+    """The aggregation algorithm.loss_agg names; auto: seq-mean-token-mean under GSPO (its objective weighs every
+    sequence the same), token-mean otherwise."""
+    if a.loss_agg != "auto":
+        return a.loss_agg
+    return "seq-mean-token-mean" if a.loss_mode == "gspo" else "token-mean"
+
+
+def notices(r: Recipe) -> list[str]:
+    """What a run says at start about choices the recipe left to defaults that change the math."""
+    a = r.algorithm
+    if a.loss_mode != "gspo":
+        return []
+    if a.loss_agg == "auto":
+        return ["algorithm.loss_mode=gspo: the loss aggregates seq-mean-token-mean (GSPO's sequence-level objective; "
+                "set algorithm.loss_agg to choose another)"]
+    if loss_aggregation(a) != "seq-mean-token-mean":
+        return [f"algorithm.loss_mode=gspo with algorithm.loss_agg={a.loss_agg}: not GSPO's objective, which weighs "
+                "every sequence the same (seq-mean-token-mean)"]
+    return []
+
+
 def _get(obj: Any, dotted: str) -> Any:
     for part in dotted.split("."):
         obj = getattr(obj, part)
@@ -725,9 +753,14 @@ def recipe_dict(r: Recipe) -> dict:
     return OmegaConf.to_container(OmegaConf.structured(r), resolve=True)
 
 
+def recipe_yaml(r: Recipe) -> str:
+    """The resolved recipe as YAML, secrets redacted: what config.yaml holds."""
+    return OmegaConf.to_yaml(OmegaConf.create(redact(recipe_dict(r))))
+
+
 def dump_recipe(r: Recipe, path: str | os.PathLike) -> Path:
     """Write the resolved, redacted recipe as YAML to `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(OmegaConf.to_yaml(OmegaConf.create(redact(recipe_dict(r)))))
+    path.write_text(recipe_yaml(r))
     return path

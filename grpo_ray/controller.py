@@ -106,7 +106,7 @@ class Controller:
         lengths = torch.tensor([n for s in stats for n in s.response_lengths])
         ob = r.algorithm.overlong_buffer  # DAPO's length penalty (0 unless set)
         penalty = overlong_penalty(lengths, r.generator.sampling.max_tokens, ob.len, ob.penalty_factor)
-        rewards = torch.tensor([t for s in scores for t in s.totals]) + penalty
+        rewards = torch.tensor([t for s in scores for t in s.totals], dtype=torch.float64) + penalty
         advantages = estimate(r.algorithm.adv_estimator, rewards, G, lengths, r.algorithm.norm_adv_by_std).tolist()
         trained, ref_work = self.train_on(rollouts, advantages, refs)
         self.version += self.updated(trained)
@@ -155,8 +155,9 @@ class Controller:
     def keep_signal(self, step: int, rollouts: list, stats: list, scores: list) -> tuple[list, list, list, dict]:
         """DAPO's dynamic sampling: keep the groups whose rewards are not all equal; while fewer than
         data.train_batch_size are kept, generate the stream's next prompts too, up to
-        filter_groups.max_num_gen_batches batches in all, then fill up with dropped groups (advantage 0). Only
-        the scores are read here; a task per rollout cuts the chosen groups out of it."""
+        filter_groups.max_num_gen_batches batches in all, then fill up with dropped groups (equal scores: advantage
+        0 unless the overlong penalty tells their lengths apart). Only the scores are read here; a task per rollout
+        cuts the chosen groups out of it."""
         G, want, cfg = self.r.algorithm.group_size, self.r.data.train_batch_size, self.r.algorithm.filter_groups
         batches, kept, dropped = [], [], []
         while True:
@@ -180,14 +181,17 @@ class Controller:
 
     def updated(self, trained: dict[str, float]) -> bool:
         """Whether the learner's weights changed; a step whose every update was skipped (non-finite loss or
-        gradients) is counted, its weights are not pushed, and max_skipped_steps in a row stop the run."""
+        gradients, or every sample masked by rollout rejection) is counted, its weights are not pushed, and
+        max_skipped_steps in a row stop the run."""
         if trained["actor/skipped_updates"] < trained["actor/updates"]:
             self.skipped["in_a_row"] = 0
             return True
         self.skipped["in_a_row"] += 1
         self.skipped["total"] += 1
         limit = self.r.trainer.max_skipped_steps
-        self.say(f"non-finite loss or gradients: update skipped, weights not pushed ({self.skipped['in_a_row']} in a row)")
+        why = ("every sample was masked by rollout rejection (algorithm.rollout_correction.rollout_rs)"
+               if trained.get("actor/empty_updates") == trained["actor/updates"] else "non-finite loss or gradients")
+        self.say(f"{why}: update skipped, weights not pushed ({self.skipped['in_a_row']} in a row)")
         if self.skipped["in_a_row"] >= limit:
             raise RunError(f"{limit} steps in a row had non-finite loss or gradients (trainer.max_skipped_steps="
                            f"{limit}); the weights are those of the last good step: lower learner.optim.lr, check "
@@ -298,10 +302,10 @@ class Controller:
 
     def run(self) -> None:
         t, total = self.r.trainer, self.total_steps()
-        ckpt = checkpoint.find_resume(self.inputs.output_dir, t.resume)
+        ckpt = self.inputs.resume  # chosen before any actor started (grpo_ray.rundir)
         done = checkpoint.load_state(ckpt)["step"] if ckpt else 0
         checkpoint.keep_metrics(self.inputs.output_dir / "metrics.jsonl", done)  # steps after the checkpoint are redone
-        self.log = MetricsLog(self.inputs.output_dir, t.loggers, total)
+        self.log = MetricsLog(self.inputs.output_dir, t.loggers, total, done)
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "preempted_at", self.preempted_at or time.monotonic()))
         try:
             if t.log_level == "info":
