@@ -122,10 +122,33 @@ def load_state(ckpt: Path) -> dict:
     return json.loads((ckpt / "trainer_state.json").read_text())
 
 
-def export_hf(ckpt: Path, out: Path, max_shard_size: str = "5GB") -> Path:
+def export_hf(ckpt: Path, out: Path, max_shard_size: str = "5GB", overwrite: bool = False) -> Path:
     """A Hugging Face model directory from a checkpoint: consolidated safetensors (sharded with an index
     past `max_shard_size`), config, generation config and tokenizer. transformers and vLLM load it. A LoRA
-    checkpoint gives the model with its adapters merged, and the adapters alone in ``out/adapter`` (peft's format)."""
+    checkpoint gives the model with its adapters merged, and the adapters alone in ``out/adapter`` (peft's format).
+    Written beside `out`, then renamed into place: an `out` that holds anything is refused unless `overwrite`,
+    and then replaced whole (no shard of an earlier export left beside the new ones)."""
+    import tempfile
+
+    ckpt, out = Path(ckpt), Path(out)
+    found = problems(ckpt)
+    if found:
+        raise CheckpointError(f"{ckpt} cannot be exported: " + "; ".join(found))
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise CheckpointError(f"{out} already holds files; nothing was written (--overwrite replaces it)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
+    try:
+        _export_into(ckpt, tmp, max_shard_size)
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _export_into(ckpt: Path, out: Path, max_shard_size: str) -> None:
+    """``export_hf``'s work, into the empty directory `out`."""
     import tempfile
 
     import torch
@@ -138,10 +161,6 @@ def export_hf(ckpt: Path, out: Path, max_shard_size: str = "5GB") -> Path:
     from grpo_ray.models import resolve
 
     hf_logging.disable_progress_bar()  # one shard of a small model: a bar would only clutter the output
-    ckpt, out = Path(ckpt), Path(out)
-    found = problems(ckpt)
-    if found:
-        raise CheckpointError(f"{ckpt} cannot be exported: " + "; ".join(found))
     with tempfile.TemporaryDirectory() as tmp:
         dcp_to_torch_save(ckpt / "learner", Path(tmp) / "full.pt")  # every shard, consolidated in this process
         weights = torch.load(Path(tmp) / "full.pt", weights_only=False)["model"]
@@ -167,7 +186,6 @@ def export_hf(ckpt: Path, out: Path, max_shard_size: str = "5GB") -> Path:
     AutoTokenizer.from_pretrained(ckpt).save_pretrained(out)
     if (ckpt / "generation_config.json").is_file():
         shutil.copy(ckpt / "generation_config.json", out / "generation_config.json")
-    return out
 
 
 def keep_metrics(path: Path, up_to: int) -> None:

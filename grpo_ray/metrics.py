@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -86,13 +88,14 @@ def validation_metrics(sources: list[str], totals: list[float], n: int, perfect:
 
 
 class MetricsLog:
-    """Writes each step's metrics to the loggers the recipe names: console, jsonl, tensorboard.
+    """Writes each step's metrics to the loggers the recipe names: console, jsonl, tensorboard. A run resumed
+    after step `done` continues the same files, the steps after `done` written again.
 
     On a terminal the console also shows a progress bar (steps done, ETA, current score); elsewhere
     (``ray job submit``, CI, a pipe) it prints plain lines only.
     """
 
-    def __init__(self, output_dir: Path, loggers: list[str], total_steps: int = 0):
+    def __init__(self, output_dir: Path, loggers: list[str], total_steps: int = 0, done: int = 0):
         output_dir.mkdir(parents=True, exist_ok=True)
         self.console = "console" in loggers
         self.bar = None
@@ -105,7 +108,13 @@ class MetricsLog:
         if "tensorboard" in loggers:
             from tensorboardX import SummaryWriter
 
-            self.tb = SummaryWriter(str(output_dir / "tensorboard"))
+            # resumed after step `done`: TensorBoard drops what an earlier writer logged from the next step on (the
+            # steps redone after the checkpoint), so no step shows twice
+            # each writer a file of its own, named in the order they start (TensorBoard reads them by name): the
+            # default name (start second + host) is the same for two writers started within a second, and the
+            # second file would replace the first
+            self.tb = SummaryWriter(str(output_dir / "tensorboard"), purge_step=done + 1 if done else None,
+                                    filename_suffix=f".{time.time_ns()}.{os.getpid()}")
 
     def say(self, line: str) -> None:
         if self.bar is not None:

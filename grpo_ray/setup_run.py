@@ -10,8 +10,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpo_ray import models, rewards
-from grpo_ray.config import Recipe, RecipeError, dump_recipe
+from grpo_ray import models, rewards, rundir
+from grpo_ray.config import Recipe, RecipeError, dump_recipe, recipe_yaml
 from grpo_ray.data import DataError, load_rows, prompt_text
 
 
@@ -31,6 +31,8 @@ class RunInputs:
     """The run's directory, holding config.yaml."""
     probe_ids: list[int]
     """A fixed token sequence scored by a generator and the learner after each weight sync."""
+    resume: Path | None = None
+    """The checkpoint the run continues from (grpo_ray.rundir), or None for a fresh start."""
 
 
 def usable_rows(files: list[str], tokenizer, recipe: Recipe, dropped: dict[str, int], targets: bool = False) -> list[dict]:
@@ -110,13 +112,8 @@ def setup_run(recipe: Recipe, command: str = "train") -> RunInputs:
         raise DataError(
             f"data.train_files give {len(train_rows)} usable rows, fewer than data.train_batch_size={recipe.data.train_batch_size}"
         )
-    if (output_dir / "metrics.jsonl").exists() and recipe.trainer.resume == "disable":
-        if not recipe.trainer.overwrite:
-            raise RecipeError(f"trainer.output_dir={str(output_dir)!r} already holds a run (metrics.jsonl) and "
-                              "trainer.resume=disable; resume it (trainer.resume=auto), choose another "
-                              "trainer.output_dir, or set trainer.overwrite=true to replace it")
-        (output_dir / "metrics.jsonl").unlink()
+    resume = rundir.prepare(output_dir, recipe.trainer, recipe_yaml(recipe))  # refuses to lose a run's files
     if models.is_sft(recipe.model.path):
         model_path = models.resolve(recipe.model.path)
     dump_recipe(recipe, output_dir / "config.yaml")
-    return RunInputs(model_path, train_rows, val_rows, dropped, output_dir, train_rows[0]["prompt_ids"])
+    return RunInputs(model_path, train_rows, val_rows, dropped, output_dir, train_rows[0]["prompt_ids"], resume)

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -69,15 +67,7 @@ def run_sft(recipe: Recipe, inputs: RunInputs) -> Path:
     connect(recipe)
     SFTController(recipe, inputs).run()
     last = checkpoint.find_resume(inputs.output_dir, "auto")
-    out = inputs.output_dir / "model"
-    tmp = Path(tempfile.mkdtemp(prefix=".model.", dir=inputs.output_dir))
-    try:
-        checkpoint.export_hf(last, tmp)
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    return checkpoint.export_hf(last, inputs.output_dir / "model", overwrite=True)  # this run's own export
 
 
 def recipe_key(recipe: Recipe) -> str:
@@ -100,6 +90,7 @@ def warm_start(recipe_path: str) -> str:
         return str(home / "run" / "model")
     recipe.trainer.output_dir = str(home / "run")
     recipe.trainer.resume = "auto"
+    recipe.trainer.overwrite = True  # the cache's own run: a warm start stopped before its first checkpoint restarts
     print(f"SFT warm start: training {recipe_path} once (run in {home / 'run'}, reused while the recipe is unchanged)")
     model = run_sft(recipe, setup_run(recipe, "sft"))
     print(f"SFT warm start: model at {model}")

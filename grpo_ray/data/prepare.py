@@ -155,8 +155,10 @@ def prepare(
     max_prompt_tokens: int = 0,
     max_bad_fraction: float = 0.05,
     chat_template_kwargs: dict | None = None,
+    overwrite: bool = False,
 ) -> list[SplitReport]:
-    """Write ``OUT/{split}.parquet`` for every split of `name` found at `source`; return one report per split."""
+    """Write ``OUT/{split}.parquet`` for every split of `name` found at `source`; return one report per split.
+    A split file already in OUT is an error (nothing written) unless `overwrite`."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -191,7 +193,12 @@ def prepare(
         reports.append(report)
         tables[split] = pa.Table.from_pylist(rows)
     out = Path(out)
+    there = [str(out / f"{split}.parquet") for split in tables if (out / f"{split}.parquet").exists()]
+    if there and not overwrite:
+        raise PrepareError(f"{', '.join(there)} already exist; nothing was written (--overwrite replaces them)")
     out.mkdir(parents=True, exist_ok=True)
     for split, table in tables.items():
-        pq.write_table(table, out / f"{split}.parquet")
+        tmp = out / f".{split}.parquet.tmp"
+        pq.write_table(table, tmp)
+        tmp.rename(out / f"{split}.parquet")  # whole or not at all
     return reports
