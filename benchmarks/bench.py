@@ -45,7 +45,7 @@ def raw_vllm(spec: dict) -> dict:
     """Raw vLLM: one engine in this process, the same prompts and sampling, timed over `reps` calls."""
     from vllm import LLM, SamplingParams
 
-    from grpo_ray.roles.generator import trim_heap
+    from grpo_ray.roles import trim_heap
     from grpo_ray.roles.vllm_ext import bound_cpu_gemm_caches
 
     bound_cpu_gemm_caches()

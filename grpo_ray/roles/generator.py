@@ -11,14 +11,13 @@ the last push, and loads each push's adapters through vLLM's LoRA support.
 
 from __future__ import annotations
 
-import functools
 import tempfile
 import threading
 import time
 
 from grpo_ray.config import GeneratorConfig, LoraConfig, SamplingConfig
 from grpo_ray.lora import engine_rank
-from grpo_ray.roles import RoleActor, log_to_file
+from grpo_ray.roles import RoleActor, log_to_file, trim_heap
 from grpo_ray.roles.vllm_ext import bound_cpu_gemm_caches
 from grpo_ray.types import Completion, Prompt, Rollout, RolloutStats
 
@@ -35,25 +34,6 @@ def engine_env(device: str, threads: int) -> dict[str, str]:
             "OMP_NUM_THREADS": str(threads),
         })
     return env
-
-
-def trim_heap() -> None:
-    """Give the heap's free pages back to the OS (glibc's malloc_trim: 2 ms on the tiny recipe's raw engine, about
-    10 ms in a generator's step). Without it, an engine's heap stepped up by tens of MB late in a long run
-    (benchmarks/soak.py). Once a generate call: fixing glibc's mmap threshold at 64 KiB instead, the earlier cure,
-    made every larger tensor a fresh mapping and generation 1.5x slower (the heap lever in
-    benchmarks/results/peer/peer.md)."""
-    trim = getattr(_libc(), "malloc_trim", None)  # glibc only
-    if trim:
-        trim(0)
-
-
-@functools.cache
-def _libc():
-    """The C library this process already runs on (looked up once: ctypes' find_library runs ldconfig)."""
-    import ctypes
-
-    return ctypes.CDLL(None)
 
 
 class Generator(RoleActor):
