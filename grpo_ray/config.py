@@ -543,13 +543,19 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] = (), command: str
             one = OmegaConf.from_dotlist([item.removeprefix("+")])  # Hydra's "+" for new keys is accepted
         except OmegaConfBaseException as e:
             raise RecipeError(f"override {item!r}: {e}") from None
+        except Exception as e:  # yaml's errors: the value is not valid YAML (an unclosed list, a stray quote)
+            why = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise RecipeError(f"override {item!r}: the value is not valid YAML ({why}); quote it, or close its "
+                              "brackets") from None
         check_keys(one, Recipe, origin=f"override {item!r}")
         user = OmegaConf.merge(user, one)
     try:
         merged = OmegaConf.merge(OmegaConf.structured(Recipe), user)
         recipe = OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
-        raise RecipeError(f"{path}: {_type_message(e)}") from None
+        key = str(getattr(e, "full_key", "") or "")
+        given = next((o for o in reversed(overrides) if key and o.removeprefix("+").split("=", 1)[0] == key), None)
+        raise RecipeError(f"{f'override {given!r}' if given else path}: {_type_message(e)}") from None
     problems = validate(recipe, command)
     if problems:
         raise RecipeError(f"{path}: the recipe cannot run:\n" + "\n".join(f"  - {p}" for p in problems))
@@ -579,7 +585,8 @@ def _all_paths(schema: type, prefix: str = "") -> list[str]:
 
 
 def check_keys(node: Any, schema: type, origin: str, prefix: str = "") -> None:
-    """Raise RecipeError for the first key of `node` that `schema` (a dataclass) does not have."""
+    """Raise RecipeError for the first key of `node` that `schema` (a dataclass) does not have, or a value given
+    where a section is; a single value where a list is expected becomes a list of it."""
     valid = _valid_keys(schema)
     for key in node.keys() if isinstance(node, DictConfig) else ():
         if key not in valid:
@@ -590,6 +597,13 @@ def check_keys(node: Any, schema: type, origin: str, prefix: str = "") -> None:
             raise RecipeError(f"{origin}: unknown key {full!r}{hint}")
         tp = valid[key]
         child = node._get_node(key)
+        if is_dataclass(tp) and not isinstance(child, DictConfig) and child._value() is not None:
+            some = ", ".join(f"{prefix}{key}.{k}" for k in list(_valid_keys(tp))[:3])
+            raise RecipeError(f"{origin}: {prefix + str(key)!r} is a section, not a value: set its keys ({some}, ...)")
+        if get_origin(tp) is list and not isinstance(child, ListConfig) and child._value() is not None \
+                and not isinstance(child, DictConfig):
+            node[key] = [child._value()]  # one value where a list is expected (verl's data.train_files=path): a list of it
+            child = node._get_node(key)
         if is_dataclass(tp) and isinstance(child, DictConfig):
             check_keys(child, tp, origin, prefix + f"{key}.")
         elif get_origin(tp) is list and isinstance(child, ListConfig):
@@ -640,6 +654,33 @@ def validate(r: Recipe, command: str = "train") -> list[str]:
                  "or set model.lora.sync=merged")
     p += _cluster_problems(r)
     p += _schedule_problems(r)
+    p += _generator_problems(r)
+    if command == "train" and r.reward.functions and sum(f.weight for f in r.reward.functions if f.weight > 0) == 0:
+        p.append("reward.functions: no function has a positive weight, so no response can be told from another; "
+                 "give at least one a weight above 0")
+    return p
+
+
+ENGINE_KEYS = {"model": "model.path", "tensor_parallel_size": "generator.tensor_parallel_size",
+               "gpu_memory_utilization": "generator.gpu_memory_utilization", "dtype": "generator.dtype",
+               "enforce_eager": "generator.enforce_eager", "max_model_len": "generator.max_model_len",
+               "seed": "trainer.seed", "trust_remote_code": "model.trust_remote_code",
+               "worker_extension_cls": None, "logprobs_mode": None, "enable_lora": "model.lora",
+               "max_lora_rank": "model.lora", "max_loras": "model.lora"}
+"""vllm.LLM arguments grpo-ray sets itself: the recipe key that sets each (None: needed as it is, for the weight
+sync or for logprobs the learner's match)."""
+
+
+def _generator_problems(r: Recipe) -> list[str]:
+    g, p = r.generator, []
+    for key in g.vllm_kwargs:
+        if key in ENGINE_KEYS:
+            owner = ENGINE_KEYS[key]
+            p.append(f"generator.vllm_kwargs.{key}: set by grpo-ray " + (f"from {owner}; set that instead" if owner else
+                     "(the weight sync and the sampler's logprobs depend on it); remove it"))
+    if g.val_n > 1 and g.val_temperature == 0:
+        p.append(f"generator.val_n={g.val_n} with generator.val_temperature=0: every sample is the same greedy answer, "
+                 "so pass@n says nothing pass@1 does not; set val_temperature above 0 (e.g. 0.6) or val_n=1")
     return p
 
 
@@ -704,8 +745,15 @@ def loss_aggregation(a: AlgorithmConfig) -> str:
 
 
 def notices(r: Recipe) -> list[str]:
-    """What a run says at start about choices the recipe left to defaults that change the math."""
-    a = r.algorithm
+    """What a run says at start about choices the recipe left to defaults that change the math, and settings that
+    will do nothing."""
+    a, out = r.algorithm, []
+    if r.trainer.test_freq and not r.data.val_files:
+        out.append(f"trainer.test_freq={r.trainer.test_freq} but data.val_files is empty: no validation will run")
+    return out + _gspo_notices(a)
+
+
+def _gspo_notices(a: AlgorithmConfig) -> list[str]:
     if a.loss_mode != "gspo":
         return []
     if a.loss_agg == "auto":

@@ -47,14 +47,15 @@ def run_files(output_dir: Path) -> list[str]:
 
 def prepare(output_dir: Path, trainer, config_text: str, say: Callable[[str], None] = print) -> Path | None:
     """The checkpoint to resume from (None: a fresh start), after making `output_dir` ready for the run whose
-    resolved recipe is `config_text`; raises RecipeError when what is there would be lost."""
+    resolved recipe is `config_text`; raises RecipeError when what is there would be lost, or when the checkpoint
+    holds another model than the recipe's."""
     if trainer.resume not in ("auto", "disable"):
-        return checkpoint.find_resume(output_dir, trainer.resume)
+        return same_model(checkpoint.find_resume(output_dir, trainer.resume), config_text)
     root = checkpoint.checkpoints_dir(output_dir)
     if trainer.resume == "auto":
         ckpt = checkpoint.find_resume(output_dir, "auto", say)
         if ckpt:
-            return ckpt
+            return same_model(ckpt, config_text)
         steps = checkpoint.complete_steps(root)
         if steps and not (trainer.overwrite or trainer.set_aside):
             raise RecipeError(f"trainer.resume=auto: {root} holds checkpoints {steps} and none is whole (see above); "
@@ -84,3 +85,17 @@ def prepare(output_dir: Path, trainer, config_text: str, say: Callable[[str], No
     raise RecipeError(f"trainer.output_dir={str(output_dir)!r} already holds a run ({', '.join(found)}) and {why}; "
                       "nothing was changed. Choose another trainer.output_dir, set trainer.set_aside=true to keep it "
                       "under a new name, or trainer.overwrite=true to replace it")
+
+
+def same_model(ckpt: Path, config_text: str) -> Path:
+    """`ckpt`, when it holds the model the recipe trains (model.path and LoRA rank alike); else RecipeError, before
+    anything starts rather than when the learner fails to load it."""
+    import yaml
+
+    theirs = (yaml.safe_load((ckpt / "config.yaml").read_text()) or {}).get("model", {})
+    ours = (yaml.safe_load(config_text) or {}).get("model", {})
+    for key, of in (("path", lambda m: m.get("path")), ("lora.rank", lambda m: (m.get("lora") or {}).get("rank", 0))):
+        if of(theirs) != of(ours):
+            raise RecipeError(f"{ckpt} holds model.{key}={of(theirs)!r}, the recipe trains model.{key}={of(ours)!r}: "
+                              "resume with the recipe that wrote it, or start afresh in another trainer.output_dir")
+    return ckpt

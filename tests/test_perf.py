@@ -102,3 +102,15 @@ def test_pool_metrics_count_every_actor_of_a_pool():
     assert m["perf/idle/reward"] == pytest.approx(1 - 0.2 / 4)  # the second actor was given nothing
     assert m["perf/work_balance/reward"] == 0.0
     assert not any("generator" in k for k in m)
+
+
+def test_an_unknown_gpu_reports_no_mfu_and_fails_nothing():
+    """An A10G or a T4 raised UnknownDeviceError in the learner after the cluster had started; now the step's
+    metrics simply leave MFU out (the run says so once at start)."""
+    from grpo_ray.config import Recipe
+    from grpo_ray.types import RolloutStats
+
+    stats = [RolloutStats(0.1, 0, [1, 2], [2, 3], 0)]
+    trained = {"timing_s/update_actor": 1.0, "timing_s/old_log_prob": 0.0, "actor/old_log_prob_recomputed": 0.0}
+    m = perf_metrics(stats, trained, 2.0, {"dims": DIMS, "peak_tflops": None}, 1.0, Recipe())
+    assert m["perf/throughput"] == pytest.approx(8 / 2.0) and not any(k.startswith("perf/mfu") for k in m)

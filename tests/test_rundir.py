@@ -10,6 +10,9 @@ from grpo_ray.config import RecipeError, TrainerConfig
 from tests.conftest import SHARED_DATA
 
 
+CONFIG = "model: {path: 'tiny://qwen2?layers=1', lora: {rank: 0}}\n"
+
+
 def a_run(out, steps=3):
     """What a finished run without checkpoints leaves: metrics, dumps, TensorBoard, config."""
     out.mkdir(parents=True, exist_ok=True)
@@ -33,6 +36,7 @@ def a_checkpoint(out, step):
     (ckpt / "learner" / ".metadata").write_bytes(b"meta")
     (ckpt / "learner" / "__0_0.distcp").write_bytes(b"shard" * 10)
     (ckpt / "trainer_state.json").write_text(json.dumps({"step": step}))
+    (ckpt / "config.yaml").write_text(CONFIG)
     listed = {str(p.relative_to(ckpt)): p.stat().st_size for p in ckpt.rglob("*") if p.is_file()}
     (ckpt / "manifest.json").write_text(json.dumps({"step": step, "files": listed}))
     return ckpt
@@ -72,7 +76,7 @@ def test_overwrite_removes_the_run_files_only(tmp_path):
     (out / "notes.txt").write_text("mine")
     a_checkpoint(out, 2)
     said = []
-    assert rundir.prepare(out, TrainerConfig(resume="disable", overwrite=True), "x", said.append) is None
+    assert rundir.prepare(out, TrainerConfig(resume="disable", overwrite=True), CONFIG, said.append) is None
     assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "notes.txt"]  # config.yaml: rewritten at start
     assert "removed (trainer.overwrite)" in said[0]
 
@@ -81,10 +85,10 @@ def test_set_aside_keeps_each_previous_run_under_a_new_name(tmp_path):
     out = tmp_path / "run"
     first = a_run(out)
     said = []
-    assert rundir.prepare(out, TrainerConfig(set_aside=True), "x", said.append) is None
+    assert rundir.prepare(out, TrainerConfig(set_aside=True), CONFIG, said.append) is None
     assert files(tmp_path / "run.1") == first and not any(out.iterdir())
     second = a_run(out, steps=5)
-    rundir.prepare(out, TrainerConfig(set_aside=True), "x", said.append)
+    rundir.prepare(out, TrainerConfig(set_aside=True), CONFIG, said.append)
     assert files(tmp_path / "run.2") == second and files(tmp_path / "run.1") == first
     assert "moved to" in said[-1] and "run.2" in said[-1]
 
@@ -96,8 +100,18 @@ def test_resume_auto_falls_back_over_a_damaged_checkpoint_and_says_so(tmp_path):
     newest = a_checkpoint(out, 4)
     (newest / "learner" / "__0_0.distcp").write_bytes(b"cut")
     said = []
-    assert rundir.prepare(out, TrainerConfig(), "x", said.append) == out / "checkpoints" / "step_2"
+    assert rundir.prepare(out, TrainerConfig(), CONFIG, said.append) == out / "checkpoints" / "step_2"
     assert "step_4 is not whole" in said[0] and "truncated" in said[0]
+
+
+def test_a_checkpoint_of_another_model_is_refused_before_anything_starts(tmp_path):
+    out = tmp_path / "run"
+    ckpt = a_checkpoint(out, 2)
+    other = CONFIG.replace("layers=1", "layers=2")
+    with pytest.raises(RecipeError, match=r"holds model.path='tiny://qwen2\?layers=1', the recipe trains"):
+        rundir.prepare(out, TrainerConfig(), other, lambda _: None)
+    with pytest.raises(RecipeError, match="model.lora.rank=0, the recipe trains model.lora.rank=8"):
+        rundir.prepare(tmp_path / "elsewhere", TrainerConfig(resume=str(ckpt)), CONFIG.replace("rank: 0", "rank: 8"))
 
 
 def test_checkpoints_none_of_them_whole_are_never_silently_started_over(tmp_path):
@@ -106,7 +120,7 @@ def test_checkpoints_none_of_them_whole_are_never_silently_started_over(tmp_path
     a_checkpoint(out, 2)
     (out / "checkpoints" / "step_2" / "learner" / ".metadata").unlink()
     with pytest.raises(RecipeError, match=r"holds checkpoints \[2\] and none is whole"):
-        rundir.prepare(out, TrainerConfig(), "x", lambda _: None)
+        rundir.prepare(out, TrainerConfig(), CONFIG, lambda _: None)
     assert all(files(out)[k] == v for k, v in before.items())
 
 

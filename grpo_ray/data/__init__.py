@@ -8,10 +8,11 @@ A row is a dict::
     reward_model  {style, ground_truth}  ground_truth is what reward functions compare with
     extra_info    dict                   split, index, the original question and answer
 
-``load_rows(spec)`` reads rows from a parquet or JSONL file or from a synthetic task's name
+``load_rows(spec)`` reads rows from a parquet, JSONL or JSON-array file or from a synthetic task's name
 (``synthetic://select?size=N&seed=S&items=K&split=train`` or
 ``synthetic://reasoning?size=N&seed=S&min_steps=2&max_steps=3&max_value=40&split=test``, see
-grpo_ray.data.synthetic), and checks each row, naming the file and row of the first bad one.
+grpo_ray.data.synthetic), and checks each row, naming the file and row of the first bad one. A prompt
+written as plain text becomes one user message, a numeric ground truth its text (``normalise``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,17 @@ class DataError(UserError):
     """Rows that cannot be used, with the file and row that are wrong."""
 
 
+def normalise(row: dict) -> dict:
+    """Forms people write by hand, in the schema: a prompt given as plain text is one user message; a ground truth
+    given as a number is its text."""
+    prompt, rm = row.get("prompt"), row.get("reward_model")
+    if isinstance(prompt, str) and prompt.strip():
+        row = {**row, "prompt": [{"role": "user", "content": prompt}]}
+    if isinstance(rm, dict) and isinstance(rm.get("ground_truth"), (int, float)) and not isinstance(rm["ground_truth"], bool):
+        row = {**row, "reward_model": {**rm, "ground_truth": str(rm["ground_truth"])}}
+    return row
+
+
 def row_problem(row: dict) -> str | None:
     """What is wrong with `row`, or None when it is usable."""
     prompt = row.get("prompt")
@@ -39,7 +51,10 @@ def row_problem(row: dict) -> str | None:
             return "each prompt message needs string 'role' and 'content'"
     if not any(m["content"].strip() for m in prompt):
         return "the prompt is empty"
-    truth = (row.get("reward_model") or {}).get("ground_truth")
+    rm = row.get("reward_model")
+    truth = rm.get("ground_truth") if isinstance(rm, dict) else None
+    if truth is not None and not isinstance(truth, str):
+        return f"'reward_model.ground_truth' must be text or a number, not a {type(truth).__name__}"
     if not isinstance(truth, str) or not truth.strip():
         return "'reward_model.ground_truth' is missing or empty"
     if not isinstance(row.get("data_source"), str):
@@ -62,23 +77,36 @@ def load_rows(spec: str) -> list[dict]:
         except Exception as e:  # pyarrow raises several types for unreadable files
             raise DataError(f"{spec}: not a readable parquet file ({e})") from None
     elif path.suffix in (".jsonl", ".json"):
-        rows = []
-        with open(path, "rb") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rows.append(json.loads(line.decode("utf-8")))
-                except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                    raise DataError(f"{spec} line {n}: not a JSON object in UTF-8 ({e})") from None
+        rows = _json_rows(spec, path)
     else:
-        raise DataError(f"{spec}: unknown file type {path.suffix!r}; expected .parquet or .jsonl")
+        raise DataError(f"{spec}: unknown file type {path.suffix!r}; expected .parquet, .jsonl or .json")
+    rows = [normalise(row) if isinstance(row, dict) else row for row in rows]
     for i, row in enumerate(rows):
         problem = row_problem(row) if isinstance(row, dict) else "not a JSON object"
         if problem:
             raise DataError(f"{spec} row {i}: {problem}")
     if not rows:
         raise DataError(f"{spec}: no rows")
+    return rows
+
+
+def _json_rows(spec: str, path: Path) -> list:
+    """A JSON array of rows (a .json file whose text starts with '['), or one JSON object per line; UTF-8, with or
+    without a byte-order mark, blank lines skipped."""
+    data = path.read_bytes().removeprefix(b"\xef\xbb\xbf")
+    if path.suffix == ".json" and data.lstrip().startswith(b"["):
+        try:
+            return json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise DataError(f"{spec}: not a JSON array of rows in UTF-8 ({e})") from None
+    rows = []
+    for n, line in enumerate(data.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line.decode("utf-8")))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise DataError(f"{spec} line {n}: not a JSON object in UTF-8 ({e})") from None
     return rows
 
 

@@ -48,6 +48,8 @@ def load(name: str) -> RewardFn:
         module = importlib.import_module(module_name)
     except ImportError as e:
         raise RewardLoadError(f"reward {name!r}: cannot import module {module_name!r} ({e})") from None
+    except Exception as e:  # the module itself fails: a syntax error, or code that raises at import
+        raise RewardLoadError(f"reward {name!r}: importing {module_name!r} failed: {type(e).__name__}: {e}") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise RewardLoadError(f"reward {name!r}: module {module_name!r} has no callable {attr!r}")

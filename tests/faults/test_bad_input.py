@@ -1,4 +1,6 @@
-"""Item 8: bad input gives one clear error naming what to fix, exit 2, no traceback, before any actor starts."""
+"""Bad input gives one clear error naming what to fix, exit 2, no traceback, before any actor starts: hand-written
+cases (a first round, then a second after SFT, LoRA, one step off, the algorithm switches and user files came), and a
+sweep generated from the recipe schema."""
 
 import json
 import shutil
@@ -28,6 +30,14 @@ def _files(tmp_path):
     cfg.pop("chat_template", None)
     (model / "tokenizer_config.json").write_text(json.dumps(cfg))
     (model / "chat_template.jinja").unlink(missing_ok=True)
+    # the second round: what people write by hand, and a malicious recipe
+    (tmp_path / "duplicate.yaml").write_text("trainer:\n  total_steps: 1\ntrainer:\n  total_steps: 2\n")
+    (tmp_path / "tagged.yaml").write_text("model: {path: !!python/object/apply:os.system ['touch pwned']}\n")
+    (tmp_path / "rows.csv").write_text("question,answer\nhi,3\n")
+    (tmp_path / "list_truth.jsonl").write_text(json.dumps({**good, "reward_model": {"ground_truth": ["3"]}}) + "\n")
+    (tmp_path / "strings.json").write_text('["one row", "another"]')
+    (tmp_path / "run_there").mkdir()
+    (tmp_path / "run_there" / "metrics.jsonl").write_text('{"step": 1}\n')
 
 
 CASES = {  # name: (recipe, overrides, what the message must say)
@@ -66,6 +76,31 @@ CASES = {  # name: (recipe, overrides, what the message must say)
                                          "model.lora.target_modules: no module named qkv in a decoder block"),
     "LoRA on no module": (RECIPE, ["model.lora.rank=4", "model.lora.target_modules=[]"],
                           "model.lora.target_modules is empty"),
+    # the second round: newer keys and their combinations, hand-made files, odd overrides, a malicious recipe
+    "duplicate key in a recipe": ("{tmp}/duplicate.yaml", [], "found duplicate key trainer"),
+    "YAML tag in a recipe (never executed)": ("{tmp}/tagged.yaml", [], "not valid YAML"),
+    "a value for a section": (RECIPE, ["algorithm=3"], "'algorithm' is a section, not a value"),
+    "an override that is not YAML": (RECIPE, ["data.train_files=[a,b"], "the value is not valid YAML"),
+    "an override with no value": (RECIPE, ["trainer.total_steps="], "override 'trainer.total_steps='"),
+    "a data file of an unknown type": (RECIPE, ["data.train_files={tmp}/rows.csv"], "unknown file type '.csv'"),
+    "a ground truth that is a list": (RECIPE, ["data.train_files=[{tmp}/list_truth.jsonl]"],
+                                      "list_truth.jsonl row 0: 'reward_model.ground_truth' must be text or a number"),
+    "a JSON array of strings": (RECIPE, ["data.train_files=[{tmp}/strings.json]"], "strings.json row 0: not a JSON object"),
+    "an engine argument grpo-ray sets": (RECIPE, ["generator.vllm_kwargs={seed: 3}"],
+                                         "generator.vllm_kwargs.seed: set by grpo-ray from trainer.seed"),
+    "the sampler's logprob mode": (RECIPE, ["generator.vllm_kwargs={logprobs_mode: raw_logprobs}"],
+                                   "generator.vllm_kwargs.logprobs_mode: set by grpo-ray"),
+    "no reward with a positive weight": (RECIPE, ["reward.functions=[{name: gsm8k, weight: 0}]"],
+                                         "no function has a positive weight"),
+    "pass@n of greedy samples": (RECIPE, ["generator.val_n=4"], "every sample is the same greedy answer"),
+    "a reward module that raises at import": (RECIPE, ["reward.functions=[{name: 'tests.helpers.reward_raises_at_import:f'}]"],
+                                              "failed: RuntimeError: boom at import"),
+    "LoRA rank vLLM cannot serve": (RECIPE, ["model.lora.rank=1024"], "vLLM serves adapters up to rank 512"),
+    "rejection with nothing to reject": (RECIPE, ["algorithm.rollout_correction.bypass_mode=true",
+                                                  "algorithm.rollout_correction.rollout_rs=sequence"],
+                                         "set rollout_is and rollout_rs to null"),
+    "a rerun over a run with no checkpoint": (RECIPE, ["trainer.output_dir={tmp}/run_there"],
+                                              "already holds a run (metrics.jsonl) and no whole checkpoint"),
 }
 
 
