@@ -141,9 +141,9 @@ class Pools:
         """A new weight-sync group: learner rank 0 (rank 0) + every worker of every engine."""
         learner, gens, tp = self.actors["learner"][0], self.actors["generator"], self.r.generator.tensor_parallel_size
         world = 1 + len(gens) * tp
-        # every engine up first (a replaced one starts vLLM): the group's store waits for all its members, and a
-        # member that joins early waits for the others only trainer.sync_timeout_s
-        self.call([g.where.remote() for g in gens], "engines ready", self.r.generator.timeout_s)
+        # every engine up first (a replaced one starts vLLM, within the deadline of any start): the group's store
+        # waits for all its members, and a member that joins early waits for the others only trainer.sync_timeout_s
+        self.call([g.where.remote() for g in gens], "engines ready")
         host, port = self.call(learner.address.remote(), "sync address")
         timeout, backend = self.r.trainer.sync_timeout_s, backend_for(self.r.cluster.device)
         self.call([learner.init_sync.remote(host, port, world, timeout)] +

@@ -229,11 +229,11 @@ class Learner(RoleActor):
                                    seqs.response_mask.to(logp.device),
                                    None if old is None else place([old[i] for i in micro]),
                                    None if ref_lps is None else place([ref_lps[i] for i in micro]), entropy)
-                    loss, n, sums, corr_sums, top = micro_batch_loss(x, a, self.recipe.generator.sampling.max_tokens)
+                    loss, counted, sums, corr_sums, top = micro_batch_loss(x, a, self.recipe.generator.sampling.max_tokens)
                     if fault_at("nan_loss", self.steps + 1):
                         loss = loss * float("nan")
                     loss.backward()
-                    count += n
+                    count += counted
                     mini += sums
                     if epoch == 0:
                         corr += corr_sums
