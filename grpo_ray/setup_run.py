@@ -41,10 +41,11 @@ def usable_rows(files: list[str], tokenizer, recipe: Recipe, dropped: dict[str, 
     sft.max_target_length. A row without a target is a DataError naming the file and row."""
     rows = []
     for spec in files:
-        n = 0
-        for i, row in enumerate(load_rows(spec)):
-            text = prompt_text(tokenizer, row, recipe.data.response_prefix, recipe.model.chat_template_kwargs)
-            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        n, loaded = 0, load_rows(spec)
+        texts = [prompt_text(tokenizer, row, recipe.data.response_prefix, recipe.model.chat_template_kwargs)
+                 for row in loaded]
+        prompts = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []  # one call: batched
+        for i, (row, text, ids) in enumerate(zip(loaded, texts, prompts)):
             extra = {"prompt_ids": ids, "prompt_text": text}
             if targets:
                 target = target_text(row, recipe.sft.target_key, recipe.data.response_prefix)

@@ -65,6 +65,9 @@ def runs(tmp_path_factory):
 def test_resume_after_sigkill_repeats_the_uninterrupted_run(runs):
     whole, killed = runs
     assert_same_metrics(whole, killed)
+    on = metrics(whole)  # on-policy (tests/test_async.py has the one-step-off side): each batch after the push
+    assert [r["rollout/staleness"] for r in on] == [0] * 4 and all(r["perf/gen_overlap_s"] == 0 for r in on)
+    assert all(r["perf/gen_ahead_s"] < 0 for r in on[1:])
     assert checkpoint.complete_steps(killed / "checkpoints") == [2, 4]
     state = checkpoint.load_state(killed / "checkpoints" / "step_4")
     assert state["step"] == 4 and state["version"] == 4 and state["data"] == {"epoch": 0, "index": 64}

@@ -18,7 +18,8 @@ from tests.conftest import ROOT, run_cli
 pytestmark = pytest.mark.slow
 
 
-ONE_STEP_OFF = ["algorithm.max_staleness=1", "algorithm.rollout_correction.rollout_is=token"]
+# one step off in 100 steps (the quick start's score passes 0.8 near step 85 either way: 150 take a minute more)
+ONE_STEP_OFF = ["algorithm.max_staleness=1", "algorithm.rollout_correction.rollout_is=token", "trainer.total_steps=100"]
 
 
 @pytest.mark.parametrize("schedule", [[], ONE_STEP_OFF], ids=["on-policy", "one-step-off"])
@@ -29,7 +30,7 @@ def test_tiny_recipe_learns_with_every_pool_its_own_actor(tmp_path, schedule):
     rows = [r for r in everything if r["step"] > 0]
     scores = [r["critic/score/mean"] for r in rows]
     print("score per step:", [round(s, 3) for s in scores])
-    assert len(rows) == rows[-1]["step"] >= 50
+    assert len(rows) == rows[-1]["step"] == (100 if schedule else 150)
     assert scores[0] <= 0.3
     assert statistics.fmean(scores[-5:]) >= 0.8
     assert max(r["sync/logprob_diff"] for r in rows) < 1e-3  # weights reached the generators every step
@@ -37,7 +38,7 @@ def test_tiny_recipe_learns_with_every_pool_its_own_actor(tmp_path, schedule):
     versions = list(range(len(rows))) if not schedule else [0] + list(range(len(rows) - 1))
     assert [r["rollout/policy_version"] for r in rows] == versions
     val = [r["val/synthetic/select/pass@1"] for r in everything if "val/synthetic/select/pass@1" in r]
-    assert len(val) == 4 and val[0] <= 0.3 and val[-1] >= 0.8  # before training, steps 50, 100, 150 (greedy)
+    assert len(val) == len(rows) // 50 + 1 and val[0] <= 0.3 and val[-1] >= 0.8  # before training, every 50 steps
     placement = json.loads((tmp_path / "placement.json").read_text())
     assert {p: len(a) for p, a in placement.items()} == {"generator": 1, "learner": 2, "reference": 1, "reward": 1}
     assert len({a["pid"] for actors in placement.values() for a in actors}) == 5

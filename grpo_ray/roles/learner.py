@@ -91,7 +91,7 @@ class Learner(RoleActor):
             name = torch.cuda.get_device_name()
             peak = device_peak_tflops(name, declared)
         else:
-            name, peak = "cpu", declared or measure_cpu_peak_tflops()
+            name, peak = "cpu", declared or (measure_cpu_peak_tflops() if self.rank == 0 else None)  # rank 0's is used
         return {"dims": model_dims(self.model_path), "peak_tflops": peak, "device_name": name}
 
     # --- training --------------------------------------------------------------------

@@ -29,7 +29,7 @@ def test_sigkill_at_random_points_loses_and_repeats_nothing(tmp_path, faults_env
     assert checkpoint.find_resume(out, "auto").name == "step_1"
     assert (out / "checkpoints" / ".tmp_step_2").is_dir() and not (out / "checkpoints" / "step_2").exists()
     kills = 0
-    for _ in range(2):  # 2, 3: SIGKILL to the whole process group at a random moment after a step is logged
+    for _ in range(1):  # 2: SIGKILL to the whole process group at a random moment after a step is logged
         done = max((m["step"] for m in metrics(out)), default=0)
         if done >= STEPS - 1:
             break
