@@ -67,3 +67,15 @@ def tiny_rollouts(vocab: int, prompts: int = 4, group: int = 4, seed: int = 0, s
                 cs.append(Completion(i, ids, "", [-rng.uniform(4, 7) for _ in ids], "stop"))  # a sampler's logprobs
         out.append(Rollout(ps, cs, 0))
     return out
+
+
+ONE_STEP_OFF = ["algorithm.max_staleness=1", "algorithm.rollout_correction.rollout_is=token"]
+
+
+@pytest.fixture(scope="session")
+def resumed_runs(tmp_path_factory):
+    """One step off, with dumps: an uninterrupted 4-step run and the same run SIGKILLed after step 2's checkpoint,
+    then resumed (tests/test_checkpoint.py's whole_and_resumed); shared by test_checkpoint and test_async."""
+    from tests.test_checkpoint import whole_and_resumed
+
+    return whole_and_resumed(tmp_path_factory, [*ONE_STEP_OFF, "trainer.dump_rollouts=true"])

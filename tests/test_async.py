@@ -1,28 +1,28 @@
 """The one-step-off schedule (algorithm.max_staleness=1): the next batch is generated while this one trains,
 no sample older than the bound is trained on, and a killed run resumes exactly.
 
-One uninterrupted 4-step run and the same run SIGKILLed after its step-2 checkpoint and resumed
-(tests/test_checkpoint.py's pair, one step off); the on-policy side of each comparison is checked there."""
+One uninterrupted 4-step run and the same run SIGKILLed after its step-2 checkpoint and resumed (the pair
+tests/test_checkpoint.py uses too); the on-policy side of each comparison is checked in tests/test_learning.py."""
 
 import json
 
 import pytest
 
+from tests.conftest import ONE_STEP_OFF as ASYNC
 from tests.conftest import run_cli
-from tests.test_checkpoint import assert_same_metrics, whole_and_resumed
+from tests.test_checkpoint import assert_same_metrics
 
 pytestmark = pytest.mark.slow
 
-ASYNC = ["algorithm.max_staleness=1", "algorithm.rollout_correction.rollout_is=token"]
 
 
 def rows(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    return whole_and_resumed(tmp_path_factory, [*ASYNC, "trainer.dump_rollouts=true"])
+@pytest.fixture
+def runs(resumed_runs):
+    return resumed_runs
 
 
 def test_next_batch_is_generated_while_this_one_trains(runs):

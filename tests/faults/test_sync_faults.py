@@ -10,7 +10,7 @@ from tests.faults.conftest import SCHEDULES, Run, metrics
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("schedule", ["one-step-off"])  # on-policy's push is the same path without a batch in flight
 def test_receiver_killed_mid_broadcast_is_replaced(tmp_path, faults_env, schedule):
     out = tmp_path / "run"
     # 1 MiB buckets: the 1.4 MB model goes in two, and engine 0 or 1 exits after receiving the first (one step
