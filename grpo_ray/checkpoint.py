@@ -51,8 +51,10 @@ def staging_dir(output_dir: Path, step: int) -> Path:
     return tmp
 
 
-def commit(tmp: Path, model_path: str, state: dict, info: dict, config_yaml: Path, keep_last: int) -> Path:
-    """Finish a checkpoint written into `tmp`: state files, tokenizer, manifest, then the rename."""
+def commit(tmp: Path, model_path: str, state: dict, info: dict, config_yaml: Path, keep_last: int,
+           keep: frozenset[int] = frozenset()) -> Path:
+    """Finish a checkpoint written into `tmp`: state files, tokenizer, manifest, then the rename; then drop all
+    but the newest `keep_last` (0: none dropped), never one of the steps in `keep` (the best: trainer.keep_best)."""
     (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1))
     (tmp / "training_info.json").write_text(json.dumps(info, indent=1))
     shutil.copy(config_yaml, tmp / "config.yaml")
@@ -64,7 +66,7 @@ def commit(tmp: Path, model_path: str, state: dict, info: dict, config_yaml: Pat
     final = tmp.parent / f"step_{state['step']}"
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
-    for old in complete_steps(tmp.parent)[:-keep_last] if keep_last > 0 else []:
+    for old in [s for s in complete_steps(tmp.parent)[:-keep_last] if s not in keep] if keep_last > 0 else []:
         shutil.rmtree(tmp.parent / f"step_{old}", ignore_errors=True)
     return final
 

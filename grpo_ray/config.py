@@ -331,6 +331,20 @@ class ClusterConfig:
 
 
 @dataclass
+class EarlyStopConfig:
+    """Early stopping on a validation metric (needs validation: data.val_files and trainer.test_freq)."""
+
+    metric: str = ""
+    """A validation metric, e.g. val/gsm8k/pass@1; empty turns early stopping off."""
+    mode: str = "max"
+    """max (larger is better) or min."""
+    patience: int = 3
+    """Validations in a row without an improvement of at least min_delta before the run stops."""
+    min_delta: float = 0.0
+    """The least change that counts as an improvement."""
+
+
+@dataclass
 class TrainerConfig:
     total_steps: int = 0
     """Steps to run; 0 means total_epochs over the training rows."""
@@ -350,8 +364,10 @@ class TrainerConfig:
     """Write every step's samples to <output_dir>/rollouts/ as JSONL."""
     output_dir: str = "runs/${trainer.experiment_name}"
     """Where config.yaml, metrics, rollouts and checkpoints go."""
+    project_name: str = "grpo-ray"
+    """The project the run belongs to (verl's name): the W&B project and the MLflow experiment."""
     experiment_name: str = "grpo"
-    """Name of the run."""
+    """Name of the run (verl's name): the default output_dir, and the W&B and MLflow run name."""
     overwrite: bool = False
     """Start afresh in an output_dir that holds a run with no whole checkpoint to resume (or with trainer.resume:
     disable), removing that run's files (metrics, dumps, TensorBoard, checkpoints, logs); otherwise that is an
@@ -361,7 +377,22 @@ class TrainerConfig:
     seed: int = 0
     """Seed for data order, sampling and initial weights of tiny models."""
     loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])
-    """Any of console, jsonl, tensorboard."""
+    """Any of console, jsonl, tensorboard, wandb, mlflow (verl's trainer.logger is the same key). The trackers
+    (wandb, mlflow) need the tracking extra: pip install 'grpo-ray[tracking]'."""
+    wandb_mode: str = ""
+    """W&B's mode: online, offline (files under output_dir/wandb, for `wandb sync` later) or disabled; empty:
+    WANDB_MODE, else online. The API key comes from WANDB_API_KEY (never from the recipe)."""
+    mlflow_tracking_uri: str = ""
+    """The MLflow server (http://host:5000) or store; empty: MLFLOW_TRACKING_URI, else output_dir/mlruns. A token
+    comes from MLFLOW_TRACKING_TOKEN (never from the recipe)."""
+    tracker_required: bool = False
+    """Stop before training when a tracker named in loggers cannot start; otherwise it is said and the run goes on
+    without it. A tracker lost mid-run never stops training either way."""
+    early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
+    """Stop when a validation metric stops improving."""
+    keep_best: bool = False
+    """Save a checkpoint at every validation that improves early_stop.metric (or the mean pass@1 when no metric is
+    named) and keep the best one whatever keep_last says."""
     log_level: str = "info"
     """info: the console shows one line per step and what calls for action; every actor's own output (vLLM,
     transformers, Ray) goes to <output_dir>/logs/<pool>-<i>.log. debug: actors' output on the console too."""
@@ -421,8 +452,10 @@ CHOICES = {
     "cluster.cpu_threads": ("auto", "reserved", "node"),
     "model.lora.sync": ("adapters", "merged"),
     "trainer.log_level": ("info", "debug"),
+    "trainer.wandb_mode": ("", "online", "offline", "disabled"),
+    "trainer.early_stop.mode": ("max", "min"),
 }
-LOGGERS = ("console", "jsonl", "tensorboard")
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 ENGINE_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The ranks vLLM's max_lora_rank takes: an engine serves adapters up to the next one."""
 GPU_MEMORY_GB = {"b200": 180.0, "h200": 141.0, "h100": 80.0}
@@ -497,11 +530,13 @@ RANGES: dict[str, Range] = {
     "trainer.keep_last": NON_NEGATIVE, "trainer.test_freq": NON_NEGATIVE, "trainer.seed": NON_NEGATIVE,
     "trainer.max_sync_logprob_diff": POSITIVE, "trainer.call_timeout_s": POSITIVE, "trainer.bucket_mb": POSITIVE,
     "trainer.sync_timeout_s": POSITIVE, "trainer.max_skipped_steps": POSITIVE, "trainer.preemption_grace_s": NON_NEGATIVE,
-    "sft.max_target_length": POSITIVE,
+    "sft.max_target_length": POSITIVE, "trainer.early_stop.patience": POSITIVE,
+    "trainer.early_stop.min_delta": NON_NEGATIVE,
 }
 """Every numeric field of the recipe and its range, checked before anything starts (a test keeps this complete)."""
 FREE_TEXT = {"model.path", "data.response_prefix", "reward.functions.name", "trainer.resume", "trainer.output_dir",
-             "trainer.experiment_name", "cluster.gpu", "sft.target_key"}
+             "trainer.experiment_name", "trainer.project_name", "trainer.mlflow_tracking_uri", "trainer.early_stop.metric",
+             "cluster.gpu", "sft.target_key"}
 """String fields that are not a choice among CHOICES (paths, names, text; cluster.gpu is checked on its own)."""
 
 
@@ -535,6 +570,7 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] = (), command: str
         raise RecipeError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(user, DictConfig):
         raise RecipeError(f"{path}: the top level must be a mapping of sections, got a {type(user).__name__}")
+    _take_aliases(user)
     check_keys(user, Recipe, origin=str(path))
     for item in overrides:
         if "=" not in item:
@@ -547,6 +583,7 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] = (), command: str
             why = getattr(e, "problem", None) or str(e).splitlines()[0]
             raise RecipeError(f"override {item!r}: the value is not valid YAML ({why}); quote it, or close its "
                               "brackets") from None
+        _take_aliases(one)
         check_keys(one, Recipe, origin=f"override {item!r}")
         user = OmegaConf.merge(user, one)
     try:
@@ -584,6 +621,47 @@ def _all_paths(schema: type, prefix: str = "") -> list[str]:
     return out
 
 
+FOREIGN_KEYS = {
+    "logger.wandb_enabled": ("NeMo RL", "trainer.loggers (e.g. trainer.loggers=[console,jsonl,wandb])"),
+    "logger.mlflow_enabled": ("NeMo RL", "trainer.loggers (e.g. trainer.loggers=[console,jsonl,mlflow])"),
+    "logger.tensorboard_enabled": ("NeMo RL", "trainer.loggers (e.g. trainer.loggers=[console,jsonl,tensorboard])"),
+    "logger.wandb.project": ("NeMo RL", "trainer.project_name"),
+    "logger.wandb.name": ("NeMo RL", "trainer.experiment_name"),
+    "logger.mlflow.experiment_name": ("NeMo RL", "trainer.project_name"),
+    "logger.mlflow.run_name": ("NeMo RL", "trainer.experiment_name"),
+    "logger.mlflow.tracking_uri": ("NeMo RL", "trainer.mlflow_tracking_uri"),
+    "logger.log_dir": ("NeMo RL", "trainer.output_dir"),
+    "trainer.default_local_dir": ("verl", "trainer.output_dir"),
+    "trainer.total_training_steps": ("verl", "trainer.total_steps"),
+    "trainer.n_gpus_per_node": ("verl", "cluster.devices_per_node"),
+    "trainer.nnodes": ("verl", "cluster.nodes"),
+    "actor_rollout_ref.rollout.n": ("verl", "algorithm.group_size"),
+    "actor_rollout_ref.actor.optim.lr": ("verl", "learner.optim.lr"),
+    "data.max_response_length": ("verl", "generator.sampling.max_tokens"),
+}
+"""Keys a verl or NeMo RL user types, and ours: said when such a key is refused as unknown."""
+ALIASES = {("trainer", "logger"): "loggers"}
+"""verl's spellings taken as ours (section, key) -> our key."""
+
+
+def _leaf_keys(node: DictConfig, prefix: str):
+    for k in node.keys():
+        child = node._get_node(k)
+        if isinstance(child, DictConfig):
+            yield from _leaf_keys(child, f"{prefix}.{k}")
+        else:
+            yield f"{prefix}.{k}"
+
+
+def _take_aliases(node: DictConfig) -> None:
+    """Rename verl's spellings (trainer.logger) to ours in place."""
+    for (section, key), ours in ALIASES.items():
+        sub = node.get(section) if isinstance(node, DictConfig) else None
+        if isinstance(sub, DictConfig) and key in sub:
+            sub[ours] = sub[key]
+            del sub[key]
+
+
 def check_keys(node: Any, schema: type, origin: str, prefix: str = "") -> None:
     """Raise RecipeError for the first key of `node` that `schema` (a dataclass) does not have, or a value given
     where a section is; a single value where a list is expected becomes a list of it."""
@@ -594,6 +672,11 @@ def check_keys(node: Any, schema: type, origin: str, prefix: str = "") -> None:
             close = [prefix + c for c in difflib.get_close_matches(str(key), list(valid), n=1, cutoff=0.6)]
             close = close or difflib.get_close_matches(full, _all_paths(Recipe), n=1, cutoff=0.6)
             hint = f"; did you mean {close[0]!r}?" if close else ""
+            child = node._get_node(key)
+            leaves = list(_leaf_keys(child, full)) if isinstance(child, DictConfig) else [full]
+            foreign = next((FOREIGN_KEYS[k] for k in leaves if k in FOREIGN_KEYS), None)
+            if foreign:
+                hint = f"; {foreign[0]}'s {next(k for k in leaves if k in FOREIGN_KEYS)} is {foreign[1]} here"
             raise RecipeError(f"{origin}: unknown key {full!r}{hint}")
         tp = valid[key]
         child = node._get_node(key)
@@ -640,6 +723,7 @@ def validate(r: Recipe, command: str = "train") -> list[str]:
         )
     for bad in set(r.trainer.loggers) - set(LOGGERS):
         p.append(f"trainer.loggers: unknown logger {bad!r}; expected any of {', '.join(LOGGERS)}")
+    p += _tracker_problems(r)
     if r.trainer.total_steps == 0 and r.trainer.total_epochs == 0:
         p.append("trainer.total_steps or trainer.total_epochs must be positive")
     if not r.data.train_files:
@@ -681,6 +765,22 @@ def _generator_problems(r: Recipe) -> list[str]:
     if g.val_n > 1 and g.val_temperature == 0:
         p.append(f"generator.val_n={g.val_n} with generator.val_temperature=0: every sample is the same greedy answer, "
                  "so pass@n says nothing pass@1 does not; set val_temperature above 0 (e.g. 0.6) or val_n=1")
+    return p
+
+
+def _tracker_problems(r: Recipe) -> list[str]:
+    import importlib.util
+
+    t, p = r.trainer, []
+    for name in ("wandb", "mlflow"):
+        if name in t.loggers and importlib.util.find_spec(name) is None:
+            p.append(f"trainer.loggers: {name} needs the {name} package: pip install 'grpo-ray[tracking]'")
+    e = t.early_stop
+    if e.metric and not e.metric.startswith("val/"):
+        p.append(f"trainer.early_stop.metric={e.metric!r}: a validation metric is expected, e.g. val/gsm8k/pass@1")
+    if (e.metric or t.keep_best) and not (r.data.val_files and t.test_freq):
+        what = "trainer.early_stop.metric" if e.metric else "trainer.keep_best"
+        p.append(f"{what} needs validation: set data.val_files and trainer.test_freq")
     return p
 
 

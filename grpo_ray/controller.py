@@ -36,7 +36,7 @@ import ray
 import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from grpo_ray import checkpoint
+from grpo_ray import checkpoint, early_stop, trackers
 from grpo_ray.algo.advantage import advantages as estimate, overlong_penalty
 from grpo_ray.algo.batching import Samples, balanced_ranges, select_groups, signal_groups, spans_of, take_groups
 from grpo_ray.config import POOLS, Recipe
@@ -45,13 +45,7 @@ from grpo_ray.dumps import write_dump
 from grpo_ray.engines import Batch, Engines
 from grpo_ray.errors import Preempted, RunError
 from grpo_ray.faults import fault_at
-from grpo_ray.metrics import (
-    MetricsLog,
-    perf_metrics,
-    pool_metrics,
-    rollout_metrics,
-    validation_metrics,
-)
+from grpo_ray.metrics import MetricsLog, perf_metrics, pool_metrics, rollout_metrics, sample_table, validation_metrics
 from grpo_ray.pools import Pools
 from grpo_ray.setup_run import RunInputs
 from grpo_ray.types import Prompt, Work
@@ -84,6 +78,8 @@ class Controller:
         self.skipped = {"in_a_row": 0, "total": 0}
         self.preempted_at: float | None = None
         self.log: MetricsLog | None = None
+        self.best = early_stop.Best.of(recipe.trainer)
+        """The best validation so far (early stopping, keep_best)."""
 
     # --- one step ----------------------------------------------------------------------
 
@@ -246,6 +242,8 @@ class Controller:
         sampling = dataclasses.replace(g.sampling, temperature=g.val_temperature)
         rollouts, stats = self.engines.generate(prompts, g.val_n, step, sampling)
         scores = self._get(self.score(rollouts, Samples.of(stats)), "validation reward")
+        if self.log and self.log.trackers:  # a few samples of the first engine's share, as a table
+            self.log.table(step, sample_table(self._get(rollouts[0], "validation samples"), scores[0].totals))
         if self.r.trainer.dump_rollouts:
             self.dump(f"val_data_step{step}", step, rollouts, scores, None)
         perfect = sum(f.weight for f in self.r.reward.functions if f.weight > 0)
@@ -277,14 +275,16 @@ class Controller:
         if fault_at("exit_mid_checkpoint", step):
             os._exit(1)  # fault test: the job dies with the shards written and the checkpoint not committed
         state = {"step": step, "version": self.version, "data": dataclasses.asdict(self.stream.position),
-                 "scheduler": saved["scheduler"]}
+                 "scheduler": saved["scheduler"], "best": self.best.state()}
         info = {"step": step, "consumed_samples": step * self.r.data.train_batch_size, "last_val_score": last_val}
+        keep = frozenset([self.best.step] if self.r.trainer.keep_best and self.best.step else [])
         return checkpoint.commit(tmp, self.inputs.model_path, state, info, self.inputs.output_dir / "config.yaml",
-                                 self.r.trainer.keep_last)
+                                 self.r.trainer.keep_last, keep)
 
     def restore(self, ckpt: Path) -> int:
         """Learner weights and optimizer, scheduler, data position and version; generators get the weights."""
         state = checkpoint.load_state(ckpt)
+        self.best = early_stop.Best.of(self.r.trainer, state.get("best"))
         self._get([l.load.remote(str(ckpt / "learner"), state["scheduler"]) for l in self.pools.actors["learner"]],
                   "checkpoint load")
         self.stream = PromptStream(self.inputs.train_rows, self.r.data.train_batch_size, self.r.trainer.seed,
@@ -305,13 +305,15 @@ class Controller:
         ckpt = self.inputs.resume  # chosen before any actor started (grpo_ray.rundir)
         done = checkpoint.load_state(ckpt)["step"] if ckpt else 0
         checkpoint.keep_metrics(self.inputs.output_dir / "metrics.jsonl", done)  # steps after the checkpoint are redone
-        self.log = MetricsLog(self.inputs.output_dir, t.loggers, total, done)
+        self.log = MetricsLog(self.inputs.output_dir, t.loggers, total, done,
+                              trackers.start(self.r, self.inputs.output_dir, self.say))
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "preempted_at", self.preempted_at or time.monotonic()))
         try:
             if t.log_level == "info":
                 self.say(f"actor logs (vLLM, transformers, Ray workers): {self.pools.log_dir()}/ "
                          "(trainer.log_level=debug shows them here)")
             self.start(self.pools_needed())
+            self.log.file(self.inputs.output_dir / "placement.json")
             if self.pools.facts and not self.pools.facts["peak_tflops"]:
                 self.say(f"MFU not reported: no peak TFLOPS known for {self.pools.facts['device_name']!r}; set "
                          "cluster.peak_tflops to report it")
@@ -327,14 +329,22 @@ class Controller:
                 self.log.log(0, self.validate(0))
             last_val, save_seconds = None, 0.0
             for step in range(done + 1, total + 1):
-                metrics = self.step(step)
+                metrics, improved = self.step(step), False
                 if self.validating(step):
                     metrics.update(self.validate(step))
                     last_val = statistics.fmean(v for k, v in metrics.items() if k.endswith("/pass@1"))
+                    improved = self.best.update(step, metrics)
                 self.log.log(step, metrics)
-                if self.saving(step) or self.preempted_at is not None:
-                    save_seconds = self.save_or_quit(step, last_val, self.saving(step), save_seconds)
+                keep = improved and t.keep_best  # the best validation's weights, kept whatever keep_last says
+                if self.saving(step) or keep or self.best.stop or self.preempted_at is not None:
+                    save_seconds = self.save_or_quit(step, last_val, self.saving(step) or keep or self.best.stop,
+                                                     save_seconds)
+                if self.best.stop:
+                    model = early_stop.export(self.best, t, self.inputs.output_dir, step, self.say)
+                    self.log.note("export_path", str(model))
+                    break
             self.flush_dumps()
+            self.log.finish(self.best.line() if self.best.value is not None else None)
         finally:
             self.log.close()
             self.shutdown()

@@ -87,16 +87,28 @@ def validation_metrics(sources: list[str], totals: list[float], n: int, perfect:
     return out
 
 
+TABLE_ROWS = 16
+"""Sample rollouts a tracker gets per validation."""
+
+
+def sample_table(rollout, totals: list[float]) -> list[dict]:
+    """The first TABLE_ROWS samples of a rollout with their rewards, as a tracker's table rows."""
+    return [{"prompt": rollout.prompts[c.prompt].text, "response": c.text, "reward": reward}
+            for c, reward in zip(rollout.completions[:TABLE_ROWS], totals)]
+
+
 class MetricsLog:
-    """Writes each step's metrics to the loggers the recipe names: console, jsonl, tensorboard. A run resumed
+    """Writes each step's metrics to the loggers the recipe names: console, jsonl, tensorboard, and the trackers
+    (W&B, MLflow: grpo_ray.trackers) given to it. A run resumed
     after step `done` continues the same files, the steps after `done` written again.
 
     On a terminal the console also shows a progress bar (steps done, ETA, current score); elsewhere
     (``ray job submit``, CI, a pipe) it prints plain lines only.
     """
 
-    def __init__(self, output_dir: Path, loggers: list[str], total_steps: int = 0, done: int = 0):
+    def __init__(self, output_dir: Path, loggers: list[str], total_steps: int = 0, done: int = 0, trackers=()):
         output_dir.mkdir(parents=True, exist_ok=True)
+        self.output_dir = output_dir
         self.console = "console" in loggers
         self.bar = None
         if self.console and sys.stdout.isatty():
@@ -104,6 +116,8 @@ class MetricsLog:
 
             self.bar = tqdm(total=total_steps, unit="step", dynamic_ncols=True)
         self.jsonl = open(output_dir / "metrics.jsonl", "a") if "jsonl" in loggers else None
+        self.trackers = list(trackers)
+        """grpo_ray.trackers workers (W&B, MLflow), each in a thread of its own."""
         self.tb = None
         if "tensorboard" in loggers:
             from tensorboardX import SummaryWriter
@@ -136,8 +150,37 @@ class MetricsLog:
             for k, v in metrics.items():
                 self.tb.add_scalar(k, v, step)
             self.tb.flush()
+        for tracker in self.trackers:
+            tracker.log(step, metrics)
+
+    def table(self, step: int, rows: list[dict]) -> None:
+        """Sample rollouts (prompt, response, reward) to the trackers."""
+        for tracker in self.trackers:
+            tracker.table(step, rows)
+
+    def file(self, path: Path) -> None:
+        """A file of the run (placement, plot) to the trackers."""
+        for tracker in self.trackers:
+            tracker.call("file", Path(path))
+
+    def note(self, key: str, value: str) -> None:
+        """A fact of the run (the exported model's path) to the trackers."""
+        for tracker in self.trackers:
+            tracker.call("note", key, value)
+
+    def finish(self, best: str | None = None) -> None:
+        """The run's plot (and the best validation's line) to the trackers."""
+        if not self.trackers or not (self.output_dir / "metrics.jsonl").is_file():
+            return
+        from grpo_ray.plot import plot_runs
+
+        self.file(plot_runs([str(self.output_dir)], self.output_dir / "plot.png"))
+        if best:
+            self.note("best_validation", best)
 
     def close(self) -> None:
+        for tracker in self.trackers:
+            tracker.close()
         if self.bar is not None:
             self.bar.close()
         if self.jsonl:

@@ -113,6 +113,12 @@ def setup_run(recipe: Recipe, command: str = "train") -> RunInputs:
         raise DataError(
             f"data.train_files give {len(train_rows)} usable rows, fewer than data.train_batch_size={recipe.data.train_batch_size}"
         )
+    metric = recipe.trainer.early_stop.metric
+    n = recipe.generator.val_n
+    offered = sorted({f"val/{row['data_source']}/pass@{k}" for row in val_rows for k in {1, n}})
+    if metric and metric not in offered:
+        raise RecipeError(f"trainer.early_stop.metric={metric!r}: validation reports {', '.join(offered) or 'nothing'} "
+                          f"for data.val_files")
     resume = rundir.prepare(output_dir, recipe.trainer, recipe_yaml(recipe))  # refuses to lose a run's files
     if models.is_sft(recipe.model.path):
         model_path = models.resolve(recipe.model.path)

