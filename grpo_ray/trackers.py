@@ -73,7 +73,7 @@ class Wandb:
 
         self.wandb, self.ids = wandb, ids
         known = ids.get(self.name).get("id")
-        self.run = wandb.init(project=project, name=run_name, id=known or wandb.util.generate_id(), resume="allow",
+        self.run = wandb.init(project=project, name=run_name, id=known, resume="allow",
                               dir=str(output_dir), config=config, mode=mode or None,
                               settings=wandb.Settings(init_timeout=60, console="off", silent=True))
         ids.update(self.name, id=self.run.id)
@@ -93,7 +93,7 @@ class Wandb:
         self.run.summary[key] = value
 
     def close(self) -> None:
-        self.run.finish(quiet=True)
+        self.run.finish()
 
 
 class Mlflow:
