@@ -120,10 +120,10 @@ def test_more_gpus_than_cluster_and_colocation_shares():
 def test_choices_and_positive_sizes():
     msg = error_of(TINY, ["algorithm.kl_estimator=k2", "learner.world_size=0"])
     assert "learner.world_size=0: must be positive" in msg
-    msg = error_of(TINY, ["algorithm.kl_estimator=k2", "trainer.loggers=[console,wandb]",
+    msg = error_of(TINY, ["algorithm.kl_estimator=k2", "trainer.loggers=[console,swanlab]",
                           "cluster.colocate=[[learner,critic]]"])
     assert "algorithm.kl_estimator='k2': expected one of k1, k3" in msg
-    assert "unknown logger 'wandb'" in msg and "unknown pool 'critic'" in msg
+    assert "unknown logger 'swanlab'" in msg and "unknown pool 'critic'" in msg
 
 
 def test_dump_redacts_secret_keys_and_env_values(tmp_path, monkeypatch):
