@@ -18,7 +18,7 @@ from tests.helpers import wandb_offline
 
 pytestmark = pytest.mark.slow
 SECRETS = {"WANDB_API_KEY": "wandb-secret-4f2a9c81e7d3b6", "MLFLOW_TRACKING_TOKEN": "mlflow-secret-9d1e8b7c6a5f4",
-           "HF_TOKEN": "hf_trackingsecret0123456789abcdef"}
+           "HF_TOKEN": "hf_planted-fake-tracking-token-42"}
 COMMON = ["trainer.test_freq=2", "trainer.val_before_train=false", "trainer.save_freq=2",
           "data.val_files=[synthetic://select?size=32&seed=0&split=test&items=1]", "trainer.project_name=grpo-tests",
           "trainer.experiment_name=tracked", "trainer.wandb_mode=offline"]
