@@ -226,12 +226,12 @@ class Worker:
                 self.say(f"{self.tracker.name}: closing failed ({type(e).__name__}: {e})")
 
 
-def start(recipe, output_dir: Path, say: Callable[[str], None], names: list[str] | None = None) -> list[Worker]:
-    """A worker per tracker in trainer.loggers (or `names`) that starts, sent the recipe (redacted) and the package
+def start(recipe, output_dir: Path, say: Callable[[str], None]) -> list[Worker]:
+    """A worker per tracker in trainer.loggers that starts, sent the recipe (redacted) and the package
     versions; one that cannot start is said and left out, or raised as TrackerError with trainer.tracker_required."""
     trainer, ids, workers = recipe.trainer, Ids(output_dir), []
     config = redact({**recipe_dict(recipe), "versions": versions()})
-    for name in [n for n in trainer.loggers if n in TRACKERS] if names is None else names:
+    for name in [n for n in trainer.loggers if n in TRACKERS]:
         try:
             if name == "wandb":
                 tracker = Wandb(trainer.project_name, trainer.experiment_name, output_dir, config, ids, trainer.wandb_mode)
