@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from grpo_ray.errors import UserError
 
@@ -25,7 +26,7 @@ def cmd_train(args) -> int:
     from grpo_ray.launch import train
 
     # the inputs inside the job: an sft:// model is trained while they are made (after the data is checked)
-    return _run(lambda: train(recipe, _inputs(recipe, "train")),
+    return _run(lambda: train(recipe, _inputs(recipe, "train", args.recipe)),
                 f"done: metrics in {recipe.trainer.output_dir}/metrics.jsonl")
 
 
@@ -36,16 +37,16 @@ def cmd_sft(args) -> int:
 
     recipe = load_recipe(args.recipe, args.overrides, command="sft")
     model_limits(recipe, "sft")
-    inputs = _inputs(recipe, "sft")
+    inputs = _inputs(recipe, "sft", args.recipe)
     return _run(lambda: print(f"model at {run_sft(recipe, inputs)}"),
                 f"done: metrics in {inputs.output_dir / 'metrics.jsonl'}")
 
 
-def _inputs(recipe, command: str):
+def _inputs(recipe, command: str, recipe_path: str):
     """Everything checked and loaded before any actor starts (grpo_ray.setup_run), said in a few lines."""
     from grpo_ray.setup_run import setup_run
 
-    inputs = setup_run(recipe, command)
+    inputs = setup_run(recipe, command, Path(recipe_path).parent)
     print(f"recipe ok; model at {inputs.model_path}; {len(inputs.train_rows)} training rows, "
           f"{len(inputs.val_rows)} validation rows; config written to {inputs.output_dir / 'config.yaml'}")
     limits = f"data.max_prompt_length={recipe.data.max_prompt_length}"
@@ -107,20 +108,17 @@ def cmd_prepare_data(args) -> int:
     from grpo_ray import models
     from grpo_ray.data.prepare import prepare
 
-    tokenizer, model, limit, template_kwargs = None, args.tokenizer, args.max_prompt_tokens, {}
+    from grpo_ray.config import ModelConfig, load_recipe
+
+    tokenizer, model, limit = None, ModelConfig(path=args.tokenizer or ""), args.max_prompt_tokens
     if args.recipe:  # the recipe's model measures prompts against the recipe's own limit
-        from grpo_ray.config import load_recipe
-
         recipe = load_recipe(args.recipe)
-        model = model or recipe.model.path
+        model = recipe.model if not args.tokenizer else model
         limit = limit or recipe.data.max_prompt_length
-        template_kwargs = recipe.model.chat_template_kwargs
-    if model:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(models.resolve(model))
+    if model.path:
+        tokenizer = models.load_tokenizer(models.resolve(model.path), model)
     reports = prepare(args.name, args.source, args.out, tokenizer=tokenizer, max_prompt_tokens=limit,
-                      max_bad_fraction=args.max_bad_fraction, chat_template_kwargs=template_kwargs,
+                      max_bad_fraction=args.max_bad_fraction, chat_template_kwargs=model.chat_template_kwargs,
                       overwrite=args.overwrite)
     for r in reports:
         print(r.line())
@@ -199,9 +197,36 @@ def cmd_build_model(args) -> int:
     return 0
 
 
+def cmd_config(args) -> int:
+    import json
+
+    from grpo_ray import recipe_docs
+    from grpo_ray.config import load_recipe
+
+    if args.json_schema:
+        print(json.dumps(recipe_docs.json_schema(), indent=1))
+        return 0
+    print(recipe_docs.text(load_recipe(args.recipe, args.overrides) if args.recipe else None))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="grpo-ray", description="GRPO post-training on Ray.")
-    sub = p.add_subparsers(dest="command", required=True)
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        here = version("grpo-ray")
+    except PackageNotFoundError:
+        here = "unknown (not installed)"
+    p = argparse.ArgumentParser(prog="grpo-ray", description="GRPO post-training on Ray. Overrides (a.b=c) may come "
+                                "before or after options.")
+    p.add_argument("--version", action="version", version=f"grpo-ray {here}")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    cf = sub.add_parser("config", help="every recipe key with its type, default, doc and (with RECIPE) its value")
+    cf.add_argument("recipe", nargs="?", help="recipe YAML file (its values are shown where they are not defaults)")
+    cf.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.total_steps=10")
+    cf.add_argument("--json-schema", action="store_true", help="print the recipe's JSON Schema (for editors) instead")
+    cf.set_defaults(func=cmd_config)
 
     t = sub.add_parser("train", help="train with a recipe")
     t.add_argument("recipe", help="recipe YAML file")
@@ -219,7 +244,7 @@ def parser() -> argparse.ArgumentParser:
     pn.add_argument("recipe", help="recipe YAML file")
     pn.add_argument("--gpu", choices=["b200", "h200", "h100", "cpu"], help="plan for these devices instead")
     pn.add_argument("--nodes", type=int, default=0, help="plan for this many nodes instead")
-    pn.add_argument("overrides", nargs="*", help="dotted overrides, right after RECIPE, e.g. generator.tensor_parallel_size=4")
+    pn.add_argument("overrides", nargs="*", help="dotted overrides, e.g. generator.tensor_parallel_size=4")
     pn.set_defaults(func=cmd_plan)
 
     d = sub.add_parser("prepare-data", help="GSM8K / MATH-500 to train/test parquet")
@@ -255,7 +280,7 @@ def parser() -> argparse.ArgumentParser:
     ev.add_argument("--limit", type=int, default=0, help="use the first N usable rows")
     ev.add_argument("--out", default="runs/eval", help="where eval.json and the per-sample JSONL go")
     ev.add_argument("--overwrite", action="store_true", help="replace an evaluation already in --out")
-    ev.add_argument("overrides", nargs="*", help="dotted recipe overrides, right after MODEL")
+    ev.add_argument("overrides", nargs="*", help="dotted recipe overrides")
     ev.set_defaults(func=cmd_eval)
 
     ex = sub.add_parser("export", help="a Hugging Face model directory from a checkpoint")
@@ -271,8 +296,26 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+class Parser(argparse.ArgumentParser):
+    """A subcommand's parser: defaults shown in --help."""
+
+    def __init__(self, **kwargs):
+        super().__init__(formatter_class=argparse.ArgumentDefaultsHelpFormatter, **kwargs)
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with dotted overrides (key=value) taken wherever they stand, before or after options."""
+    p = parser()
+    args, rest = p.parse_known_args(argv)
+    stray = [a for a in rest if a.startswith("-") or "=" not in a or not hasattr(args, "overrides")]
+    if stray:
+        p.error(f"unrecognized arguments: {' '.join(stray)}")
+    args.overrides = [*getattr(args, "overrides", []), *rest] if rest else getattr(args, "overrides", None)
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args = parse(argv)
     try:
         return args.func(args)
     except UserError as e:

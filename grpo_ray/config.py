@@ -53,6 +53,10 @@ class ModelConfig:
     """Hub name, local checkpoint directory, or ``tiny://ARCH?...`` (see grpo_ray.models)."""
     trust_remote_code: bool = False
     """Let transformers / vLLM run code shipped with the checkpoint."""
+    chat_template: str = ""
+    """A chat template of your own, for a base model without one or to replace the model's: Jinja text, a file
+    holding it (``.jinja``), or ``plain`` (the messages' text, one after another, nothing added: R1-Zero-style base
+    model runs). Empty: the tokenizer's own."""
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra variables for the chat template, e.g. ``{enable_thinking: false}``."""
     sequence_packing: bool = True
@@ -74,10 +78,17 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     train_files: list[str] = field(default_factory=list)
-    """Training rows: parquet or JSONL files in the verl schema, or a synthetic task
-    (``synthetic://select?size=N&seed=S``, ``synthetic://reasoning?size=N``: grpo_ray.data)."""
+    """Training rows (one value or a list): parquet, JSONL or JSON-array files; a dataset directory (``datasets``'
+    save_to_disk, or data files; ``dir?split=train``); a hub dataset (``hf://openai/gsm8k?name=main&split=train``);
+    or a synthetic task (``synthetic://select?size=N&seed=S``, ``synthetic://reasoning?size=N``): grpo_ray.data."""
     val_files: list[str] = field(default_factory=list)
     """Validation rows, same forms as train_files."""
+    prompt_key: str = "prompt"
+    """Where a row's prompt is (dotted for nested keys): chat messages, or text taken as one user message (verl's
+    data.prompt_key)."""
+    answer_key: str = "reward_model.ground_truth"
+    """Where a row's ground truth is (dotted for nested keys): text or a number, handed to the reward functions.
+    A row without a data_source takes its file's (or dataset's) name."""
     train_batch_size: int = 16
     """Prompts per step (each sampled algorithm.group_size times)."""
     max_prompt_length: int = 512
@@ -179,7 +190,10 @@ class ReferenceConfig:
 @dataclass
 class RewardFnConfig:
     name: str = MISSING
-    """A built-in (gsm8k, math, format) or ``module:function``."""
+    """A built-in (gsm8k, math, format, auto), ``module:function`` (a module in the working directory or the
+    recipe's folder is found) or ``path/to/file.py:function`` (verl's custom_reward_function.path and .name).
+    Ours is ``fn(response, ground_truth, **extra)``; verl's ``compute_score(data_source, solution_str,
+    ground_truth, extra_info=None)`` is told by its solution_str and called as verl calls it."""
     weight: float = 1.0
     """Weight in the combined reward."""
 
@@ -196,6 +210,13 @@ class RewardConfig:
     """Address-space limit of the child process that runs the reward functions; past it the sample scores 0."""
     sandbox: bool = True
     """Run reward functions without network and with a read-only filesystem (but a scratch dir) where the OS allows."""
+    network: bool = False
+    """Let sandboxed reward code reach the network (a judge API, a code runner); the filesystem stays read-only."""
+    max_error_share: float = 0.5
+    """Stop the run when reward functions fail (raise, hang, return no number) on more than this share of a step's
+    samples for max_error_steps steps in a row."""
+    max_error_steps: int = 3
+    """Steps in a row over max_error_share that stop the run (0: never stop; failures are still shown and counted)."""
     num_cpus: float = 0.25
     """CPUs reserved per reward actor."""
 
@@ -512,6 +533,7 @@ RANGES: dict[str, Range] = {
     "reference.num_actors": POSITIVE, "reference.micro_batch_size": POSITIVE, "reference.num_cpus": POSITIVE,
     "reward.functions.weight": FINITE, "reward.num_actors": POSITIVE, "reward.timeout_s": POSITIVE,
     "reward.memory_mb": Range(64, why="the child process needs room for Python"), "reward.num_cpus": POSITIVE,
+    "reward.max_error_share": Range(0, 1, high_open=False), "reward.max_error_steps": NON_NEGATIVE,
     "algorithm.group_size": Range(2, why="GRPO compares samples of one prompt"),
     "algorithm.clip_ratio_low": Range(0, 1, high_open=True), "algorithm.clip_ratio_high": NON_NEGATIVE,
     "algorithm.kl_coef": NON_NEGATIVE, "algorithm.ppo_epochs": POSITIVE, "algorithm.max_staleness": NON_NEGATIVE,
@@ -534,10 +556,15 @@ RANGES: dict[str, Range] = {
     "trainer.early_stop.min_delta": NON_NEGATIVE,
 }
 """Every numeric field of the recipe and its range, checked before anything starts (a test keeps this complete)."""
-FREE_TEXT = {"model.path", "data.response_prefix", "reward.functions.name", "trainer.resume", "trainer.output_dir",
+FREE_TEXT = {"model.path", "model.chat_template", "data.response_prefix", "data.prompt_key", "data.answer_key", "reward.functions.name", "trainer.resume", "trainer.output_dir",
              "trainer.experiment_name", "trainer.project_name", "trainer.mlflow_tracking_uri", "trainer.early_stop.metric",
              "cluster.gpu", "sft.target_key"}
 """String fields that are not a choice among CHOICES (paths, names, text; cluster.gpu is checked on its own)."""
+
+
+ZERO_IS_NEVER = {"trainer.save_freq", "trainer.test_freq", "trainer.total_steps", "trainer.total_epochs",
+                 "generator.max_model_len", "learner.optim.grad_clip"}
+"""Keys where 0 turns the thing off, as -1 does in verl."""
 
 
 def range_problems(r: "Recipe") -> list[str]:
@@ -552,7 +579,8 @@ def range_problems(r: "Recipe") -> list[str]:
             name = f"{head}[{i}].{last}" if isinstance(parent, list) else key
             for v in values if isinstance(values, list) else [values]:
                 if not rng.holds(v):
-                    p.append(f"{name}={v}: {rng.text()}" + (f" ({rng.why})" if rng.why else ""))
+                    never = " (0 means never here, where verl writes -1)" if v == -1 and key in ZERO_IS_NEVER else ""
+                    p.append(f"{name}={v}: {rng.text()}" + (f" ({rng.why})" if rng.why else "") + never)
     return p
 
 
@@ -571,7 +599,7 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] = (), command: str
     if not isinstance(user, DictConfig):
         raise RecipeError(f"{path}: the top level must be a mapping of sections, got a {type(user).__name__}")
     _take_aliases(user)
-    check_keys(user, Recipe, origin=str(path))
+    problems = check_keys(user, Recipe, origin=str(path))
     for item in overrides:
         if "=" not in item:
             raise RecipeError(f"override {item!r}: expected key=value, e.g. trainer.total_steps=10")
@@ -584,8 +612,13 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] = (), command: str
             raise RecipeError(f"override {item!r}: the value is not valid YAML ({why}); quote it, or close its "
                               "brackets") from None
         _take_aliases(one)
-        check_keys(one, Recipe, origin=f"override {item!r}")
-        user = OmegaConf.merge(user, one)
+        found = check_keys(one, Recipe, origin=f"override {item!r}")
+        problems += found
+        if not found:
+            user = OmegaConf.merge(user, one)
+    if problems:
+        raise RecipeError(problems[0] if len(problems) == 1 else f"{len(problems)} problems:\n" +
+                          "\n".join(f"  - {p}" for p in problems))
     try:
         merged = OmegaConf.merge(OmegaConf.structured(Recipe), user)
         recipe = OmegaConf.to_object(merged)
@@ -638,6 +671,52 @@ FOREIGN_KEYS = {
     "actor_rollout_ref.rollout.n": ("verl", "algorithm.group_size"),
     "actor_rollout_ref.actor.optim.lr": ("verl", "learner.optim.lr"),
     "data.max_response_length": ("verl", "generator.sampling.max_tokens"),
+    "data.val_batch_size": ("verl", "nothing (validation runs every data.val_files row at once)"),
+    "data.reward_fn_key": ("verl", "data_source in each row (rows without one take the file's name)"),
+    "actor_rollout_ref.model.path": ("verl", "model.path"),
+    "actor_rollout_ref.model.use_remove_padding": ("verl", "model.sequence_packing"),
+    "actor_rollout_ref.model.enable_gradient_checkpointing": ("verl", "learner.gradient_checkpointing"),
+    "actor_rollout_ref.actor.ppo_mini_batch_size": ("verl", "learner.mini_batch_size (in samples, not prompts)"),
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": ("verl", "learner.micro_batch_size"),
+    "actor_rollout_ref.actor.ppo_epochs": ("verl", "algorithm.ppo_epochs"),
+    "actor_rollout_ref.actor.use_kl_loss": ("verl", "algorithm.kl_coef above 0"),
+    "actor_rollout_ref.actor.kl_loss_coef": ("verl", "algorithm.kl_coef"),
+    "actor_rollout_ref.actor.kl_loss_type": ("verl", "algorithm.kl_estimator (low_var_kl is k3)"),
+    "actor_rollout_ref.actor.entropy_coeff": ("verl", "algorithm.entropy_coeff"),
+    "actor_rollout_ref.actor.clip_ratio_low": ("verl", "algorithm.clip_ratio_low"),
+    "actor_rollout_ref.actor.clip_ratio_high": ("verl", "algorithm.clip_ratio_high"),
+    "actor_rollout_ref.actor.loss_agg_mode": ("verl", "algorithm.loss_agg"),
+    "actor_rollout_ref.actor.policy_loss.loss_mode": ("verl", "algorithm.loss_mode"),
+    "actor_rollout_ref.actor.fsdp_config.param_offload": ("verl", "nothing yet (no offload)"),
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": ("verl", "nothing yet (no offload)"),
+    "actor_rollout_ref.rollout.name": ("verl", "nothing: the generators are vLLM"),
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": ("verl", "generator.tensor_parallel_size"),
+    "actor_rollout_ref.rollout.gpu_memory_utilization": ("verl", "generator.gpu_memory_utilization"),
+    "actor_rollout_ref.rollout.temperature": ("verl", "generator.sampling.temperature"),
+    "actor_rollout_ref.rollout.top_p": ("verl", "generator.sampling.top_p"),
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": ("verl", "learner.micro_batch_size"),
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": ("verl", "reference.micro_batch_size"),
+    "actor_rollout_ref.ref.fsdp_config.param_offload": ("verl", "nothing yet (no offload)"),
+    "custom_reward_function.path": ("verl", "reward.functions (name: path/to/file.py:function)"),
+    "custom_reward_function.name": ("verl", "reward.functions (name: path/to/file.py:function)"),
+    "algorithm.use_kl_in_reward": ("verl", "nothing: the KL term is in the loss (algorithm.kl_coef)"),
+    "trainer.critic_warmup": ("verl", "nothing: GRPO has no critic"),
+    "policy.model_name": ("NeMo RL", "model.path"),
+    "policy.train_global_batch_size": ("NeMo RL", "learner.mini_batch_size"),
+    "policy.train_micro_batch_size": ("NeMo RL", "learner.micro_batch_size"),
+    "policy.generation.temperature": ("NeMo RL", "generator.sampling.temperature"),
+    "policy.generation.max_new_tokens": ("NeMo RL", "generator.sampling.max_tokens"),
+    "policy.optimizer.kwargs.lr": ("NeMo RL", "learner.optim.lr"),
+    "grpo.num_prompts_per_step": ("NeMo RL", "data.train_batch_size"),
+    "grpo.num_generations_per_prompt": ("NeMo RL", "algorithm.group_size"),
+    "grpo.max_num_steps": ("NeMo RL", "trainer.total_steps"),
+    "grpo.val_period": ("NeMo RL", "trainer.test_freq"),
+    "loss_fn.reference_policy_kl_penalty": ("NeMo RL", "algorithm.kl_coef"),
+    "checkpointing.checkpoint_dir": ("NeMo RL", "trainer.output_dir"),
+    "checkpointing.save_period": ("NeMo RL", "trainer.save_freq"),
+    "cluster.gpus_per_node": ("NeMo RL", "cluster.devices_per_node"),
+    "cluster.num_nodes": ("NeMo RL", "cluster.nodes"),
+    "data.dataset_name": ("NeMo RL", "data.train_files (hf://<dataset>?split=train)"),
 }
 """Keys a verl or NeMo RL user types, and ours: said when such a key is refused as unknown."""
 ALIASES = {("trainer", "logger"): "loggers"}
@@ -662,38 +741,46 @@ def _take_aliases(node: DictConfig) -> None:
             del sub[key]
 
 
-def check_keys(node: Any, schema: type, origin: str, prefix: str = "") -> None:
-    """Raise RecipeError for the first key of `node` that `schema` (a dataclass) does not have, or a value given
-    where a section is; a single value where a list is expected becomes a list of it."""
-    valid = _valid_keys(schema)
+def check_keys(node: Any, schema: type, origin: str, prefix: str = "") -> list[str]:
+    """A message for every key of `node` that `schema` (a dataclass) does not have, and every value given where a
+    section is; a single value where a list is expected becomes a list of it (verl's data.train_files=path)."""
+    valid, problems = _valid_keys(schema), []
     for key in node.keys() if isinstance(node, DictConfig) else ():
         if key not in valid:
-            full = prefix + str(key)
-            close = [prefix + c for c in difflib.get_close_matches(str(key), list(valid), n=1, cutoff=0.6)]
-            close = close or difflib.get_close_matches(full, _all_paths(Recipe), n=1, cutoff=0.6)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            child = node._get_node(key)
-            leaves = list(_leaf_keys(child, full)) if isinstance(child, DictConfig) else [full]
-            foreign = next((FOREIGN_KEYS[k] for k in leaves if k in FOREIGN_KEYS), None)
-            if foreign:
-                hint = f"; {foreign[0]}'s {next(k for k in leaves if k in FOREIGN_KEYS)} is {foreign[1]} here"
-            raise RecipeError(f"{origin}: unknown key {full!r}{hint}")
+            problems.append(f"{origin}: unknown key {prefix + str(key)!r}{_hint(node, key, valid, prefix)}")
+            continue
         tp = valid[key]
         child = node._get_node(key)
         if is_dataclass(tp) and not isinstance(child, DictConfig) and child._value() is not None:
             some = ", ".join(f"{prefix}{key}.{k}" for k in list(_valid_keys(tp))[:3])
-            raise RecipeError(f"{origin}: {prefix + str(key)!r} is a section, not a value: set its keys ({some}, ...)")
+            problems.append(f"{origin}: {prefix + str(key)!r} is a section, not a value: set its keys ({some}, ...)")
+            continue
         if get_origin(tp) is list and not isinstance(child, ListConfig) and child._value() is not None \
                 and not isinstance(child, DictConfig):
-            node[key] = [child._value()]  # one value where a list is expected (verl's data.train_files=path): a list of it
+            node[key] = [child._value()]  # one value where a list is expected: a list of it
             child = node._get_node(key)
         if is_dataclass(tp) and isinstance(child, DictConfig):
-            check_keys(child, tp, origin, prefix + f"{key}.")
+            problems += check_keys(child, tp, origin, prefix + f"{key}.")
         elif get_origin(tp) is list and isinstance(child, ListConfig):
             (item_tp,) = get_args(tp)
             if is_dataclass(item_tp):
                 for i, item in enumerate(child):
-                    check_keys(item, item_tp, origin, prefix + f"{key}[{i}].")
+                    problems += check_keys(item, item_tp, origin, prefix + f"{key}[{i}].")
+    return problems
+
+
+def _hint(node: DictConfig, key: str, valid: dict, prefix: str) -> str:
+    """What an unknown key is here: verl's or NeMo RL's name for one of ours, else a close spelling of ours."""
+    full = prefix + str(key)
+    child = node._get_node(key)
+    leaves = list(_leaf_keys(child, full)) if isinstance(child, DictConfig) else [full]
+    foreign = next((k for k in leaves if k in FOREIGN_KEYS), None)
+    if foreign:
+        framework, ours = FOREIGN_KEYS[foreign]
+        return f"; {framework}'s {foreign} is {ours} here"
+    close = [prefix + c for c in difflib.get_close_matches(str(key), list(valid), n=1, cutoff=0.75)]
+    close = close or difflib.get_close_matches(full, _all_paths(Recipe), n=1, cutoff=0.75)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def validate(r: Recipe, command: str = "train") -> list[str]:

@@ -80,6 +80,9 @@ class Controller:
         self.log: MetricsLog | None = None
         self.best = early_stop.Best.of(recipe.trainer)
         """The best validation so far (early stopping, keep_best)."""
+        self.reward_failures: dict[str, str] = {}
+        """The first failure of each reward function (shown once), and the steps in a row over the limit."""
+        self.failing_steps = 0
 
     # --- one step ----------------------------------------------------------------------
 
@@ -93,7 +96,7 @@ class Controller:
         samples = Samples.of(stats)  # counts and lengths: how the pools below share the work
         scores = self.score(rollouts, samples)
         refs = [] if dapo else self.reference_logprobs(rollouts, samples)  # runs while the rewards are scored
-        scores, kept = self._get(scores, "reward"), {}
+        scores, kept = self.check_rewards(self._get(scores, "reward")), {}
         if dapo:  # dynamic sampling: only groups whose rewards differ, more prompts until the batch is full
             rollouts, stats, scores, kept = self.keep_signal(step, rollouts, stats, scores)
             samples = Samples.of(stats)
@@ -163,7 +166,7 @@ class Controller:
             if len(kept) >= want or len(batches) >= cfg.max_num_gen_batches:
                 break
             rollouts, stats = self.engines.collect(self.launch(step))
-            scores = self._get(self.score(rollouts, Samples.of(stats)), "reward")
+            scores = self.check_rewards(self._get(self.score(rollouts, Samples.of(stats)), "reward"), counted=False)
         chosen, cut = sorted((kept + dropped)[:want]), ray.remote(select_groups).options(num_cpus=0)
         taken = [(rollouts[i], groups, st, sc) for b, (rollouts, stats, scores) in enumerate(batches)
                  for i, groups, st, sc in take_groups(b, stats, scores, chosen, G, self.r.generator.sampling.max_tokens)]
@@ -174,6 +177,26 @@ class Controller:
                 [first] + [sc for _, _, _, sc in taken[1:]],
                 {"filter_groups/num_gen_batches": len(batches), "filter_groups/kept_groups": len(kept),
                  "filter_groups/dropped_groups": len(dropped), "filter_groups/filled_groups": max(0, want - len(kept))})
+
+    def check_rewards(self, scores: list, counted: bool = True) -> list:
+        """`scores`, after showing the first failure of each reward function once; a training batch (`counted`)
+        whose functions failed on more than reward.max_error_share of its samples max_error_steps times in a row
+        stops the run with the failure."""
+        for name, text in ((n, t) for s in scores for n, t in s.failures.items() if n not in self.reward_failures):
+            self.reward_failures[name] = text
+            self.say(f"reward {name} failed; its first failure (the next are counted in reward/errors and "
+                     f"reward/timeouts, logs in {self.pools.log_dir()}/reward-*.log):\n{text.rstrip()}")
+        if not counted:
+            return scores
+        w, n = self.r.reward, sum(len(s.totals) for s in scores)
+        share = sum(s.errors + s.timeouts for s in scores) / n
+        self.failing_steps = self.failing_steps + 1 if share > w.max_error_share else 0
+        if w.max_error_steps and self.failing_steps >= w.max_error_steps:
+            last = next(reversed(self.reward_failures.values()), "")
+            raise RunError(f"reward functions failed on {share:.0%} of the samples, over reward.max_error_share="
+                           f"{w.max_error_share:g} for {self.failing_steps} steps in a row (reward.max_error_steps): "
+                           f"fix the function, or raise the limits. Its failure:\n{last.rstrip()}")
+        return scores
 
     def updated(self, trained: dict[str, float]) -> bool:
         """Whether the learner's weights changed; a step whose every update was skipped (non-finite loss or
@@ -241,7 +264,7 @@ class Controller:
         prompts = [Prompt.from_row(i, row) for i, row in enumerate(self.inputs.val_rows)]
         sampling = dataclasses.replace(g.sampling, temperature=g.val_temperature)
         rollouts, stats = self.engines.generate(prompts, g.val_n, step, sampling)
-        scores = self._get(self.score(rollouts, Samples.of(stats)), "validation reward")
+        scores = self.check_rewards(self._get(self.score(rollouts, Samples.of(stats)), "validation reward"), False)
         if self.log and self.log.trackers:  # a few samples of the first engine's share, as a table
             self.log.table(step, sample_table(self._get(rollouts[0], "validation samples"), scores[0].totals))
         if self.r.trainer.dump_rollouts:

@@ -61,8 +61,6 @@ def eval_rows(data: str, limit: int = 0) -> list[dict]:
 
 
 def evaluate(recipe: Recipe, data: str, out: Path, limit: int = 0) -> dict:
-    from transformers import AutoTokenizer
-
     from grpo_ray import models
     from grpo_ray.config import dump_recipe
     from grpo_ray.controller import Controller
@@ -73,7 +71,7 @@ def evaluate(recipe: Recipe, data: str, out: Path, limit: int = 0) -> dict:
     rows_file = out / "eval_rows.jsonl"
     rows_file.write_text("".join(json.dumps(r) + "\n" for r in eval_rows(data, limit)))
     model_path = models.resolve(recipe.model.path)
-    tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=recipe.model.trust_remote_code)
+    tokenizer = models.load_tokenizer(model_path, recipe.model)
     recipe.data.val_files = [str(rows_file)]
     dropped: dict[str, int] = {}
     rows = usable_rows(recipe.data.val_files, tokenizer, recipe, dropped)

@@ -142,6 +142,7 @@ class MetricsLog:
             self.jsonl.flush()
         if self.console:
             keys = [k for k in CONSOLE_KEYS if k in metrics] + sorted(k for k in metrics if k.startswith("val/"))
+            keys += [k for k in ("reward/errors", "reward/timeouts") if metrics.get(k)]  # only when some failed
             self.say(f"step:{step} " + " ".join(f"{k}:{metrics[k]:.4g}" for k in keys))
             if self.bar is not None and step > 0:
                 self.bar.update(1)

@@ -158,6 +158,39 @@ def resolve(name: str, warm_start: bool = True) -> str:
 
 # --- chat templates and special tokens, one per family ------------------------------------
 
+PLAIN_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% if not loop.last %}\n{% endif %}{% endfor %}"
+"""``model.chat_template: plain``: the messages' text one after another, for base models."""
+
+
+def load_tokenizer(model_path: str, model):
+    """The tokenizer of `model_path` with `model` (the recipe's ModelConfig) chat template in place of its own
+    when set; ModelNameError when it cannot be loaded or has no chat template at all."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=model.trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise ModelNameError(f"model.path={model.path!r}: cannot load a tokenizer ({str(e).splitlines()[0]})") from None
+    if model.chat_template:
+        tokenizer.chat_template = chat_template_text(model.chat_template)
+    if not tokenizer.chat_template:
+        raise ModelNameError(f"model.path={model.path!r}: the tokenizer has no chat template; set model.chat_template "
+                             "(Jinja text, a .jinja file, or plain: the prompt as it is, for a base model)")
+    return tokenizer
+
+
+def chat_template_text(value: str) -> str:
+    """model.chat_template as Jinja text: ``plain``, a file's text, or the text itself."""
+    if value == "plain":
+        return PLAIN_TEMPLATE
+    if value.endswith((".jinja", ".j2")) or "{" not in value:
+        try:
+            return Path(value).expanduser().read_text()
+        except OSError as e:
+            raise ModelNameError(f"model.chat_template={value!r}: cannot read the file ({e.strerror or e}); give Jinja "
+                                 "text, a .jinja file, or plain") from None
+    return value
+
 _FAMILY = {
     "qwen2": {
         "specials": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
@@ -371,6 +404,19 @@ KNOWN_DIMS = {
 }
 
 
+def hub_answers(timeout_s: float = 3.0) -> bool:
+    """Whether the Hugging Face hub (HF_ENDPOINT) takes a connection within `timeout_s`: when it does not, configs
+    are read from the cache only, without the hub client's minute of retries."""
+    import socket
+
+    host = urlsplit(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        socket.create_connection((host.hostname, host.port or 443), timeout=timeout_s).close()
+        return True
+    except OSError:
+        return False
+
+
 def model_dims(name: str) -> ModelDims:
     """Shape of `name` without loading weights: a local (or freshly built tiny) config.json, the table
     above, or the Hugging Face cache. Raises ModelNameError when none of them knows it."""
@@ -383,16 +429,21 @@ def model_dims(name: str) -> ModelDims:
     path = Path(name) / "config.json"
     if Path(name).is_dir() and not path.is_file():
         raise ModelNameError(f"model.path={name!r}: the directory has no config.json, so it is not a Hugging Face model")
+    if name.startswith(("/", "./", "../", "~")) and not Path(name).expanduser().exists():
+        raise ModelNameError(f"model.path={name!r}: no such directory")
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on") or not hub_answers()
     try:
         if path.is_file():
             cfg = json.loads(path.read_text())
         else:
             from transformers import AutoConfig
 
-            cfg = AutoConfig.from_pretrained(name, local_files_only=True).to_dict()
-    except (OSError, ValueError):
-        raise ModelNameError(f"model.path={name!r}: no config.json found offline; download the model to the Hugging "
-                             "Face cache or name a local directory") from None
+            cfg = AutoConfig.from_pretrained(name, local_files_only=offline).to_dict()  # the cache, else the hub
+    except (OSError, ValueError) as e:
+        why = ("not in the Hugging Face cache, and offline (HF_HUB_OFFLINE, or the hub does not answer)" if offline else
+               f"not in the Hugging Face cache and not fetched from the hub ({str(e).splitlines()[0][:200]})")
+        raise ModelNameError(f"model.path={name!r}: no config.json: {why}; download the model, or name a local "
+                             "directory") from None
     cfg = cfg.get("text_config", cfg)  # multimodal checkpoints (Gemma 3 >= 4B) keep the LM's shape here
     heads = cfg["num_attention_heads"]
     return ModelDims(cfg["num_hidden_layers"], cfg["hidden_size"], heads, cfg.get("num_key_value_heads", heads),

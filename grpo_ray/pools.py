@@ -23,7 +23,7 @@ import ray
 from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from grpo_ray import faults, placement
+from grpo_ray import faults, placement, rewards
 from grpo_ray.config import POOLS, Recipe
 from grpo_ray.errors import RunError
 from grpo_ray.fit import cpu_kv_cache_bytes, max_model_len
@@ -123,7 +123,8 @@ class Pools:
                 r.model.shared_prompt)
         w = r.reward
         return ray.remote(RewardWorker).options(**options).remote(
-            [(f.name, f.weight) for f in w.functions], w.timeout_s, r.data.response_prefix, w.memory_mb, w.sandbox)
+            [(f.name, f.weight) for f in w.functions], w.timeout_s, r.data.response_prefix, w.memory_mb, w.sandbox,
+            w.network, rewards.shipped([f.name for f in w.functions]))
 
     def log_dir(self) -> Path:
         """Where actors write their output at trainer.log_level=info."""

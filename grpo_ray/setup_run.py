@@ -41,7 +41,7 @@ def usable_rows(files: list[str], tokenizer, recipe: Recipe, dropped: dict[str, 
     sft.max_target_length. A row without a target is a DataError naming the file and row."""
     rows = []
     for spec in files:
-        n, loaded = 0, load_rows(spec)
+        n, loaded = 0, load_rows(spec, recipe.data.prompt_key, recipe.data.answer_key)
         texts = [prompt_text(tokenizer, row, recipe.data.response_prefix, recipe.model.chat_template_kwargs)
                  for row in loaded]
         prompts = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []  # one call: batched
@@ -87,25 +87,60 @@ def writable_dir(path: str, key: str) -> Path:
     return out
 
 
-def setup_run(recipe: Recipe, command: str = "train") -> RunInputs:
-    """Check the output directory, rewards, build or locate the model, load and tokenize data, write config.yaml.
-    For `command` sft the training rows carry their targets. A model made by an SFT recipe (``sft://``) is
-    trained here, once the data has been checked with its tokenizer (the base model's)."""
-    from transformers import AutoTokenizer
-
-    output_dir = writable_dir(recipe.trainer.output_dir, "trainer.output_dir")
+def load_rewards(recipe: Recipe, recipe_dir: Path | None) -> None:
+    """Every reward function loads: modules and files are looked for in the working directory, then the recipe's
+    folder; a file form's path is made absolute in the recipe (config.yaml records the file that ran)."""
+    dirs = [Path.cwd()] + ([recipe_dir] if recipe_dir else [])
+    rewards.search_here(*dirs)
     for i, fn in enumerate(recipe.reward.functions):
         try:
+            if rewards.is_file(fn.name):
+                fn.name = rewards.resolve_file(fn.name, dirs)
             rewards.load(fn.name)
         except rewards.RewardLoadError as e:
             raise RecipeError(f"reward.functions[{i}].name: {e}") from None
-    model_path = models.resolve(recipe.model.path, warm_start=False)
+
+
+def try_rewards(recipe: Recipe, row: dict, where: str) -> None:
+    """Score `row`'s ground truth as if it were a response with every reward function, in a reward child under the
+    recipe's sandbox and limits, as the reward actors will: a function that cannot be called so (a signature
+    mismatch, an import that fails in the sandbox, an answer that is not a number) is one line now, not a run
+    of zeros."""
+    from grpo_ray.rewards.sandbox import RewardChild
+    from grpo_ray.types import Prompt
+
+    w, p = recipe.reward, Prompt.from_row(0, {**row, "prompt_ids": []})
+    functions = [(f.name, f.weight) for f in w.functions]
+    child = RewardChild(w.memory_mb, w.sandbox, w.network, rewards.shipped([f.name for f in w.functions])[0])
     try:
-        tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=recipe.model.trust_remote_code)
-    except (OSError, ValueError) as e:
-        raise RecipeError(f"model.path={recipe.model.path!r}: cannot load a tokenizer ({str(e).splitlines()[0]})") from None
-    if not tokenizer.chat_template:
-        raise RecipeError(f"model.path={recipe.model.path!r}: the tokenizer has no chat template")
+        extra = {"data_source": p.data_source, "extra_info": p.extra_info}
+        outcome, result = child.run((functions, recipe.data.response_prefix + p.ground_truth, p.ground_truth, extra),
+                                    w.timeout_s)
+    finally:
+        child.close()
+    if outcome != "ok":
+        what = {"timeout": f"ran past reward.timeout_s={w.timeout_s:g}", "died": "exited"}.get(outcome, "ran out of "
+                                                                                                 "reward.memory_mb")
+        raise RecipeError(f"reward.functions: scoring {where} (its ground truth as the response), the reward child "
+                          f"{what}")
+    for i, f in enumerate(w.functions):
+        text = result[3].get(f.name)
+        if text:
+            lines = text.rstrip().splitlines()
+            at = next((line.strip() for line in reversed(lines) if line.strip().startswith("File ")), "")
+            raise RecipeError(f"reward.functions[{i}].name={f.name!r}: scoring {where} (its ground truth as the "
+                              f"response) it failed: {lines[-1]}" + (f" ({at})" if at else ""))
+
+
+def setup_run(recipe: Recipe, command: str = "train", recipe_dir: Path | None = None) -> RunInputs:
+    """Check the output directory, rewards, build or locate the model, load and tokenize data, write config.yaml.
+    For `command` sft the training rows carry their targets. A model made by an SFT recipe (``sft://``) is
+    trained here, once the data has been checked with its tokenizer (the base model's). Reward modules are looked
+    for in the working directory and `recipe_dir`, and each reward function is tried on the first training row."""
+    output_dir = writable_dir(recipe.trainer.output_dir, "trainer.output_dir")
+    load_rewards(recipe, recipe_dir)
+    model_path = models.resolve(recipe.model.path, warm_start=False)
+    tokenizer = models.load_tokenizer(model_path, recipe.model)
     dropped: dict[str, int] = {}
     train_rows = usable_rows(recipe.data.train_files, tokenizer, recipe, dropped, targets=command == "sft")
     val_rows = usable_rows(recipe.data.val_files, tokenizer, recipe, dropped)
@@ -113,6 +148,8 @@ def setup_run(recipe: Recipe, command: str = "train") -> RunInputs:
         raise DataError(
             f"data.train_files give {len(train_rows)} usable rows, fewer than data.train_batch_size={recipe.data.train_batch_size}"
         )
+    if command == "train":
+        try_rewards(recipe, train_rows[0], "the first training row")
     metric = recipe.trainer.early_stop.metric
     n = recipe.generator.val_n
     offered = sorted({f"val/{row['data_source']}/pass@{k}" for row in val_rows for k in {1, n}})

@@ -76,6 +76,8 @@ class Scores:
     timeouts: int
     """Samples whose reward function ran past the time limit (scored 0)."""
     seconds: float
+    failures: dict[str, str] = field(default_factory=dict)
+    """What went wrong the first time each function failed on this actor (a traceback), by function name."""
 
 
 @dataclass

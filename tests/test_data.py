@@ -42,7 +42,7 @@ def test_load_rows_errors_name_file_and_row(tmp_path):
     bad = [good[0], {**good[1], "reward_model": {"style": "rule"}}, good[2]]
     p = tmp_path / "rows.jsonl"
     p.write_text("\n".join(json.dumps(r) for r in bad))
-    with pytest.raises(DataError, match=r"rows.jsonl row 1: 'reward_model.ground_truth' is missing"):
+    with pytest.raises(DataError, match=r"rows.jsonl row 1: 'reward_model.ground_truth' \(data.answer_key\) is missing"):
         load_rows(str(p))
     p.write_bytes(b'{"a": 1}\n\xff\xfe\n')
     with pytest.raises(DataError, match="line 2: not a JSON object in UTF-8"):
@@ -54,6 +54,43 @@ def test_load_rows_errors_name_file_and_row(tmp_path):
         load_rows(str(tmp_path / "missing.parquet"))
     with pytest.raises(DataError, match="unknown key 'sise'"):
         load_rows("synthetic://select?sise=3")
+
+
+def test_plain_rows_under_other_keys_load_with_a_key_mapping(shared_data, tmp_path):
+    """MATH-500 as it is ({problem, solution, answer, ...}): the prompt and answer keys named, no data_source."""
+    path = str(shared_data / "math500" / "test.jsonl")
+    rows = load_rows(path, prompt_key="problem", answer_key="answer")
+    assert len(rows) == 500 and rows[0]["prompt"] == [{"role": "user", "content": rows[0]["problem"]}]
+    assert rows[0]["reward_model"]["ground_truth"] == rows[0]["answer"] and rows[0]["data_source"] == "test"
+    with pytest.raises(DataError, match=r"test.jsonl row 0: 'prompt' \(data.prompt_key\) is missing; the row has 'problem', "):
+        load_rows(path)
+    nested = tmp_path / "nested.jsonl"
+    nested.write_text(json.dumps({"q": {"text": "What is 2+2?"}, "a": {"value": 4}, "data_source": "quiz"}) + "\n")
+    (row,) = load_rows(str(nested), prompt_key="q.text", answer_key="a.value")
+    assert row["reward_model"]["ground_truth"] == "4" and row["data_source"] == "quiz"
+    with pytest.raises(DataError, match=r"'a.missing' \(data.answer_key\) is missing"):
+        load_rows(str(nested), prompt_key="q.text", answer_key="a.missing")
+
+
+def test_dataset_directories_load_with_their_split(tmp_path):
+    import datasets
+
+    rows = [{"question": f"What is {i}+1?", "answer": i + 1} for i in range(6)]
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows[:4]), "test": datasets.Dataset.from_list(rows[4:])}) \
+        .save_to_disk(str(tmp_path / "saved"))
+    keys = {"prompt_key": "question", "answer_key": "answer"}
+    train = load_rows(str(tmp_path / "saved"), **keys)
+    test = load_rows(f"{tmp_path / 'saved'}?split=test", **keys)
+    assert [r["reward_model"]["ground_truth"] for r in train + test] == ["1", "2", "3", "4", "5", "6"]
+    assert train[0]["data_source"] == "saved"
+    with pytest.raises(DataError, match="no split 'validation'; it has train, test"):
+        load_rows(f"{tmp_path / 'saved'}?split=validation", **keys)
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert len(load_rows(str(files), **keys)) == 6  # a folder of data files, read by datasets
+    with pytest.raises(DataError, match="unknown key 'splt'"):
+        load_rows(f"{files}?splt=train", **keys)
 
 
 def test_prepare_gsm8k_from_shared_files(shared_data, tmp_path):

@@ -4,10 +4,16 @@ Every pool is its own Ray actor (vLLM generator, two FSDP2 learner ranks over gl
 reward); weights are synced every step. It learns on-policy and one step off (the next batch generated
 while this one trains) to the same bound. The synthetic task's answer must be read from the prompt, so
 a constant answer scores about 1/9, and a generator left on the initial weights stays near 0.
+
+The one-step-off run is also what a verl user brings in their first hour: the same rows as a plain
+{question, answer} JSONL file read through data.prompt_key / data.answer_key (named as one value, verl's
+form), a reward file beside them with verl's compute_score signature (a path, resolved in the working
+directory), and a model directory without a chat template, given one by model.chat_template.
 """
 
 import json
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -22,10 +28,46 @@ pytestmark = pytest.mark.slow
 ONE_STEP_OFF = ["algorithm.max_staleness=1", "algorithm.rollout_correction.rollout_is=token", "trainer.total_steps=100"]
 
 
-@pytest.mark.parametrize("schedule", [[], ONE_STEP_OFF], ids=["on-policy", "one-step-off"])
+VERL_REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return {"score": float(solution_str.removeprefix("####").strip() == ground_truth)}
+"""
+
+
+def as_a_verl_user_brings_it(home: Path) -> list[str]:
+    """The tiny recipe's model, rows and reward in the forms a verl user has them, written under `home` (the run's
+    working directory); the overrides that name them."""
+    import shutil
+
+    from grpo_ray import models
+    from grpo_ray.data import load_rows
+
+    rows = load_rows("synthetic://select?size=4000&seed=0&items=1")
+    (home / "train.jsonl").write_text("".join(json.dumps({"question": r["prompt"][0]["content"],
+                                                          "answer": int(r["reward_model"]["ground_truth"])}) + "\n"
+                                              for r in rows))
+    (home / "my_reward.py").write_text(VERL_REWARD)
+    recipe = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml")
+    base = Path(models.resolve(recipe.model.path))
+    model = home / "base-model"
+    shutil.copytree(base, model)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    (home / "template.jinja").write_text(config.pop("chat_template", "") or (model / "chat_template.jinja").read_text())
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    (model / "chat_template.jinja").unlink(missing_ok=True)
+    return [f"model.path={model}", "model.chat_template=template.jinja", "data.train_files=train.jsonl",
+            "data.prompt_key=question", "data.answer_key=answer", "reward.functions=[{name: my_reward.py:compute_score}]"]
+
+
+@pytest.mark.parametrize("schedule", [[], ONE_STEP_OFF], ids=["on-policy", "one-step-off-verl-user"])
 def test_tiny_recipe_learns_with_every_pool_its_own_actor(tmp_path, schedule):
-    res = run_cli("train", "recipes/tiny-cpu.yaml", f"trainer.output_dir={tmp_path}", *schedule, timeout=900)
+    user = as_a_verl_user_brings_it(tmp_path) if schedule else []
+    res = run_cli("train", str(ROOT / "recipes" / "tiny-cpu.yaml"), f"trainer.output_dir={tmp_path / 'run'}",
+                  *schedule, *user, timeout=900, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-5000:]
+    if user:  # the reward that ran is the user's file, named by its absolute path in config.yaml
+        assert f"{tmp_path / 'my_reward.py'}:compute_score" in (tmp_path / "run" / "config.yaml").read_text()
+    tmp_path = tmp_path / "run"
     everything = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in everything if r["step"] > 0]
     scores = [r["critic/score/mean"] for r in rows]

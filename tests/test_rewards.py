@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from grpo_ray import rewards
@@ -75,10 +77,10 @@ def test_load_by_module_path_and_errors():
 def test_components_and_weights_as_the_reward_child_scores_them():
     fns = [("gsm8k", 0.9), ("format", 0.1)]
     extra = {"data_source": "gsm8k", "extra_info": {}}
-    parts, errors, oom = score_one(fns, "#### 8", "7", extra)
-    assert parts == {"gsm8k": 0.0, "format": 1.0} and (errors, oom) == (0, False)
+    parts, errors, oom, failures = score_one(fns, "#### 8", "7", extra)
+    assert parts == {"gsm8k": 0.0, "format": 1.0} and (errors, oom, failures) == (0, False, {})
     assert weighted_sum(parts, fns) == pytest.approx(0.1)
-    parts, _, _ = score_one(fns, "#### 7", "7", extra)
+    parts, _, _, _ = score_one(fns, "#### 7", "7", extra)
     assert weighted_sum(parts, fns) == pytest.approx(1.0)
 
 
@@ -90,3 +92,74 @@ def test_auto_reward_follows_the_rows_data_source():
     assert auto("#### 7", "7", data_source="synthetic/select") == 1.0
     with pytest.raises(ValueError, match="no built-in reward for data_source 'my/quiz'"):
         auto("#### 7", "7", data_source="my/quiz")
+
+
+VERL_STYLE = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    assert data_source == "quiz" and extra_info == {"index": 3}
+    return {"score": float(solution_str.strip() == ground_truth), "acc": True}
+
+
+def two_args(response, ground_truth):
+    return float(response == ground_truth)
+
+
+def nothing(response, ground_truth, **extra):
+    return None
+
+
+def buggy(response, ground_truth, **extra):
+    return {}["missing"]
+"""
+
+
+def test_verl_signature_file_form_and_our_signature_score_alike(tmp_path):
+    path = tmp_path / "my_reward.py"
+    path.write_text(VERL_STYLE)
+    fns = [(f"{path}:compute_score", 1.0), (f"{path}:two_args", 1.0), ("gsm8k", 1.0)]
+    extra = {"data_source": "quiz", "extra_info": {"index": 3}}
+    parts, errors, _, failures = score_one(fns, "7", "7", extra)
+    assert parts == {f"{path}:compute_score": 1.0, f"{path}:two_args": 1.0, "gsm8k": 0.0}
+    assert (errors, failures) == (0, {})
+    assert score_one(fns, "8", "7", extra)[0][f"{path}:compute_score"] == 0.0
+
+
+def test_a_failing_function_scores_zero_and_says_why_with_its_own_frames(tmp_path):
+    path = tmp_path / "my_reward.py"
+    path.write_text(VERL_STYLE)
+    fns = [(f"{path}:nothing", 1.0), (f"{path}:buggy", 1.0)]
+    parts, errors, _, failures = score_one(fns, "7", "7", {"data_source": "quiz", "extra_info": {}})
+    assert parts == {f"{path}:nothing": 0.0, f"{path}:buggy": 0.0} and errors == 2
+    assert failures[f"{path}:nothing"].startswith("TypeError: returned NoneType 'None': expected a number")
+    text = failures[f"{path}:buggy"]
+    assert f'File "{path}", line 16, in buggy' in text and text.rstrip().endswith("KeyError: 'missing'")
+    assert "runner.py" not in text  # grpo-ray's own frames are left out
+
+
+def test_file_form_paths_resolve_against_the_working_directory_then_the_recipes_folder(tmp_path, monkeypatch):
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "r.py").write_text(VERL_STYLE)
+    monkeypatch.chdir(tmp_path)
+    assert rewards.resolve_file("r.py:two_args", [tmp_path / "recipes"]) == f"{tmp_path / 'recipes' / 'r.py'}:two_args"
+    with pytest.raises(RewardLoadError, match="no file nope.py"):
+        rewards.resolve_file("nope.py:f", [tmp_path / "recipes"])
+    sources, dirs = rewards.shipped([f"{tmp_path / 'recipes' / 'r.py'}:two_args", "tests.helpers.odd_rewards:odd"])
+    assert sources[f"{tmp_path / 'recipes' / 'r.py'}:two_args"] == VERL_STYLE  # the text travels to every node
+    assert dirs == [str(Path(__file__).parents[1])]  # where the driver found the module's package
+
+
+def test_a_verl_signature_mismatch_is_one_line_before_start(tmp_path):
+    from grpo_ray.config import Recipe, RecipeError, RewardFnConfig
+    from grpo_ray.setup_run import try_rewards
+
+    path = tmp_path / "mine.py"
+    path.write_text("def score(solution, truth, source):\n    return 1.0\n")
+    r = Recipe()
+    r.reward.functions = [RewardFnConfig(name="gsm8k"), RewardFnConfig(name=f"{path}:score")]
+    row = {"prompt": [{"role": "user", "content": "q"}], "reward_model": {"ground_truth": "4"}, "data_source": "quiz"}
+    with pytest.raises(RecipeError, match=r"^reward.functions\[1\].name='.*mine.py:score': scoring the first row "
+                       r"\(its ground truth as the response\) it failed: TypeError: score\(\) missing 1 required "
+                       r"positional argument: 'source'$"):
+        try_rewards(r, row, "the first row")
+    path.write_text("def score(response, ground_truth, **extra):\n    return 1.0\n")
+    try_rewards(r, row, "the first row")  # fine now

@@ -8,11 +8,21 @@ A row is a dict::
     reward_model  {style, ground_truth}  ground_truth is what reward functions compare with
     extra_info    dict                   split, index, the original question and answer
 
-``load_rows(spec)`` reads rows from a parquet, JSONL or JSON-array file or from a synthetic task's name
-(``synthetic://select?size=N&seed=S&items=K&split=train`` or
-``synthetic://reasoning?size=N&seed=S&min_steps=2&max_steps=3&max_value=40&split=test``, see
-grpo_ray.data.synthetic), and checks each row, naming the file and row of the first bad one. A prompt
-written as plain text becomes one user message, a numeric ground truth its text (``normalise``).
+``load_rows(spec)`` reads rows from
+
+- a parquet, JSONL or JSON-array file;
+- a directory: a dataset saved by ``datasets`` (``save_to_disk``), or a folder of data files ``datasets`` reads,
+  with ``?split=train`` (the default) after the path to choose a split;
+- a hub dataset, ``hf://openai/gsm8k?name=main&split=train&revision=main`` (``datasets.load_dataset``; the hub
+  must answer, or the dataset be in the local cache with HF_HUB_OFFLINE=1);
+- a synthetic task's name (``synthetic://select?size=N&seed=S&items=K&split=train`` or
+  ``synthetic://reasoning?size=N&seed=S&min_steps=2&max_steps=3&max_value=40&split=test``, see
+  grpo_ray.data.synthetic);
+
+and checks each row, naming the file and row of the first bad one. The prompt and the ground truth may sit under
+other keys (``data.prompt_key``, ``data.answer_key``, dotted for nested ones, like verl's ``data.prompt_key``); a
+prompt written as plain text becomes one user message, a numeric ground truth its text, and a row without a
+data_source takes the file's (or dataset's) name (``normalise``).
 """
 
 from __future__ import annotations
@@ -24,28 +34,46 @@ from urllib.parse import parse_qsl, urlsplit
 from grpo_ray.errors import UserError
 
 SYNTHETIC_SCHEME = "synthetic://"
+HUB_SCHEME = "hf://"
+PROMPT_KEY, ANSWER_KEY = "prompt", "reward_model.ground_truth"
 
 
 class DataError(UserError):
     """Rows that cannot be used, with the file and row that are wrong."""
 
 
-def normalise(row: dict) -> dict:
-    """Forms people write by hand, in the schema: a prompt given as plain text is one user message; a ground truth
-    given as a number is its text."""
-    prompt, rm = row.get("prompt"), row.get("reward_model")
+def dotted(row: dict, key: str):
+    """The value at dotted `key` of `row` (``reward_model.ground_truth``), or None."""
+    value = row
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def normalise(row: dict, prompt_key: str = PROMPT_KEY, answer_key: str = ANSWER_KEY, source: str = "") -> dict:
+    """Rows as people have them, in the schema: the prompt and ground truth taken from `prompt_key` and
+    `answer_key`; a prompt given as plain text is one user message; a ground truth given as a number is its text;
+    no data_source: `source`."""
+    prompt, truth = dotted(row, prompt_key), dotted(row, answer_key)
     if isinstance(prompt, str) and prompt.strip():
-        row = {**row, "prompt": [{"role": "user", "content": prompt}]}
-    if isinstance(rm, dict) and isinstance(rm.get("ground_truth"), (int, float)) and not isinstance(rm["ground_truth"], bool):
-        row = {**row, "reward_model": {**rm, "ground_truth": str(rm["ground_truth"])}}
+        prompt = [{"role": "user", "content": prompt}]
+    if isinstance(truth, (int, float)) and not isinstance(truth, bool):
+        truth = str(truth)
+    rm = row.get("reward_model") if isinstance(row.get("reward_model"), dict) else {"style": "rule"}
+    row = {**row, "prompt": prompt, "reward_model": {**rm, "ground_truth": truth}}
+    if source and row.get("data_source") is None:
+        row["data_source"] = source
     return row
 
 
-def row_problem(row: dict) -> str | None:
-    """What is wrong with `row`, or None when it is usable."""
+def row_problem(row: dict, prompt_key: str = PROMPT_KEY, answer_key: str = ANSWER_KEY) -> str | None:
+    """What is wrong with `row` (read with `prompt_key` and `answer_key`), or None when it is usable."""
     prompt = row.get("prompt")
+    if prompt is None:
+        has = [k for k, v in row.items() if k not in ("prompt", "reward_model") or v]
+        return f"'{prompt_key}' (data.prompt_key) is missing; the row has {', '.join(map(repr, has[:8]))}"
     if not isinstance(prompt, list) or not prompt:
-        return "'prompt' must be a non-empty list of chat messages"
+        return f"'{prompt_key}' (data.prompt_key) must be text or a non-empty list of chat messages"
     for m in prompt:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
             return "each prompt message needs string 'role' and 'content'"
@@ -54,21 +82,73 @@ def row_problem(row: dict) -> str | None:
     rm = row.get("reward_model")
     truth = rm.get("ground_truth") if isinstance(rm, dict) else None
     if truth is not None and not isinstance(truth, str):
-        return f"'reward_model.ground_truth' must be text or a number, not a {type(truth).__name__}"
+        return f"'{answer_key}' (data.answer_key) must be text or a number, not a {type(truth).__name__}"
     if not isinstance(truth, str) or not truth.strip():
-        return "'reward_model.ground_truth' is missing or empty"
+        return f"'{answer_key}' (data.answer_key) is missing or empty"
     if not isinstance(row.get("data_source"), str):
         return "'data_source' is missing"
     return None
 
 
-def load_rows(spec: str) -> list[dict]:
-    """Rows from a parquet / JSONL file or a synthetic:// name; DataError names the first bad row."""
+def load_rows(spec: str, prompt_key: str = PROMPT_KEY, answer_key: str = ANSWER_KEY) -> list[dict]:
+    """Rows from a parquet / JSONL / JSON file, a dataset directory, an hf:// dataset or a synthetic:// name, the
+    prompt at `prompt_key` and the ground truth at `answer_key`; DataError names the first bad row."""
     if spec.startswith(SYNTHETIC_SCHEME):
         return _synthetic(spec)
     path = Path(spec)
-    if not path.is_file():
-        raise DataError(f"{spec}: no such file (expected a .parquet or .jsonl file, or synthetic://select?size=N)")
+    if spec.startswith(HUB_SCHEME) or (not path.exists() and "?" in spec and Path(spec.rpartition("?")[0]).is_dir()) \
+            or path.is_dir():
+        rows, source = _dataset(spec)
+    elif not path.is_file():
+        raise DataError(f"{spec}: no such file or directory (expected a .parquet, .jsonl or .json file, a dataset "
+                        "directory, hf://<dataset>, or synthetic://select?size=N)")
+    else:
+        rows, source = _file_rows(spec, path), path.stem
+    rows = [normalise(row, prompt_key, answer_key, source) if isinstance(row, dict) else row for row in rows]
+    for i, row in enumerate(rows):
+        problem = row_problem(row, prompt_key, answer_key) if isinstance(row, dict) else "not a JSON object"
+        if problem:
+            raise DataError(f"{spec} row {i}: {problem}")
+    if not rows:
+        raise DataError(f"{spec}: no rows")
+    return rows
+
+
+DATASET_KEYS = ("split", "name", "revision")
+
+
+def _dataset(spec: str) -> tuple[list[dict], str]:
+    """Rows of a hub dataset (hf://name?name=config&split=train&revision=r) or a dataset directory (dir?split=...):
+    saved by ``datasets`` (save_to_disk) or data files ``datasets`` reads; and the name rows without a data_source
+    take."""
+    import datasets
+
+    where, _, query = spec.removeprefix(HUB_SCHEME).partition("?")
+    args = dict(parse_qsl(query))
+    unknown = set(args) - set(DATASET_KEYS)
+    if unknown:
+        raise DataError(f"{spec}: unknown key {sorted(unknown)[0]!r}; expected any of {', '.join(DATASET_KEYS)}")
+    split = args.get("split", "train")
+    try:
+        if not spec.startswith(HUB_SCHEME) and any((Path(where) / f).is_file() for f in
+                                                   ("dataset_dict.json", "dataset_info.json", "state.json")):
+            data = datasets.load_from_disk(where)
+            if isinstance(data, datasets.DatasetDict):
+                if split not in data:
+                    raise DataError(f"{spec}: no split {split!r}; it has {', '.join(data)} (add ?split=...)")
+                data = data[split]
+        else:
+            data = datasets.load_dataset(where, args.get("name"), split=split, revision=args.get("revision"))
+    except DataError:
+        raise
+    except Exception as e:  # datasets raises many types: no such dataset, no network, a bad split
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise DataError(f"{spec}: cannot load the dataset ({first[:300]})") from None
+    return data.to_list(), where.rstrip("/").rpartition("/")[2] if not spec.startswith(HUB_SCHEME) else where
+
+
+def _file_rows(spec: str, path: Path) -> list:
+    """The rows of one parquet, JSONL or JSON file, as read (checked by the caller)."""
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -80,13 +160,6 @@ def load_rows(spec: str) -> list[dict]:
         rows = _json_rows(spec, path)
     else:
         raise DataError(f"{spec}: unknown file type {path.suffix!r}; expected .parquet, .jsonl or .json")
-    rows = [normalise(row) if isinstance(row, dict) else row for row in rows]
-    for i, row in enumerate(rows):
-        problem = row_problem(row) if isinstance(row, dict) else "not a JSON object"
-        if problem:
-            raise DataError(f"{spec} row {i}: {problem}")
-    if not rows:
-        raise DataError(f"{spec}: no rows")
     return rows
 
 

@@ -2,27 +2,62 @@
 
 from __future__ import annotations
 
+import errno
 import math
+import socket
+import traceback
 
 _LOADED: dict = {}
+SOURCES: dict[str, str] = {}
+"""The text of each file-form reward (``file.py:function``), sent by the driver."""
+NETWORK = {"allowed": True}
+"""Whether the sandbox lets reward code reach the network (reward.network), for the message when it is refused."""
+OFFLINE_ERRNOS = {errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL, errno.ECONNREFUSED}
 
 
 def score_one(functions: list[tuple[str, float]], response: str, ground_truth: str,
-              extra: dict) -> tuple[dict[str, float], int, bool]:
-    """Each function's score of one response, how many failed (raised or returned a non-finite number:
-    those score 0), and whether one ran out of memory (the child is then replaced)."""
-    from grpo_ray.rewards import load
+              extra: dict) -> tuple[dict[str, float], int, bool, dict[str, str]]:
+    """Each function's score of one response, how many failed (raised or returned a non-finite number: those
+    score 0), whether one ran out of memory (the child is then replaced), and what went wrong in each that failed
+    (its traceback, or what it returned)."""
+    from grpo_ray.rewards import as_score, caller, load
 
-    components, errors, out_of_memory = {}, 0, False
+    components, errors, out_of_memory, failures = {}, 0, False, {}
     for name, _ in functions:
-        fn = _LOADED.get(name) or _LOADED.setdefault(name, load(name))
+        value = math.nan
         try:
-            value = float(fn(response, ground_truth, **extra))
+            fn = _LOADED.get(name) or _LOADED.setdefault(name, caller(load(name, SOURCES.get(name))))
+            value = as_score(fn(response, ground_truth, extra.get("data_source"), extra.get("extra_info")))
         except MemoryError:
-            value, out_of_memory = math.nan, True
-        except Exception:  # user code may raise anything: the sample scores 0, the step goes on
-            value = math.nan
+            out_of_memory = True
+        except Exception as e:  # user code may raise anything: the sample scores 0, the step goes on
+            failures[name] = failure_text(e)
         if not math.isfinite(value):
-            value, errors = 0.0, errors + 1
+            errors += 1
+            failures.setdefault(name, f"returned {value}: expected a finite number")
+            value = 0.0
         components[name] = value
-    return components, errors, out_of_memory
+    return components, errors, out_of_memory, failures
+
+
+def failure_text(e: BaseException) -> str:
+    """The traceback of `e` from the reward function down (grpo-ray's own frames left out), with a word on the
+    sandbox when it was refused the network."""
+    here = (__file__, __file__.replace("runner.py", "__init__.py"))
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename not in here]
+    head = ["Traceback (most recent call last):\n", *traceback.format_list(frames)] if frames else []
+    text = "".join([*head, *traceback.format_exception_only(type(e), e)])
+    if not NETWORK["allowed"] and refused_network(e):
+        text += "(the reward sandbox has no network: set reward.network=true to let reward code reach it)\n"
+    return text
+
+
+def refused_network(e: BaseException | None, depth: int = 0) -> bool:
+    """Whether `e`, or an error it wraps (urllib's reason, a cause), is a failed name lookup or connection."""
+    if e is None or depth > 5:
+        return False
+    if isinstance(e, socket.gaierror) or getattr(e, "errno", None) in OFFLINE_ERRNOS:
+        return True
+    inner = getattr(e, "reason", None)
+    return any(refused_network(x, depth + 1) for x in (inner if isinstance(inner, BaseException) else None,
+                                                        e.__cause__, e.__context__))

@@ -8,7 +8,8 @@
 - memory: the child's address space is capped (``RLIMIT_AS``), so a huge allocation raises MemoryError
   inside the reward function; the sample scores 0 and the child is replaced;
 - isolation, where the OS allows it (Linux with unprivileged user namespaces): the child enters new
-  user, network and mount namespaces, so it has no network (not even loopback to this node) and every
+  user, network and mount namespaces, so it has no network (not even loopback to this node; unless
+  ``reward.network`` allows it: then it keeps the node's) and every
   filesystem is read-only except a private tmpfs scratch directory, its working directory, HOME and
   TMPDIR. ``/proc``, ``/sys`` and ``/dev`` (including ``/dev/shm``) stay as they were. Where namespaces
   are not available the child runs with the time and memory limits only, and says so (``isolation``).
@@ -22,10 +23,12 @@ import os
 MEMORY_ERROR = "memory"
 
 
-def isolate() -> str:
-    """Enter new user + network + mount namespaces with a read-only filesystem and a tmpfs scratch dir.
+def isolate(network: bool = False) -> str:
+    """Enter new user + network + mount namespaces (no network namespace when `network`) with a read-only
+    filesystem and a tmpfs scratch dir.
 
-    Returns "network+filesystem" when done, else "none (<reason>)". Must run before any thread starts."""
+    Returns "network+filesystem" (or "filesystem") when done, else "none (<reason>)". Must run before any thread
+    starts."""
     import ctypes
     import tempfile
 
@@ -34,7 +37,7 @@ def isolate() -> str:
     rdonly, remount, bind, rec, private = 1, 32, 4096, 16384, 1 << 18
     scratch = tempfile.mkdtemp(prefix="grpo-reward-")
     uid, gid = os.getuid(), os.getgid()
-    if libc.unshare(newuser | newnet | newns) != 0:
+    if libc.unshare(newuser | newns | (0 if network else newnet)) != 0:
         return f"none (unshare: {os.strerror(ctypes.get_errno())})"
     try:
         with open("/proc/self/setgroups", "w") as f:
@@ -58,14 +61,18 @@ def isolate() -> str:
         return f"none (scratch tmpfs: {os.strerror(ctypes.get_errno())})"
     os.chdir(scratch)
     os.environ.update(HOME=scratch, TMPDIR=scratch)
-    return "network+filesystem"
+    return "filesystem" if network else "network+filesystem"
 
 
-def child_main(conn, memory_mb: int, sandbox: bool) -> None:
-    isolation = isolate() if sandbox else "none (turned off)"
+def child_main(conn, memory_mb: int, sandbox: bool, network: bool, sources: dict[str, str]) -> None:
+    isolation = isolate(network) if sandbox else "none (turned off)"
     import resource
 
+    from grpo_ray.rewards import runner
     from grpo_ray.rewards.runner import score_one
+
+    runner.SOURCES.update(sources)
+    runner.NETWORK["allowed"] = not isolation.startswith("network+")
 
     limit = memory_mb << 20
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
@@ -84,15 +91,16 @@ def child_main(conn, memory_mb: int, sandbox: bool) -> None:
 class RewardChild:
     """One child process scoring samples under a time limit, a memory limit and (where possible) a sandbox."""
 
-    def __init__(self, memory_mb: int, sandbox: bool = True):
-        self.memory_mb, self.sandbox = memory_mb, sandbox
+    def __init__(self, memory_mb: int, sandbox: bool = True, network: bool = False, sources: dict | None = None):
+        self.memory_mb, self.sandbox, self.network, self.sources = memory_mb, sandbox, network, sources or {}
         self.isolation = ""
         self._start()
 
     def _start(self) -> None:
         ctx = mp.get_context("spawn")
         self.conn, theirs = ctx.Pipe()
-        self.proc = ctx.Process(target=child_main, args=(theirs, self.memory_mb, self.sandbox), daemon=True)
+        args = (theirs, self.memory_mb, self.sandbox, self.network, self.sources)
+        self.proc = ctx.Process(target=child_main, args=args, daemon=True)
         self.proc.start()
         theirs.close()
         if not self.conn.poll(60):

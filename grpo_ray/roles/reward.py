@@ -4,29 +4,41 @@ Each sample is scored in a child process under a time limit and a memory limit, 
 the OS allows (``grpo_ray.rewards.sandbox``). A function that raises or returns a non-finite number
 scores 0 for its component and counts in ``errors``; a sample whose child hangs (past the time
 limit), exits or runs out of memory scores 0 everywhere and counts in ``timeouts`` (hung) or
-``errors`` (exited, out of memory), and the child is replaced, so the step always completes.
+``errors`` (exited, out of memory), and the child is replaced, so the step always completes. The
+first failure of each function is written to the actor's log and handed to the controller, which
+shows it on the console.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 
 from grpo_ray.algo.batching import Span, samples
-from grpo_ray.rewards import weighted_sum
+from grpo_ray.rewards import search_here, weighted_sum
 from grpo_ray.rewards.sandbox import RewardChild
 from grpo_ray.roles import RoleActor, log_to_file
 from grpo_ray.types import Scores
 
+LOST = {"timeout": "ran past reward.timeout_s", "died": "exited (a crash, os._exit, or killed)",
+        "memory": "ran out of memory (reward.memory_mb)"}
+
 
 class RewardWorker(RoleActor):
     def __init__(self, functions: list[tuple[str, float]], timeout_s: float, response_prefix: str = "",
-                 memory_mb: int = 2048, sandbox: bool = True):
+                 memory_mb: int = 2048, sandbox: bool = True, network: bool = False,
+                 code: tuple[dict[str, str], list[str]] = ({}, [])):
+        """`code`: the text of each file-form function and the directories module forms are imported from
+        (``grpo_ray.rewards.shipped``)."""
         log_to_file()
+        sources, dirs = code
+        search_here(*dirs)  # before the child starts: it is spawned with this sys.path
         self.functions, self.timeout_s, self.prefix = functions, timeout_s, response_prefix
-        self.child = RewardChild(memory_mb, sandbox)
+        self.child = RewardChild(memory_mb, sandbox, network, sources)
+        self.reported: set[str] = set()
 
     def isolation(self) -> str:
-        """What the reward child is isolated from: "network+filesystem", or "none (why)"."""
+        """What the reward child is isolated from: "network+filesystem", "filesystem", or "none (why)"."""
         return self.child.isolation
 
     def score(self, rollout_refs: list, spans: list[Span] | None = None) -> Scores:
@@ -38,18 +50,24 @@ class RewardWorker(RoleActor):
         start = time.perf_counter()  # after the rollout arrived: waiting for generation is not reward work
         zeros = {name: 0.0 for name, _ in self.functions}
         components = {name: [] for name, _ in self.functions}
-        totals, errors, timeouts = [], 0, 0
+        totals, errors, timeouts, first = [], 0, 0, {}
         for p, c in samples(rollouts, spans):
             extra = {"data_source": p.data_source, "extra_info": p.extra_info}
             outcome, result = self.child.run((self.functions, self.prefix + c.text, p.ground_truth, extra),
                                              self.timeout_s)
-            comp, failed = (result[0], result[1]) if outcome == "ok" else (zeros, 1)
+            comp, failed, failures = (result[0], result[1], result[3]) if outcome == "ok" else \
+                (zeros, 1, {"(the reward child)": f"scoring a sample, it {LOST[outcome]}"})
             errors += failed if outcome != "timeout" else 0
             timeouts += outcome == "timeout"
+            for name, text in failures.items():
+                if name not in self.reported:  # each function's first failure, once per actor
+                    self.reported.add(name)
+                    first[name] = text
+                    print(f"reward {name} failed on a {p.data_source} sample:\n{text}", file=sys.stderr, flush=True)
             for name, _ in self.functions:
                 components[name].append(comp[name])
             totals.append(weighted_sum(comp, self.functions))
-        return Scores(totals, components, errors, timeouts, time.perf_counter() - start)
+        return Scores(totals, components, errors, timeouts, time.perf_counter() - start, first)
 
     def shutdown(self) -> None:
         self.child.close()

@@ -57,7 +57,7 @@ CASES = {  # name: (recipe, overrides, what the message must say)
     "row not JSON": (RECIPE, ["data.train_files=[{tmp}/not_json.jsonl]"], "not_json.jsonl line 2: not a JSON object"),
     "prompts too long": (RECIPE, ["data.max_prompt_length=5"], "every prompt is longer than data.max_prompt_length=5"),
     "model path not a model": (RECIPE, ["model.path={tmp}/empty_dir"], "has no config.json, so it is not a Hugging Face model"),
-    "model not found": (RECIPE, ["model.path=nobody/no-such-model"], "no config.json found offline"),
+    "model not found": (RECIPE, ["model.path=nobody/no-such-model"], "no config.json: not in the Hugging Face cache, and offline"),
     "no chat template": (RECIPE, ["model.path={tmp}/no_template"], "the tokenizer has no chat template"),
     "bad tiny model name": (RECIPE, ["model.path=tiny://qwen2?layers=two"], "layers='two' is not an integer"),
     "reward not importable": (RECIPE, ["reward.functions=[{name: no_such_module:fn}]"], "reward.functions[0].name"),

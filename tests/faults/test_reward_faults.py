@@ -1,5 +1,6 @@
 """Item 3: reward code that raises, hangs, exits, eats memory, returns NaN, or reaches for the network or the disk."""
 
+import json
 import socket
 import threading
 import time
@@ -61,3 +62,33 @@ def test_reward_code_has_no_network_and_writes_only_to_its_scratch_dir(ray_local
     scores = ray_local.get(open_worker.score.remote([ray_local.put(rollout(cases[:2]))]), timeout=60)
     assert scores.totals == [1.0, 1.0] and target.exists()
     server.close()
+
+
+FLAKY = '''
+def score(response, ground_truth, **extra):
+    if response.removeprefix("####").strip() != ground_truth:
+        raise ZeroDivisionError("planted: wrong answers divide by zero")
+    return 1.0
+'''
+
+
+def test_a_reward_failing_on_most_samples_is_shown_once_and_stops_the_run(tmp_path):
+    """The function passes the check before start (the ground truth scores 1), then raises on the model's wrong
+    answers: its traceback is on the console once, in the reward actor's log, and the run stops after
+    reward.max_error_steps steps over reward.max_error_share, exit code 1, the traceback in the reason."""
+    from tests.conftest import ROOT, run_cli
+
+    (tmp_path / "flaky.py").write_text(FLAKY)
+    res = run_cli("train", str(ROOT / "recipes" / "tiny-cpu.yaml"), f"trainer.output_dir={tmp_path / 'run'}",
+                  "reward.functions=[{name: flaky.py:score}]", "reward.max_error_steps=2", "trainer.total_steps=10",
+                  "trainer.val_before_train=false", cwd=tmp_path, timeout=600)
+    assert res.returncode == 1, res.stderr[-3000:]
+    frame = f'File "{tmp_path / "flaky.py"}", line 4, in score'
+    assert res.stdout.count("failed; its first failure") == 1 and res.stdout.count(frame) == 1
+    assert "ZeroDivisionError: planted: wrong answers divide by zero" in res.stdout
+    assert "reward/errors:" in res.stdout  # on the step line, since some failed
+    assert "run stopped: reward functions failed on" in res.stderr and "for 2 steps in a row" in res.stderr
+    assert frame in res.stderr  # the reason carries the traceback
+    assert frame in (tmp_path / "run" / "logs" / "reward-0.log").read_text()
+    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in steps] == [1] and steps[0]["reward/errors"] > 0.5 * 256
