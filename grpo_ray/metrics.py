@@ -138,7 +138,7 @@ class MetricsLog:
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if self.jsonl:  # first: a console line means the step is on record
-            self.jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
+            self.jsonl.write(json.dumps({"step": step, "time": round(time.time(), 3), **metrics}) + "\n")
             self.jsonl.flush()
         if self.console:
             keys = [k for k in CONSOLE_KEYS if k in metrics] + sorted(k for k in metrics if k.startswith("val/"))

@@ -130,4 +130,6 @@ def _value(recipe, path: str):
 
 
 def _fmt(v) -> str:
+    if v == "(required)":
+        return v
     return "null" if v is None else repr(v) if isinstance(v, str) else str(v).replace("'", "")

@@ -150,3 +150,58 @@ def test_a_second_run_in_the_same_output_dir_is_refused_unless_overwrite(tmp_pat
                   "model.path=tiny://qwen2?layers=1&hidden=64&heads=2&kv_heads=1")
     assert res.returncode == 2 and "already holds a run (metrics.jsonl)" in res.stderr
     assert "trainer.overwrite=true" in res.stderr and (tmp_path / "metrics.jsonl").read_text() == '{"step": 1}\n'
+
+
+def test_every_recipe_key_has_a_doc_and_grpo_ray_config_prints_it():
+    from grpo_ray import recipe_docs
+
+    keys = recipe_docs.keys()
+    assert len(keys) > 120 and [k.path for k in keys if not k.doc] == []  # a field without a docstring fails here
+    res = run_cli("config", "recipes/tiny-cpu.yaml", "trainer.total_steps=7")
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    at = lines.index("trainer.total_steps  [int] default: 0  value: 7")
+    assert lines[at + 1].strip().startswith("Steps to run")
+    assert "reward.functions[].name  [str] default: (required)" in res.stdout
+    assert sum(1 for line in lines if not line.startswith(" ")) == len(keys)
+
+
+def test_the_json_schema_accepts_the_shipped_recipes_and_refuses_unknown_keys():
+    import json
+
+    import jsonschema
+    import yaml
+
+    res = run_cli("config", "--json-schema")
+    schema = json.loads(res.stdout)
+    for path in sorted((ROOT / "recipes").glob("*.yaml")):
+        jsonschema.validate(yaml.safe_load(path.read_text()), schema)
+    with pytest.raises(jsonschema.ValidationError, match="'trainr' was unexpected"):
+        jsonschema.validate({"trainr": {}}, schema)
+    with pytest.raises(jsonschema.ValidationError, match="'k2' is not one of"):
+        jsonschema.validate({"algorithm": {"kl_estimator": "k2"}}, schema)
+
+
+def test_every_unknown_key_at_once_with_verl_and_nemo_rl_names_answered():
+    msg = error_of(ROOT / "recipes" / "tiny-cpu.yaml", ["actor_rollout_ref.rollout.n=4", "trainer.n_gpus_per_node=8",
+                                                        "data.max_response_length=3", "grpo.num_prompts_per_step=8",
+                                                        "custom_reward_function.path=r.py"])
+    assert msg.startswith("5 problems:")
+    for said in ("verl's actor_rollout_ref.rollout.n is algorithm.group_size here",
+                 "verl's trainer.n_gpus_per_node is cluster.devices_per_node here",
+                 "verl's data.max_response_length is generator.sampling.max_tokens here",
+                 "NeMo RL's grpo.num_prompts_per_step is data.train_batch_size here",
+                 "verl's custom_reward_function.path is reward.functions (name: path/to/file.py:function) here"):
+        assert said in msg
+    assert "did you mean" not in msg  # no string-similarity guesses beside a known answer
+    never = error_of(ROOT / "recipes" / "tiny-cpu.yaml", ["trainer.save_freq=-1"])
+    assert "trainer.save_freq=-1: must be >= 0 (0 means never here, where verl writes -1)" in never
+
+
+def test_overrides_before_or_after_options_and_a_version():
+    res = run_cli("plan", "recipes/tiny-cpu.yaml", "--gpu", "cpu", "trainer.total_steps=3")
+    assert res.returncode == 0 and "FITS" in res.stdout, res.stderr
+    res = run_cli("plan", "recipes/tiny-cpu.yaml", "--gpu", "cpu", "--bogus")
+    assert res.returncode == 2 and "unrecognized arguments: --bogus" in res.stderr
+    res = run_cli("--version")
+    assert res.returncode == 0 and res.stdout.startswith("grpo-ray 0.")
