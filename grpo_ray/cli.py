@@ -106,9 +106,8 @@ def cmd_plan(args) -> int:
 
 def cmd_prepare_data(args) -> int:
     from grpo_ray import models
-    from grpo_ray.data.prepare import prepare
-
     from grpo_ray.config import ModelConfig, load_recipe
+    from grpo_ray.data.prepare import prepare
 
     tokenizer, model, limit = None, ModelConfig(path=args.tokenizer or ""), args.max_prompt_tokens
     if args.recipe:  # the recipe's model measures prompts against the recipe's own limit

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import itertools
 import typing
 from dataclasses import MISSING, dataclass, fields, is_dataclass
 from functools import cache
@@ -29,7 +30,7 @@ def field_docs() -> dict[tuple[str, str], str]:
     docs = {}
     for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
         body = cls.body
-        for a, b in zip(body, body[1:]):
+        for a, b in itertools.pairwise(body):
             if isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name) and isinstance(b, ast.Expr) \
                     and isinstance(b.value, ast.Constant) and isinstance(b.value.value, str):
                 docs[(cls.name, a.target.id)] = " ".join(b.value.value.split())

@@ -29,7 +29,12 @@ from pathlib import Path
 from typing import Protocol
 
 from grpo_ray.errors import UserError
-from grpo_ray.rewards.builtin import auto_reward, format_reward, gsm8k_reward, math_reward
+from grpo_ray.rewards.builtin import (
+    auto_reward,
+    format_reward,
+    gsm8k_reward,
+    math_reward,
+)
 
 
 class RewardFn(Protocol):
@@ -146,7 +151,7 @@ def shipped(names: list[str]) -> tuple[dict[str, str], list[str]]:
             continue
         top = n.rpartition(":")[0].split(".")[0]
         spec = importlib.util.find_spec(top)
-        origin = spec and (spec.submodule_search_locations and list(spec.submodule_search_locations)[0] or spec.origin)
+        origin = spec and (next(iter(spec.submodule_search_locations or []), None) or spec.origin)
         if origin:
             home = str(Path(origin).parent)
             if home not in dirs and "site-packages" not in home:
