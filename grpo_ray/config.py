@@ -533,7 +533,7 @@ RANGES: dict[str, Range] = {
     "reference.num_actors": POSITIVE, "reference.micro_batch_size": POSITIVE, "reference.num_cpus": POSITIVE,
     "reward.functions.weight": FINITE, "reward.num_actors": POSITIVE, "reward.timeout_s": POSITIVE,
     "reward.memory_mb": Range(64, why="the child process needs room for Python"), "reward.num_cpus": POSITIVE,
-    "reward.max_error_share": Range(0, 1, high_open=False), "reward.max_error_steps": NON_NEGATIVE,
+    "reward.max_error_share": Range(0, 1), "reward.max_error_steps": NON_NEGATIVE,
     "algorithm.group_size": Range(2, why="GRPO compares samples of one prompt"),
     "algorithm.clip_ratio_low": Range(0, 1, high_open=True), "algorithm.clip_ratio_high": NON_NEGATIVE,
     "algorithm.kl_coef": NON_NEGATIVE, "algorithm.ppo_epochs": POSITIVE, "algorithm.max_staleness": NON_NEGATIVE,
@@ -556,7 +556,8 @@ RANGES: dict[str, Range] = {
     "trainer.early_stop.min_delta": NON_NEGATIVE,
 }
 """Every numeric field of the recipe and its range, checked before anything starts (a test keeps this complete)."""
-FREE_TEXT = {"model.path", "model.chat_template", "data.response_prefix", "data.prompt_key", "data.answer_key", "reward.functions.name", "trainer.resume", "trainer.output_dir",
+FREE_TEXT = {"model.path", "model.chat_template", "data.response_prefix", "data.prompt_key", "data.answer_key",
+             "reward.functions.name", "trainer.resume", "trainer.output_dir",
              "trainer.experiment_name", "trainer.project_name", "trainer.mlflow_tracking_uri", "trainer.early_stop.metric",
              "cluster.gpu", "sft.target_key"}
 """String fields that are not a choice among CHOICES (paths, names, text; cluster.gpu is checked on its own)."""

@@ -20,6 +20,7 @@ directory is keyed by the canonical name under ``cache_dir()``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -404,9 +405,10 @@ KNOWN_DIMS = {
 }
 
 
+@functools.cache
 def hub_answers(timeout_s: float = 3.0) -> bool:
     """Whether the Hugging Face hub (HF_ENDPOINT) takes a connection within `timeout_s`: when it does not, configs
-    are read from the cache only, without the hub client's minute of retries."""
+    are read from the cache only, without the hub client's half minute of retries. Asked once a process."""
     import socket
 
     host = urlsplit(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
@@ -431,13 +433,14 @@ def model_dims(name: str) -> ModelDims:
         raise ModelNameError(f"model.path={name!r}: the directory has no config.json, so it is not a Hugging Face model")
     if name.startswith(("/", "./", "../", "~")) and not Path(name).expanduser().exists():
         raise ModelNameError(f"model.path={name!r}: no such directory")
-    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on") or not hub_answers()
+    offline = False
     try:
         if path.is_file():
             cfg = json.loads(path.read_text())
         else:
             from transformers import AutoConfig
 
+            offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on") or not hub_answers()
             cfg = AutoConfig.from_pretrained(name, local_files_only=offline).to_dict()  # the cache, else the hub
     except (OSError, ValueError) as e:
         why = ("not in the Hugging Face cache, and offline (HF_HUB_OFFLINE, or the hub does not answer)" if offline else

@@ -12,6 +12,8 @@ from dataclasses import MISSING, dataclass, fields, is_dataclass
 from functools import cache
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from grpo_ray import config
 
 
@@ -53,7 +55,7 @@ def default_of(f: dataclasses.Field) -> Any:
         return "(required)" if f.default == "???" else f.default
     if f.default_factory is not MISSING:
         value = f.default_factory()
-        return None if is_dataclass(value) else config.OmegaConf.to_container(config.OmegaConf.create({"v": value}))["v"]
+        return None if is_dataclass(value) else OmegaConf.to_container(OmegaConf.create({"v": value}))["v"]
     return "(required)"
 
 

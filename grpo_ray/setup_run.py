@@ -12,7 +12,7 @@ from pathlib import Path
 
 from grpo_ray import models, rewards, rundir
 from grpo_ray.config import Recipe, RecipeError, dump_recipe, recipe_yaml
-from grpo_ray.data import DataError, load_rows, prompt_text
+from grpo_ray.data import DataError, dotted, load_rows, prompt_text
 
 
 @dataclass
@@ -66,9 +66,7 @@ def usable_rows(files: list[str], tokenizer, recipe: Recipe, dropped: dict[str, 
 def target_text(row: dict, key: str, response_prefix: str = "") -> str | None:
     """The SFT target of `row` at dotted `key` (``extra_info.answer``) without the response prefix the prompt
     already ends with; None when missing or empty."""
-    value = row
-    for part in key.split("."):
-        value = value.get(part) if isinstance(value, dict) else None
+    value = dotted(row, key)
     if not isinstance(value, str) or not value.strip():
         return None
     return value.removeprefix(response_prefix) if response_prefix else value

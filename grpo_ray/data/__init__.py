@@ -70,7 +70,7 @@ def row_problem(row: dict, prompt_key: str = PROMPT_KEY, answer_key: str = ANSWE
     """What is wrong with `row` (read with `prompt_key` and `answer_key`), or None when it is usable."""
     prompt = row.get("prompt")
     if prompt is None:
-        has = [k for k, v in row.items() if k not in ("prompt", "reward_model") or v]
+        has = [k for k in row if k not in ("prompt", "reward_model")]  # those two normalise always sets
         return f"'{prompt_key}' (data.prompt_key) is missing; the row has {', '.join(map(repr, has[:8]))}"
     if not isinstance(prompt, list) or not prompt:
         return f"'{prompt_key}' (data.prompt_key) must be text or a non-empty list of chat messages"

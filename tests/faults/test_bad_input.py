@@ -38,6 +38,10 @@ def _files(tmp_path):
     (tmp_path / "strings.json").write_text('["one row", "another"]')
     (tmp_path / "run_there").mkdir()
     (tmp_path / "run_there" / "metrics.jsonl").write_text('{"step": 1}\n')
+    # the third round: a verl user's own reward and data
+    (tmp_path / "mismatch.py").write_text("def score(solution, truth, source):\n    return 1.0\n")
+    (tmp_path / "no_number.py").write_text("def score(response, ground_truth, **extra):\n    return 'yes'\n")
+    (tmp_path / "plain.jsonl").write_text(json.dumps({"question": "Tom has 3 pens.", "answer": 3}) + "\n")
 
 
 CASES = {  # name: (recipe, overrides, what the message must say)
@@ -101,6 +105,23 @@ CASES = {  # name: (recipe, overrides, what the message must say)
                                          "set rollout_is and rollout_rs to null"),
     "a rerun over a run with no checkpoint": (RECIPE, ["trainer.output_dir={tmp}/run_there"],
                                               "already holds a run (metrics.jsonl) and no whole checkpoint"),
+    # the third round: a verl user's own reward, data, template and keys
+    "a reward file that is not there": (RECIPE, ["reward.functions=[{name: nowhere.py:score}]"],
+                                        "reward.functions[0].name: reward 'nowhere.py:score': no file nowhere.py"),
+    "a reward whose signature does not fit": (RECIPE, ["reward.functions=[{name: '{tmp}/mismatch.py:score'}]"],
+                                              "missing 1 required positional argument: 'source'"),
+    "a reward that returns no number": (RECIPE, ["reward.functions=[{name: '{tmp}/no_number.py:score'}]"],
+                                        "TypeError: returned str 'yes': expected a number"),
+    "rows under other keys, unmapped": (RECIPE, ["data.train_files={tmp}/plain.jsonl"],
+                                        "plain.jsonl row 0: 'prompt' (data.prompt_key) is missing; the row has 'question'"),
+    "a chat template file that is not there": (RECIPE, ["model.chat_template={tmp}/nowhere.jinja"],
+                                               "model.chat_template='{tmp}/nowhere.jinja': cannot read the file"),
+    "a dataset split that is not there": (RECIPE, ["data.train_files={tmp}/empty_dir?split=nope"],
+                                          "cannot load the dataset"),
+    "verl's keys": (RECIPE, ["actor_rollout_ref.rollout.n=8", "trainer.n_gpus_per_node=1"],
+                    "2 problems:"),
+    "verl's -1 for never": (RECIPE, ["trainer.save_freq=-1"], "0 means never here, where verl writes -1"),
+    "a reward error share over 1": (RECIPE, ["reward.max_error_share=1.5"], "reward.max_error_share=1.5: must be in [0, 1]"),
 }
 
 
@@ -124,7 +145,7 @@ def test_bad_input_is_refused_cleanly(case, broken, tmp_path, capsys):
     rc = main(["train", fill(recipe), *out_dir, *map(fill, overrides)])
     err = capsys.readouterr().err
     assert rc == 2, err
-    assert expected in err, err
+    assert fill(expected) in err, err
     assert [line for line in err.splitlines() if "error" in line.lower()][0].startswith("grpo-ray: error: ")
     assert not ray.is_initialized()  # refused before any actor (or cluster) starts
 
