@@ -212,12 +212,15 @@ def cmd_config(args) -> int:
 def parser() -> argparse.ArgumentParser:
     from importlib.metadata import PackageNotFoundError, version
 
+    from grpo_ray.config import GPU_MEMORY_GB
+
     try:
         here = version("grpo-ray")
     except PackageNotFoundError:
         here = "unknown (not installed)"
-    p = argparse.ArgumentParser(prog="grpo-ray", description="GRPO post-training on Ray. Overrides (a.b=c) may come "
-                                "before or after options.")
+    p = argparse.ArgumentParser(prog="grpo-ray", description="GRPO post-training on Ray. Overrides may come before "
+                                "or after options: a.b=c sets a key (a mapping value such as cluster.node_resources={} "
+                                "replaces the recipe's), ~a.b puts a key back to its default.")
     p.add_argument("--version", action="version", version=f"grpo-ray {here}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
 
@@ -241,7 +244,7 @@ def parser() -> argparse.ArgumentParser:
     pn = sub.add_parser("plan", help="placement and memory per device of a recipe, without starting anything; "
                                      "exit 0 when it fits, 1 when it does not")
     pn.add_argument("recipe", help="recipe YAML file")
-    pn.add_argument("--gpu", choices=["b200", "h200", "h100", "cpu"], help="plan for these devices instead")
+    pn.add_argument("--gpu", choices=[*GPU_MEMORY_GB, "cpu"], help="plan for these devices instead")
     pn.add_argument("--nodes", type=int, default=0, help="plan for this many nodes instead")
     pn.add_argument("overrides", nargs="*", help="dotted overrides, e.g. generator.tensor_parallel_size=4")
     pn.set_defaults(func=cmd_plan)
@@ -306,7 +309,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, with dotted overrides (key=value) taken wherever they stand, before or after options."""
     p = parser()
     args, rest = p.parse_known_args(argv)
-    stray = [a for a in rest if a.startswith("-") or "=" not in a or not hasattr(args, "overrides")]
+    stray = [a for a in rest if a.startswith("-") or ("=" not in a and not a.startswith("~"))
+             or not hasattr(args, "overrides")]
     if stray:
         p.error(f"unrecognized arguments: {' '.join(stray)}")
     args.overrides = [*getattr(args, "overrides", []), *rest] if rest else getattr(args, "overrides", None)

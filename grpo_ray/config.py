@@ -337,7 +337,8 @@ class ClusterConfig:
     """Custom resource -> how many of cluster.nodes carry it (a KubeRay worker group's ``resources``), e.g.
     {generation: 1}; the first nodes carry them in this order. Empty: not described, any node may carry any."""
     gpu: str = ""
-    """GPU model (b200, h200, h100): its memory sizes the fit check; empty on CPU or with cluster.device_memory_gb."""
+    """GPU model (b200, h200, h100, a100-80gb, l40s, a100-40gb, l4, a10g, rtx4090): its memory sizes the fit
+    check; empty on CPU or with cluster.device_memory_gb."""
     device_memory_gb: float = 0.0
     """Memory of one GPU in GB, when cluster.gpu is not one of the known models."""
     node_memory_gb: float = 0.0
@@ -479,8 +480,9 @@ CHOICES = {
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 ENGINE_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The ranks vLLM's max_lora_rank takes: an engine serves adapters up to the next one."""
-GPU_MEMORY_GB = {"b200": 180.0, "h200": 141.0, "h100": 80.0}
-"""Memory of one GPU of each known model (HBM as the datasheets give it)."""
+GPU_MEMORY_GB = {"b200": 180.0, "h200": 141.0, "h100": 80.0, "a100-80gb": 80.0, "l40s": 48.0, "a100-40gb": 40.0,
+                 "l4": 24.0, "a10g": 24.0, "rtx4090": 24.0}
+"""Memory of one GPU of each known model (as the datasheets give it)."""
 
 
 @dataclass(frozen=True)
@@ -602,8 +604,12 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] = (), command: str
     _take_aliases(user)
     problems = check_keys(user, Recipe, origin=str(path))
     for item in overrides:
+        if item.startswith("~") and "=" not in item:  # Hydra's deletion: back to the default
+            problems += _reset(user, item[1:], origin=f"override {item!r}")
+            continue
         if "=" not in item:
-            raise RecipeError(f"override {item!r}: expected key=value, e.g. trainer.total_steps=10")
+            raise RecipeError(f"override {item!r}: expected key=value (or ~key for its default), e.g. "
+                              "trainer.total_steps=10")
         try:
             one = OmegaConf.from_dotlist([item.removeprefix("+")])  # Hydra's "+" for new keys is accepted
         except OmegaConfBaseException as e:
@@ -616,7 +622,11 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] = (), command: str
         found = check_keys(one, Recipe, origin=f"override {item!r}")
         problems += found
         if not found:
-            user = OmegaConf.merge(user, one)
+            key = _renamed(item.removeprefix("+").split("=", 1)[0])
+            if get_origin(_field_type(key)) is dict:  # a mapping value replaces the recipe's, not merged into it
+                OmegaConf.update(user, key, OmegaConf.select(one, key), merge=False)
+            else:
+                user = OmegaConf.merge(user, one)
     if problems:
         raise RecipeError(problems[0] if len(problems) == 1 else f"{len(problems)} problems:\n" +
                           "\n".join(f"  - {p}" for p in problems))
@@ -731,6 +741,37 @@ def _leaf_keys(node: DictConfig, prefix: str):
             yield from _leaf_keys(child, f"{prefix}.{k}")
         else:
             yield f"{prefix}.{k}"
+
+
+def _renamed(key: str) -> str:
+    """A dotted key with verl's spelling of its last part replaced by ours (as _take_aliases does)."""
+    section, _, rest = key.partition(".")
+    return f"{section}.{ALIASES.get((section, rest), rest)}" if rest else key
+
+
+def _field_type(key: str) -> Any:
+    """The declared type of a dotted recipe key (None when it is not one)."""
+    tp: Any = Recipe
+    for part in key.split("."):
+        if get_origin(tp) is dict:  # an entry of a mapping value
+            tp = get_args(tp)[1]
+        elif is_dataclass(tp) and part in _valid_keys(tp):
+            tp = _valid_keys(tp)[part]
+        else:
+            return None
+    return tp
+
+
+def _reset(user: DictConfig, key: str, origin: str) -> list[str]:
+    """Remove `key` from the recipe, so that its default applies; a problem for a key the recipe cannot have."""
+    key = _renamed(key)
+    if _field_type(key) is None:
+        return check_keys(OmegaConf.from_dotlist([f"{key}=0"]), Recipe, origin) or [f"{origin}: no key {key!r}"]
+    parent, _, last = key.rpartition(".")
+    node = OmegaConf.select(user, parent) if parent else user
+    if isinstance(node, DictConfig) and last in node:
+        del node[last]
+    return []
 
 
 def _take_aliases(node: DictConfig) -> None:

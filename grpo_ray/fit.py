@@ -282,7 +282,7 @@ def generator_memory(d: ModelDims, r: Recipe, memory_gb: float) -> tuple[PoolMem
 def layout(r: Recipe) -> tuple[list[Node], list[str]]:
     """Place every node group's bundles on simulated nodes, first fit; problems for bundles with no room."""
     c = r.cluster
-    markers = [(m,) for m, n in c.node_markers.items() for _ in range(n)]
+    markers = [(m,) for m in placement.node_markers(r)]
     problems = []
     if len(markers) > c.nodes:
         problems.append(f"cluster.node_markers {dict(c.node_markers)} mark {len(markers)} nodes, but "
@@ -375,7 +375,8 @@ def check(r: Recipe) -> FitReport:
     if r.cluster.device == "cpu":  # on GPU clusters rewards use host memory only
         pools["reward"] = PoolMemory("reward", {"runtime": CPU_RUNTIME_GB["reward"]}, "one child process per sample")
     if r.cluster.device == "cuda" and mem <= 0:
-        problems.append("cluster.gpu is not set: name the GPU model (b200, h200, h100) or set cluster.device_memory_gb")
+        problems.append(f"cluster.gpu is not set: name the GPU model ({', '.join(GPU_MEMORY_GB)}) or set "
+                        "cluster.device_memory_gb")
     elif r.cluster.device == "cuda":
         problems += _gpu_problems(d, r, pools, mem)
     devices = _device_lines(r, pools, mem, nodes, plans, problems)

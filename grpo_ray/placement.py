@@ -71,6 +71,12 @@ def threads(recipe: Recipe, plans: dict[str, PoolPlan], node_cpus: float) -> dic
             for pool, p in plans.items()}
 
 
+def node_markers(recipe: Recipe) -> list[str]:
+    """The marker each of the first nodes carries, in order: {generation: 2, training: 1} -> generation,
+    generation, training (the nodes after them carry none). deploy/slurm starts its nodes this way."""
+    return [marker for marker, n in recipe.cluster.node_markers.items() for _ in range(n)]
+
+
 def node_groups(recipe: Recipe) -> list[list[str]]:
     """Pools that share a placement group: the colocate groups, then every other pool on its own."""
     grouped = [list(g) for g in recipe.cluster.colocate]

@@ -205,3 +205,22 @@ def test_overrides_before_or_after_options_and_a_version():
     assert res.returncode == 2 and "unrecognized arguments: --bogus" in res.stderr
     res = run_cli("--version")
     assert res.returncode == 0 and res.stdout.startswith("grpo-ray 0.")
+
+
+def test_a_mapping_or_list_is_replaced_or_reset_from_the_command_line():
+    """A GKE recipe becomes a plain one from the command line: a mapping value replaces the recipe's (an entry
+    is still set with its dotted key), ~key puts a key (or one entry) back to its default."""
+    gke = ROOT / "recipes" / "qwen2.5-32b-gsm8k-b200.yaml"
+    assert load_recipe(gke).cluster.node_resources == {"generator": "generation", "learner": "training",
+                                                     "reference": "training"}
+    plain = load_recipe(gke, ["cluster.node_resources={}", "~cluster.node_markers", "cluster.colocate=[]"])
+    assert (plain.cluster.node_resources, plain.cluster.node_markers, plain.cluster.colocate) == ({}, {}, [])
+    one = load_recipe(gke, ["cluster.node_resources={generator: gen}", "cluster.node_markers={gen: 1}",
+                            "cluster.node_resources.learner=gen"])
+    assert one.cluster.node_resources == {"generator": "gen", "learner": "gen"}
+    assert load_recipe(gke, ["~cluster.node_resources.reference"]).cluster.node_resources == {
+        "generator": "generation", "learner": "training"}
+    assert load_recipe(gke, ["~trainer"]).trainer.total_steps == 0  # a whole section back to its defaults
+    assert "unknown key 'cluster.nodez'; did you mean 'cluster.nodes'?" in error_of(gke, ["~cluster.nodez"])
+    res = run_cli("plan", str(gke), "--gpu", "h200", "~cluster.node_resources", "~cluster.node_markers")
+    assert res.returncode == 0 and "node 1 8/8 GPUs: generator x1" in res.stdout, res.stdout + res.stderr

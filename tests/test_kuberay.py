@@ -1,12 +1,16 @@
-"""Every KubeRay manifest agrees with the recipes it serves: GPUs, node groups, markers, secret, volumes."""
+"""Every KubeRay manifest agrees with the recipes it serves: GPUs, node groups, markers, secret, volumes; the
+Slurm script is valid bash and marks nodes as `plan` lays them out."""
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
+from grpo_ray import fit
 from grpo_ray.config import SECRET_KEY, load_recipe
+from grpo_ray.placement import node_markers
 from tests.conftest import ROOT
 
 MANIFESTS = sorted((ROOT / "deploy" / "kuberay").glob("*.yaml"))
@@ -34,7 +38,8 @@ def containers(template: dict) -> list[dict]:
 def test_there_are_manifests_for_every_multi_node_recipe():
     served = {r for m in MANIFESTS for r in yaml.safe_load(m.read_text())["metadata"]["annotations"]["grpo-ray/recipes"].split(",")}
     scale = {f"recipes/{p.name}" for p in (ROOT / "recipes").glob("*.yaml") if not p.name.startswith("tiny-")}
-    assert served == scale
+    one_gpu = {r for r in scale if load_recipe(ROOT / r).cluster.devices_per_node == 1}  # a workstation's
+    assert len(one_gpu) == 3 and served == scale - one_gpu
     assert any(yaml.safe_load(m.read_text())["kind"] == "RayJob" for m in MANIFESTS)
 
 
@@ -94,16 +99,30 @@ def test_rayjob_resubmits_and_resumes_with_the_runtime_env_of_its_gpu():
         assert spec["backoffLimit"] >= 1 and spec["shutdownAfterJobFinishes"] is True
         assert spec["entrypoint"].startswith(f"grpo-ray train /app/{recipe_path}")
         assert "resume=disable" not in spec["entrypoint"] and r.trainer.resume == "auto" and r.trainer.save_freq > 0
-        shipped = yaml.safe_load((ROOT / "runtime_env" / f"{r.cluster.gpu}.yaml").read_text())["env_vars"]
+        shipped = yaml.safe_load((ROOT / "runtime_env" / f"gke-{r.cluster.gpu}.yaml").read_text())["env_vars"]
         assert yaml.safe_load(spec["runtimeEnvYAML"])["env_vars"] == shipped
 
 
 def test_runtime_envs_carry_no_secret_and_the_right_tuner():
     for gpu, tuner in (("b200", "tuner_config_a4.txtpb"), ("h200", "tuner_config_a3u.txtpb")):
-        env = yaml.safe_load((ROOT / "runtime_env" / f"{gpu}.yaml").read_text())["env_vars"]
+        env = yaml.safe_load((ROOT / "runtime_env" / f"gke-{gpu}.yaml").read_text())["env_vars"]
         assert env["NCCL_TUNER_CONFIG_PATH"].endswith(tuner) and env["NCCL_NET"] == "gIB"
     for path in list((ROOT / "runtime_env").glob("*.yaml")) + MANIFESTS:
         text = path.read_text()
         assert "hf_" not in text.lower().replace("hf_token", "").replace("hf_home", ""), path
         env = (yaml.safe_load(text) or {}).get("env_vars", {})
         assert not {k for k in env if SECRET_KEY.search(k)}, path
+
+
+def test_slurm_script_parses_and_marks_the_nodes_plan_lays_out():
+    """deploy/slurm starts node i with the i-th of placement.node_markers: the markers the fit check's layout
+    gives the first nodes (not run on a real Slurm cluster here: there is none)."""
+    script = ROOT / "deploy" / "slurm" / "grpo-ray.sbatch"
+    assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
+    assert "placement import node_markers" in script.read_text()
+    for path in sorted((ROOT / "recipes").glob("*.yaml")):
+        r = load_recipe(path)
+        nodes, _ = fit.layout(r)
+        marked = node_markers(r)
+        assert [n.markers for n in nodes[: len(marked)]] == [(m,) for m in marked], path
+        assert sum(r.cluster.node_markers.values()) == len(marked) <= r.cluster.nodes, path

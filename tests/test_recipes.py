@@ -16,7 +16,7 @@ FAMILY = {"Qwen/": "qwen2", "meta-llama/": "llama", "google/gemma-3": "gemma3"}
 
 
 def test_every_scale_recipe_has_a_twin_and_a_committed_plan():
-    assert len(SCALE) == 7, SCALE
+    assert len(SCALE) == 10, SCALE
     for name in SCALE:
         assert (RECIPES / f"tiny-{name}.yaml").is_file(), name
         assert (RECIPES / "plans" / f"{name}.txt").is_file(), name
@@ -163,3 +163,17 @@ def test_cpu_kv_cache_over_the_free_numa_memory_is_refused_before_anything_start
     report = fit.check(r)
     assert not report.fits
     assert any("free on this machine's smallest NUMA node" in p for p in report.problems), report.problems
+
+
+@pytest.mark.parametrize(("name", "fits", "not_fits"), [
+    ("qwen2.5-0.5b-gsm8k-1gpu", ["l4", "a10g", "a100-40gb", "h100"], []),
+    ("qwen2.5-1.5b-gsm8k-1gpu-lora", ["l4", "a100-40gb", "h100"], []),
+    ("qwen2.5-1.5b-gsm8k-1gpu", ["a100-80gb", "h100"], ["a100-40gb"]),
+])
+def test_one_gpu_recipes_fit_the_cards_they_name(name, fits, not_fits):
+    """The one-GPU recipes: every pool on one device of 24 GB (0.5B; 1.5B with LoRA, made for 40 GB) or 80 GB
+    (1.5B), each also fitting the larger cards; the full 1.5B does not fit 40 GB (its LoRA recipe is for that)."""
+    for gpu in fits + not_fits:
+        report = fit.check(load_recipe(RECIPES / f"{name}.yaml", [f"cluster.gpu={gpu}"]))
+        assert report.fits == (gpu in fits), (gpu, report.text())
+        assert "node 0 1/1 GPUs: generator+learner" in report.text()
