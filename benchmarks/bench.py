@@ -217,7 +217,7 @@ def timed_steps(overrides: list[str], warmup: int, steps: int, recipe: str = "re
     from grpo_ray.setup_run import setup_run
 
     out = tempfile.mkdtemp(prefix="grpo-bench-")
-    r = load_recipe(ROOT / recipe, [*overrides, f"trainer.output_dir={out}", "trainer.dump_rollouts=false",
+    r = load_recipe(ROOT / recipe, [*overrides, f"trainer.output_dir={out}", "trainer.dump_freq=0",
                                     "trainer.loggers=[jsonl]", "trainer.test_freq=0", "trainer.val_before_train=false"])
     connect(r)
     c = Controller(r, setup_run(r))
@@ -254,7 +254,7 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
     # a learning rate too small to move an fp32 weight: every step does the same work, and the engines keep the
     # model the raw components load, so both sides generate the same responses (a tiny model trained at the
     # recipe's rate changes its response lengths, and with them the tokens/s, from step to step)
-    r = load_recipe(recipe_path, [*overrides, f"trainer.output_dir={out_dir}", "trainer.dump_rollouts=false",
+    r = load_recipe(recipe_path, [*overrides, f"trainer.output_dir={out_dir}", "trainer.dump_freq=0",
                                   "trainer.loggers=[jsonl]", "trainer.test_freq=0", "trainer.val_before_train=false",
                                   "learner.optim.lr=1e-12"])
     inputs = setup_run(r)

@@ -19,6 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from grpo_ray.dumps import read_samples
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -45,7 +47,7 @@ def measure(name: str, overrides: list[str], work: Path) -> dict:
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     measured = max(m["perf/peak_rss_gb/learner"] for m in metrics)
     ref_measured = max(m["perf/peak_rss_gb/reference"] for m in metrics)
-    rows = [json.loads(line) for line in (out / "rollouts" / "train_data_step2.jsonl").read_text().splitlines()]
+    rows = read_samples(out / "rollouts" / "train_data_step2.jsonl")
     seq = max(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows)
     recipe = load_recipe(RECIPE, flags)
     dims = model_dims(recipe.model.path)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from grpo_ray.errors import UserError
@@ -44,11 +45,13 @@ def cmd_sft(args) -> int:
 
 def _inputs(recipe, command: str, recipe_path: str):
     """Everything checked and loaded before any actor starts (grpo_ray.setup_run), said in a few lines."""
+    from grpo_ray.metrics import since_start
     from grpo_ray.setup_run import setup_run
 
     inputs = setup_run(recipe, command, Path(recipe_path).parent)
-    print(f"recipe ok; model at {inputs.model_path}; {len(inputs.train_rows)} training rows, "
-          f"{len(inputs.val_rows)} validation rows; config written to {inputs.output_dir / 'config.yaml'}")
+    print(f"{since_start()} recipe, data and rewards checked: {len(inputs.train_rows)} training rows, "
+          f"{len(inputs.val_rows)} validation rows; config in {inputs.output_dir / 'config.yaml'}\n"
+          f"  model: {inputs.model_path}")
     limits = f"data.max_prompt_length={recipe.data.max_prompt_length}"
     if command == "sft":
         limits += f" or a target over sft.max_target_length={recipe.sft.max_target_length}"
@@ -118,7 +121,8 @@ def cmd_prepare_data(args) -> int:
         tokenizer = models.load_tokenizer(models.resolve(model.path), model)
     reports = prepare(args.name, args.source, args.out, tokenizer=tokenizer, max_prompt_tokens=limit,
                       max_bad_fraction=args.max_bad_fraction, chat_template_kwargs=model.chat_template_kwargs,
-                      overwrite=args.overwrite)
+                      overwrite=args.overwrite, instruction=args.instruction, prompt_key=args.prompt_key,
+                      answer_key=args.answer_key, file_split=args.split)
     for r in reports:
         print(r.line())
         for example in r.examples:
@@ -249,9 +253,16 @@ def parser() -> argparse.ArgumentParser:
     pn.add_argument("overrides", nargs="*", help="dotted overrides, e.g. generator.tensor_parallel_size=4")
     pn.set_defaults(func=cmd_plan)
 
-    d = sub.add_parser("prepare-data", help="GSM8K / MATH-500 to train/test parquet")
-    d.add_argument("name", choices=["gsm8k", "math500"])
-    d.add_argument("--source", help="hub name or local path (default: the public hub name)")
+    d = sub.add_parser("prepare-data", help="GSM8K, MATH-500 or data of yours (custom) to train/test parquet "
+                                            "in the verl schema")
+    d.add_argument("name", choices=["gsm8k", "math500", "custom"])
+    d.add_argument("--source", help="hub name or local path: a directory of train/test .jsonl or .parquet, or one "
+                                    "file (default: the public hub name; custom needs one)")
+    d.add_argument("--instruction", help="text appended to each prompt, replacing the data set's own (custom: none)")
+    d.add_argument("--prompt-key", default="question", help="custom: the field holding the prompt (text or chat "
+                                                            "messages; dotted for nested fields)")
+    d.add_argument("--answer-key", default="answer", help="custom: the field holding the ground truth")
+    d.add_argument("--split", default="test", help="the split a single --source file is")
     d.add_argument("--out", required=True, help="output directory")
     d.add_argument("--recipe", help="measure prompts with this recipe's model and data.max_prompt_length")
     d.add_argument("--tokenizer", help="model whose chat template measures prompt length")
@@ -318,6 +329,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from grpo_ray import metrics
+
+    metrics.START = time.time()  # start-up lines count from here
     args = parse(argv)
     try:
         return args.func(args)

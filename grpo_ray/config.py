@@ -382,8 +382,9 @@ class TrainerConfig:
     """Validate every this many steps; 0 never."""
     val_before_train: bool = False
     """Validate once before the first step."""
-    dump_rollouts: bool = True
-    """Write every step's samples to <output_dir>/rollouts/ as JSONL."""
+    dump_freq: int = 10
+    """Write the samples of every this many training steps, and of the last, to <output_dir>/rollouts/ (a JSON
+    line per prompt, its samples in it), with every validation's; 0 never."""
     output_dir: str = "runs/${trainer.experiment_name}"
     """Where config.yaml, metrics, rollouts and checkpoints go."""
     project_name: str = "grpo-ray"
@@ -551,7 +552,8 @@ RANGES: dict[str, Range] = {
     "cluster.nodes": POSITIVE, "cluster.devices_per_node": NON_NEGATIVE, "cluster.device_memory_gb": NON_NEGATIVE,
     "cluster.node_memory_gb": NON_NEGATIVE, "cluster.peak_tflops": NON_NEGATIVE,
     "trainer.total_steps": NON_NEGATIVE, "trainer.total_epochs": NON_NEGATIVE, "trainer.save_freq": NON_NEGATIVE,
-    "trainer.keep_last": NON_NEGATIVE, "trainer.test_freq": NON_NEGATIVE, "trainer.seed": NON_NEGATIVE,
+    "trainer.keep_last": NON_NEGATIVE, "trainer.test_freq": NON_NEGATIVE, "trainer.dump_freq": NON_NEGATIVE,
+    "trainer.seed": NON_NEGATIVE,
     "trainer.max_sync_logprob_diff": POSITIVE, "trainer.call_timeout_s": POSITIVE, "trainer.bucket_mb": POSITIVE,
     "trainer.sync_timeout_s": POSITIVE, "trainer.max_skipped_steps": POSITIVE, "trainer.preemption_grace_s": NON_NEGATIVE,
     "sft.max_target_length": POSITIVE, "trainer.early_stop.patience": POSITIVE,
@@ -565,7 +567,7 @@ FREE_TEXT = {"model.path", "model.chat_template", "data.response_prefix", "data.
 """String fields that are not a choice among CHOICES (paths, names, text; cluster.gpu is checked on its own)."""
 
 
-ZERO_IS_NEVER = {"trainer.save_freq", "trainer.test_freq", "trainer.total_steps", "trainer.total_epochs",
+ZERO_IS_NEVER = {"trainer.save_freq", "trainer.test_freq", "trainer.dump_freq", "trainer.total_steps", "trainer.total_epochs",
                  "generator.max_model_len", "learner.optim.grad_clip"}
 """Keys where 0 turns the thing off, as -1 does in verl."""
 
@@ -677,6 +679,8 @@ FOREIGN_KEYS = {
     "logger.log_dir": ("NeMo RL", "trainer.output_dir"),
     "trainer.default_local_dir": ("verl", "trainer.output_dir"),
     "trainer.total_training_steps": ("verl", "trainer.total_steps"),
+    "trainer.rollout_data_dir": ("verl", "trainer.dump_freq (every this many steps, to <output_dir>/rollouts/)"),
+    "trainer.dump_rollouts": ("an earlier grpo-ray", "trainer.dump_freq (0: never, 1: every step)"),
     "trainer.n_gpus_per_node": ("verl", "cluster.devices_per_node"),
     "trainer.nnodes": ("verl", "cluster.nodes"),
     "actor_rollout_ref.rollout.n": ("verl", "algorithm.group_size"),

@@ -45,7 +45,8 @@ from grpo_ray.dumps import write_dump
 from grpo_ray.engines import Batch, Engines
 from grpo_ray.errors import Preempted, RunError
 from grpo_ray.faults import fault_at
-from grpo_ray.metrics import MetricsLog, perf_metrics, pool_metrics, rollout_metrics, sample_table, validation_metrics
+from grpo_ray.metrics import (MetricsLog, perf_metrics, pool_metrics, rollout_metrics, sample_table, since_start,
+                              validation_metrics)
 from grpo_ray.pools import Pools
 from grpo_ray.setup_run import RunInputs
 from grpo_ray.types import Prompt, Work
@@ -111,7 +112,7 @@ class Controller:
         self.version += self.updated(trained)
         memory = self.pools.ask_memory()  # answered while the weights go out: a push's own peak shows a step later
         synced = self.engines.sync(self.learner_probe) if self.push_due(step) else NO_SYNC  # waits for generation ahead
-        if r.trainer.dump_rollouts:
+        if r.trainer.dump_freq and (step % r.trainer.dump_freq == 0 or step == self.total_steps()):
             self.dump(f"train_data_step{step}", step, rollouts, scores, advantages)
         seconds = time.perf_counter() - start
         learner = trained["timing_s/update_actor"] + trained["timing_s/old_log_prob"] + synced["sync/seconds"]
@@ -267,7 +268,7 @@ class Controller:
         scores = self.check_rewards(self._get(self.score(rollouts, Samples.of(stats)), "validation reward"), False)
         if self.log and self.log.trackers:  # a few samples of the first engine's share, as a table
             self.log.table(step, sample_table(self._get(rollouts[0], "validation samples"), scores[0].totals))
-        if self.r.trainer.dump_rollouts:
+        if self.r.trainer.dump_freq:
             self.dump(f"val_data_step{step}", step, rollouts, scores, None)
         perfect = sum(f.weight for f in self.r.reward.functions if f.weight > 0)
         return validation_metrics([p.data_source for p in prompts], [t for s in scores for t in s.totals],
@@ -343,13 +344,17 @@ class Controller:
             if ckpt:
                 self.say(f"resuming from {ckpt} (step {self.restore(ckpt)})")
             if self.pools.actors["generator"]:
-                self.say(f"pools started; probe before training: sync/logprob_diff {self.engines.probe():.3g}")
+                diff = self.engines.probe()
+                self.say(f"{since_start()} first probe: sync/logprob_diff {diff:.3g} (the engines' logprobs against "
+                         "the learner's, on the same tokens)")
             if self.r.model.lora.rank and self.pools.metas:
                 what = {"adapters": "the adapters only, loaded in place by vLLM's LoRA support",
                         "merged": "every weight, the adapters merged (model.lora.sync=merged)"}[self.r.model.lora.sync]
                 self.say(f"LoRA: a sync sends {what}: {sum(m.nbytes for m in self.pools.metas) / 1e6:.3g} MB")
             if t.val_before_train and self.inputs.val_rows and not done:
+                self.say(f"{since_start()} validating before training: {len(self.inputs.val_rows)} prompts")
                 self.log.log(0, self.validate(0))
+            self.say(f"{since_start()} training: steps {done + 1} to {total}")
             last_val, save_seconds = None, 0.0
             for step in range(done + 1, total + 1):
                 metrics, improved = self.step(step), False
@@ -401,7 +406,7 @@ class Controller:
 
     def start(self, pools: tuple[str, ...] = POOLS) -> None:
         """Start the pools (all, or `pools` only) and write placement.json."""
-        self.pools.start(pools)
+        self.pools.start(pools, self.say)
         self.pools.write_placement(self.inputs.output_dir / "placement.json")
 
     def shutdown(self) -> None:

@@ -1,13 +1,17 @@
-"""Rollout dumps: one JSONL line per sample, readable with jq, and enough to replay a step into the learner.
+"""Rollout dumps: one JSON line per prompt, its samples in a list, readable with jq (``jq '.samples[].response'``),
+and enough to replay a step into the learner.
 
-A line holds the prompt and response text, the ground truth, each reward component and the
-combined score, the advantage, the policy version that sampled it, and the token ids
-(``prompt_ids``, ``response_ids``) and the sampler's logprob of each response token (``sampler_logprobs``)
-that ``load_dump`` turns back into rollouts for a replay.
+A line holds the prompt (text and ``prompt_ids``), the ground truth, the policy version that sampled it, and per
+sample the response text, each reward component and the combined score, the advantage, the finish reason, the
+token ids (``response_ids``) and the sampler's logprob of each response token (``sampler_logprobs``). The prompt
+is written once, not once per sample: with 8-16 samples a prompt, that is most of a dump's size.
+``read_samples`` gives one flat dict per sample; ``load_dump`` turns a training dump back into rollouts for a
+replay.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -16,7 +20,7 @@ from grpo_ray.types import Completion, Prompt, Rollout, Scores
 
 def write_dump(path: str, step: int, scores: list[Scores], advantages: list[float] | None, *rollouts: Rollout) -> int:
     """Write the samples of `rollouts` (scored by `scores`, one per reward actor's share, in sample order) to
-    `path`; returns the line count.
+    `path`, a line per prompt (its samples in order); returns the sample count.
 
     Runs as a Ray task on the driver's node: the rollouts arrive as resolved object refs.
     """
@@ -28,19 +32,31 @@ def write_dump(path: str, step: int, scores: list[Scores], advantages: list[floa
     i = 0
     with open(tmp, "w") as f:
         for rollout in rollouts:
-            for c in rollout.completions:
-                p = rollout.prompts[c.prompt]
-                f.write(json.dumps({
-                    "step": step, "uid": p.uid, "data_source": p.data_source,
-                    "prompt": p.text, "response": c.text, "ground_truth": p.ground_truth,
-                    "score": totals[i], "rewards": {k: v[i] for k, v in components.items()},
-                    "advantage": None if advantages is None else advantages[i],
-                    "policy_version": rollout.policy_version, "finish_reason": c.finish_reason,
-                    "prompt_ids": p.ids, "response_ids": c.token_ids, "sampler_logprobs": c.sampler_logprobs,
-                }) + "\n")
-                i += 1
+            for prompt, group in itertools.groupby(rollout.completions, key=lambda c: c.prompt):
+                samples = []
+                for c in group:
+                    samples.append({"response": c.text, "score": totals[i],
+                                    "rewards": {k: v[i] for k, v in components.items()},
+                                    "advantage": None if advantages is None else advantages[i],
+                                    "finish_reason": c.finish_reason, "response_ids": c.token_ids,
+                                    "sampler_logprobs": c.sampler_logprobs})
+                    i += 1
+                p = rollout.prompts[prompt]
+                f.write(json.dumps({"step": step, "uid": p.uid, "data_source": p.data_source, "prompt": p.text,
+                                    "ground_truth": p.ground_truth, "policy_version": rollout.policy_version,
+                                    "prompt_ids": p.ids, "samples": samples}) + "\n")
     tmp.rename(out)  # a dump is there whole or not at all
     return i
+
+
+def read_samples(path: str | Path) -> list[dict]:
+    """A dump as one dict per sample, in order: the sample's fields with its prompt's (step, uid, prompt, ...)."""
+    out = []
+    for line in Path(path).read_text().splitlines():
+        group = json.loads(line)
+        samples = group.pop("samples")
+        out += [{**group, **sample} for sample in samples]
+    return out
 
 
 def load_dump(path: str | Path) -> tuple[list[Rollout], list[float]]:
@@ -49,8 +65,7 @@ def load_dump(path: str | Path) -> tuple[list[Rollout], list[float]]:
     completions: list[Completion] = []
     advantages: list[float] = []
     version = 0
-    for line in Path(path).read_text().splitlines():
-        d = json.loads(line)
+    for d in read_samples(path):
         if d["advantage"] is None:
             raise ValueError(f"{path}: a validation dump has no advantages to replay")
         if not prompts or prompts[-1].uid != d["uid"] or prompts[-1].ids != d["prompt_ids"]:

@@ -11,6 +11,7 @@ import ray
 from grpo_ray.algo.batching import Samples
 from grpo_ray.config import Recipe
 from grpo_ray.controller import Controller
+from grpo_ray.metrics import since_start
 from grpo_ray.setup_run import RunInputs
 
 __all__ = ["connect", "train", "replay"]
@@ -27,6 +28,10 @@ def connect(recipe: Recipe) -> None:
             logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
             markers = {m: 1000.0 for m in recipe.cluster.node_resources.values()}
             ray.init(address="local", include_dashboard=False, resources=markers or None)
+        nodes = [n for n in ray.nodes() if n["Alive"]]
+        where = f"joined {os.environ['RAY_ADDRESS']}" if os.environ.get("RAY_ADDRESS") else "a local cluster"
+        print(f"{since_start()} Ray up: {where}, {len(nodes)} node(s), {ray.cluster_resources().get('CPU', 0):g} CPUs, "
+              f"{ray.cluster_resources().get('GPU', 0):g} GPUs", flush=True)
 
 
 def train(recipe: Recipe, inputs: RunInputs) -> None:

@@ -6,6 +6,7 @@ import json
 import os
 import statistics
 import sys
+import textwrap
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -13,8 +14,47 @@ from pathlib import Path
 from grpo_ray import perf
 from grpo_ray.types import RolloutStats, Scores, Work
 
-CONSOLE_KEYS = ("critic/score/mean", "sft/loss", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy",
-                "actor/grad_norm", "sync/logprob_diff", "timing_s/step")
+CONSOLE_KEYS = {"critic/score/mean": "score", "sft/loss": "loss", "response_length/mean": "len", "actor/kl_loss": "kl",
+                "actor/entropy": "ent", "actor/grad_norm": "gnorm", "sync/logprob_diff": "sync",
+                "timing_s/step": "s", "reward/errors": "err", "reward/timeouts": "tmo"}
+"""The metrics a console step line shows, under a short label (the files keep every metric, by its full name)."""
+CONSOLE_WIDTH = 120
+LEGEND = textwrap.fill("step lines: " + ", ".join(f"{short}={key}" for key, short in CONSOLE_KEYS.items())
+                       + ", val/SOURCE@k=val/SOURCE/pass@k; every metric by its full name in metrics.jsonl and "
+                       "TensorBoard", CONSOLE_WIDTH, subsequent_indent="  ")
+START = time.time()
+"""When the command began (the CLI sets it as it starts): start-up lines count their seconds from here."""
+
+
+def since_start() -> str:
+    """The prefix of a start-up line: seconds since the command began, e.g. ``[ 12.3s]``."""
+    return f"[{time.time() - START:5.1f}s]"
+
+
+def console_line(step: int, metrics: dict[str, float], eta: str = "") -> str:
+    """One step on one line of at most CONSOLE_WIDTH columns: the CONSOLE_KEYS under their short labels, the
+    failures only when some failed, validation after them (the ones that do not fit are counted)."""
+    parts = [f"step:{step}"]
+    for key, short in CONSOLE_KEYS.items():
+        if key in metrics and (metrics[key] or not key.startswith("reward/")):
+            v = metrics[key]
+            parts.append(f"{short}:{v:.0f}" if key == "response_length/mean" else f"{short}:{v:.3g}")
+    if eta:
+        parts.append(f"eta:{eta}")
+    vals = [f"{k.replace('/pass@', '@')}:{metrics[k]:.3g}" for k in sorted(metrics) if k.startswith("val/")]
+    line = " ".join(parts)
+    for i, val in enumerate(vals):
+        more = f" +{len(vals) - i - 1} val" if i < len(vals) - 1 else ""
+        if len(line) + 1 + len(val) + len(more) > CONSOLE_WIDTH:
+            return f"{line} +{len(vals) - i} val"
+        line += " " + val
+    return line
+
+
+def eta(seconds: float) -> str:
+    """12:34, or 1h02m past an hour."""
+    m, s = divmod(int(seconds), 60)
+    return f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}:{s:02d}"
 
 
 def rollout_metrics(stats: list[RolloutStats], scores: list[Scores]) -> dict[str, float]:
@@ -102,19 +142,22 @@ class MetricsLog:
     (W&B, MLflow: grpo_ray.trackers) given to it. A run resumed
     after step `done` continues the same files, the steps after `done` written again.
 
-    On a terminal the console also shows a progress bar (steps done, ETA, current score); elsewhere
-    (``ray job submit``, CI, a pipe) it prints plain lines only.
+    The console gets one line a step of at most CONSOLE_WIDTH columns. On a terminal (or with bar=True) a
+    progress bar starts with the first step (steps done, ETA from step times only, current score); elsewhere
+    (``ray job submit``, CI, a pipe) each line ends with that ETA instead.
     """
 
-    def __init__(self, output_dir: Path, loggers: list[str], total_steps: int = 0, done: int = 0, trackers=()):
+    def __init__(self, output_dir: Path, loggers: list[str], total_steps: int = 0, done: int = 0, trackers=(),
+                 bar: bool | None = None):
         output_dir.mkdir(parents=True, exist_ok=True)
         self.output_dir = output_dir
         self.console = "console" in loggers
+        self.total_steps = total_steps
+        self.use_bar = self.console and sys.stdout.isatty() if bar is None else bar
         self.bar = None
-        if self.console and sys.stdout.isatty():
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total_steps, unit="step", dynamic_ncols=True)
+        """The progress bar: made as the first step is logged, so its rate and ETA count steps only."""
+        self.first_step: tuple[int, float] | None = None
+        """(step, time) of the first step this process logged: the ETA without a bar counts from it."""
         self.jsonl = open(output_dir / "metrics.jsonl", "a") if "jsonl" in loggers else None
         self.trackers = list(trackers)
         """grpo_ray.trackers workers (W&B, MLflow), each in a thread of its own."""
@@ -141,18 +184,31 @@ class MetricsLog:
             self.jsonl.write(json.dumps({"step": step, "time": round(time.time(), 3), **metrics}) + "\n")
             self.jsonl.flush()
         if self.console:
-            keys = [k for k in CONSOLE_KEYS if k in metrics] + sorted(k for k in metrics if k.startswith("val/"))
-            keys += [k for k in ("reward/errors", "reward/timeouts") if metrics.get(k)]  # only when some failed
-            self.say(f"step:{step} " + " ".join(f"{k}:{metrics[k]:.4g}" for k in keys))
-            if self.bar is not None and step > 0:
-                self.bar.update(1)
-                self.bar.set_postfix(score=f"{metrics.get('critic/score/mean', 0):.3f}")
+            self.console_step(step, metrics)
         if self.tb:
             for k, v in metrics.items():
                 self.tb.add_scalar(k, v, step)
             self.tb.flush()
         for tracker in self.trackers:
             tracker.log(step, metrics)
+
+    def console_step(self, step: int, metrics: dict[str, float]) -> None:
+        if step > 0 and self.first_step is None:
+            self.first_step = (step, time.monotonic())
+            self.say(LEGEND)
+            if self.use_bar:
+                from tqdm import tqdm
+
+                # counted from the first step's end: the rate and ETA come from the steps after it
+                self.bar = tqdm(total=self.total_steps, initial=step, unit="step", dynamic_ncols=True)
+        left = ""
+        if self.bar is None and self.first_step and step > self.first_step[0] and self.total_steps > step:
+            first, since = self.first_step
+            left = eta((time.monotonic() - since) / (step - first) * (self.total_steps - step))
+        self.say(console_line(step, metrics, left))
+        if self.bar is not None and step > self.first_step[0]:
+            self.bar.update(1)
+            self.bar.set_postfix(score=f"{metrics.get('critic/score/mean', 0):.3f}")
 
     def table(self, step: int, rows: list[dict]) -> None:
         """Sample rollouts (prompt, response, reward) to the trackers."""

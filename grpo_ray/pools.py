@@ -27,6 +27,7 @@ from grpo_ray import faults, placement, rewards
 from grpo_ray.config import POOLS, Recipe
 from grpo_ray.errors import RunError
 from grpo_ray.fit import cpu_kv_cache_bytes, max_model_len
+from grpo_ray.metrics import since_start
 from grpo_ray.models import model_dims
 from grpo_ray.roles import LOG_FILE_ENV
 from grpo_ray.roles.generator import Generator, engine_env
@@ -78,8 +79,10 @@ class Pools:
         self.metas: list = []
         self.generator_restarts = 0
 
-    def start(self, pools: tuple[str, ...] = POOLS) -> None:
-        """Reserve the cluster, start the pools, join the learner group and (with generators) the sync group."""
+    def start(self, pools: tuple[str, ...] = POOLS, say=print) -> None:
+        """Reserve the cluster, start the pools, join the learner group and (with generators) the sync group;
+        `say` gets a line as each phase ends, with the seconds since the command began (the actors start at
+        once, so a phase's line says when it was ready, not how long it took alone)."""
         self.pgs = placement.reserve(self.r, pools)
         # Ray's CPUs are a count the cluster was given (tests give 4 on 2 cores): never more than the cores here
         node_cpus = min([c for n in ray.nodes() if n["Alive"] and (c := n["Resources"].get("CPU", 0)) > 0]
@@ -88,12 +91,21 @@ class Pools:
         for pool in POOLS:
             count = self.plans[pool].actors if pool in pools else 0
             self.actors[pool] = [self._new(pool, i) for i in range(count)]
+        say(f"{since_start()} {sum(len(a) for a in self.actors.values())} actors placed; loading the model in each")
         self.facts = self._join("learner") or {}
+        if self.actors["learner"]:
+            say(f"{since_start()} learner ready: {len(self.actors['learner'])} FSDP2 rank(s)")
         self._join("reference")
+        if self.actors["reference"]:
+            say(f"{since_start()} reference ready: {len(self.actors['reference'])} actor(s)")
+        if self.actors["generator"]:
+            self.call([g.where.remote() for g in self.actors["generator"]], "engines ready")
+            say(f"{since_start()} engines loaded: {len(self.actors['generator'])} vLLM engine(s)")
         if self.actors["learner"] and self.actors["generator"]:
             wire = self.call(self.actors["generator"][0].weight_dtype.remote(), "engine dtype")
             self.metas = self.call(self.actors["learner"][0].weight_metas.remote(wire), "weight metadata")
             self.join_sync()
+            say(f"{since_start()} weight-sync group joined")
 
     def _new(self, pool: str, i: int):
         """Actor i of `pool`, in bundle i of the pool's placement group."""

@@ -30,7 +30,7 @@ from grpo_ray.setup_run import RunInputs, setup_run
 
 # trainer fields that change where and how a run reports, not the model it makes
 NOT_IN_HASH = ("output_dir", "experiment_name", "loggers", "log_level", "overwrite", "resume", "call_timeout_s",
-               "save_freq", "keep_last", "dump_rollouts", "preemption_grace_s")
+               "save_freq", "keep_last", "dump_freq", "preemption_grace_s")
 
 
 class SFTController(Controller):

@@ -78,4 +78,4 @@ def resumed_runs(tmp_path_factory):
     then resumed (tests/test_checkpoint.py's whole_and_resumed); shared by test_checkpoint and test_async."""
     from tests.test_checkpoint import whole_and_resumed
 
-    return whole_and_resumed(tmp_path_factory, [*ONE_STEP_OFF, "trainer.dump_rollouts=true"])
+    return whole_and_resumed(tmp_path_factory, [*ONE_STEP_OFF, "trainer.dump_freq=1"])

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from grpo_ray.dumps import read_samples
 from tests.conftest import ONE_STEP_OFF as ASYNC
 from tests.conftest import run_cli
 from tests.test_checkpoint import assert_same_metrics
@@ -42,8 +43,8 @@ def test_no_sample_is_older_than_the_bound(runs):
     for r in off:  # fp32 on CPU: sampler and learner agree on the sampled tokens at the same weights
         assert abs(r["rollout_corr/kl"]) < 1e-5 and r["rollout_corr/rollout_is_max"] < 1.001
     for step, version in ((2, 0), (4, 2)):  # each dumped sample names the weights that generated it
-        dump = (runs[0] / "rollouts" / f"train_data_step{step}.jsonl").read_text().splitlines()
-        assert {json.loads(line)["policy_version"] for line in dump} == {version}
+        dump = read_samples(runs[0] / "rollouts" / f"train_data_step{step}.jsonl")
+        assert {sample["policy_version"] for sample in dump} == {version}
 
 
 def test_async_dump_of_the_first_step_replays(runs):

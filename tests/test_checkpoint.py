@@ -15,7 +15,7 @@ from tests.conftest import ONE_STEP_OFF, ROOT, run_cli
 
 pytestmark = pytest.mark.slow
 COMMON = ["trainer.total_steps=4", "trainer.save_freq=2", "trainer.test_freq=0", "trainer.val_before_train=false",
-          "trainer.dump_rollouts=false"]
+          "trainer.dump_freq=0"]
 SAME = ("critic/score/mean", "actor/grad_norm", "actor/pg_loss", "actor/entropy", "actor/kl_loss",
         "response_length/mean", "rollout/policy_version")
 

@@ -6,13 +6,14 @@ from collections import defaultdict
 
 import pytest
 
+from grpo_ray.dumps import read_samples
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.slow
 
 SMALL = ["data.train_batch_size=4", "algorithm.group_size=4", "learner.mini_batch_size=16",
          "learner.micro_batch_size=8", "trainer.test_freq=0", "trainer.val_before_train=false",
-         "trainer.loggers=[jsonl]", "trainer.total_steps=3"]
+         "trainer.loggers=[jsonl]", "trainer.total_steps=3", "trainer.dump_freq=1"]
 
 
 def test_dynamic_sampling_trains_on_groups_with_signal(tmp_path):
@@ -28,8 +29,7 @@ def test_dynamic_sampling_trains_on_groups_with_signal(tmp_path):
         assert gen == 3 or kept >= 4  # more batches only while short, up to the bound
         assert row["filter_groups/filled_groups"] == max(0, 4 - kept)
         assert row["reward/overlong_penalty/mean"] == pytest.approx(-0.5)  # every response is 1 token = max_tokens
-        step = [json.loads(line) for line in (tmp_path / "rollouts" / f"train_data_step{row['step']}.jsonl")
-                .read_text().splitlines()]
+        step = read_samples(tmp_path / "rollouts" / f"train_data_step{row['step']}.jsonl")
         groups = defaultdict(list)
         for line in step:
             groups[line["uid"]].append(line["score"])
@@ -37,6 +37,5 @@ def test_dynamic_sampling_trains_on_groups_with_signal(tmp_path):
         with_signal = sum(max(g) > min(g) for g in groups.values())
         assert with_signal == min(kept, 4)  # the kept groups first; the rest filled with dropped ones
     # the stream moves past every prompt generated, dropped ones included: no prompt comes back in this run
-    seen = [json.loads(line)["uid"] for s in (1, 2, 3)
-            for line in (tmp_path / "rollouts" / f"train_data_step{s}.jsonl").read_text().splitlines()]
+    seen = [sample["uid"] for s in (1, 2, 3) for sample in read_samples(tmp_path / "rollouts" / f"train_data_step{s}.jsonl")]
     assert len(set(seen)) == 12

@@ -122,6 +122,37 @@ def test_prepare_math500_from_shared_file(shared_data, tmp_path):
     assert {"subject", "level", "unique_id"} <= set(rows[0]["extra_info"])
 
 
+def test_prepare_any_data_with_keys_and_an_instruction(shared_data, tmp_path):
+    """custom: MATH-500's rows read by their keys (no built-in knowledge), an instruction of the user's appended,
+    the other fields kept in extra_info; a chat-message prompt under a nested key; --instruction replaces GSM8K's."""
+    src = shared_data / "math500" / "test.jsonl"
+    (report,) = prepare("custom", str(src), tmp_path / "a", prompt_key="problem", answer_key="answer",
+                        instruction="Answer in \\boxed{}.", file_split="train")
+    assert (report.split, report.read, report.kept) == ("train", 500, 500)
+    rows = load_rows(str(tmp_path / "a" / "train.parquet"))
+    first = json.loads(src.read_text().splitlines()[0])
+    assert rows[0]["prompt"] == [{"role": "user", "content": f"{first['problem'].strip()} Answer in \\boxed{{}}."}]
+    assert rows[0]["reward_model"]["ground_truth"] == first["answer"] and rows[0]["data_source"] == "test"
+    assert rows[0]["extra_info"]["subject"] == first["subject"] and "problem" not in rows[0]["extra_info"]
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text(json.dumps({"data_source": "mine", "conv": {"messages": [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]}, "label": 4}) + "\n"
+        + json.dumps({"conv": {"messages": []}, "label": 1}) + "\n")
+    with pytest.raises(PrepareError, match="1 of 2 rows are bad"):
+        prepare("custom", str(chat), tmp_path / "b", prompt_key="conv.messages", answer_key="label")
+    (report,) = prepare("custom", str(chat), tmp_path / "b", prompt_key="conv.messages", answer_key="label",
+                        instruction="Think.", max_bad_fraction=0.5)
+    (row,) = load_rows(str(tmp_path / "b" / "test.parquet"))
+    assert row["prompt"][1]["content"] == "2+2? Think." and row["prompt"][0]["content"] == "Be brief."
+    assert (row["data_source"], row["reward_model"]["ground_truth"]) == ("mine", "4")
+    assert report.dropped == {"'conv.messages' (data.prompt_key) must be text or a non-empty list of chat messages": 1}
+    prepare("gsm8k", str(shared_data / "gsm8k" / "test.jsonl"), tmp_path / "c", instruction="")
+    assert "####" not in load_rows(str(tmp_path / "c" / "test.parquet"))[0]["prompt"][0]["content"]
+    res = run_cli("prepare-data", "custom", "--source", str(src), "--prompt-key", "problem", "--instruction", "Go.",
+                  "--out", str(tmp_path / "d"))
+    assert res.returncode == 0 and "test: 500 rows read, 500 kept" in res.stdout, res.stdout + res.stderr
+
+
 def test_bad_rows_are_dropped_and_counted(shared_data, tmp_path):
     lines = (shared_data / "gsm8k" / "test.jsonl").read_bytes().splitlines()[:100]
     lines[3] = json.dumps({"question": "no answer here"}).encode()

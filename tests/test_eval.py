@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from grpo_ray.dumps import read_samples
 from grpo_ray.evaluate import eval_rows
 from grpo_ray.perf import pass_at_k
 from tests.conftest import TINY, run_cli
@@ -25,7 +26,7 @@ def test_eval_writes_pass_at_k_that_its_own_samples_recount(shared_data, tmp_pat
                   timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     result = json.loads((tmp_path / "eval.json").read_text())
-    samples = [json.loads(l) for l in (tmp_path / "rollouts" / "val_data_step0.jsonl").read_text().splitlines()]
+    samples = read_samples(tmp_path / "rollouts" / "val_data_step0.jsonl")
     assert result["rows"] == 50 and len(samples) == 100 and result["n"] == 2
     p1, p2 = result["metrics"]["val/gsm8k/pass@1"], result["metrics"]["val/gsm8k/pass@2"]
     assert 0 <= p1 <= p2 <= 1

@@ -83,7 +83,7 @@ def test_ray_job_submit_runs_the_tiny_recipe(tmp_path, model_cache):
              "print(C(sys.argv[1]).get_job_status(sys.argv[2]).value)", address, job_id],
             env=env, capture_output=True, text=True, timeout=120)
         assert status.stdout.strip() == "SUCCEEDED", status.stderr[-2000:]
-        assert "step:1 critic/score/mean:" in logs and "step:2 critic/score/mean:" in logs
+        assert "step:1 score:" in logs and "step:2 score:" in logs
         steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
         assert steps == [0, 1, 2]  # validation before training, then two steps
     finally:

@@ -7,6 +7,7 @@ import pytest
 
 from grpo_ray import fit, placement
 from grpo_ray.config import load_recipe
+from grpo_ray.dumps import read_samples
 from grpo_ray.models import model_dims
 from tests.conftest import ROOT, run_cli
 
@@ -78,7 +79,7 @@ def test_twin_trains_to_completion(name, tmp_path):
     assert (tmp_path / "checkpoints" / f"step_{steps}" / "manifest.json").is_file()
     assert all(m["sync/logprob_diff"] < r.trainer.max_sync_logprob_diff for m in metrics if m["step"])
     names = {f.name for f in r.reward.functions}
-    dump = [json.loads(line) for line in (tmp_path / "rollouts" / f"train_data_step{steps}.jsonl").read_text().splitlines()]
+    dump = read_samples(tmp_path / "rollouts" / f"train_data_step{steps}.jsonl")
     assert len(dump) == r.data.train_batch_size * r.algorithm.group_size
     assert all(set(row["rewards"]) == names for row in dump)
     for pool, plan in placement.plan(r).items():

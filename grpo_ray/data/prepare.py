@@ -1,8 +1,11 @@
-"""``grpo-ray prepare-data``: GSM8K and MATH-500 into train/test parquet in the verl schema.
+"""``grpo-ray prepare-data``: GSM8K, MATH-500 or any data of yours into train/test parquet in the verl schema.
 
 The source is a hub name (``openai/gsm8k``, ``HuggingFaceH4/MATH-500``, read with
 ``datasets``) or a local path: a directory holding ``train.jsonl`` / ``test.jsonl``
-(or parquet files of those names), or one file, taken as the test split.
+(or parquet files of those names), or one file, taken as the ``--split`` split (test by default).
+``custom`` reads the prompt and answer from the keys given (dotted keys reach into nested fields) and
+appends the instruction, if any, to the prompt; gsm8k and math500 have an instruction of their own, which
+``--instruction`` replaces.
 
 Bad rows (missing question or answer, empty prompt, not UTF-8, prompt longer than
 the limit) are dropped and counted; when more than ``max_bad_fraction`` of a split
@@ -42,7 +45,7 @@ class SplitReport:
         return f"{self.split}: {self.read} rows read, {self.kept} kept, {self.read - self.kept} dropped ({why})"
 
 
-def gsm8k_row(raw: dict, split: str, index: int) -> tuple[dict | None, str | None]:
+def gsm8k_row(raw: dict, split: str, index: int, instruction: str) -> tuple[dict | None, str | None]:
     question, answer = raw.get("question"), raw.get("answer")
     if not isinstance(question, str) or not question.strip():
         return None, "empty prompt"
@@ -53,14 +56,14 @@ def gsm8k_row(raw: dict, split: str, index: int) -> tuple[dict | None, str | Non
         return None, "missing answer"
     return {
         "data_source": "gsm8k",
-        "prompt": [{"role": "user", "content": f"{question.strip()} {GSM8K_INSTRUCTION}"}],
+        "prompt": [{"role": "user", "content": f"{question.strip()} {instruction}".strip()}],
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": truth},
         "extra_info": {"split": split, "index": index, "question": question, "answer": answer},
     }, None
 
 
-def math500_row(raw: dict, split: str, index: int) -> tuple[dict | None, str | None]:
+def math500_row(raw: dict, split: str, index: int, instruction: str) -> tuple[dict | None, str | None]:
     problem, answer = raw.get("problem"), raw.get("answer")
     if not isinstance(problem, str) or not problem.strip():
         return None, "empty prompt"
@@ -68,7 +71,7 @@ def math500_row(raw: dict, split: str, index: int) -> tuple[dict | None, str | N
         return None, "missing answer"
     return {
         "data_source": "math500",
-        "prompt": [{"role": "user", "content": f"{problem.strip()} {MATH_INSTRUCTION}"}],
+        "prompt": [{"role": "user", "content": f"{problem.strip()} {instruction}".strip()}],
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": answer.strip()},
         "extra_info": {
@@ -83,10 +86,33 @@ def math500_row(raw: dict, split: str, index: int) -> tuple[dict | None, str | N
     }, None
 
 
-DATASETS: dict[str, tuple[str, Callable, str | None]] = {
-    # name: (default hub source, row builder, hub config name)
-    "gsm8k": ("openai/gsm8k", gsm8k_row, "main"),
-    "math500": ("HuggingFaceH4/MATH-500", math500_row, None),
+def custom_rows(prompt_key: str, answer_key: str, source_name: str) -> Callable:
+    """A row builder for data of any shape: the prompt (text, or chat messages) at `prompt_key`, the ground
+    truth at `answer_key`; data_source the row's own or `source_name`; the row's other fields in extra_info."""
+    from grpo_ray.data import normalise, row_problem
+
+    def build(raw: dict, split: str, index: int, instruction: str) -> tuple[dict | None, str | None]:
+        row = normalise(raw, prompt_key, answer_key, source_name)
+        why = row_problem(row, prompt_key, answer_key)
+        if why:
+            return None, why
+        prompt = [dict(m) for m in row["prompt"]]
+        last = max(i for i, m in enumerate(prompt) if m["role"] == "user") if any(
+            m["role"] == "user" for m in prompt) else len(prompt) - 1
+        prompt[last]["content"] = f"{prompt[last]['content'].strip()} {instruction}".strip()
+        used = {prompt_key.split(".")[0], answer_key.split(".")[0], "prompt", "reward_model", "data_source", "extra_info"}
+        extra = {k: v for k, v in raw.items() if k not in used}
+        return {"data_source": row["data_source"], "prompt": prompt, "ability": raw.get("ability", ""),
+                "reward_model": row["reward_model"],
+                "extra_info": {**extra, **(raw.get("extra_info") or {}), "split": split, "index": index}}, None
+
+    return build
+
+
+DATASETS: dict[str, tuple[str, Callable, str | None, str]] = {
+    # name: (default hub source, row builder, hub config name, instruction)
+    "gsm8k": ("openai/gsm8k", gsm8k_row, "main", GSM8K_INSTRUCTION),
+    "math500": ("HuggingFaceH4/MATH-500", math500_row, None, MATH_INSTRUCTION),
 }
 
 
@@ -117,8 +143,9 @@ def _read_file(path: Path):
     raise PrepareError(f"{path}: unknown file type; expected .jsonl or .parquet")
 
 
-def source_splits(source: str, hub_config: str | None) -> dict[str, Iterator[tuple[str, dict | None]]]:
-    """split name -> (where, record) iterator, from a local path or a hub name."""
+def source_splits(source: str, hub_config: str | None,
+                  file_split: str = "test") -> dict[str, Iterator[tuple[str, dict | None]]]:
+    """split name -> (where, record) iterator, from a local path or a hub name (one file: `file_split`)."""
     path = Path(source)
     if path.is_dir():
         found = {}
@@ -131,7 +158,7 @@ def source_splits(source: str, hub_config: str | None) -> dict[str, Iterator[tup
             raise PrepareError(f"{source}: no train.jsonl / test.jsonl (or .parquet) in this directory")
         return found
     if path.is_file():
-        return {"test": _read_file(path)}
+        return {file_split: _read_file(path)}
     if source.startswith((".", "/")) or source.count("/") != 1:
         raise PrepareError(f"{source}: no such file or directory")
     try:
@@ -156,24 +183,37 @@ def prepare(
     max_bad_fraction: float = 0.05,
     chat_template_kwargs: dict | None = None,
     overwrite: bool = False,
+    instruction: str | None = None,
+    prompt_key: str = "question",
+    answer_key: str = "answer",
+    file_split: str = "test",
 ) -> list[SplitReport]:
-    """Write ``OUT/{split}.parquet`` for every split of `name` found at `source`; return one report per split.
-    A split file already in OUT is an error (nothing written) unless `overwrite`."""
+    """Write ``OUT/{split}.parquet`` for every split of `name` (gsm8k, math500, or custom: any source, read with
+    `prompt_key` and `answer_key`) found at `source`; return one report per split. `instruction` replaces the
+    data set's own (custom has none); a single file is the split `file_split`. A split file already in OUT is an
+    error (nothing written) unless `overwrite`."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from grpo_ray.data import prompt_token_ids
 
-    if name not in DATASETS:
-        raise PrepareError(f"unknown data set {name!r}; expected one of {', '.join(DATASETS)}")
-    default_source, build, hub_config = DATASETS[name]
-    splits = source_splits(source or default_source, hub_config)
+    if name == "custom":
+        if not source:
+            raise PrepareError("custom data needs --source: a hub name, a directory or a file")
+        name_of = Path(source).stem if Path(source).is_file() else Path(source).name
+        default_source, build, hub_config, default = source, custom_rows(prompt_key, answer_key, name_of), None, ""
+    elif name in DATASETS:
+        default_source, build, hub_config, default = DATASETS[name]
+    else:
+        raise PrepareError(f"unknown data set {name!r}; expected one of {', '.join(DATASETS)}, custom")
+    instruction = default if instruction is None else instruction
+    splits = source_splits(source or default_source, hub_config, file_split)
     reports, tables = [], {}
     for split, records in splits.items():
         report, rows = SplitReport(split), []
         for where, raw in records:
             report.read += 1
-            row, why = (None, "not UTF-8 JSON") if raw is None else build(raw, split, report.read - 1)
+            row, why = (None, "not UTF-8 JSON") if raw is None else build(raw, split, report.read - 1, instruction)
             if row is not None and max_prompt_tokens and tokenizer is not None:
                 if len(prompt_token_ids(tokenizer, row, "", chat_template_kwargs)) > max_prompt_tokens:
                     row, why = None, f"prompt over {max_prompt_tokens} tokens"

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from grpo_ray.dumps import read_samples
 from tests.conftest import ROOT
 
 RECIPE = ROOT / "recipes" / "tiny-cpu.yaml"
 FAST = ["data.train_batch_size=4", "algorithm.group_size=4", "learner.mini_batch_size=16",
         "learner.micro_batch_size=8", "trainer.test_freq=0", "trainer.val_before_train=false",
-        "trainer.loggers=[console,jsonl]"]
+        "trainer.loggers=[console,jsonl]", "trainer.dump_freq=1"]
 
 SCHEDULES = {"on-policy": [], "one-step-off": ["algorithm.max_staleness=1", "algorithm.rollout_correction.rollout_is=token"]}
 """The faults that meet a batch in flight are tried under both schedules."""
@@ -66,7 +67,7 @@ def wait_for_step(out: Path, step: int, timeout: float = 300) -> None:
 
 
 def dump(out: Path, step: int) -> list[dict]:
-    return [json.loads(line) for line in (out / "rollouts" / f"train_data_step{step}.jsonl").read_text().splitlines()]
+    return read_samples(out / "rollouts" / f"train_data_step{step}.jsonl")
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 weights before it serves, and only its share of the prompts is generated again."""
 
 import ast
-import json
 import os
 import signal
 import threading
@@ -13,6 +12,7 @@ import pytest
 
 from grpo_ray.config import load_recipe
 from grpo_ray.controller import Controller
+from grpo_ray.dumps import read_samples
 from grpo_ray.setup_run import setup_run
 from tests.conftest import ROOT, TINY
 from tests.faults.conftest import RECIPE
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 LONG = [f"model.path={TINY.format(arch='qwen2')}", "generator.num_engines=2", "generator.sampling.max_tokens=600",
         "data.max_prompt_length=200", "data.train_batch_size=4", "algorithm.group_size=8",
         "learner.mini_batch_size=32", "learner.micro_batch_size=16", "trainer.test_freq=0",
-        "trainer.val_before_train=false", "trainer.loggers=[jsonl]"]
+        "trainer.val_before_train=false", "trainer.loggers=[jsonl]", "trainer.dump_freq=1"]
 
 
 def hit_mid_step(c: Controller, step: int, sig: int, after_s: float = 0.3) -> tuple[dict, float]:
@@ -44,10 +44,9 @@ def hit_mid_step(c: Controller, step: int, sig: int, after_s: float = 0.3) -> tu
 
 def check_step(c: Controller, step: int, version: int) -> None:
     """Every prompt of the step got exactly group_size samples, all from weights of `version`."""
-    import json
 
     c.flush_dumps()
-    rows = [json.loads(line) for line in (c.inputs.output_dir / "rollouts" / f"train_data_step{step}.jsonl").read_text().splitlines()]
+    rows = read_samples(c.inputs.output_dir / "rollouts" / f"train_data_step{step}.jsonl")
     per_prompt = Counter(row["uid"] for row in rows)
     assert len(per_prompt) == c.r.data.train_batch_size and set(per_prompt.values()) == {c.r.algorithm.group_size}
     assert {row["policy_version"] for row in rows} == {version}
@@ -90,7 +89,7 @@ def test_engine_lost_while_generating_ahead_is_replaced_once(ray_local, tmp_path
         assert third["fault/generator_restarts"] == 1  # the share was generated again, the engine not replaced again
         assert third["rollout/staleness"] <= 1 and third["sync/logprob_diff"] < 1e-4
         c.flush_dumps()
-        rows = [json.loads(line) for line in (tmp_path / "rollouts" / "train_data_step3.jsonl").read_text().splitlines()]
+        rows = read_samples(tmp_path / "rollouts" / "train_data_step3.jsonl")
         per_prompt = Counter(row["uid"] for row in rows)
         assert len(per_prompt) == r.data.train_batch_size and set(per_prompt.values()) == {r.algorithm.group_size}
         # engine 1's share kept version 1; engine 0's share came from the new engine, on version 2
