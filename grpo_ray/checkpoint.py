@@ -52,15 +52,19 @@ def staging_dir(output_dir: Path, step: int) -> Path:
 
 
 def commit(tmp: Path, model_path: str, state: dict, info: dict, config_yaml: Path, keep_last: int,
-           keep: frozenset[int] = frozenset()) -> Path:
+           keep: frozenset[int] = frozenset(), chat_template: str = "") -> Path:
     """Finish a checkpoint written into `tmp`: state files, tokenizer, manifest, then the rename; then drop all
-    but the newest `keep_last` (0: none dropped), never one of the steps in `keep` (the best: trainer.keep_best)."""
+    but the newest `keep_last` (0: none dropped), never one of the steps in `keep` (the best: trainer.keep_best).
+    `chat_template` (the recipe's model.chat_template, as text) replaces the model's: the checkpoint and what is
+    exported from it format prompts as the run did."""
     (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1))
     (tmp / "training_info.json").write_text(json.dumps(info, indent=1))
     shutil.copy(config_yaml, tmp / "config.yaml")
     for name in TOKENIZER_FILES:
         if (Path(model_path) / name).is_file():
             shutil.copy(Path(model_path) / name, tmp / name)
+    if chat_template:  # transformers reads chat_template.jinja before the tokenizer config's template
+        (tmp / "chat_template.jinja").write_text(chat_template)
     files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
     (tmp / "manifest.json").write_text(json.dumps({"step": state["step"], "files": files}, indent=1))
     final = tmp.parent / f"step_{state['step']}"

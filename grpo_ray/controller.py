@@ -47,6 +47,7 @@ from grpo_ray.errors import Preempted, RunError
 from grpo_ray.faults import fault_at
 from grpo_ray.metrics import (MetricsLog, perf_metrics, pool_metrics, rollout_metrics, sample_table, since_start,
                               validation_metrics)
+from grpo_ray.models import chat_template_text
 from grpo_ray.pools import Pools
 from grpo_ray.setup_run import RunInputs
 from grpo_ray.types import Prompt, Work
@@ -302,8 +303,9 @@ class Controller:
                  "scheduler": saved["scheduler"], "best": self.best.state()}
         info = {"step": step, "consumed_samples": step * self.r.data.train_batch_size, "last_val_score": last_val}
         keep = frozenset([self.best.step] if self.r.trainer.keep_best and self.best.step else [])
+        template = chat_template_text(self.r.model.chat_template) if self.r.model.chat_template else ""
         return checkpoint.commit(tmp, self.inputs.model_path, state, info, self.inputs.output_dir / "config.yaml",
-                                 self.r.trainer.keep_last, keep)
+                                 self.r.trainer.keep_last, keep, template)
 
     def restore(self, ckpt: Path) -> int:
         """Learner weights and optimizer, scheduler, data position and version; generators get the weights."""

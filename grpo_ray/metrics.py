@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import sys
@@ -79,6 +80,10 @@ def rollout_metrics(stats: list[RolloutStats], scores: list[Scores]) -> dict[str
     }
     for name in scores[0].components:
         out[f"reward/{name}/mean"] = statistics.fmean(v for s in scores for v in s.components[name])
+    for key in sorted({k for s in scores for k in s.extras}):  # a verl dict's other numbers, where they came
+        values = [v for s in scores for v in s.extras.get(key, []) if math.isfinite(v)]
+        if values:
+            out[f"reward/{key}/mean"] = statistics.fmean(values)
     return out
 
 

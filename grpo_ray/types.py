@@ -78,6 +78,9 @@ class Scores:
     seconds: float
     failures: dict[str, str] = field(default_factory=dict)
     """What went wrong the first time each function failed on this actor (a traceback), by function name."""
+    extras: dict[str, list[float]] = field(default_factory=dict)
+    """The other numbers of functions that return verl's dict, as ``name/key`` -> one per completion (NaN where
+    a completion's answer did not have it)."""
 
 
 @dataclass

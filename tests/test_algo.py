@@ -401,6 +401,15 @@ def test_signal_groups_and_take_groups_by_hand():
     assert [(i, groups) for i, groups, _, _ in taken] == [(0, [0]), (1, [0])]
     assert taken[0][2].response_lengths == [1, 2] and taken[1][2].response_lengths == [5, 6]
     assert taken[1][2].truncated == 1 and taken[1][3].totals == [1.0, 1.0] and taken[0][3].components == {"f": [1.0, 0.0]}
+    # a verl dict's other numbers (one actor had them, one not) go with their samples, and into the metrics
+    # over the samples that had them
+    from grpo_ray.metrics import rollout_metrics
+
+    scores[0].extras = {"f/acc": [1.0, 0.0, 0.0]}
+    taken = take_groups(4, stats, scores, [(4, 0, 0), (4, 1, 0)], 2, max_tokens=6)
+    assert taken[0][3].extras == {"f/acc": [1.0, 0.0]} and all(math.isnan(v) for v in taken[1][3].extras["f/acc"])
+    assert rollout_metrics(stats, scores)["reward/f/acc/mean"] == pytest.approx(1 / 3)
+    assert "reward/f/acc/mean" not in rollout_metrics(stats, [taken[1][3]])
 
 
 def test_shared_prompt_micro_batches_keep_order_and_the_token_budget():

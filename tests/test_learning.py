@@ -30,7 +30,8 @@ ONE_STEP_OFF = ["algorithm.max_staleness=1", "algorithm.rollout_correction.rollo
 
 VERL_REWARD = """
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    return {"score": float(solution_str.removeprefix("####").strip() == ground_truth)}
+    said = solution_str.removeprefix("####").strip()
+    return {"score": float(said == ground_truth), "acc": said == ground_truth, "pred": said}
 """
 
 
@@ -73,6 +74,9 @@ def test_tiny_recipe_learns_with_every_pool_its_own_actor(tmp_path, schedule):
     scores = [r["critic/score/mean"] for r in rows]
     print("score per step:", [round(s, 3) for s in scores])
     assert len(rows) == rows[-1]["step"] == (100 if schedule else 150)
+    if user:  # verl's dict: its other numbers are metrics too (acc here, the score itself; pred is text)
+        name = f"reward/{tmp_path.parent / 'my_reward.py'}:compute_score"
+        assert all(r[f"{name}/acc/mean"] == r["critic/score/mean"] and f"{name}/pred/mean" not in r for r in rows)
     assert scores[0] <= 0.3
     assert statistics.fmean(scores[-5:]) >= 0.8
     assert max(r["sync/logprob_diff"] for r in rows) < 1e-3  # weights reached the generators every step

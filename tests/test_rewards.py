@@ -119,7 +119,9 @@ def test_verl_signature_file_form_and_our_signature_score_alike(tmp_path):
     fns = [(f"{path}:compute_score", 1.0), (f"{path}:two_args", 1.0), ("gsm8k", 1.0)]
     extra = {"data_source": "quiz", "extra_info": {"index": 3}}
     parts, errors, _, failures = score_one(fns, "7", "7", extra)
-    assert parts == {f"{path}:compute_score": 1.0, f"{path}:two_args": 1.0, "gsm8k": 0.0}
+    # verl's dict gives its other numbers too, as name/key (for the metrics; the weights take the score only)
+    assert parts == {f"{path}:compute_score": 1.0, f"{path}:compute_score/acc": 1.0, f"{path}:two_args": 1.0,
+                     "gsm8k": 0.0}
     assert (errors, failures) == (0, {})
     assert score_one(fns, "8", "7", extra)[0][f"{path}:compute_score"] == 0.0
 

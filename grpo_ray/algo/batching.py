@@ -3,6 +3,7 @@ into mini / micro batches."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -338,6 +339,8 @@ def take_groups(batch: int, stats: list[RolloutStats], scores: list[Scores], cho
     those groups alone (the small side of what ``select_groups`` cuts out of the rollout)."""
     totals = [t for sc in scores for t in sc.totals]
     parts = {k: [v for sc in scores for v in sc.components[k]] for k in scores[0].components}
+    extras = {k: [v for sc in scores for v in sc.extras.get(k, [math.nan] * len(sc.totals))]
+              for k in {k for sc in scores for k in sc.extras}}
     out, start = [], 0
     for i, st in enumerate(stats):
         groups = [g for b, r, g in chosen if (b, r) == (batch, i)]
@@ -348,6 +351,7 @@ def take_groups(batch: int, stats: list[RolloutStats], scores: list[Scores], cho
                                 sum(n >= max_tokens for n in responses), st.window)
             out.append((i, groups, kept, Scores([totals[start + k] for k in local],
                                                  {n: [v[start + k] for k in local] for n, v in parts.items()},
-                                                 0, 0, 0.0)))
+                                                 0, 0, 0.0, {},
+                                                 {n: [v[start + k] for k in local] for n, v in extras.items()})))
         start += len(st.response_lengths)
     return out

@@ -19,7 +19,8 @@ def score_one(functions: list[tuple[str, float]], response: str, ground_truth: s
               extra: dict) -> tuple[dict[str, float], int, bool, dict[str, str]]:
     """Each function's score of one response, how many failed (raised or returned a non-finite number: those
     score 0), whether one ran out of memory (the child is then replaced), and what went wrong in each that failed
-    (its traceback, or what it returned)."""
+    (its traceback, or what it returned). A function that returns verl's dict also gives its other numbers
+    (``{"score": 1.0, "acc": True}``): they are kept as ``name/key`` beside the scores, for the metrics."""
     from grpo_ray.rewards import as_score, caller, load
 
     components, errors, out_of_memory, failures = {}, 0, False, {}
@@ -27,7 +28,11 @@ def score_one(functions: list[tuple[str, float]], response: str, ground_truth: s
         value = math.nan
         try:
             fn = _LOADED.get(name) or _LOADED.setdefault(name, caller(load(name, SOURCES.get(name))))
-            value = as_score(fn(response, ground_truth, extra.get("data_source"), extra.get("extra_info")))
+            answer = fn(response, ground_truth, extra.get("data_source"), extra.get("extra_info"))
+            value = as_score(answer)
+            if isinstance(answer, dict):
+                components.update({f"{name}/{k}": float(v) for k, v in answer.items()
+                                   if k != "score" and isinstance(v, (int, float))})
         except MemoryError:
             out_of_memory = True
         except Exception as e:  # user code may raise anything: the sample scores 0, the step goes on

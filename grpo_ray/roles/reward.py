@@ -11,6 +11,7 @@ shows it on the console.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 
@@ -50,7 +51,7 @@ class RewardWorker(RoleActor):
         start = time.perf_counter()  # after the rollout arrived: waiting for generation is not reward work
         zeros = {name: 0.0 for name, _ in self.functions}
         components = {name: [] for name, _ in self.functions}
-        totals, errors, timeouts, first = [], 0, 0, {}
+        totals, errors, timeouts, first, extras = [], 0, 0, {}, []
         for p, c in samples(rollouts, spans):
             extra = {"data_source": p.data_source, "extra_info": p.extra_info}
             outcome, result = self.child.run((self.functions, self.prefix + c.text, p.ground_truth, extra),
@@ -66,8 +67,11 @@ class RewardWorker(RoleActor):
                     print(f"reward {name} failed on a {p.data_source} sample:\n{text}", file=sys.stderr, flush=True)
             for name, _ in self.functions:
                 components[name].append(comp[name])
+            extras.append({k: v for k, v in comp.items() if k not in components})
             totals.append(weighted_sum(comp, self.functions))
-        return Scores(totals, components, errors, timeouts, time.perf_counter() - start, first)
+        named = sorted({k for e in extras for k in e})
+        return Scores(totals, components, errors, timeouts, time.perf_counter() - start, first,
+                      {k: [e.get(k, math.nan) for e in extras] for k in named})
 
     def shutdown(self) -> None:
         self.child.close()
