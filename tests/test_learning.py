@@ -40,10 +40,16 @@ def as_a_verl_user_brings_it(home: Path) -> list[str]:
     working directory); the overrides that name them."""
     import shutil
 
+    import datasets
+
     from grpo_ray import models
     from grpo_ray.data import load_rows
 
     rows = load_rows("synthetic://select?size=4000&seed=0&items=1")
+    val = load_rows("synthetic://select?size=256&seed=0&split=test&items=1")  # a `datasets` folder, mapped alike
+    plain = [{"question": r["prompt"][0]["content"], "answer": int(r["reward_model"]["ground_truth"]),
+              "data_source": r["data_source"]} for r in val]
+    datasets.Dataset.from_list(plain).save_to_disk(str(home / "val_set"))
     (home / "train.jsonl").write_text("".join(json.dumps({"question": r["prompt"][0]["content"],
                                                           "answer": int(r["reward_model"]["ground_truth"])}) + "\n"
                                               for r in rows))
@@ -57,6 +63,7 @@ def as_a_verl_user_brings_it(home: Path) -> list[str]:
     (model / "tokenizer_config.json").write_text(json.dumps(config))
     (model / "chat_template.jinja").unlink(missing_ok=True)
     return [f"model.path={model}", "model.chat_template=template.jinja", "data.train_files=train.jsonl",
+            "data.val_files=[val_set]",
             "data.prompt_key=question", "data.answer_key=answer", "reward.functions=[{name: my_reward.py:compute_score}]"]
 
 
