@@ -24,6 +24,10 @@ def cmd_train(args) -> int:
     if not report.fits:
         raise UserError(f"{args.recipe}: the recipe does not fit its cluster (grpo-ray plan {args.recipe} shows "
                         "the whole estimate):\n" + "\n".join(f"  - {p}" for p in report.problems))
+    from grpo_ray.metrics import since_start
+
+    print(f"{since_start()} recipe valid, and it fits its cluster (grpo-ray plan {args.recipe} shows how); "
+          "checking the data and rewards", flush=True)
     from grpo_ray.launch import train
 
     # the inputs inside the job: an sft:// model is trained while they are made (after the data is checked)

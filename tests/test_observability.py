@@ -68,7 +68,7 @@ def test_console_shows_steps_and_actor_output_goes_to_log_files(run):
     assert sum("step:" in line for line in console.splitlines()) == len(rows)  # one line a step (+ validation)
     assert all(len(line) <= 120 for line in console.splitlines() if line.startswith("step:"))
     # start-up talks: a line as each phase ends, with the seconds since the command began, in order
-    phases = ["recipe, data and rewards checked", "Ray up", "actors placed", "learner ready", "reference ready",
+    phases = ["recipe valid, and it fits", "recipe, data and rewards checked", "Ray up", "actors placed", "learner ready", "reference ready",
               "engines loaded", "weight-sync group joined", "first probe", "training: steps 1 to 4"]
     said = {m.group(2): float(m.group(1)) for m in re.finditer(r"^\[ *(\d+\.\d)s\] (.*)$", res.stdout, re.MULTILINE)}
     at = [next(t for line, t in said.items() if p in line) for p in phases]
