@@ -195,7 +195,7 @@ def test_a_tracker_that_cannot_start_is_one_line_or_a_stop(tmp_path):
                        "trainer.loggers=[console,jsonl,mlflow]", f"trainer.mlflow_tracking_uri={dead}",
                        "trainer.tracker_required=true", f"trainer.output_dir={tmp_path / 'required'}", timeout=900)
     assert required.returncode == 2 and "trainer.tracker_required=true" in required.stderr, required.stderr[-2000:]
-    assert "actors placed" not in required.stdout and "Ray up" not in required.stdout
+    assert "actors placed" not in required.stdout  # stopped before any actor started
 
 
 def test_best_counts_validations_without_an_improvement_by_hand():

@@ -86,7 +86,7 @@ def test_a_reward_failing_on_most_samples_is_shown_once_and_stops_the_run(tmp_pa
     frame = f'File "{tmp_path / "flaky.py"}", line 4, in score'
     assert res.stdout.count("failed; its first failure") == 1 and res.stdout.count(frame) == 1
     assert "ZeroDivisionError: planted: wrong answers divide by zero" in res.stdout
-    assert "reward/errors:" in res.stdout  # on the step line, since some failed
+    assert " err:" in res.stdout  # reward/errors on the step line, since some failed
     assert "run stopped: reward functions failed on" in res.stderr and "for 2 steps in a row" in res.stderr
     assert frame in res.stderr  # the reason carries the traceback
     assert frame in (tmp_path / "run" / "logs" / "reward-0.log").read_text()
