@@ -567,8 +567,8 @@ FREE_TEXT = {"model.path", "model.chat_template", "data.response_prefix", "data.
 """String fields that are not a choice among CHOICES (paths, names, text; cluster.gpu is checked on its own)."""
 
 
-ZERO_IS_NEVER = {"trainer.save_freq", "trainer.test_freq", "trainer.dump_freq", "trainer.total_steps", "trainer.total_epochs",
-                 "generator.max_model_len", "learner.optim.grad_clip"}
+ZERO_IS_NEVER = {"trainer.save_freq", "trainer.test_freq", "trainer.dump_freq", "trainer.total_steps",
+                 "trainer.total_epochs", "generator.max_model_len", "learner.optim.grad_clip"}
 """Keys where 0 turns the thing off, as -1 does in verl."""
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from grpo_ray.config import Recipe
 from grpo_ray.data import DataError, row_problem
-from grpo_ray.data.prepare import DATASETS, GSM8K_INSTRUCTION, MATH_INSTRUCTION, gsm8k_row, math500_row, source_splits
+from grpo_ray.data.prepare import DATASETS, gsm8k_row, math500_row, source_splits
 from grpo_ray.rewards.builtin import AUTO_SOURCES, reward_for_source
 
 DEFAULT_RECIPE = Path(__file__).with_name("eval.yaml")
@@ -35,7 +35,7 @@ def device_overrides() -> list[str]:
 def eval_rows(data: str, limit: int = 0) -> list[dict]:
     """Test rows in our schema from a data set name or a file; rows that cannot be used are skipped."""
     if data in DATASETS:
-        source, _, hub_config, _ = DATASETS[data]
+        source, _, hub_config = DATASETS[data]
         records = source_splits(source, hub_config).get("test")
     else:
         records = source_splits(data, None).get("test")
@@ -48,9 +48,9 @@ def eval_rows(data: str, limit: int = 0) -> list[dict]:
         if "reward_model" in raw:
             row = raw if row_problem(raw) is None else None
         elif "question" in raw:
-            row, _ = gsm8k_row(raw, "test", i, GSM8K_INSTRUCTION)
+            row, _ = gsm8k_row(raw, "test", i)
         else:
-            row, _ = math500_row(raw, "test", i, MATH_INSTRUCTION)
+            row, _ = math500_row(raw, "test", i)
         if row is not None:
             rows.append(row)
         if limit and len(rows) >= limit:

@@ -45,7 +45,8 @@ class SplitReport:
         return f"{self.split}: {self.read} rows read, {self.kept} kept, {self.read - self.kept} dropped ({why})"
 
 
-def gsm8k_row(raw: dict, split: str, index: int, instruction: str) -> tuple[dict | None, str | None]:
+def gsm8k_row(raw: dict, split: str, index: int,
+              instruction: str = GSM8K_INSTRUCTION) -> tuple[dict | None, str | None]:
     question, answer = raw.get("question"), raw.get("answer")
     if not isinstance(question, str) or not question.strip():
         return None, "empty prompt"
@@ -63,7 +64,8 @@ def gsm8k_row(raw: dict, split: str, index: int, instruction: str) -> tuple[dict
     }, None
 
 
-def math500_row(raw: dict, split: str, index: int, instruction: str) -> tuple[dict | None, str | None]:
+def math500_row(raw: dict, split: str, index: int,
+                instruction: str = MATH_INSTRUCTION) -> tuple[dict | None, str | None]:
     problem, answer = raw.get("problem"), raw.get("answer")
     if not isinstance(problem, str) or not problem.strip():
         return None, "empty prompt"
@@ -91,16 +93,16 @@ def custom_rows(prompt_key: str, answer_key: str, source_name: str) -> Callable:
     truth at `answer_key`; data_source the row's own or `source_name`; the row's other fields in extra_info."""
     from grpo_ray.data import normalise, row_problem
 
-    def build(raw: dict, split: str, index: int, instruction: str) -> tuple[dict | None, str | None]:
+    def build(raw: dict, split: str, index: int, instruction: str = "") -> tuple[dict | None, str | None]:
         row = normalise(raw, prompt_key, answer_key, source_name)
         why = row_problem(row, prompt_key, answer_key)
         if why:
             return None, why
         prompt = [dict(m) for m in row["prompt"]]
-        last = max(i for i, m in enumerate(prompt) if m["role"] == "user") if any(
-            m["role"] == "user" for m in prompt) else len(prompt) - 1
+        last = next((i for i in reversed(range(len(prompt))) if prompt[i]["role"] == "user"), len(prompt) - 1)
         prompt[last]["content"] = f"{prompt[last]['content'].strip()} {instruction}".strip()
-        used = {prompt_key.split(".")[0], answer_key.split(".")[0], "prompt", "reward_model", "data_source", "extra_info"}
+        used = {prompt_key.split(".")[0], answer_key.split(".")[0], "prompt", "reward_model", "data_source",
+                "extra_info"}
         extra = {k: v for k, v in raw.items() if k not in used}
         return {"data_source": row["data_source"], "prompt": prompt, "ability": raw.get("ability", ""),
                 "reward_model": row["reward_model"],
@@ -109,10 +111,10 @@ def custom_rows(prompt_key: str, answer_key: str, source_name: str) -> Callable:
     return build
 
 
-DATASETS: dict[str, tuple[str, Callable, str | None, str]] = {
-    # name: (default hub source, row builder, hub config name, instruction)
-    "gsm8k": ("openai/gsm8k", gsm8k_row, "main", GSM8K_INSTRUCTION),
-    "math500": ("HuggingFaceH4/MATH-500", math500_row, None, MATH_INSTRUCTION),
+DATASETS: dict[str, tuple[str, Callable, str | None]] = {
+    # name: (default hub source, row builder (its instruction the default of its last argument), hub config name)
+    "gsm8k": ("openai/gsm8k", gsm8k_row, "main"),
+    "math500": ("HuggingFaceH4/MATH-500", math500_row, None),
 }
 
 
@@ -201,19 +203,19 @@ def prepare(
         if not source:
             raise PrepareError("custom data needs --source: a hub name, a directory or a file")
         name_of = Path(source).stem if Path(source).is_file() else Path(source).name
-        default_source, build, hub_config, default = source, custom_rows(prompt_key, answer_key, name_of), None, ""
+        default_source, build, hub_config = source, custom_rows(prompt_key, answer_key, name_of), None
     elif name in DATASETS:
-        default_source, build, hub_config, default = DATASETS[name]
+        default_source, build, hub_config = DATASETS[name]
     else:
         raise PrepareError(f"unknown data set {name!r}; expected one of {', '.join(DATASETS)}, custom")
-    instruction = default if instruction is None else instruction
+    own = {} if instruction is None else {"instruction": instruction}  # none given: the data set's own
     splits = source_splits(source or default_source, hub_config, file_split)
     reports, tables = [], {}
     for split, records in splits.items():
         report, rows = SplitReport(split), []
         for where, raw in records:
             report.read += 1
-            row, why = (None, "not UTF-8 JSON") if raw is None else build(raw, split, report.read - 1, instruction)
+            row, why = (None, "not UTF-8 JSON") if raw is None else build(raw, split, report.read - 1, **own)
             if row is not None and max_prompt_tokens and tokenizer is not None:
                 if len(prompt_token_ids(tokenizer, row, "", chat_template_kwargs)) > max_prompt_tokens:
                     row, why = None, f"prompt over {max_prompt_tokens} tokens"

@@ -122,6 +122,10 @@ CASES = {  # name: (recipe, overrides, what the message must say)
                     "2 problems:"),
     "verl's -1 for never": (RECIPE, ["trainer.save_freq=-1"], "0 means never here, where verl writes -1"),
     "a reward error share over 1": (RECIPE, ["reward.max_error_share=1.5"], "reward.max_error_share=1.5: must be in [0, 1]"),
+    "a dump cadence below 0": (RECIPE, ["trainer.dump_freq=-1"],
+                               "trainer.dump_freq=-1: must be >= 0 (0 means never here"),
+    "a reset of a key that is not there": (RECIPE, ["~trainer.dump_rollouts"],
+                                           "an earlier grpo-ray's trainer.dump_rollouts is trainer.dump_freq"),
 }
 
 
