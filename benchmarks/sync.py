@@ -42,7 +42,7 @@ def measure(model: str, bucket_mb: int, reps: int) -> dict:
     from grpo_ray.controller import Controller
     from grpo_ray.engines import probe_diff
     from grpo_ray.launch import connect
-    from grpo_ray.roles import fsdp
+    from grpo_ray.roles import fsdp, mark_rss, peak_rss_since_mark
     from grpo_ray.setup_run import setup_run
 
     out_dir = tempfile.mkdtemp(prefix="grpo-sync-")
@@ -58,11 +58,11 @@ def measure(model: str, bucket_mb: int, reps: int) -> dict:
         learner0, engine = c.pools.actors["learner"][0], c.pools.actors["generator"][0]
         c.engines.push(0)  # warm-up
         for k in range(1, reps + 1):
-            before = ray.get([learner0.mark_rss.remote(), engine.mark_rss.remote()])
+            before = ray.get([a.__ray_call__.remote(lambda _: mark_rss()) for a in (learner0, engine)])
             start = time.perf_counter()
             pushed, received = c.engines.push(k)
             push_s = time.perf_counter() - start
-            peaks = ray.get([learner0.peak_rss_since_mark.remote(), engine.peak_rss_since_mark.remote()])
+            peaks = ray.get([a.__ray_call__.remote(lambda _: peak_rss_since_mark()) for a in (learner0, engine)])
             start = time.perf_counter()
             diff = c.engines.probe()
             probe_s = time.perf_counter() - start

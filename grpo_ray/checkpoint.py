@@ -5,7 +5,8 @@
     learner/             model and optimizer, torch.distributed.checkpoint (one shard file per rank); with LoRA
                          the adapters and their optimizer state only (the base weights are frozen)
     trainer_state.json   step, policy version, data position, LR scheduler state
-    training_info.json   step, consumed samples, last validation score
+    training_info.json   step, consumed samples, last validation score, and ``model_path``: the base model
+                         resolved (an ``sft://`` warm start's cached directory), which a LoRA export loads
     config.yaml          the resolved recipe (secrets redacted)
     tokenizer files      copied from the model, so the checkpoint exports on its own
     manifest.json        every file above with its size, written last
@@ -58,7 +59,7 @@ def commit(tmp: Path, model_path: str, state: dict, info: dict, config_yaml: Pat
     `chat_template` (the recipe's model.chat_template, as text) replaces the model's: the checkpoint and what is
     exported from it format prompts as the run did."""
     (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1))
-    (tmp / "training_info.json").write_text(json.dumps(info, indent=1))
+    (tmp / "training_info.json").write_text(json.dumps({**info, "model_path": model_path}, indent=1))
     shutil.copy(config_yaml, tmp / "config.yaml")
     for name in TOKENIZER_FILES:
         if (Path(model_path) / name).is_file():
@@ -128,12 +129,14 @@ def load_state(ckpt: Path) -> dict:
     return json.loads((ckpt / "trainer_state.json").read_text())
 
 
-def export_hf(ckpt: Path, out: Path, max_shard_size: str = "5GB", overwrite: bool = False) -> Path:
+def export_hf(ckpt: Path, out: Path, max_shard_size: str = "5GB", overwrite: bool = False, say=print) -> Path:
     """A Hugging Face model directory from a checkpoint: consolidated safetensors (sharded with an index
     past `max_shard_size`), config, generation config and tokenizer. transformers and vLLM load it. A LoRA
-    checkpoint gives the model with its adapters merged, and the adapters alone in ``out/adapter`` (peft's format).
-    Written beside `out`, then renamed into place: an `out` that holds anything is refused unless `overwrite`,
-    and then replaced whole (no shard of an earlier export left beside the new ones)."""
+    checkpoint gives the adapters alone in ``out/adapter`` (peft's format) and the model with them merged, from
+    the base model the checkpoint recorded; where that base is not on this machine, the adapters alone (said).
+    Nothing here resolves a recipe or trains. Written beside `out`, then renamed into place: an `out` that holds
+    anything is refused unless `overwrite`, and then replaced whole (no shard of an earlier export left beside
+    the new ones)."""
     import tempfile
 
     ckpt, out = Path(ckpt), Path(out)
@@ -145,7 +148,7 @@ def export_hf(ckpt: Path, out: Path, max_shard_size: str = "5GB", overwrite: boo
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
     try:
-        _export_into(ckpt, tmp, max_shard_size)
+        _export_into(ckpt, tmp, max_shard_size, say)
         shutil.rmtree(out, ignore_errors=True)
         tmp.rename(out)
     finally:
@@ -153,7 +156,7 @@ def export_hf(ckpt: Path, out: Path, max_shard_size: str = "5GB", overwrite: boo
     return out
 
 
-def _export_into(ckpt: Path, out: Path, max_shard_size: str) -> None:
+def _export_into(ckpt: Path, out: Path, max_shard_size: str, say) -> None:
     """``export_hf``'s work, into the empty directory `out`."""
     import tempfile
 
@@ -164,7 +167,6 @@ def _export_into(ckpt: Path, out: Path, max_shard_size: str) -> None:
 
     from grpo_ray import lora
     from grpo_ray.config import LoraConfig
-    from grpo_ray.models import resolve
 
     hf_logging.disable_progress_bar()  # one shard of a small model: a bar would only clutter the output
     with tempfile.TemporaryDirectory() as tmp:
@@ -173,8 +175,11 @@ def _export_into(ckpt: Path, out: Path, max_shard_size: str) -> None:
     config = AutoConfig.from_pretrained(ckpt)
     recipe = yaml.safe_load((ckpt / "config.yaml").read_text())["model"]
     adapters = LoraConfig(**recipe.get("lora", {}))
-    if adapters.rank:  # the checkpoint holds the adapters only: the base model comes from the run's model.path
-        model = lora.wrap(AutoModelForCausalLM.from_pretrained(resolve(recipe["path"]), dtype=torch.float32), adapters)
+    base = lora_base(ckpt, recipe["path"]) if adapters.rank else None
+    if adapters.rank:  # the checkpoint holds the adapters only: the base model is the one the run trained on
+        loaded = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32) if base else \
+            AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # for the adapters alone, its shape will do
+        model = lora.wrap(loaded, adapters)
         expected = {name for name, _ in model.named_parameters() if lora.is_adapter(name)}
     else:
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -186,12 +191,32 @@ def _export_into(ckpt: Path, out: Path, max_shard_size: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     if adapters.rank:
         model.save_pretrained(out / "adapter")  # a peft adapter directory: PeftModel.from_pretrained(base, it)
-        model = model.merge_and_unload()  # and the merged model beside it, which needs no peft
-    model.tie_weights()
-    model.save_pretrained(out, safe_serialization=True, max_shard_size=max_shard_size)
+    if adapters.rank and not base:
+        say(f"the run's base model ({recipe['path']}) is not on this machine: wrote the adapters alone (adapter/); "
+            "merge them with peft's PeftModel.from_pretrained(base, adapter).merge_and_unload()")
+    else:
+        model = model.merge_and_unload() if adapters.rank else model  # the merged model needs no peft
+        model.tie_weights()
+        model.save_pretrained(out, safe_serialization=True, max_shard_size=max_shard_size)
     AutoTokenizer.from_pretrained(ckpt).save_pretrained(out)
     if (ckpt / "generation_config.json").is_file():
         shutil.copy(ckpt / "generation_config.json", out / "generation_config.json")
+
+
+def lora_base(ckpt: Path, model_path: str) -> str | None:
+    """The base model of a LoRA checkpoint: the path it recorded (checkpoints before the record: the recipe's
+    model.path, an ``sft://`` one found in the cache only); None when it is a directory not on this machine."""
+    from grpo_ray import models
+
+    info = json.loads((ckpt / "training_info.json").read_text()) if (ckpt / "training_info.json").is_file() else {}
+    base = info.get("model_path")
+    if base is None:
+        try:
+            base = models.resolve(model_path)
+        except models.ModelNameError:
+            return None
+    local = base.startswith(("/", "./", "../", "~")) or Path(base).exists()
+    return base if not local or (Path(base).expanduser() / "config.json").is_file() else None
 
 
 def keep_metrics(path: Path, up_to: int) -> None:

@@ -51,8 +51,9 @@ def _inputs(recipe, command: str, recipe_path: str):
     """Everything checked and loaded before any actor starts (grpo_ray.setup_run), said in a few lines."""
     from grpo_ray.metrics import since_start
     from grpo_ray.setup_run import setup_run
+    from grpo_ray.sft import warm_start
 
-    inputs = setup_run(recipe, command, Path(recipe_path).parent)
+    inputs = setup_run(recipe, command, Path(recipe_path).parent, warm_start=warm_start)  # sft:// is trained here
     print(f"{since_start()} recipe, data and rewards checked: {len(inputs.train_rows)} training rows, "
           f"{len(inputs.val_rows)} validation rows; config in {inputs.output_dir / 'config.yaml'}\n"
           f"  model: {inputs.model_path}")
@@ -122,7 +123,7 @@ def cmd_prepare_data(args) -> int:
         model = recipe.model if not args.tokenizer else model
         limit = limit or recipe.data.max_prompt_length
     if model.path:
-        tokenizer = models.load_tokenizer(models.resolve(model.path), model)
+        tokenizer = models.load_tokenizer(models.base_of(model.path), model)
     reports = prepare(args.name, args.source, args.out, tokenizer=tokenizer, max_prompt_tokens=limit,
                       max_bad_fraction=args.max_bad_fraction, chat_template_kwargs=model.chat_template_kwargs,
                       overwrite=args.overwrite, instruction=args.instruction, prompt_key=args.prompt_key,

@@ -146,8 +146,12 @@ class Engines:
 
 
 def probe_diff(engines: list[list[float]], learner: list[float]) -> float:
-    """Mean absolute difference of each engine's probe logprobs from the learner's; the worst engine's."""
-    return max(sum(abs(a - b) for a, b in zip(gen, learner)) / len(gen) for gen in engines)
+    """Mean absolute difference of each engine's probe logprobs from the learner's; the worst engine's. Probes of
+    different lengths are not the same tokens scored: a RuntimeError, never a difference over the shorter."""
+    for i, gen in enumerate(engines):
+        if len(gen) != len(learner) or not gen:
+            raise RuntimeError(f"sync probe: engine {i} scored {len(gen)} tokens, the learner {len(learner)}")
+    return max(sum(abs(a - b) for a, b in zip(gen, learner, strict=True)) / len(gen) for gen in engines)
 
 
 def sample_seed(seed: int, step: int, uid: int) -> int:

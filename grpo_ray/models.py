@@ -6,8 +6,9 @@ A recipe's ``model.path`` is one of:
 - ``tiny://ARCH?key=value&...``: a small randomly initialised checkpoint in the
   Qwen2, Llama or Gemma3 architecture, built here with no network, e.g.
   ``tiny://qwen2?layers=2&hidden=128&heads=4&kv_heads=2&seed=0``;
-- ``sft://RECIPE.yaml``: the model an SFT recipe makes (``grpo-ray sft``), trained the first time it
-  is named and cached by the hash of the resolved recipe (grpo_ray.sft.warm_start).
+- ``sft://RECIPE.yaml``: the model an SFT recipe makes (``grpo-ray sft``), cached by the hash of the
+  resolved recipe. This module only finds it in the cache (``resolve``) or names its base model
+  (``base_of``); training it is the job layer's (``grpo_ray.sft.warm_start``, called by ``setup_run``).
 
 A tiny checkpoint is an ordinary Hugging Face directory (``config.json``,
 ``model.safetensors``, tokenizer files with a chat template of the family's own
@@ -125,12 +126,36 @@ def is_sft(name: str) -> bool:
 
 def sft_base(name: str) -> str:
     """The model.path of the SFT recipe behind an ``sft://`` name (the warm start's shape and tokenizer)."""
+    return _sft_recipe(name).model.path
+
+
+def _sft_recipe(name: str):
     from grpo_ray.config import RecipeError, load_recipe
 
     try:
-        return load_recipe(name.removeprefix(SFT_SCHEME), command="sft").model.path
+        return load_recipe(name.removeprefix(SFT_SCHEME), command="sft")
     except RecipeError as e:
         raise ModelNameError(f"model.path={name!r}: {e}") from None
+
+
+# trainer fields that change where and how an SFT run reports, not the model it makes
+NOT_IN_HASH = ("output_dir", "experiment_name", "loggers", "log_level", "overwrite", "resume", "call_timeout_s",
+               "save_freq", "keep_last", "dump_freq", "preemption_grace_s")
+
+
+def recipe_key(recipe) -> str:
+    """Hash of what decides the model an SFT recipe makes (not where or how it reports)."""
+    from grpo_ray.config import recipe_dict
+
+    d = recipe_dict(recipe)
+    for k in NOT_IN_HASH:
+        d["trainer"].pop(k, None)
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def sft_home(recipe) -> Path:
+    """Where the warm start of an SFT recipe (a loaded Recipe) keeps its run (``run/``) and model (``run/model``)."""
+    return cache_dir() / f"sft-{recipe_key(recipe)}"
 
 
 def cache_dir() -> Path:
@@ -138,15 +163,15 @@ def cache_dir() -> Path:
     return Path(os.environ.get("GRPO_RAY_CACHE", Path.home() / ".cache" / "grpo_ray")) / "models"
 
 
-def resolve(name: str, warm_start: bool = True) -> str:
-    """A name loadable by transformers and vLLM: builds a tiny model, or runs an SFT recipe, if needed, else
-    returns `name`. Without `warm_start`, an ``sft://`` name gives its base model (same tokenizer and shape)."""
+def resolve(name: str) -> str:
+    """A name loadable by transformers and vLLM: builds a tiny model if needed, finds an ``sft://`` model in the
+    cache (ModelNameError when it was never trained here: nothing here trains), else returns `name`."""
     if is_sft(name):
-        if not warm_start:
-            return resolve(sft_base(name), warm_start=False)
-        from grpo_ray.sft import warm_start as run_sft_recipe
-
-        return run_sft_recipe(name.removeprefix(SFT_SCHEME))
+        model = sft_home(_sft_recipe(name)) / "run" / "model"
+        if not (model / "config.json").is_file():
+            raise ModelNameError(f"model.path={name!r}: this SFT warm start was not trained on this machine ({model} "
+                                 "is missing); `grpo-ray train` of a recipe that names it trains it once")
+        return str(model)
     if not is_tiny(name):
         return name
     spec = parse_tiny(name)
@@ -155,6 +180,12 @@ def resolve(name: str, warm_start: bool = True) -> str:
     if not (out / "config.json").exists():
         build_tiny(spec, out)
     return str(out)
+
+
+def base_of(name: str) -> str:
+    """`name` resolved, or for an ``sft://`` name its SFT recipe's model resolved (the same tokenizer and shape:
+    what the data is checked with before the warm start is trained)."""
+    return base_of(sft_base(name)) if is_sft(name) else resolve(name)
 
 
 # --- chat templates and special tokens, one per family ------------------------------------

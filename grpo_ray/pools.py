@@ -217,10 +217,6 @@ class Pools:
             i += len(refs)
         return out
 
-    def pick(self, pool: str, i: int):
-        actors = self.actors[pool]
-        return actors[i % len(actors)]
-
     def call(self, refs, what: str, timeout_s: float | None = None):
         return wait(refs, what, timeout_s or self.r.trainer.call_timeout_s)
 

@@ -7,6 +7,7 @@ are found here, on the driver, so a mistake costs seconds, not a cluster start.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,14 +131,16 @@ def try_rewards(recipe: Recipe, row: dict, where: str) -> None:
                               f"response) it failed: {lines[-1]}" + (f" ({at})" if at else ""))
 
 
-def setup_run(recipe: Recipe, command: str = "train", recipe_dir: Path | None = None) -> RunInputs:
+def setup_run(recipe: Recipe, command: str = "train", recipe_dir: Path | None = None,
+              warm_start: Callable[[str], str] | None = None) -> RunInputs:
     """Check the output directory, rewards, build or locate the model, load and tokenize data, write config.yaml.
     For `command` sft the training rows carry their targets. A model made by an SFT recipe (``sft://``) is
-    trained here, once the data has been checked with its tokenizer (the base model's). Reward modules are looked
-    for in the working directory and `recipe_dir`, and each reward function is tried on the first training row."""
+    made by `warm_start` (the job layer passes grpo_ray.sft.warm_start; without it, only the cache is looked in),
+    once the data has been checked with its tokenizer (the base model's). Reward modules are looked for in the
+    working directory and `recipe_dir`, and each reward function is tried on the first training row."""
     output_dir = writable_dir(recipe.trainer.output_dir, "trainer.output_dir")
     load_rewards(recipe, recipe_dir)
-    model_path = models.resolve(recipe.model.path, warm_start=False)
+    model_path = models.base_of(recipe.model.path)
     tokenizer = models.load_tokenizer(model_path, recipe.model)
     dropped: dict[str, int] = {}
     train_rows = usable_rows(recipe.data.train_files, tokenizer, recipe, dropped, targets=command == "sft")
@@ -156,6 +159,7 @@ def setup_run(recipe: Recipe, command: str = "train", recipe_dir: Path | None = 
                           f"for data.val_files")
     resume = rundir.prepare(output_dir, recipe.trainer, recipe_yaml(recipe))  # refuses to lose a run's files
     if models.is_sft(recipe.model.path):
-        model_path = models.resolve(recipe.model.path)
+        model_path = warm_start(recipe.model.path.removeprefix(models.SFT_SCHEME)) if warm_start else \
+            models.resolve(recipe.model.path)
     dump_recipe(recipe, output_dir / "config.yaml")
     return RunInputs(model_path, train_rows, val_rows, dropped, output_dir, train_rows[0]["prompt_ids"], resume)

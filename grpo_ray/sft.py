@@ -15,23 +15,16 @@ of the resolved recipe) and later runs reuse its model.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from pathlib import Path
 
 import ray
 
-from grpo_ray import checkpoint, perf
-from grpo_ray.config import Recipe, load_recipe, recipe_dict
+from grpo_ray import checkpoint, models, perf
+from grpo_ray.config import Recipe, load_recipe
 from grpo_ray.controller import Controller
 from grpo_ray.launch import connect
 from grpo_ray.setup_run import RunInputs, setup_run
-
-# trainer fields that change where and how a run reports, not the model it makes
-NOT_IN_HASH = ("output_dir", "experiment_name", "loggers", "log_level", "overwrite", "resume", "call_timeout_s",
-               "save_freq", "keep_last", "dump_freq", "preemption_grace_s")
-
 
 class SFTController(Controller):
     """Runs SFT steps on the learner pool; starts generators and rewards only to validate."""
@@ -70,21 +63,12 @@ def run_sft(recipe: Recipe, inputs: RunInputs) -> Path:
     return checkpoint.export_hf(last, inputs.output_dir / "model", overwrite=True)  # this run's own export
 
 
-def recipe_key(recipe: Recipe) -> str:
-    """Hash of what decides the model an SFT recipe makes (not where or how it reports)."""
-    d = recipe_dict(recipe)
-    for k in NOT_IN_HASH:
-        d["trainer"].pop(k, None)
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
-
-
 def warm_start(recipe_path: str) -> str:
     """The model of the SFT recipe at `recipe_path`: trained once, cached by the recipe's hash, then reused.
-    The SFT run lives in the cache too, so an interrupted warm start resumes from its checkpoint."""
-    from grpo_ray.models import cache_dir
-
+    The SFT run lives in the cache too, so an interrupted warm start resumes from its checkpoint. The job layer
+    calls it (setup_run's `warm_start`); grpo_ray.models only finds what it made."""
     recipe = load_recipe(recipe_path, command="sft")
-    home = cache_dir() / f"sft-{recipe_key(recipe)}"
+    home = models.sft_home(recipe)
     if (home / "run" / "model" / "config.json").is_file():
         print(f"SFT warm start: {recipe_path} done before, model at {home / 'run' / 'model'}")
         return str(home / "run" / "model")
@@ -92,6 +76,6 @@ def warm_start(recipe_path: str) -> str:
     recipe.trainer.resume = "auto"
     recipe.trainer.overwrite = True  # the cache's own run: a warm start stopped before its first checkpoint restarts
     print(f"SFT warm start: training {recipe_path} once (run in {home / 'run'}, reused while the recipe is unchanged)")
-    model = run_sft(recipe, setup_run(recipe, "sft"))
+    model = run_sft(recipe, setup_run(recipe, "sft", warm_start=warm_start))
     print(f"SFT warm start: model at {model}")
     return str(model)

@@ -103,6 +103,56 @@ def test_lora_export_writes_adapters_and_a_merged_model(runs, tmp_path):
 
 
 @pytest.mark.slow
+def test_export_of_a_warm_started_lora_run_never_trains(runs, tmp_path):
+    """A LoRA checkpoint of a run on an sft:// model, exported where that warm start was never trained (an empty
+    cache): export reads the base the checkpoint recorded and trains nothing; where that base is gone too, it
+    writes the adapters alone and says so."""
+    import shutil
+
+    import yaml
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    whole, _ = runs
+    path = models.resolve(load_recipe(ROOT / "recipes" / "tiny-cpu.yaml").model.path)
+    ckpt = tmp_path / "step_4"
+    shutil.copytree(whole / "checkpoints" / "step_4", ckpt)
+    base = tmp_path / "sft-model"  # where the warm start's model was when the run trained
+    shutil.copytree(path, base)
+    config = yaml.safe_load((ckpt / "config.yaml").read_text())
+    config["model"]["path"] = "sft://recipes/tiny-cpu-reasoning-sft.yaml"
+    (ckpt / "config.yaml").write_text(yaml.safe_dump(config))
+    info = json.loads((ckpt / "training_info.json").read_text())
+    assert info["model_path"] == path  # what the run recorded: its base, resolved
+    (ckpt / "training_info.json").write_text(json.dumps({**info, "model_path": str(base)}))
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    manifest["files"] = {**manifest["files"], **{n: (ckpt / n).stat().st_size for n in ("config.yaml",
+                                                                                     "training_info.json")}}
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    empty = {"GRPO_RAY_CACHE": str(tmp_path / "empty-cache")}
+
+    res = run_cli("export", str(ckpt), "--out", str(tmp_path / "merged"), env=empty, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "SFT" not in res.stdout and not (tmp_path / "empty-cache").exists()  # nothing trained, nothing built
+    ids = torch.tensor([list(range(3, 60))])
+    with torch.no_grad():
+        merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32)(ids).logits
+        adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
+                                            tmp_path / "merged" / "adapter")(ids).logits
+    assert (merged - adapted).abs().max() < 1e-4
+
+    shutil.rmtree(base)  # the warm start's model is not on this machine either
+    res = run_cli("export", str(ckpt), "--out", str(tmp_path / "alone"), env=empty, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "is not on this machine: wrote the adapters alone" in res.stdout
+    assert not list((tmp_path / "alone").glob("*.safetensors")) and not (tmp_path / "empty-cache").exists()
+    with torch.no_grad():
+        alone = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
+                                          tmp_path / "alone" / "adapter")(ids).logits
+    assert (alone - adapted).abs().max() < 1e-6  # the same adapters
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["adapters", "merged"])
 def test_engine_takes_each_update_of_the_adapters(ray_local, tmp_path, mode):
     """The anchors' silent no-op (an adapter sync that never reaches the engine) cannot pass here: after a LoRA

@@ -32,7 +32,8 @@ def test_sharded_reference_matches_one_actor(ray_local, shared):
              three[1].logprobs.options(num_returns=2).remote([refs[0], refs[1]], [(7, 8), (0, 8)]),
              three[2].logprobs.options(num_returns=2).remote([], [])]
     got = ray_local.get([lp for lp, _ in calls])
-    shards = ray_local.get(three[0].shard_numel.remote())
+    shards = ray_local.get(three[0].__ray_call__.remote(  # parameters this actor holds, and the model's
+        lambda a: (sum(p.to_local().numel() for p in a.model.parameters()), sum(p.numel() for p in a.model.parameters()))))
     for a in one + three:
         ray_local.kill(a)
     assert [len(g) for g in got] == [7, 9, 0] and work.samples == 16

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from grpo_ray import sync
-from grpo_ray.roles import fsdp
+from grpo_ray.roles import fsdp, mark_rss, peak_rss_since_mark
 from grpo_ray.config import load_recipe
 from grpo_ray.controller import Controller
 from grpo_ray.setup_run import setup_run
@@ -145,9 +145,9 @@ def test_push_memory_streams_on_both_sides(ray_local, tmp_path):
         sender, model = 2 * sync.largest_bucket_bytes(metas, 32 << 20), sum(m.nbytes for m in metas)
         c.engines.push(1)  # first push: one-off allocations (gloo buffers, vLLM's reload bookkeeping)
         for version in (2, 3):  # twice: the second push starts from what the first one left
-            before = ray_local.get([learner.mark_rss.remote(), engine.mark_rss.remote()])
+            before = ray_local.get([a.__ray_call__.remote(lambda _: mark_rss()) for a in (learner, engine)])
             pushed, received = c.engines.push(version)
-            peaks = ray_local.get([learner.peak_rss_since_mark.remote(), engine.peak_rss_since_mark.remote()])
+            peaks = ray_local.get([a.__ray_call__.remote(lambda _: peak_rss_since_mark()) for a in (learner, engine)])
             extra = [(p - b) * 1e9 for p, b in zip(peaks, before)]
             assert extra[0] <= sender, (version, extra, sender)
             assert extra[1] < model, (version, extra, model)
@@ -155,3 +155,12 @@ def test_push_memory_streams_on_both_sides(ray_local, tmp_path):
         assert c.engines.probe() < 5e-6  # float32 on both sides: the 1e-7 level
     finally:
         c.shutdown()
+
+
+def test_probe_diff_refuses_probes_of_other_lengths():
+    from grpo_ray.engines import probe_diff
+
+    assert probe_diff([[-1.0, -2.0], [-1.5, -2.0]], [-1.0, -2.5]) == pytest.approx(0.5)  # the worst engine's mean
+    for engines in ([[-1.0]], [[-1.0, -2.0, -3.0]], [[]]):
+        with pytest.raises(RuntimeError, match="sync probe: engine 0 scored"):
+            probe_diff(engines, [-1.0, -2.0])

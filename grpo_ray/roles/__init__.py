@@ -55,18 +55,21 @@ class RoleActor:
 
         return "peak_rss_gb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # KiB on Linux
 
-    def mark_rss(self) -> float:
-        """Start a memory window: give the heap's free pages back (``trim_heap``), reset this process's peak RSS
-        (Linux clear_refs) and return its RSS now, GB. So the window's peak counts what the work in it allocates
-        above what is live, not what glibc kept of earlier frees (which the work may or may not reuse)."""
-        trim_heap()
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return _status_kb("VmRSS") / 1e6
 
-    def peak_rss_since_mark(self) -> float:
-        """The peak RSS of this process since ``mark_rss``, GB."""
-        return _status_kb("VmHWM") / 1e6
+def mark_rss() -> float:
+    """Start a memory window in this process (a measurement: run it in an actor with ``actor.__ray_call__``): give
+    the heap's free pages back (``trim_heap``), reset the peak RSS (Linux clear_refs) and return the RSS now, GB.
+    So the window's peak counts what the work in it allocates above what is live, not what glibc kept of earlier
+    frees (which the work may or may not reuse)."""
+    trim_heap()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return _status_kb("VmRSS") / 1e6
+
+
+def peak_rss_since_mark() -> float:
+    """The peak RSS of this process since ``mark_rss``, GB."""
+    return _status_kb("VmHWM") / 1e6
 
 
 def trim_heap() -> None:

@@ -70,7 +70,8 @@ def local_rows(p) -> torch.Tensor:
     """This rank's rows of a sharded parameter (FSDP2 cuts every parameter along dimension 0)."""
     from torch.distributed.tensor import Shard
 
-    assert tuple(p.placements) == (Shard(0),), f"expected FSDP2's Shard(0), got {p.placements}"
+    if tuple(p.placements) != (Shard(0),):  # the sync's row layout depends on it: never send misplaced rows
+        raise RuntimeError(f"expected FSDP2's Shard(0) placement, got {p.placements}")
     return p.to_local()
 
 

@@ -76,11 +76,6 @@ class Reference(RoleActor):
         fsdp.reshard(self.model)  # FSDP2 keeps the root (embeddings, LM head) gathered after a forward: free it
         return out, Work(time.perf_counter() - start, len(pairs))
 
-    def shard_numel(self) -> tuple[int, int]:
-        """Parameters this actor holds, and the model's."""
-        return (sum(p.to_local().numel() for p in self.model.parameters()),
-                sum(p.numel() for p in self.model.parameters()))
-
     def shutdown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -1,0 +1,109 @@
+"""The package's import structure: no module imports one above its layer, and no import circle, counting the
+imports written inside functions (the ones that hid `models.resolve` -> `sft`: resolving a model name could run a
+whole SFT job). A new module goes into LAYERS; a failure names the import to move."""
+
+import ast
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+LAYERS = [  # bottom to top: a module imports modules of its own layer or below, never above
+    ("base", ["errors", "types", "faults", "perf", "config", "recipe_docs", "sync", "plot"]),
+    ("pure", ["algo", "data", "rewards", "models", "lora", "placement", "fit", "dumps", "metrics", "trackers",
+              "checkpoint", "rundir", "early_stop"]),  # no Ray actors started, no training
+    ("roles", ["roles"]),  # one Ray actor class per role
+    ("pools", ["pools", "engines"]),  # the actors started, placed and called
+    ("run", ["controller", "setup_run"]),  # one run's inputs and its step
+    ("job", ["launch", "sft", "evaluate"]),  # jobs made of runs (an sft:// warm start is trained here)
+    ("cli", ["cli", "__main__"]),
+]
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in (ROOT / "grpo_ray").rglob("*.py"):
+        parts = path.relative_to(ROOT / "grpo_ray").with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def layer_of(module: str) -> int:
+    for i, (_, names) in enumerate(LAYERS):
+        if module.split(".")[0] in names:
+            return i
+    raise AssertionError(f"grpo_ray.{module} is in no layer: add it to LAYERS in {__file__}")
+
+
+def imports(mods: dict[str, Path]) -> dict[str, set[str]]:
+    """Each module's imports of other grpo_ray modules, at any depth of its code."""
+    graph = {}
+    for mod, path in mods.items():
+        package = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(["grpo_ray", *package[: len(package) - node.level + 1], *([base] if base else [])])
+                names = [f"{base}.{a.name}" for a in node.names]
+            for name in names:
+                if name == "grpo_ray" or not name.startswith("grpo_ray."):
+                    continue
+                name = name.removeprefix("grpo_ray.")
+                while name and name not in mods:  # `from grpo_ray.x import function` names module x
+                    name = name.rpartition(".")[0]
+                if name and name != mod:
+                    found.add(name)
+        graph[mod] = found
+    return graph
+
+
+def test_no_module_imports_above_its_layer():
+    mods = modules()
+    upward = [f"grpo_ray.{m} ({LAYERS[layer_of(m)][0]}) imports grpo_ray.{d} ({LAYERS[layer_of(d)][0]})"
+              for m, deps in sorted(imports(mods).items()) if m for d in sorted(deps) if layer_of(d) > layer_of(m)]
+    assert not upward, "\n".join(upward)
+
+
+def test_no_import_circle():
+    graph = imports(modules())
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(m: str, path: list[str]) -> list[str]:
+        state[m] = 1
+        for d in sorted(graph[m]):
+            if state.get(d) == 1:
+                return [*path[path.index(d):], d] if d in path else [m, d]
+            if d not in state and (circle := visit(d, [*path, d])):
+                return circle
+        state[m] = 2
+        return []
+
+    for m in sorted(graph):
+        if m not in state and (circle := visit(m, [m])):
+            raise AssertionError("import circle: " + " -> ".join(f"grpo_ray.{x}" for x in circle))
+
+
+def test_the_checks_catch_what_they_are_for(tmp_path, monkeypatch):
+    """The walk sees an import inside a function, and the layers refuse it: the import that made the circle."""
+    fake = ROOT / "grpo_ray" / "models.py"
+    text = fake.read_text() + "\n\ndef _f():\n    from grpo_ray.sft import warm_start\n"
+    real_read = Path.read_text
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: text if self == fake else real_read(self, *a, **k))
+    graph = imports(modules())
+    assert "sft" in graph["models"]
+    try:
+        test_no_module_imports_above_its_layer()
+    except AssertionError as e:
+        assert "grpo_ray.models (pure) imports grpo_ray.sft (job)" in str(e)
+    else:
+        raise AssertionError("an upward import inside a function passed")
+    try:
+        test_no_import_circle()
+    except AssertionError as e:
+        assert "import circle:" in str(e) and "grpo_ray.sft" in str(e)
+    else:
+        raise AssertionError("the circle models -> sft -> ... -> models passed")
