@@ -49,11 +49,27 @@ def raw_vllm(spec: dict) -> dict:
     from grpo_ray.roles.vllm_ext import bound_cpu_gemm_caches
 
     bound_cpu_gemm_caches()
-    llm = LLM(model=spec["model"], kv_cache_memory_bytes=spec["kv_cache_memory_bytes"], dtype=spec["dtype"],
-              enforce_eager=spec["enforce_eager"], max_model_len=spec["max_model_len"], seed=0,
-              enable_chunked_prefill=False)  # as our CPU generators run it
-    params = [SamplingParams(n=spec["n"], max_tokens=spec["max_tokens"], temperature=spec["temperature"],
-                             top_p=spec["top_p"], top_k=spec["top_k"], logprobs=0, seed=seed) for seed in spec["seeds"]]
+    llm = LLM(
+        model=spec["model"],
+        kv_cache_memory_bytes=spec["kv_cache_memory_bytes"],
+        dtype=spec["dtype"],
+        enforce_eager=spec["enforce_eager"],
+        max_model_len=spec["max_model_len"],
+        seed=0,
+        enable_chunked_prefill=False,
+    )  # as our CPU generators run it
+    params = [
+        SamplingParams(
+            n=spec["n"],
+            max_tokens=spec["max_tokens"],
+            temperature=spec["temperature"],
+            top_p=spec["top_p"],
+            top_k=spec["top_k"],
+            logprobs=0,
+            seed=seed,
+        )
+        for seed in spec["seeds"]
+    ]
     prompts = [{"prompt_token_ids": ids} for ids in spec["prompts"]]
     llm.generate(prompts, params, use_tqdm=False)  # warm-up
     times, tokens = [], 0
@@ -75,7 +91,9 @@ def raw_reload(llm, spec: dict) -> float:
     from grpo_ray.roles.vllm_ext import reload_in_place
 
     dtype = llm.llm_engine.model_config.dtype
-    weights = {k: v.to(dtype) for f in sorted(Path(spec["model"]).glob("*.safetensors")) for k, v in load_file(f).items()}
+    weights = {
+        k: v.to(dtype) for f in sorted(Path(spec["model"]).glob("*.safetensors")) for k, v in load_file(f).items()
+    }
     load = lambda worker: reload_in_place(worker, iter(weights.items()))  # noqa: E731
     llm.collective_rpc(load)
     times = []
@@ -94,11 +112,22 @@ def raw_vllm_spec(r, model_path: str, prompts: list, reps: int) -> dict:
     from grpo_ray.models import model_dims
 
     g = r.generator
-    return {"model": model_path, "kv_cache_memory_bytes": cpu_kv_cache_bytes(model_dims(model_path), r),
-            "dtype": g.dtype, "enforce_eager": g.enforce_eager, "max_model_len": max_model_len(r),
-            "n": r.algorithm.group_size, "max_tokens": g.sampling.max_tokens, "temperature": g.sampling.temperature,
-            "top_p": g.sampling.top_p, "top_k": g.sampling.top_k, "prompts": [p.ids for p in prompts], "reps": reps,
-            "trim": True, "seeds": [sample_seed(r.trainer.seed, 0, p.uid) for p in prompts]}
+    return {
+        "model": model_path,
+        "kv_cache_memory_bytes": cpu_kv_cache_bytes(model_dims(model_path), r),
+        "dtype": g.dtype,
+        "enforce_eager": g.enforce_eager,
+        "max_model_len": max_model_len(r),
+        "n": r.algorithm.group_size,
+        "max_tokens": g.sampling.max_tokens,
+        "temperature": g.sampling.temperature,
+        "top_p": g.sampling.top_p,
+        "top_k": g.sampling.top_k,
+        "prompts": [p.ids for p in prompts],
+        "reps": reps,
+        "trim": True,
+        "seeds": [sample_seed(r.trainer.seed, 0, p.uid) for p in prompts],
+    }
 
 
 def _raw_fsdp_rank(rank: int, spec: dict, port: int, out: dict) -> None:
@@ -186,8 +215,13 @@ def run_child(kind: str, spec: dict, env: dict) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         spec_file = Path(tmp) / "spec.json"
         spec_file.write_text(json.dumps(spec))
-        res = subprocess.run([sys.executable, __file__, "--raw", kind, str(spec_file)], capture_output=True,
-                             text=True, env={**os.environ, **env}, timeout=3600)
+        res = subprocess.run(
+            [sys.executable, __file__, "--raw", kind, str(spec_file)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **env},
+            timeout=3600,
+        )
     lines = [l for l in res.stdout.splitlines() if l.startswith("RAW ")]
     if res.returncode or not lines:
         raise RuntimeError(f"raw {kind} failed:\n{res.stderr[-3000:]}")
@@ -206,7 +240,9 @@ def step_parser(steps: int, warmup: int, out: str) -> argparse.ArgumentParser:
     return ap
 
 
-def timed_steps(overrides: list[str], warmup: int, steps: int, recipe: str = "recipes/tiny-cpu.yaml") -> tuple[list[dict], float]:
+def timed_steps(
+    overrides: list[str], warmup: int, steps: int, recipe: str = "recipes/tiny-cpu.yaml"
+) -> tuple[list[dict], float]:
     """The controller's steps on `recipe` with `overrides` (no validation, no dumps): `warmup` steps, then
     `steps` timed ones; their metrics and wall seconds."""
     import ray
@@ -217,8 +253,17 @@ def timed_steps(overrides: list[str], warmup: int, steps: int, recipe: str = "re
     from grpo_ray.setup_run import setup_run
 
     out = tempfile.mkdtemp(prefix="grpo-bench-")
-    r = load_recipe(ROOT / recipe, [*overrides, f"trainer.output_dir={out}", "trainer.dump_freq=0",
-                                    "trainer.loggers=[jsonl]", "trainer.test_freq=0", "trainer.val_before_train=false"])
+    r = load_recipe(
+        ROOT / recipe,
+        [
+            *overrides,
+            f"trainer.output_dir={out}",
+            "trainer.dump_freq=0",
+            "trainer.loggers=[jsonl]",
+            "trainer.test_freq=0",
+            "trainer.val_before_train=false",
+        ],
+    )
     connect(r)
     c = Controller(r, setup_run(r))
     try:
@@ -233,8 +278,14 @@ def timed_steps(overrides: list[str], warmup: int, steps: int, recipe: str = "re
         ray.shutdown()
 
 
-RAW_PARTS = [("generation", "gen_s"), ("learner", "learn_s"), ("broadcast", "sync_s"), ("vLLM reload", "reload_s"),
-             ("reward", "reward_s"), ("reference", "ref_s")]
+RAW_PARTS = [
+    ("generation", "gen_s"),
+    ("learner", "learn_s"),
+    ("broadcast", "sync_s"),
+    ("vLLM reload", "reload_s"),
+    ("reward", "reward_s"),
+    ("reference", "ref_s"),
+]
 """A step's raw parts (``measure``'s raw_steps): name, key."""
 
 
@@ -254,9 +305,18 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
     # a learning rate too small to move an fp32 weight: every step does the same work, and the engines keep the
     # model the raw components load, so both sides generate the same responses (a tiny model trained at the
     # recipe's rate changes its response lengths, and with them the tokens/s, from step to step)
-    r = load_recipe(recipe_path, [*overrides, f"trainer.output_dir={out_dir}", "trainer.dump_freq=0",
-                                  "trainer.loggers=[jsonl]", "trainer.test_freq=0", "trainer.val_before_train=false",
-                                  "learner.optim.lr=1e-12"])
+    r = load_recipe(
+        recipe_path,
+        [
+            *overrides,
+            f"trainer.output_dir={out_dir}",
+            "trainer.dump_freq=0",
+            "trainer.loggers=[jsonl]",
+            "trainer.test_freq=0",
+            "trainer.val_before_train=false",
+            "learner.optim.lr=1e-12",
+        ],
+    )
     inputs = setup_run(r)
     connect(r)
     c = Controller(r, inputs)
@@ -299,12 +359,19 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
     typical = {k: statistics.median(m[k] for m in step_metrics) for k in step_metrics[0]}  # as the raw side's
     ours = {
         "step_s": typical["timing_s/step"],
-        "breakdown_s": {k.split("/")[1]: typical[k] for k in typical if k.startswith("timing_s/") and k != "timing_s/step"},
-        "gen_s": statistics.median(gen_s), "gen_tokens": gen_tokens,
-        "learn_s": statistics.median(learn_s), "learn_tokens": sum(seq_lens),
-        "sync_s": statistics.median(sync_s), "sync_bytes": nbytes,
-        "reward_s": typical["timing_s/reward"], "ref_s": typical["timing_s/ref"],
-        "score_mean": typical["critic/score/mean"], "mfu_actor_in_step": typical["perf/mfu/actor"],
+        "breakdown_s": {
+            k.split("/")[1]: typical[k] for k in typical if k.startswith("timing_s/") and k != "timing_s/step"
+        },
+        "gen_s": statistics.median(gen_s),
+        "gen_tokens": gen_tokens,
+        "learn_s": statistics.median(learn_s),
+        "learn_tokens": sum(seq_lens),
+        "sync_s": statistics.median(sync_s),
+        "sync_bytes": nbytes,
+        "reward_s": typical["timing_s/reward"],
+        "ref_s": typical["timing_s/ref"],
+        "score_mean": typical["critic/score/mean"],
+        "mfu_actor_in_step": typical["perf/mfu/actor"],
         "params": params,
     }
     ours["gen_tok_s"] = gen_tokens / ours["gen_s"]
@@ -313,8 +380,9 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
     ours["sync_GBps"] = nbytes / ours["sync_s"] / 1e9
     result.update(ours=ours, peak_tflops_per_device=peak)
     g = r.generator
-    raw_sync = run_child("broadcast", {"world": 1 + g.num_engines, "bytes": nbytes, "reps": max(reps, 5)},
-                         {"OMP_NUM_THREADS": "1"})
+    raw_sync = run_child(
+        "broadcast", {"world": 1 + g.num_engines, "bytes": nbytes, "reps": max(reps, 5)}, {"OMP_NUM_THREADS": "1"}
+    )
     result["raw_sync_GBps"] = nbytes / raw_sync["seconds"] / 1e9
     result["sync_ratio"] = ours["sync_GBps"] / result["raw_sync_GBps"]
     if not raw:
@@ -323,27 +391,57 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
     gen_env = engine_env("cpu", pool_threads["generator"])
     raw_gen = run_child("vllm", raw_vllm_spec(r, inputs.model_path, prompts, reps), gen_env)
     threads = pool_threads["learner"]
-    raw_learn = run_child("fsdp", {
-        "model": inputs.model_path, "world": world, "threads": threads, "micro": r.learner.micro_batch_size,
-        "pad": 0, "packing": r.model.sequence_packing, "shared": r.model.shared_prompt, "pairs": pairs, "advantages": advantages, "reps": reps}, {"OMP_NUM_THREADS": str(threads)})
+    raw_learn = run_child(
+        "fsdp",
+        {
+            "model": inputs.model_path,
+            "world": world,
+            "threads": threads,
+            "micro": r.learner.micro_batch_size,
+            "pad": 0,
+            "packing": r.model.sequence_packing,
+            "shared": r.model.shared_prompt,
+            "pairs": pairs,
+            "advantages": advantages,
+            "reps": reps,
+        },
+        {"OMP_NUM_THREADS": str(threads)},
+    )
     rawd = {
-        "gen_s": raw_gen["seconds"], "gen_tok_s": raw_gen["tokens"] / raw_gen["seconds"],
-        "learn_s": raw_learn["seconds"], "learn_tok_s": sum(seq_lens) / raw_learn["seconds"],
+        "gen_s": raw_gen["seconds"],
+        "gen_tok_s": raw_gen["tokens"] / raw_gen["seconds"],
+        "learn_s": raw_learn["seconds"],
+        "learn_tok_s": sum(seq_lens) / raw_learn["seconds"],
         "learn_mfu": perf.mfu(flops, raw_learn["seconds"], peak, world),
-        "sync_s": raw_sync["seconds"], "sync_GBps": result["raw_sync_GBps"], "reload_s": raw_gen["reload_seconds"],
+        "sync_s": raw_sync["seconds"],
+        "sync_GBps": result["raw_sync_GBps"],
+        "reload_s": raw_gen["reload_seconds"],
     }
     # each timed step's own work at the raw components' speeds: its batch, not the one the raw side ran (a tiny
     # model's response lengths vary from step to step), generated and trained at their tokens/s
     raw_steps = []
     for m in step_metrics:
         gen_tokens, learn_tokens = m["response_length/mean"] * r.data.train_batch_size * G, m["perf/total_num_tokens"]
-        raw_steps.append({"step_s": m["timing_s/step"], "gen_tokens": gen_tokens, "learn_tokens": learn_tokens,
-                          "gen_s": gen_tokens / rawd["gen_tok_s"], "learn_s": learn_tokens / rawd["learn_tok_s"],
-                          "sync_s": rawd["sync_s"], "reload_s": rawd["reload_s"], "reward_s": m["timing_s/reward"],
-                          "ref_s": m["timing_s/ref"]})
+        raw_steps.append(
+            {
+                "step_s": m["timing_s/step"],
+                "gen_tokens": gen_tokens,
+                "learn_tokens": learn_tokens,
+                "gen_s": gen_tokens / rawd["gen_tok_s"],
+                "learn_s": learn_tokens / rawd["learn_tok_s"],
+                "sync_s": rawd["sync_s"],
+                "reload_s": rawd["reload_s"],
+                "reward_s": m["timing_s/reward"],
+                "ref_s": m["timing_s/ref"],
+            }
+        )
     overheads = [s["step_s"] - sum(s[k] for _, k in RAW_PARTS) for s in raw_steps]
-    result.update(raw=rawd, raw_steps=raw_steps, overhead_s=statistics.median(overheads),
-                  overhead_share=statistics.median(o / s["step_s"] for o, s in zip(overheads, raw_steps)))
+    result.update(
+        raw=rawd,
+        raw_steps=raw_steps,
+        overhead_s=statistics.median(overheads),
+        overhead_share=statistics.median(o / s["step_s"] for o, s in zip(overheads, raw_steps)),
+    )
     return result
 
 
@@ -357,9 +455,16 @@ def machine() -> dict:
 
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     mem = next((int(l.split()[1]) / 1e6 for l in open("/proc/meminfo") if l.startswith("MemTotal")), 0)
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gb": round(mem, 1), "python": platform.python_version(),
-            "torch": torch.__version__, "vllm": vllm.__version__, "ray": ray.__version__,
-            "date": time.strftime("%Y-%m-%d")}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gb": round(mem, 1),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "vllm": vllm.__version__,
+        "ray": ray.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+    }
 
 
 def write_report(out: str | Path, name: str, report: dict, text: str) -> None:
@@ -409,9 +514,11 @@ def markdown(report: dict) -> str:
     for s in report["sweep"]:
         o = s["ours"]
         b = o["breakdown_s"]
-        lines.append(f"| {s['name']} | {o['params'] / 1e6:.2f}M | {o['step_s']:.2f} | {b['gen']:.2f} | "
-                     f"{b['update_actor']:.2f} | {b['sync_weights']:.3f} | {o['learn_mfu']:.3f} | {o['learn_tokens']} "
-                     f"| {o['sync_GBps']:.3f} | {s['raw_sync_GBps']:.3f} | {s['sync_ratio']:.2f} |")
+        lines.append(
+            f"| {s['name']} | {o['params'] / 1e6:.2f}M | {o['step_s']:.2f} | {b['gen']:.2f} | "
+            f"{b['update_actor']:.2f} | {b['sync_weights']:.3f} | {o['learn_mfu']:.3f} | {o['learn_tokens']} "
+            f"| {o['sync_GBps']:.3f} | {s['raw_sync_GBps']:.3f} | {s['sync_ratio']:.2f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -439,10 +546,12 @@ def plots(report: dict, out: Path) -> None:
     plt.close(fig)
 
 
-SIZES = [("tiny 128x2", "layers=2&hidden=128&heads=4&kv_heads=2&intermediate=256"),
-         ("256x4", "layers=4&hidden=256&heads=8&kv_heads=4&intermediate=512"),
-         ("512x6", "layers=6&hidden=512&heads=8&kv_heads=4&intermediate=1024"),
-         ("768x8", "layers=8&hidden=768&heads=12&kv_heads=4&intermediate=2048")]
+SIZES = [
+    ("tiny 128x2", "layers=2&hidden=128&heads=4&kv_heads=2&intermediate=256"),
+    ("256x4", "layers=4&hidden=256&heads=8&kv_heads=4&intermediate=512"),
+    ("512x6", "layers=6&hidden=512&heads=8&kv_heads=4&intermediate=1024"),
+    ("768x8", "layers=8&hidden=768&heads=12&kv_heads=4&intermediate=2048"),
+]
 WORK = [(4, 1), (16, 1), (4, 32), (16, 32)]  # (group size, max response tokens)
 
 
@@ -458,21 +567,52 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    report = {"recipe": args.recipe, "overrides": args.set, "machine": machine(), "steps": args.steps,
-              "warmup": args.warmup}
+    report = {
+        "recipe": args.recipe,
+        "overrides": args.set,
+        "machine": machine(),
+        "steps": args.steps,
+        "warmup": args.warmup,
+    }
     report["main"] = measure(args.recipe, args.set, args.steps, args.reps, raw=True, warmup=args.warmup)
     report["sweep"] = []
     if not args.no_sweep:
-        small = ["data.train_batch_size=8", "learner.mini_batch_size=32", "learner.micro_batch_size=8",
-                 "reference.micro_batch_size=32"]
+        small = [
+            "data.train_batch_size=8",
+            "learner.mini_batch_size=32",
+            "learner.micro_batch_size=8",
+            "reference.micro_batch_size=32",
+        ]
         for name, shape in SIZES:
             path = f"model.path=tiny://qwen2?{shape}&vocab=384&seed=0"
-            res = measure(args.recipe, [path, *small, "algorithm.group_size=4", "generator.sampling.max_tokens=16",
-                                        "data.response_prefix=''", "data.max_prompt_length=128"], 2, 1, raw=False)
+            res = measure(
+                args.recipe,
+                [
+                    path,
+                    *small,
+                    "algorithm.group_size=4",
+                    "generator.sampling.max_tokens=16",
+                    "data.response_prefix=''",
+                    "data.max_prompt_length=128",
+                ],
+                2,
+                1,
+                raw=False,
+            )
             report["sweep"].append({"kind": "size", "name": name, **res})
         for group, tokens in WORK:
-            res = measure(args.recipe, [*small, f"algorithm.group_size={group}", f"generator.sampling.max_tokens={tokens}",
-                                        f"learner.mini_batch_size={8 * group}"], 2, 1, raw=False)
+            res = measure(
+                args.recipe,
+                [
+                    *small,
+                    f"algorithm.group_size={group}",
+                    f"generator.sampling.max_tokens={tokens}",
+                    f"learner.mini_batch_size={8 * group}",
+                ],
+                2,
+                1,
+                raw=False,
+            )
             report["sweep"].append({"kind": "work", "name": f"group {group} x {tokens} tokens", **res})
     (out / "results.json").write_text(json.dumps(report, indent=1))
     (out / "results.md").write_text(markdown(report))

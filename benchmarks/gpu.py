@@ -48,10 +48,20 @@ def build_model(name: str, path: Path, device: str):
 
     d = ModelDims(2, 128, 4, 2, 32, 256, 512, True, 4096) if name == TINY else KNOWN_DIMS[name]
     kind = LlamaConfig if "llama" in name.lower() else Qwen2Config
-    cfg = kind(vocab_size=d.vocab, hidden_size=d.hidden, intermediate_size=d.intermediate,
-               num_hidden_layers=d.layers, num_attention_heads=d.heads, num_key_value_heads=d.kv_heads,
-               head_dim=d.head_dim, max_position_embeddings=d.max_positions, tie_word_embeddings=d.tied,
-               pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    cfg = kind(
+        vocab_size=d.vocab,
+        hidden_size=d.hidden,
+        intermediate_size=d.intermediate,
+        num_hidden_layers=d.layers,
+        num_attention_heads=d.heads,
+        num_key_value_heads=d.kv_heads,
+        head_dim=d.head_dim,
+        max_position_embeddings=d.max_positions,
+        tie_word_embeddings=d.tied,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
@@ -68,11 +78,23 @@ def recipe_for(model_path: Path, args, micro: int, gpu: str):
     yaml.write_text("model: {path: x}\ndata: {train_files: ['synthetic://select']}\n")
     cuda = ["cluster.device=cuda", "cluster.devices_per_node=1", f"cluster.gpu={gpu}"] if args.device == "cuda" else []
     samples = micro * args.micro_batches
-    return load_recipe(yaml, [
-        f"model.path={model_path}", f"data.max_prompt_length={prompt}", f"generator.sampling.max_tokens={args.seq - prompt}",
-        f"data.train_batch_size={samples // 2}", "algorithm.group_size=2", f"learner.mini_batch_size={samples}",
-        f"learner.micro_batch_size={micro}", "learner.world_size=1", "learner.dtype=bfloat16", "algorithm.kl_coef=0.001",
-        "learner.optim.lr=1e-6", *cuda])
+    return load_recipe(
+        yaml,
+        [
+            f"model.path={model_path}",
+            f"data.max_prompt_length={prompt}",
+            f"generator.sampling.max_tokens={args.seq - prompt}",
+            f"data.train_batch_size={samples // 2}",
+            "algorithm.group_size=2",
+            f"learner.mini_batch_size={samples}",
+            f"learner.micro_batch_size={micro}",
+            "learner.world_size=1",
+            "learner.dtype=bfloat16",
+            "algorithm.kl_coef=0.001",
+            "learner.optim.lr=1e-6",
+            *cuda,
+        ],
+    )
 
 
 def batch(vocab: int, samples: int, seq: int, seed: int):
@@ -83,9 +105,17 @@ def batch(vocab: int, samples: int, seq: int, seed: int):
     rng = random.Random(seed)
     prompt, response = seq // 4, seq - seq // 4
     prompts = [Prompt([rng.randrange(3, vocab) for _ in range(prompt)], "1", "bench") for _ in range(samples // 2)]
-    completions = [Completion(i, [rng.randrange(3, vocab) for _ in range(response)], "",
-                              [-rng.uniform(10, 13) for _ in range(response)], "length")
-                   for i in range(len(prompts)) for _ in range(2)]
+    completions = [
+        Completion(
+            i,
+            [rng.randrange(3, vocab) for _ in range(response)],
+            "",
+            [-rng.uniform(10, 13) for _ in range(response)],
+            "length",
+        )
+        for i in range(len(prompts))
+        for _ in range(2)
+    ]
     refs = [torch.tensor(c.sampler_logprobs) + 0.01 for c in completions]
     advantages = [rng.choice([-1.0, 1.0]) for _ in completions]
     return [Rollout(prompts, completions, 0)], refs, advantages
@@ -118,27 +148,41 @@ def step_row(learner, dims, args, micro: int, peak_tflops: float | None) -> dict
     except torch.OutOfMemoryError:
         learner.optimizer.zero_grad(set_to_none=True)
         torch.cuda.empty_cache()
-        return {"micro_batch": micro, "out_of_memory": True, "plan_gb": round(planned, 3),
-                "plan_total_gb": round(plan.total, 3)}
+        return {
+            "micro_batch": micro,
+            "out_of_memory": True,
+            "plan_gb": round(planned, 3),
+            "plan_total_gb": round(plan.total, 3),
+        }
     if args.profile:
         profile(learner, dims, args, micro, samples)
     median = statistics.median(seconds)
     seq_lens = [args.seq] * samples
     flops = perf.step_flops(dims, seq_lens, 1, old_logprob_pass=False)
-    return {"micro_batch": micro, "samples": samples, "tokens": sum(seq_lens), "seconds": seconds,
-            "median_s": round(median, 4), "tokens_per_s": round(sum(seq_lens) / median, 1),
-            "tflops": round(flops / median / 1e12, 2),
-            "mfu": round(perf.mfu(flops, median, peak_tflops, 1), 4) if peak_tflops else None,
-            "grad_norm": metrics["actor/grad_norm"], "pg_loss": metrics["actor/pg_loss"],
-            "peak_allocated_gb": round(peak_alloc, 3), "peak_reserved_gb": round(peak_reserved, 3),
-            "plan_gb": round(planned, 3), "plan_total_gb": round(plan.total, 3),
-            "plan_over_measured": round(planned / peak_alloc, 3) if peak_alloc else None,
-            "plan_parts_gb": {k: round(v, 3) for k, v in plan.parts.items()}}
+    return {
+        "micro_batch": micro,
+        "samples": samples,
+        "tokens": sum(seq_lens),
+        "seconds": seconds,
+        "median_s": round(median, 4),
+        "tokens_per_s": round(sum(seq_lens) / median, 1),
+        "tflops": round(flops / median / 1e12, 2),
+        "mfu": round(perf.mfu(flops, median, peak_tflops, 1), 4) if peak_tflops else None,
+        "grad_norm": metrics["actor/grad_norm"],
+        "pg_loss": metrics["actor/pg_loss"],
+        "peak_allocated_gb": round(peak_alloc, 3),
+        "peak_reserved_gb": round(peak_reserved, 3),
+        "plan_gb": round(planned, 3),
+        "plan_total_gb": round(plan.total, 3),
+        "plan_over_measured": round(planned / peak_alloc, 3) if peak_alloc else None,
+        "plan_parts_gb": {k: round(v, 3) for k, v in plan.parts.items()},
+    }
 
 
 def profile(learner, dims, args, micro: int, samples: int) -> None:
     """One more update under torch's profiler: the ops by self CPU time and by device time, to --out."""
-    from torch.profiler import ProfilerActivity, profile as torch_profile
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
 
     rollouts, refs, adv = batch(dims.vocab, samples, args.seq, seed=99)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
@@ -177,12 +221,20 @@ def drift(model_path: Path, dims, args) -> dict:
     mask = seqs.response_mask.bool()
     d = (out[torch.bfloat16] - out[torch.float32])[mask]  # bf16 - fp32, per response token
     per_seq = ((out[torch.bfloat16] - out[torch.float32]) * mask).sum(dim=1)
-    k3 = (torch.exp(-d) + d - 1)  # KL(bf16 || fp32) on the bf16 side's tokens, k3
-    return {"tokens": int(mask.sum()), "mean_abs": d.abs().mean().item(), "p99_abs": d.abs().quantile(0.99).item(),
-            "max_abs": d.abs().max().item(), "mean": d.mean().item(), "k3_kl": k3.mean().item(),
-            "seq_log_ratio_mean_abs": per_seq.abs().mean().item(), "seq_log_ratio_max_abs": per_seq.abs().max().item(),
-            "mean_logprob_fp32": out[torch.float32][mask].mean().item(), "packed_vs_padded_max_abs": packed_gap,
-            "attention": model_attention(args.device)}
+    k3 = torch.exp(-d) + d - 1  # KL(bf16 || fp32) on the bf16 side's tokens, k3
+    return {
+        "tokens": int(mask.sum()),
+        "mean_abs": d.abs().mean().item(),
+        "p99_abs": d.abs().quantile(0.99).item(),
+        "max_abs": d.abs().max().item(),
+        "mean": d.mean().item(),
+        "k3_kl": k3.mean().item(),
+        "seq_log_ratio_mean_abs": per_seq.abs().mean().item(),
+        "seq_log_ratio_max_abs": per_seq.abs().max().item(),
+        "mean_logprob_fp32": out[torch.float32][mask].mean().item(),
+        "packed_vs_padded_max_abs": packed_gap,
+        "attention": model_attention(args.device),
+    }
 
 
 def model_attention(device: str) -> str:
@@ -233,10 +285,19 @@ def main() -> None:
         return
     dr = drift(model_path, dims, args)
     print(json.dumps({"drift": dr}), flush=True)
-    result = {"date": str(date.today()), "device": facts["device_name"], "peak_tflops": facts["peak_tflops"],
-              "torch": torch.__version__, "python": platform.python_version(), "model_shape": name,
-              "parameters": dims.params, "seq": args.seq, "rows": rows, "drift": dr,
-              "command": "python benchmarks/gpu.py " + " ".join(a for a in sys.argv[1:] if a not in (args.out, "--out"))}
+    result = {
+        "date": str(date.today()),
+        "device": facts["device_name"],
+        "peak_tflops": facts["peak_tflops"],
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "model_shape": name,
+        "parameters": dims.params,
+        "seq": args.seq,
+        "rows": rows,
+        "drift": dr,
+        "command": "python benchmarks/gpu.py " + " ".join(a for a in sys.argv[1:] if a not in (args.out, "--out")),
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu.json").write_text(json.dumps(result, indent=1))
@@ -245,27 +306,39 @@ def main() -> None:
 
 
 def report(r: dict) -> str:
-    lines = [f"# Learner step on {r['device']} ({r['date']})", "",
-             f"`{r['command']}`: {r['model_shape']} shape ({r['parameters'] / 1e9:.3g}B parameters, random init), "
-             f"sequences of {r['seq']} tokens, FSDP2 on one rank, bf16 compute, fp32 master weights and AdamW, "
-             f"torch {r['torch']}. Peak {r['peak_tflops']} TFLOPS dense bf16.", "",
-             "| micro batch | tokens / step | step (s, median) | tokens/s | TFLOP/s | MFU | peak allocated (GB) | "
-             "plan without runtime (GB) | plan / measured |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"# Learner step on {r['device']} ({r['date']})",
+        "",
+        f"`{r['command']}`: {r['model_shape']} shape ({r['parameters'] / 1e9:.3g}B parameters, random init), "
+        f"sequences of {r['seq']} tokens, FSDP2 on one rank, bf16 compute, fp32 master weights and AdamW, "
+        f"torch {r['torch']}. Peak {r['peak_tflops']} TFLOPS dense bf16.",
+        "",
+        "| micro batch | tokens / step | step (s, median) | tokens/s | TFLOP/s | MFU | peak allocated (GB) | "
+        "plan without runtime (GB) | plan / measured |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for row in r["rows"]:
         if row.get("out_of_memory"):
             lines.append(f"| {row['micro_batch']} | out of memory | | | | | | {row['plan_gb']:.2f} | |")
             continue
         mfu = f"{row['mfu']:.3f}" if row["mfu"] is not None else "unknown"
-        lines.append(f"| {row['micro_batch']} | {row['tokens']} | {row['median_s']:.3f} | {row['tokens_per_s']:.0f} | "
-                     f"{row['tflops']:.1f} | {mfu} | {row['peak_allocated_gb']:.2f} | {row['plan_gb']:.2f} | "
-                     f"{row['plan_over_measured']} |")
+        lines.append(
+            f"| {row['micro_batch']} | {row['tokens']} | {row['median_s']:.3f} | {row['tokens_per_s']:.0f} | "
+            f"{row['tflops']:.1f} | {mfu} | {row['peak_allocated_gb']:.2f} | {row['plan_gb']:.2f} | "
+            f"{row['plan_over_measured']} |"
+        )
     d = r["drift"]
-    lines += ["", f"Mixed-precision drift, bf16 against fp32 weights, {d['tokens']} response tokens: mean |d logp| "
-              f"{d['mean_abs']:.3g}, p99 {d['p99_abs']:.3g}, max {d['max_abs']:.3g}; k3 KL {d['k3_kl']:.3g}; "
-              f"per sequence |sum d| mean {d['seq_log_ratio_mean_abs']:.3g}, max {d['seq_log_ratio_max_abs']:.3g} "
-              f"(mean fp32 logprob {d['mean_logprob_fp32']:.2f}: random weights, near uniform).", "",
-              f"Packed rows on this device's attention ({d['attention']}, fp32, two sequences a row) against padded: "
-              f"max |d logp| {d['packed_vs_padded_max_abs']:.3g}.", ""]
+    lines += [
+        "",
+        f"Mixed-precision drift, bf16 against fp32 weights, {d['tokens']} response tokens: mean |d logp| "
+        f"{d['mean_abs']:.3g}, p99 {d['p99_abs']:.3g}, max {d['max_abs']:.3g}; k3 KL {d['k3_kl']:.3g}; "
+        f"per sequence |sum d| mean {d['seq_log_ratio_mean_abs']:.3g}, max {d['seq_log_ratio_max_abs']:.3g} "
+        f"(mean fp32 logprob {d['mean_logprob_fp32']:.2f}: random weights, near uniform).",
+        "",
+        f"Packed rows on this device's attention ({d['attention']}, fp32, two sequences a row) against padded: "
+        f"max |d logp| {d['packed_vs_padded_max_abs']:.3g}.",
+        "",
+    ]
     return "\n".join(lines)
 
 

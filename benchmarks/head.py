@@ -29,8 +29,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-QWEN25_05B = dict(hidden_size=896, intermediate_size=4864, num_attention_heads=14, num_key_value_heads=2,
-                  vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=4096)
+QWEN25_05B = dict(
+    hidden_size=896,
+    intermediate_size=4864,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    vocab_size=151936,
+    tie_word_embeddings=True,
+    max_position_embeddings=4096,
+)
 
 
 def _rss_gb() -> float:
@@ -68,8 +75,13 @@ def _variant(name: str, spec: dict, out) -> None:
         step()
         times.append(time.perf_counter() - start)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
-    out.put({"seconds": statistics.median(times), "peak_above_model_gb": peak - before,
-             "params": sum(p.numel() for p in model.parameters())})
+    out.put(
+        {
+            "seconds": statistics.median(times),
+            "peak_above_model_gb": peak - before,
+            "params": sum(p.numel() for p in model.parameters()),
+        }
+    )
 
 
 def run(name: str, spec: dict) -> dict:
@@ -109,8 +121,10 @@ def main() -> None:
         "",
         "| head on | step (s) | tokens/s | peak memory above the model (GB) |",
         "| --- | --- | --- | --- |",
-        *(f"| {name} | {r['seconds']:.2f} | {tokens / r['seconds']:.0f} | {r['peak_above_model_gb']:.2f} |"
-          for name, r in results.items()),
+        *(
+            f"| {name} | {r['seconds']:.2f} | {tokens / r['seconds']:.0f} | {r['peak_above_model_gb']:.2f} |"
+            for name, r in results.items()
+        ),
         "",
         f"Responses only: {every['seconds'] / only['seconds']:.2f}x the step speed, "
         f"{every['peak_above_model_gb'] - only['peak_above_model_gb']:.2f} GB less peak memory.",

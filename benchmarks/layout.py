@@ -90,14 +90,17 @@ def main() -> None:
     pairs = []
     for _ in range(args.prompts):
         prompt = [rng.randrange(3, vocab) for _ in range(args.prompt_len)]
-        pairs += [(prompt, [rng.randrange(3, vocab) for _ in range(rng.randint(*args.response))])
-                  for _ in range(args.group)]
+        pairs += [
+            (prompt, [rng.randrange(3, vocab) for _ in range(rng.randint(*args.response))]) for _ in range(args.group)
+        ]
     tokens = sum(len(p) + len(r) for p, r in pairs)
     results = {}
     for dtype in args.dtypes:
         model = load_causal_lm(path, getattr(torch, dtype))
-        results[dtype] = {name: measure(model, pairs, args.micro, packing, shared, args.reps)
-                          for name, (packing, shared) in LAYOUTS.items()}
+        results[dtype] = {
+            name: measure(model, pairs, args.micro, packing, shared, args.reps)
+            for name, (packing, shared) in LAYOUTS.items()
+        }
     report = {"machine": machine(), "args": vars(args), "tokens": tokens, "results": results}
     m = report["machine"]
     lines = [
@@ -115,9 +118,12 @@ def main() -> None:
     ]
     for dtype, by_layout in results.items():
         packed = by_layout["packed"]
-        lines += [f"| {dtype} | {name} | {r['micro_batches']} | {r['slots']} | {r['update_s']:.2f} | "
-                  f"{r['reference_s']:.2f} | {packed['update_s'] / r['update_s']:.2f}x | "
-                  f"{packed['reference_s'] / r['reference_s']:.2f}x |" for name, r in by_layout.items()]
+        lines += [
+            f"| {dtype} | {name} | {r['micro_batches']} | {r['slots']} | {r['update_s']:.2f} | "
+            f"{r['reference_s']:.2f} | {packed['update_s'] / r['update_s']:.2f}x | "
+            f"{packed['reference_s'] / r['reference_s']:.2f}x |"
+            for name, r in by_layout.items()
+        ]
     write_report(args.out, "layout", report, "\n".join(lines) + "\n")
 
 

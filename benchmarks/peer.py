@@ -37,18 +37,33 @@ from benchmarks.bench import machine, step_parser, timed_steps, write_report  # 
 
 MODEL = "tiny://qwen2?layers=6&hidden=512&heads=8&kv_heads=4&intermediate=1024&vocab=384&seed=0"
 PROMPTS, GROUP, MAX_TOKENS, KL = 8, 8, 128, 1e-3
-COMMON = [f"model.path={MODEL}", f"data.train_batch_size={PROMPTS}", f"algorithm.group_size={GROUP}",
-          "data.response_prefix=''", "data.max_prompt_length=64", f"generator.sampling.max_tokens={MAX_TOKENS}",
-          f"algorithm.kl_coef={KL}", "algorithm.kl_estimator=k3", "learner.mini_batch_size=64",
-          "learner.micro_batch_size=16", "reference.micro_batch_size=32",
-          "trainer.max_sync_logprob_diff=1e-2", "trainer.total_steps=1000", "learner.optim.lr=1e-6"]
+COMMON = [
+    f"model.path={MODEL}",
+    f"data.train_batch_size={PROMPTS}",
+    f"algorithm.group_size={GROUP}",
+    "data.response_prefix=''",
+    "data.max_prompt_length=64",
+    f"generator.sampling.max_tokens={MAX_TOKENS}",
+    f"algorithm.kl_coef={KL}",
+    "algorithm.kl_estimator=k3",
+    "learner.mini_batch_size=64",
+    "learner.micro_batch_size=16",
+    "reference.micro_batch_size=32",
+    "trainer.max_sync_logprob_diff=1e-2",
+    "trainer.total_steps=1000",
+    "learner.optim.lr=1e-6",
+]
 WORKLOADS = {
     "select": [],
     # GSM8K's training questions (../shared/data, prepared into a temporary folder at run time): with this
     # model's 384-token vocabulary a prompt is 259 tokens on average (GSM8K's share of a step's tokens, or more),
     # in 4 groups of 16, a recipe's shape; prompts over 320 tokens dropped on both sides
-    "gsm8k": ["data.train_batch_size=4", "algorithm.group_size=16", "data.max_prompt_length=320",
-              "reference.micro_batch_size=16"],
+    "gsm8k": [
+        "data.train_batch_size=4",
+        "algorithm.group_size=16",
+        "data.max_prompt_length=320",
+        "reference.micro_batch_size=16",
+    ],
 }
 """--workload: overrides of COMMON: the quick start's task (short prompts, the issue's benchmark) or GSM8K."""
 BF16 = ["generator.dtype=bfloat16", "learner.dtype=bfloat16"]
@@ -57,38 +72,54 @@ ONE_STEP_OFF = [*BF16, "algorithm.max_staleness=1"]
 # start's CPU shares: generator 0.5, learner 2 x 0.5, reference 0.25, reward 0.25
 OURS = {
     "grpo-ray fp32, threads = reserved CPUs, padded": (
-        ["cluster.cpu_threads=reserved", "model.sequence_packing=false"], None,
-        "each actor runs as many threads as its reserved CPUs, rounded up to 1; every sample padded to the longest"),
+        ["cluster.cpu_threads=reserved", "model.sequence_packing=false"],
+        None,
+        "each actor runs as many threads as its reserved CPUs, rounded up to 1; every sample padded to the longest",
+    ),
     "grpo-ray fp32, threads follow the schedule, padded": (
-        ["model.sequence_packing=false"], "grpo-ray fp32, threads = reserved CPUs, padded",
-        "on-policy the phases run one at a time: each takes the node's cores (generator 2, reference 2, learner "
-        "2 x 1)"),
+        ["model.sequence_packing=false"],
+        "grpo-ray fp32, threads = reserved CPUs, padded",
+        "on-policy the phases run one at a time: each takes the node's cores (generator 2, reference 2, learner 2 x 1)",
+    ),
     "grpo-ray fp32": (
-        [], "grpo-ray fp32, threads follow the schedule, padded",
+        [],
+        "grpo-ray fp32, threads follow the schedule, padded",
         "sequence packing (model.sequence_packing): several samples to a row in the learner's and the reference's "
-        "forwards"),
+        "forwards",
+    ),
     "grpo-ray bf16": (
-        BF16, "grpo-ray fp32",
-        "bf16 compute everywhere: vLLM's weights, the learner's FSDP2 mixed precision, the reference"),
+        BF16,
+        "grpo-ray fp32",
+        "bf16 compute everywhere: vLLM's weights, the learner's FSDP2 mixed precision, the reference",
+    ),
     "grpo-ray bf16, one step off": (
-        [*ONE_STEP_OFF, "algorithm.rollout_correction.rollout_is=token"], "grpo-ray bf16",
+        [*ONE_STEP_OFF, "algorithm.rollout_correction.rollout_is=token"],
+        "grpo-ray bf16",
         "generation of the next batch overlaps this step's reference and update; the old policy recomputed "
-        "(an extra forward), token-level IS"),
+        "(an extra forward), token-level IS",
+    ),
     "grpo-ray bf16, one step off, bypass": (
-        [*ONE_STEP_OFF, "algorithm.rollout_correction.bypass_mode=true"], "grpo-ray bf16",
-        "one step off with the sampler's logprobs as the old policy (no extra forward)"),
+        [*ONE_STEP_OFF, "algorithm.rollout_correction.bypass_mode=true"],
+        "grpo-ray bf16",
+        "one step off with the sampler's logprobs as the old policy (no extra forward)",
+    ),
     "grpo-ray fp32, shared prompts": (
-        ["model.shared_prompt=true"], "grpo-ray fp32",
+        ["model.shared_prompt=true"],
+        "grpo-ray fp32",
         "each prompt run once a group (model.shared_prompt), in the learner's and the reference's forwards, instead "
-        "of packing whole samples"),
+        "of packing whole samples",
+    ),
     "grpo-ray fp32, one step off, bypass, shared prompts": (
         ["algorithm.max_staleness=1", "algorithm.rollout_correction.bypass_mode=true", "model.shared_prompt=true"],
         "grpo-ray fp32, shared prompts",
         "fp32, generation of the next batch overlapping this step's reference and update, the sampler's logprobs as "
-        "the old policy (no extra forward)"),
+        "the old policy (no extra forward)",
+    ),
     "grpo-ray bf16, one step off, bypass, shared prompts": (
         [*ONE_STEP_OFF, "algorithm.rollout_correction.bypass_mode=true", "model.shared_prompt=true"],
-        "grpo-ray bf16, one step off, bypass", "each prompt run once a group (model.shared_prompt)"),
+        "grpo-ray bf16, one step off, bypass",
+        "each prompt run once a group (model.shared_prompt)",
+    ),
 }
 HEAP = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "1048576"}
 """The generator's environment before this lever: glibc's mmap threshold fixed at 64 KiB (now: glibc's default
@@ -99,13 +130,22 @@ PEERS = {"TRL fp32": {"bf16": False}, "TRL bf16": {"bf16": True}}
 def ours(name: str, common: list[str], overrides: list[str], warmup: int, steps: int) -> dict:
     rows, wall = timed_steps([*common, *overrides], warmup, steps)
     tokens = sum(m["perf/total_num_tokens"] for m in rows)
-    parts = {k.split("/", 1)[1]: statistics.fmean(m[k] for m in rows) for k in rows[0]
-             if k.startswith("timing_s/") and k != "timing_s/step"}
-    return {"name": name, "overrides": overrides, "step_s": wall / steps, "tokens_per_s": tokens / wall,
-            "response_length": statistics.fmean(m["response_length/mean"] for m in rows),
-            "prompt_length": statistics.fmean(m["prompt_length/mean"] for m in rows), "parts": parts,
-            "probe_diff": max(m["sync/logprob_diff"] for m in rows if "sync/logprob_diff" in m),
-            "mismatch_kl": statistics.fmean(m["rollout_corr/kl"] for m in rows)}
+    parts = {
+        k.split("/", 1)[1]: statistics.fmean(m[k] for m in rows)
+        for k in rows[0]
+        if k.startswith("timing_s/") and k != "timing_s/step"
+    }
+    return {
+        "name": name,
+        "overrides": overrides,
+        "step_s": wall / steps,
+        "tokens_per_s": tokens / wall,
+        "response_length": statistics.fmean(m["response_length/mean"] for m in rows),
+        "prompt_length": statistics.fmean(m["prompt_length/mean"] for m in rows),
+        "parts": parts,
+        "probe_diff": max(m["sync/logprob_diff"] for m in rows if "sync/logprob_diff" in m),
+        "mismatch_kl": statistics.fmean(m["rollout_corr/kl"] for m in rows),
+    }
 
 
 def heap_lever(common: list[str], reps: int) -> dict:
@@ -119,7 +159,7 @@ def heap_lever(common: list[str], reps: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         r = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", [*common, f"trainer.output_dir={tmp}/run"])
         inputs = setup_run(r)
-    prompts = [Prompt.from_row(uid, row) for uid, row in enumerate(inputs.train_rows[:r.data.train_batch_size])]
+    prompts = [Prompt.from_row(uid, row) for uid, row in enumerate(inputs.train_rows[: r.data.train_batch_size])]
     spec, env = raw_vllm_spec(r, inputs.model_path, prompts, reps), engine_env("cpu", os.cpu_count())
     before, after = run_child("vllm", {**spec, "trim": False}, {**env, **HEAP}), run_child("vllm", spec, env)
     return {"before_s": before["seconds"], "after_s": after["seconds"], "tokens": after["tokens"]}
@@ -133,14 +173,27 @@ def peer(name: str, common: list[str], settings: dict, warmup: int, steps: int) 
     with tempfile.TemporaryDirectory() as tmp:
         r = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", [*common, f"trainer.output_dir={tmp}/run"])
         inputs = setup_run(r)
-        spec = {"model": inputs.model_path, "prompts": [row["prompt_text"] for row in inputs.train_rows[:512]],
-                "prompts_per_step": r.data.train_batch_size, "group": r.algorithm.group_size,
-                "answers": [row["reward_model"]["ground_truth"] for row in inputs.train_rows[:512]],
-                "warmup": warmup, "steps": steps, "threads": os.cpu_count(), "out": f"{tmp}/trl", **settings}
+        spec = {
+            "model": inputs.model_path,
+            "prompts": [row["prompt_text"] for row in inputs.train_rows[:512]],
+            "prompts_per_step": r.data.train_batch_size,
+            "group": r.algorithm.group_size,
+            "answers": [row["reward_model"]["ground_truth"] for row in inputs.train_rows[:512]],
+            "warmup": warmup,
+            "steps": steps,
+            "threads": os.cpu_count(),
+            "out": f"{tmp}/trl",
+            **settings,
+        }
         (Path(tmp) / "spec.json").write_text(json.dumps(spec))
         env = {**os.environ, "PYTHONPATH": str(ROOT / ".peer"), "OMP_NUM_THREADS": str(os.cpu_count())}
-        res = subprocess.run([sys.executable, __file__, "--trl", f"{tmp}/spec.json"], capture_output=True, text=True,
-                             env=env, timeout=3600)
+        res = subprocess.run(
+            [sys.executable, __file__, "--trl", f"{tmp}/spec.json"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=3600,
+        )
     lines = [line for line in res.stdout.splitlines() if line.startswith("TRL ")]
     if res.returncode or not lines:
         raise SystemExit(f"{name}: exit {res.returncode}\n{res.stderr[-3000:]}")
@@ -180,20 +233,40 @@ def trl_child(spec: dict) -> dict:
     clock = Clock()
     n = spec["prompts_per_step"] * spec["group"]
     cfg = GRPOConfig(
-        output_dir=spec["out"], max_steps=spec["warmup"] + spec["steps"], per_device_train_batch_size=n,
-        gradient_accumulation_steps=1, num_generations=spec["group"], max_completion_length=MAX_TOKENS, temperature=1.0,
-        beta=KL, num_iterations=1, learning_rate=1e-6, use_cpu=True, bf16=spec["bf16"],
+        output_dir=spec["out"],
+        max_steps=spec["warmup"] + spec["steps"],
+        per_device_train_batch_size=n,
+        gradient_accumulation_steps=1,
+        num_generations=spec["group"],
+        max_completion_length=MAX_TOKENS,
+        temperature=1.0,
+        beta=KL,
+        num_iterations=1,
+        learning_rate=1e-6,
+        use_cpu=True,
+        bf16=spec["bf16"],
         gradient_checkpointing=False,  # its default (True) recomputes the forward: off, TRL's faster setting
-        logging_steps=1, report_to="none", save_strategy="no", seed=0, disable_tqdm=True, dataloader_num_workers=0)
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=data, processing_class=tok,
-                          callbacks=[clock])
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        seed=0,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=reward, args=cfg, train_dataset=data, processing_class=tok, callbacks=[clock]
+    )
     trainer.train()
     wall = clock.ends[-1] - clock.start
-    timed = [log for log in clock.logs if "completions/mean_length" in log][spec["warmup"]:]
+    timed = [log for log in clock.logs if "completions/mean_length" in log][spec["warmup"] :]
     completion = statistics.fmean(log["completions/mean_length"] for log in timed)
-    prompt_len = statistics.fmean(len(tok(p)["input_ids"]) for p in spec["prompts"][:spec["prompts_per_step"] * 4])
-    return {"step_s": wall / spec["steps"], "tokens_per_s": (prompt_len + completion) * n * spec["steps"] / wall,
-            "response_length": completion, "prompt_length": prompt_len}
+    prompt_len = statistics.fmean(len(tok(p)["input_ids"]) for p in spec["prompts"][: spec["prompts_per_step"] * 4])
+    return {
+        "step_s": wall / spec["steps"],
+        "tokens_per_s": (prompt_len + completion) * n * spec["steps"] / wall,
+        "response_length": completion,
+        "prompt_length": prompt_len,
+    }
 
 
 def markdown(report: dict) -> str:
@@ -214,28 +287,45 @@ def markdown(report: dict) -> str:
     ]
     for r in runs:
         parts = ", ".join(f"{k} {v:.2f}" for k, v in sorted(r.get("parts", {}).items()) if v >= 0.01)
-        lines.append(f"| {r['name']} | {r['step_s']:.2f} | {r['tokens_per_s']:.0f} | {r['tokens_per_s'] / base:.2f}x "
-                     f"| {r['prompt_length']:.0f} / {r['response_length']:.0f} | {parts} |")
+        lines.append(
+            f"| {r['name']} | {r['step_s']:.2f} | {r['tokens_per_s']:.0f} | {r['tokens_per_s'] / base:.2f}x "
+            f"| {r['prompt_length']:.0f} / {r['response_length']:.0f} | {parts} |"
+        )
     trl16 = next((r for r in runs if r["name"] == "TRL bf16"), None)
     if trl16:
-        best = max((r for r in runs if "bf16" in r["name"] and r["name"] != "TRL bf16"),
-                   key=lambda r: r["tokens_per_s"], default=None)
+        best = max(
+            (r for r in runs if "bf16" in r["name"] and r["name"] != "TRL bf16"),
+            key=lambda r: r["tokens_per_s"],
+            default=None,
+        )
         if best:
-            lines += ["", f"Against TRL's best CPU setting (bf16): {best['name']}, "
-                          f"{best['tokens_per_s'] / trl16['tokens_per_s']:.2f}x its tokens/s."]
+            lines += [
+                "",
+                f"Against TRL's best CPU setting (bf16): {best['name']}, "
+                f"{best['tokens_per_s'] / trl16['tokens_per_s']:.2f}x its tokens/s.",
+            ]
     by_name = {r["name"]: r for r in runs}
     levers = [(r["lever"], by_name[r["base"]]["step_s"], r["step_s"]) for r in runs if by_name.get(r.get("base"))]
     if levers or report.get("heap"):
-        lines += ["", "## What each lever gave", "",
-                  "Each grpo-ray configuration above is one lever on top of another: step seconds before and after, "
-                  "same run.", "", "| lever | before (s) | after (s) | change |", "| --- | --- | --- | --- |"]
+        lines += [
+            "",
+            "## What each lever gave",
+            "",
+            "Each grpo-ray configuration above is one lever on top of another: step seconds before and after, "
+            "same run.",
+            "",
+            "| lever | before (s) | after (s) | change |",
+            "| --- | --- | --- | --- |",
+        ]
         lines += [f"| {lever} | {a:.2f} | {b:.2f} | {(b - a) / a:+.0%} |" for lever, a, b in levers]
         if report.get("heap"):
             h = report["heap"]
-            lines.append(f"| generator heap: glibc's default mmap threshold and a trim once a generate call, instead of "
-                         f"a threshold fixed at 64 KiB (raw vLLM, one fp32 step's generation, {h['tokens']} tokens: "
-                         f"generation seconds) | {h['before_s']:.2f} | {h['after_s']:.2f} | "
-                         f"{(h['after_s'] - h['before_s']) / h['before_s']:+.0%} |")
+            lines.append(
+                f"| generator heap: glibc's default mmap threshold and a trim once a generate call, instead of "
+                f"a threshold fixed at 64 KiB (raw vLLM, one fp32 step's generation, {h['tokens']} tokens: "
+                f"generation seconds) | {h['before_s']:.2f} | {h['after_s']:.2f} | "
+                f"{(h['after_s'] - h['before_s']) / h['before_s']:+.0%} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -245,7 +335,6 @@ def main() -> None:
     ap.add_argument("--workload", choices=sorted(WORKLOADS), default="select")
     args = ap.parse_args()
     from grpo_ray import models
-
     from grpo_ray.config import load_recipe
 
     common = [*COMMON, *WORKLOADS[args.workload]]
@@ -259,14 +348,30 @@ def main() -> None:
 
     pick = lambda name: not args.only or name in args.only  # noqa: E731
     runs = [peer(n, common, s, args.warmup, args.steps) for n, s in PEERS.items() if pick(n)]
-    runs += [{**ours(n, common, o, args.warmup, args.steps), "base": base, "lever": lever}
-             for n, (o, base, lever) in OURS.items() if pick(n)]
+    runs += [
+        {**ours(n, common, o, args.warmup, args.steps), "base": base, "lever": lever}
+        for n, (o, base, lever) in OURS.items()
+        if pick(n)
+    ]
     heap = heap_lever(common, args.steps) if pick("heap") else None
-    trl = subprocess.run([sys.executable, "-c", "import trl; print(trl.__version__)"], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(ROOT / ".peer")}).stdout.strip()
-    report = {"machine": machine(), "steps": args.steps, "warmup": args.warmup, "trl": trl, "workload": args.workload,
-              "prompts_per_step": r.data.train_batch_size, "group": r.algorithm.group_size,
-              "params": models.model_dims(MODEL).params, "runs": runs, "heap": heap}
+    trl = subprocess.run(
+        [sys.executable, "-c", "import trl; print(trl.__version__)"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT / ".peer")},
+    ).stdout.strip()
+    report = {
+        "machine": machine(),
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "trl": trl,
+        "workload": args.workload,
+        "prompts_per_step": r.data.train_batch_size,
+        "group": r.algorithm.group_size,
+        "params": models.model_dims(MODEL).params,
+        "runs": runs,
+        "heap": heap,
+    }
     write_report(args.out, "peer", report, markdown(report))
 
 

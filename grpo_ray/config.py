@@ -38,7 +38,8 @@ class LoraConfig:
     alpha: float = 16.0
     """Scale of the adapters' update: alpha / rank times B A is added to each target weight."""
     target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
-    """Module names to adapt (``q_proj``, ``down_proj``, ...), or ``[all-linear]``: every linear layer but the LM head."""
+    """Module names to adapt (``q_proj``, ``down_proj``, ...), or ``[all-linear]``: every linear layer but the LM
+    head."""
     dropout: float = 0.0
     """Dropout on the adapters' input while training."""
     sync: str = "adapters"
@@ -466,7 +467,13 @@ CHOICES = {
     "generator.dtype": ("auto", "float32", "bfloat16", "float16"),
     "learner.dtype": ("bfloat16", "float32"),
     "algorithm.kl_estimator": ("k1", "k3"),
-    "algorithm.loss_agg": ("auto", "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
+    "algorithm.loss_agg": (
+        "auto",
+        "token-mean",
+        "seq-mean-token-sum",
+        "seq-mean-token-mean",
+        "seq-mean-token-sum-norm",
+    ),
     "algorithm.adv_estimator": ("grpo", "rloo", "reinforce_plus_plus_baseline"),
     "algorithm.loss_mode": ("vanilla", "gspo", "cispo"),
     "algorithm.rollout_correction.rollout_is": (None, "token"),
@@ -481,8 +488,17 @@ CHOICES = {
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 ENGINE_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The ranks vLLM's max_lora_rank takes: an engine serves adapters up to the next one."""
-GPU_MEMORY_GB = {"b200": 180.0, "h200": 141.0, "h100": 80.0, "a100-80gb": 80.0, "l40s": 48.0, "a100-40gb": 40.0,
-                 "l4": 24.0, "a10g": 24.0, "rtx4090": 24.0}
+GPU_MEMORY_GB = {
+    "b200": 180.0,
+    "h200": 141.0,
+    "h100": 80.0,
+    "a100-80gb": 80.0,
+    "l40s": 48.0,
+    "a100-40gb": 40.0,
+    "l4": 24.0,
+    "a10g": 24.0,
+    "rtx4090": 24.0,
+}
 """Memory of one GPU of each known model (as the datasheets give it)."""
 
 
@@ -510,7 +526,9 @@ class Range:
         if self.high is None:
             if self.low == 0:
                 return "must be positive" if self.low_open else "must be >= 0"
-            return f"must be {'>' if self.low_open else '>='} {self.low:g}" if self.low is not None else "must be finite"
+            return (
+                f"must be {'>' if self.low_open else '>='} {self.low:g}" if self.low is not None else "must be finite"
+            )
         left = "(" if self.low_open else "["
         right = ")" if self.high_open else "]"
         return f"must be in {left}{self.low:g}, {self.high:g}{right}"
@@ -519,60 +537,119 @@ class Range:
 POSITIVE, NON_NEGATIVE, FINITE = Range(0, low_open=True), Range(0), Range()
 SHARE = Range(0, 1, low_open=True, high_open=True)
 RANGES: dict[str, Range] = {
-    "model.lora.rank": NON_NEGATIVE, "model.lora.alpha": POSITIVE, "model.lora.dropout": Range(0, 1, high_open=True),
-    "data.train_batch_size": POSITIVE, "data.max_prompt_length": POSITIVE,
-    "generator.num_engines": POSITIVE, "generator.tensor_parallel_size": POSITIVE,
-    "generator.gpu_memory_utilization": SHARE, "generator.max_model_len": NON_NEGATIVE,
-    "generator.num_cpus": POSITIVE, "generator.val_temperature": NON_NEGATIVE, "generator.val_n": POSITIVE,
-    "generator.timeout_s": POSITIVE, "generator.max_restarts": NON_NEGATIVE,
-    "generator.sampling.temperature": Range(0, low_open=True, why="the learner divides logits by it; 0 (greedy) "
-                                            "samples a group of identical responses"),
-    "generator.sampling.top_p": Range(0, 1, low_open=True), "generator.sampling.top_k": Range(-1, why="-1 turns it off"),
+    "model.lora.rank": NON_NEGATIVE,
+    "model.lora.alpha": POSITIVE,
+    "model.lora.dropout": Range(0, 1, high_open=True),
+    "data.train_batch_size": POSITIVE,
+    "data.max_prompt_length": POSITIVE,
+    "generator.num_engines": POSITIVE,
+    "generator.tensor_parallel_size": POSITIVE,
+    "generator.gpu_memory_utilization": SHARE,
+    "generator.max_model_len": NON_NEGATIVE,
+    "generator.num_cpus": POSITIVE,
+    "generator.val_temperature": NON_NEGATIVE,
+    "generator.val_n": POSITIVE,
+    "generator.timeout_s": POSITIVE,
+    "generator.max_restarts": NON_NEGATIVE,
+    "generator.sampling.temperature": Range(
+        0, low_open=True, why="the learner divides logits by it; 0 (greedy) samples a group of identical responses"
+    ),
+    "generator.sampling.top_p": Range(0, 1, low_open=True),
+    "generator.sampling.top_k": Range(-1, why="-1 turns it off"),
     "generator.sampling.max_tokens": POSITIVE,
-    "learner.world_size": POSITIVE, "learner.mini_batch_size": POSITIVE, "learner.micro_batch_size": POSITIVE,
-    "learner.num_cpus": POSITIVE, "learner.optim.lr": POSITIVE, "learner.optim.betas": Range(0, 1, high_open=True),
-    "learner.optim.eps": POSITIVE, "learner.optim.weight_decay": NON_NEGATIVE,
-    "learner.optim.warmup_steps": NON_NEGATIVE, "learner.optim.grad_clip": NON_NEGATIVE,
-    "reference.num_actors": POSITIVE, "reference.micro_batch_size": POSITIVE, "reference.num_cpus": POSITIVE,
-    "reward.functions.weight": FINITE, "reward.num_actors": POSITIVE, "reward.timeout_s": POSITIVE,
-    "reward.memory_mb": Range(64, why="the child process needs room for Python"), "reward.num_cpus": POSITIVE,
-    "reward.max_error_share": Range(0, 1), "reward.max_error_steps": NON_NEGATIVE,
+    "learner.world_size": POSITIVE,
+    "learner.mini_batch_size": POSITIVE,
+    "learner.micro_batch_size": POSITIVE,
+    "learner.num_cpus": POSITIVE,
+    "learner.optim.lr": POSITIVE,
+    "learner.optim.betas": Range(0, 1, high_open=True),
+    "learner.optim.eps": POSITIVE,
+    "learner.optim.weight_decay": NON_NEGATIVE,
+    "learner.optim.warmup_steps": NON_NEGATIVE,
+    "learner.optim.grad_clip": NON_NEGATIVE,
+    "reference.num_actors": POSITIVE,
+    "reference.micro_batch_size": POSITIVE,
+    "reference.num_cpus": POSITIVE,
+    "reward.functions.weight": FINITE,
+    "reward.num_actors": POSITIVE,
+    "reward.timeout_s": POSITIVE,
+    "reward.memory_mb": Range(64, why="the child process needs room for Python"),
+    "reward.num_cpus": POSITIVE,
+    "reward.max_error_share": Range(0, 1),
+    "reward.max_error_steps": NON_NEGATIVE,
     "algorithm.group_size": Range(2, why="GRPO compares samples of one prompt"),
-    "algorithm.clip_ratio_low": Range(0, 1, high_open=True), "algorithm.clip_ratio_high": NON_NEGATIVE,
-    "algorithm.kl_coef": NON_NEGATIVE, "algorithm.ppo_epochs": POSITIVE, "algorithm.max_staleness": NON_NEGATIVE,
+    "algorithm.clip_ratio_low": Range(0, 1, high_open=True),
+    "algorithm.clip_ratio_high": NON_NEGATIVE,
+    "algorithm.kl_coef": NON_NEGATIVE,
+    "algorithm.ppo_epochs": POSITIVE,
+    "algorithm.max_staleness": NON_NEGATIVE,
     "algorithm.clip_ratio_c": Range(0, why="0 turns dual clip off; above 1 caps a negative advantage's term"),
-    "algorithm.entropy_coeff": NON_NEGATIVE, "algorithm.overlong_buffer.len": NON_NEGATIVE,
+    "algorithm.entropy_coeff": NON_NEGATIVE,
+    "algorithm.overlong_buffer.len": NON_NEGATIVE,
     "algorithm.filter_groups.max_num_gen_batches": POSITIVE,
     "algorithm.overlong_buffer.penalty_factor": NON_NEGATIVE,
-    "algorithm.rollout_correction.rollout_is_threshold": Range(1, low_open=True, why="a cap of the weights at 1 or "
-                                                               "below would down-weight every token"),
+    "algorithm.rollout_correction.rollout_is_threshold": Range(
+        1, low_open=True, why="a cap of the weights at 1 or below would down-weight every token"
+    ),
     "algorithm.rollout_correction.rollout_rs_threshold": Range(1, low_open=True),
-    "algorithm.rollout_correction.rollout_rs_threshold_lower": Range(0, 1, high_open=True, why="0 means 1 / the "
-                                                                     "upper threshold"),
-    "cluster.nodes": POSITIVE, "cluster.devices_per_node": NON_NEGATIVE, "cluster.device_memory_gb": NON_NEGATIVE,
-    "cluster.node_memory_gb": NON_NEGATIVE, "cluster.peak_tflops": NON_NEGATIVE,
-    "trainer.total_steps": NON_NEGATIVE, "trainer.total_epochs": NON_NEGATIVE, "trainer.save_freq": NON_NEGATIVE,
-    "trainer.keep_last": NON_NEGATIVE, "trainer.test_freq": NON_NEGATIVE, "trainer.dump_freq": NON_NEGATIVE,
+    "algorithm.rollout_correction.rollout_rs_threshold_lower": Range(
+        0, 1, high_open=True, why="0 means 1 / the upper threshold"
+    ),
+    "cluster.nodes": POSITIVE,
+    "cluster.devices_per_node": NON_NEGATIVE,
+    "cluster.device_memory_gb": NON_NEGATIVE,
+    "cluster.node_memory_gb": NON_NEGATIVE,
+    "cluster.peak_tflops": NON_NEGATIVE,
+    "trainer.total_steps": NON_NEGATIVE,
+    "trainer.total_epochs": NON_NEGATIVE,
+    "trainer.save_freq": NON_NEGATIVE,
+    "trainer.keep_last": NON_NEGATIVE,
+    "trainer.test_freq": NON_NEGATIVE,
+    "trainer.dump_freq": NON_NEGATIVE,
     "trainer.seed": NON_NEGATIVE,
-    "trainer.max_sync_logprob_diff": POSITIVE, "trainer.call_timeout_s": POSITIVE, "trainer.bucket_mb": POSITIVE,
-    "trainer.sync_timeout_s": POSITIVE, "trainer.max_skipped_steps": POSITIVE, "trainer.preemption_grace_s": NON_NEGATIVE,
-    "sft.max_target_length": POSITIVE, "trainer.early_stop.patience": POSITIVE,
+    "trainer.max_sync_logprob_diff": POSITIVE,
+    "trainer.call_timeout_s": POSITIVE,
+    "trainer.bucket_mb": POSITIVE,
+    "trainer.sync_timeout_s": POSITIVE,
+    "trainer.max_skipped_steps": POSITIVE,
+    "trainer.preemption_grace_s": NON_NEGATIVE,
+    "sft.max_target_length": POSITIVE,
+    "trainer.early_stop.patience": POSITIVE,
     "trainer.early_stop.min_delta": NON_NEGATIVE,
 }
 """Every numeric field of the recipe and its range, checked before anything starts (a test keeps this complete)."""
-FREE_TEXT = {"model.path", "model.chat_template", "data.response_prefix", "data.prompt_key", "data.answer_key",
-             "reward.functions.name", "trainer.resume", "trainer.output_dir",
-             "trainer.experiment_name", "trainer.project_name", "trainer.mlflow_tracking_uri", "trainer.early_stop.metric",
-             "cluster.gpu", "sft.target_key"}
+FREE_TEXT = {
+    "model.path",
+    "model.chat_template",
+    "data.response_prefix",
+    "data.prompt_key",
+    "data.answer_key",
+    "reward.functions.name",
+    "trainer.resume",
+    "trainer.output_dir",
+    "trainer.experiment_name",
+    "trainer.project_name",
+    "trainer.mlflow_tracking_uri",
+    "trainer.early_stop.metric",
+    "cluster.gpu",
+    "sft.target_key",
+}
 """String fields that are not a choice among CHOICES (paths, names, text; cluster.gpu is checked on its own)."""
 
 
-ZERO_IS_NEVER = {"trainer.save_freq", "trainer.test_freq", "trainer.dump_freq", "trainer.total_steps",
-                 "trainer.total_epochs", "generator.max_model_len", "learner.optim.grad_clip"}
+ZERO_IS_NEVER = {
+    "trainer.save_freq",
+    "trainer.test_freq",
+    "trainer.dump_freq",
+    "trainer.total_steps",
+    "trainer.total_epochs",
+    "generator.max_model_len",
+    "learner.optim.grad_clip",
+}
 """Keys where 0 turns the thing off, as -1 does in verl."""
 
 
-def range_problems(r: "Recipe") -> list[str]:
+def range_problems(r: Recipe) -> list[str]:
     """A message for every numeric field outside its range: 'key=value: must be ...'."""
     p = []
     for key, rng in RANGES.items():
@@ -590,6 +667,7 @@ def range_problems(r: "Recipe") -> list[str]:
 
 
 # --- loading -----------------------------------------------------------------------------
+
 
 def load_recipe(path: str | os.PathLike, overrides: list[str] = (), command: str = "train") -> Recipe:
     """Read, override, type-check and validate a recipe for `command` (train: GRPO, sft: one sample per row);
@@ -610,16 +688,18 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] = (), command: str
             problems += _reset(user, item[1:], origin=f"override {item!r}")
             continue
         if "=" not in item:
-            raise RecipeError(f"override {item!r}: expected key=value (or ~key for its default), e.g. "
-                              "trainer.total_steps=10")
+            raise RecipeError(
+                f"override {item!r}: expected key=value (or ~key for its default), e.g. trainer.total_steps=10"
+            )
         try:
             one = OmegaConf.from_dotlist([item.removeprefix("+")])  # Hydra's "+" for new keys is accepted
         except OmegaConfBaseException as e:
             raise RecipeError(f"override {item!r}: {e}") from None
         except Exception as e:  # yaml's errors: the value is not valid YAML (an unclosed list, a stray quote)
             why = getattr(e, "problem", None) or str(e).splitlines()[0]
-            raise RecipeError(f"override {item!r}: the value is not valid YAML ({why}); quote it, or close its "
-                              "brackets") from None
+            raise RecipeError(
+                f"override {item!r}: the value is not valid YAML ({why}); quote it, or close its brackets"
+            ) from None
         _take_aliases(one)
         found = check_keys(one, Recipe, origin=f"override {item!r}")
         problems += found
@@ -630,8 +710,11 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] = (), command: str
             else:
                 user = OmegaConf.merge(user, one)
     if problems:
-        raise RecipeError(problems[0] if len(problems) == 1 else f"{len(problems)} problems:\n" +
-                          "\n".join(f"  - {p}" for p in problems))
+        raise RecipeError(
+            problems[0]
+            if len(problems) == 1
+            else f"{len(problems)} problems:\n" + "\n".join(f"  - {p}" for p in problems)
+        )
     try:
         merged = OmegaConf.merge(OmegaConf.structured(Recipe), user)
         recipe = OmegaConf.to_object(merged)
@@ -801,8 +884,12 @@ def check_keys(node: Any, schema: type, origin: str, prefix: str = "") -> list[s
             some = ", ".join(f"{prefix}{key}.{k}" for k in list(_valid_keys(tp))[:3])
             problems.append(f"{origin}: {prefix + str(key)!r} is a section, not a value: set its keys ({some}, ...)")
             continue
-        if get_origin(tp) is list and not isinstance(child, ListConfig) and child._value() is not None \
-                and not isinstance(child, DictConfig):
+        if (
+            get_origin(tp) is list
+            and not isinstance(child, ListConfig)
+            and child._value() is not None
+            and not isinstance(child, DictConfig)
+        ):
             node[key] = [child._value()]  # one value where a list is expected: a list of it
             child = node._get_node(key)
         if is_dataclass(tp) and isinstance(child, DictConfig):
@@ -867,23 +954,36 @@ def validate(r: Recipe, command: str = "train") -> list[str]:
     if lo.rank and not lo.target_modules:
         p.append("model.lora.target_modules is empty: name modules (q_proj, v_proj, ...) or [all-linear]")
     if lo.rank > ENGINE_LORA_RANKS[-1] and lo.sync == "adapters":
-        p.append(f"model.lora.rank={lo.rank}: vLLM serves adapters up to rank {ENGINE_LORA_RANKS[-1]}; lower it, "
-                 "or set model.lora.sync=merged")
+        p.append(
+            f"model.lora.rank={lo.rank}: vLLM serves adapters up to rank {ENGINE_LORA_RANKS[-1]}; lower it, "
+            "or set model.lora.sync=merged"
+        )
     p += _cluster_problems(r)
     p += _schedule_problems(r)
     p += _generator_problems(r)
     if command == "train" and r.reward.functions and sum(f.weight for f in r.reward.functions if f.weight > 0) == 0:
-        p.append("reward.functions: no function has a positive weight, so no response can be told from another; "
-                 "give at least one a weight above 0")
+        p.append(
+            "reward.functions: no function has a positive weight, so no response can be told from another; "
+            "give at least one a weight above 0"
+        )
     return p
 
 
-ENGINE_KEYS = {"model": "model.path", "tensor_parallel_size": "generator.tensor_parallel_size",
-               "gpu_memory_utilization": "generator.gpu_memory_utilization", "dtype": "generator.dtype",
-               "enforce_eager": "generator.enforce_eager", "max_model_len": "generator.max_model_len",
-               "seed": "trainer.seed", "trust_remote_code": "model.trust_remote_code",
-               "worker_extension_cls": None, "logprobs_mode": None, "enable_lora": "model.lora",
-               "max_lora_rank": "model.lora", "max_loras": "model.lora"}
+ENGINE_KEYS = {
+    "model": "model.path",
+    "tensor_parallel_size": "generator.tensor_parallel_size",
+    "gpu_memory_utilization": "generator.gpu_memory_utilization",
+    "dtype": "generator.dtype",
+    "enforce_eager": "generator.enforce_eager",
+    "max_model_len": "generator.max_model_len",
+    "seed": "trainer.seed",
+    "trust_remote_code": "model.trust_remote_code",
+    "worker_extension_cls": None,
+    "logprobs_mode": None,
+    "enable_lora": "model.lora",
+    "max_lora_rank": "model.lora",
+    "max_loras": "model.lora",
+}
 """vllm.LLM arguments grpo-ray sets itself: the recipe key that sets each (None: needed as it is, for the weight
 sync or for logprobs the learner's match)."""
 
@@ -893,11 +993,19 @@ def _generator_problems(r: Recipe) -> list[str]:
     for key in g.vllm_kwargs:
         if key in ENGINE_KEYS:
             owner = ENGINE_KEYS[key]
-            p.append(f"generator.vllm_kwargs.{key}: set by grpo-ray " + (f"from {owner}; set that instead" if owner else
-                     "(the weight sync and the sampler's logprobs depend on it); remove it"))
+            p.append(
+                f"generator.vllm_kwargs.{key}: set by grpo-ray "
+                + (
+                    f"from {owner}; set that instead"
+                    if owner
+                    else "(the weight sync and the sampler's logprobs depend on it); remove it"
+                )
+            )
     if g.val_n > 1 and g.val_temperature == 0:
-        p.append(f"generator.val_n={g.val_n} with generator.val_temperature=0: every sample is the same greedy answer, "
-                 "so pass@n says nothing pass@1 does not; set val_temperature above 0 (e.g. 0.6) or val_n=1")
+        p.append(
+            f"generator.val_n={g.val_n} with generator.val_temperature=0: every sample is the same greedy answer, "
+            "so pass@n says nothing pass@1 does not; set val_temperature above 0 (e.g. 0.6) or val_n=1"
+        )
     return p
 
 
@@ -920,18 +1028,24 @@ def _tracker_problems(r: Recipe) -> list[str]:
 def _schedule_problems(r: Recipe) -> list[str]:
     a, p = r.algorithm, []
     if a.overlong_buffer.len > r.generator.sampling.max_tokens:
-        p.append(f"algorithm.overlong_buffer.len ({a.overlong_buffer.len}) is longer than the responses can be "
-                 f"(generator.sampling.max_tokens={r.generator.sampling.max_tokens})")
+        p.append(
+            f"algorithm.overlong_buffer.len ({a.overlong_buffer.len}) is longer than the responses can be "
+            f"(generator.sampling.max_tokens={r.generator.sampling.max_tokens})"
+        )
     if 0 < a.clip_ratio_c <= 1:
         p.append(f"algorithm.clip_ratio_c={a.clip_ratio_c:g}: dual clip needs a value above 1 (or 0 for none)")
     rc = a.rollout_correction
     if rc.bypass_mode and (rc.rollout_is or rc.rollout_rs):
-        p.append("algorithm.rollout_correction.bypass_mode=true takes the sampler's logprobs as the old policy, so "
-                 "there is no mismatch to correct: set rollout_is and rollout_rs to null, or bypass_mode=false")
+        p.append(
+            "algorithm.rollout_correction.bypass_mode=true takes the sampler's logprobs as the old policy, so "
+            "there is no mismatch to correct: set rollout_is and rollout_rs to null, or bypass_mode=false"
+        )
     shared = next((g for g in r.cluster.colocate if "generator" in g and "learner" in g), None)
     if a.max_staleness and shared:
-        p.append(f"algorithm.max_staleness={a.max_staleness}: the generator shares devices with the learner "
-                 f"(cluster.colocate {shared}), so generation cannot overlap training; set it to 0")
+        p.append(
+            f"algorithm.max_staleness={a.max_staleness}: the generator shares devices with the learner "
+            f"(cluster.colocate {shared}), so generation cannot overlap training; set it to 0"
+        )
     return p
 
 
@@ -953,8 +1067,10 @@ def _cluster_problems(r: Recipe) -> list[str]:
         if n <= 0:
             p.append(f"cluster.node_markers.{marker}={n}: must be positive")
     if c.gpu and c.gpu not in GPU_MEMORY_GB:
-        p.append(f"cluster.gpu={c.gpu!r}: expected one of {', '.join(GPU_MEMORY_GB)}, or leave it empty and "
-                 "set cluster.device_memory_gb")
+        p.append(
+            f"cluster.gpu={c.gpu!r}: expected one of {', '.join(GPU_MEMORY_GB)}, or leave it empty and "
+            "set cluster.device_memory_gb"
+        )
     if c.device != "cuda":
         return p
     if c.devices_per_node <= 0:
@@ -990,11 +1106,15 @@ def _gspo_notices(a: AlgorithmConfig) -> list[str]:
     if a.loss_mode != "gspo":
         return []
     if a.loss_agg == "auto":
-        return ["algorithm.loss_mode=gspo: the loss aggregates seq-mean-token-mean (GSPO's sequence-level objective; "
-                "set algorithm.loss_agg to choose another)"]
+        return [
+            "algorithm.loss_mode=gspo: the loss aggregates seq-mean-token-mean (GSPO's sequence-level objective; "
+            "set algorithm.loss_agg to choose another)"
+        ]
     if loss_aggregation(a) != "seq-mean-token-mean":
-        return [f"algorithm.loss_mode=gspo with algorithm.loss_agg={a.loss_agg}: not GSPO's objective, which weighs "
-                "every sequence the same (seq-mean-token-mean)"]
+        return [
+            f"algorithm.loss_mode=gspo with algorithm.loss_agg={a.loss_agg}: not GSPO's objective, which weighs "
+            "every sequence the same (seq-mean-token-mean)"
+        ]
     return []
 
 
@@ -1019,8 +1139,10 @@ def redact(obj: Any, secrets: list[str] | None = None) -> Any:
     """A copy of plain data with secret-looking keys and any secret env value masked."""
     secrets = secret_values() if secrets is None else secrets
     if isinstance(obj, dict):
-        return {k: REDACTED if SECRET_KEY.search(str(k)) and obj[k] not in (None, "", {}, []) else redact(v, secrets)
-                for k, v in obj.items()}
+        return {
+            k: REDACTED if SECRET_KEY.search(str(k)) and obj[k] not in (None, "", {}, []) else redact(v, secrets)
+            for k, v in obj.items()
+        }
     if isinstance(obj, list):
         return [redact(v, secrets) for v in obj]
     if isinstance(obj, str):

@@ -37,7 +37,8 @@ import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from grpo_ray import checkpoint, early_stop, trackers
-from grpo_ray.algo.advantage import advantages as estimate, overlong_penalty
+from grpo_ray.algo.advantage import advantages as estimate
+from grpo_ray.algo.advantage import overlong_penalty
 from grpo_ray.algo.batching import Samples, balanced_ranges, select_groups, signal_groups, spans_of, take_groups
 from grpo_ray.config import POOLS, Recipe
 from grpo_ray.data.stream import Position, PromptStream
@@ -45,8 +46,15 @@ from grpo_ray.dumps import write_dump
 from grpo_ray.engines import Batch, Engines
 from grpo_ray.errors import Preempted, RunError
 from grpo_ray.faults import fault_at
-from grpo_ray.metrics import (MetricsLog, perf_metrics, pool_metrics, rollout_metrics, sample_table, since_start,
-                              validation_metrics)
+from grpo_ray.metrics import (
+    MetricsLog,
+    perf_metrics,
+    pool_metrics,
+    rollout_metrics,
+    sample_table,
+    since_start,
+    validation_metrics,
+)
 from grpo_ray.models import chat_template_text
 from grpo_ray.pools import Pools
 from grpo_ray.setup_run import RunInputs
@@ -63,8 +71,9 @@ class Controller:
 
     def __init__(self, recipe: Recipe, inputs: RunInputs):
         self.r, self.inputs = recipe, inputs
-        self.stream = PromptStream(inputs.train_rows, recipe.data.train_batch_size, recipe.trainer.seed,
-                                   recipe.data.shuffle)
+        self.stream = PromptStream(
+            inputs.train_rows, recipe.data.train_batch_size, recipe.trainer.seed, recipe.data.shuffle
+        )
         self.version = 0
         """The learner's weights: updates that changed them."""
         self.inflight: dict[int, Batch] = {}
@@ -117,15 +126,26 @@ class Controller:
             self.dump(f"train_data_step{step}", step, rollouts, scores, advantages)
         seconds = time.perf_counter() - start
         learner = trained["timing_s/update_actor"] + trained["timing_s/old_log_prob"] + synced["sync/seconds"]
-        work = {"generator": [Work(s.seconds + synced["sync/seconds"], len(s.response_lengths)) for s in stats],
-                "learner": [Work(learner, len(samples.costs) // r.learner.world_size)] * r.learner.world_size,
-                "reference": ref_work, "reward": [Work(s.seconds, len(s.totals)) for s in scores]}
-        return {**rollout_metrics(stats, scores), **trained, **synced, **staleness, **kept,
-                "reward/overlong_penalty/mean": penalty.mean().item(),
-                **perf_metrics(stats, trained, seconds, self.pools.facts, self.pools.devices(), self.r),
-                **pool_metrics(work, {p: len(a) for p, a in self.pools.actors.items()}, seconds),
-                **self.pools.memory(memory), "fault/generator_restarts": self.pools.generator_restarts,
-                "fault/skipped_steps": self.skipped["total"], "timing_s/step": seconds}
+        work = {
+            "generator": [Work(s.seconds + synced["sync/seconds"], len(s.response_lengths)) for s in stats],
+            "learner": [Work(learner, len(samples.costs) // r.learner.world_size)] * r.learner.world_size,
+            "reference": ref_work,
+            "reward": [Work(s.seconds, len(s.totals)) for s in scores],
+        }
+        return {
+            **rollout_metrics(stats, scores),
+            **trained,
+            **synced,
+            **staleness,
+            **kept,
+            "reward/overlong_penalty/mean": penalty.mean().item(),
+            **perf_metrics(stats, trained, seconds, self.pools.facts, self.pools.devices(), self.r),
+            **pool_metrics(work, {p: len(a) for p, a in self.pools.actors.items()}, seconds),
+            **self.pools.memory(memory),
+            "fault/generator_restarts": self.pools.generator_restarts,
+            "fault/skipped_steps": self.skipped["total"],
+            "timing_s/step": seconds,
+        }
 
     def overlaps(self, step: int) -> bool:
         """Whether the next batch is launched during this step. Not before a scheduled checkpoint: the next
@@ -137,8 +157,9 @@ class Controller:
         max_staleness versions behind the learner when it trains (at 0: after every update), and before
         validation and checkpoints."""
         behind = self.version - self.engines.version
-        return behind > 0 and (behind + 1 > self.r.algorithm.max_staleness or self.validating(step)
-                               or self.saving(step))
+        return behind > 0 and (
+            behind + 1 > self.r.algorithm.max_staleness or self.validating(step) or self.saving(step)
+        )
 
     def check_staleness(self, stats: list) -> dict[str, float]:
         """The batch's age against the learner's weights (a sample older than max_staleness is never trained on),
@@ -146,12 +167,17 @@ class Controller:
         that update ended it started (negative: after)."""
         oldest = min(s.policy_version for s in stats)
         if self.version - oldest > self.r.algorithm.max_staleness:
-            raise RunError(f"samples of version {oldest} reached a learner at version {self.version}: older than "
-                           f"algorithm.max_staleness={self.r.algorithm.max_staleness}")
+            raise RunError(
+                f"samples of version {oldest} reached a learner at version {self.version}: older than "
+                f"algorithm.max_staleness={self.r.algorithm.max_staleness}"
+            )
         start, end = min(s.window[0] for s in stats), max(s.window[1] for s in stats)
         overlap = max(0.0, min(end, self.last_update[1]) - max(start, self.last_update[0]))
-        return {"rollout/staleness": float(self.version - oldest), "perf/gen_overlap_s": overlap,
-                "perf/gen_ahead_s": self.last_update[1] - start if self.last_update[1] else 0.0}
+        return {
+            "rollout/staleness": float(self.version - oldest),
+            "perf/gen_overlap_s": overlap,
+            "perf/gen_ahead_s": self.last_update[1] - start if self.last_update[1] else 0.0,
+        }
 
     def keep_signal(self, step: int, rollouts: list, stats: list, scores: list) -> tuple[list, list, list, dict]:
         """DAPO's dynamic sampling: keep the groups whose rewards are not all equal; while fewer than
@@ -170,15 +196,29 @@ class Controller:
             rollouts, stats = self.engines.collect(self.launch(step))
             scores = self.check_rewards(self._get(self.score(rollouts, Samples.of(stats)), "reward"), counted=False)
         chosen, cut = sorted((kept + dropped)[:want]), ray.remote(select_groups).options(num_cpus=0)
-        taken = [(rollouts[i], groups, st, sc) for b, (rollouts, stats, scores) in enumerate(batches)
-                 for i, groups, st, sc in take_groups(b, stats, scores, chosen, G, self.r.generator.sampling.max_tokens)]
+        taken = [
+            (rollouts[i], groups, st, sc)
+            for b, (rollouts, stats, scores) in enumerate(batches)
+            for i, groups, st, sc in take_groups(b, stats, scores, chosen, G, self.r.generator.sampling.max_tokens)
+        ]
         every = [sc for _, _, scores in batches for sc in scores]  # reward work and faults of all that was scored
-        first = dataclasses.replace(taken[0][3], errors=sum(sc.errors for sc in every),
-                                    timeouts=sum(sc.timeouts for sc in every), seconds=sum(sc.seconds for sc in every))
-        return ([cut.remote([groups], G, ref) for ref, groups, _, _ in taken], [st for _, _, st, _ in taken],
-                [first] + [sc for _, _, _, sc in taken[1:]],
-                {"filter_groups/num_gen_batches": len(batches), "filter_groups/kept_groups": len(kept),
-                 "filter_groups/dropped_groups": len(dropped), "filter_groups/filled_groups": max(0, want - len(kept))})
+        first = dataclasses.replace(
+            taken[0][3],
+            errors=sum(sc.errors for sc in every),
+            timeouts=sum(sc.timeouts for sc in every),
+            seconds=sum(sc.seconds for sc in every),
+        )
+        return (
+            [cut.remote([groups], G, ref) for ref, groups, _, _ in taken],
+            [st for _, _, st, _ in taken],
+            [first] + [sc for _, _, _, sc in taken[1:]],
+            {
+                "filter_groups/num_gen_batches": len(batches),
+                "filter_groups/kept_groups": len(kept),
+                "filter_groups/dropped_groups": len(dropped),
+                "filter_groups/filled_groups": max(0, want - len(kept)),
+            },
+        )
 
     def check_rewards(self, scores: list, counted: bool = True) -> list:
         """`scores`, after showing the first failure of each reward function once; a training batch (`counted`)
@@ -186,8 +226,10 @@ class Controller:
         stops the run with the failure."""
         for name, text in ((n, t) for s in scores for n, t in s.failures.items() if n not in self.reward_failures):
             self.reward_failures[name] = text
-            self.say(f"reward {name} failed; its first failure (the next are counted in reward/errors and "
-                     f"reward/timeouts, logs in {self.pools.log_dir()}/reward-*.log):\n{text.rstrip()}")
+            self.say(
+                f"reward {name} failed; its first failure (the next are counted in reward/errors and "
+                f"reward/timeouts, logs in {self.pools.log_dir()}/reward-*.log):\n{text.rstrip()}"
+            )
         if not counted:
             return scores
         w, n = self.r.reward, sum(len(s.totals) for s in scores)
@@ -195,9 +237,11 @@ class Controller:
         self.failing_steps = self.failing_steps + 1 if share > w.max_error_share else 0
         if w.max_error_steps and self.failing_steps >= w.max_error_steps:
             last = next(reversed(self.reward_failures.values()), "")
-            raise RunError(f"reward functions failed on {share:.0%} of the samples, over reward.max_error_share="
-                           f"{w.max_error_share:g} for {self.failing_steps} steps in a row (reward.max_error_steps): "
-                           f"fix the function, or raise the limits. Its failure:\n{last.rstrip()}")
+            raise RunError(
+                f"reward functions failed on {share:.0%} of the samples, over reward.max_error_share="
+                f"{w.max_error_share:g} for {self.failing_steps} steps in a row (reward.max_error_steps): "
+                f"fix the function, or raise the limits. Its failure:\n{last.rstrip()}"
+            )
         return scores
 
     def updated(self, trained: dict[str, float]) -> bool:
@@ -210,13 +254,18 @@ class Controller:
         self.skipped["in_a_row"] += 1
         self.skipped["total"] += 1
         limit = self.r.trainer.max_skipped_steps
-        why = ("every sample was masked by rollout rejection (algorithm.rollout_correction.rollout_rs)"
-               if trained.get("actor/empty_updates") == trained["actor/updates"] else "non-finite loss or gradients")
+        why = (
+            "every sample was masked by rollout rejection (algorithm.rollout_correction.rollout_rs)"
+            if trained.get("actor/empty_updates") == trained["actor/updates"]
+            else "non-finite loss or gradients"
+        )
         self.say(f"{why}: update skipped, weights not pushed ({self.skipped['in_a_row']} in a row)")
         if self.skipped["in_a_row"] >= limit:
-            raise RunError(f"{limit} steps in a row had non-finite loss or gradients (trainer.max_skipped_steps="
-                           f"{limit}); the weights are those of the last good step: lower learner.optim.lr, check "
-                           "the rewards, or resume from a checkpoint")
+            raise RunError(
+                f"{limit} steps in a row had non-finite loss or gradients (trainer.max_skipped_steps="
+                f"{limit}); the weights are those of the last good step: lower learner.optim.lr, check "
+                "the rewards, or resume from a checkpoint"
+            )
         return False
 
     # --- hops --------------------------------------------------------------------------
@@ -231,8 +280,11 @@ class Controller:
         actors = self.pools.actors[pool]
         costs = samples.costs if by_tokens else [1] * len(samples.costs)
         shares = [spans_of(samples.counts, share) for share in balanced_ranges(costs, len(actors))]
-        return [(actor, [rollouts[i] for i, _, _ in pieces], [(a, b) for _, a, b in pieces])
-                for actor, pieces in zip(actors, shares) if pieces]
+        return [
+            (actor, [rollouts[i] for i, _, _ in pieces], [(a, b) for _, a, b in pieces])
+            for actor, pieces in zip(actors, shares)
+            if pieces
+        ]
 
     def score(self, rollouts: list, samples: Samples) -> list:
         """Scores refs, one per reward actor: every actor scores an even share of the samples."""
@@ -242,8 +294,10 @@ class Controller:
         """(logprobs ref, Work ref) per reference actor, each an even share of the tokens; none without a KL term.
         Every actor is called, with or without a share: their forwards are collective (one FSDP2 group)."""
         shares = {id(a): (refs, spans) for a, refs, spans in self.spread("reference", rollouts, samples, True)}
-        return [a.logprobs.options(num_returns=2).remote(*shares.get(id(a), ([], [])))
-                for a in self.pools.actors["reference"]]
+        return [
+            a.logprobs.options(num_returns=2).remote(*shares.get(id(a), ([], [])))
+            for a in self.pools.actors["reference"]
+        ]
 
     def train_on(self, rollouts: list, advantages: list[float], refs: list) -> tuple[dict[str, float], list[Work]]:
         """One learner step on the rollouts behind the refs, with reference logprobs when there is a KL term;
@@ -252,8 +306,13 @@ class Controller:
         ref_lps = [lp for lp, _ in refs] or None
         keep_from = min([self.engines.version] + [b.version for b in self.inflight.values()])
         probe = self.inputs.probe_ids if self.pools.actors["generator"] else None
-        trained = self._get([l.train.remote(rollouts, ref_lps, advantages, self.version, keep_from, probe)
-                             for l in self.pools.actors["learner"]], "learner train")[0]
+        trained = self._get(
+            [
+                l.train.remote(rollouts, ref_lps, advantages, self.version, keep_from, probe)
+                for l in self.pools.actors["learner"]
+            ],
+            "learner train",
+        )[0]
         self.last_update, self.learner_probe = trained.pop("timing_s/update_window"), trained.pop("probe", None)
         ref_work = self._get([w for _, w in refs], "reference") if refs else []
         if ref_work:  # with LoRA the learner scores the reference itself (timing_s/ref is its own)
@@ -272,8 +331,9 @@ class Controller:
         if self.r.trainer.dump_freq:
             self.dump(f"val_data_step{step}", step, rollouts, scores, None)
         perfect = sum(f.weight for f in self.r.reward.functions if f.weight > 0)
-        return validation_metrics([p.data_source for p in prompts], [t for s in scores for t in s.totals],
-                                  g.val_n, perfect)
+        return validation_metrics(
+            [p.data_source for p in prompts], [t for s in scores for t in s.totals], g.val_n, perfect
+        )
 
     def dump(self, name: str, step: int, rollouts: list, scores: list, advantages: list[float] | None) -> None:
         """Write rollouts/<name>.jsonl from a task on the driver's node (the rollouts never pass through here)."""
@@ -299,22 +359,42 @@ class Controller:
         saved = self._get([l.save.remote(str(tmp / "learner")) for l in learners], "checkpoint save")[0]
         if fault_at("exit_mid_checkpoint", step):
             os._exit(1)  # fault test: the job dies with the shards written and the checkpoint not committed
-        state = {"step": step, "version": self.version, "data": dataclasses.asdict(self.stream.position),
-                 "scheduler": saved["scheduler"], "best": self.best.state()}
+        state = {
+            "step": step,
+            "version": self.version,
+            "data": dataclasses.asdict(self.stream.position),
+            "scheduler": saved["scheduler"],
+            "best": self.best.state(),
+        }
         info = {"step": step, "consumed_samples": step * self.r.data.train_batch_size, "last_val_score": last_val}
         keep = frozenset([self.best.step] if self.r.trainer.keep_best and self.best.step else [])
         template = chat_template_text(self.r.model.chat_template) if self.r.model.chat_template else ""
-        return checkpoint.commit(tmp, self.inputs.model_path, state, info, self.inputs.output_dir / "config.yaml",
-                                 self.r.trainer.keep_last, keep, template)
+        return checkpoint.commit(
+            tmp,
+            self.inputs.model_path,
+            state,
+            info,
+            self.inputs.output_dir / "config.yaml",
+            self.r.trainer.keep_last,
+            keep,
+            template,
+        )
 
     def restore(self, ckpt: Path) -> int:
         """Learner weights and optimizer, scheduler, data position and version; generators get the weights."""
         state = checkpoint.load_state(ckpt)
         self.best = early_stop.Best.of(self.r.trainer, state.get("best"))
-        self._get([l.load.remote(str(ckpt / "learner"), state["scheduler"]) for l in self.pools.actors["learner"]],
-                  "checkpoint load")
-        self.stream = PromptStream(self.inputs.train_rows, self.r.data.train_batch_size, self.r.trainer.seed,
-                                   self.r.data.shuffle, Position(**state["data"]))
+        self._get(
+            [l.load.remote(str(ckpt / "learner"), state["scheduler"]) for l in self.pools.actors["learner"]],
+            "checkpoint load",
+        )
+        self.stream = PromptStream(
+            self.inputs.train_rows,
+            self.r.data.train_batch_size,
+            self.r.trainer.seed,
+            self.r.data.shuffle,
+            Position(**state["data"]),
+        )
         self.version = self.engines.version = state["version"]
         if self.pools.actors["generator"]:
             self.engines.push(self.version)  # before the first rollout
@@ -331,27 +411,36 @@ class Controller:
         ckpt = self.inputs.resume  # chosen before any actor started (grpo_ray.rundir)
         done = checkpoint.load_state(ckpt)["step"] if ckpt else 0
         checkpoint.keep_metrics(self.inputs.output_dir / "metrics.jsonl", done)  # steps after the checkpoint are redone
-        self.log = MetricsLog(self.inputs.output_dir, t.loggers, total, done,
-                              trackers.start(self.r, self.inputs.output_dir, self.say))
+        self.log = MetricsLog(
+            self.inputs.output_dir, t.loggers, total, done, trackers.start(self.r, self.inputs.output_dir, self.say)
+        )
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "preempted_at", self.preempted_at or time.monotonic()))
         try:
             if t.log_level == "info":
-                self.say(f"actor logs (vLLM, transformers, Ray workers): {self.pools.log_dir()}/ "
-                         "(trainer.log_level=debug shows them here)")
+                self.say(
+                    f"actor logs (vLLM, transformers, Ray workers): {self.pools.log_dir()}/ "
+                    "(trainer.log_level=debug shows them here)"
+                )
             self.start(self.pools_needed())
             self.log.file(self.inputs.output_dir / "placement.json")
             if self.pools.facts and not self.pools.facts["peak_tflops"]:
-                self.say(f"MFU not reported: no peak TFLOPS known for {self.pools.facts['device_name']!r}; set "
-                         "cluster.peak_tflops to report it")
+                self.say(
+                    f"MFU not reported: no peak TFLOPS known for {self.pools.facts['device_name']!r}; set "
+                    "cluster.peak_tflops to report it"
+                )
             if ckpt:
                 self.say(f"resuming from {ckpt} (step {self.restore(ckpt)})")
             if self.pools.actors["generator"]:
                 diff = self.engines.probe()
-                self.say(f"{since_start()} first probe: sync/logprob_diff {diff:.3g} (the engines' logprobs against "
-                         "the learner's, on the same tokens)")
+                self.say(
+                    f"{since_start()} first probe: sync/logprob_diff {diff:.3g} (the engines' logprobs against "
+                    "the learner's, on the same tokens)"
+                )
             if self.r.model.lora.rank and self.pools.metas:
-                what = {"adapters": "the adapters only, loaded in place by vLLM's LoRA support",
-                        "merged": "every weight, the adapters merged (model.lora.sync=merged)"}[self.r.model.lora.sync]
+                what = {
+                    "adapters": "the adapters only, loaded in place by vLLM's LoRA support",
+                    "merged": "every weight, the adapters merged (model.lora.sync=merged)",
+                }[self.r.model.lora.sync]
                 self.say(f"LoRA: a sync sends {what}: {sum(m.nbytes for m in self.pools.metas) / 1e6:.3g} MB")
             if t.val_before_train and self.inputs.val_rows and not done:
                 self.say(f"{since_start()} validating before training: {len(self.inputs.val_rows)} prompts")
@@ -367,8 +456,9 @@ class Controller:
                 self.log.log(step, metrics)
                 keep = improved and t.keep_best  # the best validation's weights, kept whatever keep_last says
                 if self.saving(step) or keep or self.best.stop or self.preempted_at is not None:
-                    save_seconds = self.save_or_quit(step, last_val, self.saving(step) or keep or self.best.stop,
-                                                     save_seconds)
+                    save_seconds = self.save_or_quit(
+                        step, last_val, self.saving(step) or keep or self.best.stop, save_seconds
+                    )
                 if self.best.stop:
                     model = early_stop.export(self.best, t, self.inputs.output_dir, step, self.say)
                     self.log.note("export_path", str(model))
@@ -387,8 +477,10 @@ class Controller:
     def saving(self, step: int) -> bool:
         """Whether a checkpoint is due after `step` (SIGTERM aside)."""
         t = self.r.trainer
-        return bool((t.save_freq and step % t.save_freq == 0)
-                    or (step == self.total_steps() and (t.save_freq or self.save_at_end)))
+        return bool(
+            (t.save_freq and step % t.save_freq == 0)
+            or (step == self.total_steps() and (t.save_freq or self.save_at_end))
+        )
 
     def save_or_quit(self, step: int, last_val: float | None, due: bool, last_seconds: float) -> float:
         """Save when due; after SIGTERM, save if the last save fits in what is left of the grace, then stop."""

@@ -35,16 +35,34 @@ def write_dump(path: str, step: int, scores: list[Scores], advantages: list[floa
             for prompt, group in itertools.groupby(rollout.completions, key=lambda c: c.prompt):
                 samples = []
                 for c in group:
-                    samples.append({"response": c.text, "score": totals[i],
-                                    "rewards": {k: v[i] for k, v in components.items()},
-                                    "advantage": None if advantages is None else advantages[i],
-                                    "finish_reason": c.finish_reason, "response_ids": c.token_ids,
-                                    "sampler_logprobs": c.sampler_logprobs})
+                    samples.append(
+                        {
+                            "response": c.text,
+                            "score": totals[i],
+                            "rewards": {k: v[i] for k, v in components.items()},
+                            "advantage": None if advantages is None else advantages[i],
+                            "finish_reason": c.finish_reason,
+                            "response_ids": c.token_ids,
+                            "sampler_logprobs": c.sampler_logprobs,
+                        }
+                    )
                     i += 1
                 p = rollout.prompts[prompt]
-                f.write(json.dumps({"step": step, "uid": p.uid, "data_source": p.data_source, "prompt": p.text,
-                                    "ground_truth": p.ground_truth, "policy_version": rollout.policy_version,
-                                    "prompt_ids": p.ids, "samples": samples}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "step": step,
+                            "uid": p.uid,
+                            "data_source": p.data_source,
+                            "prompt": p.text,
+                            "ground_truth": p.ground_truth,
+                            "policy_version": rollout.policy_version,
+                            "prompt_ids": p.ids,
+                            "samples": samples,
+                        }
+                    )
+                    + "\n"
+                )
     tmp.rename(out)  # a dump is there whole or not at all
     return i
 
@@ -70,8 +88,9 @@ def load_dump(path: str | Path) -> tuple[list[Rollout], list[float]]:
             raise ValueError(f"{path}: a validation dump has no advantages to replay")
         if not prompts or prompts[-1].uid != d["uid"] or prompts[-1].ids != d["prompt_ids"]:
             prompts.append(Prompt(d["prompt_ids"], d["ground_truth"], d["data_source"], {}, d["uid"], d["prompt"]))
-        completions.append(Completion(len(prompts) - 1, d["response_ids"], d["response"], d["sampler_logprobs"],
-                                      d["finish_reason"]))
+        completions.append(
+            Completion(len(prompts) - 1, d["response_ids"], d["response"], d["sampler_logprobs"], d["finish_reason"])
+        )
         advantages.append(d["advantage"])
         version = d["policy_version"]
     return [Rollout(prompts, completions, version)], advantages

@@ -10,9 +10,9 @@ goes into each checkpoint, so a resumed run counts on where it left off.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 
 @dataclass
@@ -30,7 +30,7 @@ class Best:
     """Validations since the best one."""
 
     @classmethod
-    def of(cls, trainer, state: dict | None = None) -> "Best":
+    def of(cls, trainer, state: dict | None = None) -> Best:
         e = trainer.early_stop
         best = cls(e.metric, e.mode, e.patience if e.metric else 0, e.min_delta)
         for key, value in (state or {}).items():
@@ -45,7 +45,9 @@ class Best:
     def update(self, step: int, metrics: dict[str, float]) -> bool:
         """Take a validation's metrics; whether it is the best so far."""
         value = self.read(metrics)
-        better = self.value is None or (value - self.value if self.mode == "max" else self.value - value) > self.min_delta
+        better = (
+            self.value is None or (value - self.value if self.mode == "max" else self.value - value) > self.min_delta
+        )
         if better:
             self.value, self.step, self.since = value, step, 0
         else:
@@ -72,8 +74,10 @@ def export(best: Best, trainer, output_dir: Path, step: int, say: Callable[[str]
     root = checkpoint.checkpoints_dir(output_dir)
     ckpt = root / f"step_{best.step if trainer.keep_best else step}"
     model = checkpoint.export_hf(ckpt, output_dir / "model", overwrite=True)  # this run's own export
-    say(f"early stop after step {step}: {trainer.early_stop.metric} has not improved by "
+    say(
+        f"early stop after step {step}: {trainer.early_stop.metric} has not improved by "
         f"{trainer.early_stop.min_delta:g} in {best.patience} validations; {best.line()} "
         f"(checkpoint {root / f'step_{best.step}'} {'kept' if trainer.keep_best else 'not kept'}); "
-        f"model exported to {model}")
+        f"model exported to {model}"
+    )
     return model

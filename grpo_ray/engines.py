@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from grpo_ray.errors import RunError
 from grpo_ray.pools import PoolFault, Pools
@@ -33,9 +33,16 @@ class Batch:
 
 
 class Engines:
-    def __init__(self, recipe, pools: Pools, probe_ids: list[int], learner_version: Callable[[], int],
-                 say: Callable[[str], None]):
-        self.r, self.pools, self.probe_ids, self.learner_version, self.say = recipe, pools, probe_ids, learner_version, say
+    def __init__(
+        self, recipe, pools: Pools, probe_ids: list[int], learner_version: Callable[[], int], say: Callable[[str], None]
+    ):
+        self.r, self.pools, self.probe_ids, self.learner_version, self.say = (
+            recipe,
+            pools,
+            probe_ids,
+            learner_version,
+            say,
+        )
         self.version = 0
         """The weights the engines hold (the last push)."""
 
@@ -61,8 +68,9 @@ class Engines:
                     break
                 except PoolFault as e:
                     if attempt == g.max_restarts:
-                        raise RunError(f"{e}; engine {i} was replaced {g.max_restarts} times in this step "
-                                       "(generator.max_restarts)") from None
+                        raise RunError(
+                            f"{e}; engine {i} was replaced {g.max_restarts} times in this step (generator.max_restarts)"
+                        ) from None
                     if self.pools.actors["generator"][i] is call[2]:
                         self.say(f"engine {i} lost ({e}); replacing it")
                         self.recover([i])
@@ -94,8 +102,10 @@ class Engines:
         forward.)"""
         bucket, metas, actors = self.r.trainer.bucket_mb << 20, self.pools.metas, self.pools.actors
         sends = [l.push_weights.remote(metas, bucket) for l in actors["learner"]]
-        receives = [g.receive_weights.remote(metas, bucket, version, self.probe_ids if probe else None)
-                    for g in actors["generator"]]
+        receives = [
+            g.receive_weights.remote(metas, bucket, version, self.probe_ids if probe else None)
+            for g in actors["generator"]
+        ]
         timeout = self.r.trainer.sync_timeout_s + self.r.generator.timeout_s
         try:
             pushed = self.pools.call(sends, "weight send", timeout)
@@ -127,14 +137,21 @@ class Engines:
         diff = probe_diff([r.pop("probe") for r in received], pushed[0].pop("probe"))
         bound = self.r.trainer.max_sync_logprob_diff
         if diff > bound:
-            raise RunError(f"weight sync to version {version}: generator and learner logprobs differ by "
-                           f"{diff:.3g} on the probe, over trainer.max_sync_logprob_diff={bound}")
+            raise RunError(
+                f"weight sync to version {version}: generator and learner logprobs differ by "
+                f"{diff:.3g} on the probe, over trainer.max_sync_logprob_diff={bound}"
+            )
         sent, slowest = pushed[0], max(received, key=lambda t: t["seconds"])
         seconds = slowest["seconds"]  # from the engines' start of the push until the last one has loaded
-        return {"sync/logprob_diff": diff, "sync/seconds": seconds, "sync/bytes": sent["bytes"],
-                "sync/GBps": sent["bytes"] / seconds / 1e9,
-                **{f"sync/{phase}_s": sent.get(phase, 0.0) for phase in ("gather", "cast")},
-                "sync/load_s": slowest["load"], "timing_s/sync_weights": time.perf_counter() - start}
+        return {
+            "sync/logprob_diff": diff,
+            "sync/seconds": seconds,
+            "sync/bytes": sent["bytes"],
+            "sync/GBps": sent["bytes"] / seconds / 1e9,
+            **{f"sync/{phase}_s": sent.get(phase, 0.0) for phase in ("gather", "cast")},
+            "sync/load_s": slowest["load"],
+            "timing_s/sync_weights": time.perf_counter() - start,
+        }
 
     def recover(self, engines: list[int], probe: bool | list[float] = False) -> tuple[list[dict], list[dict]]:
         """Replace `engines`, rebuild the weight-sync group over all engines, load the learner's weights into all

@@ -10,4 +10,5 @@ class RunError(RuntimeError):
 
 
 class Preempted(RunError):
-    """SIGTERM (a preemption notice): the run stopped after a step, with a checkpoint when one fit in the grace period."""
+    """SIGTERM (a preemption notice): the run stopped after a step, with a checkpoint when one fit in the grace
+    period."""

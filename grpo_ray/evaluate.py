@@ -27,9 +27,13 @@ def device_overrides() -> list[str]:
     if not torch.cuda.is_available():
         return []
     gb = torch.cuda.get_device_properties(0).total_memory / 1e9
-    return ["cluster.device=cuda", f"cluster.devices_per_node={torch.cuda.device_count()}",
-            f"cluster.device_memory_gb={gb:.0f}", "generator.gpu_memory_utilization=0.8",
-            "generator.enforce_eager=false"]
+    return [
+        "cluster.device=cuda",
+        f"cluster.devices_per_node={torch.cuda.device_count()}",
+        f"cluster.device_memory_gb={gb:.0f}",
+        "generator.gpu_memory_utilization=0.8",
+        "generator.enforce_eager=false",
+    ]
 
 
 def eval_rows(data: str, limit: int = 0) -> list[dict]:
@@ -78,8 +82,10 @@ def evaluate(recipe: Recipe, data: str, out: Path, limit: int = 0) -> dict:
     if any(f.name == "auto" for f in recipe.reward.functions):
         unknown = sorted({r["data_source"] for r in rows if reward_for_source(r["data_source"]) is None})
         if unknown:
-            raise DataError(f"{data}: no built-in reward for data_source {', '.join(map(repr, unknown))} (the auto "
-                            f"reward knows {', '.join(AUTO_SOURCES)}); pass --recipe with reward.functions")
+            raise DataError(
+                f"{data}: no built-in reward for data_source {', '.join(map(repr, unknown))} (the auto "
+                f"reward knows {', '.join(AUTO_SOURCES)}); pass --recipe with reward.functions"
+            )
     dump_recipe(recipe, out / "config.yaml")
     connect(recipe)
     c = Controller(recipe, RunInputs(model_path, [], rows, dropped, out, []))
@@ -89,7 +95,14 @@ def evaluate(recipe: Recipe, data: str, out: Path, limit: int = 0) -> dict:
         c.flush_dumps()
     finally:
         c.shutdown()
-    result = {"model": recipe.model.path, "data": data, "rows": len(rows), "dropped_too_long": sum(dropped.values()),
-              "n": recipe.generator.val_n, "temperature": recipe.generator.val_temperature, "metrics": metrics}
+    result = {
+        "model": recipe.model.path,
+        "data": data,
+        "rows": len(rows),
+        "dropped_too_long": sum(dropped.values()),
+        "n": recipe.generator.val_n,
+        "temperature": recipe.generator.val_temperature,
+        "metrics": metrics,
+    }
     (out / "eval.json").write_text(json.dumps(result, indent=1))
     return result

@@ -142,7 +142,9 @@ def numa_free_gb() -> float:
     free = []
     for meminfo in Path("/sys/devices/system/node").glob("node[0-9]*/meminfo"):
         kb = {line.split()[2].rstrip(":"): int(line.split()[3]) for line in meminfo.read_text().splitlines()}
-        free.append(sum(kb.get(k, 0) for k in ("MemFree", "Active(file)", "Inactive(file)", "SReclaimable")) * 1024 / GB)
+        free.append(
+            sum(kb.get(k, 0) for k in ("MemFree", "Active(file)", "Inactive(file)", "SReclaimable")) * 1024 / GB
+        )
     return min(free) if free else local_free_gb()
 
 
@@ -187,9 +189,12 @@ def learner_memory(d: ModelDims, r: Recipe, seq: int = 0) -> PoolMemory:
         acts += d.layers * t * d.heads * s * 2 * b
     trained = d.lora_params(lo.rank, lo.target_modules) if lo.rank else d.params  # LoRA: the base is frozen
     parts = {
-        "params": 4 * (d.params + (trained if lo.rank else 0)) / w, "grads": 4 * trained / w,
-        "optimizer": 8 * trained / w, "gathered": 2 * b * unit_params(d),
-        "activations": acts, "logits": t * d.vocab * (b + 8 + (4 if r.algorithm.entropy_coeff > 0 else 0)),
+        "params": 4 * (d.params + (trained if lo.rank else 0)) / w,
+        "grads": 4 * trained / w,
+        "optimizer": 8 * trained / w,
+        "gathered": 2 * b * unit_params(d),
+        "activations": acts,
+        "logits": t * d.vocab * (b + 8 + (4 if r.algorithm.entropy_coeff > 0 else 0)),
     }
     if r.generator.num_engines:  # a push runs between steps, in the memory the step's working set gives back
         parts["sync_extra"] = max(0.0, 2 * bucket_bytes(d, r) - parts["gathered"] - acts - parts["logits"])
@@ -198,11 +203,21 @@ def learner_memory(d: ModelDims, r: Recipe, seq: int = 0) -> PoolMemory:
         parts["snapshots"] = snapshots
     parts = {k: v / GB for k, v in parts.items()}
     parts["runtime"] = CPU_RUNTIME_GB["learner"] + 4 * d.params / GB if cpu else GPU_RUNTIME_GB
-    host = f"; {snapshots / GB:.1f} GB of host memory for {snapshot_count(r)} weight snapshots" if snapshots and not cpu else ""
+    host = (
+        f"; {snapshots / GB:.1f} GB of host memory for {snapshot_count(r)} weight snapshots"
+        if snapshots and not cpu
+        else ""
+    )
     count = lambda n: f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M"  # noqa: E731
     adapters = f", LoRA rank {lo.rank}: {count(trained)} of {count(d.params)} parameters train" if lo.rank else ""
-    return PoolMemory("learner", parts, f"micro batch {r.learner.micro_batch_size} x {s} tokens, {w} ranks"
-                      + (", gradient checkpointing" if r.learner.gradient_checkpointing else "") + adapters + host)
+    return PoolMemory(
+        "learner",
+        parts,
+        f"micro batch {r.learner.micro_batch_size} x {s} tokens, {w} ranks"
+        + (", gradient checkpointing" if r.learner.gradient_checkpointing else "")
+        + adapters
+        + host,
+    )
 
 
 def snapshot_count(r: Recipe) -> int:
@@ -219,12 +234,19 @@ def reference_memory(d: ModelDims, r: Recipe, seq: int = 0) -> PoolMemory:
     t = r.reference.micro_batch_size * s
     acts = t * b * (4 * d.hidden + 2 * d.intermediate) + (t * d.heads * s * 2 * b if cpu else 0)
     n = r.reference.num_actors
-    parts = {"weights": d.params * b / n / GB, "gathered": 2 * b * unit_params(d) / GB, "activations": acts / GB,
-             "logits": t * d.vocab * (b + 8) / GB,
-             # on CPU each actor reads the whole checkpoint in b before sharding it
-             "runtime": CPU_RUNTIME_GB["reference"] + d.params * b / GB if cpu else GPU_RUNTIME_GB}
-    return PoolMemory("reference", parts, f"micro batch {r.reference.micro_batch_size} x {s} tokens, forward only, "
-                                          f"sharded over {n} actors")
+    parts = {
+        "weights": d.params * b / n / GB,
+        "gathered": 2 * b * unit_params(d) / GB,
+        "activations": acts / GB,
+        "logits": t * d.vocab * (b + 8) / GB,
+        # on CPU each actor reads the whole checkpoint in b before sharding it
+        "runtime": CPU_RUNTIME_GB["reference"] + d.params * b / GB if cpu else GPU_RUNTIME_GB,
+    }
+    return PoolMemory(
+        "reference",
+        parts,
+        f"micro batch {r.reference.micro_batch_size} x {s} tokens, forward only, sharded over {n} actors",
+    )
 
 
 def kv_bytes_per_token(d: ModelDims, r: Recipe) -> float:
@@ -257,11 +279,19 @@ def generator_memory(d: ModelDims, r: Recipe, memory_gb: float) -> tuple[PoolMem
     sync = (min(max(3 * bucket, block + 2 * bucket), d.params * b) + blocks * block / g.tensor_parallel_size) / GB
     reserved = g.gpu_memory_utilization * memory_gb
     if cpu:
-        parts = {"weights": weights, "sync_buffers": sync, "kv_cache": cpu_kv_cache_bytes(d, r) / GB,
-                 "runtime": CPU_RUNTIME_GB["generator"]}
+        parts = {
+            "weights": weights,
+            "sync_buffers": sync,
+            "kv_cache": cpu_kv_cache_bytes(d, r) / GB,
+            "runtime": CPU_RUNTIME_GB["generator"],
+        }
     else:  # the receive buffers are allocated after vLLM took its share: they sit beside it on the device
-        parts = {"weights": weights, "vllm_activations": VLLM_ACTIVATION_GB,
-                 "kv_cache": max(0.0, reserved - weights - VLLM_ACTIVATION_GB), "sync_buffers": sync}
+        parts = {
+            "weights": weights,
+            "vllm_activations": VLLM_ACTIVATION_GB,
+            "kv_cache": max(0.0, reserved - weights - VLLM_ACTIVATION_GB),
+            "sync_buffers": sync,
+        }
     lo = r.model.lora
     if lo.rank and lo.sync == "adapters":  # vLLM's LoRA slot (every linear layer at max_lora_rank) + the loaded copy
         slot = d.lora_params(engine_rank(lo.rank), ["all-linear"]) / g.tensor_parallel_size
@@ -274,8 +304,10 @@ def generator_memory(d: ModelDims, r: Recipe, memory_gb: float) -> tuple[PoolMem
     per_seq = kv_bytes_per_token(d, r) * max_len / GB
     holds = int(parts["kv_cache"] // per_seq)
     per_engine = -(-r.data.train_batch_size * r.algorithm.group_size // g.num_engines)
-    note = (f"KV cache holds {holds} sequences of {max_len} tokens ({per_seq:.3g} GB each) at once; "
-            f"each engine gets {per_engine} per step")
+    note = (
+        f"KV cache holds {holds} sequences of {max_len} tokens ({per_seq:.3g} GB each) at once; "
+        f"each engine gets {per_engine} per step"
+    )
     return PoolMemory("generator", parts, note), holds
 
 
@@ -285,8 +317,9 @@ def layout(r: Recipe) -> tuple[list[Node], list[str]]:
     markers = [(m,) for m in placement.node_markers(r)]
     problems = []
     if len(markers) > c.nodes:
-        problems.append(f"cluster.node_markers {dict(c.node_markers)} mark {len(markers)} nodes, but "
-                        f"cluster.nodes is {c.nodes}")
+        problems.append(
+            f"cluster.node_markers {dict(c.node_markers)} mark {len(markers)} nodes, but cluster.nodes is {c.nodes}"
+        )
     if not markers:  # markers not described: every node may carry any of them
         markers = [tuple(sorted(set(c.node_resources.values())))] * c.nodes
     nodes = [Node(i, markers[i] if i < len(markers) else (), float(c.devices_per_node)) for i in range(c.nodes)]
@@ -309,9 +342,14 @@ def layout(r: Recipe) -> tuple[list[Node], list[str]]:
                 problems.append(
                     f"{'+'.join(group)}: {n} actors of {gpus:g} GPUs need {n * gpus:g} GPUs on {where}, which have "
                     f"{len(eligible)} nodes x {c.devices_per_node} GPUs = {len(eligible) * c.devices_per_node}, "
-                    f"{free:g} of them free for it" +
-                    (f"; raise cluster.node_markers.{sorted(want)[0]} (and the worker group's replicas) or ask for "
-                     "fewer actors" if want else "; add nodes, colocate pools (cluster.colocate) or ask for fewer actors"))
+                    f"{free:g} of them free for it"
+                    + (
+                        f"; raise cluster.node_markers.{sorted(want)[0]} (and the worker group's replicas) or ask for "
+                        "fewer actors"
+                        if want
+                        else "; add nodes, colocate pools (cluster.colocate) or ask for fewer actors"
+                    )
+                )
                 break
             node.free -= gpus
             node.hosts.append(("+".join(p for p in group if plans[p].actors > i), i, gpus))
@@ -340,20 +378,31 @@ def model_limits(r: Recipe, command: str = "train") -> None:
     d, p = model_dims(r.model.path), []
     sft_len = r.data.max_prompt_length + r.sft.max_target_length
     if command == "sft" and d.max_positions and sft_len > d.max_positions:
-        p.append(f"data.max_prompt_length ({r.data.max_prompt_length}) + sft.max_target_length "
-                 f"({r.sft.max_target_length}) = {sft_len} tokens is over the model's max_position_embeddings "
-                 f"({d.max_positions}); lower it")
+        p.append(
+            f"data.max_prompt_length ({r.data.max_prompt_length}) + sft.max_target_length "
+            f"({r.sft.max_target_length}) = {sft_len} tokens is over the model's max_position_embeddings "
+            f"({d.max_positions}); lower it"
+        )
     length, g = max_model_len(r), r.generator
     if d.max_positions and length > d.max_positions:
-        how = (f"generator.max_model_len={g.max_model_len}" if g.max_model_len else
-               f"data.max_prompt_length ({r.data.max_prompt_length}) + generator.sampling.max_tokens "
-               f"({g.sampling.max_tokens}) = {length}")
+        how = (
+            f"generator.max_model_len={g.max_model_len}"
+            if g.max_model_len
+            else f"data.max_prompt_length ({r.data.max_prompt_length}) + generator.sampling.max_tokens "
+            f"({g.sampling.max_tokens}) = {length}"
+        )
         p.append(f"{how} tokens is over the model's max_position_embeddings ({d.max_positions}); lower it")
     lo = r.model.lora
-    unknown = [t for t in lo.target_modules if t not in d.linears()] if lo.rank and lo.target_modules != ["all-linear"] else []
+    unknown = (
+        [t for t in lo.target_modules if t not in d.linears()]
+        if lo.rank and lo.target_modules != ["all-linear"]
+        else []
+    )
     if unknown:
-        p.append(f"model.lora.target_modules: no module named {', '.join(unknown)} in a decoder block; expected "
-                 f"[all-linear] or any of {', '.join(d.linears())}")
+        p.append(
+            f"model.lora.target_modules: no module named {', '.join(unknown)} in a decoder block; expected "
+            f"[all-linear] or any of {', '.join(d.linears())}"
+        )
     if g.sampling.top_k > d.vocab:
         p.append(f"generator.sampling.top_k={g.sampling.top_k} is over the model's vocabulary ({d.vocab} tokens)")
     if p:
@@ -375,24 +424,28 @@ def check(r: Recipe) -> FitReport:
     if r.cluster.device == "cpu":  # on GPU clusters rewards use host memory only
         pools["reward"] = PoolMemory("reward", {"runtime": CPU_RUNTIME_GB["reward"]}, "one child process per sample")
     if r.cluster.device == "cuda" and mem <= 0:
-        problems.append(f"cluster.gpu is not set: name the GPU model ({', '.join(GPU_MEMORY_GB)}) or set "
-                        "cluster.device_memory_gb")
+        problems.append(
+            f"cluster.gpu is not set: name the GPU model ({', '.join(GPU_MEMORY_GB)}) or set cluster.device_memory_gb"
+        )
     elif r.cluster.device == "cuda":
         problems += _gpu_problems(d, r, pools, mem)
     devices = _device_lines(r, pools, mem, nodes, plans, problems)
     if "generator" in pools and r.cluster.device == "cpu" and not r.cluster.node_memory_gb:
         kv, numa = pools["generator"].parts["kv_cache"], numa_free_gb()
         if kv > numa:
-            problems.append(f"generator: its KV cache ({kv:.2f} GB per engine: {r.data.train_batch_size} prompts x "
-                            f"{r.algorithm.group_size} samples / {r.generator.num_engines} engines at {max_model_len(r)} "
-                            f"tokens) is over the {numa:.2f} GB free on this machine's smallest NUMA node; lower "
-                            "data.train_batch_size, algorithm.group_size or the sequence length, or add engines")
+            problems.append(
+                f"generator: its KV cache ({kv:.2f} GB per engine: {r.data.train_batch_size} prompts x "
+                f"{r.algorithm.group_size} samples / {r.generator.num_engines} engines at {max_model_len(r)} "
+                f"tokens) is over the {numa:.2f} GB free on this machine's smallest NUMA node; lower "
+                "data.train_batch_size, algorithm.group_size or the sequence length, or add engines"
+            )
     if "generator" in pools and holds < 1:
         length = max_model_len(r)
         problems.append(
             f"generator: the KV cache budget ({pools['generator'].parts['kv_cache']:.2f} GB per device) cannot hold "
             f"one sequence of {length} tokens ({kv_bytes_per_token(d, r) * length / GB:.2f} GB); raise "
-            "generator.gpu_memory_utilization or generator.tensor_parallel_size, or lower the sequence length")
+            "generator.gpu_memory_utilization or generator.tensor_parallel_size, or lower the sequence length"
+        )
     return FitReport(describe(nodes, r), list(pools.values()), devices, problems)
 
 
@@ -409,14 +462,17 @@ def _gpu_problems(d: ModelDims, r: Recipe, pools: dict[str, PoolMemory], mem: fl
     tp = g.tensor_parallel_size
     while tp < 64 and d.params * b / tp / GB + VLLM_ACTIVATION_GB > reserved:
         tp *= 2
-    return [f"generator: weights {gen.parts['weights']:.1f} GB per GPU (tensor_parallel_size {g.tensor_parallel_size}) "
-            f"+ {VLLM_ACTIVATION_GB:g} GB activations exceed generator.gpu_memory_utilization ({g.gpu_memory_utilization}) "
-            f"x {mem:g} GB = {reserved:.1f} GB; use generator.tensor_parallel_size >= {tp} or a higher "
-            "gpu_memory_utilization"]
+    return [
+        f"generator: weights {gen.parts['weights']:.1f} GB per GPU (tensor_parallel_size {g.tensor_parallel_size}) "
+        f"+ {VLLM_ACTIVATION_GB:g} GB activations exceed generator.gpu_memory_utilization ({g.gpu_memory_utilization}) "
+        f"x {mem:g} GB = {reserved:.1f} GB; use generator.tensor_parallel_size >= {tp} or a higher "
+        "gpu_memory_utilization"
+    ]
 
 
-def _device_lines(r: Recipe, pools: dict[str, PoolMemory], mem: float, nodes: list[Node], plans,
-                  problems: list[str]) -> list[str]:
+def _device_lines(
+    r: Recipe, pools: dict[str, PoolMemory], mem: float, nodes: list[Node], plans, problems: list[str]
+) -> list[str]:
     """What each kind of device holds in all; a problem for each that is over its memory."""
     lines = []
     if r.cluster.device == "cuda":
@@ -428,8 +484,10 @@ def _device_lines(r: Recipe, pools: dict[str, PoolMemory], mem: float, nodes: li
                 others = sum(pools[p].total for p in members if p != "generator")
                 sync = pools["generator"].parts["sync_buffers"]
                 total = r.generator.gpu_memory_utilization * mem + sync + others
-                detail = f"generator {r.generator.gpu_memory_utilization:g} x {mem:g} + sync {sync:.1f} + " + " + ".join(
-                    f"{p} {pools[p].total:.1f}" for p in members if p != "generator")
+                detail = (
+                    f"generator {r.generator.gpu_memory_utilization:g} x {mem:g} + sync {sync:.1f} + "
+                    + " + ".join(f"{p} {pools[p].total:.1f}" for p in members if p != "generator")
+                )
             else:
                 total = sum(_device_total(pools[p], r, mem) for p in members)
                 detail = " + ".join(f"{p} {_device_total(pools[p], r, mem):.1f}" for p in members)
@@ -439,7 +497,8 @@ def _device_lines(r: Recipe, pools: dict[str, PoolMemory], mem: float, nodes: li
                 part = max(pools[big].parts, key=pools[big].parts.get)
                 problems.append(
                     f"{'+'.join(members)}: {total:.1f} GB per GPU is over the {mem:g} GB of one device; the largest "
-                    f"part is {big} {part} ({pools[big].parts[part]:.1f} GB): " + _advice(big, part))
+                    f"part is {big} {part} ({pools[big].parts[part]:.1f} GB): " + _advice(big, part)
+                )
         return lines
     for n in nodes:  # CPU: every actor on the node shares its memory
         count = Counter(p for g, _, _ in n.hosts for p in g.split("+"))
@@ -452,8 +511,10 @@ def _device_lines(r: Recipe, pools: dict[str, PoolMemory], mem: float, nodes: li
             big = max(actors, key=lambda p: pools[p].total * actors[p])
             part = max(pools[big].parts, key=pools[big].parts.get)
             free = "free " if not r.cluster.node_memory_gb else ""
-            problems.append(f"node {n.index}: {total:.1f} GB of actors over its {mem:.1f} GB of {free}host memory ({detail}); "
-                            f"the largest part is {big} {part} ({pools[big].parts[part]:.1f} GB): " + _advice(big, part, cpu=True))
+            problems.append(
+                f"node {n.index}: {total:.1f} GB of actors over its {mem:.1f} GB of {free}host memory ({detail}); "
+                f"the largest part is {big} {part} ({pools[big].parts[part]:.1f} GB): " + _advice(big, part, cpu=True)
+            )
     return lines
 
 

@@ -30,8 +30,11 @@ def connect(recipe: Recipe) -> None:
             ray.init(address="local", include_dashboard=False, resources=markers or None)
         nodes, has = [n for n in ray.nodes() if n["Alive"]], ray.cluster_resources()
         where = f"joined {os.environ['RAY_ADDRESS']}" if os.environ.get("RAY_ADDRESS") else "a local cluster"
-        print(f"{since_start()} Ray up: {where}, {len(nodes)} node(s), {has.get('CPU', 0):g} CPUs, "
-              f"{has.get('GPU', 0):g} GPUs", flush=True)
+        print(
+            f"{since_start()} Ray up: {where}, {len(nodes)} node(s), {has.get('CPU', 0):g} CPUs, "
+            f"{has.get('GPU', 0):g} GPUs",
+            flush=True,
+        )
 
 
 def train(recipe: Recipe, inputs: RunInputs) -> None:

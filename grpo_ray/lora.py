@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -35,11 +35,13 @@ def wrap(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
     """`model` with adapters on its target modules (peft), base weights frozen; unchanged when cfg.rank is 0."""
     if not cfg.rank:
         return model
-    from peft import LoraConfig as PeftLoraConfig, get_peft_model
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
 
     targets = "all-linear" if list(cfg.target_modules) == ["all-linear"] else list(cfg.target_modules)
-    return get_peft_model(model, PeftLoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
-                                                target_modules=targets))
+    return get_peft_model(
+        model, PeftLoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets)
+    )
 
 
 def base_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -57,19 +59,24 @@ def is_adapter(name: str) -> bool:
 
 
 def base_name(name: str) -> str:
-    """The base model's name of a parameter of the wrapped model ('...q_proj.base_layer.weight' -> '...q_proj.weight')."""
+    """The base model's name of a parameter of the wrapped model ('...q_proj.base_layer.weight' ->
+    '...q_proj.weight')."""
     return name.removeprefix(PREFIX).replace(".base_layer.", ".")
 
 
-def engine_weights(model: torch.nn.Module, local: Callable, adapters_only: bool = False
-                   ) -> dict[str, tuple[torch.Size, Callable[[], torch.Tensor]]]:
+def engine_weights(
+    model: torch.nn.Module, local: Callable, adapters_only: bool = False
+) -> dict[str, tuple[torch.Size, Callable[[], torch.Tensor]]]:
     """What a sync sends, in order: the engine's name of each weight -> (its full shape, a function returning this
     rank's rows of it). `local(param)` gives a parameter's rows on this rank. With `adapters_only`, the adapters
     under peft's saved names; otherwise every base weight, each adapted one merged with its adapters. Every rank
     must call the functions in the same order (A's gather is collective)."""
     if adapters_only:
-        return {name.replace(".default.", "."): (p.shape, lambda p=p: local(p))
-                for name, p in model.named_parameters() if is_adapter(name)}
+        return {
+            name.replace(".default.", "."): (p.shape, lambda p=p: local(p))
+            for name, p in model.named_parameters()
+            if is_adapter(name)
+        }
     adapted = {}
     for prefix, module in model.named_modules():
         if hasattr(module, "lora_A") and "default" in getattr(module, "lora_A", {}):
@@ -91,6 +98,7 @@ def _merged(weight, module, local: Callable) -> Callable[[], torch.Tensor]:
         full_a = a.full_tensor() if hasattr(a, "full_tensor") else a
         with torch.no_grad():
             return local(weight) + module.scaling["default"] * (local(b) @ full_a)
+
     return rows
 
 
@@ -105,8 +113,15 @@ def write_adapter(directory: str, tensors: dict[str, torch.Tensor], alpha: float
     from safetensors.torch import save_file
 
     a = {name: t for name, t in tensors.items() if name.endswith("lora_A.weight")}
-    config = {"peft_type": "LORA", "r": next(iter(a.values())).shape[0], "lora_alpha": alpha, "bias": "none",
-              "target_modules": sorted({name.split(".")[-3] for name in a}), "lora_dropout": 0.0,
-              "fan_in_fan_out": False, "use_rslora": False}
+    config = {
+        "peft_type": "LORA",
+        "r": next(iter(a.values())).shape[0],
+        "lora_alpha": alpha,
+        "bias": "none",
+        "target_modules": sorted({name.split(".")[-3] for name in a}),
+        "lora_dropout": 0.0,
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+    }
     save_file({name: t.contiguous() for name, t in tensors.items()}, str(Path(directory) / "adapter_model.safetensors"))
     (Path(directory) / "adapter_config.json").write_text(json.dumps(config))

@@ -15,14 +15,28 @@ from pathlib import Path
 from grpo_ray import perf
 from grpo_ray.types import RolloutStats, Scores, Work
 
-CONSOLE_KEYS = {"critic/score/mean": "score", "sft/loss": "loss", "response_length/mean": "len", "actor/kl_loss": "kl",
-                "actor/entropy": "ent", "actor/grad_norm": "gnorm", "sync/logprob_diff": "sync",
-                "timing_s/step": "s", "reward/errors": "err", "reward/timeouts": "tmo"}
+CONSOLE_KEYS = {
+    "critic/score/mean": "score",
+    "sft/loss": "loss",
+    "response_length/mean": "len",
+    "actor/kl_loss": "kl",
+    "actor/entropy": "ent",
+    "actor/grad_norm": "gnorm",
+    "sync/logprob_diff": "sync",
+    "timing_s/step": "s",
+    "reward/errors": "err",
+    "reward/timeouts": "tmo",
+}
 """The metrics a console step line shows, under a short label (the files keep every metric, by its full name)."""
 CONSOLE_WIDTH = 120
-LEGEND = textwrap.fill("step lines: " + ", ".join(f"{short}={key}" for key, short in CONSOLE_KEYS.items())
-                       + ", val/SOURCE@k=val/SOURCE/pass@k; every metric by its full name in metrics.jsonl and "
-                       "TensorBoard", CONSOLE_WIDTH, subsequent_indent="  ")
+LEGEND = textwrap.fill(
+    "step lines: "
+    + ", ".join(f"{short}={key}" for key, short in CONSOLE_KEYS.items())
+    + ", val/SOURCE@k=val/SOURCE/pass@k; every metric by its full name in metrics.jsonl and "
+    "TensorBoard",
+    CONSOLE_WIDTH,
+    subsequent_indent="  ",
+)
 START = time.time()
 """When the command began (the CLI sets it as it starts): start-up lines count their seconds from here."""
 
@@ -87,20 +101,33 @@ def rollout_metrics(stats: list[RolloutStats], scores: list[Scores]) -> dict[str
     return out
 
 
-def perf_metrics(stats: list[RolloutStats], trained: dict, step_seconds: float, facts: dict, devices: float,
-                 recipe) -> dict[str, float]:
+def perf_metrics(
+    stats: list[RolloutStats], trained: dict, step_seconds: float, facts: dict, devices: float, recipe
+) -> dict[str, float]:
     """Throughput and MFU of the learner (over update time and over the whole step); MFU only where the device's
     peak is known (``perf.device_peak_tflops``)."""
     seq_lens = [p + r for s in stats for p, r in zip(s.prompt_lengths, s.response_lengths)]
-    flops = perf.step_flops(facts["dims"], seq_lens, recipe.algorithm.ppo_epochs,
-                            old_logprob_pass=trained["actor/old_log_prob_recomputed"] > 0)
+    flops = perf.step_flops(
+        facts["dims"],
+        seq_lens,
+        recipe.algorithm.ppo_epochs,
+        old_logprob_pass=trained["actor/old_log_prob_recomputed"] > 0,
+    )
     update = trained["timing_s/update_actor"] + trained["timing_s/old_log_prob"]
     world = recipe.learner.world_size
-    out = {"perf/total_num_tokens": sum(seq_lens), "perf/throughput": perf.throughput(sum(seq_lens), step_seconds, devices)}
+    out = {
+        "perf/total_num_tokens": sum(seq_lens),
+        "perf/throughput": perf.throughput(sum(seq_lens), step_seconds, devices),
+    }
     peak = facts["peak_tflops"]
     if peak:  # unknown device and no cluster.peak_tflops: no MFU (said once at start), never a failed run
-        out.update({"perf/mfu/actor": perf.mfu(flops, update, peak, world),
-                    "perf/mfu/step": perf.mfu(flops, step_seconds, peak, world), "perf/peak_tflops_per_device": peak})
+        out.update(
+            {
+                "perf/mfu/actor": perf.mfu(flops, update, peak, world),
+                "perf/mfu/step": perf.mfu(flops, step_seconds, peak, world),
+                "perf/peak_tflops_per_device": peak,
+            }
+        )
     return out
 
 
@@ -138,8 +165,10 @@ TABLE_ROWS = 16
 
 def sample_table(rollout, totals: list[float]) -> list[dict]:
     """The first TABLE_ROWS samples of a rollout with their rewards, as a tracker's table rows."""
-    return [{"prompt": rollout.prompts[c.prompt].text, "response": c.text, "reward": reward}
-            for c, reward in zip(rollout.completions[:TABLE_ROWS], totals)]
+    return [
+        {"prompt": rollout.prompts[c.prompt].text, "response": c.text, "reward": reward}
+        for c, reward in zip(rollout.completions[:TABLE_ROWS], totals)
+    ]
 
 
 class MetricsLog:
@@ -152,8 +181,15 @@ class MetricsLog:
     (``ray job submit``, CI, a pipe) each line ends with that ETA instead.
     """
 
-    def __init__(self, output_dir: Path, loggers: list[str], total_steps: int = 0, done: int = 0, trackers=(),
-                 bar: bool | None = None):
+    def __init__(
+        self,
+        output_dir: Path,
+        loggers: list[str],
+        total_steps: int = 0,
+        done: int = 0,
+        trackers=(),
+        bar: bool | None = None,
+    ):
         output_dir.mkdir(parents=True, exist_ok=True)
         self.output_dir = output_dir
         self.console = "console" in loggers
@@ -175,8 +211,11 @@ class MetricsLog:
             # each writer a file of its own, named in the order they start (TensorBoard reads them by name): the
             # default name (start second + host) is the same for two writers started within a second, and the
             # second file would replace the first
-            self.tb = SummaryWriter(str(output_dir / "tensorboard"), purge_step=done + 1 if done else None,
-                                    filename_suffix=f".{time.time_ns()}.{os.getpid()}")
+            self.tb = SummaryWriter(
+                str(output_dir / "tensorboard"),
+                purge_step=done + 1 if done else None,
+                filename_suffix=f".{time.time_ns()}.{os.getpid()}",
+            )
 
     def say(self, line: str) -> None:
         if self.bar is not None:

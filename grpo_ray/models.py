@@ -112,7 +112,9 @@ def parse_tiny(name: str) -> TinySpec:
     if min(spec.layers, spec.hidden, spec.heads, spec.kv_heads, spec.max_len, spec.vocab) <= 0:
         raise ModelNameError(f"{name!r}: sizes must be positive")
     if spec.bytes and spec.vocab <= 300:
-        raise ModelNameError(f"{name!r}: vocab={spec.vocab} is too small for the 256 byte symbols; use vocab > 300 or bytes=0")
+        raise ModelNameError(
+            f"{name!r}: vocab={spec.vocab} is too small for the 256 byte symbols; use vocab > 300 or bytes=0"
+        )
     return spec
 
 
@@ -139,8 +141,19 @@ def _sft_recipe(name: str):
 
 
 # trainer fields that change where and how an SFT run reports, not the model it makes
-NOT_IN_HASH = ("output_dir", "experiment_name", "loggers", "log_level", "overwrite", "resume", "call_timeout_s",
-               "save_freq", "keep_last", "dump_freq", "preemption_grace_s")
+NOT_IN_HASH = (
+    "output_dir",
+    "experiment_name",
+    "loggers",
+    "log_level",
+    "overwrite",
+    "resume",
+    "call_timeout_s",
+    "save_freq",
+    "keep_last",
+    "dump_freq",
+    "preemption_grace_s",
+)
 
 
 def recipe_key(recipe) -> str:
@@ -169,8 +182,10 @@ def resolve(name: str) -> str:
     if is_sft(name):
         model = sft_home(_sft_recipe(name)) / "run" / "model"
         if not (model / "config.json").is_file():
-            raise ModelNameError(f"model.path={name!r}: this SFT warm start was not trained on this machine ({model} "
-                                 "is missing); `grpo-ray train` of a recipe that names it trains it once")
+            raise ModelNameError(
+                f"model.path={name!r}: this SFT warm start was not trained on this machine ({model} "
+                "is missing); `grpo-ray train` of a recipe that names it trains it once"
+            )
         return str(model)
     if not is_tiny(name):
         return name
@@ -206,8 +221,10 @@ def load_tokenizer(model_path: str, model):
     if model.chat_template:
         tokenizer.chat_template = chat_template_text(model.chat_template)
     if not tokenizer.chat_template:
-        raise ModelNameError(f"model.path={model.path!r}: the tokenizer has no chat template; set model.chat_template "
-                             "(Jinja text, a .jinja file, or plain: the prompt as it is, for a base model)")
+        raise ModelNameError(
+            f"model.path={model.path!r}: the tokenizer has no chat template; set model.chat_template "
+            "(Jinja text, a .jinja file, or plain: the prompt as it is, for a base model)"
+        )
     return tokenizer
 
 
@@ -219,9 +236,12 @@ def chat_template_text(value: str) -> str:
         try:
             return Path(value).expanduser().read_text()
         except OSError as e:
-            raise ModelNameError(f"model.chat_template={value!r}: cannot read the file ({e.strerror or e}); give Jinja "
-                                 "text, a .jinja file, or plain") from None
+            raise ModelNameError(
+                f"model.chat_template={value!r}: cannot read the file ({e.strerror or e}); give Jinja "
+                "text, a .jinja file, or plain"
+            ) from None
     return value
+
 
 _FAMILY = {
     "qwen2": {
@@ -311,7 +331,9 @@ def _config(spec: TinySpec, vocab_size: int, tokenizer):
         cfg = LlamaConfig(**common)
     else:
         cfg = Gemma3TextConfig(**common, sliding_window=min(512, spec.max_len), query_pre_attn_scalar=spec.head_dim)
-    cfg.architectures = [{"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "gemma3": "Gemma3ForCausalLM"}[spec.arch]]
+    cfg.architectures = [
+        {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "gemma3": "Gemma3ForCausalLM"}[spec.arch]
+    ]
     return cfg
 
 
@@ -339,7 +361,9 @@ def build_tiny(spec: TinySpec, out: Path, extra_texts: list[str] | None = None) 
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         GenerationConfig(
-            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
         ).save_pretrained(tmp)
         (tmp / "tiny_spec.json").write_text(json.dumps({"name": spec.canonical()}, indent=1))
         try:
@@ -350,7 +374,6 @@ def build_tiny(spec: TinySpec, out: Path, extra_texts: list[str] | None = None) 
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
-
 
 
 def load_causal_lm(path: str, dtype, trust_remote_code: bool = False):
@@ -368,6 +391,7 @@ def pad_id(config) -> int:
 
 
 # --- shapes, for the fit check ------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class ModelDims:
@@ -404,8 +428,15 @@ class ModelDims:
     def linears(self) -> dict[str, tuple[int, int]]:
         """(in, out) features of each linear layer of a decoder block, by module name (the LM head aside)."""
         h, a, kv, i = self.hidden, self.attn_dim, self.kv_heads * self.head_dim, self.intermediate
-        return {"q_proj": (h, a), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (a, h),
-                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+        return {
+            "q_proj": (h, a),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (a, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
 
     def lora_targets(self, targets: list[str]) -> dict[str, tuple[int, int]]:
         """The linear layers of a block that LoRA's `targets` name ([all-linear]: all of them), as ``linears``."""
@@ -462,7 +493,9 @@ def model_dims(name: str) -> ModelDims:
         return KNOWN_DIMS[name]
     path = Path(name) / "config.json"
     if Path(name).is_dir() and not path.is_file():
-        raise ModelNameError(f"model.path={name!r}: the directory has no config.json, so it is not a Hugging Face model")
+        raise ModelNameError(
+            f"model.path={name!r}: the directory has no config.json, so it is not a Hugging Face model"
+        )
     if name.startswith(("/", "./", "../", "~")) and not Path(name).expanduser().exists():
         raise ModelNameError(f"model.path={name!r}: no such directory")
     offline = False
@@ -475,13 +508,24 @@ def model_dims(name: str) -> ModelDims:
             offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on") or not hub_answers()
             cfg = AutoConfig.from_pretrained(name, local_files_only=offline).to_dict()  # the cache, else the hub
     except (OSError, ValueError) as e:
-        why = ("not in the Hugging Face cache, and offline (HF_HUB_OFFLINE, or the hub does not answer)" if offline else
-               f"not in the Hugging Face cache and not fetched from the hub ({str(e).splitlines()[0][:200]})")
-        raise ModelNameError(f"model.path={name!r}: no config.json: {why}; download the model, or name a local "
-                             "directory") from None
+        why = (
+            "not in the Hugging Face cache, and offline (HF_HUB_OFFLINE, or the hub does not answer)"
+            if offline
+            else f"not in the Hugging Face cache and not fetched from the hub ({str(e).splitlines()[0][:200]})"
+        )
+        raise ModelNameError(
+            f"model.path={name!r}: no config.json: {why}; download the model, or name a local directory"
+        ) from None
     cfg = cfg.get("text_config", cfg)  # multimodal checkpoints (Gemma 3 >= 4B) keep the LM's shape here
     heads = cfg["num_attention_heads"]
-    return ModelDims(cfg["num_hidden_layers"], cfg["hidden_size"], heads, cfg.get("num_key_value_heads", heads),
-                     cfg.get("head_dim") or cfg["hidden_size"] // heads, cfg["intermediate_size"],
-                     cfg["vocab_size"], bool(cfg.get("tie_word_embeddings", True)),
-                     int(cfg.get("max_position_embeddings") or 0))
+    return ModelDims(
+        cfg["num_hidden_layers"],
+        cfg["hidden_size"],
+        heads,
+        cfg.get("num_key_value_heads", heads),
+        cfg.get("head_dim") or cfg["hidden_size"] // heads,
+        cfg["intermediate_size"],
+        cfg["vocab_size"],
+        bool(cfg.get("tie_word_embeddings", True)),
+        int(cfg.get("max_position_embeddings") or 0),
+    )

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from math import comb
 
+
 def train_flops(dims, seq_lens: list[int], passes: float = 1.0) -> float:
     """FLOPs of `passes` forward+backward passes over sequences of `seq_lens` (`dims`: a models.ModelDims)."""
     tokens = sum(seq_lens)
@@ -35,12 +36,26 @@ def step_flops(dims, seq_lens: list[int], ppo_epochs: int, old_logprob_pass: boo
 # this order, the first match winning (so "H100 PCIe" before "H100", "A100" before "A10", "L40S" before "L40").
 # Consumer cards are listed at their rate with fp32 accumulation, the one training uses.
 PEAK_TFLOPS: list[tuple[str, float]] = [
-    (r"GB200", 2500.0), (r"B200", 2250.0), (r"B100", 1750.0),
-    (r"H100 PCIe", 756.0), (r"H100 NVL", 835.0), (r"GH200|H200|H100|H800", 989.0), (r"H20\b", 148.0),
-    (r"A100|A800", 312.0), (r"A30\b", 165.0), (r"A40\b", 149.7), (r"A10\b", 125.0),
-    (r"L40S", 362.0), (r"L40\b", 181.0), (r"L4\b", 121.0),
-    (r"RTX 6000 Ada", 364.2), (r"RTX A6000", 154.8), (r"RTX 4090", 165.2), (r"RTX 3090", 71.0),
-    (r"MI325X|MI300X", 1307.4), (r"MI250X", 383.0),
+    (r"GB200", 2500.0),
+    (r"B200", 2250.0),
+    (r"B100", 1750.0),
+    (r"H100 PCIe", 756.0),
+    (r"H100 NVL", 835.0),
+    (r"GH200|H200|H100|H800", 989.0),
+    (r"H20\b", 148.0),
+    (r"A100|A800", 312.0),
+    (r"A30\b", 165.0),
+    (r"A40\b", 149.7),
+    (r"A10\b", 125.0),
+    (r"L40S", 362.0),
+    (r"L40\b", 181.0),
+    (r"L4\b", 121.0),
+    (r"RTX 6000 Ada", 364.2),
+    (r"RTX A6000", 154.8),
+    (r"RTX 4090", 165.2),
+    (r"RTX 3090", 71.0),
+    (r"MI325X|MI300X", 1307.4),
+    (r"MI250X", 383.0),
 ]
 
 

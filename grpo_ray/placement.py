@@ -49,8 +49,12 @@ def plan(recipe: Recipe, pools: tuple[str, ...] = POOLS) -> dict[str, PoolPlan]:
         "generator": PoolPlan("generator", g.num_engines, g.num_cpus, g.tensor_parallel_size if cuda else 0),
         "learner": PoolPlan("learner", l.world_size, l.num_cpus, 1 if cuda else 0),
         # no KL term: no reference; LoRA: the learner is its own reference (the adapters switched off)
-        "reference": PoolPlan("reference", f.num_actors if recipe.algorithm.kl_coef > 0 and not recipe.model.lora.rank
-                              else 0, f.num_cpus, 1 if cuda else 0),
+        "reference": PoolPlan(
+            "reference",
+            f.num_actors if recipe.algorithm.kl_coef > 0 and not recipe.model.lora.rank else 0,
+            f.num_cpus,
+            1 if cuda else 0,
+        ),
         "reward": PoolPlan("reward", r.num_actors, r.num_cpus, 0),
     }
     for pool, resource in recipe.cluster.node_resources.items():
@@ -67,8 +71,10 @@ def threads(recipe: Recipe, plans: dict[str, PoolPlan], node_cpus: float) -> dic
     mode, c = recipe.cluster.cpu_threads, recipe.cluster
     if mode == "auto":
         mode = "node" if c.device == "cpu" and c.nodes == 1 and recipe.algorithm.max_staleness == 0 else "reserved"
-    return {pool: max(1, int(node_cpus // max(1, p.actors)) if mode == "node" and pool != "reward" else round(p.cpus))
-            for pool, p in plans.items()}
+    return {
+        pool: max(1, int(node_cpus // max(1, p.actors)) if mode == "node" and pool != "reward" else round(p.cpus))
+        for pool, p in plans.items()
+    }
 
 
 def node_markers(recipe: Recipe) -> list[str]:
@@ -147,8 +153,9 @@ def reserve(recipe: Recipe, pools: tuple[str, ...] = POOLS, timeout_s: float = 1
             ray.get(pg.ready(), timeout=timeout_s)
         except ray.exceptions.GetTimeoutError:
             remove_placement_group(pg)
-            raise ClusterError(f"placement of {'+'.join(group)} not ready after {timeout_s:g}s "
-                               f"(asked for {bundles(group, plans)})") from None
+            raise ClusterError(
+                f"placement of {'+'.join(group)} not ready after {timeout_s:g}s (asked for {bundles(group, plans)})"
+            ) from None
         sharing = len([p for p in group if plans[p].gpus])
         for pool in group:
             out[pool] = (pg, plans[pool].gpus / max(1, sharing) if sharing > 1 else plans[pool].gpus)
@@ -159,4 +166,3 @@ def write_placement(path: Path, pools: dict[str, list[dict]]) -> None:
     """placement.json: per pool, per actor, its node id, pid, compute threads and resources."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(pools, indent=1))
-

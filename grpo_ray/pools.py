@@ -85,8 +85,10 @@ class Pools:
         once, so a phase's line says when it was ready, not how long it took alone)."""
         self.pgs = placement.reserve(self.r, pools)
         # Ray's CPUs are a count the cluster was given (tests give 4 on 2 cores): never more than the cores here
-        node_cpus = min([c for n in ray.nodes() if n["Alive"] and (c := n["Resources"].get("CPU", 0)) > 0]
-                        + [len(os.sched_getaffinity(0))])
+        node_cpus = min(
+            [c for n in ray.nodes() if n["Alive"] and (c := n["Resources"].get("CPU", 0)) > 0]
+            + [len(os.sched_getaffinity(0))]
+        )
         self.threads = placement.threads(self.r, self.plans, node_cpus)
         for pool in POOLS:
             count = self.plans[pool].actors if pool in pools else 0
@@ -118,25 +120,63 @@ class Pools:
             env[LOG_FILE_ENV] = str(self.log_dir() / f"{pool}-{i}.log")
         if pool == "generator":
             env.update(engine_env(r.cluster.device, threads))
-        options = dict(num_cpus=cpus, num_gpus=gpus, resources=self.plans[pool].resources or None,
-                       scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
-                       runtime_env={"env_vars": env})
+        options = dict(
+            num_cpus=cpus,
+            num_gpus=gpus,
+            resources=self.plans[pool].resources or None,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
+            runtime_env={"env_vars": env},
+        )
         if pool == "generator":
             kv = cpu_kv_cache_bytes(model_dims(self.model_path), r) if r.cluster.device == "cpu" else 0
-            return ray.remote(Generator).options(**options).remote(
-                self.model_path, g, max_model_len(r), kv, r.trainer.seed + i, r.model.trust_remote_code, r.cluster.device,
-                r.model.lora if r.model.lora.rank and r.model.lora.sync == "adapters" else None)
+            return (
+                ray.remote(Generator)
+                .options(**options)
+                .remote(
+                    self.model_path,
+                    g,
+                    max_model_len(r),
+                    kv,
+                    r.trainer.seed + i,
+                    r.model.trust_remote_code,
+                    r.cluster.device,
+                    r.model.lora if r.model.lora.rank and r.model.lora.sync == "adapters" else None,
+                )
+            )
         if pool == "learner":
             return ray.remote(Learner).options(**options).remote(self.model_path, r, i, r.learner.world_size, threads)
         if pool == "reference":
-            return ray.remote(Reference).options(**options).remote(
-                self.model_path, r.cluster.device, r.reference.micro_batch_size, g.sampling.temperature,
-                threads, i, self.plans[pool].actors, r.model.trust_remote_code, r.learner.dtype, r.model.sequence_packing,
-                r.model.shared_prompt)
+            return (
+                ray.remote(Reference)
+                .options(**options)
+                .remote(
+                    self.model_path,
+                    r.cluster.device,
+                    r.reference.micro_batch_size,
+                    g.sampling.temperature,
+                    threads,
+                    i,
+                    self.plans[pool].actors,
+                    r.model.trust_remote_code,
+                    r.learner.dtype,
+                    r.model.sequence_packing,
+                    r.model.shared_prompt,
+                )
+            )
         w = r.reward
-        return ray.remote(RewardWorker).options(**options).remote(
-            [(f.name, f.weight) for f in w.functions], w.timeout_s, r.data.response_prefix, w.memory_mb, w.sandbox,
-            w.network, rewards.shipped([f.name for f in w.functions]))
+        return (
+            ray.remote(RewardWorker)
+            .options(**options)
+            .remote(
+                [(f.name, f.weight) for f in w.functions],
+                w.timeout_s,
+                r.data.response_prefix,
+                w.memory_mb,
+                w.sandbox,
+                w.network,
+                rewards.shipped([f.name for f in w.functions]),
+            )
+        )
 
     def log_dir(self) -> Path:
         """Where actors write their output at trainer.log_level=info."""
@@ -159,9 +199,12 @@ class Pools:
         self.call([g.where.remote() for g in gens], "engines ready")
         host, port = self.call(learner.address.remote(), "sync address")
         timeout, backend = self.r.trainer.sync_timeout_s, backend_for(self.r.cluster.device)
-        self.call([learner.init_sync.remote(host, port, world, timeout)] +
-                  [gen.init_sync.remote(backend, host, port, 1 + i * tp, world, timeout) for i, gen in enumerate(gens)],
-                  "weight-sync group", timeout + self.r.generator.timeout_s)
+        self.call(
+            [learner.init_sync.remote(host, port, world, timeout)]
+            + [gen.init_sync.remote(backend, host, port, 1 + i * tp, world, timeout) for i, gen in enumerate(gens)],
+            "weight-sync group",
+            timeout + self.r.generator.timeout_s,
+        )
 
     def replace_generator(self, i: int) -> None:
         """Kill engine i (dead, or hung past its deadline) and start a new one in its bundle."""
@@ -186,8 +229,10 @@ class Pools:
         for pool, actors in self.actors.items():
             where = self.call([a.where.remote() for a in actors], f"{pool} start")
             p = self.plans[pool]
-            out[pool] = [{"actor": i, **w, "resources": {"CPU": p.cpus, "GPU": p.gpus, **p.resources}}
-                         for i, w in enumerate(where)]
+            out[pool] = [
+                {"actor": i, **w, "resources": {"CPU": p.cpus, "GPU": p.gpus, **p.resources}}
+                for i, w in enumerate(where)
+            ]
         placement.write_placement(path, out)
 
     def devices(self) -> float:

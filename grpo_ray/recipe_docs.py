@@ -33,8 +33,13 @@ def field_docs() -> dict[tuple[str, str], str]:
     for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
         body = cls.body
         for a, b in itertools.pairwise(body):
-            if isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name) and isinstance(b, ast.Expr) \
-                    and isinstance(b.value, ast.Constant) and isinstance(b.value.value, str):
+            if (
+                isinstance(a, ast.AnnAssign)
+                and isinstance(a.target, ast.Name)
+                and isinstance(b, ast.Expr)
+                and isinstance(b.value, ast.Constant)
+                and isinstance(b.value.value, str)
+            ):
                 docs[(cls.name, a.target.id)] = " ".join(b.value.value.split())
     return docs
 

@@ -19,14 +19,23 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from grpo_ray import checkpoint
 from grpo_ray.config import RecipeError
 
-RUN_FILES = ("metrics.jsonl", "tensorboard", "rollouts", "checkpoints", "logs", "placement.json", "config.yaml",
-             "model", "replay")
+RUN_FILES = (
+    "metrics.jsonl",
+    "tensorboard",
+    "rollouts",
+    "checkpoints",
+    "logs",
+    "placement.json",
+    "config.yaml",
+    "model",
+    "replay",
+)
 """What a run writes in its output_dir (trainer.overwrite removes these, and nothing else)."""
 
 
@@ -58,15 +67,22 @@ def prepare(output_dir: Path, trainer, config_text: str, say: Callable[[str], No
             return same_model(ckpt, config_text)
         steps = checkpoint.complete_steps(root)
         if steps and not (trainer.overwrite or trainer.set_aside):
-            raise RecipeError(f"trainer.resume=auto: {root} holds checkpoints {steps} and none is whole (see above); "
-                              "nothing was started. Resume from one by path (trainer.resume=...), or set "
-                              "trainer.overwrite=true (or trainer.set_aside=true) to start afresh")
+            raise RecipeError(
+                f"trainer.resume=auto: {root} holds checkpoints {steps} and none is whole (see above); "
+                "nothing was started. Resume from one by path (trainer.resume=...), or set "
+                "trainer.overwrite=true (or trainer.set_aside=true) to start afresh"
+            )
     found = run_files(output_dir)
     if not found:
         return None
     config = output_dir / "config.yaml"
-    if (trainer.resume == "auto" and trainer.save_freq > 0 and config.is_file() and config.read_text() == config_text
-            and not checkpoint.complete_steps(root)):
+    if (
+        trainer.resume == "auto"
+        and trainer.save_freq > 0
+        and config.is_file()
+        and config.read_text() == config_text
+        and not checkpoint.complete_steps(root)
+    ):
         say(f"{output_dir}: the same run stopped before its first checkpoint: starting it again from step 0")
         return None
     if trainer.set_aside:
@@ -82,9 +98,11 @@ def prepare(output_dir: Path, trainer, config_text: str, say: Callable[[str], No
         say(f"{output_dir}: the previous run's {', '.join(found)} removed (trainer.overwrite)")
         return None
     why = "no whole checkpoint to resume" if trainer.resume == "auto" else "trainer.resume=disable"
-    raise RecipeError(f"trainer.output_dir={str(output_dir)!r} already holds a run ({', '.join(found)}) and {why}; "
-                      "nothing was changed. Choose another trainer.output_dir, set trainer.set_aside=true to keep it "
-                      "under a new name, or trainer.overwrite=true to replace it")
+    raise RecipeError(
+        f"trainer.output_dir={str(output_dir)!r} already holds a run ({', '.join(found)}) and {why}; "
+        "nothing was changed. Choose another trainer.output_dir, set trainer.set_aside=true to keep it "
+        "under a new name, or trainer.overwrite=true to replace it"
+    )
 
 
 def same_model(ckpt: Path, config_text: str) -> Path:
@@ -96,6 +114,8 @@ def same_model(ckpt: Path, config_text: str) -> Path:
     ours = (yaml.safe_load(config_text) or {}).get("model", {})
     for key, of in (("path", lambda m: m.get("path")), ("lora.rank", lambda m: (m.get("lora") or {}).get("rank", 0))):
         if of(theirs) != of(ours):
-            raise RecipeError(f"{ckpt} holds model.{key}={of(theirs)!r}, the recipe trains model.{key}={of(ours)!r}: "
-                              "resume with the recipe that wrote it, or start afresh in another trainer.output_dir")
+            raise RecipeError(
+                f"{ckpt} holds model.{key}={of(theirs)!r}, the recipe trains model.{key}={of(ours)!r}: "
+                "resume with the recipe that wrote it, or start afresh in another trainer.output_dir"
+            )
     return ckpt

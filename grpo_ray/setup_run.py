@@ -36,15 +36,19 @@ class RunInputs:
     """The checkpoint the run continues from (grpo_ray.rundir), or None for a fresh start."""
 
 
-def usable_rows(files: list[str], tokenizer, recipe: Recipe, dropped: dict[str, int], targets: bool = False) -> list[dict]:
+def usable_rows(
+    files: list[str], tokenizer, recipe: Recipe, dropped: dict[str, int], targets: bool = False
+) -> list[dict]:
     """Rows whose prompt fits data.max_prompt_length, with 'prompt_ids' and 'prompt_text' added; with `targets`
     (SFT), also 'target_ids' (the text at sft.target_key, then end of sequence), dropping targets over
     sft.max_target_length. A row without a target is a DataError naming the file and row."""
     rows = []
     for spec in files:
         n, loaded = 0, load_rows(spec, recipe.data.prompt_key, recipe.data.answer_key)
-        texts = [prompt_text(tokenizer, row, recipe.data.response_prefix, recipe.model.chat_template_kwargs)
-                 for row in loaded]
+        texts = [
+            prompt_text(tokenizer, row, recipe.data.response_prefix, recipe.model.chat_template_kwargs)
+            for row in loaded
+        ]
         prompts = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []  # one call: batched
         for i, (row, text, ids) in enumerate(zip(loaded, texts, prompts)):
             extra = {"prompt_ids": ids, "prompt_text": text}
@@ -52,15 +56,22 @@ def usable_rows(files: list[str], tokenizer, recipe: Recipe, dropped: dict[str, 
                 target = target_text(row, recipe.sft.target_key, recipe.data.response_prefix)
                 if target is None:
                     raise DataError(f"{spec} row {i}: no text at sft.target_key={recipe.sft.target_key!r}")
-                extra["target_ids"] = tokenizer(target, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-            if len(ids) > recipe.data.max_prompt_length or len(extra.get("target_ids", ())) > recipe.sft.max_target_length:
+                extra["target_ids"] = tokenizer(target, add_special_tokens=False)["input_ids"] + [
+                    tokenizer.eos_token_id
+                ]
+            if (
+                len(ids) > recipe.data.max_prompt_length
+                or len(extra.get("target_ids", ())) > recipe.sft.max_target_length
+            ):
                 n += 1
                 continue
             rows.append({**row, **extra})
         dropped[spec] = n
         if n and not rows:
-            raise DataError(f"{spec}: every prompt is longer than data.max_prompt_length={recipe.data.max_prompt_length}"
-                            + (f" or its target than sft.max_target_length={recipe.sft.max_target_length}" if targets else ""))
+            raise DataError(
+                f"{spec}: every prompt is longer than data.max_prompt_length={recipe.data.max_prompt_length}"
+                + (f" or its target than sft.max_target_length={recipe.sft.max_target_length}" if targets else "")
+            )
     return rows
 
 
@@ -113,26 +124,35 @@ def try_rewards(recipe: Recipe, row: dict, where: str) -> None:
     child = RewardChild(w.memory_mb, w.sandbox, w.network, rewards.shipped([f.name for f in w.functions])[0])
     try:
         extra = {"data_source": p.data_source, "extra_info": p.extra_info}
-        outcome, result = child.run((functions, recipe.data.response_prefix + p.ground_truth, p.ground_truth, extra),
-                                    w.timeout_s)
+        outcome, result = child.run(
+            (functions, recipe.data.response_prefix + p.ground_truth, p.ground_truth, extra), w.timeout_s
+        )
     finally:
         child.close()
     if outcome != "ok":
-        what = {"timeout": f"ran past reward.timeout_s={w.timeout_s:g}", "died": "exited"}.get(outcome, "ran out of "
-                                                                                                 "reward.memory_mb")
-        raise RecipeError(f"reward.functions: scoring {where} (its ground truth as the response), the reward child "
-                          f"{what}")
+        what = {"timeout": f"ran past reward.timeout_s={w.timeout_s:g}", "died": "exited"}.get(
+            outcome, "ran out of reward.memory_mb"
+        )
+        raise RecipeError(
+            f"reward.functions: scoring {where} (its ground truth as the response), the reward child {what}"
+        )
     for i, f in enumerate(w.functions):
         text = result[3].get(f.name)
         if text:
             lines = text.rstrip().splitlines()
             at = next((line.strip() for line in reversed(lines) if line.strip().startswith("File ")), "")
-            raise RecipeError(f"reward.functions[{i}].name={f.name!r}: scoring {where} (its ground truth as the "
-                              f"response) it failed: {lines[-1]}" + (f" ({at})" if at else ""))
+            raise RecipeError(
+                f"reward.functions[{i}].name={f.name!r}: scoring {where} (its ground truth as the "
+                f"response) it failed: {lines[-1]}" + (f" ({at})" if at else "")
+            )
 
 
-def setup_run(recipe: Recipe, command: str = "train", recipe_dir: Path | None = None,
-              warm_start: Callable[[str], str] | None = None) -> RunInputs:
+def setup_run(
+    recipe: Recipe,
+    command: str = "train",
+    recipe_dir: Path | None = None,
+    warm_start: Callable[[str], str] | None = None,
+) -> RunInputs:
     """Check the output directory, rewards, build or locate the model, load and tokenize data, write config.yaml.
     For `command` sft the training rows carry their targets. A model made by an SFT recipe (``sft://``) is
     made by `warm_start` (the job layer passes grpo_ray.sft.warm_start; without it, only the cache is looked in),
@@ -147,7 +167,8 @@ def setup_run(recipe: Recipe, command: str = "train", recipe_dir: Path | None = 
     val_rows = usable_rows(recipe.data.val_files, tokenizer, recipe, dropped)
     if len(train_rows) < recipe.data.train_batch_size:
         raise DataError(
-            f"data.train_files give {len(train_rows)} usable rows, fewer than data.train_batch_size={recipe.data.train_batch_size}"
+            f"data.train_files give {len(train_rows)} usable rows, fewer than "
+            f"data.train_batch_size={recipe.data.train_batch_size}"
         )
     if command == "train":
         try_rewards(recipe, train_rows[0], "the first training row")
@@ -155,11 +176,16 @@ def setup_run(recipe: Recipe, command: str = "train", recipe_dir: Path | None = 
     n = recipe.generator.val_n
     offered = sorted({f"val/{row['data_source']}/pass@{k}" for row in val_rows for k in {1, n}})
     if metric and metric not in offered:
-        raise RecipeError(f"trainer.early_stop.metric={metric!r}: validation reports {', '.join(offered) or 'nothing'} "
-                          f"for data.val_files")
+        raise RecipeError(
+            f"trainer.early_stop.metric={metric!r}: validation reports {', '.join(offered) or 'nothing'} "
+            f"for data.val_files"
+        )
     resume = rundir.prepare(output_dir, recipe.trainer, recipe_yaml(recipe))  # refuses to lose a run's files
     if models.is_sft(recipe.model.path):
-        model_path = warm_start(recipe.model.path.removeprefix(models.SFT_SCHEME)) if warm_start else \
-            models.resolve(recipe.model.path)
+        model_path = (
+            warm_start(recipe.model.path.removeprefix(models.SFT_SCHEME))
+            if warm_start
+            else models.resolve(recipe.model.path)
+        )
     dump_recipe(recipe, output_dir / "config.yaml")
     return RunInputs(model_path, train_rows, val_rows, dropped, output_dir, train_rows[0]["prompt_ids"], resume)

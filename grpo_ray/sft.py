@@ -26,6 +26,7 @@ from grpo_ray.controller import Controller
 from grpo_ray.launch import connect
 from grpo_ray.setup_run import RunInputs, setup_run
 
+
 class SFTController(Controller):
     """Runs SFT steps on the learner pool; starts generators and rewards only to validate."""
 
@@ -43,11 +44,19 @@ class SFTController(Controller):
         seconds = time.perf_counter() - start
         lengths = [len(row["prompt_ids"]) + len(row["target_ids"]) for row in rows]
         facts, ranks = self.pools.facts, self.r.learner.world_size
-        mfu = {"perf/mfu": perf.mfu(perf.train_flops(facts["dims"], lengths), seconds, facts["peak_tflops"], ranks)
-               } if facts["peak_tflops"] else {}
-        return {**trained, **mfu, "perf/throughput": perf.throughput(sum(lengths), seconds, ranks),
-                "response_length/mean": sum(len(row["target_ids"]) for row in rows) / len(rows),
-                **self.pools.memory(), "timing_s/step": seconds}
+        mfu = (
+            {"perf/mfu": perf.mfu(perf.train_flops(facts["dims"], lengths), seconds, facts["peak_tflops"], ranks)}
+            if facts["peak_tflops"]
+            else {}
+        )
+        return {
+            **trained,
+            **mfu,
+            "perf/throughput": perf.throughput(sum(lengths), seconds, ranks),
+            "response_length/mean": sum(len(row["target_ids"]) for row in rows) / len(rows),
+            **self.pools.memory(),
+            "timing_s/step": seconds,
+        }
 
     def validate(self, step: int) -> dict[str, float]:
         self.version = step

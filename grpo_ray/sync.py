@@ -25,10 +25,10 @@ import mmap
 import socket
 import time
 from collections import defaultdict, deque
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -127,8 +127,14 @@ def largest_bucket_bytes(metas: list[WeightMeta], bucket_bytes: int) -> int:
     return max((sum(metas[i].nbytes for i in b) for b in plan_buckets(metas, bucket_bytes)), default=0)
 
 
-def send(group: SyncGroup, metas: list[WeightMeta], fill: Callable[[list[int], torch.Tensor], None],
-         bucket_bytes: int, phases: Phases | None = None, device: str | torch.device = "cpu") -> int:
+def send(
+    group: SyncGroup,
+    metas: list[WeightMeta],
+    fill: Callable[[list[int], torch.Tensor], None],
+    bucket_bytes: int,
+    phases: Phases | None = None,
+    device: str | torch.device = "cpu",
+) -> int:
     """Broadcast the weights of `metas` from rank 0, bucket by bucket; returns the bytes sent.
 
     ``fill(bucket, flat)`` writes the bucket's tensors (indices into `metas`) into `flat`, in the wire dtype;
@@ -169,8 +175,13 @@ def buffer(numel: int, dtype: torch.dtype, device: str | torch.device) -> torch.
     return torch.frombuffer(mmap.mmap(-1, max(1, numel) * size), dtype=dtype, count=numel)
 
 
-def receive(group: SyncGroup, metas: list[WeightMeta], bucket_bytes: int, device: str | torch.device = "cpu",
-            phases: Phases | None = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
+def receive(
+    group: SyncGroup,
+    metas: list[WeightMeta],
+    bucket_bytes: int,
+    device: str | torch.device = "cpu",
+    phases: Phases | None = None,
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Receive what `send` broadcasts, one bucket at a time as (name, tensor) pairs in `metas` order; the next
     bucket is already arriving while the caller loads this one. A fresh buffer per bucket: the caller may keep
     views of it (vLLM holds a layer's tensors until the whole layer has arrived)."""

@@ -28,8 +28,8 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from grpo_ray.config import recipe_dict, redact
 from grpo_ray.errors import UserError
@@ -73,9 +73,16 @@ class Wandb:
 
         self.wandb, self.ids = wandb, ids
         known = ids.get(self.name).get("id")
-        self.run = wandb.init(project=project, name=run_name, id=known, resume="allow",
-                              dir=str(output_dir), config=config, mode=mode or None,
-                              settings=wandb.Settings(init_timeout=60, console="off", silent=True))
+        self.run = wandb.init(
+            project=project,
+            name=run_name,
+            id=known,
+            resume="allow",
+            dir=str(output_dir),
+            config=config,
+            mode=mode or None,
+            settings=wandb.Settings(init_timeout=60, console="off", silent=True),
+        )
         ids.update(self.name, id=self.run.id)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -83,8 +90,9 @@ class Wandb:
 
     def table(self, step: int, rows: list[dict]) -> None:
         columns = list(rows[0]) if rows else ["prompt", "response", "reward"]
-        self.run.log({"rollouts": self.wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in rows])},
-                     step=step)
+        self.run.log(
+            {"rollouts": self.wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in rows])}, step=step
+        )
 
     def file(self, path: Path) -> None:
         self.run.save(str(path), base_path=str(path.parent), policy="now")
@@ -107,7 +115,9 @@ class Mlflow:
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
         from mlflow.tracking import MlflowClient
 
-        self.client = MlflowClient(uri or os.environ.get("MLFLOW_TRACKING_URI") or (Path(output_dir) / "mlruns").as_uri())
+        self.client = MlflowClient(
+            uri or os.environ.get("MLFLOW_TRACKING_URI") or (Path(output_dir) / "mlruns").as_uri()
+        )
         known = ids.get(self.name).get("run_id")
         if known:
             self.run_id = known
@@ -202,8 +212,10 @@ class Worker:
                 self.failures += 1
                 if not self.warned:
                     self.warned = True
-                    self.say(f"{self.tracker.name}: not answering ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
-                             "trying again as the run goes on, every step kept in metrics.jsonl")
+                    self.say(
+                        f"{self.tracker.name}: not answering ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+                        "trying again as the run goes on, every step kept in metrics.jsonl"
+                    )
                 return False
             self.pending.popleft()
             if method == "log":
@@ -217,8 +229,10 @@ class Worker:
         self.thread.join(timeout_s)
         unsent = len(self.pending) + self.dropped
         if unsent or self.thread.is_alive():
-            self.say(f"{self.tracker.name}: {unsent} step(s) or records not received ({self.failures} failed tries); "
-                     "metrics.jsonl has every step")
+            self.say(
+                f"{self.tracker.name}: {unsent} step(s) or records not received ({self.failures} failed tries); "
+                "metrics.jsonl has every step"
+            )
         if not self.thread.is_alive():
             try:
                 self.tracker.close()
@@ -234,10 +248,13 @@ def start(recipe, output_dir: Path, say: Callable[[str], None]) -> list[Worker]:
     for name in [n for n in trainer.loggers if n in TRACKERS]:
         try:
             if name == "wandb":
-                tracker = Wandb(trainer.project_name, trainer.experiment_name, output_dir, config, ids, trainer.wandb_mode)
+                tracker = Wandb(
+                    trainer.project_name, trainer.experiment_name, output_dir, config, ids, trainer.wandb_mode
+                )
             else:
-                tracker = Mlflow(trainer.project_name, trainer.experiment_name, output_dir, config, ids,
-                                 trainer.mlflow_tracking_uri)
+                tracker = Mlflow(
+                    trainer.project_name, trainer.experiment_name, output_dir, config, ids, trainer.mlflow_tracking_uri
+                )
         except Exception as e:
             line = f"{name}: cannot start ({type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''})"
             if trainer.tracker_required:

@@ -20,10 +20,16 @@ class Prompt:
     """The prompt as the model sees it (chat template applied, response prefix included)."""
 
     @classmethod
-    def from_row(cls, uid: int, row: dict) -> "Prompt":
+    def from_row(cls, uid: int, row: dict) -> Prompt:
         """From a data row (grpo_ray.data schema) whose 'prompt_ids' were added by setup_run."""
-        return cls(row["prompt_ids"], row["reward_model"]["ground_truth"], row["data_source"],
-                   row.get("extra_info") or {}, uid, row.get("prompt_text", ""))
+        return cls(
+            row["prompt_ids"],
+            row["reward_model"]["ground_truth"],
+            row["data_source"],
+            row.get("extra_info") or {},
+            uid,
+            row.get("prompt_text", ""),
+        )
 
 
 @dataclass

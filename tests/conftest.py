@@ -34,8 +34,12 @@ def run_cli(*args, env=None, cwd=None, timeout=600):
     import subprocess
 
     return subprocess.run(
-        [sys.executable, "-m", "grpo_ray", *args], capture_output=True, text=True,
-        env={**os.environ, **(env or {})}, cwd=cwd or ROOT, timeout=timeout,
+        [sys.executable, "-m", "grpo_ray", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        cwd=cwd or ROOT,
+        timeout=timeout,
     )
 
 
@@ -58,7 +62,7 @@ def tiny_rollouts(vocab: int, prompts: int = 4, group: int = 4, seed: int = 0, s
     rng = random.Random(seed)
     out = []
     per = prompts // split
-    for s in range(split):
+    for _ in range(split):
         ps = [Prompt([rng.randrange(3, vocab) for _ in range(rng.randint(4, 9))], "1", "test") for _ in range(per)]
         cs = []
         for i in range(per):

@@ -39,19 +39,24 @@ def test_kl_estimators_by_hand():
     assert kl_penalty(ref, ref, "k3").item() == 0.0
 
 
-@pytest.mark.parametrize("mode, count, expected", [
-    # two sequences: tokens [1, 2] and [3] (the 100 is padding); a horizon of 4 tokens
-    ("token-mean", 3, (1 + 2 + 3) / 3),
-    ("seq-mean-token-sum", 2, ((1 + 2) + 3) / 2),
-    ("seq-mean-token-mean", 2, (1.5 + 3) / 2),
-    ("seq-mean-token-sum-norm", 2 * 4, (1 + 2 + 3) / (2 * 4)),
-])
+@pytest.mark.parametrize(
+    "mode, count, expected",
+    [
+        # two sequences: tokens [1, 2] and [3] (the 100 is padding); a horizon of 4 tokens
+        ("token-mean", 3, (1 + 2 + 3) / 3),
+        ("seq-mean-token-sum", 2, ((1 + 2) + 3) / 2),
+        ("seq-mean-token-mean", 2, (1.5 + 3) / 2),
+        ("seq-mean-token-sum-norm", 2 * 4, (1 + 2 + 3) / (2 * 4)),
+    ],
+)
 def test_aggregation_by_hand(mode, count, expected):
     values = torch.tensor([[1.0, 2.0], [3.0, 100.0]])
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
     assert kept_count(mode, mask, horizon=4) == count
     assert kept_count(mode, torch.tensor([[1.0, 1.0], [0.0, 0.0]]), horizon=4) == {  # a masked sample
-        "token-mean": 2, "seq-mean-token-sum-norm": 4}.get(mode, 1)
+        "token-mean": 2,
+        "seq-mean-token-sum-norm": 4,
+    }.get(mode, 1)
     assert aggregate(values, mask, mode, normaliser=count).item() == pytest.approx(expected)
 
 
@@ -64,12 +69,15 @@ def loss_of(ratio, adv, **kw):
     return loss, m, logp
 
 
-@pytest.mark.parametrize("ratio,adv,expected,clipped", [
-    (1.5, 1.0, -1.2, 1),   # good sample pushed too far up: clipped at 1 + 0.2
-    (0.5, -1.0, 0.8, 1),   # bad sample pushed too far down: clipped at 1 - 0.2
-    (1.5, -1.0, 1.5, 0),   # bad sample made likelier: the pessimistic (unclipped) term wins
-    (1.0, 2.0, -2.0, 0),   # on policy: -A
-])
+@pytest.mark.parametrize(
+    "ratio,adv,expected,clipped",
+    [
+        (1.5, 1.0, -1.2, 1),  # good sample pushed too far up: clipped at 1 + 0.2
+        (0.5, -1.0, 0.8, 1),  # bad sample pushed too far down: clipped at 1 - 0.2
+        (1.5, -1.0, 1.5, 0),  # bad sample made likelier: the pessimistic (unclipped) term wins
+        (1.0, 2.0, -2.0, 0),  # on policy: -A
+    ],
+)
 def test_clipped_surrogate_by_hand(ratio, adv, expected, clipped):
     loss, m, _ = loss_of(ratio, adv)
     assert loss.item() == pytest.approx(expected)
@@ -84,8 +92,19 @@ def test_separate_low_and_high_clip():
 def test_on_policy_gradient_is_minus_advantage_over_normaliser():
     logp = torch.tensor([[-1.0, -2.0], [-0.5, -3.0]], requires_grad=True)
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
-    loss, m = grpo_loss(logp, logp.detach(), None, torch.tensor([2.0, -1.0]), mask, clip_low=0.2, clip_high=0.2,
-                        kl_coef=0.0, kl_estimator="k3", loss_agg="token-mean", normaliser=3.0)
+    loss, m = grpo_loss(
+        logp,
+        logp.detach(),
+        None,
+        torch.tensor([2.0, -1.0]),
+        mask,
+        clip_low=0.2,
+        clip_high=0.2,
+        kl_coef=0.0,
+        kl_estimator="k3",
+        loss_agg="token-mean",
+        normaliser=3.0,
+    )
     loss.backward()
     assert torch.allclose(logp.grad, torch.tensor([[-2 / 3, -2 / 3], [1 / 3, 0.0]]))
     assert m["tokens"] == 3
@@ -94,8 +113,19 @@ def test_on_policy_gradient_is_minus_advantage_over_normaliser():
 def test_kl_term_is_added_with_its_coefficient():
     logp = torch.tensor([[-1.0]])
     ref = torch.tensor([[-2.0]])
-    loss, m = grpo_loss(logp, logp, ref, torch.tensor([0.0]), torch.ones(1, 1), clip_low=0.2, clip_high=0.2,
-                        kl_coef=0.5, kl_estimator="k1", loss_agg="token-mean", normaliser=1.0)
+    loss, m = grpo_loss(
+        logp,
+        logp,
+        ref,
+        torch.tensor([0.0]),
+        torch.ones(1, 1),
+        clip_low=0.2,
+        clip_high=0.2,
+        kl_coef=0.5,
+        kl_estimator="k1",
+        loss_agg="token-mean",
+        normaliser=1.0,
+    )
     assert m["kl_loss"] == pytest.approx(1.0) and loss.item() == pytest.approx(0.5)
 
 
@@ -143,16 +173,19 @@ def test_packed_micro_batches_hold_their_rows_and_every_sample_once():
 
     # a rank's share of a step as the peer benchmark has it: about half the responses cut at the limit
     rng = random.Random(0)
-    pairs = [([1] * rng.randint(30, 40), [2] * (128 if rng.random() < 0.55 else rng.randint(1, 127)))
-             for _ in range(32)]
+    pairs = [
+        ([1] * rng.randint(30, 40), [2] * (128 if rng.random() < 0.55 else rng.randint(1, 127))) for _ in range(32)
+    ]
     micros, capacity = micro_batches(list(range(32)), pairs, 16, packing=True)
     assert capacity == max(len(p) + len(r) for p, r in pairs)
     assert sorted(i for m in micros for i in m) == list(range(32))
     for micro in micros:  # packing a micro batch again gives the rows it was cut with, none over capacity
         p = collate([pairs[i] for i in micro], 0, capacity).packed
         assert p.input_ids.shape[0] <= 16 and p.input_ids.shape[1] <= capacity
-    padded = sum(collate([pairs[i] for i in m], 0).input_ids.numel()
-                 for m in micro_batches(list(range(32)), pairs, 16, packing=False)[0])
+    padded = sum(
+        collate([pairs[i] for i in m], 0).input_ids.numel()
+        for m in micro_batches(list(range(32)), pairs, 16, packing=False)[0]
+    )
     packed = sum(collate([pairs[i] for i in m], 0, capacity).packed.input_ids.numel() for m in micros)
     real = sum(len(p) + len(r) for p, r in pairs)
     assert packed < 0.92 * padded and packed < 1.1 * real
@@ -199,21 +232,26 @@ def test_samples_of_spans_keep_order():
     from grpo_ray.algo.batching import flatten, samples
     from grpo_ray.types import Completion, Prompt, Rollout
 
-    r = Rollout([Prompt([1], "1", "x"), Prompt([2], "2", "x")],
-                [Completion(0, [10], "", [], "stop"), Completion(0, [11], "", [], "stop"),
-                 Completion(1, [12], "", [], "stop")], 0)
+    r = Rollout(
+        [Prompt([1], "1", "x"), Prompt([2], "2", "x")],
+        [Completion(0, [10], "", [], "stop"), Completion(0, [11], "", [], "stop"), Completion(1, [12], "", [], "stop")],
+        0,
+    )
     assert flatten([r, r], [(1, 3), (0, 1)]) == [([1], [11]), ([2], [12]), ([1], [10])]
     assert [c.token_ids for _, c in samples([r])] == [[10], [11], [12]]
 
 
 # --- rollout correction (grpo_ray.algo.correction), worked by hand --------------------------------------------
 
+
 def _correction(old, sampler, mask, **kw):
     """weights, keep, the sums by name, the largest ratio (the function returns them as tensors)."""
     from grpo_ray.algo.correction import SUM_KEYS, rollout_correction
 
     args = dict(rollout_is=None, is_threshold=2.0, rollout_rs=None, rs_upper=3.0, rs_lower=0.0) | kw
-    weights, keep, sums, largest = rollout_correction(torch.tensor(old), torch.tensor(sampler), torch.tensor(mask), **args)
+    weights, keep, sums, largest = rollout_correction(
+        torch.tensor(old), torch.tensor(sampler), torch.tensor(mask), **args
+    )
     assert sums.dtype == largest.dtype == torch.float64 and sums.shape == (len(SUM_KEYS),) and largest.dim() == 0
     return weights, keep, dict(zip(SUM_KEYS, sums.tolist())), largest.item()
 
@@ -236,18 +274,22 @@ def test_token_tis_caps_the_ratio_of_old_to_sampler_and_reports_the_mismatch():
 
 def test_equal_logprobs_give_ratio_one_and_zero_kl():
     lp = [[-0.3, -2.0], [-1.0, 0.0]]
-    weights, keep, sums, largest = _correction(lp, lp, [[1.0, 1.0], [1.0, 0.0]], rollout_is="token",
-                                               rollout_rs="sequence")
+    weights, keep, sums, largest = _correction(
+        lp, lp, [[1.0, 1.0], [1.0, 0.0]], rollout_is="token", rollout_rs="sequence"
+    )
     assert largest == 1.0 and sums["corr_kl_sum"] == 0 and sums["corr_k3_sum"] == 0
     assert sums["corr_masked_tokens"] == 0 and keep.tolist() == [[1.0, 1.0], [1.0, 0.0]]
 
 
-@pytest.mark.parametrize("mode, lower, kept", [
-    # sample 0: two tokens of ratio 2 -> product 4 (over 3), geometric mean 2 (inside); sample 1: one token of 0.5
-    ("sequence", 0.0, [0.0, 1.0]),    # lower bound 1/3: 0.5 is inside
-    ("geometric", 0.0, [1.0, 1.0]),
-    ("geometric", 0.6, [1.0, 0.0]),   # an explicit lower bound over 0.5
-])
+@pytest.mark.parametrize(
+    "mode, lower, kept",
+    [
+        # sample 0: two tokens of ratio 2 -> product 4 (over 3), geometric mean 2 (inside); sample 1: one token of 0.5
+        ("sequence", 0.0, [0.0, 1.0]),  # lower bound 1/3: 0.5 is inside
+        ("geometric", 0.0, [1.0, 1.0]),
+        ("geometric", 0.6, [1.0, 0.0]),  # an explicit lower bound over 0.5
+    ],
+)
 def test_sequence_masking_by_hand(mode, lower, kept):
     old = [[math.log(2.0), math.log(2.0)], [math.log(0.5), 0.0]]
     sampler = [[0.0, 0.0], [0.0, 9.0]]  # sample 1 has one token; its padding's values must not count
@@ -263,16 +305,28 @@ def test_is_weights_scale_the_policy_gradient_and_masked_samples_get_none():
     logp = torch.tensor([[-1.0, -2.0], [-0.5, -0.5]], requires_grad=True)
     adv, weights = torch.tensor([1.0, -2.0]), torch.tensor([[1.5, 2.0], [0.5, 1.0]])
     keep = torch.tensor([[1.0, 1.0], [0.0, 0.0]])  # sample 1 masked by rollout_rs
-    loss, m = grpo_loss(logp, logp.detach(), None, adv, keep, clip_low=0.2, clip_high=0.2, kl_coef=0.0,
-                        kl_estimator="k3", loss_agg="token-mean", normaliser=4.0, is_weights=weights)
+    loss, m = grpo_loss(
+        logp,
+        logp.detach(),
+        None,
+        adv,
+        keep,
+        clip_low=0.2,
+        clip_high=0.2,
+        kl_coef=0.0,
+        kl_estimator="k3",
+        loss_agg="token-mean",
+        normaliser=4.0,
+        is_weights=weights,
+    )
     loss.backward()
     assert loss.item() == pytest.approx(-(1.5 + 2.0) / 4)
     assert logp.grad.flatten().tolist() == pytest.approx([-1.5 / 4, -2.0 / 4, 0.0, 0.0])
     assert m["tokens"] == 2
 
 
-
 # --- estimators and policy losses of the registries, worked by hand ------------------------------------------------
+
 
 def test_rloo_baseline_is_the_mean_of_the_other_samples():
     adv = advantages("rloo", torch.tensor([3.0, 0.0, 0.0, 1.0, 1.0, 1.0]), group_size=3)
@@ -312,15 +366,26 @@ def test_gspo_takes_its_own_aggregation_unless_the_recipe_names_one():
 
     auto = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", ["algorithm.loss_mode=gspo"])
     assert "seq-mean-token-mean" in notices(auto)[0]
-    explicit = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", ["algorithm.loss_mode=gspo", "algorithm.loss_agg=token-mean"])
+    explicit = load_recipe(
+        ROOT / "recipes" / "tiny-cpu.yaml", ["algorithm.loss_mode=gspo", "algorithm.loss_agg=token-mean"]
+    )
     assert "not GSPO's objective" in notices(explicit)[0]
     assert notices(load_recipe(ROOT / "recipes" / "tiny-cpu.yaml")) == []
 
 
 def _pg(mode, logp, old, adv, mask, **kw):
     logp = torch.tensor(logp, requires_grad=True)
-    args = dict(clip_low=0.2, clip_high=0.2, kl_coef=0.0, kl_estimator="k3", loss_agg="token-mean",
-                normaliser=float(sum(map(sum, mask)))) | kw
+    args = (
+        dict(
+            clip_low=0.2,
+            clip_high=0.2,
+            kl_coef=0.0,
+            kl_estimator="k3",
+            loss_agg="token-mean",
+            normaliser=float(sum(map(sum, mask))),
+        )
+        | kw
+    )
     loss, m = grpo_loss(logp, torch.tensor(old), None, torch.tensor(adv), torch.tensor(mask), loss_mode=mode, **args)
     loss.backward()
     return loss.item(), logp.grad, m
@@ -361,8 +426,9 @@ def test_entropy_bonus_is_subtracted_with_its_coefficient():
     logp = torch.zeros(1, 2, requires_grad=True)
     entropy = torch.tensor([[1.0, 3.0]], requires_grad=True)
     args = dict(clip_low=0.2, clip_high=0.2, kl_coef=0.0, kl_estimator="k3", loss_agg="token-mean", normaliser=2.0)
-    loss, _ = grpo_loss(logp, logp.detach(), None, torch.tensor([0.0]), torch.ones(1, 2), entropy=entropy,
-                        entropy_coef=0.1, **args)
+    loss, _ = grpo_loss(
+        logp, logp.detach(), None, torch.tensor([0.0]), torch.ones(1, 2), entropy=entropy, entropy_coef=0.1, **args
+    )
     loss.backward()
     assert loss.item() == pytest.approx(-0.1 * 2.0) and entropy.grad.flatten().tolist() == pytest.approx([-0.05, -0.05])
 
@@ -384,8 +450,12 @@ def test_select_groups_keeps_the_picked_groups_in_order():
     r = Rollout(prompts, [Completion(i // 2, [10 + i], "", [-float(i)], "stop") for i in range(6)], 7)
     out = select_groups([[0, 2]], 2, r)
     assert [p.ids for p in out.prompts] == [[1], [3]] and out.policy_version == 7
-    assert [(c.prompt, c.token_ids, c.sampler_logprobs) for c in out.completions] == \
-        [(0, [10], [-0.0]), (0, [11], [-1.0]), (1, [14], [-4.0]), (1, [15], [-5.0])]
+    assert [(c.prompt, c.token_ids, c.sampler_logprobs) for c in out.completions] == [
+        (0, [10], [-0.0]),
+        (0, [11], [-1.0]),
+        (1, [14], [-4.0]),
+        (1, [15], [-5.0]),
+    ]
 
 
 def test_signal_groups_and_take_groups_by_hand():
@@ -394,13 +464,18 @@ def test_signal_groups_and_take_groups_by_hand():
 
     # two rollouts of groups of 2: rollout 0 holds groups [1, 0] and [0, 0]; rollout 1 holds [1, 1]
     stats = [RolloutStats(1.0, 3, [5, 5, 6, 6], [1, 2, 3, 4], 0), RolloutStats(2.0, 3, [7, 7], [5, 6], 0)]
-    scores = [Scores([1.0, 0.0, 0.0], {"f": [1.0, 0.0, 0.0]}, 0, 0, 0.1), Scores([0.0, 1.0, 1.0], {"f": [0.0, 1.0, 1.0]}, 0, 0, 0.1)]
+    scores = [
+        Scores([1.0, 0.0, 0.0], {"f": [1.0, 0.0, 0.0]}, 0, 0, 0.1),
+        Scores([0.0, 1.0, 1.0], {"f": [0.0, 1.0, 1.0]}, 0, 0, 0.1),
+    ]
     kept, dropped = signal_groups(4, stats, scores, 2)
     assert kept == [(4, 0, 0)] and dropped == [(4, 0, 1), (4, 1, 0)]
     taken = take_groups(4, stats, scores, [(4, 0, 0), (4, 1, 0)], 2, max_tokens=6)
     assert [(i, groups) for i, groups, _, _ in taken] == [(0, [0]), (1, [0])]
     assert taken[0][2].response_lengths == [1, 2] and taken[1][2].response_lengths == [5, 6]
-    assert taken[1][2].truncated == 1 and taken[1][3].totals == [1.0, 1.0] and taken[0][3].components == {"f": [1.0, 0.0]}
+    assert (
+        taken[1][2].truncated == 1 and taken[1][3].totals == [1.0, 1.0] and taken[0][3].components == {"f": [1.0, 0.0]}
+    )
     # a verl dict's other numbers (one actor had them, one not) go with their samples, and into the metrics
     # over the samples that had them
     from grpo_ray.metrics import rollout_metrics

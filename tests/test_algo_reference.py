@@ -25,7 +25,7 @@ from grpo_ray.config import AlgorithmConfig, RolloutCorrectionConfig, loss_aggre
 
 def ref_advantages(name: str, rewards: list[float], g: int, lengths: list[int], norm_by_std: bool) -> list[float]:
     out = []
-    groups = [rewards[i:i + g] for i in range(0, len(rewards), g)]
+    groups = [rewards[i : i + g] for i in range(0, len(rewards), g)]
     for group in groups:
         mean = sum(group) / g
         std = math.sqrt(sum((r - mean) ** 2 for r in group) / (g - 1))
@@ -137,9 +137,16 @@ def learner_loss(a: AlgorithmConfig, logp, entropy, old, sampler, ref, adv, mask
         rows = list(range(r * per, (r + 1) * per))
         loss_sum, count = 0.0, 0.0
         for k in range(0, len(rows), micro):
-            idx = rows[k:k + micro]
-            x = LossInputs(lp[idx], sampler[idx], adv[idx], mask[idx], None if old is None else old[idx],
-                           None if ref is None else ref[idx], ent[idx])
+            idx = rows[k : k + micro]
+            x = LossInputs(
+                lp[idx],
+                sampler[idx],
+                adv[idx],
+                mask[idx],
+                None if old is None else old[idx],
+                None if ref is None else ref[idx],
+                ent[idx],
+            )
             loss, n, sums, _, _ = micro_batch_loss(x, a, horizon)
             loss.backward()
             loss_sum, count = loss_sum + loss.item(), count + n.item()
@@ -164,8 +171,9 @@ def batch(rng: random.Random, B: int = 8, T: int = 6, spread: float = 0.5, extre
     def near(scale):
         noise = torch.tensor([[rng.gauss(0, scale) for _ in range(T)] for _ in range(B)], dtype=torch.float64)
         if extreme:  # some tokens past every clamp
-            noise += torch.tensor([[rng.choice([0.0, 0.0, 30.0, -30.0]) for _ in range(T)] for _ in range(B)],
-                                  dtype=torch.float64)
+            noise += torch.tensor(
+                [[rng.choice([0.0, 0.0, 30.0, -30.0]) for _ in range(T)] for _ in range(B)], dtype=torch.float64
+            )
         return (base + noise) * mask
 
     logp = base * mask
@@ -184,8 +192,9 @@ CORRECTIONS = {
     "none": RolloutCorrectionConfig(),
     "token-is": RolloutCorrectionConfig(rollout_is="token", rollout_is_threshold=1.5),
     "sequence-rs": RolloutCorrectionConfig(rollout_rs="sequence", rollout_rs_threshold=3.0),
-    "geometric-rs": RolloutCorrectionConfig(rollout_rs="geometric", rollout_rs_threshold=1.3,
-                                            rollout_rs_threshold_lower=0.9),
+    "geometric-rs": RolloutCorrectionConfig(
+        rollout_rs="geometric", rollout_rs_threshold=1.3, rollout_rs_threshold_lower=0.9
+    ),
     "is+rs": RolloutCorrectionConfig(rollout_is="token", rollout_rs="sequence", rollout_rs_threshold=3.0),
     "bypass": RolloutCorrectionConfig(bypass_mode=True),
 }
@@ -196,27 +205,47 @@ def test_loss_and_gradients_match_the_reference(mode, agg, correction):
     rng = random.Random(hash((mode, agg, correction)) % 2**32)
     checked = 0
     for trial in range(12):
-        a = AlgorithmConfig(loss_mode=mode, loss_agg=agg, rollout_correction=CORRECTIONS[correction],
-                            clip_ratio_low=rng.choice([0.2, 3e-4]), clip_ratio_high=rng.choice([0.2, 0.28, 4e-4]),
-                            clip_ratio_c=rng.choice([0.0, 3.0]), kl_coef=rng.choice([0.0, 0.1]),
-                            kl_estimator=rng.choice(["k1", "k3"]), entropy_coeff=rng.choice([0.0, 0.01]))
-        logp, entropy, old, sampler, ref, adv, mask = batch(rng, spread=rng.choice([0.01, 0.3, 2.0]),
-                                                            extreme=trial % 4 == 3)
+        a = AlgorithmConfig(
+            loss_mode=mode,
+            loss_agg=agg,
+            rollout_correction=CORRECTIONS[correction],
+            clip_ratio_low=rng.choice([0.2, 3e-4]),
+            clip_ratio_high=rng.choice([0.2, 0.28, 4e-4]),
+            clip_ratio_c=rng.choice([0.0, 3.0]),
+            kl_coef=rng.choice([0.0, 0.1]),
+            kl_estimator=rng.choice(["k1", "k3"]),
+            entropy_coeff=rng.choice([0.0, 0.01]),
+        )
+        logp, entropy, old, sampler, ref, adv, mask = batch(
+            rng, spread=rng.choice([0.01, 0.3, 2.0]), extreme=trial % 4 == 3
+        )
         on_policy = trial % 3 == 0
         horizon = 6
         lp_ref = [[x.clone().requires_grad_() for x in row] for row in as_lists(logp)]
         ent_ref = [[x.clone().requires_grad_() for x in row] for row in as_lists(entropy)]
-        want = ref_loss(a, lp_ref, ent_ref, None if on_policy else old.tolist(), sampler.tolist(), ref.tolist(),
-                        adv.tolist(), mask.tolist(), horizon)
+        want = ref_loss(
+            a,
+            lp_ref,
+            ent_ref,
+            None if on_policy else old.tolist(),
+            sampler.tolist(),
+            ref.tolist(),
+            adv.tolist(),
+            mask.tolist(),
+            horizon,
+        )
         if want.requires_grad:
             want.backward()
-        want_lp = torch.tensor([[0.0 if x.grad is None else x.grad.item() for x in row] for row in lp_ref],
-                               dtype=torch.float64)
-        want_ent = torch.tensor([[0.0 if x.grad is None else x.grad.item() for x in row] for row in ent_ref],
-                                dtype=torch.float64)
+        want_lp = torch.tensor(
+            [[0.0 if x.grad is None else x.grad.item() for x in row] for row in lp_ref], dtype=torch.float64
+        )
+        want_ent = torch.tensor(
+            [[0.0 if x.grad is None else x.grad.item() for x in row] for row in ent_ref], dtype=torch.float64
+        )
         for world, micro in ((1, 8), (2, 1), (2, 3)):
-            got, got_lp, got_ent = learner_loss(a, logp, entropy, None if on_policy else old, sampler, ref, adv, mask,
-                                                horizon, world, micro)
+            got, got_lp, got_ent = learner_loss(
+                a, logp, entropy, None if on_policy else old, sampler, ref, adv, mask, horizon, world, micro
+            )
             assert got == pytest.approx(want.item(), rel=1e-10, abs=1e-12), (trial, world, micro)
             assert torch.allclose(got_lp * mask, want_lp, rtol=1e-9, atol=1e-12), (trial, world, micro)
             assert torch.allclose(got_ent * mask, want_ent, rtol=1e-9, atol=1e-12), (trial, world, micro)
@@ -277,8 +306,13 @@ def test_sequence_rejection_sums_the_tokens_before_any_clamp():
     a = AlgorithmConfig(rollout_correction=RolloutCorrectionConfig(rollout_rs="sequence", rollout_rs_threshold=2.0))
     old = torch.tensor([[0.0, 0.0]], dtype=torch.float64)
     sampler = torch.tensor([[-30.0, 20.0]], dtype=torch.float64)
-    x = LossInputs(old.clone().requires_grad_(), sampler, torch.tensor([1.0], dtype=torch.float64),
-                   torch.ones(1, 2, dtype=torch.float64), old)
+    x = LossInputs(
+        old.clone().requires_grad_(),
+        sampler,
+        torch.tensor([1.0], dtype=torch.float64),
+        torch.ones(1, 2, dtype=torch.float64),
+        old,
+    )
     _, count, *_ = micro_batch_loss(x, a, horizon=2)
     assert count.item() == 0
 

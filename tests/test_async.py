@@ -16,7 +16,6 @@ from tests.test_checkpoint import assert_same_metrics
 pytestmark = pytest.mark.slow
 
 
-
 def rows(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -49,10 +48,15 @@ def test_no_sample_is_older_than_the_bound(runs):
 
 def test_async_dump_of_the_first_step_replays(runs):
     out = runs[0]
-    res = run_cli("replay", "recipes/tiny-cpu.yaml", str(out / "rollouts" / "train_data_step1.jsonl"), *ASYNC,
-                  f"trainer.output_dir={out}")
+    res = run_cli(
+        "replay",
+        "recipes/tiny-cpu.yaml",
+        str(out / "rollouts" / "train_data_step1.jsonl"),
+        *ASYNC,
+        f"trainer.output_dir={out}",
+    )
     assert res.returncode == 0, res.stderr[-4000:]
-    replayed = json.loads(res.stdout[res.stdout.index("{"):])
+    replayed = json.loads(res.stdout[res.stdout.index("{") :])
     for key in ("actor/grad_norm", "actor/pg_loss", "actor/entropy", "rollout_corr/kl"):
         assert replayed[key] == pytest.approx(rows(out)[0][key], rel=1e-4, abs=1e-7), key
 

@@ -12,8 +12,25 @@ pytestmark = pytest.mark.slow
 
 
 def test_bench_smoke(tmp_path):
-    res = subprocess.run([sys.executable, "benchmarks/bench.py", "--warmup", "1", "--steps", "1", "--reps", "1", "--no-sweep",
-                          "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/bench.py",
+            "--warmup",
+            "1",
+            "--steps",
+            "1",
+            "--reps",
+            "1",
+            "--no-sweep",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert res.returncode == 0, res.stderr[-4000:]
     main = json.loads((tmp_path / "results.json").read_text())["main"]
     for part in ("gen_tok_s", "learn_tok_s", "learn_mfu", "sync_GBps"):
@@ -24,6 +41,12 @@ def test_bench_smoke(tmp_path):
     assert step["gen_s"] == pytest.approx(step["gen_tokens"] / main["raw"]["gen_tok_s"])
     assert 0 < step["gen_s"] and 0 < step["reload_s"] < step["step_s"]
     assert main["overhead_s"] == pytest.approx(
-        step["step_s"] - step["gen_s"] - step["learn_s"] - step["sync_s"] - step["reload_s"] - step["reward_s"]
-        - step["ref_s"])
+        step["step_s"]
+        - step["gen_s"]
+        - step["learn_s"]
+        - step["sync_s"]
+        - step["reload_s"]
+        - step["reward_s"]
+        - step["ref_s"]
+    )
     assert "| generation (tokens/s) |" in (tmp_path / "results.md").read_text()

@@ -14,10 +14,22 @@ from grpo_ray import checkpoint
 from tests.conftest import ONE_STEP_OFF, ROOT, run_cli
 
 pytestmark = pytest.mark.slow
-COMMON = ["trainer.total_steps=4", "trainer.save_freq=2", "trainer.test_freq=0", "trainer.val_before_train=false",
-          "trainer.dump_freq=0"]
-SAME = ("critic/score/mean", "actor/grad_norm", "actor/pg_loss", "actor/entropy", "actor/kl_loss",
-        "response_length/mean", "rollout/policy_version")
+COMMON = [
+    "trainer.total_steps=4",
+    "trainer.save_freq=2",
+    "trainer.test_freq=0",
+    "trainer.val_before_train=false",
+    "trainer.dump_freq=0",
+]
+SAME = (
+    "critic/score/mean",
+    "actor/grad_norm",
+    "actor/pg_loss",
+    "actor/entropy",
+    "actor/kl_loss",
+    "response_length/mean",
+    "rollout/policy_version",
+)
 
 
 def metrics(out):
@@ -29,10 +41,19 @@ def whole_and_resumed(tmp_path_factory, extra=()):
     whole, killed = tmp_path_factory.mktemp("whole"), tmp_path_factory.mktemp("killed")
     res = run_cli("train", "recipes/tiny-cpu.yaml", *COMMON, *extra, f"trainer.output_dir={whole}", timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
-    cmd = [sys.executable, "-m", "grpo_ray", "train", "recipes/tiny-cpu.yaml", *COMMON, *extra,
-           f"trainer.output_dir={killed}"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "grpo_ray",
+        "train",
+        "recipes/tiny-cpu.yaml",
+        *COMMON,
+        *extra,
+        f"trainer.output_dir={killed}",
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True
+    )
     try:
         deadline = time.time() + 600
         for line in proc.stdout:
@@ -76,8 +97,17 @@ def test_resume_after_sigkill_repeats_the_uninterrupted_run(runs):
 
 def test_resume_into_another_learner_world_size(runs, tmp_path):
     whole, killed = runs
-    res = run_cli("train", "recipes/tiny-cpu.yaml", *COMMON, *ONE_STEP_OFF, "trainer.total_steps=3", "learner.world_size=1",
-                  f"trainer.resume={killed / 'checkpoints' / 'step_2'}", f"trainer.output_dir={tmp_path}", timeout=900)
+    res = run_cli(
+        "train",
+        "recipes/tiny-cpu.yaml",
+        *COMMON,
+        *ONE_STEP_OFF,
+        "trainer.total_steps=3",
+        "learner.world_size=1",
+        f"trainer.resume={killed / 'checkpoints' / 'step_2'}",
+        f"trainer.output_dir={tmp_path}",
+        timeout=900,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     step3 = metrics(tmp_path)[-1]
     assert step3["step"] == 3
@@ -103,8 +133,9 @@ def test_half_written_and_corrupted_checkpoints_are_refused(runs, tmp_path):
     (root / "step_2" / "learner" / ".metadata").unlink()
     assert checkpoint.find_resume(out, "auto", said.append) is None
     assert ".metadata is missing" in said[-1]
-    res = run_cli("train", "recipes/tiny-cpu.yaml", *COMMON, f"trainer.output_dir={out}",
-                  f"trainer.resume={root / 'step_4'}")
+    res = run_cli(
+        "train", "recipes/tiny-cpu.yaml", *COMMON, f"trainer.output_dir={out}", f"trainer.resume={root / 'step_4'}"
+    )
     assert res.returncode == 2 and "Traceback" not in res.stderr and shard.name in res.stderr
 
 
@@ -138,8 +169,12 @@ def test_export_matches_the_learner_and_loads_in_vllm(runs, tmp_path, ray_local)
     assert (exported - learned).abs().max().item() < 1e-5
     base = AutoModelForCausalLM.from_pretrained(resolve(recipe.model.path), dtype=torch.float32)
     assert any(not torch.equal(a, b) for a, b in zip(base.parameters(), model.parameters()))  # trained weights
-    gen = subprocess.run([sys.executable, str(ROOT / "tests" / "helpers" / "vllm_generate.py"), str(tmp_path / "hf")],
-                         capture_output=True, text=True, timeout=300)
+    gen = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "helpers" / "vllm_generate.py"), str(tmp_path / "hf")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert gen.returncode == 0 and "RESULT " in gen.stdout, gen.stderr[-3000:]
 
 
@@ -149,8 +184,16 @@ def test_eval_takes_a_checkpoint(runs, tmp_path):
     _, killed = runs
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps(r) + "\n" for r in load_rows("synthetic://select?size=40&items=1&split=test")))
-    res = run_cli("eval", str(killed / "checkpoints" / "step_4"), "--data", str(rows), "--recipe",
-                  "recipes/tiny-cpu.yaml", "--out", str(tmp_path / "eval"))
+    res = run_cli(
+        "eval",
+        str(killed / "checkpoints" / "step_4"),
+        "--data",
+        str(rows),
+        "--recipe",
+        "recipes/tiny-cpu.yaml",
+        "--out",
+        str(tmp_path / "eval"),
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     result = json.loads((tmp_path / "eval" / "eval.json").read_text())
     assert result["rows"] == 40 and 0 <= result["metrics"]["val/synthetic/select/pass@1"] <= 1

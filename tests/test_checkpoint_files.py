@@ -12,7 +12,9 @@ def fake_save(out, step, keep_last):
     (tmp / "learner" / "__0_0.distcp").write_bytes(b"x" * 100)
     cfg = out / "config.yaml"
     cfg.write_text("a: 1\n")
-    return checkpoint.commit(tmp, str(out / "no-model"), {"step": step, "version": step}, {"step": step}, cfg, keep_last)
+    return checkpoint.commit(
+        tmp, str(out / "no-model"), {"step": step, "version": step}, {"step": step}, cfg, keep_last
+    )
 
 
 def test_keep_last_and_commit_by_rename(tmp_path):
@@ -42,6 +44,7 @@ def test_the_recipes_chat_template_goes_into_the_checkpoint(tmp_path):
         tmp = checkpoint.staging_dir(tmp_path, step)
         final = checkpoint.commit(tmp, model, {"step": step}, {"step": step}, cfg, 0, chat_template=template)
         messages = [{"role": "user", "content": "2+2?"}]
-        text = AutoTokenizer.from_pretrained(final).apply_chat_template(messages, tokenize=False,
-                                                                         add_generation_prompt=True)
+        text = AutoTokenizer.from_pretrained(final).apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
         assert (text == "2+2?") == bool(template), text  # plain: the prompt as it is; else the model's (ChatML)

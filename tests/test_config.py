@@ -40,8 +40,16 @@ def test_tiny_recipe_loads_with_types_and_defaults():
 
 
 def test_overrides_apply_and_convert_types():
-    r = load_recipe(TINY, ["trainer.total_steps=7", "learner.optim.lr=0.5", "generator.vllm_kwargs.block_size=32",
-                           "trainer.experiment_name=abc", "trainer.output_dir=out/${trainer.experiment_name}"])
+    r = load_recipe(
+        TINY,
+        [
+            "trainer.total_steps=7",
+            "learner.optim.lr=0.5",
+            "generator.vllm_kwargs.block_size=32",
+            "trainer.experiment_name=abc",
+            "trainer.output_dir=out/${trainer.experiment_name}",
+        ],
+    )
     assert r.trainer.total_steps == 7 and r.learner.optim.lr == 0.5
     assert r.generator.vllm_kwargs == {"block_size": 32}
     assert r.trainer.output_dir == "out/abc"
@@ -62,7 +70,9 @@ def test_unknown_section_and_list_item_keys(tmp_path):
 
 def test_unknown_key_in_override_names_the_override():
     msg = error_of(TINY, ["trainer.totl_steps=3"])
-    assert "override 'trainer.totl_steps=3': unknown key 'trainer.totl_steps'; did you mean 'trainer.total_steps'?" in msg
+    assert (
+        "override 'trainer.totl_steps=3': unknown key 'trainer.totl_steps'; did you mean 'trainer.total_steps'?" in msg
+    )
     assert "expected key=value" in error_of(TINY, ["trainer.total_steps"])
 
 
@@ -88,18 +98,25 @@ def test_group_size_below_two():
 
 def test_batch_not_divisible_by_mini_batch():
     msg = error_of(TINY, ["learner.mini_batch_size=96", "learner.micro_batch_size=48"])
-    assert ("data.train_batch_size (16) x algorithm.group_size (16) = 256 samples per step "
-            "is not divisible by learner.mini_batch_size (96)") in msg
+    assert (
+        "data.train_batch_size (16) x algorithm.group_size (16) = 256 samples per step "
+        "is not divisible by learner.mini_batch_size (96)"
+    ) in msg
 
 
 def test_mini_batch_not_divisible_by_micro_times_world():
     msg = error_of(TINY, ["learner.micro_batch_size=48"])
-    assert "learner.mini_batch_size (256) is not divisible by learner.micro_batch_size (48) x learner.world_size (2) = 96" in msg
+    assert (
+        "learner.mini_batch_size (256) is not divisible by learner.micro_batch_size (48) x learner.world_size (2) = 96"
+        in msg
+    )
 
 
 def test_tensor_parallel_larger_than_node():
-    msg = error_of(TINY, ["cluster.device=cuda", "cluster.devices_per_node=4", "cluster.nodes=2",
-                          "generator.tensor_parallel_size=8"])
+    msg = error_of(
+        TINY,
+        ["cluster.device=cuda", "cluster.devices_per_node=4", "cluster.nodes=2", "generator.tensor_parallel_size=8"],
+    )
     assert "generator.tensor_parallel_size (8) is larger than cluster.devices_per_node (4)" in msg
 
 
@@ -107,12 +124,23 @@ def test_more_gpus_than_cluster_and_colocation_shares():
     """Counting GPUs is the fit check's (grpo_ray.fit.layout): the recipe loads, the layout says what has no room."""
     from grpo_ray import fit
 
-    base = ["cluster.device=cuda", "cluster.gpu=h100", "cluster.devices_per_node=8", "cluster.nodes=2",
-            "generator.num_engines=2", "generator.tensor_parallel_size=4", "learner.world_size=8",
-            "learner.micro_batch_size=8", "learner.mini_batch_size=128", "reference.num_actors=4"]
+    base = [
+        "cluster.device=cuda",
+        "cluster.gpu=h100",
+        "cluster.devices_per_node=8",
+        "cluster.nodes=2",
+        "generator.num_engines=2",
+        "generator.tensor_parallel_size=4",
+        "learner.world_size=8",
+        "learner.micro_batch_size=8",
+        "learner.mini_batch_size=128",
+        "reference.num_actors=4",
+    ]
     _, problems = fit.layout(load_recipe(TINY, base))
-    assert problems == ["reference: 4 actors of 1 GPUs need 4 GPUs on the cluster's nodes, which have 2 nodes x 8 GPUs "
-                        "= 16, 0 of them free for it; add nodes, colocate pools (cluster.colocate) or ask for fewer actors"]
+    assert problems == [
+        "reference: 4 actors of 1 GPUs need 4 GPUs on the cluster's nodes, which have 2 nodes x 8 GPUs "
+        "= 16, 0 of them free for it; add nodes, colocate pools (cluster.colocate) or ask for fewer actors"
+    ]
     # the reference on the learner's GPUs: 8 + 8 fits in 16
     assert fit.layout(load_recipe(TINY, base + ["cluster.colocate=[[learner,reference]]"]))[1] == []
 
@@ -120,21 +148,25 @@ def test_more_gpus_than_cluster_and_colocation_shares():
 def test_choices_and_positive_sizes():
     msg = error_of(TINY, ["algorithm.kl_estimator=k2", "learner.world_size=0"])
     assert "learner.world_size=0: must be positive" in msg
-    msg = error_of(TINY, ["algorithm.kl_estimator=k2", "trainer.loggers=[console,swanlab]",
-                          "cluster.colocate=[[learner,critic]]"])
+    msg = error_of(
+        TINY, ["algorithm.kl_estimator=k2", "trainer.loggers=[console,swanlab]", "cluster.colocate=[[learner,critic]]"]
+    )
     assert "algorithm.kl_estimator='k2': expected one of k1, k3" in msg
     assert "unknown logger 'swanlab'" in msg and "unknown pool 'critic'" in msg
 
 
 def test_dump_redacts_secret_keys_and_env_values(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_supersecretvalue123")
-    r = load_recipe(TINY, ["generator.vllm_kwargs.hf_token=${oc.env:HF_TOKEN}",
-                           "trainer.experiment_name=run-${oc.env:HF_TOKEN}"])
+    r = load_recipe(
+        TINY, ["generator.vllm_kwargs.hf_token=${oc.env:HF_TOKEN}", "trainer.experiment_name=run-${oc.env:HF_TOKEN}"]
+    )
     text = dump_recipe(r, tmp_path / "config.yaml").read_text()
     assert "hf_supersecretvalue123" not in text
     assert "hf_token: '***redacted***'" in text and "max_tokens: 1" in text
-    assert redact({"api_key": "x", "n": ["a-s3cr3tval"]}, ["s3cr3tval"]) == {"api_key": "***redacted***",
-                                                                              "n": ["a-***redacted***"]}
+    assert redact({"api_key": "x", "n": ["a-s3cr3tval"]}, ["s3cr3tval"]) == {
+        "api_key": "***redacted***",
+        "n": ["a-***redacted***"],
+    }
 
 
 def test_cli_user_error_exits_2_without_traceback():
@@ -146,8 +178,14 @@ def test_cli_user_error_exits_2_without_traceback():
 
 def test_a_second_run_in_the_same_output_dir_is_refused_unless_overwrite(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
-    res = run_cli("train", str(TINY), f"trainer.output_dir={tmp_path}", "trainer.total_steps=1", "trainer.resume=disable",
-                  "model.path=tiny://qwen2?layers=1&hidden=64&heads=2&kv_heads=1")
+    res = run_cli(
+        "train",
+        str(TINY),
+        f"trainer.output_dir={tmp_path}",
+        "trainer.total_steps=1",
+        "trainer.resume=disable",
+        "model.path=tiny://qwen2?layers=1&hidden=64&heads=2&kv_heads=1",
+    )
     assert res.returncode == 2 and "already holds a run (metrics.jsonl)" in res.stderr
     assert "trainer.overwrite=true" in res.stderr and (tmp_path / "metrics.jsonl").read_text() == '{"step": 1}\n'
 
@@ -183,15 +221,24 @@ def test_the_json_schema_accepts_the_shipped_recipes_and_refuses_unknown_keys():
 
 
 def test_every_unknown_key_at_once_with_verl_and_nemo_rl_names_answered():
-    msg = error_of(ROOT / "recipes" / "tiny-cpu.yaml", ["actor_rollout_ref.rollout.n=4", "trainer.n_gpus_per_node=8",
-                                                        "data.max_response_length=3", "grpo.num_prompts_per_step=8",
-                                                        "custom_reward_function.path=r.py"])
+    msg = error_of(
+        ROOT / "recipes" / "tiny-cpu.yaml",
+        [
+            "actor_rollout_ref.rollout.n=4",
+            "trainer.n_gpus_per_node=8",
+            "data.max_response_length=3",
+            "grpo.num_prompts_per_step=8",
+            "custom_reward_function.path=r.py",
+        ],
+    )
     assert msg.startswith("5 problems:")
-    for said in ("verl's actor_rollout_ref.rollout.n is algorithm.group_size here",
-                 "verl's trainer.n_gpus_per_node is cluster.devices_per_node here",
-                 "verl's data.max_response_length is generator.sampling.max_tokens here",
-                 "NeMo RL's grpo.num_prompts_per_step is data.train_batch_size here",
-                 "verl's custom_reward_function.path is reward.functions (name: path/to/file.py:function) here"):
+    for said in (
+        "verl's actor_rollout_ref.rollout.n is algorithm.group_size here",
+        "verl's trainer.n_gpus_per_node is cluster.devices_per_node here",
+        "verl's data.max_response_length is generator.sampling.max_tokens here",
+        "NeMo RL's grpo.num_prompts_per_step is data.train_batch_size here",
+        "verl's custom_reward_function.path is reward.functions (name: path/to/file.py:function) here",
+    ):
         assert said in msg
     assert "did you mean" not in msg  # no string-similarity guesses beside a known answer
     never = error_of(ROOT / "recipes" / "tiny-cpu.yaml", ["trainer.save_freq=-1"])
@@ -211,15 +258,26 @@ def test_a_mapping_or_list_is_replaced_or_reset_from_the_command_line():
     """A GKE recipe becomes a plain one from the command line: a mapping value replaces the recipe's (an entry
     is still set with its dotted key), ~key puts a key (or one entry) back to its default."""
     gke = ROOT / "recipes" / "qwen2.5-32b-gsm8k-b200.yaml"
-    assert load_recipe(gke).cluster.node_resources == {"generator": "generation", "learner": "training",
-                                                     "reference": "training"}
+    assert load_recipe(gke).cluster.node_resources == {
+        "generator": "generation",
+        "learner": "training",
+        "reference": "training",
+    }
     plain = load_recipe(gke, ["cluster.node_resources={}", "~cluster.node_markers", "cluster.colocate=[]"])
     assert (plain.cluster.node_resources, plain.cluster.node_markers, plain.cluster.colocate) == ({}, {}, [])
-    one = load_recipe(gke, ["cluster.node_resources={generator: gen}", "cluster.node_markers={gen: 1}",
-                            "cluster.node_resources.learner=gen"])
+    one = load_recipe(
+        gke,
+        [
+            "cluster.node_resources={generator: gen}",
+            "cluster.node_markers={gen: 1}",
+            "cluster.node_resources.learner=gen",
+        ],
+    )
     assert one.cluster.node_resources == {"generator": "gen", "learner": "gen"}
     assert load_recipe(gke, ["~cluster.node_resources.reference"]).cluster.node_resources == {
-        "generator": "generation", "learner": "training"}
+        "generator": "generation",
+        "learner": "training",
+    }
     assert load_recipe(gke, ["~trainer"]).trainer.total_steps == 0  # a whole section back to its defaults
     assert "unknown key 'cluster.nodez'; did you mean 'cluster.nodes'?" in error_of(gke, ["~cluster.nodez"])
     res = run_cli("plan", str(gke), "--gpu", "h200", "~cluster.node_resources", "~cluster.node_markers")

@@ -11,16 +11,32 @@ from tests.conftest import run_cli
 
 pytestmark = pytest.mark.slow
 
-SMALL = ["data.train_batch_size=4", "algorithm.group_size=4", "learner.mini_batch_size=16",
-         "learner.micro_batch_size=8", "trainer.test_freq=0", "trainer.val_before_train=false",
-         "trainer.loggers=[jsonl]", "trainer.total_steps=3", "trainer.dump_freq=1"]
+SMALL = [
+    "data.train_batch_size=4",
+    "algorithm.group_size=4",
+    "learner.mini_batch_size=16",
+    "learner.micro_batch_size=8",
+    "trainer.test_freq=0",
+    "trainer.val_before_train=false",
+    "trainer.loggers=[jsonl]",
+    "trainer.total_steps=3",
+    "trainer.dump_freq=1",
+]
 
 
 def test_dynamic_sampling_trains_on_groups_with_signal(tmp_path):
     # from random init the select task scores about 1 in 100: most groups are all 0, so batches run short
-    res = run_cli("train", "recipes/tiny-cpu.yaml", *SMALL, f"trainer.output_dir={tmp_path}",
-                  "algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=3",
-                  "algorithm.overlong_buffer.len=1", "algorithm.overlong_buffer.penalty_factor=0.5", timeout=900)
+    res = run_cli(
+        "train",
+        "recipes/tiny-cpu.yaml",
+        *SMALL,
+        f"trainer.output_dir={tmp_path}",
+        "algorithm.filter_groups.enable=true",
+        "algorithm.filter_groups.max_num_gen_batches=3",
+        "algorithm.overlong_buffer.len=1",
+        "algorithm.overlong_buffer.penalty_factor=0.5",
+        timeout=900,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     for row in rows:
@@ -37,5 +53,7 @@ def test_dynamic_sampling_trains_on_groups_with_signal(tmp_path):
         with_signal = sum(max(g) > min(g) for g in groups.values())
         assert with_signal == min(kept, 4)  # the kept groups first; the rest filled with dropped ones
     # the stream moves past every prompt generated, dropped ones included: no prompt comes back in this run
-    seen = [sample["uid"] for s in (1, 2, 3) for sample in read_samples(tmp_path / "rollouts" / f"train_data_step{s}.jsonl")]
+    seen = [
+        sample["uid"] for s in (1, 2, 3) for sample in read_samples(tmp_path / "rollouts" / f"train_data_step{s}.jsonl")
+    ]
     assert len(set(seen)) == 12

@@ -32,6 +32,7 @@ def test_no_constant_answer_scores_above_0_3_and_copying_a_count_is_a_third():
     assert max(truths.values()) / len(rows) < 0.2  # best constant: about 1/9
     # the answer is always one of the counts named in the prompt, never the same count twice
     import re
+
     for r in rows[:200]:
         counts = re.findall(r"\b(\d) ", r["prompt"][0]["content"])
         assert r["reward_model"]["ground_truth"] in counts and len(set(counts)) == len(counts) == 3
@@ -42,7 +43,9 @@ def test_load_rows_errors_name_file_and_row(tmp_path):
     bad = [good[0], {**good[1], "reward_model": {"style": "rule"}}, good[2]]
     p = tmp_path / "rows.jsonl"
     p.write_text("\n".join(json.dumps(r) for r in bad))
-    with pytest.raises(DataError, match=r"rows.jsonl row 1: 'reward_model.ground_truth' \(data.answer_key\) is missing"):
+    with pytest.raises(
+        DataError, match=r"rows.jsonl row 1: 'reward_model.ground_truth' \(data.answer_key\) is missing"
+    ):
         load_rows(str(p))
     p.write_bytes(b'{"a": 1}\n\xff\xfe\n')
     with pytest.raises(DataError, match="line 2: not a JSON object in UTF-8"):
@@ -62,7 +65,9 @@ def test_plain_rows_under_other_keys_load_with_a_key_mapping(shared_data, tmp_pa
     rows = load_rows(path, prompt_key="problem", answer_key="answer")
     assert len(rows) == 500 and rows[0]["prompt"] == [{"role": "user", "content": rows[0]["problem"]}]
     assert rows[0]["reward_model"]["ground_truth"] == rows[0]["answer"] and rows[0]["data_source"] == "test"
-    with pytest.raises(DataError, match=r"test.jsonl row 0: 'prompt' \(data.prompt_key\) is missing; the row has 'problem', "):
+    with pytest.raises(
+        DataError, match=r"test.jsonl row 0: 'prompt' \(data.prompt_key\) is missing; the row has 'problem', "
+    ):
         load_rows(path)
     nested = tmp_path / "nested.jsonl"
     nested.write_text(json.dumps({"q": {"text": "What is 2+2?"}, "a": {"value": 4}, "data_source": "quiz"}) + "\n")
@@ -76,8 +81,9 @@ def test_dataset_directories_load_with_their_split(tmp_path):
     import datasets
 
     rows = [{"question": f"What is {i}+1?", "answer": i + 1} for i in range(6)]
-    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows[:4]), "test": datasets.Dataset.from_list(rows[4:])}) \
-        .save_to_disk(str(tmp_path / "saved"))
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(rows[:4]), "test": datasets.Dataset.from_list(rows[4:])}
+    ).save_to_disk(str(tmp_path / "saved"))
     keys = {"prompt_key": "question", "answer_key": "answer"}
     train = load_rows(str(tmp_path / "saved"), **keys)
     test = load_rows(f"{tmp_path / 'saved'}?split=test", **keys)
@@ -126,8 +132,15 @@ def test_prepare_any_data_with_keys_and_an_instruction(shared_data, tmp_path):
     """custom: MATH-500's rows read by their keys (no built-in knowledge), an instruction of the user's appended,
     the other fields kept in extra_info; a chat-message prompt under a nested key; --instruction replaces GSM8K's."""
     src = shared_data / "math500" / "test.jsonl"
-    (report,) = prepare("custom", str(src), tmp_path / "a", prompt_key="problem", answer_key="answer",
-                        instruction="Answer in \\boxed{}.", file_split="train")
+    (report,) = prepare(
+        "custom",
+        str(src),
+        tmp_path / "a",
+        prompt_key="problem",
+        answer_key="answer",
+        instruction="Answer in \\boxed{}.",
+        file_split="train",
+    )
     assert (report.split, report.read, report.kept) == ("train", 500, 500)
     rows = load_rows(str(tmp_path / "a" / "train.parquet"))
     first = json.loads(src.read_text().splitlines()[0])
@@ -135,21 +148,47 @@ def test_prepare_any_data_with_keys_and_an_instruction(shared_data, tmp_path):
     assert rows[0]["reward_model"]["ground_truth"] == first["answer"] and rows[0]["data_source"] == "test"
     assert rows[0]["extra_info"]["subject"] == first["subject"] and "problem" not in rows[0]["extra_info"]
     chat = tmp_path / "chat.jsonl"
-    chat.write_text(json.dumps({"data_source": "mine", "conv": {"messages": [
-        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]}, "label": 4}) + "\n"
-        + json.dumps({"conv": {"messages": []}, "label": 1}) + "\n")
+    chat.write_text(
+        json.dumps(
+            {
+                "data_source": "mine",
+                "conv": {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]},
+                "label": 4,
+            }
+        )
+        + "\n"
+        + json.dumps({"conv": {"messages": []}, "label": 1})
+        + "\n"
+    )
     with pytest.raises(PrepareError, match="1 of 2 rows are bad"):
         prepare("custom", str(chat), tmp_path / "b", prompt_key="conv.messages", answer_key="label")
-    (report,) = prepare("custom", str(chat), tmp_path / "b", prompt_key="conv.messages", answer_key="label",
-                        instruction="Think.", max_bad_fraction=0.5)
+    (report,) = prepare(
+        "custom",
+        str(chat),
+        tmp_path / "b",
+        prompt_key="conv.messages",
+        answer_key="label",
+        instruction="Think.",
+        max_bad_fraction=0.5,
+    )
     (row,) = load_rows(str(tmp_path / "b" / "test.parquet"))
     assert row["prompt"][1]["content"] == "2+2? Think." and row["prompt"][0]["content"] == "Be brief."
     assert (row["data_source"], row["reward_model"]["ground_truth"]) == ("mine", "4")
     assert report.dropped == {"'conv.messages' (data.prompt_key) must be text or a non-empty list of chat messages": 1}
     prepare("gsm8k", str(shared_data / "gsm8k" / "test.jsonl"), tmp_path / "c", instruction="")
     assert "####" not in load_rows(str(tmp_path / "c" / "test.parquet"))[0]["prompt"][0]["content"]
-    res = run_cli("prepare-data", "custom", "--source", str(src), "--prompt-key", "problem", "--instruction", "Go.",
-                  "--out", str(tmp_path / "d"))
+    res = run_cli(
+        "prepare-data",
+        "custom",
+        "--source",
+        str(src),
+        "--prompt-key",
+        "problem",
+        "--instruction",
+        "Go.",
+        "--out",
+        str(tmp_path / "d"),
+    )
     assert res.returncode == 0 and "test: 500 rows read, 500 kept" in res.stdout, res.stdout + res.stderr
 
 
@@ -177,17 +216,33 @@ def test_long_prompts_are_dropped_with_a_tokenizer(shared_data, tmp_path):
     from tests.conftest import TINY
 
     tok = AutoTokenizer.from_pretrained(models.resolve(TINY.format(arch="qwen2")))
-    (report,) = prepare("math500", str(shared_data / "math500" / "test.jsonl"), tmp_path, tokenizer=tok,
-                        max_prompt_tokens=400, max_bad_fraction=0.9)
-    assert 0 < report.dropped["prompt over 400 tokens"] < 500 and report.kept == 500 - report.dropped["prompt over 400 tokens"]
+    (report,) = prepare(
+        "math500",
+        str(shared_data / "math500" / "test.jsonl"),
+        tmp_path,
+        tokenizer=tok,
+        max_prompt_tokens=400,
+        max_bad_fraction=0.9,
+    )
+    assert (
+        0 < report.dropped["prompt over 400 tokens"] < 500
+        and report.kept == 500 - report.dropped["prompt over 400 tokens"]
+    )
 
 
 def test_prepare_data_cli_and_hub_error(shared_data, tmp_path):
     res = run_cli("prepare-data", "gsm8k", "--source", str(shared_data / "gsm8k"), "--out", str(tmp_path))
     assert res.returncode == 0, res.stderr
     assert "train: 7473 rows read, 7473 kept, 0 dropped (none)" in res.stdout
-    res = run_cli("prepare-data", "gsm8k", "--source", "no-such-org/no-such-set", "--out", str(tmp_path / "x"),
-                  env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+    res = run_cli(
+        "prepare-data",
+        "gsm8k",
+        "--source",
+        "no-such-org/no-such-set",
+        "--out",
+        str(tmp_path / "x"),
+        env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"},
+    )
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "cannot load 'no-such-org/no-such-set' from the hub" in res.stderr and "--source" in res.stderr
 
@@ -196,17 +251,34 @@ def test_prepare_data_cli_measures_prompts_with_the_recipes_model(shared_data, t
     from tests.conftest import ROOT
 
     recipe = tmp_path / "r.yaml"
-    recipe.write_text((ROOT / "recipes" / "tiny-cpu.yaml").read_text().replace(
-        "tiny://qwen2?layers=2&hidden=128&heads=4&kv_heads=2&intermediate=256&vocab=128&bytes=0&seed=0",
-        "tiny://qwen2?layers=1&hidden=64&heads=2&kv_heads=1").replace("max_prompt_length: 96", "max_prompt_length: 300"))
-    res = run_cli("prepare-data", "math500", "--source", str(shared_data / "math500" / "test.jsonl"),
-                  "--out", str(tmp_path / "out"), "--recipe", str(recipe), "--max-bad-fraction", "0.9")
+    recipe.write_text(
+        (ROOT / "recipes" / "tiny-cpu.yaml")
+        .read_text()
+        .replace(
+            "tiny://qwen2?layers=2&hidden=128&heads=4&kv_heads=2&intermediate=256&vocab=128&bytes=0&seed=0",
+            "tiny://qwen2?layers=1&hidden=64&heads=2&kv_heads=1",
+        )
+        .replace("max_prompt_length: 96", "max_prompt_length: 300")
+    )
+    res = run_cli(
+        "prepare-data",
+        "math500",
+        "--source",
+        str(shared_data / "math500" / "test.jsonl"),
+        "--out",
+        str(tmp_path / "out"),
+        "--recipe",
+        str(recipe),
+        "--max-bad-fraction",
+        "0.9",
+    )
     assert res.returncode == 0, res.stderr
     dropped = int(res.stdout.split("prompt over 300 tokens ")[1].split(")")[0])
     assert 0 < dropped < 500 and f"500 rows read, {500 - dropped} kept" in res.stdout
 
 
 # --- the multi-step reasoning task and SFT targets ------------------------------------------------------------
+
 
 def test_reasoning_task_is_seeded_and_its_worked_solutions_are_right():
     a = load_rows("synthetic://reasoning?size=400&seed=3")
@@ -251,10 +323,12 @@ def test_reasoning_responses_are_10_to_40_tokens_with_the_tiny_tokenizer():
 
     from grpo_ray import models
 
-    tok = AutoTokenizer.from_pretrained(models.resolve(
-        "tiny://qwen2?layers=1&hidden=64&heads=2&kv_heads=1&vocab=256&bytes=0&text=reasoning"))
-    assert [tok.decode([t]) for t in tok("12 + 7 = 19")["input_ids"] if tok.decode([t]).strip().isdigit()] == \
-        list("127" "19")  # digits are single tokens
+    tok = AutoTokenizer.from_pretrained(
+        models.resolve("tiny://qwen2?layers=1&hidden=64&heads=2&kv_heads=1&vocab=256&bytes=0&text=reasoning")
+    )
+    assert [tok.decode([t]) for t in tok("12 + 7 = 19")["input_ids"] if tok.decode([t]).strip().isdigit()] == list(
+        "12719"
+    )  # digits are single tokens
     lengths = [len(tok(r["extra_info"]["answer"])["input_ids"]) for r in load_rows("synthetic://reasoning?size=300")]
     assert 10 <= min(lengths) and max(lengths) <= 40
 
@@ -265,10 +339,12 @@ def test_one_step_problems_with_answers_no_start_reaches_still_end():
 
 
 def test_reasoning_spec_errors():
-    for spec, message in [("synthetic://reasoning?items=3", "unknown key 'items'"),
-                          ("synthetic://reasoning?max_value=5", "max_value=5 must be between 10 and 99"),
-                          ("synthetic://reasoning?min_steps=3&max_steps=2", "min_steps must not exceed max_steps"),
-                          ("synthetic://sum?size=3", "unknown synthetic task 'sum'")]:
+    for spec, message in [
+        ("synthetic://reasoning?items=3", "unknown key 'items'"),
+        ("synthetic://reasoning?max_value=5", "max_value=5 must be between 10 and 99"),
+        ("synthetic://reasoning?min_steps=3&max_steps=2", "min_steps must not exceed max_steps"),
+        ("synthetic://sum?size=3", "unknown synthetic task 'sum'"),
+    ]:
         with pytest.raises(DataError, match=message):
             load_rows(spec)
 
@@ -282,8 +358,11 @@ def test_sft_targets_from_prepared_gsm8k_rows(shared_data, tmp_path):
     from grpo_ray.setup_run import usable_rows
 
     prepare("gsm8k", str(shared_data / "gsm8k"), tmp_path)
-    recipe = load_recipe("recipes/tiny-cpu-reasoning-sft.yaml", ["model.path=" + TINY_BYTES, "data.max_prompt_length=400",
-                                                                  "sft.max_target_length=300"], command="sft")
+    recipe = load_recipe(
+        "recipes/tiny-cpu-reasoning-sft.yaml",
+        ["model.path=" + TINY_BYTES, "data.max_prompt_length=400", "sft.max_target_length=300"],
+        command="sft",
+    )
     tok = AutoTokenizer.from_pretrained(models.resolve(TINY_BYTES))
     dropped = {}
     rows = usable_rows([str(tmp_path / "test.parquet")], tok, recipe, dropped, targets=True)

@@ -20,10 +20,24 @@ def test_eval_rows_convert_raw_files(shared_data):
 
 def test_eval_writes_pass_at_k_that_its_own_samples_recount(shared_data, tmp_path):
     """No --recipe: the default eval recipe (one engine here, the reward chosen by each row's data_source)."""
-    res = run_cli("eval", TINY.format(arch="qwen2"), "data.max_prompt_length=900",
-                  "--data", str(shared_data / "gsm8k" / "test.jsonl"),
-                  "--n", "2", "--temperature", "1.0", "--max-tokens", "8", "--limit", "50", "--out", str(tmp_path),
-                  timeout=600)
+    res = run_cli(
+        "eval",
+        TINY.format(arch="qwen2"),
+        "data.max_prompt_length=900",
+        "--data",
+        str(shared_data / "gsm8k" / "test.jsonl"),
+        "--n",
+        "2",
+        "--temperature",
+        "1.0",
+        "--max-tokens",
+        "8",
+        "--limit",
+        "50",
+        "--out",
+        str(tmp_path),
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     result = json.loads((tmp_path / "eval.json").read_text())
     samples = read_samples(tmp_path / "rollouts" / "val_data_step0.jsonl")
@@ -45,8 +59,18 @@ def test_eval_checks_the_model_and_the_data_sources_first(tmp_path):
     assert bad.returncode == 2 and "has no config.json, so it is not a Hugging Face model" in bad.stderr, bad.stderr
     assert "Traceback" not in bad.stderr and "huggingface" not in bad.stderr.lower()  # refused before the data
     rows = tmp_path / "rows.jsonl"
-    rows.write_text(json.dumps({"prompt": [{"role": "user", "content": "2+2?"}], "data_source": "my/quiz",
-                                "reward_model": {"ground_truth": "4"}}) + "\n")
+    rows.write_text(
+        json.dumps(
+            {
+                "prompt": [{"role": "user", "content": "2+2?"}],
+                "data_source": "my/quiz",
+                "reward_model": {"ground_truth": "4"},
+            }
+        )
+        + "\n"
+    )
     unknown = run_cli("eval", TINY.format(arch="qwen2"), "--data", str(rows), "--out", str(tmp_path / "out"))
     assert unknown.returncode == 2, unknown.stderr
-    assert "no built-in reward for data_source 'my/quiz'" in unknown.stderr and "Started a local Ray" not in unknown.stderr
+    assert (
+        "no built-in reward for data_source 'my/quiz'" in unknown.stderr and "Started a local Ray" not in unknown.stderr
+    )

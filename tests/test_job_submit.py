@@ -49,10 +49,23 @@ def test_ray_job_submit_runs_the_tiny_recipe(tmp_path, model_cache):
     # its own (short: unix socket paths) temp dir, so its address file cannot send later runs to a dead head
     temp_dir = tempfile.mkdtemp(prefix="rayjob", dir="/tmp")
     head = subprocess.Popen(
-        [*shlex.split(start), "--block", f"--port={gcs}", f"--temp-dir={temp_dir}",
-         "--dashboard-host=127.0.0.1",
-         f"--dashboard-port={dash}", f"--dashboard-agent-listen-port={agent}", "--num-cpus=3", "--include-dashboard=true", "--disable-usage-stats"],
-        env=env, stdout=open(tmp_path / "head.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            *shlex.split(start),
+            "--block",
+            f"--port={gcs}",
+            f"--temp-dir={temp_dir}",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={dash}",
+            f"--dashboard-agent-listen-port={agent}",
+            "--num-cpus=3",
+            "--include-dashboard=true",
+            "--disable-usage-stats",
+        ],
+        env=env,
+        stdout=open(tmp_path / "head.log", "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     address = f"http://127.0.0.1:{dash}"
     try:
         deadline = time.time() + 120
@@ -67,8 +80,11 @@ def test_ray_job_submit_runs_the_tiny_recipe(tmp_path, model_cache):
                 assert time.time() < deadline, "the Ray head did not come up"
                 time.sleep(1)
         out = tmp_path / "run"
-        submit = [*shlex.split(submit_line.replace("http://127.0.0.1:8265", address)),
-                  "trainer.total_steps=2", f"trainer.output_dir={out}"]
+        submit = [
+            *shlex.split(submit_line.replace("http://127.0.0.1:8265", address)),
+            "trainer.total_steps=2",
+            f"trainer.output_dir={out}",
+        ]
         deadline = time.time() + 120
         while True:  # the dashboard can answer before its job agent is up: Ray says to try again later
             job = subprocess.run(submit, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
@@ -79,9 +95,19 @@ def test_ray_job_submit_runs_the_tiny_recipe(tmp_path, model_cache):
         assert job.returncode == 0, logs[-5000:]
         job_id = re.search(r"Job '(raysubmit_\w+)' succeeded", logs).group(1)
         status = subprocess.run(
-            [sys.executable, "-c", "import sys; from ray.job_submission import JobSubmissionClient as C; "
-             "print(C(sys.argv[1]).get_job_status(sys.argv[2]).value)", address, job_id],
-            env=env, capture_output=True, text=True, timeout=120)
+            [
+                sys.executable,
+                "-c",
+                "import sys; from ray.job_submission import JobSubmissionClient as C; "
+                "print(C(sys.argv[1]).get_job_status(sys.argv[2]).value)",
+                address,
+                job_id,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert status.stdout.strip() == "SUCCEEDED", status.stderr[-2000:]
         assert "step:1 score:" in logs and "step:2 score:" in logs
         steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]

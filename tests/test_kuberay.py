@@ -36,7 +36,11 @@ def containers(template: dict) -> list[dict]:
 
 
 def test_there_are_manifests_for_every_multi_node_recipe():
-    served = {r for m in MANIFESTS for r in yaml.safe_load(m.read_text())["metadata"]["annotations"]["grpo-ray/recipes"].split(",")}
+    served = {
+        r
+        for m in MANIFESTS
+        for r in yaml.safe_load(m.read_text())["metadata"]["annotations"]["grpo-ray/recipes"].split(",")
+    }
     scale = {f"recipes/{p.name}" for p in (ROOT / "recipes").glob("*.yaml") if not p.name.startswith("tiny-")}
     one_gpu = {r for r in scale if load_recipe(ROOT / r).cluster.devices_per_node == 1}  # a workstation's
     assert len(one_gpu) == 3 and served == scale - one_gpu
@@ -74,7 +78,10 @@ def test_manifest_matches_its_recipes(manifest: Path):
             assert "persistentVolumeClaim" in volumes[mounts[shared[0]]]
             env = {e["name"]: e for e in containers(template)[0]["env"]}
             assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "hf-token" and "value" not in env["HF_TOKEN"]
-            for key in ("WANDB_API_KEY", "MLFLOW_TRACKING_TOKEN"):  # the trackers' keys: a secret, optional, never inline
+            for key in (
+                "WANDB_API_KEY",
+                "MLFLOW_TRACKING_TOKEN",
+            ):  # the trackers' keys: a secret, optional, never inline
                 ref = env[key]["valueFrom"]["secretKeyRef"]
                 assert ref["name"] == "tracker-keys" and ref["optional"] is True and "value" not in env[key]
             assert env["HF_HOME"]["value"].startswith(shared[0] + "/")

@@ -29,18 +29,41 @@ def run_learner(ray, path, world_size, overrides, rollouts, ref_lps, advantages)
     return metrics, torch.tensor(before), torch.tensor(after)
 
 
-@pytest.mark.parametrize("overrides", [
-    # one mini batch, one epoch: on policy
-    ["learner.mini_batch_size=16", "learner.micro_batch_size=4", "algorithm.kl_coef=0.0"],
-    # two mini batches, two epochs, KL to a reference: old logprobs come from the learner
-    ["learner.mini_batch_size=8", "learner.micro_batch_size=2", "algorithm.ppo_epochs=2", "algorithm.kl_coef=0.1",
-     "algorithm.loss_agg=seq-mean-token-mean"],
-    # every other aggregation, each with another policy loss
-    ["learner.mini_batch_size=8", "learner.micro_batch_size=2", "algorithm.ppo_epochs=2", "algorithm.kl_coef=0.0",
-     "algorithm.loss_agg=seq-mean-token-sum", "algorithm.loss_mode=gspo", "algorithm.entropy_coeff=0.01"],
-    ["learner.mini_batch_size=8", "learner.micro_batch_size=2", "algorithm.ppo_epochs=2", "algorithm.kl_coef=0.0",
-     "algorithm.loss_agg=seq-mean-token-sum-norm", "algorithm.loss_mode=cispo", "algorithm.clip_ratio_c=3"],
-], ids=["on-policy", "seq-mean-token-mean", "seq-mean-token-sum+gspo", "seq-mean-token-sum-norm+cispo"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        # one mini batch, one epoch: on policy
+        ["learner.mini_batch_size=16", "learner.micro_batch_size=4", "algorithm.kl_coef=0.0"],
+        # two mini batches, two epochs, KL to a reference: old logprobs come from the learner
+        [
+            "learner.mini_batch_size=8",
+            "learner.micro_batch_size=2",
+            "algorithm.ppo_epochs=2",
+            "algorithm.kl_coef=0.1",
+            "algorithm.loss_agg=seq-mean-token-mean",
+        ],
+        # every other aggregation, each with another policy loss
+        [
+            "learner.mini_batch_size=8",
+            "learner.micro_batch_size=2",
+            "algorithm.ppo_epochs=2",
+            "algorithm.kl_coef=0.0",
+            "algorithm.loss_agg=seq-mean-token-sum",
+            "algorithm.loss_mode=gspo",
+            "algorithm.entropy_coeff=0.01",
+        ],
+        [
+            "learner.mini_batch_size=8",
+            "learner.micro_batch_size=2",
+            "algorithm.ppo_epochs=2",
+            "algorithm.kl_coef=0.0",
+            "algorithm.loss_agg=seq-mean-token-sum-norm",
+            "algorithm.loss_mode=cispo",
+            "algorithm.clip_ratio_c=3",
+        ],
+    ],
+    ids=["on-policy", "seq-mean-token-mean", "seq-mean-token-sum+gspo", "seq-mean-token-sum-norm+cispo"],
+)
 def test_two_gloo_ranks_match_one_process(ray_local, overrides):
     path = models.resolve(TINY.format(arch="qwen2"))
     rollouts = tiny_rollouts(vocab=300, prompts=4, group=4)
@@ -68,10 +91,19 @@ def test_stale_samples_take_the_old_policy_from_the_version_that_generated_them(
     from grpo_ray.types import Rollout
 
     path = models.resolve(TINY.format(arch="qwen2"))
-    recipe = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", [
-        "learner.world_size=2", "data.train_batch_size=4", "algorithm.group_size=4", "learner.mini_batch_size=16",
-        "learner.micro_batch_size=4", "algorithm.kl_coef=0.0", "algorithm.max_staleness=1",
-        "algorithm.rollout_correction.rollout_is=token"])
+    recipe = load_recipe(
+        ROOT / "recipes" / "tiny-cpu.yaml",
+        [
+            "learner.world_size=2",
+            "data.train_batch_size=4",
+            "algorithm.group_size=4",
+            "learner.mini_batch_size=16",
+            "learner.micro_batch_size=4",
+            "algorithm.kl_coef=0.0",
+            "algorithm.max_staleness=1",
+            "algorithm.rollout_correction.rollout_is=token",
+        ],
+    )
     actors = [ray_local.remote(Learner).options(num_cpus=0.5).remote(path, recipe, i, 2) for i in range(2)]
     try:
         host, port = ray_local.get(actors[0].address.remote())
@@ -82,7 +114,7 @@ def test_stale_samples_take_the_old_policy_from_the_version_that_generated_them(
             for c in rollout.completions:
                 p = rollout.prompts[c.prompt].ids
                 lp = ray_local.get([a.probe_logprobs.remote(p + c.token_ids) for a in actors])[0]
-                c.sampler_logprobs = lp[len(p) - 1:]
+                c.sampler_logprobs = lp[len(p) - 1 :]
 
         for r in rollouts:
             sample_with_the_learner(r)
@@ -98,8 +130,9 @@ def test_stale_samples_take_the_old_policy_from_the_version_that_generated_them(
         # snapshot): both ranks must swap in each version together, or the all-gathers mix weights
         sample_with_the_learner(rollouts[0])
         mixed = [Rollout(rollouts[0].prompts, rollouts[0].completions, 2), rollouts[1]]
-        third = ray_local.get([a.train.remote([ray_local.put(r) for r in mixed], None, advantages, 2, 1)
-                               for a in actors])[0]
+        third = ray_local.get(
+            [a.train.remote([ray_local.put(r) for r in mixed], None, advantages, 2, 1) for a in actors]
+        )[0]
         assert abs(third["rollout_corr/kl"]) < 1e-6 and third["rollout_corr/rollout_is_max"] < 1 + 1e-5
         # the same batch claimed by version 1's weights: their logprobs are not version 0's
         refs = [ray_local.put(Rollout(r.prompts, r.completions, 3)) for r in rollouts]
@@ -122,11 +155,18 @@ def test_shared_prompts_make_the_same_update_as_packed_samples(ray_local):
     rollouts = tiny_rollouts(vocab=300, prompts=4, group=4)
     advantages = torch.linspace(-1.5, 1.5, 16).tolist()
     ref_lps = [[[-5.0 - 0.1 * j for j in range(len(c.token_ids))] for c in r.completions] for r in rollouts]
-    common = ["data.train_batch_size=4", "algorithm.group_size=4", "learner.mini_batch_size=8",
-              "learner.micro_batch_size=2", "algorithm.ppo_epochs=2", "algorithm.kl_coef=0.1"]
+    common = [
+        "data.train_batch_size=4",
+        "algorithm.group_size=4",
+        "learner.mini_batch_size=8",
+        "learner.micro_batch_size=2",
+        "algorithm.ppo_epochs=2",
+        "algorithm.kl_coef=0.1",
+    ]
     packed, before1, after1 = run_learner(ray_local, path, 1, common, rollouts, ref_lps, advantages)
-    shared, before2, after2 = run_learner(ray_local, path, 2, [*common, "model.shared_prompt=true"], rollouts,
-                                          ref_lps, advantages)
+    shared, before2, after2 = run_learner(
+        ray_local, path, 2, [*common, "model.shared_prompt=true"], rollouts, ref_lps, advantages
+    )
     for key in ("actor/grad_norm", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/ppo_kl"):
         assert shared[0][key] == pytest.approx(packed[0][key], rel=1e-4, abs=1e-6), key
     assert torch.allclose(before1, before2, atol=1e-6)

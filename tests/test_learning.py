@@ -47,12 +47,21 @@ def as_a_verl_user_brings_it(home: Path) -> list[str]:
 
     rows = load_rows("synthetic://select?size=4000&seed=0&items=1")
     val = load_rows("synthetic://select?size=256&seed=0&split=test&items=1")  # a `datasets` folder, mapped alike
-    plain = [{"question": r["prompt"][0]["content"], "answer": int(r["reward_model"]["ground_truth"]),
-              "data_source": r["data_source"]} for r in val]
+    plain = [
+        {
+            "question": r["prompt"][0]["content"],
+            "answer": int(r["reward_model"]["ground_truth"]),
+            "data_source": r["data_source"],
+        }
+        for r in val
+    ]
     datasets.Dataset.from_list(plain).save_to_disk(str(home / "val_set"))
-    (home / "train.jsonl").write_text("".join(json.dumps({"question": r["prompt"][0]["content"],
-                                                          "answer": int(r["reward_model"]["ground_truth"])}) + "\n"
-                                              for r in rows))
+    (home / "train.jsonl").write_text(
+        "".join(
+            json.dumps({"question": r["prompt"][0]["content"], "answer": int(r["reward_model"]["ground_truth"])}) + "\n"
+            for r in rows
+        )
+    )
     (home / "my_reward.py").write_text(VERL_REWARD)
     recipe = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml")
     base = Path(models.resolve(recipe.model.path))
@@ -62,16 +71,29 @@ def as_a_verl_user_brings_it(home: Path) -> list[str]:
     (home / "template.jinja").write_text(config.pop("chat_template", "") or (model / "chat_template.jinja").read_text())
     (model / "tokenizer_config.json").write_text(json.dumps(config))
     (model / "chat_template.jinja").unlink(missing_ok=True)
-    return [f"model.path={model}", "model.chat_template=template.jinja", "data.train_files=train.jsonl",
-            "data.val_files=[val_set]",
-            "data.prompt_key=question", "data.answer_key=answer", "reward.functions=[{name: my_reward.py:compute_score}]"]
+    return [
+        f"model.path={model}",
+        "model.chat_template=template.jinja",
+        "data.train_files=train.jsonl",
+        "data.val_files=[val_set]",
+        "data.prompt_key=question",
+        "data.answer_key=answer",
+        "reward.functions=[{name: my_reward.py:compute_score}]",
+    ]
 
 
 @pytest.mark.parametrize("schedule", [[], ONE_STEP_OFF], ids=["on-policy", "one-step-off-verl-user"])
 def test_tiny_recipe_learns_with_every_pool_its_own_actor(tmp_path, schedule):
     user = as_a_verl_user_brings_it(tmp_path) if schedule else []
-    res = run_cli("train", str(ROOT / "recipes" / "tiny-cpu.yaml"), f"trainer.output_dir={tmp_path / 'run'}",
-                  *schedule, *user, timeout=900, cwd=tmp_path)
+    res = run_cli(
+        "train",
+        str(ROOT / "recipes" / "tiny-cpu.yaml"),
+        f"trainer.output_dir={tmp_path / 'run'}",
+        *schedule,
+        *user,
+        timeout=900,
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr[-5000:]
     if user:  # the reward that ran is the user's file, named by its absolute path in config.yaml
         assert f"{tmp_path / 'my_reward.py'}:compute_score" in (tmp_path / "run" / "config.yaml").read_text()
@@ -103,6 +125,7 @@ def test_tiny_recipe_learns_with_every_pool_its_own_actor(tmp_path, schedule):
     planned = threads(recipe, plan(recipe), placement["generator"][0]["threads"] if not schedule else 1)
     assert schedule or planned["generator"] >= 2 * planned["learner"] >= 2  # one step off: each its reservation (1)
     assert {p: [a["threads"] for a in actors] for p, actors in placement.items() if p != "reward"} == {
-        p: [planned[p]] * n for p, n in (("generator", 1), ("learner", 2), ("reference", 1))}
+        p: [planned[p]] * n for p, n in (("generator", 1), ("learner", 2), ("reference", 1))
+    }
     for line in ("step:1 ", f"step:{len(rows)} "):
         assert line in res.stdout

@@ -24,7 +24,9 @@ def test_merged_weights_are_peft_merge_under_the_base_names():
     gives, under the base model's names, for every weight of the base model."""
     path = models.resolve(TINY.format(arch="qwen2"))
     base_names = set(dict(models.load_causal_lm(path, torch.float32).named_parameters()))
-    model = lora.wrap(models.load_causal_lm(path, torch.float32), LoraConfig(rank=4, alpha=8, target_modules=["q_proj", "down_proj"]))
+    model = lora.wrap(
+        models.load_causal_lm(path, torch.float32), LoraConfig(rank=4, alpha=8, target_modules=["q_proj", "down_proj"])
+    )
     torch.manual_seed(1)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -90,15 +92,20 @@ def test_lora_export_writes_adapters_and_a_merged_model(runs, tmp_path):
     path = models.resolve(load_recipe(ROOT / "recipes" / "tiny-cpu.yaml").model.path)
     ids = torch.tensor([list(range(3, 60))])
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
-    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
-                                        tmp_path / "hf" / "adapter")
+    adapted = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), tmp_path / "hf" / "adapter"
+    )
     base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     with torch.no_grad():
         m, a, b = (x(ids).logits for x in (merged, adapted, base))
     assert (m - a).abs().max() < 1e-4  # the adapters on the base are the merged model
     assert (m - b).abs().max() > 1e-3  # and they trained
-    gen = subprocess.run([sys.executable, str(ROOT / "tests" / "helpers" / "vllm_generate.py"), str(tmp_path / "hf")],
-                         capture_output=True, text=True, timeout=300)
+    gen = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "helpers" / "vllm_generate.py"), str(tmp_path / "hf")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert gen.returncode == 0 and "RESULT " in gen.stdout, gen.stderr[-3000:]  # vLLM serves the merged model
 
 
@@ -126,8 +133,10 @@ def test_export_of_a_warm_started_lora_run_never_trains(runs, tmp_path):
     assert info["model_path"] == path  # what the run recorded: its base, resolved
     (ckpt / "training_info.json").write_text(json.dumps({**info, "model_path": str(base)}))
     manifest = json.loads((ckpt / "manifest.json").read_text())
-    manifest["files"] = {**manifest["files"], **{n: (ckpt / n).stat().st_size for n in ("config.yaml",
-                                                                                     "training_info.json")}}
+    manifest["files"] = {
+        **manifest["files"],
+        **{n: (ckpt / n).stat().st_size for n in ("config.yaml", "training_info.json")},
+    }
     (ckpt / "manifest.json").write_text(json.dumps(manifest))
     empty = {"GRPO_RAY_CACHE": str(tmp_path / "empty-cache")}
 
@@ -137,8 +146,9 @@ def test_export_of_a_warm_started_lora_run_never_trains(runs, tmp_path):
     ids = torch.tensor([list(range(3, 60))])
     with torch.no_grad():
         merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32)(ids).logits
-        adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
-                                            tmp_path / "merged" / "adapter")(ids).logits
+        adapted = PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), tmp_path / "merged" / "adapter"
+        )(ids).logits
     assert (merged - adapted).abs().max() < 1e-4
 
     shutil.rmtree(base)  # the warm start's model is not on this machine either
@@ -147,8 +157,9 @@ def test_export_of_a_warm_started_lora_run_never_trains(runs, tmp_path):
     assert "is not on this machine: wrote the adapters alone" in res.stdout
     assert not list((tmp_path / "alone").glob("*.safetensors")) and not (tmp_path / "empty-cache").exists()
     with torch.no_grad():
-        alone = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
-                                          tmp_path / "alone" / "adapter")(ids).logits
+        alone = PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), tmp_path / "alone" / "adapter"
+        )(ids).logits
     assert (alone - adapted).abs().max() < 1e-6  # the same adapters
 
 
@@ -162,19 +173,36 @@ def test_engine_takes_each_update_of_the_adapters(ray_local, tmp_path, mode):
     from grpo_ray.setup_run import setup_run
     from tests.conftest import tiny_rollouts
 
-    recipe = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", [
-        *LORA, f"model.lora.sync={mode}", f"model.path={TINY.format(arch='qwen2')}", f"trainer.output_dir={tmp_path}", "data.train_batch_size=3",
-        "algorithm.group_size=4", "learner.mini_batch_size=12", "learner.micro_batch_size=6", "trainer.bucket_mb=1"])
+    recipe = load_recipe(
+        ROOT / "recipes" / "tiny-cpu.yaml",
+        [
+            *LORA,
+            f"model.lora.sync={mode}",
+            f"model.path={TINY.format(arch='qwen2')}",
+            f"trainer.output_dir={tmp_path}",
+            "data.train_batch_size=3",
+            "algorithm.group_size=4",
+            "learner.mini_batch_size=12",
+            "learner.micro_batch_size=6",
+            "trainer.bucket_mb=1",
+        ],
+    )
     c = Controller(recipe, setup_run(recipe))
     try:
         c.start()
         assert not c.pools.actors["reference"]
         assert c.engines.probe() < 1e-5  # the same base weights on both sides
         for version in (1, 2):
-            rollouts = [ray_local.put(dataclasses.replace(r, policy_version=version - 1))
-                        for r in tiny_rollouts(vocab=300, prompts=6, group=2, seed=version)]
-            ray_local.get([l.train.remote(rollouts, None, torch.linspace(-2, 2, 12).tolist(), version - 1)
-                           for l in c.pools.actors["learner"]])
+            rollouts = [
+                ray_local.put(dataclasses.replace(r, policy_version=version - 1))
+                for r in tiny_rollouts(vocab=300, prompts=6, group=2, seed=version)
+            ]
+            ray_local.get(
+                [
+                    l.train.remote(rollouts, None, torch.linspace(-2, 2, 12).tolist(), version - 1)
+                    for l in c.pools.actors["learner"]
+                ]
+            )
             assert c.engines.probe() > 1e-3  # the adapters moved the learner; the engine has not seen it yet
             c.version = version
             synced = c.engines.sync()

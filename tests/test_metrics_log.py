@@ -23,9 +23,11 @@ def test_plain_lines_when_not_a_terminal(tmp_path, monkeypatch):
     log.log(2, {"critic/score/mean": 0.5, "timing_s/step": 0.5, "reward/errors": 3.0, "reward/timeouts": 0.0})
     log.close()
     assert max(len(line) for line in LEGEND.splitlines()) <= metrics.CONSOLE_WIDTH
-    assert out.getvalue() == (f"{LEGEND}\n"  # once, before the first step: what each short label stands for
-                              "step:1 score:0.25 s:0.5\n"
-                              "step:2 score:0.5 s:0.5 err:3 eta:0:00\n")  # failures when some
+    assert out.getvalue() == (
+        f"{LEGEND}\n"  # once, before the first step: what each short label stands for
+        "step:1 score:0.25 s:0.5\n"
+        "step:2 score:0.5 s:0.5 err:3 eta:0:00\n"
+    )  # failures when some
     first = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
     assert before - 1 <= first.pop("time") <= time.time() + 1  # each row's wall-clock time
     assert first == {"step": 1, "critic/score/mean": 0.25, "timing_s/step": 0.5}
@@ -70,13 +72,25 @@ def test_the_eta_counts_steps_only_and_the_bar_starts_with_the_first_step(tmp_pa
 
 def test_a_step_line_fits_120_columns():
     many = {f"val/src{i}/pass@{k}": 0.123456 for i in range(6) for k in (1, 16)}
-    full = {"critic/score/mean": 0.123456789, "response_length/mean": 1234.5678, "actor/pg_loss": -1.23456e-05,
-            "actor/kl_loss": 0.00123456, "actor/entropy": 1.23456, "actor/grad_norm": 12.3456,
-            "sync/logprob_diff": 0.00123456, "timing_s/step": 123.456, "reward/errors": 256.0, "reward/timeouts": 256.0, **many}
+    full = {
+        "critic/score/mean": 0.123456789,
+        "response_length/mean": 1234.5678,
+        "actor/pg_loss": -1.23456e-05,
+        "actor/kl_loss": 0.00123456,
+        "actor/entropy": 1.23456,
+        "actor/grad_norm": 12.3456,
+        "sync/logprob_diff": 0.00123456,
+        "timing_s/step": 123.456,
+        "reward/errors": 256.0,
+        "reward/timeouts": 256.0,
+        **many,
+    }
     line = console_line(12345, full, "1h02m")
     assert len(line) <= metrics.CONSOLE_WIDTH, (len(line), line)
-    assert line == ("step:12345 score:0.123 len:1235 kl:0.00123 ent:1.23 gnorm:12.3 sync:0.00123 s:123 err:256 "
-                    "tmo:256 eta:1h02m +12 val")  # failing rewards leave no room: the validations are counted
+    assert line == (
+        "step:12345 score:0.123 len:1235 kl:0.00123 ent:1.23 gnorm:12.3 sync:0.00123 s:123 err:256 "
+        "tmo:256 eta:1h02m +12 val"
+    )  # failing rewards leave no room: the validations are counted
     del full["reward/errors"], full["reward/timeouts"]
     line = console_line(12345, full, "1h02m")
     assert len(line) <= metrics.CONSOLE_WIDTH, (len(line), line)

@@ -42,8 +42,9 @@ def test_tiny_checkpoint_reloads_in_transformers(built, arch):
     model = AutoModelForCausalLM.from_pretrained(path)
     n = sum(p.numel() for p in model.parameters())
     assert 50_000 < n < 2_000_000  # "about 1M parameters" scale for tests
-    text = tok.apply_chat_template([{"role": "user", "content": "Mia has 7 pears. #### 7"}],
-                                   add_generation_prompt=True, tokenize=False)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "Mia has 7 pears. #### 7"}], add_generation_prompt=True, tokenize=False
+    )
     ids = tok(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
     assert tok.decode(ids[0]) == text  # byte-level: every character round-trips
     assert tok.eos_token_id is not None and tok.eos_token is not None
@@ -67,7 +68,9 @@ def test_same_name_same_weights_other_seed_other_weights(tmp_path):
 def test_small_vocabulary_option():
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(models.resolve("tiny://qwen2?layers=1&hidden=64&heads=2&kv_heads=1&vocab=64&bytes=0"))
+    tok = AutoTokenizer.from_pretrained(
+        models.resolve("tiny://qwen2?layers=1&hidden=64&heads=2&kv_heads=1&vocab=64&bytes=0")
+    )
     assert len(tok) == 64
     assert tok.decode(tok("Mia has 7 pears.\n#### 7")["input_ids"]) == "Mia has 7 pears.\n#### 7"
 
@@ -75,11 +78,15 @@ def test_small_vocabulary_option():
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_tiny_checkpoint_generates_in_vllm(built, arch):
-    res = subprocess.run([sys.executable, str(ROOT / "tests" / "helpers" / "vllm_generate.py"), built[arch]],
-                         capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "helpers" / "vllm_generate.py"), built[arch]],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     lines = [l for l in res.stdout.splitlines() if l.startswith("RESULT ")]
     assert res.returncode == 0 and lines, res.stderr[-3000:]
-    out = json.loads(lines[0][len("RESULT "):])
+    out = json.loads(lines[0][len("RESULT ") :])
     assert len(out["token_ids"]) == 2 and all(len(t) >= 1 for t in out["token_ids"])
     assert all(lp <= 0 for lps in out["logprobs"] for lp in lps)
 
@@ -118,8 +125,13 @@ def test_packed_forward_gives_the_padded_logprobs_and_gradients(built, arch):
 
     model = models.load_causal_lm(built[arch], torch.float32)
     rng, vocab = random.Random(0), model.config.vocab_size
-    pairs = [([rng.randrange(3, vocab) for _ in range(rng.randint(2, 12))],
-              [rng.randrange(3, vocab) for _ in range(rng.randint(1, 30))]) for _ in range(12)]
+    pairs = [
+        (
+            [rng.randrange(3, vocab) for _ in range(rng.randint(2, 12))],
+            [rng.randrange(3, vocab) for _ in range(rng.randint(1, 30))],
+        )
+        for _ in range(12)
+    ]
     (micro, *_), capacity = micro_batches(list(range(12)), pairs, 12, packing=True)
     padded = collate([pairs[i] for i in micro], 0)
     packed = collate([pairs[i] for i in micro], 0, capacity)

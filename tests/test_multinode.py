@@ -24,12 +24,23 @@ def test_generators_land_only_on_generator_nodes(tmp_path):
     cluster.add_node(num_cpus=1)
     ray.init(address=cluster.address, log_to_driver=False)
     try:
-        r = load_recipe(TINY_RECIPE, [
-            f"model.path={TINY.format(arch='qwen2')}", f"trainer.output_dir={tmp_path}", "generator.num_engines=2",
-            "cluster.nodes=5", "+cluster.node_resources.generator=generation",
-            "+cluster.node_resources.learner=training", "+cluster.node_resources.reference=training",
-            "data.train_batch_size=4", "algorithm.group_size=4", "learner.mini_batch_size=16",
-            "learner.micro_batch_size=8", "data.max_prompt_length=200"])
+        r = load_recipe(
+            TINY_RECIPE,
+            [
+                f"model.path={TINY.format(arch='qwen2')}",
+                f"trainer.output_dir={tmp_path}",
+                "generator.num_engines=2",
+                "cluster.nodes=5",
+                "+cluster.node_resources.generator=generation",
+                "+cluster.node_resources.learner=training",
+                "+cluster.node_resources.reference=training",
+                "data.train_batch_size=4",
+                "algorithm.group_size=4",
+                "learner.mini_batch_size=16",
+                "learner.micro_batch_size=8",
+                "data.max_prompt_length=200",
+            ],
+        )
         c = Controller(r, setup_run(r))
         try:
             c.start()
@@ -74,8 +85,11 @@ def test_scale_recipe_lands_as_planned(name):
     pgs = {}
     try:
         pgs = placement.reserve(r, timeout_s=60)
-        marker_of = {n["NodeID"]: next((m for m in c.node_markers if m in n["Resources"]), "head")
-                     for n in ray.nodes() if n["Alive"]}
+        marker_of = {
+            n["NodeID"]: next((m for m in c.node_markers if m in n["Resources"]), "head")
+            for n in ray.nodes()
+            if n["Alive"]
+        }
         landed = {}
         for pool, (pg, _) in pgs.items():
             group = "+".join(next(g for g in placement.node_groups(r) if pool in g))

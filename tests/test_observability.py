@@ -11,14 +11,44 @@ from tests.conftest import run_cli
 pytestmark = pytest.mark.slow
 
 STEP_KEYS = [
-    "critic/score/mean", "critic/score/max", "critic/score/min", "reward/gsm8k/mean",
-    "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/pg_clipfrac", "actor/ppo_kl",
-    "response_length/mean", "response_length/max", "response_length/clip_ratio", "prompt_length/mean",
-    "global_seqlen/mean", "timing_s/gen", "timing_s/reward", "timing_s/ref", "timing_s/old_log_prob",
-    "timing_s/update_actor", "timing_s/sync_weights", "timing_s/step", "perf/throughput", "perf/mfu/actor",
-    "perf/mfu/step", "sync/seconds", "sync/GBps", "sync/logprob_diff", "reward/errors", "reward/timeouts",
-    "rollout_corr/kl", "rollout_corr/k3_kl", "rollout_corr/rollout_is_mean", "rollout_corr/rollout_is_max",
-    "rollout_corr/rollout_rs_masked_fraction", "rollout/staleness", "actor/policy_version", "perf/gen_overlap_s",
+    "critic/score/mean",
+    "critic/score/max",
+    "critic/score/min",
+    "reward/gsm8k/mean",
+    "actor/pg_loss",
+    "actor/kl_loss",
+    "actor/entropy",
+    "actor/grad_norm",
+    "actor/pg_clipfrac",
+    "actor/ppo_kl",
+    "response_length/mean",
+    "response_length/max",
+    "response_length/clip_ratio",
+    "prompt_length/mean",
+    "global_seqlen/mean",
+    "timing_s/gen",
+    "timing_s/reward",
+    "timing_s/ref",
+    "timing_s/old_log_prob",
+    "timing_s/update_actor",
+    "timing_s/sync_weights",
+    "timing_s/step",
+    "perf/throughput",
+    "perf/mfu/actor",
+    "perf/mfu/step",
+    "sync/seconds",
+    "sync/GBps",
+    "sync/logprob_diff",
+    "reward/errors",
+    "reward/timeouts",
+    "rollout_corr/kl",
+    "rollout_corr/k3_kl",
+    "rollout_corr/rollout_is_mean",
+    "rollout_corr/rollout_is_max",
+    "rollout_corr/rollout_rs_masked_fraction",
+    "rollout/staleness",
+    "actor/policy_version",
+    "perf/gen_overlap_s",
     *[f"perf/idle/{p}" for p in ("generator", "learner", "reference", "reward")],
     *[f"perf/peak_rss_gb/{p}" for p in ("generator", "learner", "reference", "reward")],
 ]
@@ -27,9 +57,17 @@ STEP_KEYS = [
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
-    res = run_cli("train", "recipes/tiny-cpu.yaml", f"trainer.output_dir={out}", "trainer.total_steps=4",
-                  "trainer.test_freq=2", "trainer.val_before_train=true", "trainer.dump_freq=1",
-                  "trainer.loggers=[console,jsonl,tensorboard]", timeout=900)
+    res = run_cli(
+        "train",
+        "recipes/tiny-cpu.yaml",
+        f"trainer.output_dir={out}",
+        "trainer.total_steps=4",
+        "trainer.test_freq=2",
+        "trainer.val_before_train=true",
+        "trainer.dump_freq=1",
+        "trainer.loggers=[console,jsonl,tensorboard]",
+        timeout=900,
+    )
     assert res.returncode == 0, res.stderr[-4000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return out, rows, res
@@ -68,15 +106,30 @@ def test_console_shows_steps_and_actor_output_goes_to_log_files(run):
     assert sum("step:" in line for line in console.splitlines()) == len(rows)  # one line a step (+ validation)
     assert all(len(line) <= 120 for line in console.splitlines() if line.startswith("step:"))
     # start-up talks: a line as each phase ends, with the seconds since the command began, in order
-    phases = ["recipe valid, and it fits", "recipe, data and rewards checked", "Ray up", "actors placed", "learner ready", "reference ready",
-              "engines loaded", "weight-sync group joined", "first probe", "training: steps 1 to 4"]
+    phases = [
+        "recipe valid, and it fits",
+        "recipe, data and rewards checked",
+        "Ray up",
+        "actors placed",
+        "learner ready",
+        "reference ready",
+        "engines loaded",
+        "weight-sync group joined",
+        "first probe",
+        "training: steps 1 to 4",
+    ]
     said = {m.group(2): float(m.group(1)) for m in re.finditer(r"^\[ *(\d+\.\d)s\] (.*)$", res.stdout, re.MULTILINE)}
     at = [next(t for line, t in said.items() if p in line) for p in phases]
     assert at == sorted(at) and at[0] > 0, said
     generator = (out / "logs" / "generator-0.log").read_text()
     assert "Reloading" in generator and "Initializing a V1 LLM engine" in generator
-    assert {p.name for p in (out / "logs").iterdir()} == {"generator-0.log", "learner-0.log", "learner-1.log",
-                                                          "reference-0.log", "reward-0.log"}
+    assert {p.name for p in (out / "logs").iterdir()} == {
+        "generator-0.log",
+        "learner-0.log",
+        "learner-1.log",
+        "reference-0.log",
+        "reward-0.log",
+    }
 
 
 def test_tensorboard_file_reads_back_with_tensorboards_reader(run):
@@ -114,10 +167,11 @@ def test_rollout_dumps_hold_every_sample(run):
 
 def test_a_dump_replays_into_the_learner_without_generators(run):
     out, rows, _ = run
-    res = run_cli("replay", "recipes/tiny-cpu.yaml", str(out / "rollouts" / "train_data_step1.jsonl"),
-                  f"trainer.output_dir={out}")
+    res = run_cli(
+        "replay", "recipes/tiny-cpu.yaml", str(out / "rollouts" / "train_data_step1.jsonl"), f"trainer.output_dir={out}"
+    )
     assert res.returncode == 0, res.stderr[-4000:]
-    replayed = json.loads(res.stdout[res.stdout.index("{"):])
+    replayed = json.loads(res.stdout[res.stdout.index("{") :])
     step1 = rows[1] if rows[0]["step"] == 0 else rows[0]
     for key in ("actor/grad_norm", "actor/pg_loss", "actor/entropy", "actor/kl_loss"):
         assert replayed[key] == pytest.approx(step1[key], rel=1e-4, abs=1e-7), key

@@ -17,8 +17,11 @@ def test_model_dims_count_the_matmul_parameters_of_the_real_model():
     per_layer = 64 * 64 + 64 * 32 + 64 * 32 + 64 * 64 + 3 * 64 * 128  # q, k, v, o, gate/up/down
     by_hand = 2 * per_layer + 64 * vocab  # + the LM head's matmul (tied to the embedding)
     dims = models.model_dims(path)
-    assert dims.matmul_params == by_hand == sum(m.weight.numel() for m in model.modules()
-                                                 if isinstance(m, torch.nn.Linear))
+    assert (
+        dims.matmul_params
+        == by_hand
+        == sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    )
     assert (dims.layers, dims.attn_dim, dims.max_positions) == (2, 64, model.config.max_position_embeddings)
 
 
@@ -33,10 +36,13 @@ def test_train_flops_by_hand():
     assert perf.train_flops(DIMS, [3, 5], passes=2 + 1 / 3) == pytest.approx((5376 + 1632) * 7 / 3)
 
 
-@pytest.mark.parametrize("recomputed,epochs,expected", [
-    (0.0, 1, 7008.0),  # on policy: one forward+backward, no old-logprob pass (the learner times nothing)
-    (1.0, 2, 7008.0 * (2 + 1 / 3)),  # two epochs: old logprobs recomputed, a forward pass more
-])
+@pytest.mark.parametrize(
+    "recomputed,epochs,expected",
+    [
+        (0.0, 1, 7008.0),  # on policy: one forward+backward, no old-logprob pass (the learner times nothing)
+        (1.0, 2, 7008.0 * (2 + 1 / 3)),  # two epochs: old logprobs recomputed, a forward pass more
+    ],
+)
 def test_mfu_counts_the_old_logprob_pass_only_when_it_ran(recomputed, epochs, expected):
     from grpo_ray.config import Recipe
 
@@ -45,8 +51,11 @@ def test_mfu_counts_the_old_logprob_pass_only_when_it_ran(recomputed, epochs, ex
     from grpo_ray.types import RolloutStats
 
     stats = [RolloutStats(0.1, 0, [1, 2], [2, 3], 0)]  # sequences of 3 and 5 tokens
-    trained = {"timing_s/update_actor": 1.0, "timing_s/old_log_prob": 3e-6 if not recomputed else 0.5,
-               "actor/old_log_prob_recomputed": recomputed}
+    trained = {
+        "timing_s/update_actor": 1.0,
+        "timing_s/old_log_prob": 3e-6 if not recomputed else 0.5,
+        "actor/old_log_prob_recomputed": recomputed,
+    }
     facts = {"dims": DIMS, "peak_tflops": 1e-9}  # 1000 FLOP/s
     m = perf_metrics(stats, trained, 2.0, facts, 1.0, r)
     update = 1.0 + trained["timing_s/old_log_prob"]
@@ -86,8 +95,12 @@ def test_validation_metrics_per_source():
     sources = ["gsm8k", "gsm8k", "math500"]
     totals = [1, 0, 0, 0, 1, 1]  # n = 2 per prompt
     m = validation_metrics(sources, totals, n=2, perfect=1.0)
-    assert m == {"val/gsm8k/pass@1": pytest.approx(0.25), "val/gsm8k/pass@2": pytest.approx(0.5),
-                 "val/math500/pass@1": 1.0, "val/math500/pass@2": 1.0}
+    assert m == {
+        "val/gsm8k/pass@1": pytest.approx(0.25),
+        "val/gsm8k/pass@2": pytest.approx(0.5),
+        "val/math500/pass@1": 1.0,
+        "val/math500/pass@2": 1.0,
+    }
     assert validation_metrics(["a"], [0.9], n=1, perfect=1.0) == {"val/a/pass@1": 0.0}  # partial credit fails
 
 

@@ -1,6 +1,5 @@
 """Placement: the fit check, and pools on a simulated multi-node Ray cluster."""
 
-
 import pytest
 
 from grpo_ray import placement
@@ -13,11 +12,22 @@ TINY_RECIPE = ROOT / "recipes" / "tiny-cpu.yaml"
 
 
 def test_plan_and_fit_check_on_gpu_nodes():
-    r = load_recipe(TINY_RECIPE, ["cluster.device=cuda", "cluster.nodes=2", "cluster.devices_per_node=8",
-                                  "generator.num_engines=2", "generator.tensor_parallel_size=4",
-                                  "learner.world_size=4", "learner.micro_batch_size=8", "learner.mini_batch_size=128",
-                                  "reference.num_actors=2", "cluster.colocate=[[learner,reference]]",
-                                  "+cluster.node_resources.generator=generation"])
+    r = load_recipe(
+        TINY_RECIPE,
+        [
+            "cluster.device=cuda",
+            "cluster.nodes=2",
+            "cluster.devices_per_node=8",
+            "generator.num_engines=2",
+            "generator.tensor_parallel_size=4",
+            "learner.world_size=4",
+            "learner.micro_batch_size=8",
+            "learner.mini_batch_size=128",
+            "reference.num_actors=2",
+            "cluster.colocate=[[learner,reference]]",
+            "+cluster.node_resources.generator=generation",
+        ],
+    )
     plans = placement.plan(r)
     assert (plans["generator"].actors, plans["generator"].gpus) == (2, 4)
     assert plans["generator"].resources == {"generation": placement.MARKER}
@@ -28,10 +38,13 @@ def test_plan_and_fit_check_on_gpu_nodes():
     train_node = {"CPU": 32, "GPU": 8}
     assert placement.problems(r, [gen_node, train_node]) == []
     found = placement.problems(r, [train_node, train_node])  # nobody carries the generation marker
-    assert found == ["no node can hold one actor of generator: it asks for CPU 0.5, GPU 4, generation 0.001",
-                     "the pools ask for 0.002 generation in all, the cluster has 0"]
+    assert found == [
+        "no node can hold one actor of generator: it asks for CPU 0.5, GPU 4, generation 0.001",
+        "the pools ask for 0.002 generation in all, the cluster has 0",
+    ]
     assert placement.problems(r, [{"CPU": 32, "GPU": 2, "generation": 1}, train_node])[0].startswith(
-        "no node can hold one actor of generator")
+        "no node can hold one actor of generator"
+    )
 
 
 def test_compute_threads_follow_the_schedule():
@@ -43,9 +56,12 @@ def test_compute_threads_follow_the_schedule():
     two_engines = load_recipe(TINY_RECIPE, ["generator.num_engines=2", "generator.num_cpus=3"])
     assert placement.threads(two_engines, placement.plan(two_engines), 8)["generator"] == 4
     reserved = {"generator": 3, "learner": 1, "reference": 1, "reward": 1}  # num_cpus rounded, at least 1
-    for overrides in (["algorithm.max_staleness=1"],  # phases overlap: each keeps its reservation
-                      ["cluster.cpu_threads=reserved"], ["cluster.nodes=2"],
-                      ["cluster.device=cuda", "cluster.devices_per_node=8"]):
+    for overrides in (
+        ["algorithm.max_staleness=1"],  # phases overlap: each keeps its reservation
+        ["cluster.cpu_threads=reserved"],
+        ["cluster.nodes=2"],
+        ["cluster.device=cuda", "cluster.devices_per_node=8"],
+    ):
         r = load_recipe(TINY_RECIPE, ["generator.num_cpus=3", *overrides])
         assert placement.threads(r, placement.plan(r), 8) == reserved, overrides
     forced = load_recipe(TINY_RECIPE, ["algorithm.max_staleness=1", "cluster.cpu_threads=node"])
@@ -54,8 +70,9 @@ def test_compute_threads_follow_the_schedule():
 
 @pytest.mark.slow
 def test_a_cluster_too_small_fails_before_any_actor_starts(ray_local, tmp_path):
-    r = load_recipe(TINY_RECIPE, [f"model.path={TINY.format(arch='qwen2')}", f"trainer.output_dir={tmp_path}",
-                                  "learner.num_cpus=3"])
+    r = load_recipe(
+        TINY_RECIPE, [f"model.path={TINY.format(arch='qwen2')}", f"trainer.output_dir={tmp_path}", "learner.num_cpus=3"]
+    )
     c = Controller(r, setup_run(r))
     with pytest.raises(placement.ClusterError, match=r"the pools ask for 7\.?\d* CPU in all, the cluster has 4"):
         c.start()

@@ -48,7 +48,11 @@ def _structure(path):
         "gradient checkpointing": r.learner.gradient_checkpointing,
         "tied embeddings": dims.tied,
         "head size": dims.head_dim if "gemma" in r.model.path else None,
-        "checkpoints and validation": (bool(r.trainer.save_freq), bool(r.trainer.test_freq), r.trainer.val_before_train),
+        "checkpoints and validation": (
+            bool(r.trainer.save_freq),
+            bool(r.trainer.test_freq),
+            r.trainer.val_before_train,
+        ),
     }
 
 
@@ -96,29 +100,52 @@ def test_twin_trains_to_completion(name, tmp_path):
 
 
 def test_plan_refuses_qwen_32b_on_one_h100_with_tp1():
-    out = run_cli("plan", "recipes/qwen2.5-32b-gsm8k-b200.yaml", "cluster.devices_per_node=1",
-                  "generator.tensor_parallel_size=1", "learner.world_size=1", "reference.num_actors=1",
-                  "cluster.colocate=[[generator,learner,reference]]", "algorithm.max_staleness=0", "--gpu", "h100", "--nodes", "1")
+    out = run_cli(
+        "plan",
+        "recipes/qwen2.5-32b-gsm8k-b200.yaml",
+        "cluster.devices_per_node=1",
+        "generator.tensor_parallel_size=1",
+        "learner.world_size=1",
+        "reference.num_actors=1",
+        "cluster.colocate=[[generator,learner,reference]]",
+        "algorithm.max_staleness=0",
+        "--gpu",
+        "h100",
+        "--nodes",
+        "1",
+    )
     assert out.returncode == 1, out.stdout + out.stderr
     assert "DOES NOT FIT" in out.stdout
-    assert re.search(r"generator: weights 65\.5 GB per GPU \(tensor_parallel_size 1\).*exceed.*0\.6\) x 80 GB = 48\.0 GB; "
-                     r"use generator.tensor_parallel_size >= 2", out.stdout), out.stdout
+    assert re.search(
+        r"generator: weights 65\.5 GB per GPU \(tensor_parallel_size 1\).*exceed.*0\.6\) x 80 GB = 48\.0 GB; "
+        r"use generator.tensor_parallel_size >= 2",
+        out.stdout,
+    ), out.stdout
     assert re.search(r"generator\+learner\+reference: \d+\.\d GB per GPU is over the 80 GB", out.stdout), out.stdout
 
 
 def test_plan_refuses_more_generator_nodes_than_the_cluster_has():
     out = run_cli("plan", "recipes/gemma3-27b-gsm8k-noncolocated.yaml", "generator.num_engines=8")
     assert out.returncode == 1, out.stdout + out.stderr
-    assert ("generator: 8 actors of 4 GPUs need 32 GPUs on nodes marked generation, which have 2 nodes x 8 GPUs = 16, "
-            "16 of them free for it; raise cluster.node_markers.generation") in out.stdout
+    assert (
+        "generator: 8 actors of 4 GPUs need 32 GPUs on nodes marked generation, which have 2 nodes x 8 GPUs = 16, "
+        "16 of them free for it; raise cluster.node_markers.generation"
+    ) in out.stdout
 
 
 def test_plan_refuses_a_kv_budget_that_holds_no_full_sequence():
-    out = run_cli("plan", "recipes/llama3.1-8b-math-4node.yaml", "generator.gpu_memory_utilization=0.1",
-                  "generator.max_model_len=131072")
+    out = run_cli(
+        "plan",
+        "recipes/llama3.1-8b-math-4node.yaml",
+        "generator.gpu_memory_utilization=0.1",
+        "generator.max_model_len=131072",
+    )
     assert out.returncode == 1, out.stdout + out.stderr
-    assert re.search(r"generator: the KV cache budget \(\d+\.\d\d GB per device\) cannot hold one sequence of 131072 "
-                     r"tokens \(8\.59 GB\)", out.stdout), out.stdout
+    assert re.search(
+        r"generator: the KV cache budget \(\d+\.\d\d GB per device\) cannot hold one sequence of 131072 "
+        r"tokens \(8\.59 GB\)",
+        out.stdout,
+    ), out.stdout
 
 
 def test_plan_for_other_gpus_and_node_counts():
@@ -131,12 +158,13 @@ def test_plan_for_other_gpus_and_node_counts():
     one = run_cli("plan", "recipes/llama3.1-8b-math-4node.yaml", "--nodes", "1")
     assert one.returncode == 1 and "mark 4 nodes, but cluster.nodes is 1" in one.stdout, one.stdout
     cpu = run_cli("plan", "recipes/gemma3-1b-math500-1node.yaml", "--gpu", "cpu", "--nodes", "1")
-    assert cpu.returncode == 1 and "of actors over its" in cpu.stdout and "GB of free host memory" in cpu.stdout, cpu.stdout
+    assert cpu.returncode == 1 and "of actors over its" in cpu.stdout and "GB of free host memory" in cpu.stdout, (
+        cpu.stdout
+    )
 
 
 def test_train_runs_the_fit_check_before_any_actor(tmp_path):
-    out = run_cli("train", "recipes/tiny-cpu.yaml", f"trainer.output_dir={tmp_path}",
-                  "cluster.node_memory_gb=1")
+    out = run_cli("train", "recipes/tiny-cpu.yaml", f"trainer.output_dir={tmp_path}", "cluster.node_memory_gb=1")
     assert out.returncode == 2, out.stdout + out.stderr
     assert "does not fit its cluster" in out.stderr and "over its 1.0 GB of host memory" in out.stderr
     assert "Traceback" not in out.stderr and "Started a local Ray" not in out.stdout + out.stderr
@@ -158,19 +186,29 @@ def test_cpu_kv_cache_is_sized_from_the_recipe_not_the_host():
 
 
 def test_cpu_kv_cache_over_the_free_numa_memory_is_refused_before_anything_starts():
-    r = load_recipe(RECIPES / "tiny-cpu.yaml", ["data.train_batch_size=4096", "algorithm.group_size=256",
-                                                "learner.mini_batch_size=1048576", "learner.micro_batch_size=64",
-                                                "generator.max_model_len=1024"])
+    r = load_recipe(
+        RECIPES / "tiny-cpu.yaml",
+        [
+            "data.train_batch_size=4096",
+            "algorithm.group_size=256",
+            "learner.mini_batch_size=1048576",
+            "learner.micro_batch_size=64",
+            "generator.max_model_len=1024",
+        ],
+    )
     report = fit.check(r)
     assert not report.fits
     assert any("free on this machine's smallest NUMA node" in p for p in report.problems), report.problems
 
 
-@pytest.mark.parametrize(("name", "fits", "not_fits"), [
-    ("qwen2.5-0.5b-gsm8k-1gpu", ["l4", "a10g", "a100-40gb", "h100"], []),
-    ("qwen2.5-1.5b-gsm8k-1gpu-lora", ["l4", "a100-40gb", "h100"], []),
-    ("qwen2.5-1.5b-gsm8k-1gpu", ["a100-80gb", "h100"], ["a100-40gb"]),
-])
+@pytest.mark.parametrize(
+    ("name", "fits", "not_fits"),
+    [
+        ("qwen2.5-0.5b-gsm8k-1gpu", ["l4", "a10g", "a100-40gb", "h100"], []),
+        ("qwen2.5-1.5b-gsm8k-1gpu-lora", ["l4", "a100-40gb", "h100"], []),
+        ("qwen2.5-1.5b-gsm8k-1gpu", ["a100-80gb", "h100"], ["a100-40gb"]),
+    ],
+)
 def test_one_gpu_recipes_fit_the_cards_they_name(name, fits, not_fits):
     """The one-GPU recipes: every pool on one device of 24 GB (0.5B; 1.5B with LoRA, made for 40 GB) or 80 GB
     (1.5B), each also fitting the larger cards; the full 1.5B does not fit 40 GB (its LoRA recipe is for that)."""

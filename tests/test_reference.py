@@ -12,8 +12,10 @@ pytestmark = pytest.mark.slow
 
 
 def reference_pool(ray, path, n, shared=False):
-    actors = [ray.remote(Reference).options(num_cpus=0.25).remote(path, "cpu", 3, 1.0, 0.25, i, n, shared=shared)
-              for i in range(n)]
+    actors = [
+        ray.remote(Reference).options(num_cpus=0.25).remote(path, "cpu", 3, 1.0, 0.25, i, n, shared=shared)
+        for i in range(n)
+    ]
     host, port = ray.get(actors[0].address.remote())
     ray.get([a.setup.remote(host, port) for a in actors])
     return actors
@@ -28,12 +30,20 @@ def test_sharded_reference_matches_one_actor(ray_local, shared):
     whole, work = ray_local.get(one[0].logprobs.options(num_returns=2).remote(refs))
     three = reference_pool(ray_local, path, 3, shared)
     # shares as the controller cuts them: 7 samples (3 micro batches), 9 samples (3), none (only filler forwards)
-    calls = [three[0].logprobs.options(num_returns=2).remote([refs[0]], [(0, 7)]),
-             three[1].logprobs.options(num_returns=2).remote([refs[0], refs[1]], [(7, 8), (0, 8)]),
-             three[2].logprobs.options(num_returns=2).remote([], [])]
+    calls = [
+        three[0].logprobs.options(num_returns=2).remote([refs[0]], [(0, 7)]),
+        three[1].logprobs.options(num_returns=2).remote([refs[0], refs[1]], [(7, 8), (0, 8)]),
+        three[2].logprobs.options(num_returns=2).remote([], []),
+    ]
     got = ray_local.get([lp for lp, _ in calls])
-    shards = ray_local.get(three[0].__ray_call__.remote(  # parameters this actor holds, and the model's
-        lambda a: (sum(p.to_local().numel() for p in a.model.parameters()), sum(p.numel() for p in a.model.parameters()))))
+    shards = ray_local.get(
+        three[0].__ray_call__.remote(  # parameters this actor holds, and the model's
+            lambda a: (
+                sum(p.to_local().numel() for p in a.model.parameters()),
+                sum(p.numel() for p in a.model.parameters()),
+            )
+        )
+    )
     for a in one + three:
         ray_local.kill(a)
     assert [len(g) for g in got] == [7, 9, 0] and work.samples == 16

@@ -7,40 +7,46 @@ from grpo_ray.rewards import RewardLoadError, load, weighted_sum
 from grpo_ray.rewards.runner import score_one
 
 
-@pytest.mark.parametrize("response,truth,expected", [
-    ("Tom has 3 + 4 = 7 apples.\n#### 7", "7", 1.0),
-    ("#### 1,000", "1000", 1.0),
-    ("#### 1000.0", "1,000", 1.0),
-    ("#### -3", "-3", 1.0),
-    ("#### $18.", "18", 1.0),
-    ("####7", "7", 1.0),
-    ("#### 8", "7", 0.0),                 # wrong
-    ("The answer is 7.", "7", 0.0),       # no format
-    ("", "7", 0.0),                       # empty
-    ("#### ", "7", 0.0),                  # empty answer
-    ("#### 7\n#### 7", "7", 0.0),         # several answers
-    ("#### 6 #### 7", "7", 0.0),
-    ("#### 1 2 3 4 5 6 7 8 9", "7", 0.0),  # every number listed
-    ("#### 7, 8", "7", 0.0),
-    ("#### 7 " + "zq " * 500, "7", 0.0),  # answer hidden before long garbage
-    ("#### seven", "7", 0.0),
-])
+@pytest.mark.parametrize(
+    "response,truth,expected",
+    [
+        ("Tom has 3 + 4 = 7 apples.\n#### 7", "7", 1.0),
+        ("#### 1,000", "1000", 1.0),
+        ("#### 1000.0", "1,000", 1.0),
+        ("#### -3", "-3", 1.0),
+        ("#### $18.", "18", 1.0),
+        ("####7", "7", 1.0),
+        ("#### 8", "7", 0.0),  # wrong
+        ("The answer is 7.", "7", 0.0),  # no format
+        ("", "7", 0.0),  # empty
+        ("#### ", "7", 0.0),  # empty answer
+        ("#### 7\n#### 7", "7", 0.0),  # several answers
+        ("#### 6 #### 7", "7", 0.0),
+        ("#### 1 2 3 4 5 6 7 8 9", "7", 0.0),  # every number listed
+        ("#### 7, 8", "7", 0.0),
+        ("#### 7 " + "zq " * 500, "7", 0.0),  # answer hidden before long garbage
+        ("#### seven", "7", 0.0),
+    ],
+)
 def test_gsm8k(response, truth, expected):
     assert load("gsm8k")(response, truth) == expected
 
 
-@pytest.mark.parametrize("response,truth,expected", [
-    ("So $x = \\boxed{\\frac{14}{3}}$.", "\\frac{14}{3}", 1.0),
-    ("\\boxed{\\dfrac{14}{3}}", "\\frac{14}{3}", 1.0),
-    ("\\boxed{4.6667}", "\\frac{14}{3}", 0.0),
-    ("\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}", "\\left( 3, \\frac{\\pi}{2} \\right)", 1.0),
-    ("\\boxed{0.5}", "\\frac{1}{2}", 1.0),
-    ("\\boxed{3}", "5", 0.0),
-    ("the answer is 5", "5", 0.0),            # not boxed
-    ("\\boxed{5} or \\boxed{6}", "5", 0.0),   # several answers
-    ("\\boxed{}", "5", 0.0),                  # empty
-    ("\\boxed{5", "5", 0.0),                  # unbalanced
-])
+@pytest.mark.parametrize(
+    "response,truth,expected",
+    [
+        ("So $x = \\boxed{\\frac{14}{3}}$.", "\\frac{14}{3}", 1.0),
+        ("\\boxed{\\dfrac{14}{3}}", "\\frac{14}{3}", 1.0),
+        ("\\boxed{4.6667}", "\\frac{14}{3}", 0.0),
+        ("\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}", "\\left( 3, \\frac{\\pi}{2} \\right)", 1.0),
+        ("\\boxed{0.5}", "\\frac{1}{2}", 1.0),
+        ("\\boxed{3}", "5", 0.0),
+        ("the answer is 5", "5", 0.0),  # not boxed
+        ("\\boxed{5} or \\boxed{6}", "5", 0.0),  # several answers
+        ("\\boxed{}", "5", 0.0),  # empty
+        ("\\boxed{5", "5", 0.0),  # unbalanced
+    ],
+)
 def test_math(response, truth, expected):
     assert load("math")(response, truth) == expected
 
@@ -120,8 +126,12 @@ def test_verl_signature_file_form_and_our_signature_score_alike(tmp_path):
     extra = {"data_source": "quiz", "extra_info": {"index": 3}}
     parts, errors, _, failures = score_one(fns, "7", "7", extra)
     # verl's dict gives its other numbers too, as name/key (for the metrics; the weights take the score only)
-    assert parts == {f"{path}:compute_score": 1.0, f"{path}:compute_score/acc": 1.0, f"{path}:two_args": 1.0,
-                     "gsm8k": 0.0}
+    assert parts == {
+        f"{path}:compute_score": 1.0,
+        f"{path}:compute_score/acc": 1.0,
+        f"{path}:two_args": 1.0,
+        "gsm8k": 0.0,
+    }
     assert (errors, failures) == (0, {})
     assert score_one(fns, "8", "7", extra)[0][f"{path}:compute_score"] == 0.0
 
@@ -159,9 +169,12 @@ def test_a_verl_signature_mismatch_is_one_line_before_start(tmp_path):
     r = Recipe()
     r.reward.functions = [RewardFnConfig(name="gsm8k"), RewardFnConfig(name=f"{path}:score")]
     row = {"prompt": [{"role": "user", "content": "q"}], "reward_model": {"ground_truth": "4"}, "data_source": "quiz"}
-    with pytest.raises(RecipeError, match=r"^reward.functions\[1\].name='.*mine.py:score': scoring the first row "
-                       r"\(its ground truth as the response\) it failed: TypeError: score\(\) missing 1 required "
-                       r"positional argument: 'source'$"):
+    with pytest.raises(
+        RecipeError,
+        match=r"^reward.functions\[1\].name='.*mine.py:score': scoring the first row "
+        r"\(its ground truth as the response\) it failed: TypeError: score\(\) missing 1 required "
+        r"positional argument: 'source'$",
+    ):
         try_rewards(r, row, "the first row")
     path.write_text("def score(response, ground_truth, **extra):\n    return 1.0\n")
     try_rewards(r, row, "the first row")  # fine now

@@ -9,7 +9,6 @@ from grpo_ray import checkpoint, rundir
 from grpo_ray.config import RecipeError, TrainerConfig
 from tests.conftest import SHARED_DATA
 
-
 CONFIG = "model: {path: 'tiny://qwen2?layers=1', lora: {rank: 0}}\n"
 
 
@@ -47,8 +46,11 @@ def test_a_rerun_without_a_checkpoint_is_refused_and_touches_nothing(tmp_path):
     dumps and added a second TensorBoard file, without a word."""
     out = tmp_path / "run"
     before = a_run(out)
-    with pytest.raises(RecipeError, match=r"already holds a run \(metrics.jsonl, tensorboard, rollouts\) and no "
-                                          r"whole checkpoint to resume; nothing was changed"):
+    with pytest.raises(
+        RecipeError,
+        match=r"already holds a run \(metrics.jsonl, tensorboard, rollouts\) and no "
+        r"whole checkpoint to resume; nothing was changed",
+    ):
         rundir.prepare(out, TrainerConfig(), "new: recipe\n")
     assert files(out) == before
     with pytest.raises(RecipeError, match="trainer.resume=disable"):
@@ -200,8 +202,10 @@ def test_yaml_tags_never_execute(tmp_path, capsys):
 
     marker = tmp_path / "pwned"
     bad = tmp_path / "evil.yaml"
-    bad.write_text("model: {path: !!python/object/apply:os.system ['touch " + str(marker) + "']}\n"
-                   "data: {train_files: ['synthetic://select']}\n")
+    bad.write_text(
+        "model: {path: !!python/object/apply:os.system ['touch " + str(marker) + "']}\n"
+        "data: {train_files: ['synthetic://select']}\n"
+    )
     assert main(["train", str(bad), f"trainer.output_dir={tmp_path / 'run'}"]) == 2
     assert not marker.exists()
     assert "grpo-ray: error:" in capsys.readouterr().err

@@ -7,12 +7,17 @@ import json
 import pytest
 
 from grpo_ray.config import load_recipe
-from grpo_ray.sft import recipe_key
+from grpo_ray.models import recipe_key
 from tests.conftest import run_cli
 
 RECIPE = "recipes/tiny-cpu-reasoning-sft.yaml"
-SHORT = ["trainer.test_freq=0", "trainer.val_before_train=false", "data.train_batch_size=16",
-         "learner.mini_batch_size=8", "learner.micro_batch_size=4"]
+SHORT = [
+    "trainer.test_freq=0",
+    "trainer.val_before_train=false",
+    "data.train_batch_size=16",
+    "learner.mini_batch_size=8",
+    "learner.micro_batch_size=4",
+]
 
 
 @pytest.mark.slow
@@ -39,20 +44,29 @@ def test_sft_trains_exports_and_resumes(tmp_path):
 
 def test_recipe_key_follows_what_makes_the_model():
     base = recipe_key(load_recipe(RECIPE, command="sft"))
-    assert base == recipe_key(load_recipe(RECIPE, ["trainer.output_dir=/elsewhere", "trainer.loggers=[jsonl]"],
-                                          command="sft"))
+    assert base == recipe_key(
+        load_recipe(RECIPE, ["trainer.output_dir=/elsewhere", "trainer.loggers=[jsonl]"], command="sft")
+    )
     assert base != recipe_key(load_recipe(RECIPE, ["learner.optim.lr=1e-4"], command="sft"))
     assert base != recipe_key(load_recipe(RECIPE, ["trainer.total_epochs=3"], command="sft"))
 
 
-@pytest.mark.parametrize("override,expected", [
-    ("sft.max_target_length=0", "sft.max_target_length=0: must be positive"),
-    ("data.train_batch_size=60", "data.train_batch_size (60) = 60 samples per step is not divisible by "
-                                 "learner.mini_batch_size (64)"),
-    ("sft.max_target_length=2000", "data.max_prompt_length (96) + sft.max_target_length (2000) = 2096 tokens is "
-                                   "over the model's max_position_embeddings (1024)"),
-    ("sft.target_key=extra_info.solution", "row 0: no text at sft.target_key='extra_info.solution'"),
-])
+@pytest.mark.parametrize(
+    "override,expected",
+    [
+        ("sft.max_target_length=0", "sft.max_target_length=0: must be positive"),
+        (
+            "data.train_batch_size=60",
+            "data.train_batch_size (60) = 60 samples per step is not divisible by learner.mini_batch_size (64)",
+        ),
+        (
+            "sft.max_target_length=2000",
+            "data.max_prompt_length (96) + sft.max_target_length (2000) = 2096 tokens is "
+            "over the model's max_position_embeddings (1024)",
+        ),
+        ("sft.target_key=extra_info.solution", "row 0: no text at sft.target_key='extra_info.solution'"),
+    ],
+)
 def test_sft_recipe_problems_are_one_line(override, expected, capsys, tmp_path):
     import ray
 

@@ -31,8 +31,14 @@ def pass_at_1(rows: list[dict]) -> list[tuple[int, float]]:
 @pytest.fixture(scope="module")
 def showcase(tmp_path_factory):
     out = tmp_path_factory.mktemp("showcase")
-    res = run_cli("train", "recipes/tiny-cpu-reasoning.yaml", f"trainer.output_dir={out}",
-                  f"trainer.total_steps={STEPS}", f"trainer.test_freq={STEPS}", timeout=1800)
+    res = run_cli(
+        "train",
+        "recipes/tiny-cpu-reasoning.yaml",
+        f"trainer.output_dir={out}",
+        f"trainer.total_steps={STEPS}",
+        f"trainer.test_freq={STEPS}",
+        timeout=1800,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     model = Path(res.stdout.split("SFT warm start: model at ")[1].split()[0])
     return res, out, model

@@ -9,8 +9,24 @@ from tests.conftest import ROOT
 
 LAYERS = [  # bottom to top: a module imports modules of its own layer or below, never above
     ("base", ["errors", "types", "faults", "perf", "config", "recipe_docs", "sync", "plot"]),
-    ("pure", ["algo", "data", "rewards", "models", "lora", "placement", "fit", "dumps", "metrics", "trackers",
-              "checkpoint", "rundir", "early_stop"]),  # no Ray actors started, no training
+    (
+        "pure",
+        [
+            "algo",
+            "data",
+            "rewards",
+            "models",
+            "lora",
+            "placement",
+            "fit",
+            "dumps",
+            "metrics",
+            "trackers",
+            "checkpoint",
+            "rundir",
+            "early_stop",
+        ],
+    ),  # no Ray actors started, no training
     ("roles", ["roles"]),  # one Ray actor class per role
     ("pools", ["pools", "engines"]),  # the actors started, placed and called
     ("run", ["controller", "setup_run"]),  # one run's inputs and its step
@@ -63,8 +79,13 @@ def imports(mods: dict[str, Path]) -> dict[str, set[str]]:
 
 def test_no_module_imports_above_its_layer():
     mods = modules()
-    upward = [f"grpo_ray.{m} ({LAYERS[layer_of(m)][0]}) imports grpo_ray.{d} ({LAYERS[layer_of(d)][0]})"
-              for m, deps in sorted(imports(mods).items()) if m for d in sorted(deps) if layer_of(d) > layer_of(m)]
+    upward = [
+        f"grpo_ray.{m} ({LAYERS[layer_of(m)][0]}) imports grpo_ray.{d} ({LAYERS[layer_of(d)][0]})"
+        for m, deps in sorted(imports(mods).items())
+        if m
+        for d in sorted(deps)
+        if layer_of(d) > layer_of(m)
+    ]
     assert not upward, "\n".join(upward)
 
 
@@ -76,7 +97,7 @@ def test_no_import_circle():
         state[m] = 1
         for d in sorted(graph[m]):
             if state.get(d) == 1:
-                return [*path[path.index(d):], d] if d in path else [m, d]
+                return [*path[path.index(d) :], d] if d in path else [m, d]
             if d not in state and (circle := visit(d, [*path, d])):
                 return circle
         state[m] = 2
@@ -107,3 +128,13 @@ def test_the_checks_catch_what_they_are_for(tmp_path, monkeypatch):
         assert "import circle:" in str(e) and "grpo_ray.sft" in str(e)
     else:
         raise AssertionError("the circle models -> sft -> ... -> models passed")
+
+
+def test_ruff_lints_and_formats_clean():
+    """The configuration is pyproject.toml's [tool.ruff]; `ruff format . && ruff check --fix .` repairs most."""
+    import subprocess
+    import sys
+
+    for args in (["check", "--output-format", "concise", "."], ["format", "--check", "."]):
+        res = subprocess.run([sys.executable, "-m", "ruff", *args], cwd=ROOT, capture_output=True, text=True)
+        assert res.returncode == 0, f"ruff {' '.join(args)}:\n{res.stdout[-3000:]}{res.stderr[-1000:]}"

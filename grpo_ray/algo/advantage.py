@@ -23,7 +23,7 @@ function here, registered under its name, and one value of ``algorithm.adv_estim
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -32,9 +32,11 @@ ESTIMATORS: dict[str, Callable[..., torch.Tensor]] = {}
 
 def estimator(name: str):
     """Register an estimator: (grouped rewards [P, G], response lengths [P, G], norm_by_std) -> [P, G]."""
+
     def register(fn):
         ESTIMATORS[name] = fn
         return fn
+
     return register
 
 
@@ -66,8 +68,9 @@ def reinforce_plus_plus_baseline(grouped: torch.Tensor, lengths: torch.Tensor, n
     return (centred_ - mu) / torch.sqrt(var + 1e-8)
 
 
-def advantages(name: str, rewards: torch.Tensor, group_size: int, lengths: torch.Tensor | None = None,
-               norm_by_std: bool = True) -> torch.Tensor:
+def advantages(
+    name: str, rewards: torch.Tensor, group_size: int, lengths: torch.Tensor | None = None, norm_by_std: bool = True
+) -> torch.Tensor:
     """Advantages of `rewards` (length B * group_size, group after group) under estimator `name` (a registered name
     or ``module:function``), in float64; `lengths` are the responses' token counts (only batch whitening uses them)."""
     if rewards.ndim != 1 or rewards.numel() % group_size:

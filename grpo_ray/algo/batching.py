@@ -93,13 +93,15 @@ class Samples:
     """Tokens (prompt + response) of each sample, in flat order."""
 
     @classmethod
-    def of(cls, stats: list) -> "Samples":
+    def of(cls, stats: list) -> Samples:
         """From the generators' RolloutStats."""
-        return cls([len(s.response_lengths) for s in stats],
-                   [p + r for s in stats for p, r in zip(s.prompt_lengths, s.response_lengths)])
+        return cls(
+            [len(s.response_lengths) for s in stats],
+            [p + r for s in stats for p, r in zip(s.prompt_lengths, s.response_lengths)],
+        )
 
     @classmethod
-    def of_rollouts(cls, rollouts: list[Rollout]) -> "Samples":
+    def of_rollouts(cls, rollouts: list[Rollout]) -> Samples:
         """From rollouts at hand (a replay)."""
         return cls([len(r.completions) for r in rollouts], [len(p) + len(q) for p, q in flatten(rollouts)])
 
@@ -135,8 +137,9 @@ def spans_of(counts: list[int], share: Span) -> list[tuple[int, int, int]]:
     return out
 
 
-def collate(pairs: list[tuple[list[int], list[int]]], pad_id: int, capacity: int = 0, shared: bool = False
-            ) -> Sequences:
+def collate(
+    pairs: list[tuple[list[int], list[int]]], pad_id: int, capacity: int = 0, shared: bool = False
+) -> Sequences:
     """The pairs right-padded to the longest; with `capacity` (tokens a row holds, at least the longest pair),
     packed too (``pack_rows``); with `shared`, laid out to run each distinct prompt once (``share_prompts``)."""
     length = max(len(p) + len(r) for p, r in pairs)
@@ -202,8 +205,9 @@ def share_prompts(pairs: list[tuple[list[int], list[int]]], pad_id: int, length:
             index[i, len(p) : len(p) + n - 1] = len(pairs) + k * (width - 1) + at + torch.arange(n - 1)
             at += n
         positions[k, at:] = torch.arange(width - at) + (positions[k, at - 1] + 1 if at else plen[g])
-    return Shared(prompt_ids, torch.tensor(plen), ids, torch.tensor([g for g, _ in rows]), segment, positions,
-                  first, index)
+    return Shared(
+        prompt_ids, torch.tensor(plen), ids, torch.tensor([g for g, _ in rows]), segment, positions, first, index
+    )
 
 
 def pack_rows(lengths: list[int], capacity: int) -> list[list[int]]:
@@ -223,8 +227,9 @@ def pack_rows(lengths: list[int], capacity: int) -> list[list[int]]:
     return rows
 
 
-def micro_batches(indices: list[int], pairs: list[tuple[list[int], list[int]]], size: int,
-                  packing: bool, shared: bool = False) -> tuple[list[list[int]], int]:
+def micro_batches(
+    indices: list[int], pairs: list[tuple[list[int], list[int]]], size: int, packing: bool, shared: bool = False
+) -> tuple[list[list[int]], int]:
     """`indices` cut into micro batches, and the row capacity to collate them with (0: not packed). Unpacked:
     `size` samples each, longest first (``by_length``). Packed: `size` rows each, a row as long as the longest
     sample of `indices`, so a micro batch never holds more tokens than unpacked, and often several times the
@@ -307,10 +312,11 @@ def select_groups(picks: list[list[int]], group_size: int, *rollouts: Rollout) -
             continue
         prompts, completions = [], []
         for g in chosen:
-            group = r.completions[g * group_size:(g + 1) * group_size]
+            group = r.completions[g * group_size : (g + 1) * group_size]
             prompts.append(r.prompts[group[0].prompt])
-            completions += [Completion(len(prompts) - 1, c.token_ids, c.text, c.sampler_logprobs, c.finish_reason)
-                            for c in group]
+            completions += [
+                Completion(len(prompts) - 1, c.token_ids, c.text, c.sampler_logprobs, c.finish_reason) for c in group
+            ]
         out.append(Rollout(prompts, completions, r.policy_version))
     return out if len(out) > 1 else out[0]
 
@@ -319,39 +325,61 @@ Group = tuple[int, int, int]
 """(batch, rollout, group index within the rollout) of one group of a step's generation."""
 
 
-def signal_groups(batch: int, stats: list[RolloutStats], scores: list[Scores], group_size: int
-                  ) -> tuple[list[Group], list[Group]]:
+def signal_groups(
+    batch: int, stats: list[RolloutStats], scores: list[Scores], group_size: int
+) -> tuple[list[Group], list[Group]]:
     """The groups of one generated batch whose rewards differ (kept) and those whose rewards are all equal
     (dropped: their advantages would be 0)."""
     totals = [t for sc in scores for t in sc.totals]
     kept, dropped, start = [], [], 0
     for i, st in enumerate(stats):
         for g in range(len(st.response_lengths) // group_size):
-            group = totals[start + g * group_size:start + (g + 1) * group_size]
+            group = totals[start + g * group_size : start + (g + 1) * group_size]
             (kept if max(group) > min(group) else dropped).append((batch, i, g))
         start += len(st.response_lengths)
     return kept, dropped
 
 
-def take_groups(batch: int, stats: list[RolloutStats], scores: list[Scores], chosen: list[Group], group_size: int,
-                max_tokens: int) -> list[tuple[int, list[int], RolloutStats, Scores]]:
+def take_groups(
+    batch: int, stats: list[RolloutStats], scores: list[Scores], chosen: list[Group], group_size: int, max_tokens: int
+) -> list[tuple[int, list[int], RolloutStats, Scores]]:
     """For each rollout of `batch` with groups in `chosen`: its index, the groups, and the stats and scores of
     those groups alone (the small side of what ``select_groups`` cuts out of the rollout)."""
     totals = [t for sc in scores for t in sc.totals]
     parts = {k: [v for sc in scores for v in sc.components[k]] for k in scores[0].components}
-    extras = {k: [v for sc in scores for v in sc.extras.get(k, [math.nan] * len(sc.totals))]
-              for k in {k for sc in scores for k in sc.extras}}
+    extras = {
+        k: [v for sc in scores for v in sc.extras.get(k, [math.nan] * len(sc.totals))]
+        for k in {k for sc in scores for k in sc.extras}
+    }
     out, start = [], 0
     for i, st in enumerate(stats):
         groups = [g for b, r, g in chosen if (b, r) == (batch, i)]
         local = [g * group_size + j for g in groups for j in range(group_size)]
         if local:
             responses = [st.response_lengths[k] for k in local]
-            kept = RolloutStats(st.seconds, st.policy_version, [st.prompt_lengths[k] for k in local], responses,
-                                sum(n >= max_tokens for n in responses), st.window)
-            out.append((i, groups, kept, Scores([totals[start + k] for k in local],
-                                                 {n: [v[start + k] for k in local] for n, v in parts.items()},
-                                                 0, 0, 0.0, {},
-                                                 {n: [v[start + k] for k in local] for n, v in extras.items()})))
+            kept = RolloutStats(
+                st.seconds,
+                st.policy_version,
+                [st.prompt_lengths[k] for k in local],
+                responses,
+                sum(n >= max_tokens for n in responses),
+                st.window,
+            )
+            out.append(
+                (
+                    i,
+                    groups,
+                    kept,
+                    Scores(
+                        [totals[start + k] for k in local],
+                        {n: [v[start + k] for k in local] for n, v in parts.items()},
+                        0,
+                        0,
+                        0.0,
+                        {},
+                        {n: [v[start + k] for k in local] for n, v in extras.items()},
+                    ),
+                )
+            )
         start += len(st.response_lengths)
     return out

@@ -30,13 +30,28 @@ import math
 
 import torch
 
-SUM_KEYS = ("corr_tokens", "corr_kl_sum", "corr_k3_sum", "corr_ratio_sum", "corr_masked_tokens", "corr_masked_seqs", "corr_seqs")
+SUM_KEYS = (
+    "corr_tokens",
+    "corr_kl_sum",
+    "corr_k3_sum",
+    "corr_ratio_sum",
+    "corr_masked_tokens",
+    "corr_masked_seqs",
+    "corr_seqs",
+)
 """The sums ``rollout_correction`` returns, in this order."""
 
 
-def rollout_correction(old: torch.Tensor, sampler: torch.Tensor, mask: torch.Tensor, rollout_is: str | None,
-                       is_threshold: float, rollout_rs: str | None, rs_upper: float, rs_lower: float
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def rollout_correction(
+    old: torch.Tensor,
+    sampler: torch.Tensor,
+    mask: torch.Tensor,
+    rollout_is: str | None,
+    is_threshold: float,
+    rollout_rs: str | None,
+    rs_upper: float,
+    rs_lower: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """For one micro batch ([B, T] tensors, `mask` 1 on response tokens): the per-token weights of the
     policy-gradient term, the mask of the tokens kept in the loss, the metric sums (SUM_KEYS, one float64
     tensor) and the largest token ratio (0 without tokens). Tensors on the inputs' device: nothing here waits
@@ -56,7 +71,16 @@ def rollout_correction(old: torch.Tensor, sampler: torch.Tensor, mask: torch.Ten
         lower = rs_lower or 1 / rs_upper
         keep_seq = ((log_r >= math.log(lower)) & (log_r <= math.log(rs_upper))).to(dtype)
     keep = m * keep_seq.unsqueeze(1)
-    sums = torch.stack([m.sum(), (-d * m).sum(), ((ratio - d - 1) * m).sum(), (ratio * m).sum(), (m - keep).sum(),
-                        ((1 - keep_seq) * has_tokens).sum(), has_tokens.sum()]).double()
+    sums = torch.stack(
+        [
+            m.sum(),
+            (-d * m).sum(),
+            ((ratio - d - 1) * m).sum(),
+            (ratio * m).sum(),
+            (m - keep).sum(),
+            ((1 - keep_seq) * has_tokens).sum(),
+            has_tokens.sum(),
+        ]
+    ).double()
     largest = (ratio * m).amax() if m.numel() else torch.zeros((), device=m.device)  # ratios are > 0
     return weights.detach(), keep, sums.detach(), largest.detach().double()

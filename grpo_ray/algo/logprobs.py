@@ -10,8 +10,14 @@ from grpo_ray.algo.batching import Sequences
 
 
 def token_logprobs(
-    model, input_ids: torch.Tensor, attention_mask, temperature: float = 1.0, with_entropy: bool = False,
-    position_ids: torch.Tensor | None = None, keep: torch.Tensor | None = None, past_key_values=None,
+    model,
+    input_ids: torch.Tensor,
+    attention_mask,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    position_ids: torch.Tensor | None = None,
+    keep: torch.Tensor | None = None,
+    past_key_values=None,
     entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(x_t | x_<t) for t = 1..T-1 ([B, T-1]), and the entropy of each of those distributions (without a
@@ -22,8 +28,13 @@ def token_logprobs(
     With `past_key_values`, `input_ids` go on from those keys and values (``attention_mask`` then covers both).
     """
     with head_on(model, None if keep is None else torch.nn.functional.pad(keep, (0, 1))):
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                       past_key_values=past_key_values, use_cache=past_key_values is not None).logits
+        logits = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=past_key_values is not None,
+        ).logits
     if keep is None:
         logits, targets = logits[:, :-1], input_ids[:, 1:]
     else:
@@ -35,8 +46,9 @@ def token_logprobs(
     return logp, entropy
 
 
-def _logprobs_of(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool,
-                 entropy_grad: bool = True):
+def _logprobs_of(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool, entropy_grad: bool = True
+):
     """log p(target) under logits / temperature, and the distribution's entropy (or None; with a gradient only if
     `entropy_grad`)."""
     logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
@@ -62,8 +74,9 @@ def head_on(model, keep: torch.Tensor | None):
         handle.remove()
 
 
-def sequence_logprobs(model, seqs: Sequences, device, temperature: float = 1.0, with_entropy: bool = False,
-                      entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+def sequence_logprobs(
+    model, seqs: Sequences, device, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``token_logprobs`` of the response tokens of `seqs` in their [B, L-1] layout (0 off ``response_mask``),
     whether the forward runs on them padded, packed (``seqs.packed``) or with each prompt run once
     (``seqs.shared``)."""
@@ -71,23 +84,38 @@ def sequence_logprobs(model, seqs: Sequences, device, temperature: float = 1.0, 
         return shared_prompt_logprobs(model, seqs, device, temperature, with_entropy, entropy_grad)
     keep = seqs.response_mask.to(device).bool()
     if seqs.packed is None:
-        return token_logprobs(model, seqs.input_ids.to(device), seqs.attention_mask.to(device), temperature,
-                              with_entropy, keep=keep, entropy_grad=entropy_grad)
+        return token_logprobs(
+            model,
+            seqs.input_ids.to(device),
+            seqs.attention_mask.to(device),
+            temperature,
+            with_entropy,
+            keep=keep,
+            entropy_grad=entropy_grad,
+        )
     p = seqs.packed
     index = p.index.to(device)
     rows, width = p.input_ids.shape
     packed_keep = torch.zeros(rows * (width - 1), dtype=torch.bool, device=device)
     packed_keep[index[keep]] = True
-    logp, entropy = token_logprobs(model, p.input_ids.to(device), None, temperature, with_entropy,
-                                   p.position_ids.to(device), packed_keep.view(rows, width - 1),
-                                   entropy_grad=entropy_grad)
+    logp, entropy = token_logprobs(
+        model,
+        p.input_ids.to(device),
+        None,
+        temperature,
+        with_entropy,
+        p.position_ids.to(device),
+        packed_keep.view(rows, width - 1),
+        entropy_grad=entropy_grad,
+    )
     inside, at = index >= 0, index.clamp(min=0)
     unpack = lambda v: torch.where(inside, v.reshape(-1)[at], 0.0)  # noqa: E731
     return unpack(logp), None if entropy is None else unpack(entropy)
 
 
-def shared_prompt_logprobs(model, seqs: Sequences, device, temperature: float = 1.0, with_entropy: bool = False,
-                           entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+def shared_prompt_logprobs(
+    model, seqs: Sequences, device, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``sequence_logprobs`` with each distinct prompt run once (``seqs.shared``, model.shared_prompt): a forward
     of the prompts keeps their keys and values (gradients flow back through them) and predicts each one's first
     response token; a forward of the response rows attends to its prompt's keys and values and to its own
@@ -101,18 +129,24 @@ def shared_prompt_logprobs(model, seqs: Sequences, device, temperature: float = 
     cache = DynamicCache()  # full layers: a config's sliding-window layers would drop keys the rows still need
     last = torch.arange(width, device=device) == (plen - 1)[:, None]
     with head_on(model, last):
-        first_logits = model(input_ids=prompts, attention_mask=(torch.arange(width, device=device) < plen[:, None]).long(),
-                             past_key_values=cache, use_cache=True).logits
+        first_logits = model(
+            input_ids=prompts,
+            attention_mask=(torch.arange(width, device=device) < plen[:, None]).long(),
+            past_key_values=cache,
+            use_cache=True,
+        ).logits
     row_prompt = s.row_prompt.to(device)
     rows = DynamicCache(ddp_cache_data=[(layer.keys[row_prompt], layer.values[row_prompt]) for layer in cache.layers])
     segment, positions = s.segment.to(device), s.position_ids.to(device)
     keep = (segment[:, :-1] >= 0) & (segment[:, :-1] == segment[:, 1:])  # predicts its own response's next token
     mask = _row_masks(model, plen[row_prompt], width, segment, positions)
-    row_logp, row_entropy = token_logprobs(model, s.input_ids.to(device), mask, temperature, with_entropy,
-                                           positions, keep, rows, entropy_grad)
+    row_logp, row_entropy = token_logprobs(
+        model, s.input_ids.to(device), mask, temperature, with_entropy, positions, keep, rows, entropy_grad
+    )
     first = s.first.to(device)
-    first_logp, first_entropy = _logprobs_of(first_logits[first[:, 0]], first[:, 1], temperature, with_entropy,
-                                             entropy_grad)
+    first_logp, first_entropy = _logprobs_of(
+        first_logits[first[:, 0]], first[:, 1], temperature, with_entropy, entropy_grad
+    )
     index = s.index.to(device)
     inside, at = index >= 0, index.clamp(min=0)
     unpack = lambda a, b: torch.where(inside, torch.cat([a, b.reshape(-1)])[at], 0.0)  # noqa: E731
@@ -127,8 +161,11 @@ def _row_masks(model, plen: torch.Tensor, width: int, segment: torch.Tensor, pos
     config = model.config
     n = segment.shape[1]
     col = torch.arange(n, device=segment.device)
-    own = (segment[:, :, None] == segment[:, None, :]) & (col[None, :, None] >= col[None, None, :]) \
+    own = (
+        (segment[:, :, None] == segment[:, None, :])
+        & (col[None, :, None] >= col[None, None, :])
         & (segment[:, None, :] >= 0)
+    )
     prompt = (torch.arange(width, device=segment.device)[None, None, :] < plen[:, None, None]).expand(-1, n, -1)
     key_pos = torch.cat([torch.arange(width, device=segment.device).expand(len(segment), -1), positions], dim=1)
     seen = torch.cat([prompt, own], dim=2)

@@ -39,14 +39,13 @@ A new policy loss is one function registered in POLICY_LOSSES and one value of `
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 from grpo_ray.algo.correction import rollout_correction
 from grpo_ray.config import AlgorithmConfig, loss_aggregation
-
 
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
@@ -83,9 +82,11 @@ POLICY_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {}
 def policy_loss(name: str):
     """Register a policy-gradient term: (logp, old_logp, advantages [B, 1], mask, clip_low, clip_high, clip_c) ->
     (per-token term [B, T], where the clip was active [B, T])."""
+
     def register(fn):
         POLICY_LOSSES[name] = fn
         return fn
+
     return register
 
 
@@ -195,8 +196,9 @@ LOSS_SUMS = ("pg_loss", "kl_loss", "pg_clipfrac_sum", "ppo_kl_sum", "entropy_sum
 normaliser like the loss, the others per kept token."""
 
 
-def micro_batch_loss(x: LossInputs, a: AlgorithmConfig, horizon: int
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def micro_batch_loss(
+    x: LossInputs, a: AlgorithmConfig, horizon: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The whole loss of one micro batch, before normalisation: the old policy (the sampler's in bypass mode),
     rollout correction, the policy-gradient term, KL and entropy, aggregated as ``a.loss_agg`` says (auto:
     ``config.loss_aggregation``) with a
@@ -205,13 +207,34 @@ def micro_batch_loss(x: LossInputs, a: AlgorithmConfig, horizon: int
     gradient and the first two sums by the mini batch's count over every micro batch and rank."""
     rc, agg = a.rollout_correction, loss_aggregation(a)
     old = x.sampler if rc.bypass_mode else (x.logp.detach() if x.old is None else x.old)
-    weights, keep, corr, top = rollout_correction(old, x.sampler, x.mask, rc.rollout_is, rc.rollout_is_threshold,
-                                                  rc.rollout_rs, rc.rollout_rs_threshold, rc.rollout_rs_threshold_lower)
-    loss, m = grpo_loss(x.logp, old, x.ref, x.advantages.to(x.logp.device), keep, clip_low=a.clip_ratio_low,
-                        clip_high=a.clip_ratio_high, kl_coef=a.kl_coef, kl_estimator=a.kl_estimator,
-                        loss_agg=agg, normaliser=1.0, is_weights=weights if rc.rollout_is else None,
-                        loss_mode=a.loss_mode, clip_ratio_c=a.clip_ratio_c, entropy=x.entropy,
-                        entropy_coef=a.entropy_coeff)
+    weights, keep, corr, top = rollout_correction(
+        old,
+        x.sampler,
+        x.mask,
+        rc.rollout_is,
+        rc.rollout_is_threshold,
+        rc.rollout_rs,
+        rc.rollout_rs_threshold,
+        rc.rollout_rs_threshold_lower,
+    )
+    loss, m = grpo_loss(
+        x.logp,
+        old,
+        x.ref,
+        x.advantages.to(x.logp.device),
+        keep,
+        clip_low=a.clip_ratio_low,
+        clip_high=a.clip_ratio_high,
+        kl_coef=a.kl_coef,
+        kl_estimator=a.kl_estimator,
+        loss_agg=agg,
+        normaliser=1.0,
+        is_weights=weights if rc.rollout_is else None,
+        loss_mode=a.loss_mode,
+        clip_ratio_c=a.clip_ratio_c,
+        entropy=x.entropy,
+        entropy_coef=a.entropy_coeff,
+    )
     entropy = torch.zeros((), device=keep.device) if x.entropy is None else (x.entropy.detach() * keep).sum()
     m["entropy_sum"] = entropy.to(m["tokens"].dtype)
     sums = torch.stack([m[k] for k in LOSS_SUMS]).double()

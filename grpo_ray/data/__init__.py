@@ -96,12 +96,17 @@ def load_rows(spec: str, prompt_key: str = PROMPT_KEY, answer_key: str = ANSWER_
     if spec.startswith(SYNTHETIC_SCHEME):
         return _synthetic(spec)
     path = Path(spec)
-    if spec.startswith(HUB_SCHEME) or (not path.exists() and "?" in spec and Path(spec.rpartition("?")[0]).is_dir()) \
-            or path.is_dir():
+    if (
+        spec.startswith(HUB_SCHEME)
+        or (not path.exists() and "?" in spec and Path(spec.rpartition("?")[0]).is_dir())
+        or path.is_dir()
+    ):
         rows, source = _dataset(spec)
     elif not path.is_file():
-        raise DataError(f"{spec}: no such file or directory (expected a .parquet, .jsonl or .json file, a dataset "
-                        "directory, hf://<dataset>, or synthetic://select?size=N)")
+        raise DataError(
+            f"{spec}: no such file or directory (expected a .parquet, .jsonl or .json file, a dataset "
+            "directory, hf://<dataset>, or synthetic://select?size=N)"
+        )
     else:
         rows, source = _file_rows(spec, path), path.stem
     rows = [normalise(row, prompt_key, answer_key, source) if isinstance(row, dict) else row for row in rows]
@@ -130,8 +135,9 @@ def _dataset(spec: str) -> tuple[list[dict], str]:
         raise DataError(f"{spec}: unknown key {sorted(unknown)[0]!r}; expected any of {', '.join(DATASET_KEYS)}")
     split = args.get("split", "train")
     try:
-        if not spec.startswith(HUB_SCHEME) and any((Path(where) / f).is_file() for f in
-                                                   ("dataset_dict.json", "dataset_info.json", "state.json")):
+        if not spec.startswith(HUB_SCHEME) and any(
+            (Path(where) / f).is_file() for f in ("dataset_dict.json", "dataset_info.json", "state.json")
+        ):
             data = datasets.load_from_disk(where)
             if isinstance(data, datasets.DatasetDict):
                 if split not in data:
@@ -184,8 +190,10 @@ def _json_rows(spec: str, path: Path) -> list:
 
 
 # the keys of each synthetic task, beyond size, seed and split, with their least and greatest values
-SYNTHETIC_KEYS = {"select": {"items": (1, 8)},
-                  "reasoning": {"min_steps": (1, 6), "max_steps": (1, 6), "max_value": (10, 99), "answer_only": (0, 1)}}
+SYNTHETIC_KEYS = {
+    "select": {"items": (1, 8)},
+    "reasoning": {"min_steps": (1, 6), "max_steps": (1, 6), "max_value": (10, 99), "answer_only": (0, 1)},
+}
 FLOAT_KEYS = {"answer_only"}
 
 
@@ -227,6 +235,10 @@ def prompt_text(tokenizer, row: dict, response_prefix: str = "", chat_template_k
     return text + response_prefix
 
 
-def prompt_token_ids(tokenizer, row: dict, response_prefix: str = "", chat_template_kwargs: dict | None = None) -> list[int]:
+def prompt_token_ids(
+    tokenizer, row: dict, response_prefix: str = "", chat_template_kwargs: dict | None = None
+) -> list[int]:
     """Token ids of `prompt_text`."""
-    return tokenizer(prompt_text(tokenizer, row, response_prefix, chat_template_kwargs), add_special_tokens=False)["input_ids"]
+    return tokenizer(prompt_text(tokenizer, row, response_prefix, chat_template_kwargs), add_special_tokens=False)[
+        "input_ids"
+    ]

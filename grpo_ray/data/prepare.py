@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 from grpo_ray.errors import UserError
 
@@ -45,8 +45,9 @@ class SplitReport:
         return f"{self.split}: {self.read} rows read, {self.kept} kept, {self.read - self.kept} dropped ({why})"
 
 
-def gsm8k_row(raw: dict, split: str, index: int,
-              instruction: str = GSM8K_INSTRUCTION) -> tuple[dict | None, str | None]:
+def gsm8k_row(
+    raw: dict, split: str, index: int, instruction: str = GSM8K_INSTRUCTION
+) -> tuple[dict | None, str | None]:
     question, answer = raw.get("question"), raw.get("answer")
     if not isinstance(question, str) or not question.strip():
         return None, "empty prompt"
@@ -64,8 +65,9 @@ def gsm8k_row(raw: dict, split: str, index: int,
     }, None
 
 
-def math500_row(raw: dict, split: str, index: int,
-                instruction: str = MATH_INSTRUCTION) -> tuple[dict | None, str | None]:
+def math500_row(
+    raw: dict, split: str, index: int, instruction: str = MATH_INSTRUCTION
+) -> tuple[dict | None, str | None]:
     problem, answer = raw.get("problem"), raw.get("answer")
     if not isinstance(problem, str) or not problem.strip():
         return None, "empty prompt"
@@ -101,12 +103,22 @@ def custom_rows(prompt_key: str, answer_key: str, source_name: str) -> Callable:
         prompt = [dict(m) for m in row["prompt"]]
         last = next((i for i in reversed(range(len(prompt))) if prompt[i]["role"] == "user"), len(prompt) - 1)
         prompt[last]["content"] = f"{prompt[last]['content'].strip()} {instruction}".strip()
-        used = {prompt_key.split(".")[0], answer_key.split(".")[0], "prompt", "reward_model", "data_source",
-                "extra_info"}
+        used = {
+            prompt_key.split(".")[0],
+            answer_key.split(".")[0],
+            "prompt",
+            "reward_model",
+            "data_source",
+            "extra_info",
+        }
         extra = {k: v for k, v in raw.items() if k not in used}
-        return {"data_source": row["data_source"], "prompt": prompt, "ability": raw.get("ability", ""),
-                "reward_model": row["reward_model"],
-                "extra_info": {**extra, **(raw.get("extra_info") or {}), "split": split, "index": index}}, None
+        return {
+            "data_source": row["data_source"],
+            "prompt": prompt,
+            "ability": raw.get("ability", ""),
+            "reward_model": row["reward_model"],
+            "extra_info": {**extra, **(raw.get("extra_info") or {}), "split": split, "index": index},
+        }, None
 
     return build
 
@@ -145,8 +157,9 @@ def _read_file(path: Path):
     raise PrepareError(f"{path}: unknown file type; expected .jsonl or .parquet")
 
 
-def source_splits(source: str, hub_config: str | None,
-                  file_split: str = "test") -> dict[str, Iterator[tuple[str, dict | None]]]:
+def source_splits(
+    source: str, hub_config: str | None, file_split: str = "test"
+) -> dict[str, Iterator[tuple[str, dict | None]]]:
     """split name -> (where, record) iterator, from a local path or a hub name (one file: `file_split`)."""
     path = Path(source)
     if path.is_dir():

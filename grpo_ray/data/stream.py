@@ -14,7 +14,9 @@ class Position:
 
 
 class PromptStream:
-    def __init__(self, rows: list[dict], batch_size: int, seed: int, shuffle: bool = True, position: Position | None = None):
+    def __init__(
+        self, rows: list[dict], batch_size: int, seed: int, shuffle: bool = True, position: Position | None = None
+    ):
         self.rows, self.batch_size, self.seed, self.shuffle = rows, batch_size, seed, shuffle
         self.position = position or Position()
         self._order = self._order_of(self.position.epoch)

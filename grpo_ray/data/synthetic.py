@@ -81,8 +81,15 @@ def _operation(rng: random.Random, x: int, subject: str, max_value: int, target:
     return f"{subject} {'doubles' if b == 2 else 'triples'} them.", f"{x} * {b} = {x * b}", x * b
 
 
-def reasoning_row(rng: random.Random, index: int = 0, split: str = "train", min_steps: int = 2, max_steps: int = 3,
-                  max_value: int = 40, answer_only: float = 0.0) -> dict:
+def reasoning_row(
+    rng: random.Random,
+    index: int = 0,
+    split: str = "train",
+    min_steps: int = 2,
+    max_steps: int = 3,
+    max_value: int = 40,
+    answer_only: float = 0.0,
+) -> dict:
     """One multi-step problem: a start count, `min_steps`-`max_steps` operations (+, -, x2 / x3), the question.
     The answer is drawn first, uniform over 2..max_value, and the last step made to reach it, so that no
     constant answer pays more than 1 time in max_value - 1 (a tiny model under RL otherwise learns to guess

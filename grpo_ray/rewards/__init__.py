@@ -64,14 +64,18 @@ def load(name: str, source: str | None = None) -> RewardFn:
     if name in BUILTIN:
         return BUILTIN[name]
     if ":" not in name:
-        raise RewardLoadError(f"unknown reward {name!r}: expected a built-in ({', '.join(sorted(BUILTIN))}), "
-                              "'module:function' or 'path/to/file.py:function'")
+        raise RewardLoadError(
+            f"unknown reward {name!r}: expected a built-in ({', '.join(sorted(BUILTIN))}), "
+            "'module:function' or 'path/to/file.py:function'"
+        )
     module_name, _, attr = name.rpartition(":")
     try:
         module = _from_file(module_name, source) if is_file(name) else importlib.import_module(module_name)
     except ImportError as e:
-        raise RewardLoadError(f"reward {name!r}: cannot import module {module_name!r} ({e}); a module of your own "
-                              "is found in the working directory or the recipe's folder") from None
+        raise RewardLoadError(
+            f"reward {name!r}: cannot import module {module_name!r} ({e}); a module of your own "
+            "is found in the working directory or the recipe's folder"
+        ) from None
     except OSError as e:
         raise RewardLoadError(f"reward {name!r}: cannot read {module_name} ({e.strerror or e})") from None
     except Exception as e:  # the module itself fails: a syntax error, or code that raises at import
@@ -108,8 +112,9 @@ def caller(fn: RewardFn):
         return kw if takes_all else {k: v for k, v in kw.items() if k in params}
 
     if "solution_str" in params:  # verl's compute_score, called by keyword as verl calls it
-        return lambda response, truth, source, info: fn(**wanted(data_source=source, solution_str=response,
-                                                                  ground_truth=truth, extra_info=info))
+        return lambda response, truth, source, info: fn(
+            **wanted(data_source=source, solution_str=response, ground_truth=truth, extra_info=info)
+        )
     return lambda response, truth, source, info: fn(response, truth, **wanted(data_source=source, extra_info=info))
 
 
@@ -118,8 +123,10 @@ def as_score(value) -> float:
     if isinstance(value, dict) and "score" in value:
         value = value["score"]
     if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
-        raise TypeError(f"returned {type(value).__name__} {str(value)[:80]!r}: expected a number, or a dict with "
-                        "a 'score' (verl's form)")
+        raise TypeError(
+            f"returned {type(value).__name__} {str(value)[:80]!r}: expected a number, or a dict with "
+            "a 'score' (verl's form)"
+        )
     return float(value)
 
 
@@ -133,8 +140,11 @@ def search_here(*dirs: str | Path) -> None:
 def resolve_file(name: str, dirs: list[Path]) -> str:
     """The file form with its path made absolute: relative paths are looked for in each of `dirs` in turn."""
     path, _, attr = name.rpartition(":")
-    found = next((d / path for d in [Path(), *dirs] if (d / path).is_file()), None) if not Path(path).is_absolute() \
+    found = (
+        next((d / path for d in [Path(), *dirs] if (d / path).is_file()), None)
+        if not Path(path).is_absolute()
         else (Path(path) if Path(path).is_file() else None)
+    )
     if found is None:
         where = " or ".join(str(d.resolve()) for d in [Path(), *dirs]) if not Path(path).is_absolute() else ""
         raise RewardLoadError(f"reward {name!r}: no file {path}" + (f" (looked in {where})" if where else ""))

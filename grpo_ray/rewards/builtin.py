@@ -86,9 +86,15 @@ def format_reward(response: str, ground_truth: str = "", data_source: str = "", 
     return float(extract_gsm8k_answer(response) is not None)
 
 
-AUTO_SOURCES = {"gsm8k": gsm8k_reward, "openai/gsm8k": gsm8k_reward, "synthetic/": gsm8k_reward,
-                "math": math_reward, "hendrycks": math_reward, "lighteval/math": math_reward,
-                "huggingfaceh4/math-500": math_reward}
+AUTO_SOURCES = {
+    "gsm8k": gsm8k_reward,
+    "openai/gsm8k": gsm8k_reward,
+    "synthetic/": gsm8k_reward,
+    "math": math_reward,
+    "hendrycks": math_reward,
+    "lighteval/math": math_reward,
+    "huggingfaceh4/math-500": math_reward,
+}
 """data_source prefix (lower case) -> the reward of its task."""
 
 

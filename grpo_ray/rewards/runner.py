@@ -15,8 +15,9 @@ NETWORK = {"allowed": True}
 OFFLINE_ERRNOS = {errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL, errno.ECONNREFUSED}
 
 
-def score_one(functions: list[tuple[str, float]], response: str, ground_truth: str,
-              extra: dict) -> tuple[dict[str, float], int, bool, dict[str, str]]:
+def score_one(
+    functions: list[tuple[str, float]], response: str, ground_truth: str, extra: dict
+) -> tuple[dict[str, float], int, bool, dict[str, str]]:
     """Each function's score of one response, how many failed (raised or returned a non-finite number: those
     score 0), whether one ran out of memory (the child is then replaced), and what went wrong in each that failed
     (its traceback, or what it returned). A function that returns verl's dict also gives its other numbers
@@ -31,8 +32,9 @@ def score_one(functions: list[tuple[str, float]], response: str, ground_truth: s
             answer = fn(response, ground_truth, extra.get("data_source"), extra.get("extra_info"))
             value = as_score(answer)
             if isinstance(answer, dict):
-                components.update({f"{name}/{k}": float(v) for k, v in answer.items()
-                                   if k != "score" and isinstance(v, (int, float))})
+                components.update(
+                    {f"{name}/{k}": float(v) for k, v in answer.items() if k != "score" and isinstance(v, (int, float))}
+                )
         except MemoryError:
             out_of_memory = True
         except Exception as e:  # user code may raise anything: the sample scores 0, the step goes on
@@ -64,5 +66,7 @@ def refused_network(e: BaseException | None, depth: int = 0) -> bool:
     if isinstance(e, socket.gaierror) or getattr(e, "errno", None) in OFFLINE_ERRNOS:
         return True
     inner = getattr(e, "reason", None)
-    return any(refused_network(x, depth + 1) for x in (inner if isinstance(inner, BaseException) else None,
-                                                        e.__cause__, e.__context__))
+    return any(
+        refused_network(x, depth + 1)
+        for x in (inner if isinstance(inner, BaseException) else None, e.__cause__, e.__context__)
+    )

@@ -12,7 +12,6 @@ import functools
 import os
 import sys
 
-
 LOG_FILE_ENV = "GRPO_RAY_LOG_FILE"
 
 
@@ -41,8 +40,11 @@ class RoleActor:
         import ray
 
         torch = sys.modules.get("torch")
-        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
-                "threads": torch.get_num_threads() if torch else None}
+        return {
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "pid": os.getpid(),
+            "threads": torch.get_num_threads() if torch else None,
+        }
 
     def peak_memory_gb(self) -> tuple[str, float]:
         """("max_memory_allocated_gb", GB) when this actor's torch holds its model on a GPU,

@@ -21,8 +21,13 @@ def join(device: str, host: str, port: int, rank: int, world_size: int):
     """Join the role's process group (gloo on CPU, nccl on GPU); returns its one-dimensional device mesh."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    dist.init_process_group(sync.backend_for(device), init_method=f"tcp://{host}:{port}", rank=rank,
-                            world_size=world_size, timeout=timedelta(minutes=10))
+    dist.init_process_group(
+        sync.backend_for(device),
+        init_method=f"tcp://{host}:{port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(minutes=10),
+    )
     if device == "cuda":
         torch.cuda.set_device(0)  # Ray gives each actor one GPU
     return init_device_mesh("cuda" if device == "cuda" else "cpu", (world_size,))
@@ -75,8 +80,9 @@ def local_rows(p) -> torch.Tensor:
     return p.to_local()
 
 
-def gather_bucket(rows_of: dict, metas: list[sync.WeightMeta], bucket: list[int], flat: torch.Tensor | None,
-                  phases: sync.Phases) -> None:
+def gather_bucket(
+    rows_of: dict, metas: list[sync.WeightMeta], bucket: list[int], flat: torch.Tensor | None, phases: sync.Phases
+) -> None:
     """One bucket of full weights assembled on rank 0 from every rank's rows, straight into `flat` (the bucket
     buffer, wire dtype; None on the other ranks); `rows_of[name]()` gives this rank's rows of a weight (its shard,
     or with LoRA its shard merged with the adapters). No parameter is unsharded: rank 0 copies its own rows into

@@ -28,17 +28,28 @@ def engine_env(device: str, threads: int) -> dict[str, str]:
     """Environment for a generator actor's process (set through its runtime_env, before vLLM is imported)."""
     env = {"TOKENIZERS_PARALLELISM": "false"}
     if device == "cpu":
-        env.update({
-            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine in the actor's own process: one process per engine
-            "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # leave cores to Ray's accounting
-            "OMP_NUM_THREADS": str(threads),
-        })
+        env.update(
+            {
+                "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine in the actor's own process: one process per engine
+                "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # leave cores to Ray's accounting
+                "OMP_NUM_THREADS": str(threads),
+            }
+        )
     return env
 
 
 class Generator(RoleActor):
-    def __init__(self, model_path: str, cfg: GeneratorConfig, max_model_len: int, kv_cache_bytes: int, seed: int,
-                 trust_remote_code: bool = False, device: str = "cpu", adapters: LoraConfig | None = None):
+    def __init__(
+        self,
+        model_path: str,
+        cfg: GeneratorConfig,
+        max_model_len: int,
+        kv_cache_bytes: int,
+        seed: int,
+        trust_remote_code: bool = False,
+        device: str = "cpu",
+        adapters: LoraConfig | None = None,
+    ):
         log_to_file()
         from vllm import LLM
 
@@ -74,8 +85,9 @@ class Generator(RoleActor):
             **engine_kwargs,
         )
 
-    def generate(self, prompts: list[Prompt], group_size: int, seeds: list[int],
-                 sampling: SamplingConfig | None = None) -> tuple[Rollout, RolloutStats]:
+    def generate(
+        self, prompts: list[Prompt], group_size: int, seeds: list[int], sampling: SamplingConfig | None = None
+    ) -> tuple[Rollout, RolloutStats]:
         """`group_size` completions for each prompt, and their small stats (training sampling unless given).
 
         Called with ``num_returns=2``: the rollout goes on by object ref, the stats to the controller.
@@ -86,10 +98,21 @@ class Generator(RoleActor):
 
         start, started = time.perf_counter(), time.time()
         s = sampling or self.cfg.sampling
-        params = [SamplingParams(n=group_size, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                                 max_tokens=s.max_tokens, logprobs=0, seed=seed) for seed in seeds]
-        outputs = self.llm.generate([{"prompt_token_ids": p.ids} for p in prompts], params, use_tqdm=False,
-                                    lora_request=self.lora_request)
+        params = [
+            SamplingParams(
+                n=group_size,
+                temperature=s.temperature,
+                top_p=s.top_p,
+                top_k=s.top_k,
+                max_tokens=s.max_tokens,
+                logprobs=0,
+                seed=seed,
+            )
+            for seed in seeds
+        ]
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": p.ids} for p in prompts], params, use_tqdm=False, lora_request=self.lora_request
+        )
         completions = []
         for i, out in enumerate(outputs):
             for c in out.outputs:
@@ -112,8 +135,12 @@ class Generator(RoleActor):
         """log p(x_t | x_<t) for t >= 1 of a fixed sequence, as the engine computes it (temperature 1)."""
         from vllm import SamplingParams
 
-        out = self.llm.generate([{"prompt_token_ids": token_ids}], SamplingParams(max_tokens=1, prompt_logprobs=0),
-                                use_tqdm=False, lora_request=self.lora_request)[0]
+        out = self.llm.generate(
+            [{"prompt_token_ids": token_ids}],
+            SamplingParams(max_tokens=1, prompt_logprobs=0),
+            use_tqdm=False,
+            lora_request=self.lora_request,
+        )[0]
         return [lp[t].logprob for t, lp in zip(token_ids[1:], out.prompt_logprobs[1:])]
 
     def init_sync(self, backend: str, host: str, port: int, base_rank: int, world_size: int, timeout_s: float) -> None:
@@ -124,8 +151,7 @@ class Generator(RoleActor):
         """The dtype the engine holds its weights in (what ``generator.dtype: auto`` resolved to)."""
         return self.llm.collective_rpc("grpo_weight_dtype")[0]
 
-    def receive_weights(self, metas: list, bucket_bytes: int, version: int,
-                        probe_ids: list[int] | None = None) -> dict:
+    def receive_weights(self, metas: list, bucket_bytes: int, version: int, probe_ids: list[int] | None = None) -> dict:
         """Receive a broadcast of the learner's weights and load it, bucket by bucket; the slowest worker's
         seconds in all, waiting on the wire and loading. With `probe_ids`, then the probe's logprobs under the new
         weights ("probe"), in the same call: no round trip of its own after a push."""

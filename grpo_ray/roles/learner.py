@@ -77,14 +77,17 @@ class Learner(RoleActor):
         self.model = model
         self.params = [p for p in model.parameters() if p.requires_grad]
         """What trains: every parameter, or with LoRA the adapters."""
-        self.engine_weights = lora.engine_weights(model, fsdp.local_rows,
-                                                  self.lora and self.recipe.model.lora.sync == "adapters")
+        self.engine_weights = lora.engine_weights(
+            model, fsdp.local_rows, self.lora and self.recipe.model.lora.sync == "adapters"
+        )
         o = cfg.optim
-        self.optimizer = torch.optim.AdamW(self.params, lr=o.lr, betas=tuple(o.betas), eps=o.eps,
-                                           weight_decay=o.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay
+        )
         warmup = o.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
+        )
         self.pad_id = pad_id(model.config)
         declared = self.recipe.cluster.peak_tflops
         if self.device.type == "cuda":
@@ -108,8 +111,9 @@ class Learner(RoleActor):
         entropies carry a gradient only when the loss has an entropy term."""
         seqs = collate(pairs, self.pad_id, capacity, self.recipe.model.shared_prompt)
         t = self.recipe.generator.sampling.temperature if temperature is None else temperature
-        logp, entropy = sequence_logprobs(self.model, seqs, self.device, t, with_entropy,
-                                          entropy_grad=self.recipe.algorithm.entropy_coeff > 0)
+        logp, entropy = sequence_logprobs(
+            self.model, seqs, self.device, t, with_entropy, entropy_grad=self.recipe.algorithm.entropy_coeff > 0
+        )
         return seqs, logp, entropy
 
     def _score(self, pairs: list, indices: list[int]) -> dict[int, torch.Tensor]:
@@ -123,8 +127,9 @@ class Learner(RoleActor):
         dist.all_reduce(rounds, op=dist.ReduceOp.MAX)
         with torch.no_grad():
             for k in range(int(rounds.item())):
-                seqs, logp, _ = self._logprobs([pairs[i] for i in micros[k]] if k < len(micros) else filler,
-                                               capacity if k < len(micros) else 0)
+                seqs, logp, _ = self._logprobs(
+                    [pairs[i] for i in micros[k]] if k < len(micros) else filler, capacity if k < len(micros) else 0
+                )
                 for j, i in enumerate(micros[k] if k < len(micros) else []):
                     out[i] = logp[j][seqs.response_mask[j].to(logp.device).bool()].cpu()
         return out
@@ -154,9 +159,11 @@ class Learner(RoleActor):
             yield
             return
         if version not in self.snapshots:
-            raise RuntimeError(f"samples of policy version {version} and no weights of it here (the learner holds "
-                               f"version {self.version} and snapshots of {sorted(self.snapshots)}): the old policy "
-                               "cannot be computed; algorithm.rollout_correction.bypass_mode=true takes the sampler's")
+            raise RuntimeError(
+                f"samples of policy version {version} and no weights of it here (the learner holds "
+                f"version {self.version} and snapshots of {sorted(self.snapshots)}): the old policy "
+                "cannot be computed; algorithm.rollout_correction.bypass_mode=true takes the sampler's"
+            )
         fsdp.reshard(self.model)
         with torch.no_grad():
             for p, saved in zip(self.params, self.snapshots[version]):
@@ -169,8 +176,15 @@ class Learner(RoleActor):
                 for p, saved in zip(self.params, self.snapshots[self.version]):
                     p.to_local().copy_(saved)
 
-    def train(self, rollout_refs: list, ref_logprob_refs: list | None, advantages: list[float], version: int,
-              keep_from: int | None = None, probe_ids: list[int] | None = None) -> dict[str, float]:
+    def train(
+        self,
+        rollout_refs: list,
+        ref_logprob_refs: list | None,
+        advantages: list[float],
+        version: int,
+        keep_from: int | None = None,
+        probe_ids: list[int] | None = None,
+    ) -> dict[str, float]:
         """One GRPO step over all samples of `rollout_refs` (Ray object refs, fetched here, not by the controller)
         with the weights of `version`: ``update`` on what they hold."""
         import ray
@@ -179,8 +193,15 @@ class Learner(RoleActor):
         ref_lps = [lp for chunk in ray.get(ref_logprob_refs) for lp in chunk] if ref_logprob_refs else None
         return self.update(rollouts, ref_lps, advantages, version, keep_from, probe_ids)
 
-    def update(self, rollouts: list, ref_lps: list | None, advantages: list[float], version: int,
-               keep_from: int | None = None, probe_ids: list[int] | None = None) -> dict[str, float]:
+    def update(
+        self,
+        rollouts: list,
+        ref_lps: list | None,
+        advantages: list[float],
+        version: int,
+        keep_from: int | None = None,
+        probe_ids: list[int] | None = None,
+    ) -> dict[str, float]:
         """One GRPO step over all samples of `rollouts` with the weights of `version` (no Ray: benchmarks/gpu.py
         calls it directly). The old policy of each sample is the learner at the version that generated it
         (snapshots of versions >= `keep_from` are kept for later batches), or the sampler's in bypass mode.
@@ -224,12 +245,19 @@ class Learner(RoleActor):
                 micros, capacity = self._micro_batches(mine, pairs)
                 for micro in micros:
                     seqs, logp, entropy = self._logprobs([pairs[i] for i in micro], capacity, with_entropy=True)
-                    place = lambda values: place_values(values, seqs.response_mask).to(logp.device)  # noqa: E731
-                    x = LossInputs(logp, place([sampler[i] for i in micro]), adv[micro],
-                                   seqs.response_mask.to(logp.device),
-                                   None if old is None else place([old[i] for i in micro]),
-                                   None if ref_lps is None else place([ref_lps[i] for i in micro]), entropy)
-                    loss, counted, sums, corr_sums, top = micro_batch_loss(x, a, self.recipe.generator.sampling.max_tokens)
+                    place = lambda values: place_values(values, seqs.response_mask).to(logp.device)  # noqa: E731, B023 (this micro batch's)
+                    x = LossInputs(
+                        logp,
+                        place([sampler[i] for i in micro]),
+                        adv[micro],
+                        seqs.response_mask.to(logp.device),
+                        None if old is None else place([old[i] for i in micro]),
+                        None if ref_lps is None else place([ref_lps[i] for i in micro]),
+                        entropy,
+                    )
+                    loss, counted, sums, corr_sums, top = micro_batch_loss(
+                        x, a, self.recipe.generator.sampling.max_tokens
+                    )
                     if fault_at("nan_loss", self.steps + 1):
                         loss = loss * float("nan")
                     loss.backward()
@@ -331,10 +359,15 @@ class Learner(RoleActor):
             grad_norms.append(self._optimizer_step())
         dist.all_reduce(totals)
         self.steps += 1
-        return {"sft/loss": (totals[0] / totals[1]).item(), "sft/tokens": totals[1].item(),
-                "actor/grad_norm": sum(grad_norms) / len(grad_norms), "actor/lr": self.scheduler.get_last_lr()[0],
-                "actor/skipped_updates": sum(not math.isfinite(g) for g in grad_norms), "actor/updates": len(grad_norms),
-                "timing_s/update_actor": time.perf_counter() - start}
+        return {
+            "sft/loss": (totals[0] / totals[1]).item(),
+            "sft/tokens": totals[1].item(),
+            "actor/grad_norm": sum(grad_norms) / len(grad_norms),
+            "actor/lr": self.scheduler.get_last_lr()[0],
+            "actor/skipped_updates": sum(not math.isfinite(g) for g in grad_norms),
+            "actor/updates": len(grad_norms),
+            "timing_s/update_actor": time.perf_counter() - start,
+        }
 
     def probe_logprobs(self, token_ids: list[int]) -> list[float]:
         """Logprobs of a fixed sequence at temperature 1 (every rank must call: FSDP2's forward is collective)."""
@@ -374,8 +407,13 @@ class Learner(RoleActor):
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=options)
         state = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, checkpoint_id=path)
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
-                       options=options)
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+            options=options,
+        )
         self.scheduler.load_state_dict(scheduler_state)
 
     # --- weight sync -----------------------------------------------------------------
@@ -387,8 +425,9 @@ class Learner(RoleActor):
     def init_sync(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
         """Rank 0 joins the weight-sync group as its rank 0 (and hosts its store); other ranks have no part in it."""
         if self.rank == 0:
-            self.sync_group = sync.SyncGroup(sync.backend_for(self.recipe.cluster.device), host, port, 0, world_size,
-                                             timeout_s)
+            self.sync_group = sync.SyncGroup(
+                sync.backend_for(self.recipe.cluster.device), host, port, 0, world_size, timeout_s
+            )
 
     def push_weights(self, metas: list[sync.WeightMeta], bucket_bytes: int) -> dict[str, float]:
         """Stream the full weights to the engines, bucket by bucket: every rank sends its shards of the bucket to
@@ -396,7 +435,10 @@ class Learner(RoleActor):
         unshards anything. Returns rank 0's seconds per phase (gather, broadcast), in all, and the bytes sent."""
         start, phases = time.perf_counter(), sync.Phases()
         fsdp.reshard(self.model)
-        rows_of, buckets = {n: rows for n, (_, rows) in self.engine_weights.items()}, sync.plan_buckets(metas, bucket_bytes)
+        rows_of, buckets = (
+            {n: rows for n, (_, rows) in self.engine_weights.items()},
+            sync.plan_buckets(metas, bucket_bytes),
+        )
         filled = []
 
         def fill(bucket: list[int], flat: torch.Tensor) -> None:
@@ -412,7 +454,7 @@ class Learner(RoleActor):
                 # remaining shards, so that none waits on us
                 self.sync_group = None
                 gc.collect()
-                for bucket in buckets[len(filled):]:
+                for bucket in buckets[len(filled) :]:
                     numel = sum(metas[i].numel for i in bucket)
                     fill(bucket, torch.empty(numel, dtype=metas[bucket[0]].torch_dtype, device=self.device))
                 raise

@@ -23,9 +23,20 @@ from grpo_ray.types import Work
 
 
 class Reference(RoleActor):
-    def __init__(self, model_path: str, device: str, micro_batch_size: int, temperature: float, threads: int,
-                 rank: int = 0, world_size: int = 1, trust_remote_code: bool = False, dtype: str = "float32",
-                 packing: bool = True, shared: bool = False):
+    def __init__(
+        self,
+        model_path: str,
+        device: str,
+        micro_batch_size: int,
+        temperature: float,
+        threads: int,
+        rank: int = 0,
+        world_size: int = 1,
+        trust_remote_code: bool = False,
+        dtype: str = "float32",
+        packing: bool = True,
+        shared: bool = False,
+    ):
         log_to_file()
         torch.set_num_threads(max(1, threads))
         self.device_kind = device
@@ -59,8 +70,9 @@ class Reference(RoleActor):
         pairs = flatten(ray.get(rollout_refs), spans)
         start = time.perf_counter()
         # longest first, or packed: little padding per micro batch
-        micros, capacity = micro_batches(list(range(len(pairs))), pairs, self.micro_batch_size, self.packing,
-                                         self.shared)
+        micros, capacity = micro_batches(
+            list(range(len(pairs))), pairs, self.micro_batch_size, self.packing, self.shared
+        )
         rounds = torch.tensor([len(micros)], device=self.device)  # nccl reduces only device tensors
         dist.all_reduce(rounds, op=dist.ReduceOp.MAX)
         filler = [([self.pad_id], [self.pad_id])]  # keeps this rank in the other ranks' all-gathers
@@ -68,8 +80,9 @@ class Reference(RoleActor):
         with torch.no_grad():
             for k in range(int(rounds.item())):
                 mine = k < len(micros)
-                seqs = collate([pairs[i] for i in micros[k]] if mine else filler, self.pad_id, capacity if mine else 0,
-                               self.shared)
+                seqs = collate(
+                    [pairs[i] for i in micros[k]] if mine else filler, self.pad_id, capacity if mine else 0, self.shared
+                )
                 logp, _ = sequence_logprobs(self.model, seqs, self.device, self.temperature)
                 for i, values in zip(micros[k] if mine else [], response_values(logp.cpu(), seqs.response_mask)):
                     out[i] = values

@@ -21,14 +21,24 @@ from grpo_ray.rewards.sandbox import RewardChild
 from grpo_ray.roles import RoleActor, log_to_file
 from grpo_ray.types import Scores
 
-LOST = {"timeout": "ran past reward.timeout_s", "died": "exited (a crash, os._exit, or killed)",
-        "memory": "ran out of memory (reward.memory_mb)"}
+LOST = {
+    "timeout": "ran past reward.timeout_s",
+    "died": "exited (a crash, os._exit, or killed)",
+    "memory": "ran out of memory (reward.memory_mb)",
+}
 
 
 class RewardWorker(RoleActor):
-    def __init__(self, functions: list[tuple[str, float]], timeout_s: float, response_prefix: str = "",
-                 memory_mb: int = 2048, sandbox: bool = True, network: bool = False,
-                 code: tuple[dict[str, str], list[str]] = ({}, [])):
+    def __init__(
+        self,
+        functions: list[tuple[str, float]],
+        timeout_s: float,
+        response_prefix: str = "",
+        memory_mb: int = 2048,
+        sandbox: bool = True,
+        network: bool = False,
+        code: tuple[dict[str, str], list[str]] = ({}, []),
+    ):
         """`code`: the text of each file-form function and the directories module forms are imported from
         (``grpo_ray.rewards.shipped``)."""
         log_to_file()
@@ -54,10 +64,14 @@ class RewardWorker(RoleActor):
         totals, errors, timeouts, first, extras = [], 0, 0, {}, []
         for p, c in samples(rollouts, spans):
             extra = {"data_source": p.data_source, "extra_info": p.extra_info}
-            outcome, result = self.child.run((self.functions, self.prefix + c.text, p.ground_truth, extra),
-                                             self.timeout_s)
-            comp, failed, failures = (result[0], result[1], result[3]) if outcome == "ok" else \
-                (zeros, 1, {"(the reward child)": f"scoring a sample, it {LOST[outcome]}"})
+            outcome, result = self.child.run(
+                (self.functions, self.prefix + c.text, p.ground_truth, extra), self.timeout_s
+            )
+            comp, failed, failures = (
+                (result[0], result[1], result[3])
+                if outcome == "ok"
+                else (zeros, 1, {"(the reward child)": f"scoring a sample, it {LOST[outcome]}"})
+            )
             errors += failed if outcome != "timeout" else 0
             timeouts += outcome == "timeout"
             for name, text in failures.items():
@@ -70,8 +84,15 @@ class RewardWorker(RoleActor):
             extras.append({k: v for k, v in comp.items() if k not in components})
             totals.append(weighted_sum(comp, self.functions))
         named = sorted({k for e in extras for k in e})
-        return Scores(totals, components, errors, timeouts, time.perf_counter() - start, first,
-                      {k: [e.get(k, math.nan) for e in extras] for k in named})
+        return Scores(
+            totals,
+            components,
+            errors,
+            timeouts,
+            time.perf_counter() - start,
+            first,
+            {k: [e.get(k, math.nan) for e in extras] for k in named},
+        )
 
     def shutdown(self) -> None:
         self.child.close()

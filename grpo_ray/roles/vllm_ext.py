@@ -73,8 +73,9 @@ class WeightSyncExtension:
         """The dtype this worker's model holds its weights in: the wire dtype of the sync."""
         return str(self.model_config.dtype).removeprefix("torch.")
 
-    def grpo_receive_weights(self, metas: list, bucket_bytes: int, version: int = 0,
-                             adapter: dict | None = None) -> dict[str, float]:
+    def grpo_receive_weights(
+        self, metas: list, bucket_bytes: int, version: int = 0, adapter: dict | None = None
+    ) -> dict[str, float]:
         """Receive a push and load it bucket by bucket: vLLM's in-place reload consumes the weights lazily and
         processes each layer as soon as all its tensors are in, so a bucket's buffer is freed once its layers
         are loaded. Returns this worker's seconds waiting on the wire ("broadcast") and loading ("load").

@@ -14,11 +14,21 @@ from grpo_ray.dumps import read_samples
 from tests.conftest import ROOT
 
 RECIPE = ROOT / "recipes" / "tiny-cpu.yaml"
-FAST = ["data.train_batch_size=4", "algorithm.group_size=4", "learner.mini_batch_size=16",
-        "learner.micro_batch_size=8", "trainer.test_freq=0", "trainer.val_before_train=false",
-        "trainer.loggers=[console,jsonl]", "trainer.dump_freq=1"]
+FAST = [
+    "data.train_batch_size=4",
+    "algorithm.group_size=4",
+    "learner.mini_batch_size=16",
+    "learner.micro_batch_size=8",
+    "trainer.test_freq=0",
+    "trainer.val_before_train=false",
+    "trainer.loggers=[console,jsonl]",
+    "trainer.dump_freq=1",
+]
 
-SCHEDULES = {"on-policy": [], "one-step-off": ["algorithm.max_staleness=1", "algorithm.rollout_correction.rollout_is=token"]}
+SCHEDULES = {
+    "on-policy": [],
+    "one-step-off": ["algorithm.max_staleness=1", "algorithm.rollout_correction.rollout_is=token"],
+}
 """The faults that meet a batch in flight are tried under both schedules."""
 
 
@@ -28,10 +38,14 @@ class Run:
     def __init__(self, out: Path, overrides: list[str], env: dict | None = None):
         self.out = out
         self.log = open(out.parent / f"{out.name}.log", "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "grpo_ray", "train", str(RECIPE), *FAST,
-                                      f"trainer.output_dir={out}", *overrides], cwd=ROOT, stdout=self.log,
-                                     stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "grpo_ray", "train", str(RECIPE), *FAST, f"trainer.output_dir={out}", *overrides],
+            cwd=ROOT,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
 
     def wait(self, timeout: float = 600) -> int:
         try:

@@ -18,8 +18,11 @@ def _files(tmp_path):
     (tmp_path / "broken.yaml").write_text("model:\n  path: [unclosed\ndata: {train_batch_size: 4\n")
     (tmp_path / "list.yaml").write_text("- just\n- a list\n")
     (tmp_path / "garbage.parquet").write_bytes(b"PAR1 this is not parquet at all")
-    good = {"prompt": [{"role": "user", "content": "Tom has 3 pens."}], "data_source": "x",
-            "reward_model": {"ground_truth": "3"}}
+    good = {
+        "prompt": [{"role": "user", "content": "Tom has 3 pens."}],
+        "data_source": "x",
+        "reward_model": {"ground_truth": "3"},
+    }
     rows = [good, {"prompt": [{"role": "user", "content": "no answer"}], "data_source": "x"}]
     (tmp_path / "missing_field.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "not_json.jsonl").write_text(json.dumps(good) + "\n{oops\n")
@@ -48,38 +51,83 @@ CASES = {  # name: (recipe, overrides, what the message must say)
     "malformed YAML": ("{tmp}/broken.yaml", [], "not valid YAML"),
     "not a mapping": ("{tmp}/list.yaml", [], "the top level must be a mapping"),
     "recipe missing": ("{tmp}/nope.yaml", [], "does not exist"),
-    "unknown key": (RECIPE, ["learner.optim.lrr=1e-3"], "unknown key 'learner.optim.lrr'; did you mean 'learner.optim.lr'"),
+    "unknown key": (
+        RECIPE,
+        ["learner.optim.lrr=1e-3"],
+        "unknown key 'learner.optim.lrr'; did you mean 'learner.optim.lr'",
+    ),
     "wrong type": (RECIPE, ["learner.world_size=two"], "learner.world_size"),
     "zero size": (RECIPE, ["data.train_batch_size=0"], "data.train_batch_size=0: must be positive"),
     "negative size": (RECIPE, ["generator.num_engines=-1"], "generator.num_engines=-1: must be positive"),
     "bad choice": (RECIPE, ["algorithm.kl_estimator=k9"], "algorithm.kl_estimator='k9': expected one of k1, k3"),
     "sizes that clash": (RECIPE, ["learner.micro_batch_size=48"], "is not divisible by learner.micro_batch_size (48)"),
     "missing data file": (RECIPE, ["data.train_files=[{tmp}/nope.parquet]"], "nope.parquet: no such file"),
-    "unreadable parquet": (RECIPE, ["data.train_files=[{tmp}/garbage.parquet]"], "garbage.parquet: not a readable parquet file"),
-    "row missing a field": (RECIPE, ["data.train_files=[{tmp}/missing_field.jsonl]"],
-                            "missing_field.jsonl row 1: 'reward_model.ground_truth' (data.answer_key) is missing or empty"),
+    "unreadable parquet": (
+        RECIPE,
+        ["data.train_files=[{tmp}/garbage.parquet]"],
+        "garbage.parquet: not a readable parquet file",
+    ),
+    "row missing a field": (
+        RECIPE,
+        ["data.train_files=[{tmp}/missing_field.jsonl]"],
+        "missing_field.jsonl row 1: 'reward_model.ground_truth' (data.answer_key) is missing or empty",
+    ),
     "row not JSON": (RECIPE, ["data.train_files=[{tmp}/not_json.jsonl]"], "not_json.jsonl line 2: not a JSON object"),
     "prompts too long": (RECIPE, ["data.max_prompt_length=5"], "every prompt is longer than data.max_prompt_length=5"),
-    "model path not a model": (RECIPE, ["model.path={tmp}/empty_dir"], "has no config.json, so it is not a Hugging Face model"),
-    "model not found": (RECIPE, ["model.path=nobody/no-such-model"], "no config.json: not in the Hugging Face cache, and offline"),
+    "model path not a model": (
+        RECIPE,
+        ["model.path={tmp}/empty_dir"],
+        "has no config.json, so it is not a Hugging Face model",
+    ),
+    "model not found": (
+        RECIPE,
+        ["model.path=nobody/no-such-model"],
+        "no config.json: not in the Hugging Face cache, and offline",
+    ),
     "no chat template": (RECIPE, ["model.path={tmp}/no_template"], "the tokenizer has no chat template"),
     "bad tiny model name": (RECIPE, ["model.path=tiny://qwen2?layers=two"], "layers='two' is not an integer"),
     "reward not importable": (RECIPE, ["reward.functions=[{name: no_such_module:fn}]"], "reward.functions[0].name"),
     "does not fit": (RECIPE, ["cluster.node_memory_gb=1"], "does not fit its cluster"),
-    "output dir not writable": (RECIPE, ["trainer.output_dir=/proc/grpo-ray-run"], "trainer.output_dir='/proc/grpo-ray-run': cannot write there"),
-    "overlap on shared devices": (RECIPE, ["algorithm.max_staleness=1", "cluster.colocate=[[generator,learner]]"],
-                                  "algorithm.max_staleness=1: the generator shares devices with the learner"),
-    "correction with nothing to correct": (RECIPE, ["algorithm.rollout_correction.bypass_mode=true",
-                                                    "algorithm.rollout_correction.rollout_is=token"],
-                                           "bypass_mode=true takes the sampler's logprobs as the old policy"),
-    "dual clip at 1 or below": (RECIPE, ["algorithm.clip_ratio_c=0.5"], "algorithm.clip_ratio_c=0.5: dual clip needs a value above 1"),
-    "length penalty longer than the responses": (RECIPE, ["algorithm.overlong_buffer.len=8"],
-                                                 "algorithm.overlong_buffer.len (8) is longer than the responses can be"),
-    "longer than the model's positions": (RECIPE, ["generator.max_model_len=4096"], "over the model's max_position_embeddings (1024)"),
-    "LoRA on a module the model lacks": (RECIPE, ["model.lora.rank=4", "model.lora.target_modules=[q_proj,qkv]"],
-                                         "model.lora.target_modules: no module named qkv in a decoder block"),
-    "LoRA on no module": (RECIPE, ["model.lora.rank=4", "model.lora.target_modules=[]"],
-                          "model.lora.target_modules is empty"),
+    "output dir not writable": (
+        RECIPE,
+        ["trainer.output_dir=/proc/grpo-ray-run"],
+        "trainer.output_dir='/proc/grpo-ray-run': cannot write there",
+    ),
+    "overlap on shared devices": (
+        RECIPE,
+        ["algorithm.max_staleness=1", "cluster.colocate=[[generator,learner]]"],
+        "algorithm.max_staleness=1: the generator shares devices with the learner",
+    ),
+    "correction with nothing to correct": (
+        RECIPE,
+        ["algorithm.rollout_correction.bypass_mode=true", "algorithm.rollout_correction.rollout_is=token"],
+        "bypass_mode=true takes the sampler's logprobs as the old policy",
+    ),
+    "dual clip at 1 or below": (
+        RECIPE,
+        ["algorithm.clip_ratio_c=0.5"],
+        "algorithm.clip_ratio_c=0.5: dual clip needs a value above 1",
+    ),
+    "length penalty longer than the responses": (
+        RECIPE,
+        ["algorithm.overlong_buffer.len=8"],
+        "algorithm.overlong_buffer.len (8) is longer than the responses can be",
+    ),
+    "longer than the model's positions": (
+        RECIPE,
+        ["generator.max_model_len=4096"],
+        "over the model's max_position_embeddings (1024)",
+    ),
+    "LoRA on a module the model lacks": (
+        RECIPE,
+        ["model.lora.rank=4", "model.lora.target_modules=[q_proj,qkv]"],
+        "model.lora.target_modules: no module named qkv in a decoder block",
+    ),
+    "LoRA on no module": (
+        RECIPE,
+        ["model.lora.rank=4", "model.lora.target_modules=[]"],
+        "model.lora.target_modules is empty",
+    ),
     # the second round: newer keys and their combinations, hand-made files, odd overrides, a malicious recipe
     "duplicate key in a recipe": ("{tmp}/duplicate.yaml", [], "found duplicate key trainer"),
     "YAML tag in a recipe (never executed)": ("{tmp}/tagged.yaml", [], "not valid YAML"),
@@ -87,45 +135,96 @@ CASES = {  # name: (recipe, overrides, what the message must say)
     "an override that is not YAML": (RECIPE, ["data.train_files=[a,b"], "the value is not valid YAML"),
     "an override with no value": (RECIPE, ["trainer.total_steps="], "override 'trainer.total_steps='"),
     "a data file of an unknown type": (RECIPE, ["data.train_files={tmp}/rows.csv"], "unknown file type '.csv'"),
-    "a ground truth that is a list": (RECIPE, ["data.train_files=[{tmp}/list_truth.jsonl]"],
-                                      "list_truth.jsonl row 0: 'reward_model.ground_truth' (data.answer_key) must be text or a number"),
-    "a JSON array of strings": (RECIPE, ["data.train_files=[{tmp}/strings.json]"], "strings.json row 0: not a JSON object"),
-    "an engine argument grpo-ray sets": (RECIPE, ["generator.vllm_kwargs={seed: 3}"],
-                                         "generator.vllm_kwargs.seed: set by grpo-ray from trainer.seed"),
-    "the sampler's logprob mode": (RECIPE, ["generator.vllm_kwargs={logprobs_mode: raw_logprobs}"],
-                                   "generator.vllm_kwargs.logprobs_mode: set by grpo-ray"),
-    "no reward with a positive weight": (RECIPE, ["reward.functions=[{name: gsm8k, weight: 0}]"],
-                                         "no function has a positive weight"),
+    "a ground truth that is a list": (
+        RECIPE,
+        ["data.train_files=[{tmp}/list_truth.jsonl]"],
+        "list_truth.jsonl row 0: 'reward_model.ground_truth' (data.answer_key) must be text or a number",
+    ),
+    "a JSON array of strings": (
+        RECIPE,
+        ["data.train_files=[{tmp}/strings.json]"],
+        "strings.json row 0: not a JSON object",
+    ),
+    "an engine argument grpo-ray sets": (
+        RECIPE,
+        ["generator.vllm_kwargs={seed: 3}"],
+        "generator.vllm_kwargs.seed: set by grpo-ray from trainer.seed",
+    ),
+    "the sampler's logprob mode": (
+        RECIPE,
+        ["generator.vllm_kwargs={logprobs_mode: raw_logprobs}"],
+        "generator.vllm_kwargs.logprobs_mode: set by grpo-ray",
+    ),
+    "no reward with a positive weight": (
+        RECIPE,
+        ["reward.functions=[{name: gsm8k, weight: 0}]"],
+        "no function has a positive weight",
+    ),
     "pass@n of greedy samples": (RECIPE, ["generator.val_n=4"], "every sample is the same greedy answer"),
-    "a reward module that raises at import": (RECIPE, ["reward.functions=[{name: 'tests.helpers.reward_raises_at_import:f'}]"],
-                                              "failed: RuntimeError: boom at import"),
+    "a reward module that raises at import": (
+        RECIPE,
+        ["reward.functions=[{name: 'tests.helpers.reward_raises_at_import:f'}]"],
+        "failed: RuntimeError: boom at import",
+    ),
     "LoRA rank vLLM cannot serve": (RECIPE, ["model.lora.rank=1024"], "vLLM serves adapters up to rank 512"),
-    "rejection with nothing to reject": (RECIPE, ["algorithm.rollout_correction.bypass_mode=true",
-                                                  "algorithm.rollout_correction.rollout_rs=sequence"],
-                                         "set rollout_is and rollout_rs to null"),
-    "a rerun over a run with no checkpoint": (RECIPE, ["trainer.output_dir={tmp}/run_there"],
-                                              "already holds a run (metrics.jsonl) and no whole checkpoint"),
+    "rejection with nothing to reject": (
+        RECIPE,
+        ["algorithm.rollout_correction.bypass_mode=true", "algorithm.rollout_correction.rollout_rs=sequence"],
+        "set rollout_is and rollout_rs to null",
+    ),
+    "a rerun over a run with no checkpoint": (
+        RECIPE,
+        ["trainer.output_dir={tmp}/run_there"],
+        "already holds a run (metrics.jsonl) and no whole checkpoint",
+    ),
     # the third round: a verl user's own reward, data, template and keys
-    "a reward file that is not there": (RECIPE, ["reward.functions=[{name: nowhere.py:score}]"],
-                                        "reward.functions[0].name: reward 'nowhere.py:score': no file nowhere.py"),
-    "a reward whose signature does not fit": (RECIPE, ["reward.functions=[{name: '{tmp}/mismatch.py:score'}]"],
-                                              "missing 1 required positional argument: 'source'"),
-    "a reward that returns no number": (RECIPE, ["reward.functions=[{name: '{tmp}/no_number.py:score'}]"],
-                                        "TypeError: returned str 'yes': expected a number"),
-    "rows under other keys, unmapped": (RECIPE, ["data.train_files={tmp}/plain.jsonl"],
-                                        "plain.jsonl row 0: 'prompt' (data.prompt_key) is missing; the row has 'question'"),
-    "a chat template file that is not there": (RECIPE, ["model.chat_template={tmp}/nowhere.jinja"],
-                                               "model.chat_template='{tmp}/nowhere.jinja': cannot read the file"),
-    "a dataset split that is not there": (RECIPE, ["data.train_files={tmp}/empty_dir?split=nope"],
-                                          "cannot load the dataset"),
-    "verl's keys": (RECIPE, ["actor_rollout_ref.rollout.n=8", "trainer.n_gpus_per_node=1"],
-                    "2 problems:"),
+    "a reward file that is not there": (
+        RECIPE,
+        ["reward.functions=[{name: nowhere.py:score}]"],
+        "reward.functions[0].name: reward 'nowhere.py:score': no file nowhere.py",
+    ),
+    "a reward whose signature does not fit": (
+        RECIPE,
+        ["reward.functions=[{name: '{tmp}/mismatch.py:score'}]"],
+        "missing 1 required positional argument: 'source'",
+    ),
+    "a reward that returns no number": (
+        RECIPE,
+        ["reward.functions=[{name: '{tmp}/no_number.py:score'}]"],
+        "TypeError: returned str 'yes': expected a number",
+    ),
+    "rows under other keys, unmapped": (
+        RECIPE,
+        ["data.train_files={tmp}/plain.jsonl"],
+        "plain.jsonl row 0: 'prompt' (data.prompt_key) is missing; the row has 'question'",
+    ),
+    "a chat template file that is not there": (
+        RECIPE,
+        ["model.chat_template={tmp}/nowhere.jinja"],
+        "model.chat_template='{tmp}/nowhere.jinja': cannot read the file",
+    ),
+    "a dataset split that is not there": (
+        RECIPE,
+        ["data.train_files={tmp}/empty_dir?split=nope"],
+        "cannot load the dataset",
+    ),
+    "verl's keys": (RECIPE, ["actor_rollout_ref.rollout.n=8", "trainer.n_gpus_per_node=1"], "2 problems:"),
     "verl's -1 for never": (RECIPE, ["trainer.save_freq=-1"], "0 means never here, where verl writes -1"),
-    "a reward error share over 1": (RECIPE, ["reward.max_error_share=1.5"], "reward.max_error_share=1.5: must be in [0, 1]"),
-    "a dump cadence below 0": (RECIPE, ["trainer.dump_freq=-1"],
-                               "trainer.dump_freq=-1: must be >= 0 (0 means never here"),
-    "a reset of a key that is not there": (RECIPE, ["~trainer.dump_rollouts"],
-                                           "an earlier grpo-ray's trainer.dump_rollouts is trainer.dump_freq"),
+    "a reward error share over 1": (
+        RECIPE,
+        ["reward.max_error_share=1.5"],
+        "reward.max_error_share=1.5: must be in [0, 1]",
+    ),
+    "a dump cadence below 0": (
+        RECIPE,
+        ["trainer.dump_freq=-1"],
+        "trainer.dump_freq=-1: must be >= 0 (0 means never here",
+    ),
+    "a reset of a key that is not there": (
+        RECIPE,
+        ["~trainer.dump_rollouts"],
+        "an earlier grpo-ray's trainer.dump_rollouts is trainer.dump_freq",
+    ),
 }
 
 
@@ -159,14 +258,16 @@ def test_bad_input_from_the_command_line(case, broken, tmp_path):
     """The same through the installed entry point, in a process of its own: nothing but the one line."""
     recipe, overrides, expected = CASES[case]
     fill = lambda s: s.replace("{tmp}", str(broken))  # noqa: E731
-    out = run_cli("train", fill(recipe), *map(fill, overrides), f"trainer.output_dir={tmp_path / 'run'}",
-                  cwd=ROOT, timeout=300)
+    out = run_cli(
+        "train", fill(recipe), *map(fill, overrides), f"trainer.output_dir={tmp_path / 'run'}", cwd=ROOT, timeout=300
+    )
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
     assert expected in out.stderr and "Traceback" not in out.stderr
     assert "Started a local Ray" not in out.stdout + out.stderr
 
 
 # --- the sweep generated from the recipe schema: every numeric field out of its range, every choice wrong ------
+
 
 def schema_leaves(schema=None, prefix=""):
     """(dotted key, type) of every leaf field of the recipe; fields of list items are named without an index."""
@@ -197,8 +298,8 @@ def test_every_field_has_a_range_or_a_set_of_choices():
     leaves = dict(schema_leaves())
     numeric = {k for k, tp in leaves.items() if tp in NUMERIC}
     text = {k for k, tp in leaves.items() if tp in (str, str | None)}
-    assert numeric == set(RANGES), (numeric ^ set(RANGES))
-    assert text == set(CHOICES) | FREE_TEXT, (text ^ (set(CHOICES) | FREE_TEXT))
+    assert numeric == set(RANGES), numeric ^ set(RANGES)
+    assert text == set(CHOICES) | FREE_TEXT, text ^ (set(CHOICES) | FREE_TEXT)
 
 
 def _outside(rng, integer: bool) -> list:

@@ -20,10 +20,20 @@ from tests.faults.conftest import RECIPE
 pytestmark = pytest.mark.slow
 
 # a 384-token vocabulary and up to 600 tokens: a random-init model decodes for seconds, long enough to be hit
-LONG = [f"model.path={TINY.format(arch='qwen2')}", "generator.num_engines=2", "generator.sampling.max_tokens=600",
-        "data.max_prompt_length=200", "data.train_batch_size=4", "algorithm.group_size=8",
-        "learner.mini_batch_size=32", "learner.micro_batch_size=16", "trainer.test_freq=0",
-        "trainer.val_before_train=false", "trainer.loggers=[jsonl]", "trainer.dump_freq=1"]
+LONG = [
+    f"model.path={TINY.format(arch='qwen2')}",
+    "generator.num_engines=2",
+    "generator.sampling.max_tokens=600",
+    "data.max_prompt_length=200",
+    "data.train_batch_size=4",
+    "algorithm.group_size=8",
+    "learner.mini_batch_size=32",
+    "learner.micro_batch_size=16",
+    "trainer.test_freq=0",
+    "trainer.val_before_train=false",
+    "trainer.loggers=[jsonl]",
+    "trainer.dump_freq=1",
+]
 
 
 def hit_mid_step(c: Controller, step: int, sig: int, after_s: float = 0.3) -> tuple[dict, float]:
@@ -63,7 +73,9 @@ def test_lost_engine_is_replaced_mid_rollout(ray_local, tmp_path, capsys):
             metrics, seconds = hit_mid_step(c, step, sig)
             assert metrics["fault/generator_restarts"] == step - 1, sig
             assert "engine 0 lost" in capsys.readouterr().out  # noticed by the generate hop, not later by the sync
-            check_step(c, step, version=step - 1)  # the new engine served the weights of the step before, not the initial ones
+            check_step(
+                c, step, version=step - 1
+            )  # the new engine served the weights of the step before, not the initial ones
             assert metrics["sync/logprob_diff"] < 1e-4  # and took this step's version like the others
             if sig == signal.SIGSTOP:  # noticed by the deadline, not by a hang: 15 s + a new engine + a weight push
                 assert seconds < 15 + 120, seconds
@@ -77,8 +89,9 @@ def test_engine_lost_while_generating_ahead_is_replaced_once(ray_local, tmp_path
     """One step off: engine 0 is killed while it generates batch 3 and the learner trains step 2. The push
     after step 2 finds it gone and replaces it; step 3 then regenerates that engine's share on the new engine
     (with the weights it holds now) without replacing it again, and no sample is older than the bound."""
-    r = load_recipe(RECIPE, [*LONG, f"trainer.output_dir={tmp_path}", "algorithm.max_staleness=1",
-                             "trainer.total_steps=4"])
+    r = load_recipe(
+        RECIPE, [*LONG, f"trainer.output_dir={tmp_path}", "algorithm.max_staleness=1", "trainer.total_steps=4"]
+    )
     c = Controller(r, setup_run(r))
     try:
         c.start()

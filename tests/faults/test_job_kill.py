@@ -49,8 +49,9 @@ def test_sigkill_at_random_points_loses_and_repeats_nothing(tmp_path, faults_env
     assert steps == list(range(1, STEPS + 1))  # each step once in the record
     for step in range(1, STEPS + 1):  # and each with the prompts (and samples) the clean run had
         assert [r["uid"] for r in dump(out, step)] == [r["uid"] for r in dump(clean, step)], step
-    assert {p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("step_")} == \
-        {f"step_{s}" for s in range(1, STEPS + 1)}
+    assert {p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("step_")} == {
+        f"step_{s}" for s in range(1, STEPS + 1)
+    }
     assert all(not checkpoint.problems(out / "checkpoints" / f"step_{s}") for s in range(1, STEPS + 1))
 
 

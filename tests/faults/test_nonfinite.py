@@ -25,8 +25,11 @@ def test_one_nan_step_is_skipped_and_the_run_goes_on(tmp_path, faults_env, sched
 
 def test_k_nan_steps_in_a_row_stop_the_run(tmp_path, faults_env):
     out = tmp_path / "run"
-    run = Run(out, ["trainer.total_steps=8", "trainer.max_skipped_steps=3"],
-              {**faults_env, "GRPO_RAY_FAULTS": "nan_loss@2,nan_loss@3,nan_loss@4"})
+    run = Run(
+        out,
+        ["trainer.total_steps=8", "trainer.max_skipped_steps=3"],
+        {**faults_env, "GRPO_RAY_FAULTS": "nan_loss@2,nan_loss@3,nan_loss@4"},
+    )
     assert run.wait() == 1, run.output()[-3000:]
     assert "3 steps in a row had non-finite loss or gradients (trainer.max_skipped_steps=3)" in run.output()
     assert "Traceback" not in run.output()

@@ -22,10 +22,21 @@ def rollout(truths_and_texts):
 
 
 def test_misbehaving_rewards_score_zero_are_counted_and_the_worker_goes_on(ray_local):
-    worker = ray_local.remote(RewardWorker).options(num_cpus=0.25).remote(
-        [(ODD, 0.5), ("gsm8k", 1.0)], 3.0, "#### ", 1024)
-    ro = rollout([("7", "7"), ("raise", "x"), ("hang", "y"), ("8", "8"), ("exit", "z"), ("memory", "m"),
-                  ("nan", "n"), ("9", "1")])
+    worker = (
+        ray_local.remote(RewardWorker).options(num_cpus=0.25).remote([(ODD, 0.5), ("gsm8k", 1.0)], 3.0, "#### ", 1024)
+    )
+    ro = rollout(
+        [
+            ("7", "7"),
+            ("raise", "x"),
+            ("hang", "y"),
+            ("8", "8"),
+            ("exit", "z"),
+            ("memory", "m"),
+            ("nan", "n"),
+            ("9", "1"),
+        ]
+    )
     start = time.perf_counter()
     scores = ray_local.get(worker.score.remote([ray_local.put(ro)]), timeout=120)
     elapsed = time.perf_counter() - start
@@ -33,9 +44,9 @@ def test_misbehaving_rewards_score_zero_are_counted_and_the_worker_goes_on(ray_l
     assert scores.components["gsm8k"] == [1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0]
     assert scores.components[ODD] == [0.0] * 8
     assert scores.totals == [1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0]
-    assert scores.timeouts == 1    # the hang
-    assert scores.errors == 4      # the raise, the exit (seen at once), the 16 GiB allocation, the NaN
-    assert elapsed < 30            # one 3 s limit and a few fresh children, not a 120 s hang
+    assert scores.timeouts == 1  # the hang
+    assert scores.errors == 4  # the raise, the exit (seen at once), the 16 GiB allocation, the NaN
+    assert elapsed < 30  # one 3 s limit and a few fresh children, not a 120 s hang
     again = ray_local.get(worker.score.remote([ray_local.put(rollout([("5", "5")]))]), timeout=60)
     assert again.totals == [1.0] and again.timeouts == again.errors == 0
 
@@ -64,12 +75,12 @@ def test_reward_code_has_no_network_and_writes_only_to_its_scratch_dir(ray_local
     server.close()
 
 
-FLAKY = '''
+FLAKY = """
 def score(response, ground_truth, **extra):
     if response.removeprefix("####").strip() != ground_truth:
         raise ZeroDivisionError("planted: wrong answers divide by zero")
     return 1.0
-'''
+"""
 
 
 def test_a_reward_failing_on_most_samples_is_shown_once_and_stops_the_run(tmp_path):
@@ -79,9 +90,17 @@ def test_a_reward_failing_on_most_samples_is_shown_once_and_stops_the_run(tmp_pa
     from tests.conftest import ROOT, run_cli
 
     (tmp_path / "flaky.py").write_text(FLAKY)
-    res = run_cli("train", str(ROOT / "recipes" / "tiny-cpu.yaml"), f"trainer.output_dir={tmp_path / 'run'}",
-                  "reward.functions=[{name: flaky.py:score}]", "reward.max_error_steps=2", "trainer.total_steps=10",
-                  "trainer.val_before_train=false", cwd=tmp_path, timeout=600)
+    res = run_cli(
+        "train",
+        str(ROOT / "recipes" / "tiny-cpu.yaml"),
+        f"trainer.output_dir={tmp_path / 'run'}",
+        "reward.functions=[{name: flaky.py:score}]",
+        "reward.max_error_steps=2",
+        "trainer.total_steps=10",
+        "trainer.val_before_train=false",
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert res.returncode == 1, res.stderr[-3000:]
     frame = f'File "{tmp_path / "flaky.py"}", line 4, in score'
     assert res.stdout.count("failed; its first failure") == 1 and res.stdout.count(frame) == 1

@@ -15,9 +15,18 @@ def test_receiver_killed_mid_broadcast_is_replaced(tmp_path, faults_env, schedul
     out = tmp_path / "run"
     # 1 MiB buckets: the 1.4 MB model goes in two, and engine 0 or 1 exits after receiving the first (one step
     # off: after generating the batch sent before the push, which must then still be trained on)
-    run = Run(out, ["trainer.total_steps=4", "generator.num_engines=2", "generator.num_cpus=0.25", "trainer.bucket_mb=1",
-                    "trainer.sync_timeout_s=15", *SCHEDULES[schedule]],
-              {**faults_env, "GRPO_RAY_FAULTS": "exit_mid_sync@2"})
+    run = Run(
+        out,
+        [
+            "trainer.total_steps=4",
+            "generator.num_engines=2",
+            "generator.num_cpus=0.25",
+            "trainer.bucket_mb=1",
+            "trainer.sync_timeout_s=15",
+            *SCHEDULES[schedule],
+        ],
+        {**faults_env, "GRPO_RAY_FAULTS": "exit_mid_sync@2"},
+    )
     start = time.monotonic()
     assert run.wait() == 0, run.output()[-3000:]
     m = {row["step"]: row for row in metrics(out)}

@@ -12,14 +12,19 @@ if __name__ == "__main__":
 
     path = sys.argv[1]
     tok = AutoTokenizer.from_pretrained(path)
-    prompt = tok.apply_chat_template([{"role": "user", "content": "Mia has 4 apples. How many?"}],
-                                     add_generation_prompt=True, tokenize=False)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "Mia has 4 apples. How many?"}], add_generation_prompt=True, tokenize=False
+    )
     ids = tok(prompt, add_special_tokens=False)["input_ids"]
-    llm = LLM(model=path, gpu_memory_utilization=0.1, dtype="float32", enforce_eager=True, seed=0,
-              max_model_len=256)
+    llm = LLM(model=path, gpu_memory_utilization=0.1, dtype="float32", enforce_eager=True, seed=0, max_model_len=256)
     out = llm.generate([{"prompt_token_ids": ids}], SamplingParams(n=2, max_tokens=8, temperature=1.0, logprobs=0))
     comps = out[0].outputs
-    print("RESULT " + json.dumps({
-        "token_ids": [list(c.token_ids) for c in comps],
-        "logprobs": [[next(iter(lp.values())).logprob for lp in c.logprobs] for c in comps],
-    }))
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "token_ids": [list(c.token_ids) for c in comps],
+                "logprobs": [[next(iter(lp.values())).logprob for lp in c.logprobs] for c in comps],
+            }
+        )
+    )

@@ -66,5 +66,9 @@ def config(files: list[Path]) -> dict:
 
 def runs(files: list[Path]) -> list[tuple[str, str, str]]:
     """(run id, project, display name) of each start."""
-    return [(r.run.run_id, r.run.project, r.run.display_name) for f in files for r in records(f)
-            if r.WhichOneof("record_type") == "run"]
+    return [
+        (r.run.run_id, r.run.project, r.run.display_name)
+        for f in files
+        for r in records(f)
+        if r.WhichOneof("record_type") == "run"
+    ]
