@@ -1,5 +1,5 @@
-"""`ray job submit` against a real Ray head started here (and stopped by its own handle), with the README's
-own commands: its token line, its exports and its submit line, verbatim but for the ports."""
+"""`ray job submit` against a real Ray head started here (and stopped by its own handle), with the
+documented commands (docs/gpus.md): its token line, its exports and its submit line, verbatim but for the ports."""
 
 import json
 import os
@@ -30,8 +30,8 @@ def free_port() -> int:
 
 
 def readme_lines(name: str) -> list[str]:
-    """The commands of the README's bash block marked `<!-- name -->`, continuation lines joined."""
-    text = (ROOT / "README.md").read_text()
+    """The commands of docs/gpus.md's bash block marked `<!-- name -->`, continuation lines joined."""
+    text = (ROOT / "docs" / "gpus.md").read_text()
     block = re.search(rf"<!-- {re.escape(name)} -->\n```bash\n(.*?)```", text, re.S).group(1)
     return [line.split("  #")[0].strip() for line in block.replace("\\\n", " ").splitlines() if line.strip()]
 

@@ -138,3 +138,26 @@ def test_ruff_lints_and_formats_clean():
     for args in (["check", "--output-format", "concise", "."], ["format", "--check", "."]):
         res = subprocess.run([sys.executable, "-m", "ruff", *args], cwd=ROOT, capture_output=True, text=True)
         assert res.returncode == 0, f"ruff {' '.join(args)}:\n{res.stdout[-3000:]}{res.stderr[-1000:]}"
+
+
+def test_the_docs_links_resolve():
+    """Every relative link in the README, docs/ and benchmarks/README.md names a file that exists, and every
+    #anchor a heading of that page (GitHub's slugs)."""
+    import re
+
+    def slugs(page: Path) -> set[str]:
+        heads = re.findall(r"^#+ (.+)$", page.read_text(), re.M)
+        return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in heads}
+
+    pages = [ROOT / "README.md", ROOT / "benchmarks" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    broken = []
+    for page in pages:
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+://", target):
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists() or (anchor and dest.suffix == ".md" and anchor not in slugs(dest)):
+                broken.append(f"{page.relative_to(ROOT)}: ({target})")
+    assert not broken, "\n".join(broken)
