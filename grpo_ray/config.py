@@ -274,12 +274,14 @@ class AlgorithmConfig:
     """Responses sampled per prompt (verl's rollout.n); advantages compare within a group."""
     adv_estimator: str = "grpo"
     """grpo (group-centred, over the group's std), rloo (leave-one-out baseline) or reinforce_plus_plus_baseline
-    (group-centred, then whitened over the batch's tokens); grpo_ray.algo.advantage."""
+    (group-centred, then whitened over the batch's tokens); grpo_ray.algo.advantage. Or your own as
+    ``module:function``, with their signature (tried on two groups before anything starts)."""
     norm_adv_by_std: bool = True
     """grpo: divide the group-centred reward by the group's std (off: Dr. GRPO; verl's norm_adv_by_std_in_grpo)."""
     loss_mode: str = "vanilla"
     """The policy-gradient term: vanilla (PPO clip), gspo (sequence-level, length-normalised ratio; its papers clip
-    at about 3e-4 / 4e-4) or cispo (clipped, stop-gradient IS weight on the logprob); grpo_ray.algo.loss."""
+    at about 3e-4 / 4e-4) or cispo (clipped, stop-gradient IS weight on the logprob); grpo_ray.algo.loss. Or your
+    own as ``module:function``, with their signature (tried on a small batch before anything starts)."""
     clip_ratio_c: float = 0.0
     """Dual clip (vanilla): with c > 1, a negative advantage's term is capped at -A * c; 0 turns it off (verl's
     default is 3)."""
@@ -462,6 +464,10 @@ class Recipe:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     """Run length, output, logging."""
 
+
+FUNCTION_KEYS = ("algorithm.adv_estimator", "algorithm.loss_mode")
+"""Keys that take one of their CHOICES or a user's ``module:function`` (grpo_ray.algo.registry)."""
+FUNCTION_NAME = r"[A-Za-z_][\w.]*:[A-Za-z_]\w*"
 
 CHOICES = {
     "generator.dtype": ("auto", "float32", "bfloat16", "float16"),
@@ -921,7 +927,7 @@ def validate(r: Recipe, command: str = "train") -> list[str]:
     p: list[str] = []
     for key, choices in CHOICES.items():
         value = _get(r, key)
-        if value not in choices:
+        if value not in choices and not (key in FUNCTION_KEYS and re.fullmatch(FUNCTION_NAME, str(value))):
             p.append(f"{key}={value!r}: expected one of {', '.join('null' if c is None else c for c in choices)}")
     out_of_range = range_problems(r)
     if out_of_range:

@@ -110,6 +110,10 @@ def _schema_of(tp, key: str) -> dict:
         return {"type": "object"}
     simple = {str: "string", int: "integer", float: "number", bool: "boolean"}.get(tp)
     node = {"type": simple} if simple else {}
+    if key in config.FUNCTION_KEYS:  # a registered name, or a user's module:function
+        return {
+            "anyOf": [{**node, "enum": list(config.CHOICES[key])}, {**node, "pattern": f"^{config.FUNCTION_NAME}$"}]
+        }
     if key in config.CHOICES:
         node["enum"] = list(config.CHOICES[key])
     return node

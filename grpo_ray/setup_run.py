@@ -111,6 +111,23 @@ def load_rewards(recipe: Recipe, recipe_dir: Path | None) -> None:
             raise RecipeError(f"reward.functions[{i}].name: {e}") from None
 
 
+def check_algorithm(recipe: Recipe) -> None:
+    """A user's own estimator or policy loss (``module:function``) imports and works on a small batch."""
+    from grpo_ray.algo import advantage, loss
+    from grpo_ray.algo.registry import FunctionError
+
+    a = recipe.algorithm
+    for key, value, check in (
+        ("adv_estimator", a.adv_estimator, advantage.check),
+        ("loss_mode", a.loss_mode, loss.check),
+    ):
+        if ":" in value:
+            try:
+                check(value)
+            except FunctionError as e:
+                raise RecipeError(f"algorithm.{key}={value!r}: {e}") from None
+
+
 def try_rewards(recipe: Recipe, row: dict, where: str) -> None:
     """Score `row`'s ground truth as if it were a response with every reward function, in a reward child under the
     recipe's sandbox and limits, as the reward actors will: a function that cannot be called so (a signature
@@ -159,7 +176,9 @@ def setup_run(
     once the data has been checked with its tokenizer (the base model's). Reward modules are looked for in the
     working directory and `recipe_dir`, and each reward function is tried on the first training row."""
     output_dir = writable_dir(recipe.trainer.output_dir, "trainer.output_dir")
-    load_rewards(recipe, recipe_dir)
+    load_rewards(recipe, recipe_dir)  # also puts the working directory and the recipe's folder on the import path
+    if command == "train":
+        check_algorithm(recipe)
     model_path = models.base_of(recipe.model.path)
     tokenizer = models.load_tokenizer(model_path, recipe.model)
     dropped: dict[str, int] = {}

@@ -504,3 +504,13 @@ def test_shared_prompt_micro_batches_keep_order_and_the_token_budget():
     # 2 x 48 slots: prompt 10 and its 4 responses (3 + 8 + 13 + 18) in 3 rows of 18 = 64, then prompt 30 with its
     # first response (30 x 2 + 3 rows x 18 = 114) would not fit
     assert micros[0] == [0, 1, 2, 3] and micros[1][0] == 4
+
+
+def test_a_users_own_estimator_is_named_module_function():
+    from grpo_ray.algo.advantage import advantages, check
+
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 0.0], dtype=torch.float64)
+    mine = advantages("tests.helpers.my_algo:centred_only", rewards, 3)
+    assert mine.tolist() == pytest.approx([2 / 3, -1 / 3, -1 / 3, 2 / 3, -1 / 3, -1 / 3])
+    assert torch.allclose(mine, advantages("grpo", rewards, 3, norm_by_std=False))  # Dr. GRPO is grpo without std
+    check("tests.helpers.my_algo:centred_only")

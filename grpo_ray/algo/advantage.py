@@ -18,7 +18,8 @@ std is the unbiased sample std (as verl's torch.std). Estimators compute in floa
 and rloo every one of its responses gets advantage 0. (verl centres in float32, where the group mean of equal
 rewards such as 0.9 or 1.2 can be one rounding step off the rewards, and that step over std + eps gives each
 response about +-0.06: a steady push, not noise. The formula gives 0, and so do we.) A new estimator is one
-function here, registered under its name, and one value of ``algorithm.adv_estimator``.
+function here, registered under its name, and one value of ``algorithm.adv_estimator``; a user's own is named
+``module:function`` in the recipe, with the registered ones' signature.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+
+from grpo_ray.algo.registry import FunctionError, named
 
 ESTIMATORS: dict[str, Callable[..., torch.Tensor]] = {}
 
@@ -77,7 +80,8 @@ def advantages(
         raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
     lengths = torch.ones_like(rewards) if lengths is None else lengths
     grouped = rewards.double().view(-1, group_size)
-    return ESTIMATORS[name](grouped, lengths.double().view(-1, group_size), norm_by_std).reshape(-1)
+    out = named(ESTIMATORS, name)(grouped, lengths.double().view(-1, group_size), norm_by_std)
+    return torch.as_tensor(out, dtype=torch.float64).reshape(-1)
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, norm_by_std: bool = True) -> torch.Tensor:
@@ -92,3 +96,23 @@ def overlong_penalty(lengths: torch.Tensor, max_tokens: int, buffer_len: int, fa
         return torch.zeros_like(lengths, dtype=torch.float64)
     over = (lengths.double() - (max_tokens - buffer_len)).clamp(min=0) / buffer_len
     return -factor * over.clamp(max=1)
+
+
+def check(name: str) -> None:
+    """Try estimator `name` on two groups of four rewards (FunctionError when it cannot be called as the registered
+    ones are, or does not give one finite advantage per reward)."""
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 1.0, 0.0], dtype=torch.float64)
+    try:
+        out = advantages(name, rewards, 4, torch.full_like(rewards, 5.0))
+    except FunctionError:
+        raise
+    except Exception as e:
+        raise FunctionError(
+            f"called as estimators are, fn(rewards [P, G], lengths [P, G], norm_by_std), on 2 "
+            f"groups of 4 it raised {type(e).__name__}: {e}"
+        ) from None
+    if out.shape != rewards.shape or not torch.isfinite(out).all():
+        raise FunctionError(
+            f"on 2 groups of 4 rewards it gave {list(out.shape)} values ({out.tolist()[:8]}): "
+            "expected 8 finite advantages, one per reward"
+        )

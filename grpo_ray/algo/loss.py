@@ -34,7 +34,8 @@ total over ranks once it is known):
 
 so that accumulating micro batches, and averaging over data-parallel ranks with each
 rank's loss multiplied by the world size, equals one pass over the whole mini batch.
-A new policy loss is one function registered in POLICY_LOSSES and one value of ``algorithm.loss_mode``.
+A new policy loss is one function registered in POLICY_LOSSES and one value of ``algorithm.loss_mode``; a user's
+own is named ``module:function`` in the recipe, with the registered ones' signature.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo_ray.algo.correction import rollout_correction
+from grpo_ray.algo.correction import SUM_KEYS, rollout_correction
+from grpo_ray.algo.registry import FunctionError, named
 from grpo_ray.config import AlgorithmConfig, loss_aggregation
 
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -148,7 +150,7 @@ def grpo_loss(
     """Loss of one micro batch ([B, T] tensors, advantages [B]) and its metrics (sums over masked tokens, 0-dim
     tensors on the device: read them once a step, not per micro batch)."""
     adv = advantages.unsqueeze(1).to(logp.dtype)
-    pg, was_clipped = POLICY_LOSSES[loss_mode](logp, old_logp, adv, mask, clip_low, clip_high, clip_ratio_c)
+    pg, was_clipped = named(POLICY_LOSSES, loss_mode)(logp, old_logp, adv, mask, clip_low, clip_high, clip_ratio_c)
     if is_weights is not None:
         pg = pg * is_weights
     pg_loss = aggregate(pg, mask, loss_agg, normaliser)
@@ -247,3 +249,86 @@ def sft_loss(logp: torch.Tensor, mask: torch.Tensor, normaliser: float) -> tuple
     m = mask.to(logp.dtype)
     nll = -(logp * m)
     return aggregate(nll, mask, "token-mean", normaliser), {"nll_sum": nll.detach().sum(), "tokens": m.sum()}
+
+
+@dataclass
+class StepSums:
+    """A step's loss and metric sums over its updates, kept on the device until the step's end (no host sync per
+    micro batch); the learner reduces them over ranks, ``step_metrics`` turns them into the step's metrics."""
+
+    losses: torch.Tensor
+    """LOSS_SUMS over every update, the first two scaled as their gradients (by each mini batch's normaliser)."""
+    corr: torch.Tensor
+    """The rollout correction's sums (``correction.SUM_KEYS``), over the first epoch."""
+    top: torch.Tensor
+    """The largest token ratio of the first epoch."""
+
+    @classmethod
+    def zeros(cls, device) -> StepSums:
+        z = torch.zeros((), dtype=torch.float64, device=device)
+        return cls(
+            torch.zeros(len(LOSS_SUMS), dtype=torch.float64, device=device),
+            torch.zeros(len(SUM_KEYS), dtype=torch.float64, device=device),
+            z,
+        )
+
+    def add_losses(self, mini: torch.Tensor, scale: float) -> None:
+        """One mini batch's LOSS_SUMS; `scale` is world size / what the loss kept over every rank."""
+        mini[:2] *= scale
+        self.losses += mini
+
+    def add_correction(self, corr: torch.Tensor, top: torch.Tensor) -> None:
+        self.corr += corr
+        self.top = torch.maximum(self.top, top)
+
+    def all_reduce(self) -> None:
+        """Sum over the ranks of the default process group (the largest ratio: its maximum)."""
+        import torch.distributed as dist
+
+        dist.all_reduce(self.losses)
+        dist.all_reduce(self.corr)
+        dist.all_reduce(self.top, op=dist.ReduceOp.MAX)
+
+
+def step_metrics(sums: StepSums, updates: int) -> dict[str, float]:
+    """The loss and rollout-correction metrics of a step from its sums reduced over ranks; `updates` is world size x
+    PPO epochs x mini batches (each update's loss summed over ranks is world size x its value)."""
+    per_update = sums.losses / updates
+    per_token = sums.losses / sums.losses[LOSS_SUMS.index("tokens")].clamp(min=1)
+    c = dict(zip(SUM_KEYS, sums.corr.tolist()))
+    tokens = max(c["corr_tokens"], 1)
+    return {
+        "actor/pg_loss": per_update[0].item(),
+        "actor/kl_loss": per_update[1].item(),
+        "actor/pg_clipfrac": per_token[2].item(),
+        "actor/ppo_kl": per_token[3].item(),
+        "actor/entropy": per_token[4].item(),
+        "rollout_corr/kl": c["corr_kl_sum"] / tokens,
+        "rollout_corr/k3_kl": c["corr_k3_sum"] / tokens,
+        "rollout_corr/rollout_is_mean": c["corr_ratio_sum"] / tokens,
+        "rollout_corr/rollout_is_max": sums.top.item(),
+        "rollout_corr/rollout_rs_masked_fraction": c["corr_masked_tokens"] / tokens,
+        "rollout_corr/rollout_rs_seq_masked_fraction": c["corr_masked_seqs"] / max(c["corr_seqs"], 1),
+    }
+
+
+def check(name: str) -> None:
+    """Try policy loss `name` on a batch of 2 x 3 tokens (FunctionError when it cannot be called as the registered
+    ones are, gives the wrong shapes, or no gradient to the learner's logprobs)."""
+    logp = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -1.2, -0.7]], requires_grad=True)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    fn = named(POLICY_LOSSES, name)
+    try:
+        pg, clipped = fn(logp, logp.detach() - 0.1, torch.tensor([[1.0], [-1.0]]), mask, 0.2, 0.28, 0.0)
+    except Exception as e:
+        raise FunctionError(
+            "called as policy losses are, fn(logp, old_logp, advantages [B, 1], mask, clip_low, clip_high, clip_c) "
+            f"-> (per-token loss, clipped), on 2 x 3 tokens it raised {type(e).__name__}: {e}"
+        ) from None
+    shapes = [getattr(x, "shape", type(x).__name__) for x in (pg, clipped)]
+    if shapes != [logp.shape, logp.shape]:
+        raise FunctionError(f"on 2 x 3 tokens it gave {shapes}: expected (per-token loss, clipped), two [2, 3] tensors")
+    if pg.requires_grad:
+        (pg * mask).sum().backward()
+    if logp.grad is None or not torch.isfinite(logp.grad).all() or not logp.grad.abs().sum():
+        raise FunctionError("its loss carries no finite gradient to the learner's logprobs (logp)")

@@ -26,20 +26,45 @@ import contextlib
 import gc
 import math
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from grpo_ray import lora, sync
 from grpo_ray.algo.batching import collate, flatten, micro_batches, place_values, rank_slice
-from grpo_ray.algo.correction import SUM_KEYS
 from grpo_ray.algo.logprobs import sequence_logprobs, token_logprobs
-from grpo_ray.algo.loss import LOSS_SUMS, LossInputs, micro_batch_loss, sft_loss
+from grpo_ray.algo.loss import LOSS_SUMS, LossInputs, StepSums, micro_batch_loss, sft_loss, step_metrics
 from grpo_ray.config import Recipe
 from grpo_ray.faults import fault_at
 from grpo_ray.models import load_causal_lm, model_dims, pad_id
 from grpo_ray.perf import device_peak_tflops, measure_cpu_peak_tflops
 from grpo_ray.roles import RoleActor, fsdp, log_to_file
+
+
+@dataclass
+class Batch:
+    """One step's samples as this rank trains on them (``Learner._batch``); each list is indexed by sample."""
+
+    pairs: list
+    """(prompt ids, response ids) of every sample of the step."""
+    minis: list[list[int]]
+    """This rank's share of each mini batch."""
+    sampler: list
+    """The sampler's logprobs of each response."""
+    adv: torch.Tensor
+    """[N] the advantages."""
+    old: dict | None
+    """The old policy's logprobs of this rank's samples; None where they are the trained weights' (or bypass)."""
+    ref: list | dict | None
+    """The reference's logprobs, when the loss has a KL term."""
+    old_seconds: float
+    ref_seconds: float
+
+
+def _placed(values, micro: list[int], mask: torch.Tensor) -> torch.Tensor | None:
+    """The per-token values of the samples of `micro` laid on the response positions of `mask`, on its device."""
+    return None if values is None else place_values([values[i] for i in micro], mask).to(mask.device)
 
 
 class Learner(RoleActor):
@@ -203,118 +228,104 @@ class Learner(RoleActor):
         probe_ids: list[int] | None = None,
     ) -> dict[str, float]:
         """One GRPO step over all samples of `rollouts` with the weights of `version` (no Ray: benchmarks/gpu.py
-        calls it directly). The old policy of each sample is the learner at the version that generated it
-        (snapshots of versions >= `keep_from` are kept for later batches), or the sampler's in bypass mode.
-        With `probe_ids`, the updated weights' ``probe_logprobs`` too ("probe"), for the sync that pushes them:
-        no call of its own then."""
-        lc, a = self.recipe.learner, self.recipe.algorithm
-        rc = a.rollout_correction
+        calls it directly): PPO epochs over mini batches, an optimizer step each. The old policy of each sample
+        is the learner at the version that generated it (snapshots of versions >= `keep_from` are kept for later
+        batches), or the sampler's in bypass mode. With `probe_ids`, the updated weights' ``probe_logprobs`` too
+        ("probe"), for the sync that pushes them: no call of its own then."""
+        a = self.recipe.algorithm
+        self.version = version
+        batch = self._batch(rollouts, ref_lps, advantages, keep_from)
+        sums = StepSums.zeros(self.device)
+        norms, empty = [], 0
+        self.model.train()
+        started, start = time.time(), time.perf_counter()
+        for epoch in range(a.ppo_epochs):
+            for mine in batch.minis:
+                kept = self._backward(batch, mine, sums, first_epoch=epoch == 0)
+                if not kept:  # every sample masked (rollout rejection): no gradient, no step (Adam's momentum
+                    self.optimizer.zero_grad(set_to_none=True)  # would still move the weights)
+                    empty += 1
+                    norms.append(0.0)
+                    continue
+                # FSDP2 averages the gradients over ranks: each rank's sum over what was kept times the world size
+                norms.append(self._optimizer_step(self.world_size / kept))
+        sums.all_reduce()
+        self.steps += 1
+        metrics = {
+            **step_metrics(sums, self.world_size * a.ppo_epochs * len(batch.minis)),
+            "actor/grad_norm": sum(norms) / len(norms),
+            "actor/lr": self.scheduler.get_last_lr()[0],
+            "actor/skipped_updates": sum(not math.isfinite(n) for n in norms) + empty,
+            "actor/empty_updates": empty,
+            "actor/updates": len(norms),
+            "actor/old_log_prob_recomputed": float(batch.old is not None),
+            "actor/policy_version": float(version),
+            "timing_s/old_log_prob": batch.old_seconds,
+            "timing_s/ref": batch.ref_seconds,
+            "timing_s/update_actor": time.perf_counter() - start,
+            "timing_s/update_window": (started, time.time()),
+        }
+        return {**metrics, "probe": self.probe_logprobs(probe_ids)} if probe_ids else metrics
+
+    def _batch(self, rollouts: list, ref_lps: list | None, advantages: list[float], keep_from: int | None) -> Batch:
+        """The step's samples cut into this rank's share of each mini batch, with what the loss needs beside the
+        learner's own logprobs: the old policy's logprobs where they are not the trained weights' (one on-policy
+        update, or bypass mode: none), and with LoRA the reference's (this model, adapters off)."""
+        a, m = self.recipe.algorithm, self.recipe.learner.mini_batch_size
         pairs = flatten(rollouts)
         versions = [r.policy_version for r in rollouts for _ in r.completions]
-        sampler = [c.sampler_logprobs for r in rollouts for c in r.completions]
-        adv = torch.tensor(advantages, dtype=torch.float32)
-        n, m = len(pairs), lc.mini_batch_size
-        minis = [rank_slice(list(range(b, b + m)), self.rank, self.world_size) for b in range(0, n, m)]
-        self.version = version
-        if a.max_staleness and not rc.bypass_mode:
+        minis = [rank_slice(list(range(b, b + m)), self.rank, self.world_size) for b in range(0, len(pairs), m)]
+        mine = [i for mini in minis for i in mini]
+        if a.max_staleness and not a.rollout_correction.bypass_mode:
             self._snapshot(min(versions + ([] if keep_from is None else [keep_from])))
-
         start = time.perf_counter()
         # one update on samples of the weights being trained: the old policy is logp.detach(), no extra forward
-        on_policy = a.ppo_epochs == 1 and len(minis) == 1 and set(versions) == {version}
-        recompute = not (on_policy or rc.bypass_mode)
-        old = self._old_logprobs(pairs, [i for mini in minis for i in mini], versions) if recompute else None
+        on_policy = a.ppo_epochs == 1 and len(minis) == 1 and set(versions) == {self.version}
+        recompute = not (on_policy or a.rollout_correction.bypass_mode)
+        old = self._old_logprobs(pairs, mine, versions) if recompute else None
         old_seconds = time.perf_counter() - start if recompute else 0.0
         ref_seconds = 0.0
         if self.lora and a.kl_coef > 0 and ref_lps is None:  # the reference: this model with the adapters off
             with lora.adapters_off(self.model):
-                ref_lps = self._score(pairs, [i for mini in minis for i in mini])
+                ref_lps = self._score(pairs, mine)
             ref_seconds = time.perf_counter() - start - old_seconds
+        sampler = [c.sampler_logprobs for r in rollouts for c in r.completions]
+        adv = torch.tensor(advantages, dtype=torch.float32)
+        return Batch(pairs, minis, sampler, adv, old, ref_lps, old_seconds, ref_seconds)
 
-        # metric sums stay on the device until the step's end: no host sync per micro batch
-        totals = torch.zeros(len(LOSS_SUMS), dtype=torch.float64, device=self.device)
-        corr = torch.zeros(len(SUM_KEYS), dtype=torch.float64, device=self.device)
-        largest = torch.zeros((), dtype=torch.float64, device=self.device)
-        grad_norms, skipped, empty = [], 0, 0
-        self.model.train()
-        started = time.time()
-        for epoch in range(a.ppo_epochs):
-            for mine in minis:
-                count = torch.zeros((), dtype=torch.float64, device=self.device)
-                mini = torch.zeros(len(LOSS_SUMS), dtype=torch.float64, device=self.device)
-                micros, capacity = self._micro_batches(mine, pairs)
-                for micro in micros:
-                    seqs, logp, entropy = self._logprobs([pairs[i] for i in micro], capacity, with_entropy=True)
-                    place = lambda values: place_values(values, seqs.response_mask).to(logp.device)  # noqa: E731, B023 (this micro batch's)
-                    x = LossInputs(
-                        logp,
-                        place([sampler[i] for i in micro]),
-                        adv[micro],
-                        seqs.response_mask.to(logp.device),
-                        None if old is None else place([old[i] for i in micro]),
-                        None if ref_lps is None else place([ref_lps[i] for i in micro]),
-                        entropy,
-                    )
-                    loss, counted, sums, corr_sums, top = micro_batch_loss(
-                        x, a, self.recipe.generator.sampling.max_tokens
-                    )
-                    if fault_at("nan_loss", self.steps + 1):
-                        loss = loss * float("nan")
-                    loss.backward()
-                    count += counted
-                    mini += sums
-                    if epoch == 0:
-                        corr += corr_sums
-                        largest = torch.maximum(largest, top)
-                # the mini batch's normaliser: what the loss kept (tokens or sequences) on every rank; FSDP2 averages
-                # the gradients over ranks, so each rank's sum is divided by that over the world size
-                dist.all_reduce(count)
-                kept = count.item()
-                scale = self.world_size / kept if kept else 0.0
-                mini[:2] *= scale  # the losses, as their gradients
-                totals += mini
-                if not kept:  # every sample masked (rollout rejection): no gradient, no step (Adam's momentum
-                    self.optimizer.zero_grad(set_to_none=True)  # would still move the weights)
-                    empty += 1
-                    grad_norms.append(0.0)
-                    continue
-                norm = self._optimizer_step(scale)
-                skipped += not math.isfinite(norm)
-                grad_norms.append(norm)
-        dist.all_reduce(totals)
-        dist.all_reduce(corr)
-        dist.all_reduce(largest, op=dist.ReduceOp.MAX)
-        self.steps += 1
-        # losses: each update's loss summed over ranks is world_size x its value; token metrics: per token
-        per_update = totals / (self.world_size * a.ppo_epochs * len(minis))
-        per_token = totals / totals[LOSS_SUMS.index("tokens")].clamp(min=1)
-        c = dict(zip(SUM_KEYS, corr.tolist()))
-        pass_tokens = max(c["corr_tokens"], 1)
-        metrics = {
-            "actor/pg_loss": per_update[0].item(),
-            "actor/kl_loss": per_update[1].item(),
-            "actor/pg_clipfrac": per_token[2].item(),
-            "actor/ppo_kl": per_token[3].item(),
-            "actor/entropy": per_token[4].item(),
-            "actor/grad_norm": sum(grad_norms) / len(grad_norms),
-            "actor/lr": self.scheduler.get_last_lr()[0],
-            "actor/skipped_updates": skipped + empty,
-            "actor/empty_updates": empty,
-            "actor/updates": len(grad_norms),
-            "actor/old_log_prob_recomputed": float(recompute),
-            "actor/policy_version": float(version),
-            "rollout_corr/kl": c["corr_kl_sum"] / pass_tokens,
-            "rollout_corr/k3_kl": c["corr_k3_sum"] / pass_tokens,
-            "rollout_corr/rollout_is_mean": c["corr_ratio_sum"] / pass_tokens,
-            "rollout_corr/rollout_is_max": largest.item(),
-            "rollout_corr/rollout_rs_masked_fraction": c["corr_masked_tokens"] / pass_tokens,
-            "rollout_corr/rollout_rs_seq_masked_fraction": c["corr_masked_seqs"] / max(c["corr_seqs"], 1),
-            "timing_s/old_log_prob": old_seconds,
-            "timing_s/ref": ref_seconds,
-            "timing_s/update_actor": time.perf_counter() - start - old_seconds - ref_seconds,
-            "timing_s/update_window": (started, time.time()),
-        }
-        return {**metrics, "probe": self.probe_logprobs(probe_ids)} if probe_ids else metrics
+    def _backward(self, batch: Batch, mine: list[int], sums: StepSums, first_epoch: bool) -> float:
+        """Forward and backward of this rank's micro batches of one mini batch (gradients accumulated, each micro
+        batch's loss unnormalised); the count the loss kept over every rank (the mini batch's normaliser), its sums
+        added to `sums` (the correction's in the first epoch only)."""
+        count = torch.zeros((), dtype=torch.float64, device=self.device)
+        mini = torch.zeros(len(LOSS_SUMS), dtype=torch.float64, device=self.device)
+        micros, capacity = self._micro_batches(mine, batch.pairs)
+        for micro in micros:
+            seqs, logp, entropy = self._logprobs([batch.pairs[i] for i in micro], capacity, with_entropy=True)
+            mask = seqs.response_mask.to(logp.device)
+            x = LossInputs(
+                logp,
+                _placed(batch.sampler, micro, mask),
+                batch.adv[micro],
+                mask,
+                _placed(batch.old, micro, mask),
+                _placed(batch.ref, micro, mask),
+                entropy,
+            )
+            loss, counted, losses, corr, top = micro_batch_loss(
+                x, self.recipe.algorithm, self.recipe.generator.sampling.max_tokens
+            )
+            if fault_at("nan_loss", self.steps + 1):
+                loss = loss * float("nan")
+            loss.backward()
+            count += counted
+            mini += losses
+            if first_epoch:
+                sums.add_correction(corr, top)
+        dist.all_reduce(count)
+        kept = count.item()
+        sums.add_losses(mini, self.world_size / kept if kept else 0.0)
+        return kept
 
     def _optimizer_step(self, scale: float = 1.0) -> float:
         """Scale the gradients by `scale` (the mini batch's normaliser, once known), clip them and step (skipped when

@@ -188,6 +188,36 @@ CASES = {  # name: (recipe, overrides, what the message must say)
         ["reward.functions=[{name: '{tmp}/mismatch.py:score'}]"],
         "missing 1 required positional argument: 'source'",
     ),
+    "a loss module that does not import": (
+        RECIPE,
+        ["algorithm.loss_mode=no_such_module:pg"],
+        "algorithm.loss_mode='no_such_module:pg': cannot import no_such_module",
+    ),
+    "a loss that takes two arguments": (
+        RECIPE,
+        ["algorithm.loss_mode=tests.helpers.my_algo:two_arguments"],
+        "algorithm.loss_mode='tests.helpers.my_algo:two_arguments': called as policy losses are",
+    ),
+    "a loss with no gradient": (
+        RECIPE,
+        ["algorithm.loss_mode=tests.helpers.my_algo:no_gradient"],
+        "carries no finite gradient to the learner's logprobs",
+    ),
+    "an estimator giving one value a group": (
+        RECIPE,
+        ["algorithm.adv_estimator=tests.helpers.my_algo:one_per_group"],
+        "gave [2] values ([0.5, 0.5]): expected 8 finite advantages, one per reward",
+    ),
+    "an estimator that is no function": (
+        RECIPE,
+        ["algorithm.adv_estimator=tests.helpers.my_algo:NOT_A_FUNCTION"],
+        "tests.helpers.my_algo:NOT_A_FUNCTION is a int, not a function",
+    ),
+    "an estimator name that is neither": (
+        RECIPE,
+        ["algorithm.adv_estimator=grpo++"],
+        "algorithm.adv_estimator='grpo++': expected one of grpo, rloo, reinforce_plus_plus_baseline",
+    ),
     "a reward that returns no number": (
         RECIPE,
         ["reward.functions=[{name: '{tmp}/no_number.py:score'}]"],
