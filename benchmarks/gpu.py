@@ -138,7 +138,7 @@ def step_row(learner, dims, args, micro: int, peak_tflops: float | None) -> dict
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
             start = time.perf_counter()
-            metrics = learner.update(rollouts, refs, adv, version=0)  # its .item() reads wait for the device
+            metrics = learner.update(rollouts, refs, adv, version=0).metrics  # its .item() reads wait for the device
             elapsed = time.perf_counter() - start
             if k >= args.warmup:
                 seconds.append(elapsed)

@@ -8,7 +8,7 @@ reset of the peak RSS, the weights coming from:
 
 - ``in place``: the tensors of the checkpoint, already in memory (no allocation by the source): vLLM's own working
   set, which ``fit`` counts in decoder blocks (``fit.CPU_RELOAD_BLOCKS``);
-- ``heap buckets``: 32 MiB buckets shaped as ``sync.receive`` makes them (the next bucket allocated before this one
+- ``heap buckets``: 32 MiB buckets shaped as ``transports.collective.receive`` makes them (the next bucket allocated before this one
   is handed over, views of it held until their layer is in), from ``torch.empty``;
 - ``mapped buckets``: the same from ``sync.buffer``'s own mappings (what a push uses now).
 
@@ -73,7 +73,9 @@ def main() -> None:
             return flat
 
         nxt = fill(plan[0])
-        for k, bucket in enumerate(plan):  # as sync.receive: the next one posted before this one is handed over
+        for k, bucket in enumerate(
+            plan
+        ):  # as transports.collective.receive: the next one posted before this one is handed over
             flat, nxt = nxt, fill(plan[k + 1]) if k + 1 < len(plan) else None
             at, out = 0, []
             for i in bucket:

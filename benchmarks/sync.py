@@ -124,9 +124,9 @@ def measure(model: str, bucket_mb: int, reps: int) -> dict:
         "phases_s": {
             "learner gather": med(lambda row: row["learner"].get("gather", 0.0)),
             "learner cast": med(lambda row: row["learner"].get("cast", 0.0)),
-            "learner broadcast wait": med(lambda row: row["learner"].get("broadcast", 0.0)),
+            "learner broadcast wait": med(lambda row: row["learner"].get("wire", 0.0)),
             "learner total": med(lambda row: row["learner"]["seconds"]),
-            "engine broadcast wait": med(lambda row: row["engine"]["broadcast"]),
+            "engine broadcast wait": med(lambda row: row["engine"]["wire"]),
             "engine load": med(lambda row: row["engine"]["load"]),
             "engine total": med(lambda row: row["engine"]["seconds"]),
             "probe": med(lambda row: row["probe_s"]),

@@ -430,7 +430,15 @@ class TrainerConfig:
     """Weight-sync bucket size in MiB, in the engine's dtype: learner rank 0 holds two at a time, an engine worker up
     to three (a tensor larger than this goes alone)."""
     sync_timeout_s: float = 600.0
-    """Timeout of each weight-sync collective; a receiver lost mid-broadcast is noticed within it."""
+    """Timeout of each weight-sync collective (storage transport: of each bucket's wait); a receiver lost
+    mid-broadcast is noticed within it."""
+    weight_transport: str = "collective"
+    """How weights reach the engines (grpo_ray.transports): collective (a process group over learner rank 0 and
+    every engine worker, nccl on GPUs, gloo on CPU) or storage (safetensors buckets in trainer.weight_dir, for node
+    pools that share a filesystem but no collective path; slime's and prime-rl's filesystem mode)."""
+    weight_dir: str = ""
+    """The storage transport's directory, seen by every node; empty: <output_dir>/weights. Each push's files are
+    removed once every engine has loaded them."""
     max_skipped_steps: int = 3
     """Steps in a row whose updates were all skipped (non-finite loss or gradients) before the run stops."""
     preemption_grace_s: float = 25.0
@@ -485,6 +493,7 @@ CHOICES = {
     "algorithm.rollout_correction.rollout_is": (None, "token"),
     "algorithm.rollout_correction.rollout_rs": (None, "sequence", "geometric"),
     "cluster.device": ("cpu", "cuda"),
+    "trainer.weight_transport": ("collective", "storage"),
     "cluster.cpu_threads": ("auto", "reserved", "node"),
     "model.lora.sync": ("adapters", "merged"),
     "trainer.log_level": ("info", "debug"),

@@ -306,14 +306,14 @@ class Controller:
         ref_lps = [lp for lp, _ in refs] or None
         keep_from = min([self.engines.version] + [b.version for b in self.inflight.values()])
         probe = self.inputs.probe_ids if self.pools.actors["generator"] else None
-        trained = self._get(
+        update = self._get(
             [
                 l.train.remote(rollouts, ref_lps, advantages, self.version, keep_from, probe)
                 for l in self.pools.actors["learner"]
             ],
             "learner train",
         )[0]
-        self.last_update, self.learner_probe = trained.pop("timing_s/update_window"), trained.pop("probe", None)
+        trained, self.last_update, self.learner_probe = update.metrics, update.window, update.probe
         ref_work = self._get([w for _, w in refs], "reference") if refs else []
         if ref_work:  # with LoRA the learner scores the reference itself (timing_s/ref is its own)
             trained["timing_s/ref"] = max(w.seconds for w in ref_work)

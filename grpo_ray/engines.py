@@ -94,14 +94,15 @@ class Engines:
         return probe_diff(gens, self.pools.call(learners, "learner probe")[0])
 
     def push(self, version: int, probe: bool | list[float] = False) -> tuple[list[dict], list[dict]]:
-        """Learner rank 0 broadcasts (all ranks gather), every engine receives and loads; the workers' timings.
+        """Learner rank 0 sends through the weight transport (all ranks gather), every engine receives and loads;
+        the workers' timings.
         With `probe`, both sides' probe logprobs too (their "probe"): each engine's at the end of its receive
         call; the learner's as given (a list: from the update that made these weights, ``Learner.train``) or
         else asked for once its ranks have sent, so it runs while the engines still load. (Not inside the
         learner's push call: a rank whose send failed would leave the others alone in the probe's collective
         forward.)"""
         bucket, metas, actors = self.r.trainer.bucket_mb << 20, self.pools.metas, self.pools.actors
-        sends = [l.push_weights.remote(metas, bucket) for l in actors["learner"]]
+        sends = [l.push_weights.remote(metas, bucket, version) for l in actors["learner"]]
         receives = [
             g.receive_weights.remote(metas, bucket, version, self.probe_ids if probe else None)
             for g in actors["generator"]
@@ -117,6 +118,7 @@ class Engines:
         received = self.pools.call(receives, "weight receive", timeout)
         if probe:
             pushed[0]["probe"] = self.pools.call(asked, "learner probe")[0] if asked else probe
+        self.pools.transport.done(version)
         self.version = version
         return pushed, received
 
@@ -154,11 +156,11 @@ class Engines:
         }
 
     def recover(self, engines: list[int], probe: bool | list[float] = False) -> tuple[list[dict], list[dict]]:
-        """Replace `engines`, rebuild the weight-sync group over all engines, load the learner's weights into all
+        """Replace `engines`, connect the weight transport again over all engines, load the learner's weights into all
         (`probe`: as in push)."""
         for i in engines:
             self.pools.replace_generator(i)
-        self.pools.join_sync()
+        self.pools.transport.connect(self.pools)
         return self.push(self.learner_version(), probe)
 
 

@@ -2,11 +2,11 @@
 and, for generators, replaced when one is lost.
 
 ``Pools.start`` reserves the cluster (``placement.reserve``), starts one Ray actor per bundle and
-role, sets up the learners' torch.distributed group and the weight-sync group (learner rank 0 +
-every engine worker). ``replace_generator(i)`` kills engine i (dead or hung) and starts a new one in
-the same bundle; ``join_sync`` then builds a fresh weight-sync group over all engines, since a
-collective group cannot take in a new member. The controller pushes the current weights before the
-new engine serves.
+role, sets up the learners' torch.distributed group and connects the weight transport (learner rank 0
+and every engine worker: ``grpo_ray.transports``, chosen by ``trainer.weight_transport``).
+``replace_generator(i)`` kills engine i (dead or hung) and starts a new one in the same bundle; the transport
+then connects again over all engines (a collective group cannot take in a new member). The controller pushes
+the current weights before the new engine serves.
 
 ``wait(refs, what, timeout)`` is the one way the controller waits on a pool: always with a deadline,
 and a lost actor or a deadline becomes a ``RunError`` that names the call (``PoolFault`` for calls
@@ -23,7 +23,7 @@ import ray
 from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from grpo_ray import faults, placement, rewards
+from grpo_ray import faults, placement, rewards, transports
 from grpo_ray.config import POOLS, Recipe
 from grpo_ray.errors import RunError
 from grpo_ray.fit import cpu_kv_cache_bytes, max_model_len
@@ -34,7 +34,6 @@ from grpo_ray.roles.generator import Generator, engine_env
 from grpo_ray.roles.learner import Learner
 from grpo_ray.roles.reference import Reference
 from grpo_ray.roles.reward import RewardWorker
-from grpo_ray.sync import backend_for
 
 
 class PoolFault(RunError):
@@ -73,6 +72,8 @@ class Pools:
         self.plans = placement.plan(recipe)
         self.actors: dict[str, list] = {p: [] for p in POOLS}
         self.pgs: dict = {}
+        self.transport = transports.build(recipe)
+        """The weight transport's driver side (its learner and engine sides live in those actors)."""
         self.threads: dict[str, int] = {}
         """Compute threads per actor of each pool (placement.threads), set when the pools start."""
         self.facts: dict = {}
@@ -106,8 +107,8 @@ class Pools:
         if self.actors["learner"] and self.actors["generator"]:
             wire = self.call(self.actors["generator"][0].weight_dtype.remote(), "engine dtype")
             self.metas = self.call(self.actors["learner"][0].weight_metas.remote(wire), "weight metadata")
-            self.join_sync()
-            say(f"{since_start()} weight-sync group joined")
+            self.transport.connect(self)
+            say(f"{since_start()} weight transport connected ({self.transport.name})")
 
     def _new(self, pool: str, i: int):
         """Actor i of `pool`, in bundle i of the pool's placement group."""
@@ -189,22 +190,6 @@ class Pools:
             return None
         host, port = self.call(actors[0].address.remote(), f"{pool} address")
         return self.call([a.setup.remote(host, port) for a in actors], f"{pool} setup")[0]
-
-    def join_sync(self) -> None:
-        """A new weight-sync group: learner rank 0 (rank 0) + every worker of every engine."""
-        learner, gens, tp = self.actors["learner"][0], self.actors["generator"], self.r.generator.tensor_parallel_size
-        world = 1 + len(gens) * tp
-        # every engine up first (a replaced one starts vLLM, within the deadline of any start): the group's store
-        # waits for all its members, and a member that joins early waits for the others only trainer.sync_timeout_s
-        self.call([g.where.remote() for g in gens], "engines ready")
-        host, port = self.call(learner.address.remote(), "sync address")
-        timeout, backend = self.r.trainer.sync_timeout_s, backend_for(self.r.cluster.device)
-        self.call(
-            [learner.init_sync.remote(host, port, world, timeout)]
-            + [gen.init_sync.remote(backend, host, port, 1 + i * tp, world, timeout) for i, gen in enumerate(gens)],
-            "weight-sync group",
-            timeout + self.r.generator.timeout_s,
-        )
 
     def replace_generator(self, i: int) -> None:
         """Kill engine i (dead, or hung past its deadline) and start a new one in its bundle."""

@@ -97,3 +97,16 @@ class Work:
     """Busy time inside the actor, after its input arrived."""
     samples: int
     """Samples it processed."""
+
+
+@dataclass
+class Update:
+    """What one learner step gives back (``Learner.train``)."""
+
+    metrics: dict[str, float]
+    """The step's metrics (actor/*, rollout_corr/*, timing_s/*), reduced over the ranks."""
+    window: tuple[float, float]
+    """Wall-clock start and end of the update itself (what overlapped it, one step off, is measured against it)."""
+    probe: list[float] | None = None
+    """The sync probe's logprobs under the updated weights, when asked for: the sync that pushes these weights
+    compares the engines' with them, with no learner call of its own."""

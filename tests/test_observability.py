@@ -114,7 +114,7 @@ def test_console_shows_steps_and_actor_output_goes_to_log_files(run):
         "learner ready",
         "reference ready",
         "engines loaded",
-        "weight-sync group joined",
+        "weight transport connected (collective)",
         "first probe",
         "training: steps 1 to 4",
     ]

@@ -11,6 +11,7 @@ from grpo_ray.config import load_recipe
 from grpo_ray.controller import Controller
 from grpo_ray.roles import fsdp, mark_rss, peak_rss_since_mark
 from grpo_ray.setup_run import setup_run
+from grpo_ray.transports import collective
 from grpo_ray.types import Prompt
 from tests.conftest import ROOT, TINY, tiny_rollouts
 
@@ -118,18 +119,18 @@ def test_a_stream_holds_two_buckets_sending_and_three_receiving(monkeypatch):
     port, received, sent = sync.free_port(), {}, []
 
     def sender():
-        group = sync.SyncGroup("gloo", "127.0.0.1", port, 0, 2, 60)
+        group = collective.SyncGroup("gloo", "127.0.0.1", port, 0, 2, 60)
 
         def fill(bucket, flat):
             flat.copy_(torch.cat([source[metas[i].name].reshape(-1) for i in bucket]))
 
-        sent.append(sync.send(group, metas, fill, bucket_bytes))
+        sent.append(collective.send(group, metas, fill, bucket_bytes))
 
     thread = threading.Thread(target=sender)
     thread.start()
-    group = sync.SyncGroup("gloo", "127.0.0.1", port, 1, 2, 60)
+    group = collective.SyncGroup("gloo", "127.0.0.1", port, 1, 2, 60)
     waiting: dict[str, list] = {}
-    for bucket in sync.receive(group, metas, bucket_bytes):
+    for bucket in collective.receive(group, metas, bucket_bytes):
         for name, view in bucket:
             block = name.rsplit(".", 1)[0]
             waiting.setdefault(block, []).append((name, view))
@@ -196,3 +197,40 @@ def test_probe_diff_refuses_probes_of_other_lengths():
     for engines in ([[-1.0]], [[-1.0, -2.0, -3.0]], [[]]):
         with pytest.raises(RuntimeError, match="sync probe: engine 0 scored"):
             probe_diff(engines, [-1.0, -2.0])
+
+
+@pytest.mark.slow
+def test_the_storage_transport_trains_as_the_collective_does(tmp_path):
+    """trainer.weight_transport=storage: the quick start's recipe, its buckets written to trainer.weight_dir and
+    loaded by the engine from there, trains exactly as through the gloo group (the same bytes reach the engine):
+    every metric but timings equal, the probe at the collective's level; a push's files go once it is loaded."""
+    from benchmarks.same_metrics import compare
+    from tests.conftest import run_cli
+
+    short = [
+        "trainer.total_steps=2",
+        "trainer.test_freq=0",
+        "trainer.val_before_train=false",
+        "trainer.loggers=[jsonl]",
+    ]
+    runs = {}
+    for transport in ("collective", "storage"):
+        out = tmp_path / transport
+        res = run_cli(
+            "train",
+            "recipes/tiny-cpu.yaml",
+            *short,
+            f"trainer.output_dir={out}",
+            f"trainer.weight_transport={transport}",
+            f"trainer.weight_dir={tmp_path / 'shared'}",
+            timeout=600,
+        )
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert f"weight transport connected ({transport})" in res.stdout
+        runs[transport] = out / "metrics.jsonl"
+    compared, differ = compare(runs["collective"], runs["storage"])
+    assert compared > 60 and not differ, differ
+    rows = [json.loads(line) for line in runs["storage"].read_text().splitlines()]
+    assert all(r["sync/logprob_diff"] < 1e-6 and r["sync/bytes"] > 0 for r in rows)
+    assert (tmp_path / "shared").is_dir() and not list((tmp_path / "shared").iterdir())  # each push's files removed
+    assert not (tmp_path / "storage" / "weights").exists()  # trainer.weight_dir, not the default

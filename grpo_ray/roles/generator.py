@@ -143,16 +143,16 @@ class Generator(RoleActor):
         )[0]
         return [lp[t].logprob for t, lp in zip(token_ids[1:], out.prompt_logprobs[1:])]
 
-    def init_sync(self, backend: str, host: str, port: int, base_rank: int, world_size: int, timeout_s: float) -> None:
-        """Join the weight-sync group as ranks base_rank .. base_rank + tensor_parallel_size - 1."""
-        self.llm.collective_rpc("grpo_init_sync", args=(backend, host, port, base_rank, world_size, timeout_s))
+    def join_transport(self, transport, where: dict) -> None:
+        """Each worker of this engine takes its side of the weight transport (``grpo_ray.transports``)."""
+        self.llm.collective_rpc("grpo_join_transport", args=(transport, where))
 
     def weight_dtype(self) -> str:
         """The dtype the engine holds its weights in (what ``generator.dtype: auto`` resolved to)."""
         return self.llm.collective_rpc("grpo_weight_dtype")[0]
 
     def receive_weights(self, metas: list, bucket_bytes: int, version: int, probe_ids: list[int] | None = None) -> dict:
-        """Receive a broadcast of the learner's weights and load it, bucket by bucket; the slowest worker's
+        """Receive a push of the learner's weights and load it, bucket by bucket; the slowest worker's
         seconds in all, waiting on the wire and loading. With `probe_ids`, then the probe's logprobs under the new
         weights ("probe"), in the same call: no round trip of its own after a push."""
         start = time.perf_counter()

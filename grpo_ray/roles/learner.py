@@ -40,6 +40,7 @@ from grpo_ray.faults import fault_at
 from grpo_ray.models import load_causal_lm, model_dims, pad_id
 from grpo_ray.perf import device_peak_tflops, measure_cpu_peak_tflops
 from grpo_ray.roles import RoleActor, fsdp, log_to_file
+from grpo_ray.types import Update
 
 
 @dataclass
@@ -75,7 +76,7 @@ class Learner(RoleActor):
         self.device = torch.device("cuda" if recipe.cluster.device == "cuda" else "cpu")
         torch.set_num_threads(threads)
         torch.manual_seed(recipe.trainer.seed)
-        self.sync_group: sync.SyncGroup | None = None
+        self.transport = None  # rank 0's side of the weight transport, once joined
         self.steps = 0
         self.version = 0
         """The version of the weights held now (the controller's count of updates that changed them)."""
@@ -209,7 +210,7 @@ class Learner(RoleActor):
         version: int,
         keep_from: int | None = None,
         probe_ids: list[int] | None = None,
-    ) -> dict[str, float]:
+    ) -> Update:
         """One GRPO step over all samples of `rollout_refs` (Ray object refs, fetched here, not by the controller)
         with the weights of `version`: ``update`` on what they hold."""
         import ray
@@ -226,12 +227,12 @@ class Learner(RoleActor):
         version: int,
         keep_from: int | None = None,
         probe_ids: list[int] | None = None,
-    ) -> dict[str, float]:
+    ) -> Update:
         """One GRPO step over all samples of `rollouts` with the weights of `version` (no Ray: benchmarks/gpu.py
         calls it directly): PPO epochs over mini batches, an optimizer step each. The old policy of each sample
         is the learner at the version that generated it (snapshots of versions >= `keep_from` are kept for later
         batches), or the sampler's in bypass mode. With `probe_ids`, the updated weights' ``probe_logprobs`` too
-        ("probe"), for the sync that pushes them: no call of its own then."""
+        (``Update.probe``), for the sync that pushes them: no call of its own then."""
         a = self.recipe.algorithm
         self.version = version
         batch = self._batch(rollouts, ref_lps, advantages, keep_from)
@@ -263,9 +264,8 @@ class Learner(RoleActor):
             "timing_s/old_log_prob": batch.old_seconds,
             "timing_s/ref": batch.ref_seconds,
             "timing_s/update_actor": time.perf_counter() - start,
-            "timing_s/update_window": (started, time.time()),
         }
-        return {**metrics, "probe": self.probe_logprobs(probe_ids)} if probe_ids else metrics
+        return Update(metrics, (started, time.time()), self.probe_logprobs(probe_ids) if probe_ids else None)
 
     def _batch(self, rollouts: list, ref_lps: list | None, advantages: list[float], keep_from: int | None) -> Batch:
         """The step's samples cut into this rank's share of each mini batch, with what the loss needs beside the
@@ -433,17 +433,16 @@ class Learner(RoleActor):
         """What a push sends, in the order it sends it, cast to `wire_dtype` (the engine's)."""
         return [sync.WeightMeta(name, tuple(shape), wire_dtype) for name, (shape, _) in self.engine_weights.items()]
 
-    def init_sync(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
-        """Rank 0 joins the weight-sync group as its rank 0 (and hosts its store); other ranks have no part in it."""
-        if self.rank == 0:
-            self.sync_group = sync.SyncGroup(
-                sync.backend_for(self.recipe.cluster.device), host, port, 0, world_size, timeout_s
-            )
+    def join_transport(self, transport, where: dict) -> None:
+        """Rank 0 takes its side of the weight transport (``grpo_ray.transports``); other ranks only gather."""
+        transport.join(where)
+        self.transport = transport
 
-    def push_weights(self, metas: list[sync.WeightMeta], bucket_bytes: int) -> dict[str, float]:
+    def push_weights(self, metas: list[sync.WeightMeta], bucket_bytes: int, version: int = 0) -> dict[str, float]:
         """Stream the full weights to the engines, bucket by bucket: every rank sends its shards of the bucket to
-        rank 0 (cast to the wire dtype), which broadcasts the bucket while the next one is assembled. No rank
-        unshards anything. Returns rank 0's seconds per phase (gather, broadcast), in all, and the bytes sent."""
+        rank 0 (cast to the wire dtype), which sends the bucket through the weight transport while the next one is
+        assembled. No rank unshards anything. Returns rank 0's seconds per phase (gather, cast, wire), in all, and
+        the bytes sent."""
         start, phases = time.perf_counter(), sync.Phases()
         fsdp.reshard(self.model)
         rows_of, buckets = (
@@ -458,12 +457,11 @@ class Learner(RoleActor):
 
         if self.rank == 0:
             try:
-                sent = sync.send(self.sync_group, metas, fill, bucket_bytes, phases, self.device)
-            except RuntimeError:
-                # a receiver is gone: close our end now, so the others' pending receives fail at once instead
-                # of waiting out their timeout (the controller builds a new group); take the other ranks'
-                # remaining shards, so that none waits on us
-                self.sync_group = None
+                sent = self.transport.send(metas, fill, bucket_bytes, phases, self.device, version)
+            except Exception:
+                # a receiver is gone (or the transport failed): close our side now (the driver connects again);
+                # take the other ranks' remaining shards, so that none waits on us in the gather
+                self.transport.close()
                 gc.collect()
                 for bucket in buckets[len(filled) :]:
                     numel = sum(metas[i].numel for i in bucket)

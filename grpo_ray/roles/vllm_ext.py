@@ -65,9 +65,10 @@ def bound_cpu_gemm_caches() -> None:
 
 
 class WeightSyncExtension:
-    def grpo_init_sync(self, backend: str, host: str, port: int, base_rank: int, world_size: int, timeout_s: float):
-        # one sync rank per worker of this engine: base_rank + the worker's rank inside the engine
-        self._grpo_sync = sync.SyncGroup(backend, host, port, base_rank + self.rank, world_size, timeout_s)
+    def grpo_join_transport(self, transport, where: dict):
+        # this worker's side; "worker": its rank inside the engine (the collective gives each worker a rank)
+        transport.join({**where, "worker": self.rank})
+        self._grpo_transport = transport
 
     def grpo_weight_dtype(self) -> str:
         """The dtype this worker's model holds its weights in: the wire dtype of the sync."""
@@ -78,14 +79,15 @@ class WeightSyncExtension:
     ) -> dict[str, float]:
         """Receive a push and load it bucket by bucket: vLLM's in-place reload consumes the weights lazily and
         processes each layer as soon as all its tensors are in, so a bucket's buffer is freed once its layers
-        are loaded. Returns this worker's seconds waiting on the wire ("broadcast") and loading ("load").
+        are loaded. Returns this worker's seconds waiting on the wire ("wire") and loading ("load").
         LoRA adapters (`adapter`: the directory to write and alpha) are written as a peft adapter by worker 0,
         for the engine to load in place (``Generator.receive_weights``)."""
         start, phases = time.perf_counter(), sync.Phases()
 
         def weights():
             # received on the worker's device (nccl takes no host tensors), whatever is done with them
-            for k, bucket in enumerate(sync.receive(self._grpo_sync, metas, bucket_bytes, self.device, phases)):
+            received = self._grpo_transport.receive(metas, bucket_bytes, self.device, phases, version)
+            for k, bucket in enumerate(received):
                 if k == 0 and fault_at("exit_mid_sync", version):
                     os._exit(1)  # fault test: a receiver lost mid-broadcast (the first bucket arrived, the rest not)
                 yield from bucket
@@ -97,4 +99,4 @@ class WeightSyncExtension:
         else:
             reload_in_place(self, weights())
         total = time.perf_counter() - start
-        return {"seconds": total, "broadcast": phases.seconds["broadcast"], "load": total - phases.seconds["broadcast"]}
+        return {"seconds": total, "wire": phases.seconds["wire"], "load": total - phases.seconds["wire"]}

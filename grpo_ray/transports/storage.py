@@ -1,0 +1,98 @@
+"""The storage weight transport (``trainer.weight_transport: storage``): learner rank 0 writes each bucket of a
+push as a safetensors file, ``<trainer.weight_dir>/v<version>/bucket_<k>.safetensors`` (written aside, then
+renamed: a reader never sees half a file), and every engine worker loads the buckets in order as they appear,
+waiting at most ``trainer.sync_timeout_s`` for each. A directory every node sees (a shared filesystem) is all it
+needs: no collective path between the learner's nodes and the engines'. The driver removes a version's files
+once every engine has loaded it (``done``), and any older ones left by a push that failed.
+
+The sender writes while the engines read: the engines load bucket k while the learner assembles and writes bucket
+k + 1. A file is read into a receive buffer of its own (``sync.buffer``), so the engine may keep views of it as
+the collective's buckets.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from grpo_ray.sync import buffer, plan_buckets
+from grpo_ray.transports.base import Bucket, Transport
+
+POLL_S = 0.005
+
+
+class Storage(Transport):
+    name = "storage"
+
+    def __init__(self, recipe):
+        self.dir = Path(recipe.trainer.weight_dir or Path(recipe.trainer.output_dir) / "weights").resolve()
+        self.timeout_s = recipe.trainer.sync_timeout_s
+
+    def connect(self, pools) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        gens = pools.actors["generator"]
+        pools.call([g.where.remote() for g in gens], "engines ready")
+        pools.call(
+            [a.join_transport.remote(self, {}) for a in [pools.actors["learner"][0], *gens]],
+            "weight transport",
+            self.timeout_s,
+        )
+
+    def join(self, where: dict) -> None:
+        if not self.dir.is_dir():
+            raise RuntimeError(
+                f"trainer.weight_dir={str(self.dir)!r} is not a directory on this node: the storage "
+                "transport needs one that every node sees"
+            )
+
+    def path(self, version: int, k: int) -> Path:
+        return self.dir / f"v{version}" / f"bucket_{k:05d}.safetensors"
+
+    def send(self, metas, fill, bucket_bytes, phases, device, version) -> int:
+        sent = 0
+        for k, bucket in enumerate(plan_buckets(metas, bucket_bytes)):
+            flat = torch.empty(sum(metas[i].numel for i in bucket), dtype=metas[bucket[0]].torch_dtype, device=device)
+            fill(bucket, flat)
+            with phases("wire"):
+                final = self.path(version, k)
+                final.parent.mkdir(parents=True, exist_ok=True)
+                tmp = final.with_suffix(".tmp")
+                save_file({"flat": flat.cpu()}, str(tmp))
+                os.replace(tmp, final)
+            sent += flat.numel() * flat.element_size()
+        return sent
+
+    def receive(self, metas, bucket_bytes, device, phases, version) -> Iterator[Bucket]:
+        for k, bucket in enumerate(plan_buckets(metas, bucket_bytes)):
+            path = self.path(version, k)
+            with phases("wire"):
+                deadline = time.monotonic() + self.timeout_s
+                while not path.is_file():
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(
+                            f"weight push {version}: {path} did not appear within "
+                            f"trainer.sync_timeout_s={self.timeout_s:g}"
+                        )
+                    time.sleep(POLL_S)
+                read = load_file(str(path))["flat"]
+                flat = buffer(read.numel(), read.dtype, device)
+                flat.copy_(read)
+                del read
+            out, offset = [], 0
+            for i in bucket:
+                m = metas[i]
+                out.append((m.name, flat[offset : offset + m.numel].view(m.shape)))
+                offset += m.numel
+            del flat
+            yield out
+
+    def done(self, version: int) -> None:
+        for old in self.dir.glob("v*"):
+            if old.name[1:].isdigit() and int(old.name[1:]) <= version:
+                shutil.rmtree(old, ignore_errors=True)
