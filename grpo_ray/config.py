@@ -635,6 +635,7 @@ RANGES: dict[str, Range] = {
 """Every numeric field of the recipe and its range, checked before anything starts (a test keeps this complete)."""
 FREE_TEXT = {
     "model.path",
+    "trainer.weight_dir",
     "model.chat_template",
     "data.response_prefix",
     "data.prompt_key",

@@ -176,6 +176,8 @@ def setup_run(
     once the data has been checked with its tokenizer (the base model's). Reward modules are looked for in the
     working directory and `recipe_dir`, and each reward function is tried on the first training row."""
     output_dir = writable_dir(recipe.trainer.output_dir, "trainer.output_dir")
+    if recipe.trainer.weight_transport == "storage":  # where the learner writes each push's buckets
+        writable_dir(recipe.trainer.weight_dir or str(output_dir / "weights"), "trainer.weight_dir")
     load_rewards(recipe, recipe_dir)  # also puts the working directory and the recipe's folder on the import path
     if command == "train":
         check_algorithm(recipe)

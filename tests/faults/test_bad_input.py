@@ -188,6 +188,16 @@ CASES = {  # name: (recipe, overrides, what the message must say)
         ["reward.functions=[{name: '{tmp}/mismatch.py:score'}]"],
         "missing 1 required positional argument: 'source'",
     ),
+    "a weight directory that cannot be written": (
+        RECIPE,
+        ["trainer.weight_transport=storage", "trainer.weight_dir=/proc/grpo-ray-weights"],
+        "trainer.weight_dir='/proc/grpo-ray-weights': cannot write there",
+    ),
+    "a weight transport that does not exist": (
+        RECIPE,
+        ["trainer.weight_transport=rdma"],
+        "trainer.weight_transport='rdma': expected one of collective, storage",
+    ),
     "a loss module that does not import": (
         RECIPE,
         ["algorithm.loss_mode=no_such_module:pg"],
