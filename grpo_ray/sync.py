@@ -102,3 +102,13 @@ def buffer(numel: int, dtype: torch.dtype, device: str | torch.device) -> torch.
         return torch.empty(numel, dtype=dtype, device=device)
     size = torch.empty((), dtype=dtype).element_size()
     return torch.frombuffer(mmap.mmap(-1, max(1, numel) * size), dtype=dtype, count=numel)
+
+
+def unflatten(flat: torch.Tensor, metas: list[WeightMeta], bucket: list[int]) -> list[tuple[str, torch.Tensor]]:
+    """A received bucket as (name, tensor) pairs in `metas` order: views of `flat`, which they keep alive."""
+    out, offset = [], 0
+    for i in bucket:
+        m = metas[i]
+        out.append((m.name, flat[offset : offset + m.numel].view(m.shape)))
+        offset += m.numel
+    return out

@@ -19,7 +19,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from grpo_ray.sync import Phases, WeightMeta, backend_for, buffer, plan_buckets
+from grpo_ray.sync import Phases, WeightMeta, backend_for, buffer, plan_buckets, unflatten
 from grpo_ray.transports.base import Bucket, Transport
 
 
@@ -146,10 +146,6 @@ def receive(
         with phases("wire"):
             work.wait()
         nxt = post(buckets[k + 1]) if k + 1 < len(buckets) else None
-        out, offset = [], 0
-        for i in bucket:
-            m = metas[i]
-            out.append((m.name, flat[offset : offset + m.numel].view(m.shape)))
-            offset += m.numel
-        del flat
+        out = unflatten(flat, metas, bucket)
+        del flat  # the views alone keep the buffer: it goes as soon as the engine drops them
         yield out

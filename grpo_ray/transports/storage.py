@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from grpo_ray.sync import buffer, plan_buckets
+from grpo_ray.sync import buffer, plan_buckets, unflatten
 from grpo_ray.transports.base import Bucket, Transport
 
 POLL_S = 0.005
@@ -84,12 +84,8 @@ class Storage(Transport):
                 flat = buffer(read.numel(), read.dtype, device)
                 flat.copy_(read)
                 del read
-            out, offset = [], 0
-            for i in bucket:
-                m = metas[i]
-                out.append((m.name, flat[offset : offset + m.numel].view(m.shape)))
-                offset += m.numel
-            del flat
+            out = unflatten(flat, metas, bucket)
+            del flat  # the views alone keep the buffer: it goes as soon as the engine drops them
             yield out
 
     def done(self, version: int) -> None:
