@@ -6,8 +6,8 @@ needs: no collective path between the learner's nodes and the engines'. The driv
 once every engine has loaded it (``done``), and any older ones left by a push that failed.
 
 The sender writes while the engines read: the engines load bucket k while the learner assembles and writes bucket
-k + 1. A file is read into a receive buffer of its own (``sync.buffer``), so the engine may keep views of it as
-the collective's buckets.
+k + 1. Each file is loaded straight onto the worker's device as a tensor of its own, so the engine may keep views
+of it as of the collective's buckets.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from grpo_ray.sync import buffer, plan_buckets, unflatten
+from grpo_ray.sync import plan_buckets, unflatten
 from grpo_ray.transports.base import Bucket, Transport
 
 POLL_S = 0.005
@@ -80,10 +80,7 @@ class Storage(Transport):
                             f"trainer.sync_timeout_s={self.timeout_s:g}"
                         )
                     time.sleep(POLL_S)
-                read = load_file(str(path))["flat"]
-                flat = buffer(read.numel(), read.dtype, device)
-                flat.copy_(read)
-                del read
+                flat = load_file(str(path), device=str(device))["flat"]  # a fresh tensor: views of it may be kept
             out = unflatten(flat, metas, bucket)
             del flat  # the views alone keep the buffer: it goes as soon as the engine drops them
             yield out
