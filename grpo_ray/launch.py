@@ -8,7 +8,6 @@ from pathlib import Path
 
 import ray
 
-from grpo_ray.algo.batching import Samples
 from grpo_ray.config import Recipe
 from grpo_ray.controller import Controller
 from grpo_ray.metrics import since_start
@@ -59,8 +58,6 @@ def replay(recipe: Recipe, dump_path: str) -> dict[str, float]:
     c = Controller(recipe, RunInputs(models.resolve(recipe.model.path), [], [], {}, out, []))
     try:
         c.start(pools=("learner", "reference"))
-        refs = [ray.put(r) for r in rollouts]
-        c.version = c.engines.version = rollouts[0].policy_version
-        return c.train_on(refs, advantages, c.reference_logprobs(refs, Samples.of_rollouts(rollouts)))[0]
+        return c.replay(rollouts, advantages)
     finally:
         c.shutdown()

@@ -22,12 +22,12 @@ import ray
 
 from grpo_ray import checkpoint, models, perf
 from grpo_ray.config import Recipe, load_recipe
-from grpo_ray.controller import Controller
 from grpo_ray.launch import connect
+from grpo_ray.runner import Runner
 from grpo_ray.setup_run import RunInputs, setup_run
 
 
-class SFTController(Controller):
+class SFTController(Runner):
     """Runs SFT steps on the learner pool; starts generators and rewards only to validate."""
 
     save_at_end = True
@@ -40,7 +40,8 @@ class SFTController(Controller):
         start = time.perf_counter()
         rows = [row for _, row in self.stream.next_batch()]
         pairs = ray.put([(row["prompt_ids"], row["target_ids"]) for row in rows])  # one small object for all ranks
-        trained = self._get([l.sft_train.remote(pairs) for l in self.pools.actors["learner"]], "learner sft")[0]
+        trained = self.call([l.sft_train.remote(pairs) for l in self.pools.actors["learner"]], "learner sft")[0]
+        self.version += 1
         seconds = time.perf_counter() - start
         lengths = [len(row["prompt_ids"]) + len(row["target_ids"]) for row in rows]
         facts, ranks = self.pools.facts, self.r.learner.world_size
@@ -59,7 +60,6 @@ class SFTController(Controller):
         }
 
     def validate(self, step: int) -> dict[str, float]:
-        self.version = step
         self.engines.sync()  # the generators sample with this step's weights
         return super().validate(step)
 

@@ -114,7 +114,7 @@ def test_engine_lost_while_generating_ahead_is_replaced_once(ray_local, tmp_path
 
 def test_no_unbounded_ray_get_in_the_controller():
     """Every ray.get of the controller and the pools passes a timeout (item 2: no silent hang)."""
-    for name in ("controller.py", "pools.py"):
+    for name in ("runner.py", "controller.py", "pools.py"):
         tree = ast.parse((ROOT / "grpo_ray" / name).read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and ast.unparse(node.func) == "ray.get":

@@ -1,0 +1,310 @@
+"""The job around the steps: one place for the run, resume, checkpoints, preemption, validation and its cadence,
+early stopping and the logs. What a step does is a subclass's: the GRPO step (grpo_ray.controller) and the SFT step
+(grpo_ray.sft) share all of this.
+
+    run:  start pools ─> (resume) ─> probe ─> (validate) ─> for each step: step ─> validate? ─> save? ─> stop?
+                                                                      SIGTERM: save if the grace allows, then stop
+
+Rollouts and logprobs travel between pools as Ray object refs; the runner only gathers rewards, lengths, timings
+and metrics (rollout dumps are written by a task on the driver's node, not here).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import statistics
+import time
+from pathlib import Path
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from grpo_ray import checkpoint, early_stop, trackers
+from grpo_ray.algo.batching import Samples, balanced_ranges, spans_of
+from grpo_ray.config import POOLS, Recipe
+from grpo_ray.data.stream import Position, PromptStream
+from grpo_ray.dumps import write_dump
+from grpo_ray.engines import Engines
+from grpo_ray.errors import Preempted, RunError
+from grpo_ray.faults import fault_at
+from grpo_ray.metrics import MetricsLog, sample_table, since_start, validation_metrics
+from grpo_ray.models import chat_template_text
+from grpo_ray.pools import Pools
+from grpo_ray.setup_run import RunInputs
+from grpo_ray.types import Prompt
+
+__all__ = ["Runner", "RunError", "Preempted"]
+
+
+class Runner:
+    """A training job on the pools: runs `step` from the first step not done to the last, validates, saves,
+    resumes and stops on SIGTERM or early stopping. Subclasses give `step` (and the pools they need)."""
+
+    save_at_end = False
+    """Save a checkpoint after the last step even when trainer.save_freq is 0."""
+
+    def __init__(self, recipe: Recipe, inputs: RunInputs):
+        self.r, self.inputs = recipe, inputs
+        self.stream = PromptStream(
+            inputs.train_rows, recipe.data.train_batch_size, recipe.trainer.seed, recipe.data.shuffle
+        )
+        self.version = 0
+        """The learner's weights: updates that changed them."""
+        self.pools = Pools(recipe, inputs.model_path)
+        self.engines = Engines(recipe, self.pools, inputs.probe_ids, lambda: self.version, self.say)
+        """The generator side: batches out, weights in (engines.version: the weights they hold)."""
+        self.pending_dumps: list = []
+        self.preempted_at: float | None = None
+        self.log: MetricsLog | None = None
+        self.best = early_stop.Best.of(recipe.trainer)
+        """The best validation so far (early stopping, keep_best)."""
+        self.reward_failures: dict[str, str] = {}
+        """The first failure of each reward function (shown once), and the steps in a row over the limit."""
+        self.failing_steps = 0
+
+    def step(self, step: int) -> dict[str, float]:
+        """One training step; its metrics."""
+        raise NotImplementedError
+
+    def pools_needed(self) -> tuple[str, ...]:
+        """The pools a run starts."""
+        return POOLS
+
+    # --- run ---------------------------------------------------------------------------
+
+    def run(self) -> None:
+        t, total = self.r.trainer, self.total_steps()
+        ckpt = self.inputs.resume  # chosen before any actor started (grpo_ray.rundir)
+        done = checkpoint.load_state(ckpt)["step"] if ckpt else 0
+        checkpoint.keep_metrics(self.inputs.output_dir / "metrics.jsonl", done)  # steps after the checkpoint are redone
+        self.log = MetricsLog(
+            self.inputs.output_dir, t.loggers, total, done, trackers.start(self.r, self.inputs.output_dir, self.say)
+        )
+        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "preempted_at", self.preempted_at or time.monotonic()))
+        try:
+            self.begin(ckpt)
+            if t.val_before_train and self.inputs.val_rows and not done:
+                self.say(f"{since_start()} validating before training: {len(self.inputs.val_rows)} prompts")
+                self.log.log(0, self.validate(0))
+            self.say(f"{since_start()} training: steps {done + 1} to {total}")
+            last_val, save_seconds = None, 0.0
+            for step in range(done + 1, total + 1):
+                metrics, improved = self.step(step), False
+                if self.validating(step):
+                    metrics.update(self.validate(step))
+                    last_val = statistics.fmean(v for k, v in metrics.items() if k.endswith("/pass@1"))
+                    improved = self.best.update(step, metrics)
+                self.log.log(step, metrics)
+                keep = improved and t.keep_best  # the best validation's weights, kept whatever keep_last says
+                if self.saving(step) or keep or self.best.stop or self.preempted_at is not None:
+                    save_seconds = self.save_or_quit(
+                        step, last_val, self.saving(step) or keep or self.best.stop, save_seconds
+                    )
+                if self.best.stop:
+                    model = early_stop.export(self.best, t, self.inputs.output_dir, step, self.say)
+                    self.log.note("export_path", str(model))
+                    break
+            self.flush_dumps()
+            self.log.finish(self.best.line() if self.best.value is not None else None)
+        finally:
+            self.log.close()
+            self.shutdown()
+
+    def begin(self, ckpt: Path | None) -> None:
+        """Start the pools, resume from `ckpt`, probe the engines' weights against the learner's, with a line each."""
+        if self.r.trainer.log_level == "info":
+            self.say(
+                f"actor logs (vLLM, transformers, Ray workers): {self.pools.log_dir()}/ "
+                "(trainer.log_level=debug shows them here)"
+            )
+        self.start(self.pools_needed())
+        self.log.file(self.inputs.output_dir / "placement.json")
+        if self.pools.facts and not self.pools.facts["peak_tflops"]:
+            self.say(
+                f"MFU not reported: no peak TFLOPS known for {self.pools.facts['device_name']!r}; set "
+                "cluster.peak_tflops to report it"
+            )
+        if ckpt:
+            self.say(f"resuming from {ckpt} (step {self.restore(ckpt)})")
+        if self.pools.actors["generator"]:
+            diff = self.engines.probe()
+            self.say(
+                f"{since_start()} first probe: sync/logprob_diff {diff:.3g} (the engines' logprobs against "
+                "the learner's, on the same tokens)"
+            )
+        if self.r.model.lora.rank and self.pools.metas:
+            what = {
+                "adapters": "the adapters only, loaded in place by vLLM's LoRA support",
+                "merged": "every weight, the adapters merged (model.lora.sync=merged)",
+            }[self.r.model.lora.sync]
+            self.say(f"LoRA: a sync sends {what}: {sum(m.nbytes for m in self.pools.metas) / 1e6:.3g} MB")
+
+    def total_steps(self) -> int:
+        t = self.r.trainer
+        return t.total_steps or t.total_epochs * self.stream.steps_per_epoch
+
+    def validating(self, step: int) -> bool:
+        """Whether validation runs after `step`."""
+        t = self.r.trainer
+        return bool(t.test_freq and self.inputs.val_rows and (step % t.test_freq == 0 or step == self.total_steps()))
+
+    def saving(self, step: int) -> bool:
+        """Whether a checkpoint is due after `step` (SIGTERM aside)."""
+        t = self.r.trainer
+        return bool(
+            (t.save_freq and step % t.save_freq == 0)
+            or (step == self.total_steps() and (t.save_freq or self.save_at_end))
+        )
+
+    def save_or_quit(self, step: int, last_val: float | None, due: bool, last_seconds: float) -> float:
+        """Save when due; after SIGTERM, save if the last save fits in what is left of the grace, then stop."""
+        start = time.monotonic()
+        left = self.r.trainer.preemption_grace_s - (start - self.preempted_at) if self.preempted_at else 0.0
+        if due or (self.preempted_at is not None and last_seconds < left):
+            self.flush_dumps()
+            self.say(f"saved {self.save(step, last_val)}")
+        if self.preempted_at is not None:
+            saved = "a checkpoint of" if due or last_seconds < left else "no checkpoint (no time left) after"
+            raise Preempted(f"SIGTERM: stopped with {saved} step {step}; run the same command to resume")
+        return time.monotonic() - start
+
+    # --- validation --------------------------------------------------------------------
+
+    def validate(self, step: int) -> dict[str, float]:
+        """pass@1 (and pass@val_n) per data source over the validation rows, with the validation sampling."""
+        g = self.r.generator
+        prompts = [Prompt.from_row(i, row) for i, row in enumerate(self.inputs.val_rows)]
+        sampling = dataclasses.replace(g.sampling, temperature=g.val_temperature)
+        rollouts, stats = self.engines.generate(prompts, g.val_n, step, sampling)
+        scores = self.check_rewards(self.call(self.score(rollouts, Samples.of(stats)), "validation reward"), False)
+        if self.log and self.log.trackers:  # a few samples of the first engine's share, as a table
+            self.log.table(step, sample_table(self.call(rollouts[0], "validation samples"), scores[0].totals))
+        if self.r.trainer.dump_freq:
+            self.dump(f"val_data_step{step}", step, rollouts, scores, None)
+        perfect = sum(f.weight for f in self.r.reward.functions if f.weight > 0)
+        return validation_metrics(
+            [p.data_source for p in prompts], [t for s in scores for t in s.totals], g.val_n, perfect
+        )
+
+    def check_rewards(self, scores: list, counted: bool = True) -> list:
+        """`scores`, after showing the first failure of each reward function once; a training batch (`counted`)
+        whose functions failed on more than reward.max_error_share of its samples max_error_steps times in a row
+        stops the run with the failure."""
+        for name, text in ((n, t) for s in scores for n, t in s.failures.items() if n not in self.reward_failures):
+            self.reward_failures[name] = text
+            self.say(
+                f"reward {name} failed; its first failure (the next are counted in reward/errors and "
+                f"reward/timeouts, logs in {self.pools.log_dir()}/reward-*.log):\n{text.rstrip()}"
+            )
+        if not counted:
+            return scores
+        w, n = self.r.reward, sum(len(s.totals) for s in scores)
+        share = sum(s.errors + s.timeouts for s in scores) / n
+        self.failing_steps = self.failing_steps + 1 if share > w.max_error_share else 0
+        if w.max_error_steps and self.failing_steps >= w.max_error_steps:
+            last = next(reversed(self.reward_failures.values()), "")
+            raise RunError(
+                f"reward functions failed on {share:.0%} of the samples, over reward.max_error_share="
+                f"{w.max_error_share:g} for {self.failing_steps} steps in a row (reward.max_error_steps): "
+                f"fix the function, or raise the limits. Its failure:\n{last.rstrip()}"
+            )
+        return scores
+
+    def spread(self, pool: str, rollouts: list, samples: Samples, by_tokens: bool) -> list[tuple]:
+        """The step's samples cut into contiguous shares of near-equal tokens (or samples) over every actor of
+        `pool`: (actor, rollout refs, spans) per actor with a share, in sample order."""
+        actors = self.pools.actors[pool]
+        costs = samples.costs if by_tokens else [1] * len(samples.costs)
+        shares = [spans_of(samples.counts, share) for share in balanced_ranges(costs, len(actors))]
+        return [
+            (actor, [rollouts[i] for i, _, _ in pieces], [(a, b) for _, a, b in pieces])
+            for actor, pieces in zip(actors, shares)
+            if pieces
+        ]
+
+    def score(self, rollouts: list, samples: Samples) -> list:
+        """Scores refs, one per reward actor: every actor scores an even share of the samples."""
+        return [a.score.remote(refs, spans) for a, refs, spans in self.spread("reward", rollouts, samples, False)]
+
+    def dump(self, name: str, step: int, rollouts: list, scores: list, advantages: list[float] | None) -> None:
+        """Write rollouts/<name>.jsonl from a task on the driver's node (the rollouts never pass through here)."""
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        path = str(self.inputs.output_dir / "rollouts" / f"{name}.jsonl")
+        task = ray.remote(write_dump).options(num_cpus=0, scheduling_strategy=here)
+        self.pending_dumps.append(task.remote(path, step, scores, advantages, *rollouts))
+        self.flush_dumps(keep=2)  # at most two dumps in flight
+
+    def flush_dumps(self, keep: int = 0) -> None:
+        """Wait for all but the newest `keep` rollout dumps to be written."""
+        done = len(self.pending_dumps) - keep
+        if done > 0:
+            self.call(self.pending_dumps[:done], "rollout dump")
+            self.pending_dumps = self.pending_dumps[done:]
+
+    # --- checkpoints -------------------------------------------------------------------
+
+    def save(self, step: int, last_val: float | None) -> Path:
+        """Learner shards (every rank), then trainer state, tokenizer and manifest; committed by a rename."""
+        tmp = checkpoint.staging_dir(self.inputs.output_dir, step)
+        learners = self.pools.actors["learner"]
+        saved = self.call([l.save.remote(str(tmp / "learner")) for l in learners], "checkpoint save")[0]
+        if fault_at("exit_mid_checkpoint", step):
+            os._exit(1)  # fault test: the job dies with the shards written and the checkpoint not committed
+        state = {
+            "step": step,
+            "version": self.version,
+            "data": dataclasses.asdict(self.stream.position),
+            "scheduler": saved["scheduler"],
+            "best": self.best.state(),
+        }
+        info = {"step": step, "consumed_samples": step * self.r.data.train_batch_size, "last_val_score": last_val}
+        keep = frozenset([self.best.step] if self.r.trainer.keep_best and self.best.step else [])
+        template = chat_template_text(self.r.model.chat_template) if self.r.model.chat_template else ""
+        return checkpoint.commit(
+            tmp,
+            self.inputs.model_path,
+            state,
+            info,
+            self.inputs.output_dir / "config.yaml",
+            self.r.trainer.keep_last,
+            keep,
+            template,
+        )
+
+    def restore(self, ckpt: Path) -> int:
+        """Learner weights and optimizer, scheduler, data position and version; generators get the weights."""
+        state = checkpoint.load_state(ckpt)
+        self.best = early_stop.Best.of(self.r.trainer, state.get("best"))
+        self.call(
+            [l.load.remote(str(ckpt / "learner"), state["scheduler"]) for l in self.pools.actors["learner"]],
+            "checkpoint load",
+        )
+        self.stream = PromptStream(
+            self.inputs.train_rows,
+            self.r.data.train_batch_size,
+            self.r.trainer.seed,
+            self.r.data.shuffle,
+            Position(**state["data"]),
+        )
+        self.version = self.engines.version = state["version"]
+        if self.pools.actors["generator"]:
+            self.engines.push(self.version)  # before the first rollout
+        return state["step"]
+
+    # --- pools -------------------------------------------------------------------------
+
+    def start(self, pools: tuple[str, ...] = POOLS) -> None:
+        """Start the pools (all, or `pools` only) and write placement.json."""
+        self.pools.start(pools, self.say)
+        self.pools.write_placement(self.inputs.output_dir / "placement.json")
+
+    def shutdown(self) -> None:
+        self.pools.shutdown()
+
+    def say(self, line: str) -> None:
+        (self.log.say if self.log else print)(line)
+
+    def call(self, refs, what: str):
+        return self.pools.call(refs, what)
