@@ -15,6 +15,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from grpo_ray import config
+from grpo_ray.config import schema
 
 
 @dataclass
@@ -27,8 +28,8 @@ class Key:
 
 @cache
 def field_docs() -> dict[tuple[str, str], str]:
-    """(class name, field name) -> the docstring written under the field in grpo_ray/config.py."""
-    tree = ast.parse(inspect.getsource(config))
+    """(class name, field name) -> the docstring written under the field in grpo_ray/config/schema.py."""
+    tree = ast.parse(inspect.getsource(schema))
     docs = {}
     for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
         body = cls.body

@@ -1,0 +1,426 @@
+"""The checks a loaded recipe passes before anything starts: the choices each key takes, numeric ranges, and the
+arithmetic between sections. Each problem is one line that names the key and what to fix."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from grpo_ray.config.schema import POOLS, AlgorithmConfig, Recipe
+
+FUNCTION_KEYS = ("algorithm.adv_estimator", "algorithm.loss_mode")
+"""Keys that take one of their CHOICES or a user's ``module:function`` (grpo_ray.algo.registry)."""
+FUNCTION_NAME = r"[A-Za-z_][\w.]*:[A-Za-z_]\w*"
+
+CHOICES = {
+    "generator.dtype": ("auto", "float32", "bfloat16", "float16"),
+    "learner.dtype": ("bfloat16", "float32"),
+    "algorithm.kl_estimator": ("k1", "k3"),
+    "algorithm.loss_agg": (
+        "auto",
+        "token-mean",
+        "seq-mean-token-sum",
+        "seq-mean-token-mean",
+        "seq-mean-token-sum-norm",
+    ),
+    "algorithm.adv_estimator": ("grpo", "rloo", "reinforce_plus_plus_baseline"),
+    "algorithm.loss_mode": ("vanilla", "gspo", "cispo"),
+    "algorithm.rollout_correction.rollout_is": (None, "token"),
+    "algorithm.rollout_correction.rollout_rs": (None, "sequence", "geometric"),
+    "cluster.device": ("cpu", "cuda"),
+    "trainer.weight_transport": ("collective", "storage"),
+    "cluster.cpu_threads": ("auto", "reserved", "node"),
+    "model.lora.sync": ("adapters", "merged"),
+    "trainer.log_level": ("info", "debug"),
+    "trainer.wandb_mode": ("", "online", "offline", "disabled"),
+    "trainer.early_stop.mode": ("max", "min"),
+}
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
+ENGINE_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The ranks vLLM's max_lora_rank takes: an engine serves adapters up to the next one."""
+GPU_MEMORY_GB = {
+    "b200": 180.0,
+    "h200": 141.0,
+    "h100": 80.0,
+    "a100-80gb": 80.0,
+    "l40s": 48.0,
+    "a100-40gb": 40.0,
+    "l4": 24.0,
+    "a10g": 24.0,
+    "rtx4090": 24.0,
+}
+"""Memory of one GPU of each known model (as the datasheets give it)."""
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric recipe field may take (NaN and infinities never)."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    """`low` itself is not allowed."""
+    high_open: bool = False
+    """`high` itself is not allowed."""
+    why: str = ""
+    """Said after the range when a value is outside it."""
+
+    def holds(self, v: float) -> bool:
+        if v != v or v in (float("inf"), float("-inf")):
+            return False
+        if self.low is not None and (v < self.low or (self.low_open and v == self.low)):
+            return False
+        return self.high is None or (v < self.high or (not self.high_open and v == self.high))
+
+    def text(self) -> str:
+        if self.high is None:
+            if self.low == 0:
+                return "must be positive" if self.low_open else "must be >= 0"
+            return (
+                f"must be {'>' if self.low_open else '>='} {self.low:g}" if self.low is not None else "must be finite"
+            )
+        left = "(" if self.low_open else "["
+        right = ")" if self.high_open else "]"
+        return f"must be in {left}{self.low:g}, {self.high:g}{right}"
+
+
+POSITIVE, NON_NEGATIVE, FINITE = Range(0, low_open=True), Range(0), Range()
+SHARE = Range(0, 1, low_open=True, high_open=True)
+RANGES: dict[str, Range] = {
+    "model.lora.rank": NON_NEGATIVE,
+    "model.lora.alpha": POSITIVE,
+    "model.lora.dropout": Range(0, 1, high_open=True),
+    "data.train_batch_size": POSITIVE,
+    "data.max_prompt_length": POSITIVE,
+    "generator.num_engines": POSITIVE,
+    "generator.tensor_parallel_size": POSITIVE,
+    "generator.gpu_memory_utilization": SHARE,
+    "generator.max_model_len": NON_NEGATIVE,
+    "generator.num_cpus": POSITIVE,
+    "generator.val_temperature": NON_NEGATIVE,
+    "generator.val_n": POSITIVE,
+    "generator.timeout_s": POSITIVE,
+    "generator.max_restarts": NON_NEGATIVE,
+    "generator.sampling.temperature": Range(
+        0, low_open=True, why="the learner divides logits by it; 0 (greedy) samples a group of identical responses"
+    ),
+    "generator.sampling.top_p": Range(0, 1, low_open=True),
+    "generator.sampling.top_k": Range(-1, why="-1 turns it off"),
+    "generator.sampling.max_tokens": POSITIVE,
+    "learner.world_size": POSITIVE,
+    "learner.mini_batch_size": POSITIVE,
+    "learner.micro_batch_size": POSITIVE,
+    "learner.num_cpus": POSITIVE,
+    "learner.optim.lr": POSITIVE,
+    "learner.optim.betas": Range(0, 1, high_open=True),
+    "learner.optim.eps": POSITIVE,
+    "learner.optim.weight_decay": NON_NEGATIVE,
+    "learner.optim.warmup_steps": NON_NEGATIVE,
+    "learner.optim.grad_clip": NON_NEGATIVE,
+    "reference.num_actors": POSITIVE,
+    "reference.micro_batch_size": POSITIVE,
+    "reference.num_cpus": POSITIVE,
+    "reward.functions.weight": FINITE,
+    "reward.num_actors": POSITIVE,
+    "reward.timeout_s": POSITIVE,
+    "reward.memory_mb": Range(64, why="the child process needs room for Python"),
+    "reward.num_cpus": POSITIVE,
+    "reward.max_error_share": Range(0, 1),
+    "reward.max_error_steps": NON_NEGATIVE,
+    "algorithm.group_size": Range(2, why="GRPO compares samples of one prompt"),
+    "algorithm.clip_ratio_low": Range(0, 1, high_open=True),
+    "algorithm.clip_ratio_high": NON_NEGATIVE,
+    "algorithm.kl_coef": NON_NEGATIVE,
+    "algorithm.ppo_epochs": POSITIVE,
+    "algorithm.max_staleness": NON_NEGATIVE,
+    "algorithm.clip_ratio_c": Range(0, why="0 turns dual clip off; above 1 caps a negative advantage's term"),
+    "algorithm.entropy_coeff": NON_NEGATIVE,
+    "algorithm.overlong_buffer.len": NON_NEGATIVE,
+    "algorithm.filter_groups.max_num_gen_batches": POSITIVE,
+    "algorithm.overlong_buffer.penalty_factor": NON_NEGATIVE,
+    "algorithm.rollout_correction.rollout_is_threshold": Range(
+        1, low_open=True, why="a cap of the weights at 1 or below would down-weight every token"
+    ),
+    "algorithm.rollout_correction.rollout_rs_threshold": Range(1, low_open=True),
+    "algorithm.rollout_correction.rollout_rs_threshold_lower": Range(
+        0, 1, high_open=True, why="0 means 1 / the upper threshold"
+    ),
+    "cluster.nodes": POSITIVE,
+    "cluster.devices_per_node": NON_NEGATIVE,
+    "cluster.device_memory_gb": NON_NEGATIVE,
+    "cluster.node_memory_gb": NON_NEGATIVE,
+    "cluster.peak_tflops": NON_NEGATIVE,
+    "trainer.total_steps": NON_NEGATIVE,
+    "trainer.total_epochs": NON_NEGATIVE,
+    "trainer.save_freq": NON_NEGATIVE,
+    "trainer.keep_last": NON_NEGATIVE,
+    "trainer.test_freq": NON_NEGATIVE,
+    "trainer.dump_freq": NON_NEGATIVE,
+    "trainer.seed": NON_NEGATIVE,
+    "trainer.max_sync_logprob_diff": POSITIVE,
+    "trainer.call_timeout_s": POSITIVE,
+    "trainer.bucket_mb": POSITIVE,
+    "trainer.sync_timeout_s": POSITIVE,
+    "trainer.max_skipped_steps": POSITIVE,
+    "trainer.preemption_grace_s": NON_NEGATIVE,
+    "sft.max_target_length": POSITIVE,
+    "trainer.early_stop.patience": POSITIVE,
+    "trainer.early_stop.min_delta": NON_NEGATIVE,
+}
+"""Every numeric field of the recipe and its range, checked before anything starts (a test keeps this complete)."""
+FREE_TEXT = {
+    "model.path",
+    "trainer.weight_dir",
+    "model.chat_template",
+    "data.response_prefix",
+    "data.prompt_key",
+    "data.answer_key",
+    "reward.functions.name",
+    "trainer.resume",
+    "trainer.output_dir",
+    "trainer.experiment_name",
+    "trainer.project_name",
+    "trainer.mlflow_tracking_uri",
+    "trainer.early_stop.metric",
+    "cluster.gpu",
+    "sft.target_key",
+}
+"""String fields that are not a choice among CHOICES (paths, names, text; cluster.gpu is checked on its own)."""
+
+
+ZERO_IS_NEVER = {
+    "trainer.save_freq",
+    "trainer.test_freq",
+    "trainer.dump_freq",
+    "trainer.total_steps",
+    "trainer.total_epochs",
+    "generator.max_model_len",
+    "learner.optim.grad_clip",
+}
+"""Keys where 0 turns the thing off, as -1 does in verl."""
+
+
+def range_problems(r: Recipe) -> list[str]:
+    """A message for every numeric field outside its range: 'key=value: must be ...'."""
+    p = []
+    for key, rng in RANGES.items():
+        head, _, last = key.rpartition(".")
+        parent = _get(r, head)
+        items = parent if isinstance(parent, list) else [parent]  # reward.functions: each item's field
+        for i, item in enumerate(items):
+            values = getattr(item, last)
+            name = f"{head}[{i}].{last}" if isinstance(parent, list) else key
+            for v in values if isinstance(values, list) else [values]:
+                if not rng.holds(v):
+                    never = " (0 means never here, where verl writes -1)" if v == -1 and key in ZERO_IS_NEVER else ""
+                    p.append(f"{name}={v}: {rng.text()}" + (f" ({rng.why})" if rng.why else "") + never)
+    return p
+
+
+def validate(r: Recipe, command: str = "train") -> list[str]:
+    """Every problem of a type-correct recipe for `command`, as messages naming the numbers that clash."""
+    p: list[str] = []
+    for key, choices in CHOICES.items():
+        value = _get(r, key)
+        if value not in choices and not (key in FUNCTION_KEYS and re.fullmatch(FUNCTION_NAME, str(value))):
+            p.append(f"{key}={value!r}: expected one of {', '.join('null' if c is None else c for c in choices)}")
+    out_of_range = range_problems(r)
+    if out_of_range:
+        return p + out_of_range  # the arithmetic below assumes sizes in range
+
+    g = r.algorithm.group_size if command == "train" else 1
+    samples = r.data.train_batch_size * g
+    if samples % r.learner.mini_batch_size:
+        times = f" x algorithm.group_size ({g})" if command == "train" else ""
+        p.append(
+            f"data.train_batch_size ({r.data.train_batch_size}){times} = {samples} samples "
+            f"per step is not divisible by learner.mini_batch_size ({r.learner.mini_batch_size})"
+        )
+    per_pass = r.learner.micro_batch_size * r.learner.world_size
+    if r.learner.mini_batch_size % per_pass:
+        p.append(
+            f"learner.mini_batch_size ({r.learner.mini_batch_size}) is not divisible by learner.micro_batch_size "
+            f"({r.learner.micro_batch_size}) x learner.world_size ({r.learner.world_size}) = {per_pass}"
+        )
+    for bad in set(r.trainer.loggers) - set(LOGGERS):
+        p.append(f"trainer.loggers: unknown logger {bad!r}; expected any of {', '.join(LOGGERS)}")
+    p += _tracker_problems(r)
+    if r.trainer.total_steps == 0 and r.trainer.total_epochs == 0:
+        p.append("trainer.total_steps or trainer.total_epochs must be positive")
+    if not r.data.train_files:
+        p.append("data.train_files is empty: name parquet/JSONL files or synthetic://select?size=N")
+    if not r.reward.functions:
+        p.append("reward.functions is empty: name at least one reward function")
+    lo = r.model.lora
+    if lo.rank and not lo.target_modules:
+        p.append("model.lora.target_modules is empty: name modules (q_proj, v_proj, ...) or [all-linear]")
+    if lo.rank > ENGINE_LORA_RANKS[-1] and lo.sync == "adapters":
+        p.append(
+            f"model.lora.rank={lo.rank}: vLLM serves adapters up to rank {ENGINE_LORA_RANKS[-1]}; lower it, "
+            "or set model.lora.sync=merged"
+        )
+    p += _cluster_problems(r)
+    p += _schedule_problems(r)
+    p += _generator_problems(r)
+    if command == "train" and r.reward.functions and sum(f.weight for f in r.reward.functions if f.weight > 0) == 0:
+        p.append(
+            "reward.functions: no function has a positive weight, so no response can be told from another; "
+            "give at least one a weight above 0"
+        )
+    return p
+
+
+ENGINE_KEYS = {
+    "model": "model.path",
+    "tensor_parallel_size": "generator.tensor_parallel_size",
+    "gpu_memory_utilization": "generator.gpu_memory_utilization",
+    "dtype": "generator.dtype",
+    "enforce_eager": "generator.enforce_eager",
+    "max_model_len": "generator.max_model_len",
+    "seed": "trainer.seed",
+    "trust_remote_code": "model.trust_remote_code",
+    "worker_extension_cls": None,
+    "logprobs_mode": None,
+    "enable_lora": "model.lora",
+    "max_lora_rank": "model.lora",
+    "max_loras": "model.lora",
+}
+"""vllm.LLM arguments grpo-ray sets itself: the recipe key that sets each (None: needed as it is, for the weight
+sync or for logprobs the learner's match)."""
+
+
+def _generator_problems(r: Recipe) -> list[str]:
+    g, p = r.generator, []
+    for key in g.vllm_kwargs:
+        if key in ENGINE_KEYS:
+            owner = ENGINE_KEYS[key]
+            p.append(
+                f"generator.vllm_kwargs.{key}: set by grpo-ray "
+                + (
+                    f"from {owner}; set that instead"
+                    if owner
+                    else "(the weight sync and the sampler's logprobs depend on it); remove it"
+                )
+            )
+    if g.val_n > 1 and g.val_temperature == 0:
+        p.append(
+            f"generator.val_n={g.val_n} with generator.val_temperature=0: every sample is the same greedy answer, "
+            "so pass@n says nothing pass@1 does not; set val_temperature above 0 (e.g. 0.6) or val_n=1"
+        )
+    return p
+
+
+def _tracker_problems(r: Recipe) -> list[str]:
+    import importlib.util
+
+    t, p = r.trainer, []
+    for name in ("wandb", "mlflow"):
+        if name in t.loggers and importlib.util.find_spec(name) is None:
+            p.append(f"trainer.loggers: {name} needs the {name} package: pip install 'grpo-ray[tracking]'")
+    e = t.early_stop
+    if e.metric and not e.metric.startswith("val/"):
+        p.append(f"trainer.early_stop.metric={e.metric!r}: a validation metric is expected, e.g. val/gsm8k/pass@1")
+    if (e.metric or t.keep_best) and not (r.data.val_files and t.test_freq):
+        what = "trainer.early_stop.metric" if e.metric else "trainer.keep_best"
+        p.append(f"{what} needs validation: set data.val_files and trainer.test_freq")
+    return p
+
+
+def _schedule_problems(r: Recipe) -> list[str]:
+    a, p = r.algorithm, []
+    if a.overlong_buffer.len > r.generator.sampling.max_tokens:
+        p.append(
+            f"algorithm.overlong_buffer.len ({a.overlong_buffer.len}) is longer than the responses can be "
+            f"(generator.sampling.max_tokens={r.generator.sampling.max_tokens})"
+        )
+    if 0 < a.clip_ratio_c <= 1:
+        p.append(f"algorithm.clip_ratio_c={a.clip_ratio_c:g}: dual clip needs a value above 1 (or 0 for none)")
+    rc = a.rollout_correction
+    if rc.bypass_mode and (rc.rollout_is or rc.rollout_rs):
+        p.append(
+            "algorithm.rollout_correction.bypass_mode=true takes the sampler's logprobs as the old policy, so "
+            "there is no mismatch to correct: set rollout_is and rollout_rs to null, or bypass_mode=false"
+        )
+    shared = next((g for g in r.cluster.colocate if "generator" in g and "learner" in g), None)
+    if a.max_staleness and shared:
+        p.append(
+            f"algorithm.max_staleness={a.max_staleness}: the generator shares devices with the learner "
+            f"(cluster.colocate {shared}), so generation cannot overlap training; set it to 0"
+        )
+    return p
+
+
+def _cluster_problems(r: Recipe) -> list[str]:
+    p = []
+    c = r.cluster
+    seen: set[str] = set()
+    for group in c.colocate:
+        for pool in group:
+            if pool not in POOLS:
+                p.append(f"cluster.colocate: unknown pool {pool!r}; expected any of {', '.join(POOLS)}")
+            elif pool in seen:
+                p.append(f"cluster.colocate: pool {pool!r} is in more than one group")
+            seen.add(pool)
+    for pool in c.node_resources:
+        if pool not in POOLS:
+            p.append(f"cluster.node_resources: unknown pool {pool!r}; expected any of {', '.join(POOLS)}")
+    for marker, n in c.node_markers.items():
+        if n <= 0:
+            p.append(f"cluster.node_markers.{marker}={n}: must be positive")
+    if c.gpu and c.gpu not in GPU_MEMORY_GB:
+        p.append(
+            f"cluster.gpu={c.gpu!r}: expected one of {', '.join(GPU_MEMORY_GB)}, or leave it empty and "
+            "set cluster.device_memory_gb"
+        )
+    if c.device != "cuda":
+        return p
+    if c.devices_per_node <= 0:
+        p.append(f"cluster.devices_per_node={c.devices_per_node}: a cuda cluster needs GPUs on its nodes")
+        return p
+    tp = r.generator.tensor_parallel_size
+    if tp > c.devices_per_node:
+        p.append(
+            f"generator.tensor_parallel_size ({tp}) is larger than cluster.devices_per_node "
+            f"({c.devices_per_node}): one engine must fit on one node"
+        )
+    return p
+
+
+def loss_aggregation(a: AlgorithmConfig) -> str:
+    """The aggregation algorithm.loss_agg names; auto: seq-mean-token-mean under GSPO (its objective weighs every
+    sequence the same), token-mean otherwise."""
+    if a.loss_agg != "auto":
+        return a.loss_agg
+    return "seq-mean-token-mean" if a.loss_mode == "gspo" else "token-mean"
+
+
+def notices(r: Recipe) -> list[str]:
+    """What a run says at start about choices the recipe left to defaults that change the math, and settings that
+    will do nothing."""
+    a, out = r.algorithm, []
+    if r.trainer.test_freq and not r.data.val_files:
+        out.append(f"trainer.test_freq={r.trainer.test_freq} but data.val_files is empty: no validation will run")
+    return out + _gspo_notices(a)
+
+
+def _gspo_notices(a: AlgorithmConfig) -> list[str]:
+    if a.loss_mode != "gspo":
+        return []
+    if a.loss_agg == "auto":
+        return [
+            "algorithm.loss_mode=gspo: the loss aggregates seq-mean-token-mean (GSPO's sequence-level objective; "
+            "set algorithm.loss_agg to choose another)"
+        ]
+    if loss_aggregation(a) != "seq-mean-token-mean":
+        return [
+            f"algorithm.loss_mode=gspo with algorithm.loss_agg={a.loss_agg}: not GSPO's objective, which weighs "
+            "every sequence the same (seq-mean-token-mean)"
+        ]
+    return []
+
+
+def _get(obj: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
