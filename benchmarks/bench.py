@@ -107,9 +107,9 @@ def raw_reload(llm, spec: dict) -> float:
 def raw_vllm_spec(r, model_path: str, prompts: list, reps: int) -> dict:
     """What ``raw_vllm`` runs: the recipe's engine settings and training sampling on `prompts` (Prompt objects,
     step 0's seeds), trimming the heap after each call as the generator does."""
+    from grpo_ray.dims import model_dims
     from grpo_ray.engines import sample_seed
     from grpo_ray.fit import cpu_kv_cache_bytes, max_model_len
-    from grpo_ray.models import model_dims
 
     g = r.generator
     return {
@@ -296,8 +296,8 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
     from grpo_ray.algo.batching import flatten
     from grpo_ray.config import load_recipe
     from grpo_ray.controller import Controller
+    from grpo_ray.device import Device
     from grpo_ray.launch import connect
-    from grpo_ray.roles.generator import engine_env
     from grpo_ray.setup_run import setup_run
     from grpo_ray.types import Prompt
 
@@ -388,7 +388,7 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
     if not raw:
         return result
 
-    gen_env = engine_env("cpu", pool_threads["generator"])
+    gen_env = Device("cpu").engine_env(pool_threads["generator"])
     raw_gen = run_child("vllm", raw_vllm_spec(r, inputs.model_path, prompts, reps), gen_env)
     threads = pool_threads["learner"]
     raw_learn = run_child(

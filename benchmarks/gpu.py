@@ -6,7 +6,7 @@
 It runs the learner's own code (``Learner.setup``: FSDP2 ``fully_shard`` on a one-rank group, nccl on a GPU,
 bf16 mixed precision; ``Learner.update``: packed token logprobs, ``grpo_loss`` with a k3 KL term, backward,
 grad clip, AdamW) on a random-init model of a real shape (default Qwen2.5-1.5B's dimensions from
-``models.KNOWN_DIMS``), on sequences of ``--seq`` tokens, and reports for each micro batch size:
+``dims.KNOWN_DIMS``), on sequences of ``--seq`` tokens, and reports for each micro batch size:
 
 1. tokens/s and MFU of the update against the device's dense bf16 peak (``perf.device_peak_tflops``);
 2. the step's peak ``torch.cuda.max_memory_allocated`` against ``plan``'s learner estimate (``fit.learner_memory``)
@@ -41,10 +41,10 @@ TINY = "tiny"
 
 
 def build_model(name: str, path: Path, device: str):
-    """A random-init checkpoint of `name`'s shape (``models.KNOWN_DIMS``), written to `path` in bf16."""
+    """A random-init checkpoint of `name`'s shape (``dims.KNOWN_DIMS``), written to `path` in bf16."""
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
-    from grpo_ray.models import KNOWN_DIMS, ModelDims
+    from grpo_ray.dims import KNOWN_DIMS, ModelDims
 
     d = ModelDims(2, 128, 4, 2, 32, 256, 512, True, 4096) if name == TINY else KNOWN_DIMS[name]
     kind = LlamaConfig if "llama" in name.lower() else Qwen2Config
@@ -244,7 +244,7 @@ def model_attention(device: str) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="Qwen/Qwen2.5-1.5B-Instruct", help="a models.KNOWN_DIMS name (its shape)")
+    p.add_argument("--model", default="Qwen/Qwen2.5-1.5B-Instruct", help="a dims.KNOWN_DIMS name (its shape)")
     p.add_argument("--tiny", action="store_true", help="a tiny shape instead (a smoke test of the code path)")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--seq", type=int, default=1024, help="tokens per sequence (a quarter prompt)")

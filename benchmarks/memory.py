@@ -43,7 +43,7 @@ CONFIGS = {
 def measure(name: str, overrides: list[str], work: Path) -> dict:
     from grpo_ray import fit
     from grpo_ray.config import load_recipe
-    from grpo_ray.models import model_dims
+    from grpo_ray.dims import model_dims
 
     out = work / name.split()[0]
     flags = [

@@ -152,7 +152,7 @@ def heap_lever(common: list[str], reps: int) -> dict:
     """Raw vLLM generating one step's work in the fp32 configuration, with the old heap settings and without."""
     from benchmarks.bench import raw_vllm_spec, run_child
     from grpo_ray.config import load_recipe
-    from grpo_ray.roles.generator import engine_env
+    from grpo_ray.device import Device
     from grpo_ray.setup_run import setup_run
     from grpo_ray.types import Prompt
 
@@ -160,7 +160,7 @@ def heap_lever(common: list[str], reps: int) -> dict:
         r = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", [*common, f"trainer.output_dir={tmp}/run"])
         inputs = setup_run(r)
     prompts = [Prompt.from_row(uid, row) for uid, row in enumerate(inputs.train_rows[: r.data.train_batch_size])]
-    spec, env = raw_vllm_spec(r, inputs.model_path, prompts, reps), engine_env("cpu", os.cpu_count())
+    spec, env = raw_vllm_spec(r, inputs.model_path, prompts, reps), Device("cpu").engine_env(os.cpu_count())
     before, after = run_child("vllm", {**spec, "trim": False}, {**env, **HEAP}), run_child("vllm", spec, env)
     return {"before_s": before["seconds"], "after_s": after["seconds"], "tokens": after["tokens"]}
 
@@ -334,8 +334,8 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", help="configurations to run (default: all)")
     ap.add_argument("--workload", choices=sorted(WORKLOADS), default="select")
     args = ap.parse_args()
-    from grpo_ray import models
     from grpo_ray.config import load_recipe
+    from grpo_ray.dims import model_dims
 
     common = [*COMMON, *WORKLOADS[args.workload]]
     if args.workload == "gsm8k":
@@ -368,7 +368,7 @@ def main() -> None:
         "workload": args.workload,
         "prompts_per_step": r.data.train_batch_size,
         "group": r.algorithm.group_size,
-        "params": models.model_dims(MODEL).params,
+        "params": model_dims(MODEL).params,
         "runs": runs,
         "heap": heap,
     }

@@ -122,9 +122,9 @@ def main() -> None:
     ap = step_parser(6, 2, "benchmarks/results")
     ap.add_argument("--only", nargs="*", help="schedules to run (default: all)")
     args = ap.parse_args()
-    from grpo_ray import models
+    from grpo_ray.dims import model_dims
 
-    params = models.model_dims(MODEL).params
+    params = model_dims(MODEL).params
     runs = [
         run(name, o, args.warmup, args.steps) for name, o in SCHEDULES.items() if not args.only or name in args.only
     ]

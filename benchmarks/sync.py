@@ -99,7 +99,7 @@ def measure(model: str, bucket_mb: int, reps: int) -> dict:
         "broadcast", {"world": 1 + r.generator.num_engines, "bytes": nbytes, "reps": reps}, {"OMP_NUM_THREADS": "1"}
     )
     from grpo_ray import fit
-    from grpo_ray.models import model_dims
+    from grpo_ray.dims import model_dims
 
     dims = model_dims(inputs.model_path)
     plan = {

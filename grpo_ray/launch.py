@@ -49,13 +49,15 @@ def replay(recipe: Recipe, dump_path: str) -> dict[str, float]:
     with older weights than the learner's (max_staleness >= 1) had those older weights as its old policy: its
     replay reproduces the update only when the loaded weights are the generating ones and the step's own."""
     from grpo_ray import models
+    from grpo_ray.dims import model_dims
     from grpo_ray.dumps import load_dump
 
     rollouts, advantages = load_dump(dump_path)
     out = Path(recipe.trainer.output_dir) / "replay"
     out.mkdir(parents=True, exist_ok=True)
     connect(recipe)
-    c = Controller(recipe, RunInputs(models.resolve(recipe.model.path), [], [], {}, out, []))
+    model = models.resolve(recipe.model.path)
+    c = Controller(recipe, RunInputs(model, model_dims(model), [], [], {}, out, []))
     try:
         c.start(pools=("learner", "reference"))
         return c.replay(rollouts, advantages)

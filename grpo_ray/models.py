@@ -21,7 +21,6 @@ directory is keyed by the canonical name under ``cache_dir()``.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
@@ -31,7 +30,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
+from grpo_ray.device import Device
 from grpo_ray.errors import UserError
+
+CPU = Device("cpu")
 
 TINY_SCHEME = "tiny://"
 SFT_SCHEME = "sft://"
@@ -189,12 +191,16 @@ def resolve(name: str) -> str:
         return str(model)
     if not is_tiny(name):
         return name
-    spec = parse_tiny(name)
-    key = hashlib.sha256(spec.canonical().encode()).hexdigest()[:16]
-    out = cache_dir() / f"{spec.arch}-{key}"
+    out = tiny_dir(name)
     if not (out / "config.json").exists():
-        build_tiny(spec, out)
+        build_tiny(parse_tiny(name), out)
     return str(out)
+
+
+def tiny_dir(name: str) -> Path:
+    """Where the tiny model `name` is (or will be) built in the cache."""
+    spec = parse_tiny(name)
+    return cache_dir() / f"{spec.arch}-{hashlib.sha256(spec.canonical().encode()).hexdigest()[:16]}"
 
 
 def base_of(name: str) -> str:
@@ -376,156 +382,14 @@ def build_tiny(spec: TinySpec, out: Path, extra_texts: list[str] | None = None) 
     return out
 
 
-def load_causal_lm(path: str, dtype, trust_remote_code: bool = False):
-    """A transformers causal LM from `path` (hub name or directory), in `dtype`, eager attention on CPU."""
-    import torch
+def load_causal_lm(path: str, dtype, trust_remote_code: bool = False, device: Device = CPU):
+    """A transformers causal LM from `path` (hub name or directory), in `dtype`, with `device`'s attention."""
     from transformers import AutoModelForCausalLM
 
-    kwargs = {} if torch.cuda.is_available() else {"attn_implementation": "eager"}
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code, **kwargs)
+    attn = {"attn_implementation": device.attn_implementation} if device.attn_implementation else {}
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code, **attn)
 
 
 def pad_id(config) -> int:
     """The token id that pads a batch: the config's pad token, else 0 (padding is masked out either way)."""
     return config.pad_token_id if config.pad_token_id is not None else 0
-
-
-# --- shapes, for the fit check ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ModelDims:
-    """The numbers a memory estimate needs, read from a config without loading weights."""
-
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    tied: bool
-    max_positions: int = 0
-    """Longest sequence the model's positions allow (max_position_embeddings); 0 when unknown."""
-
-    @property
-    def attn_dim(self) -> int:
-        """Width of the attention output: heads x head_dim."""
-        return self.heads * self.head_dim
-
-    @property
-    def matmul_params(self) -> int:
-        """Parameters that take part in a matmul per token: every decoder linear layer and the LM head (not the
-        embedding lookup, norms or biases), for the FLOPs count."""
-        return self.layers * self.layer_params + self.vocab * self.hidden
-
-    @property
-    def layer_params(self) -> int:
-        """Parameters of one decoder block: attention projections and a gated MLP (norms and biases ignored)."""
-        attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
-        return attn + 3 * self.hidden * self.intermediate
-
-    def linears(self) -> dict[str, tuple[int, int]]:
-        """(in, out) features of each linear layer of a decoder block, by module name (the LM head aside)."""
-        h, a, kv, i = self.hidden, self.attn_dim, self.kv_heads * self.head_dim, self.intermediate
-        return {
-            "q_proj": (h, a),
-            "k_proj": (h, kv),
-            "v_proj": (h, kv),
-            "o_proj": (a, h),
-            "gate_proj": (h, i),
-            "up_proj": (h, i),
-            "down_proj": (i, h),
-        }
-
-    def lora_targets(self, targets: list[str]) -> dict[str, tuple[int, int]]:
-        """The linear layers of a block that LoRA's `targets` name ([all-linear]: all of them), as ``linears``."""
-        every = self.linears()
-        return every if list(targets) == ["all-linear"] else {t: every[t] for t in targets}
-
-    def lora_params(self, rank: int, targets: list[str]) -> int:
-        """Adapter parameters of LoRA at `rank` on the `targets` of every block."""
-        return self.layers * sum(rank * (i + o) for i, o in self.lora_targets(targets).values())
-
-    @property
-    def embedding_params(self) -> int:
-        """Input embedding plus, when untied, the LM head."""
-        return self.vocab * self.hidden * (1 if self.tied else 2)
-
-    @property
-    def params(self) -> int:
-        return self.layers * self.layer_params + self.embedding_params
-
-
-# Text-model shapes of the public checkpoints our recipes name (their config.json), so `plan` runs offline.
-KNOWN_DIMS = {
-    "Qwen/Qwen2.5-32B-Instruct": ModelDims(64, 5120, 40, 8, 128, 27648, 152064, False, 32768),
-    "Qwen/Qwen2.5-0.5B-Instruct": ModelDims(24, 896, 14, 2, 64, 4864, 151936, True, 32768),
-    "Qwen/Qwen2.5-1.5B-Instruct": ModelDims(28, 1536, 12, 2, 128, 8960, 151936, True, 32768),
-    "meta-llama/Llama-3.1-8B-Instruct": ModelDims(32, 4096, 32, 8, 128, 14336, 128256, False, 131072),
-    "google/gemma-3-27b-it": ModelDims(62, 5376, 32, 16, 128, 21504, 262208, True, 131072),
-    "google/gemma-3-1b-it": ModelDims(26, 1152, 4, 1, 256, 6912, 262144, True, 32768),
-}
-
-
-@functools.cache
-def hub_answers(timeout_s: float = 3.0) -> bool:
-    """Whether the Hugging Face hub (HF_ENDPOINT) takes a connection within `timeout_s`: when it does not, configs
-    are read from the cache only, without the hub client's half minute of retries. Asked once a process."""
-    import socket
-
-    host = urlsplit(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    try:
-        socket.create_connection((host.hostname, host.port or 443), timeout=timeout_s).close()
-        return True
-    except OSError:
-        return False
-
-
-def model_dims(name: str) -> ModelDims:
-    """Shape of `name` without loading weights: a local (or freshly built tiny) config.json, the table
-    above, or the Hugging Face cache. Raises ModelNameError when none of them knows it."""
-    if is_sft(name):  # fine-tuning keeps the shape
-        return model_dims(sft_base(name))
-    if is_tiny(name):  # built here in seconds; its config has the vocabulary the tokenizer really got
-        name = resolve(name)
-    if name in KNOWN_DIMS:
-        return KNOWN_DIMS[name]
-    path = Path(name) / "config.json"
-    if Path(name).is_dir() and not path.is_file():
-        raise ModelNameError(
-            f"model.path={name!r}: the directory has no config.json, so it is not a Hugging Face model"
-        )
-    if name.startswith(("/", "./", "../", "~")) and not Path(name).expanduser().exists():
-        raise ModelNameError(f"model.path={name!r}: no such directory")
-    offline = False
-    try:
-        if path.is_file():
-            cfg = json.loads(path.read_text())
-        else:
-            from transformers import AutoConfig
-
-            offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on") or not hub_answers()
-            cfg = AutoConfig.from_pretrained(name, local_files_only=offline).to_dict()  # the cache, else the hub
-    except (OSError, ValueError) as e:
-        why = (
-            "not in the Hugging Face cache, and offline (HF_HUB_OFFLINE, or the hub does not answer)"
-            if offline
-            else f"not in the Hugging Face cache and not fetched from the hub ({str(e).splitlines()[0][:200]})"
-        )
-        raise ModelNameError(
-            f"model.path={name!r}: no config.json: {why}; download the model, or name a local directory"
-        ) from None
-    cfg = cfg.get("text_config", cfg)  # multimodal checkpoints (Gemma 3 >= 4B) keep the LM's shape here
-    heads = cfg["num_attention_heads"]
-    return ModelDims(
-        cfg["num_hidden_layers"],
-        cfg["hidden_size"],
-        heads,
-        cfg.get("num_key_value_heads", heads),
-        cfg.get("head_dim") or cfg["hidden_size"] // heads,
-        cfg["intermediate_size"],
-        cfg["vocab_size"],
-        bool(cfg.get("tie_word_embeddings", True)),
-        int(cfg.get("max_position_embeddings") or 0),
-    )

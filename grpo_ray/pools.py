@@ -25,15 +25,19 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from grpo_ray import faults, placement, rewards, transports
 from grpo_ray.config import POOLS, Recipe
+from grpo_ray.device import Device
+from grpo_ray.dims import ModelDims
 from grpo_ray.errors import RunError
-from grpo_ray.fit import cpu_kv_cache_bytes, max_model_len
+from grpo_ray.fit import cpu_kv_cache_bytes
 from grpo_ray.metrics import since_start
-from grpo_ray.models import model_dims
 from grpo_ray.roles import LOG_FILE_ENV
-from grpo_ray.roles.generator import Generator, engine_env
+from grpo_ray.roles.generator import Generator
 from grpo_ray.roles.learner import Learner
 from grpo_ray.roles.reference import Reference
 from grpo_ray.roles.reward import RewardWorker
+
+ROLES = {"generator": Generator, "learner": Learner, "reference": Reference, "reward": RewardWorker}
+"""The actor class of each pool: each takes the model and the recipe and reads what it needs."""
 
 
 class PoolFault(RunError):
@@ -67,8 +71,9 @@ def wait(refs, what: str, timeout_s: float):
 
 
 class Pools:
-    def __init__(self, recipe: Recipe, model_path: str):
-        self.r, self.model_path = recipe, model_path
+    def __init__(self, recipe: Recipe, model_path: str, dims: ModelDims):
+        self.r, self.model_path, self.dims = recipe, model_path, dims
+        self.device = Device.of(recipe)
         self.plans = placement.plan(recipe)
         self.actors: dict[str, list] = {p: [] for p in POOLS}
         self.pgs: dict = {}
@@ -112,7 +117,7 @@ class Pools:
 
     def _new(self, pool: str, i: int):
         """Actor i of `pool`, in bundle i of the pool's placement group."""
-        r, g = self.r, self.r.generator
+        r = self.r
         pg, gpus = self.pgs[pool]
         cpus, threads = self.plans[pool].cpus, self.threads[pool]
         env = {"OMP_NUM_THREADS": str(threads)}
@@ -120,7 +125,7 @@ class Pools:
         if r.trainer.log_level == "info":  # the actor's own output to a file, not the console
             env[LOG_FILE_ENV] = str(self.log_dir() / f"{pool}-{i}.log")
         if pool == "generator":
-            env.update(engine_env(r.cluster.device, threads))
+            env.update(self.device.engine_env(threads))
         options = dict(
             num_cpus=cpus,
             num_gpus=gpus,
@@ -128,56 +133,15 @@ class Pools:
             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
             runtime_env={"env_vars": env},
         )
+        actor = ray.remote(ROLES[pool]).options(**options)
         if pool == "generator":
-            kv = cpu_kv_cache_bytes(model_dims(self.model_path), r) if r.cluster.device == "cpu" else 0
-            return (
-                ray.remote(Generator)
-                .options(**options)
-                .remote(
-                    self.model_path,
-                    g,
-                    max_model_len(r),
-                    kv,
-                    r.trainer.seed + i,
-                    r.model.trust_remote_code,
-                    r.cluster.device,
-                    r.model.lora if r.model.lora.rank and r.model.lora.sync == "adapters" else None,
-                )
-            )
+            kv = 0 if self.device.gpu else cpu_kv_cache_bytes(self.dims, r)  # on GPU: gpu_memory_utilization
+            return actor.remote(self.model_path, r, kv, r.trainer.seed + i)
         if pool == "learner":
-            return ray.remote(Learner).options(**options).remote(self.model_path, r, i, r.learner.world_size, threads)
+            return actor.remote(self.model_path, r, i, r.learner.world_size, threads, self.dims)
         if pool == "reference":
-            return (
-                ray.remote(Reference)
-                .options(**options)
-                .remote(
-                    self.model_path,
-                    r.cluster.device,
-                    r.reference.micro_batch_size,
-                    g.sampling.temperature,
-                    threads,
-                    i,
-                    self.plans[pool].actors,
-                    r.model.trust_remote_code,
-                    r.learner.dtype,
-                    r.model.sequence_packing,
-                    r.model.shared_prompt,
-                )
-            )
-        w = r.reward
-        return (
-            ray.remote(RewardWorker)
-            .options(**options)
-            .remote(
-                [(f.name, f.weight) for f in w.functions],
-                w.timeout_s,
-                r.data.response_prefix,
-                w.memory_mb,
-                w.sandbox,
-                w.network,
-                rewards.shipped([f.name for f in w.functions]),
-            )
-        )
+            return actor.remote(self.model_path, r, i, self.plans[pool].actors, threads)
+        return actor.remote(r.reward, r.data.response_prefix, rewards.shipped([f.name for f in r.reward.functions]))
 
     def log_dir(self) -> Path:
         """Where actors write their output at trainer.log_level=info."""
@@ -222,7 +186,7 @@ class Pools:
 
     def devices(self) -> float:
         """Devices of all pools for perf/throughput: GPUs on cuda, reserved CPUs on cpu."""
-        if self.r.cluster.device == "cuda":
+        if self.device.gpu:
             return sum(p.actors * p.gpus for p in self.plans.values())
         return sum(p.actors * p.cpus for p in self.plans.values())
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from grpo_ray import models, rewards, rundir
 from grpo_ray.config import Recipe, RecipeError, dump_recipe, recipe_yaml
 from grpo_ray.data import DataError, dotted, load_rows, prompt_text
+from grpo_ray.dims import ModelDims, model_dims
 
 
 @dataclass
@@ -22,6 +23,8 @@ class RunInputs:
 
     model_path: str
     """Loadable by transformers and vLLM (a tiny model is built by now)."""
+    dims: ModelDims
+    """The model's shape, read once here: the pools' memory sizes and the learner's FLOPs count use it."""
     train_rows: list[dict]
     """Usable training rows, each with 'prompt_ids' and 'prompt_text' added."""
     val_rows: list[dict]
@@ -209,4 +212,5 @@ def setup_run(
             else models.resolve(recipe.model.path)
         )
     dump_recipe(recipe, output_dir / "config.yaml")
-    return RunInputs(model_path, train_rows, val_rows, dropped, output_dir, train_rows[0]["prompt_ids"], resume)
+    dims = model_dims(model_path)  # once, from the model as built or trained
+    return RunInputs(model_path, dims, train_rows, val_rows, dropped, output_dir, train_rows[0]["prompt_ids"], resume)

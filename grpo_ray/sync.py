@@ -41,11 +41,6 @@ class WeightMeta:
         return self.numel * torch.empty((), dtype=self.torch_dtype).element_size()
 
 
-def backend_for(device: str) -> str:
-    """The one place that maps a device to a collective backend."""
-    return {"cuda": "nccl", "cpu": "gloo"}[device]
-
-
 def free_address() -> tuple[str, int]:
     """This node's IP and a free TCP port, for a process group's store."""
     import ray

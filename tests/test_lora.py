@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from grpo_ray import lora, models
+from grpo_ray import dims, lora, models
 from grpo_ray.config import LoraConfig, load_recipe
 from tests.conftest import ROOT, TINY, run_cli
 from tests.test_checkpoint import assert_same_metrics, metrics, whole_and_resumed
@@ -67,7 +67,7 @@ def test_lora_run_one_step_off_syncs_the_adapters_and_resumes_exactly(runs):
     assert_same_metrics(whole, killed)  # a checkpoint of adapters and their optimizer state resumes exactly
     rows = metrics(whole)
     assert max(r["sync/logprob_diff"] for r in rows) < 1e-3  # the engine applies the learner's adapters every step
-    params = models.model_dims(load_recipe(ROOT / "recipes" / "tiny-cpu.yaml").model.path).params
+    params = dims.model_dims(load_recipe(ROOT / "recipes" / "tiny-cpu.yaml").model.path).params
     assert all(0 < r["sync/bytes"] < params * 4 / 5 for r in rows)  # the adapters alone, not the model
     assert rows[0]["actor/kl_loss"] == 0 and all(r["actor/kl_loss"] > 0 for r in rows[1:])  # adapters off = reference
     assert all(r["timing_s/ref"] > 0 for r in rows)
@@ -207,7 +207,7 @@ def test_engine_takes_each_update_of_the_adapters(ray_local, tmp_path, mode):
             c.version = version
             synced = c.engines.sync()
             assert synced["sync/logprob_diff"] < 1e-5
-            model_bytes = 4 * models.model_dims(recipe.model.path).params
+            model_bytes = 4 * dims.model_dims(recipe.model.path).params
             if mode == "adapters":
                 assert synced["sync/bytes"] < model_bytes / 10
             else:

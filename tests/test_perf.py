@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from grpo_ray import models, perf
+from grpo_ray.dims import ModelDims, model_dims
 from grpo_ray.metrics import perf_metrics, validation_metrics
-from grpo_ray.models import ModelDims
 from tests.conftest import TINY
 
 
@@ -16,7 +16,7 @@ def test_model_dims_count_the_matmul_parameters_of_the_real_model():
     vocab = model.config.vocab_size
     per_layer = 64 * 64 + 64 * 32 + 64 * 32 + 64 * 64 + 3 * 64 * 128  # q, k, v, o, gate/up/down
     by_hand = 2 * per_layer + 64 * vocab  # + the LM head's matmul (tied to the embedding)
-    dims = models.model_dims(path)
+    dims = model_dims(path)
     assert (
         dims.matmul_params
         == by_hand

@@ -7,8 +7,8 @@ import pytest
 
 from grpo_ray import fit, placement
 from grpo_ray.config import load_recipe
+from grpo_ray.dims import model_dims
 from grpo_ray.dumps import read_samples
-from grpo_ray.models import model_dims
 from tests.conftest import ROOT, run_cli
 
 RECIPES = ROOT / "recipes"
@@ -216,3 +216,21 @@ def test_one_gpu_recipes_fit_the_cards_they_name(name, fits, not_fits):
         report = fit.check(load_recipe(RECIPES / f"{name}.yaml", [f"cluster.gpu={gpu}"]))
         assert report.fits == (gpu in fits), (gpu, report.text())
         assert "node 0 1/1 GPUs: generator+learner" in report.text()
+
+
+def test_the_fit_check_builds_and_writes_nothing(tmp_path, monkeypatch):
+    """`plan` and the checks before start are pure: a tiny model not built yet is planned from its name's shape, and
+    the cache stays empty; the model built later has that shape (its trained vocabulary at most the one asked)."""
+    import dataclasses
+
+    from grpo_ray import models
+
+    monkeypatch.setenv("GRPO_RAY_CACHE", str(tmp_path / "cache"))
+    r = load_recipe(RECIPES / "tiny-cpu.yaml")
+    d = model_dims(r.model.path)
+    fit.model_limits(r, "train", d)
+    assert fit.check(r, d).fits and fit.check(r).fits
+    assert not (tmp_path / "cache").exists()
+    built = model_dims(models.resolve(r.model.path))
+    assert (tmp_path / "cache").is_dir()
+    assert dataclasses.replace(built, vocab=d.vocab) == d and 0 < built.vocab <= d.vocab

@@ -5,17 +5,17 @@ import pytest
 import torch
 
 from grpo_ray import models
+from grpo_ray.config import load_recipe
 from grpo_ray.roles.reference import Reference
-from tests.conftest import TINY, tiny_rollouts
+from tests.conftest import ROOT, TINY, tiny_rollouts
 
 pytestmark = pytest.mark.slow
 
 
 def reference_pool(ray, path, n, shared=False):
-    actors = [
-        ray.remote(Reference).options(num_cpus=0.25).remote(path, "cpu", 3, 1.0, 0.25, i, n, shared=shared)
-        for i in range(n)
-    ]
+    flags = ["reference.micro_batch_size=3", "learner.dtype=float32", f"model.shared_prompt={shared}"]
+    recipe = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", ["generator.sampling.temperature=1.0", *flags])
+    actors = [ray.remote(Reference).options(num_cpus=0.25).remote(path, recipe, i, n) for i in range(n)]
     host, port = ray.get(actors[0].address.remote())
     ray.get([a.setup.remote(host, port) for a in actors])
     return actors

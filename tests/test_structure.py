@@ -8,7 +8,7 @@ from pathlib import Path
 from tests.conftest import ROOT
 
 LAYERS = [  # bottom to top: a module imports modules of its own layer or below, never above
-    ("base", ["errors", "types", "faults", "perf", "config", "recipe_docs", "sync", "plot"]),
+    ("base", ["errors", "types", "faults", "perf", "device", "config", "recipe_docs", "sync", "plot"]),
     (
         "pure",
         [
@@ -16,6 +16,7 @@ LAYERS = [  # bottom to top: a module imports modules of its own layer or below,
             "data",
             "rewards",
             "models",
+            "dims",
             "lora",
             "placement",
             "fit",
@@ -129,6 +130,18 @@ def test_the_checks_catch_what_they_are_for(tmp_path, monkeypatch):
         assert "import circle:" in str(e) and "grpo_ray.sft" in str(e)
     else:
         raise AssertionError("the circle models -> sft -> ... -> models passed")
+
+
+def test_the_device_is_one_value():
+    """No module asks the machine what it runs on: the run's device is grpo_ray.device.Device, built from
+    cluster.device. The one exception is `eval` without a recipe, which takes this machine's GPUs as its recipe."""
+    asked = []
+    for mod, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("is_available", "device_count"):
+                if ast.unparse(node.value).endswith("cuda") and mod != "evaluate":
+                    asked.append(f"grpo_ray/{path.relative_to(ROOT / 'grpo_ray')}:{node.lineno}: {ast.unparse(node)}")
+    assert not asked, "\n".join(asked)
 
 
 def test_ruff_lints_and_formats_clean():

@@ -9,6 +9,7 @@ import torch
 from grpo_ray import sync
 from grpo_ray.config import load_recipe
 from grpo_ray.controller import Controller
+from grpo_ray.device import Device
 from grpo_ray.roles import fsdp, mark_rss, peak_rss_since_mark
 from grpo_ray.setup_run import setup_run
 from grpo_ray.transports import collective
@@ -25,7 +26,7 @@ def test_bucket_plan_is_shared_by_sender_and_receiver():
     ]
     # 64 + 16 bytes fit in 96; the dtype changes at c; d alone is larger than a bucket
     assert sync.plan_buckets(metas, 96) == [[0, 1], [2], [3]]
-    assert sync.backend_for("cpu") == "gloo" and sync.backend_for("cuda") == "nccl"
+    assert Device("cpu").backend == "gloo" and Device("cuda").backend == "nccl"
     assert sync.largest_bucket_bytes(metas, 96) == 400
 
 

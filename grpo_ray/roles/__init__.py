@@ -12,6 +12,8 @@ import functools
 import os
 import sys
 
+from grpo_ray.device import Device
+
 LOG_FILE_ENV = "GRPO_RAY_LOG_FILE"
 
 
@@ -33,7 +35,8 @@ def log_to_file() -> None:
 
 
 class RoleActor:
-    device: str = "cpu"
+    run_on: Device = Device()
+    """The run's device (``cluster.device``): what this actor's memory is reported as."""
 
     def where(self) -> dict:
         """Node id, pid and compute threads (torch's, when loaded) of this actor, for placement.json."""
@@ -49,13 +52,13 @@ class RoleActor:
     def peak_memory_gb(self) -> tuple[str, float]:
         """("max_memory_allocated_gb", GB) when this actor's torch holds its model on a GPU,
         else ("peak_rss_gb", GB): the peak resident set size of the process."""
-        if str(self.device).startswith("cuda"):
+        if self.run_on.gpu:
             import torch
 
-            return "max_memory_allocated_gb", torch.cuda.max_memory_allocated() / 1e9
+            return self.run_on.memory_metric, torch.cuda.max_memory_allocated() / 1e9
         import resource
 
-        return "peak_rss_gb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # KiB on Linux
+        return self.run_on.memory_metric, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # KiB on Linux
 
 
 def mark_rss() -> float:

@@ -15,22 +15,23 @@ import torch
 import torch.distributed as dist
 
 from grpo_ray import sync
+from grpo_ray.device import Device
 
 
-def join(device: str, host: str, port: int, rank: int, world_size: int):
+def join(device: Device, host: str, port: int, rank: int, world_size: int):
     """Join the role's process group (gloo on CPU, nccl on GPU); returns its one-dimensional device mesh."""
     from torch.distributed.device_mesh import init_device_mesh
 
     dist.init_process_group(
-        sync.backend_for(device),
+        device.backend,
         init_method=f"tcp://{host}:{port}",
         rank=rank,
         world_size=world_size,
         timeout=timedelta(minutes=10),
     )
-    if device == "cuda":
-        torch.cuda.set_device(0)  # Ray gives each actor one GPU
-    return init_device_mesh("cuda" if device == "cuda" else "cpu", (world_size,))
+    if device.gpu:
+        torch.cuda.set_device(device.torch)  # Ray gives each actor one GPU
+    return init_device_mesh(device.kind, (world_size,))
 
 
 def shard(model: torch.nn.Module, mesh, param_dtype: torch.dtype, reduce_dtype: torch.dtype = torch.float32):

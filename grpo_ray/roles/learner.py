@@ -36,8 +36,10 @@ from grpo_ray.algo.batching import collate, flatten, micro_batches, place_values
 from grpo_ray.algo.logprobs import sequence_logprobs, token_logprobs
 from grpo_ray.algo.loss import LOSS_SUMS, LossInputs, StepSums, micro_batch_loss, sft_loss, step_metrics
 from grpo_ray.config import Recipe
+from grpo_ray.device import Device
+from grpo_ray.dims import ModelDims, model_dims
 from grpo_ray.faults import fault_at
-from grpo_ray.models import load_causal_lm, model_dims, pad_id
+from grpo_ray.models import load_causal_lm, pad_id
 from grpo_ray.perf import device_peak_tflops, measure_cpu_peak_tflops
 from grpo_ray.roles import RoleActor, fsdp, log_to_file
 from grpo_ray.types import Update
@@ -69,11 +71,21 @@ def _placed(values, micro: list[int], mask: torch.Tensor) -> torch.Tensor | None
 
 
 class Learner(RoleActor):
-    def __init__(self, model_path: str, recipe: Recipe, rank: int, world_size: int, threads: int = 1):
+    def __init__(
+        self,
+        model_path: str,
+        recipe: Recipe,
+        rank: int,
+        world_size: int,
+        threads: int = 1,
+        dims: ModelDims | None = None,
+    ):
         log_to_file()
         self.model_path, self.recipe, self.rank, self.world_size = model_path, recipe, rank, world_size
         self.lora = recipe.model.lora.rank > 0
-        self.device = torch.device("cuda" if recipe.cluster.device == "cuda" else "cpu")
+        self.run_on = Device.of(recipe)
+        self.device = self.run_on.torch
+        self.dims = dims or model_dims(model_path)  # the run's inputs carry it; read here when made without
         torch.set_num_threads(threads)
         torch.manual_seed(recipe.trainer.seed)
         self.transport = None  # rank 0's side of the weight transport, once joined
@@ -91,9 +103,9 @@ class Learner(RoleActor):
         """Join the group, load and shard the model; returns the model's dims, this device's name and its peak TFLOPS
         (None when unknown: no MFU then)."""
         cfg = self.recipe.learner
-        mesh = fsdp.join(self.recipe.cluster.device, host, port, self.rank, self.world_size)
+        mesh = fsdp.join(self.run_on, host, port, self.rank, self.world_size)
         # loaded on the host; fully_shard moves one layer at a time to the device and keeps only this rank's shard
-        model = load_causal_lm(self.model_path, torch.float32, self.recipe.model.trust_remote_code)
+        model = load_causal_lm(self.model_path, torch.float32, self.recipe.model.trust_remote_code, self.run_on)
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
             if self.lora:
@@ -116,12 +128,12 @@ class Learner(RoleActor):
         )
         self.pad_id = pad_id(model.config)
         declared = self.recipe.cluster.peak_tflops
-        if self.device.type == "cuda":
+        if self.run_on.gpu:
             name = torch.cuda.get_device_name()
             peak = device_peak_tflops(name, declared)
         else:
             name, peak = "cpu", declared or (measure_cpu_peak_tflops() if self.rank == 0 else None)  # rank 0's is used
-        return {"dims": model_dims(self.model_path), "peak_tflops": peak, "device_name": name}
+        return {"dims": self.dims, "peak_tflops": peak, "device_name": name}
 
     # --- training --------------------------------------------------------------------
 

@@ -17,34 +17,27 @@ import torch.distributed as dist
 from grpo_ray import sync
 from grpo_ray.algo.batching import Span, collate, flatten, micro_batches, response_values
 from grpo_ray.algo.logprobs import sequence_logprobs
+from grpo_ray.config import Recipe
+from grpo_ray.device import Device
 from grpo_ray.models import load_causal_lm, pad_id
 from grpo_ray.roles import RoleActor, fsdp, log_to_file
 from grpo_ray.types import Work
 
 
 class Reference(RoleActor):
-    def __init__(
-        self,
-        model_path: str,
-        device: str,
-        micro_batch_size: int,
-        temperature: float,
-        threads: int,
-        rank: int = 0,
-        world_size: int = 1,
-        trust_remote_code: bool = False,
-        dtype: str = "float32",
-        packing: bool = True,
-        shared: bool = False,
-    ):
+    def __init__(self, model_path: str, recipe: Recipe, rank: int = 0, world_size: int = 1, threads: int = 1):
         log_to_file()
         torch.set_num_threads(max(1, threads))
-        self.device_kind = device
-        self.device = torch.device("cuda" if device == "cuda" else "cpu")
-        self.model_path, self.trust_remote_code, self.dtype = model_path, trust_remote_code, getattr(torch, dtype)
+        self.run_on = Device.of(recipe)
+        self.device = self.run_on.torch
+        self.model_path, self.trust_remote_code = model_path, recipe.model.trust_remote_code
+        self.dtype = getattr(torch, recipe.learner.dtype)  # the learner's compute dtype: both score alike
         self.rank, self.world_size = rank, world_size
-        self.micro_batch_size, self.temperature, self.packing = micro_batch_size, temperature, packing
-        self.shared = shared
+        self.micro_batch_size, self.temperature = (
+            recipe.reference.micro_batch_size,
+            recipe.generator.sampling.temperature,
+        )
+        self.packing, self.shared = recipe.model.sequence_packing, recipe.model.shared_prompt
 
     def address(self) -> tuple[str, int]:
         """A free address on this actor's node (rank 0 hosts the group's store)."""
@@ -53,8 +46,8 @@ class Reference(RoleActor):
     def setup(self, host: str, port: int) -> None:
         """Join the reference group; load the model in the learner's compute dtype (so both score with the same
         precision) and shard it."""
-        mesh = fsdp.join(self.device_kind, host, port, self.rank, self.world_size)
-        model = load_causal_lm(self.model_path, self.dtype, self.trust_remote_code)
+        mesh = fsdp.join(self.run_on, host, port, self.rank, self.world_size)
+        model = load_causal_lm(self.model_path, self.dtype, self.trust_remote_code, self.run_on)
         model.requires_grad_(False)
         self.model = fsdp.shard(model, mesh, self.dtype).eval()
         self.pad_id = pad_id(self.model.config)

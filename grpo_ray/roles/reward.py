@@ -16,6 +16,7 @@ import sys
 import time
 
 from grpo_ray.algo.batching import Span, samples
+from grpo_ray.config import RewardConfig
 from grpo_ray.rewards import search_here, weighted_sum
 from grpo_ray.rewards.sandbox import RewardChild
 from grpo_ray.roles import RoleActor, log_to_file
@@ -29,23 +30,15 @@ LOST = {
 
 
 class RewardWorker(RoleActor):
-    def __init__(
-        self,
-        functions: list[tuple[str, float]],
-        timeout_s: float,
-        response_prefix: str = "",
-        memory_mb: int = 2048,
-        sandbox: bool = True,
-        network: bool = False,
-        code: tuple[dict[str, str], list[str]] = ({}, []),
-    ):
-        """`code`: the text of each file-form function and the directories module forms are imported from
-        (``grpo_ray.rewards.shipped``)."""
+    def __init__(self, reward: RewardConfig, response_prefix: str = "", code: tuple[dict, list] = ({}, [])):
+        """The recipe's reward section; `code`: the text of each file-form function and the directories module
+        forms are imported from (``grpo_ray.rewards.shipped``)."""
         log_to_file()
         sources, dirs = code
         search_here(*dirs)  # before the child starts: it is spawned with this sys.path
-        self.functions, self.timeout_s, self.prefix = functions, timeout_s, response_prefix
-        self.child = RewardChild(memory_mb, sandbox, network, sources)
+        self.functions = [(f.name, f.weight) for f in reward.functions]
+        self.timeout_s, self.prefix = reward.timeout_s, response_prefix
+        self.child = RewardChild(reward.memory_mb, reward.sandbox, reward.network, sources)
         self.reported: set[str] = set()
 
     def isolation(self) -> str:

@@ -1,7 +1,7 @@
 """The collective weight transport (``trainer.weight_transport: collective``, the default): a torch.distributed
 process group of its own (not the learner's FSDP group, not vLLM's tensor-parallel group) over learner rank 0 (its
 rank 0, hosting the group's store) and every worker of every engine (engine i's workers from 1 + i x tensor
-parallel size). The backend follows the device (``sync.backend_for``): nccl on cuda, gloo on cpu.
+parallel size). The backend follows the device (``Device.backend``): nccl on cuda, gloo on cpu.
 
 Streaming: ``send`` has each bucket filled in place (the learner assembles it from its ranks' shards, cast to the
 wire dtype) and broadcasts it asynchronously while the next one fills, so at most two buckets are held.
@@ -19,7 +19,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from grpo_ray.sync import Phases, WeightMeta, backend_for, buffer, plan_buckets, unflatten
+from grpo_ray.device import Device
+from grpo_ray.sync import Phases, WeightMeta, buffer, plan_buckets, unflatten
 from grpo_ray.transports.base import Bucket, Transport
 
 
@@ -27,7 +28,7 @@ class Collective(Transport):
     name = "collective"
 
     def __init__(self, recipe):
-        self.backend = backend_for(recipe.cluster.device)
+        self.backend = Device.of(recipe).backend
         self.timeout_s = recipe.trainer.sync_timeout_s
         self.start_s = recipe.generator.timeout_s  # a replaced engine may still be starting vLLM
         self.tp = recipe.generator.tensor_parallel_size

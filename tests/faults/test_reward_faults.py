@@ -7,12 +7,19 @@ import time
 
 import pytest
 
+from grpo_ray.config import RewardConfig, RewardFnConfig
 from grpo_ray.roles.reward import RewardWorker
 from grpo_ray.types import Completion, Prompt, Rollout
 
 pytestmark = pytest.mark.slow
 
 ODD = "tests.helpers.odd_rewards:odd"
+
+
+def section(functions, timeout_s, sandbox=True):
+    """A reward section of `functions` ((name, weight) pairs), 1 GB per child."""
+    fns = [RewardFnConfig(name=n, weight=w) for n, w in functions]
+    return RewardConfig(functions=fns, timeout_s=timeout_s, memory_mb=1024, sandbox=sandbox)
 
 
 def rollout(truths_and_texts):
@@ -23,7 +30,9 @@ def rollout(truths_and_texts):
 
 def test_misbehaving_rewards_score_zero_are_counted_and_the_worker_goes_on(ray_local):
     worker = (
-        ray_local.remote(RewardWorker).options(num_cpus=0.25).remote([(ODD, 0.5), ("gsm8k", 1.0)], 3.0, "#### ", 1024)
+        ray_local.remote(RewardWorker)
+        .options(num_cpus=0.25)
+        .remote(section([(ODD, 0.5), ("gsm8k", 1.0)], 3.0), "#### ")
     )
     ro = rollout(
         [
@@ -60,7 +69,7 @@ def test_reward_code_has_no_network_and_writes_only_to_its_scratch_dir(ray_local
     target = tmp_path / "outside.txt"
     cases = [(f"connect:127.0.0.1:{port}", "a"), (f"write:{target}", "b"), ("scratch", "c")]
 
-    sandboxed = ray_local.remote(RewardWorker).options(num_cpus=0.25).remote([(ODD, 1.0)], 10.0, "", 1024, True)
+    sandboxed = ray_local.remote(RewardWorker).options(num_cpus=0.25).remote(section([(ODD, 1.0)], 10.0, sandbox=True))
     if not ray_local.get(sandboxed.isolation.remote()).startswith("network+filesystem"):
         pytest.skip("this OS does not allow user namespaces: only time and memory limits apply (see the README)")
     scores = ray_local.get(sandboxed.score.remote([ray_local.put(rollout(cases))]), timeout=60)
@@ -68,7 +77,9 @@ def test_reward_code_has_no_network_and_writes_only_to_its_scratch_dir(ray_local
     assert not target.exists()
 
     # the same code without the sandbox reaches both: the test can tell the difference
-    open_worker = ray_local.remote(RewardWorker).options(num_cpus=0.25).remote([(ODD, 1.0)], 10.0, "", 1024, False)
+    open_worker = (
+        ray_local.remote(RewardWorker).options(num_cpus=0.25).remote(section([(ODD, 1.0)], 10.0, sandbox=False))
+    )
     assert ray_local.get(open_worker.isolation.remote()).startswith("none")
     scores = ray_local.get(open_worker.score.remote([ray_local.put(rollout(cases[:2]))]), timeout=60)
     assert scores.totals == [1.0, 1.0] and target.exists()
