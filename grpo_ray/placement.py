@@ -16,6 +16,7 @@ gives up with a message instead of waiting forever.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -166,3 +167,78 @@ def write_placement(path: Path, pools: dict[str, list[dict]]) -> None:
     """placement.json: per pool, per actor, its node id, pid, compute threads and resources."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(pools, indent=1))
+
+
+# --- the layout the fit check reads: pools on the nodes the recipe describes ---------------------
+
+
+@dataclass
+class Node:
+    index: int
+    markers: tuple[str, ...]
+    free: float
+    """Free GPUs (CPU nodes: 0, never checked)."""
+    hosts: list[tuple[str, int, float]] = field(default_factory=list)
+    """(node group, actor index, GPUs) placed here."""
+
+
+def layout(r: Recipe) -> tuple[list[Node], list[str]]:
+    """Place every node group's bundles on simulated nodes, first fit; problems for bundles with no room."""
+    c = r.cluster
+    markers = [(m,) for m in node_markers(r)]
+    problems = []
+    if len(markers) > c.nodes:
+        problems.append(
+            f"cluster.node_markers {dict(c.node_markers)} mark {len(markers)} nodes, but cluster.nodes is {c.nodes}"
+        )
+    if not markers:  # markers not described: every node may carry any of them
+        markers = [tuple(sorted(set(c.node_resources.values())))] * c.nodes
+    nodes = [Node(i, markers[i] if i < len(markers) else (), float(c.devices_per_node)) for i in range(c.nodes)]
+    plans = plan(r)
+    for group in node_groups(r):
+        if c.device == "cuda" and not any(plans[p].gpus for p in group):
+            continue  # CPU-only pools (rewards) go wherever Ray finds CPUs; only GPUs are laid out here
+        want = {k for p in group for k in plans[p].resources}
+        eligible = [n for n in nodes if want <= set(n.markers)]
+        if not want:
+            eligible.sort(key=lambda n: bool(n.markers))  # Ray may use marked nodes too; unmarked ones first
+        free = sum(n.free for n in eligible)
+        group_bundles = bundles(group, plans)
+        for i, b in enumerate(group_bundles):
+            gpus = b.get("GPU", 0.0)
+            node = next((n for n in eligible if n.free >= gpus - 1e-9), None)
+            if node is None:
+                where = f"nodes marked {'+'.join(sorted(want))}" if want else "the cluster's nodes"
+                n = len(group_bundles)
+                problems.append(
+                    f"{'+'.join(group)}: {n} actors of {gpus:g} GPUs need {n * gpus:g} GPUs on {where}, which have "
+                    f"{len(eligible)} nodes x {c.devices_per_node} GPUs = {len(eligible) * c.devices_per_node}, "
+                    f"{free:g} of them free for it"
+                    + (
+                        f"; raise cluster.node_markers.{sorted(want)[0]} (and the worker group's replicas) or ask for "
+                        "fewer actors"
+                        if want
+                        else "; add nodes, colocate pools (cluster.colocate) or ask for fewer actors"
+                    )
+                )
+                break
+            node.free -= gpus
+            node.hosts.append(("+".join(p for p in group if plans[p].actors > i), i, gpus))
+    return nodes, problems
+
+
+def describe(nodes: list[Node], r: Recipe) -> list[str]:
+    gpu = r.cluster.device == "cuda"
+    lines = []
+    for n in nodes:
+        count = Counter(g for g, _, _ in n.hosts)
+        each = {g: gpus for g, _, gpus in n.hosts}
+        used = sum(gpus for _, _, gpus in n.hosts)
+        what = ", ".join(f"{g} x{k}" + (f" ({each[g]:g} GPU each)" if gpu else "") for g, k in count.items())
+        tag = f" [{', '.join(n.markers)}]" if n.markers and r.cluster.node_markers else ""
+        room = f" {used:g}/{r.cluster.devices_per_node} GPUs:" if gpu else ":"
+        lines.append(f"node {n.index}{tag}{room} {what or 'idle'}")
+    if gpu:
+        rw = plan(r)["reward"]
+        lines.append(f"reward x{rw.actors} ({rw.cpus:g} CPU each): no GPU, on any node with free CPUs")
+    return lines

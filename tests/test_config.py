@@ -121,8 +121,9 @@ def test_tensor_parallel_larger_than_node():
 
 
 def test_more_gpus_than_cluster_and_colocation_shares():
-    """Counting GPUs is the fit check's (grpo_ray.fit.layout): the recipe loads, the layout says what has no room."""
-    from grpo_ray import fit
+    """Counting GPUs is the fit check's (grpo_ray.placement.layout): the recipe loads, the layout says what has no
+    room."""
+    from grpo_ray import placement
 
     base = [
         "cluster.device=cuda",
@@ -136,13 +137,13 @@ def test_more_gpus_than_cluster_and_colocation_shares():
         "learner.mini_batch_size=128",
         "reference.num_actors=4",
     ]
-    _, problems = fit.layout(load_recipe(TINY, base))
+    _, problems = placement.layout(load_recipe(TINY, base))
     assert problems == [
         "reference: 4 actors of 1 GPUs need 4 GPUs on the cluster's nodes, which have 2 nodes x 8 GPUs "
         "= 16, 0 of them free for it; add nodes, colocate pools (cluster.colocate) or ask for fewer actors"
     ]
     # the reference on the learner's GPUs: 8 + 8 fits in 16
-    assert fit.layout(load_recipe(TINY, base + ["cluster.colocate=[[learner,reference]]"]))[1] == []
+    assert placement.layout(load_recipe(TINY, base + ["cluster.colocate=[[learner,reference]]"]))[1] == []
 
 
 def test_choices_and_positive_sizes():

@@ -73,8 +73,6 @@ def test_scale_recipe_lands_as_planned(name):
     from ray.cluster_utils import Cluster
     from ray.util.placement_group import placement_group_table, remove_placement_group
 
-    from grpo_ray import fit
-
     r = load_recipe(ROOT / "recipes" / f"{name}.yaml")
     c = r.cluster
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 32})
@@ -95,7 +93,7 @@ def test_scale_recipe_lands_as_planned(name):
             group = "+".join(next(g for g in placement.node_groups(r) if pool in g))
             per_node = Counter(placement_group_table(pg)["bundles_to_node_id"].values())
             landed[group] = sorted((marker_of[node], k) for node, k in per_node.items())
-        nodes, problems = fit.layout(r)
+        nodes, problems = placement.layout(r)
         assert not problems
         planned = {}
         for n in nodes:
