@@ -115,14 +115,19 @@ def load_rewards(recipe: Recipe, recipe_dir: Path | None) -> None:
 
 
 def check_algorithm(recipe: Recipe) -> None:
-    """A user's own estimator or policy loss (``module:function``) imports and works on a small batch."""
+    """The loss's own options (``algorithm.loss_options``) are its and hold; a user's own estimator or policy loss
+    (``module:function``) imports and works on a small batch."""
     from grpo_ray.algo import advantage, loss
     from grpo_ray.algo.registry import FunctionError
 
     a = recipe.algorithm
+    try:
+        loss.loss_options(a.loss_mode, a.loss_options)
+    except ValueError as e:
+        raise RecipeError(str(e)) from None
     for key, value, check in (
         ("adv_estimator", a.adv_estimator, advantage.check),
-        ("loss_mode", a.loss_mode, loss.check),
+        ("loss_mode", a.loss_mode, lambda name: loss.check(name, a.loss_options)),
     ):
         if ":" in value:
             try:

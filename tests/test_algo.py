@@ -16,7 +16,7 @@ from grpo_ray.algo.batching import (
     rank_slice,
     response_values,
 )
-from grpo_ray.algo.loss import aggregate, grpo_loss, kept_count, kl_penalty
+from grpo_ray.algo.loss import VanillaOptions, aggregate, grpo_loss, kept_count, kl_penalty
 
 S = 1 / math.sqrt(2)  # (1 - 0.5) / std([1, 0]) with the unbiased std sqrt(0.5)
 
@@ -393,11 +393,11 @@ def _pg(mode, logp, old, adv, mask, **kw):
 
 def test_dual_clip_caps_a_negative_advantage_under_a_large_ratio():
     # ratio e^2 = 7.39, A = -1: PPO's term is max(7.39, 1.2) = 7.39; dual clip c = 3 caps it at 3, no gradient
-    loss, grad, _ = _pg("vanilla", [[2.0]], [[0.0]], [-1.0], [[1.0]], clip_ratio_c=3.0)
+    loss, grad, _ = _pg("vanilla", [[2.0]], [[0.0]], [-1.0], [[1.0]], options=VanillaOptions(clip_ratio_c=3.0))
     assert loss == pytest.approx(3.0) and grad.item() == 0.0
     loss, _, _ = _pg("vanilla", [[2.0]], [[0.0]], [-1.0], [[1.0]])
     assert loss == pytest.approx(math.exp(2.0))
-    loss, _, _ = _pg("vanilla", [[2.0]], [[0.0]], [1.0], [[1.0]], clip_ratio_c=3.0)  # positive A: unchanged
+    loss, _, _ = _pg("vanilla", [[2.0]], [[0.0]], [1.0], [[1.0]], options=VanillaOptions(clip_ratio_c=3.0))  # A > 0
     assert loss == pytest.approx(-1.2)
 
 
@@ -514,3 +514,62 @@ def test_a_users_own_estimator_is_named_module_function():
     assert mine.tolist() == pytest.approx([2 / 3, -1 / 3, -1 / 3, 2 / 3, -1 / 3, -1 / 3])
     assert torch.allclose(mine, advantages("grpo", rewards, 3, norm_by_std=False))  # Dr. GRPO is grpo without std
     check("tests.helpers.my_algo:centred_only")
+
+
+def test_a_policy_loss_declares_its_own_options():
+    """A loss and the options it alone reads are one function and one dataclass (algorithm.loss_options): filled
+    from the recipe's values, unknown keys and wrong values refused naming the key, and handed to the loss."""
+    from dataclasses import dataclass
+
+    from grpo_ray.algo import loss
+
+    @dataclass(frozen=True)
+    class TemperedOptions:
+        beta: float = 1.0
+        """Scale of the advantage."""
+
+        def problems(self) -> list[str]:
+            return [] if self.beta > 0 else [f"algorithm.loss_options.beta={self.beta:g}: must be positive"]
+
+    @loss.policy_loss("tempered", TemperedOptions)
+    def tempered(logp, old_logp, adv, mask, clip_low, clip_high, options):
+        return -adv * options.beta * logp, torch.zeros_like(logp, dtype=torch.bool)
+
+    try:
+        assert loss.loss_options("tempered", {"beta": 2}) == TemperedOptions(beta=2.0)
+        assert loss.loss_options("tempered", {}) == TemperedOptions()
+        for given, said in [
+            (
+                {"gamma": 1},
+                "algorithm.loss_options.gamma: loss_mode tempered has no option 'gamma'; its options are beta",
+            ),
+            ({"beta": "x"}, "algorithm.loss_options.beta='x': expected a float"),
+            ({"beta": -1}, "algorithm.loss_options.beta=-1: must be positive"),
+        ]:
+            with pytest.raises(ValueError) as e:
+                loss.loss_options("tempered", given)
+            assert str(e.value) == said
+        with pytest.raises(ValueError, match="loss_mode gspo has no option 'clip_ratio_c'; it has no options"):
+            loss.loss_options("gspo", {"clip_ratio_c": 3})
+        logp = torch.tensor([[-1.0, -2.0]])
+        args = dict(clip_low=0.2, clip_high=0.2, kl_coef=0.0, kl_estimator="k3", loss_agg="token-mean", normaliser=2.0)
+        one, _ = grpo_loss(logp, logp, None, torch.tensor([1.0]), torch.ones(1, 2), loss_mode="tempered", **args)
+        two, _ = grpo_loss(
+            logp, logp, None, torch.tensor([1.0]), torch.ones(1, 2), loss_mode="tempered",
+            options=TemperedOptions(2.0), **args,
+        )  # fmt: skip
+        assert one.item() == pytest.approx(1.5) and two.item() == pytest.approx(3.0)
+        loss.check("tempered")
+    finally:
+        del loss.POLICY_LOSSES["tempered"], loss.LOSS_OPTIONS["tempered"]
+
+
+def test_dual_clip_is_vanillas_option_and_keeps_its_old_and_verl_names():
+    from grpo_ray.config import RecipeError, load_recipe
+    from tests.conftest import ROOT
+
+    for key in ("algorithm.clip_ratio_c=3", "algorithm.loss_options.clip_ratio_c=3"):
+        r = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", [key])
+        assert r.algorithm.loss_options == {"clip_ratio_c": 3}
+    with pytest.raises(RecipeError, match="algorithm.loss_options.clip_ratio_c"):
+        load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", ["actor_rollout_ref.actor.clip_ratio_c=3"])

@@ -81,8 +81,9 @@ def ref_loss(a: AlgorithmConfig, logp, entropy, old, sampler, ref, adv, mask, ho
         if a.loss_mode == "vanilla":
             ratio = torch.exp(torch.clamp(lp - old[i][t], -20, 20))
             term = torch.maximum(-A * ratio, -A * torch.clamp(ratio, lo, hi))
-            if a.clip_ratio_c and A < 0:
-                term = torch.minimum(term, torch.tensor(-A * a.clip_ratio_c, dtype=torch.float64))
+            c = a.loss_options.get("clip_ratio_c", 0.0)
+            if c and A < 0:
+                term = torch.minimum(term, torch.tensor(-A * c, dtype=torch.float64))
         elif a.loss_mode == "gspo":  # s_i = exp(mean_t log ratio), d s_i / d logp_t = s_i (the paper's token form)
             mean = sum(logp[i][u].item() - old[i][u] for u in toks[i]) / len(toks[i])
             if mean < 10:
@@ -211,7 +212,7 @@ def test_loss_and_gradients_match_the_reference(mode, agg, correction):
             rollout_correction=CORRECTIONS[correction],
             clip_ratio_low=rng.choice([0.2, 3e-4]),
             clip_ratio_high=rng.choice([0.2, 0.28, 4e-4]),
-            clip_ratio_c=rng.choice([0.0, 3.0]),
+            loss_options={"clip_ratio_c": rng.choice([0.0, 3.0])} if mode == "vanilla" else {},
             kl_coef=rng.choice([0.0, 0.1]),
             kl_estimator=rng.choice(["k1", "k3"]),
             entropy_coeff=rng.choice([0.0, 0.01]),

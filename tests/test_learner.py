@@ -60,7 +60,7 @@ def run_learner(ray, path, world_size, overrides, rollouts, ref_lps, advantages)
             "algorithm.kl_coef=0.0",
             "algorithm.loss_agg=seq-mean-token-sum-norm",
             "algorithm.loss_mode=cispo",
-            "algorithm.clip_ratio_c=3",
+            "algorithm.loss_options.clip_ratio_c=3",
         ],
     ],
     ids=["on-policy", "seq-mean-token-mean", "seq-mean-token-sum+gspo", "seq-mean-token-sum-norm+cispo"],
@@ -103,14 +103,14 @@ def test_a_users_own_policy_loss_runs_in_the_learner_actors(ray_local):
         ray_local,
         path,
         2,
-        [*common, "algorithm.loss_mode=tests.helpers.my_algo:scaled_vanilla"],
+        [*common, "algorithm.loss_mode=tests.helpers.my_algo:scaled_vanilla", "algorithm.loss_options.scale=0.25"],
         rollouts,
         None,
         advantages,
     )
     ppo, before, after_ppo = run_learner(ray_local, path, 2, common, rollouts, None, advantages)
-    assert mine[0]["actor/pg_loss"] == pytest.approx(ppo[0]["actor/pg_loss"] / 3, rel=1e-5)
-    assert mine[0]["actor/grad_norm"] == pytest.approx(ppo[0]["actor/grad_norm"] / 3, rel=1e-4)
+    assert mine[0]["actor/pg_loss"] == pytest.approx(ppo[0]["actor/pg_loss"] / 4, rel=1e-5)  # its option reached it
+    assert mine[0]["actor/grad_norm"] == pytest.approx(ppo[0]["actor/grad_norm"] / 4, rel=1e-4)
     assert (after_mine - before).abs().max() > 1e-4 and (after_ppo - before).abs().max() > 1e-4
 
 

@@ -6,7 +6,8 @@ weight of grpo_ray.algo.correction, 1 without one):
 
     vanilla   ratio = exp(clamp(logp - logp_old, -20, 20))                                  (verl's clamp)
               pg = max(-A_i * ratio, -A_i * clip(ratio, 1 - clip_low, 1 + clip_high)) * w_t      (PPO clip)
-              with clip_ratio_c > 1 (dual clip) a negative advantage's term is also capped: min(pg, -A_i * c)
+              with loss_options.clip_ratio_c > 1 (dual clip) a negative advantage's term is also capped:
+              min(pg, -A_i * c)
     gspo      s_i = exp(min(mean_t (logp - logp_old), 10)) (the sequence's length-normalised ratio; verl's clamp at
               10), used for every token of the sequence with the gradient of its own logp:
               pg = max(-A_i * s, -A_i * clip(s, ...)) * w_t
@@ -34,14 +35,17 @@ total over ranks once it is known):
 
 so that accumulating micro batches, and averaging over data-parallel ranks with each
 rank's loss multiplied by the world size, equals one pass over the whole mini batch.
-A new policy loss is one function registered in POLICY_LOSSES and one value of ``algorithm.loss_mode``; a user's
-own is named ``module:function`` in the recipe, with the registered ones' signature.
+A new policy loss is one function registered with ``policy_loss(name, options)`` (its value of
+``algorithm.loss_mode``), and the options it alone reads one dataclass beside it (``algorithm.loss_options``,
+checked before start). A user's own is named ``module:function`` in the recipe, with the registered ones'
+signature; it gets ``algorithm.loss_options`` as a dict.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 
@@ -79,31 +83,82 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str, normaliser: f
 
 
 POLICY_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {}
+LOSS_OPTIONS: dict[str, type] = {}
+"""The options dataclass of each registered policy loss that has options of its own."""
 
 
-def policy_loss(name: str):
-    """Register a policy-gradient term: (logp, old_logp, advantages [B, 1], mask, clip_low, clip_high, clip_c) ->
-    (per-token term [B, T], where the clip was active [B, T])."""
+@dataclass(frozen=True)
+class NoOptions:
+    """A policy loss with no options of its own."""
+
+    def problems(self) -> list[str]:
+        return []
+
+
+def policy_loss(name: str, options: type = NoOptions):
+    """Register a policy-gradient term: (logp, old_logp, advantages [B, 1], mask, clip_low, clip_high, options) ->
+    (per-token term [B, T], where the clip was active [B, T]); `options` is the dataclass of what it alone reads
+    (``algorithm.loss_options``), with a ``problems()`` method that says what is wrong with the values."""
 
     def register(fn):
-        POLICY_LOSSES[name] = fn
+        POLICY_LOSSES[name], LOSS_OPTIONS[name] = fn, options
         return fn
 
     return register
 
 
-@policy_loss("vanilla")
-def vanilla(logp, old_logp, adv, mask, clip_low, clip_high, clip_c):
+def loss_options(name: str, given: dict[str, Any]) -> Any:
+    """Policy loss `name`'s options from ``algorithm.loss_options``: its dataclass filled in, or for a user's
+    ``module:function`` the dict as given. ValueError naming the key when one is unknown or its value wrong."""
+    if ":" in name:
+        return dict(given)
+    kind = LOSS_OPTIONS.get(name, NoOptions)
+    known = [f.name for f in fields(kind)]
+    for key in given:
+        if key not in known:
+            has = f"its options are {', '.join(known)}" if known else "it has no options"
+            raise ValueError(f"algorithm.loss_options.{key}: loss_mode {name} has no option {key!r}; {has}")
+    values = {}
+    for key, value in given.items():
+        want = type(getattr(kind(), key))
+        try:
+            values[key] = want(value) if not isinstance(value, bool) or want is bool else None
+        except (TypeError, ValueError):
+            values[key] = None
+        if values[key] is None:
+            raise ValueError(f"algorithm.loss_options.{key}={value!r}: expected a {want.__name__}")
+    options = kind(**values)
+    problems = options.problems()
+    if problems:
+        raise ValueError("; ".join(problems))
+    return options
+
+
+@dataclass(frozen=True)
+class VanillaOptions:
+    clip_ratio_c: float = 0.0
+    """Dual clip: with c > 1, a negative advantage's term is capped at -A * c; 0 turns it off (verl's default
+    is 3)."""
+
+    def problems(self) -> list[str]:
+        c = self.clip_ratio_c
+        if c < 0 or 0 < c <= 1 or c != c:
+            return [f"algorithm.loss_options.clip_ratio_c={c:g}: dual clip needs a value above 1 (or 0 for none)"]
+        return []
+
+
+@policy_loss("vanilla", VanillaOptions)
+def vanilla(logp, old_logp, adv, mask, clip_low, clip_high, options=VanillaOptions()):
     ratio = (logp - old_logp).clamp(-20, 20).exp()
     unclipped, clipped = -adv * ratio, -adv * ratio.clamp(1 - clip_low, 1 + clip_high)
     pg = torch.maximum(unclipped, clipped)
-    if clip_c:
-        pg = torch.where(adv < 0, torch.minimum(pg, -adv * clip_c), pg)
+    if options.clip_ratio_c:
+        pg = torch.where(adv < 0, torch.minimum(pg, -adv * options.clip_ratio_c), pg)
     return pg, clipped > unclipped
 
 
 @policy_loss("gspo")
-def gspo(logp, old_logp, adv, mask, clip_low, clip_high, clip_c):
+def gspo(logp, old_logp, adv, mask, clip_low, clip_high, options=None):
     m = mask.to(logp.dtype)
     seq = ((logp - old_logp) * m).sum(dim=1, keepdim=True) / m.sum(dim=1, keepdim=True).clamp(min=1)
     s = (seq.detach() + logp - logp.detach()).clamp(max=10).exp()  # the sequence's ratio, each token's gradient
@@ -112,7 +167,7 @@ def gspo(logp, old_logp, adv, mask, clip_low, clip_high, clip_c):
 
 
 @policy_loss("cispo")
-def cispo(logp, old_logp, adv, mask, clip_low, clip_high, clip_c):
+def cispo(logp, old_logp, adv, mask, clip_low, clip_high, options=None):
     ratio = (logp - old_logp).detach().exp()
     weight = ratio.clamp(1 - clip_low, 1 + clip_high)
     return -adv * weight * logp, weight != ratio
@@ -143,14 +198,16 @@ def grpo_loss(
     normaliser: float,
     is_weights: torch.Tensor | None = None,
     loss_mode: str = "vanilla",
-    clip_ratio_c: float = 0.0,
+    options: Any = None,
     entropy: torch.Tensor | None = None,
     entropy_coef: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Loss of one micro batch ([B, T] tensors, advantages [B]) and its metrics (sums over masked tokens, 0-dim
-    tensors on the device: read them once a step, not per micro batch)."""
+    tensors on the device: read them once a step, not per micro batch). `options`: the loss's own
+    (``loss_options``), its defaults when None."""
     adv = advantages.unsqueeze(1).to(logp.dtype)
-    pg, was_clipped = named(POLICY_LOSSES, loss_mode)(logp, old_logp, adv, mask, clip_low, clip_high, clip_ratio_c)
+    options = loss_options(loss_mode, {}) if options is None else options
+    pg, was_clipped = named(POLICY_LOSSES, loss_mode)(logp, old_logp, adv, mask, clip_low, clip_high, options)
     if is_weights is not None:
         pg = pg * is_weights
     pg_loss = aggregate(pg, mask, loss_agg, normaliser)
@@ -233,7 +290,7 @@ def micro_batch_loss(
         normaliser=1.0,
         is_weights=weights if rc.rollout_is else None,
         loss_mode=a.loss_mode,
-        clip_ratio_c=a.clip_ratio_c,
+        options=loss_options(a.loss_mode, a.loss_options),
         entropy=x.entropy,
         entropy_coef=a.entropy_coeff,
     )
@@ -312,17 +369,21 @@ def step_metrics(sums: StepSums, updates: int) -> dict[str, float]:
     }
 
 
-def check(name: str) -> None:
-    """Try policy loss `name` on a batch of 2 x 3 tokens (FunctionError when it cannot be called as the registered
-    ones are, gives the wrong shapes, or no gradient to the learner's logprobs)."""
+def check(name: str, options: dict[str, Any] | None = None) -> None:
+    """Try policy loss `name` on a batch of 2 x 3 tokens with `options` (``algorithm.loss_options``); FunctionError
+    when it cannot be called as the registered ones are, gives the wrong shapes, or no gradient to the learner's
+    logprobs."""
+    options = options or {}
     logp = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -1.2, -0.7]], requires_grad=True)
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
     fn = named(POLICY_LOSSES, name)
     try:
-        pg, clipped = fn(logp, logp.detach() - 0.1, torch.tensor([[1.0], [-1.0]]), mask, 0.2, 0.28, 0.0)
+        pg, clipped = fn(
+            logp, logp.detach() - 0.1, torch.tensor([[1.0], [-1.0]]), mask, 0.2, 0.28, loss_options(name, options)
+        )
     except Exception as e:
         raise FunctionError(
-            "called as policy losses are, fn(logp, old_logp, advantages [B, 1], mask, clip_low, clip_high, clip_c) "
+            "called as policy losses are, fn(logp, old_logp, advantages [B, 1], mask, clip_low, clip_high, options) "
             f"-> (per-token loss, clipped), on 2 x 3 tokens it raised {type(e).__name__}: {e}"
         ) from None
     shapes = [getattr(x, "shape", type(x).__name__) for x in (pg, clipped)]

@@ -134,7 +134,6 @@ RANGES: dict[str, Range] = {
     "algorithm.kl_coef": NON_NEGATIVE,
     "algorithm.ppo_epochs": POSITIVE,
     "algorithm.max_staleness": NON_NEGATIVE,
-    "algorithm.clip_ratio_c": Range(0, why="0 turns dual clip off; above 1 caps a negative advantage's term"),
     "algorithm.entropy_coeff": NON_NEGATIVE,
     "algorithm.overlong_buffer.len": NON_NEGATIVE,
     "algorithm.filter_groups.max_num_gen_batches": POSITIVE,
@@ -334,8 +333,6 @@ def _schedule_problems(r: Recipe) -> list[str]:
             f"algorithm.overlong_buffer.len ({a.overlong_buffer.len}) is longer than the responses can be "
             f"(generator.sampling.max_tokens={r.generator.sampling.max_tokens})"
         )
-    if 0 < a.clip_ratio_c <= 1:
-        p.append(f"algorithm.clip_ratio_c={a.clip_ratio_c:g}: dual clip needs a value above 1 (or 0 for none)")
     rc = a.rollout_correction
     if rc.bypass_mode and (rc.rollout_is or rc.rollout_rs):
         p.append(

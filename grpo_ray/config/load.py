@@ -132,6 +132,7 @@ FOREIGN_KEYS = {
     "actor_rollout_ref.actor.kl_loss_type": ("verl", "algorithm.kl_estimator (low_var_kl is k3)"),
     "actor_rollout_ref.actor.entropy_coeff": ("verl", "algorithm.entropy_coeff"),
     "actor_rollout_ref.actor.clip_ratio_low": ("verl", "algorithm.clip_ratio_low"),
+    "actor_rollout_ref.actor.clip_ratio_c": ("verl", "algorithm.loss_options.clip_ratio_c"),
     "actor_rollout_ref.actor.clip_ratio_high": ("verl", "algorithm.clip_ratio_high"),
     "actor_rollout_ref.actor.loss_agg_mode": ("verl", "algorithm.loss_agg"),
     "actor_rollout_ref.actor.policy_loss.loss_mode": ("verl", "algorithm.loss_mode"),
@@ -167,8 +168,8 @@ FOREIGN_KEYS = {
     "data.dataset_name": ("NeMo RL", "data.train_files (hf://<dataset>?split=train)"),
 }
 """Keys a verl or NeMo RL user types, and ours: said when such a key is refused as unknown."""
-ALIASES = {("trainer", "logger"): "loggers"}
-"""verl's spellings taken as ours (section, key) -> our key."""
+ALIASES = {("trainer", "logger"): "loggers", ("algorithm", "clip_ratio_c"): "loss_options.clip_ratio_c"}
+"""verl's spellings (and our own earlier ones) taken as ours: (section, key) -> our key in that section."""
 
 
 def _leaf_keys(node: DictConfig, prefix: str):
@@ -216,7 +217,7 @@ def _take_aliases(node: DictConfig) -> None:
     for (section, key), ours in ALIASES.items():
         sub = node.get(section) if isinstance(node, DictConfig) else None
         if isinstance(sub, DictConfig) and key in sub:
-            sub[ours] = sub[key]
+            OmegaConf.update(sub, ours, sub[key])
             del sub[key]
 
 

@@ -271,9 +271,11 @@ class AlgorithmConfig:
     """The policy-gradient term: vanilla (PPO clip), gspo (sequence-level, length-normalised ratio; its papers clip
     at about 3e-4 / 4e-4) or cispo (clipped, stop-gradient IS weight on the logprob); grpo_ray.algo.loss. Or your
     own as ``module:function``, with their signature (tried on a small batch before anything starts)."""
-    clip_ratio_c: float = 0.0
-    """Dual clip (vanilla): with c > 1, a negative advantage's term is capped at -A * c; 0 turns it off (verl's
-    default is 3)."""
+    loss_options: dict[str, Any] = field(default_factory=dict)
+    """Options that loss_mode alone reads, declared beside its function in grpo_ray.algo.loss and checked there
+    before start: vanilla's clip_ratio_c (dual clip: with c > 1 a negative advantage's term is capped at -A * c;
+    0, the default, turns it off; verl's default is 3; ``algorithm.clip_ratio_c`` is taken for it). A user's
+    ``module:function`` loss gets them as a dict."""
     entropy_coeff: float = 0.0
     """Weight of the entropy bonus subtracted from the loss (verl's actor.entropy_coeff)."""
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)

@@ -106,7 +106,7 @@ CASES = {  # name: (recipe, overrides, what the message must say)
     "dual clip at 1 or below": (
         RECIPE,
         ["algorithm.clip_ratio_c=0.5"],
-        "algorithm.clip_ratio_c=0.5: dual clip needs a value above 1",
+        "algorithm.loss_options.clip_ratio_c=0.5: dual clip needs a value above 1",
     ),
     "length penalty longer than the responses": (
         RECIPE,

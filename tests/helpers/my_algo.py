@@ -5,10 +5,11 @@ import torch
 from grpo_ray.algo.loss import vanilla
 
 
-def scaled_vanilla(logp, old_logp, adv, mask, clip_low, clip_high, clip_c):
-    """PPO's clipped term at a third of its size: the update of vanilla with a third of the gradient."""
-    pg, clipped = vanilla(logp, old_logp, adv, mask, clip_low, clip_high, clip_c)
-    return pg / 3, clipped
+def scaled_vanilla(logp, old_logp, adv, mask, clip_low, clip_high, options):
+    """PPO's clipped term at options["scale"] of its size (a third by default): the update of vanilla with that
+    share of the gradient."""
+    pg, clipped = vanilla(logp, old_logp, adv, mask, clip_low, clip_high)
+    return pg * options.get("scale", 1 / 3), clipped
 
 
 def centred_only(grouped, lengths, norm_by_std):
@@ -16,7 +17,7 @@ def centred_only(grouped, lengths, norm_by_std):
     return grouped - grouped.mean(dim=1, keepdim=True)
 
 
-def no_gradient(logp, old_logp, adv, mask, clip_low, clip_high, clip_c):
+def no_gradient(logp, old_logp, adv, mask, clip_low, clip_high, options):
     return (-adv * torch.ones_like(logp)), torch.zeros_like(logp, dtype=torch.bool)
 
 
