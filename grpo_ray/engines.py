@@ -45,6 +45,9 @@ class Engines:
         )
         self.version = 0
         """The weights the engines hold (the last push)."""
+        self.fresh: set[int] = set()
+        """Engines replaced that have not answered a generate call yet: their first one may hold one-time warm-up
+        (kernel selection, allocator growth), so its deadline is twice generator.timeout_s."""
 
     def launch(self, step: int, prompts: list[Prompt], n: int = 0, sampling=None) -> Batch:
         """Send `prompts` to the engines, cut evenly over them, `n` samples each (default: the group size)."""
@@ -57,14 +60,17 @@ class Engines:
     def collect(self, batch: Batch) -> tuple[list, list]:
         """The batch's rollout refs (for the pools) and stats (for the controller). An engine that dies or misses
         generator.timeout_s is replaced (unless that happened already, e.g. in a push) and its share alone is
-        generated again, with the seeds it had and the weights the engines hold now."""
+        generated again, with the seeds it had and the weights the engines hold now (a new engine's first answer
+        has twice the deadline)."""
         g = self.r.generator
         shards = split(batch.prompts, len(self.pools.actors["generator"]))
         done = {}
         for i, call in batch.calls.items():
             for attempt in range(g.max_restarts + 1):
                 try:
-                    done[i] = call[0], self.pools.call(call[1], f"generate on engine {i}", g.timeout_s)
+                    deadline = g.timeout_s * (2 if i in self.fresh else 1)
+                    done[i] = call[0], self.pools.call(call[1], f"generate on engine {i}", deadline)
+                    self.fresh.discard(i)
                     break
                 except PoolFault as e:
                     if attempt == g.max_restarts:
@@ -160,6 +166,7 @@ class Engines:
         (`probe`: as in push)."""
         for i in engines:
             self.pools.replace_generator(i)
+            self.fresh.add(i)
         self.pools.transport.connect(self.pools)
         return self.push(self.learner_version(), probe)
 
