@@ -218,7 +218,7 @@ def cmd_export(args) -> int:
     from pathlib import Path
 
     from grpo_ray.checkpoint import export_hf
-    from grpo_ray.setup_run import writable_dir
+    from grpo_ray.rundir import writable_dir
 
     writable_dir(Path(args.out).parent, "--out")
     print(f"wrote {export_hf(args.checkpoint, args.out, args.max_shard_size, args.overwrite)}")

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -119,3 +120,16 @@ def same_model(ckpt: Path, config_text: str) -> Path:
                 "resume with the recipe that wrote it, or start afresh in another trainer.output_dir"
             )
     return ckpt
+
+
+def writable_dir(path: str, key: str) -> Path:
+    """`path` as a directory this process can write in (made if missing), or a RecipeError naming `key`."""
+    out = Path(path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".grpo-ray-write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise RecipeError(f"{key}={path!r}: cannot write there ({e.strerror or e})") from None
+    return out

@@ -6,12 +6,11 @@ are found here, on the driver, so a mistake costs seconds, not a cluster start.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpo_ray import models, rewards, rundir
+from grpo_ray import models, rewards, rundir, transports
 from grpo_ray.config import Recipe, RecipeError, dump_recipe, recipe_yaml
 from grpo_ray.data import DataError, dotted, load_rows, prompt_text
 from grpo_ray.dims import ModelDims, model_dims
@@ -85,19 +84,6 @@ def target_text(row: dict, key: str, response_prefix: str = "") -> str | None:
     if not isinstance(value, str) or not value.strip():
         return None
     return value.removeprefix(response_prefix) if response_prefix else value
-
-
-def writable_dir(path: str, key: str) -> Path:
-    """`path` as a directory this process can write in (made if missing), or a RecipeError naming `key`."""
-    out = Path(path)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".grpo-ray-write-test-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise RecipeError(f"{key}={path!r}: cannot write there ({e.strerror or e})") from None
-    return out
 
 
 def load_rewards(recipe: Recipe, recipe_dir: Path | None) -> None:
@@ -183,9 +169,8 @@ def setup_run(
     made by `warm_start` (the job layer passes grpo_ray.sft.warm_start; without it, only the cache is looked in),
     once the data has been checked with its tokenizer (the base model's). Reward modules are looked for in the
     working directory and `recipe_dir`, and each reward function is tried on the first training row."""
-    output_dir = writable_dir(recipe.trainer.output_dir, "trainer.output_dir")
-    if recipe.trainer.weight_transport == "storage":  # where the learner writes each push's buckets
-        writable_dir(recipe.trainer.weight_dir or str(output_dir / "weights"), "trainer.weight_dir")
+    output_dir = rundir.writable_dir(recipe.trainer.output_dir, "trainer.output_dir")
+    transports.check(recipe)  # the weight transport exists and has what it needs (the storage one: its directory)
     load_rewards(recipe, recipe_dir)  # also puts the working directory and the recipe's folder on the import path
     if command == "train":
         check_algorithm(recipe)

@@ -29,7 +29,6 @@ CHOICES = {
     "algorithm.rollout_correction.rollout_is": (None, "token"),
     "algorithm.rollout_correction.rollout_rs": (None, "sequence", "geometric"),
     "cluster.device": ("cpu", "cuda"),
-    "trainer.weight_transport": ("collective", "storage"),
     "cluster.cpu_threads": ("auto", "reserved", "node"),
     "model.lora.sync": ("adapters", "merged"),
     "trainer.log_level": ("info", "debug"),
@@ -171,6 +170,7 @@ RANGES: dict[str, Range] = {
 FREE_TEXT = {
     "model.path",
     "trainer.weight_dir",
+    "trainer.weight_transport",
     "model.chat_template",
     "data.response_prefix",
     "data.prompt_key",
@@ -185,7 +185,8 @@ FREE_TEXT = {
     "cluster.gpu",
     "sft.target_key",
 }
-"""String fields that are not a choice among CHOICES (paths, names, text; cluster.gpu is checked on its own)."""
+"""String fields that are not a choice among CHOICES (paths, names, text; cluster.gpu is checked on its own, the
+weight transport by grpo_ray.transports before start)."""
 
 
 ZERO_IS_NEVER = {

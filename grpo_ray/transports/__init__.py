@@ -18,25 +18,48 @@ run in three kinds of process:
 
 Every side cuts the learner's ``WeightMeta`` list into the same buckets (``sync.plan_buckets``), so no side
 tells another what comes. The probe that checks a push (``Engines.sync``) is the same for every transport.
-A new transport is one module here with a ``Transport`` subclass, and one name in ``TRANSPORTS``.
+A new transport is one module here whose ``TRANSPORT`` is its ``Transport`` subclass: the module's name is its
+``trainer.weight_transport`` value. A user's own is named ``module:Class``.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+
+from grpo_ray.algo.registry import FunctionError, imported
+from grpo_ray.config import RecipeError
 from grpo_ray.transports.base import Transport
 
-TRANSPORTS = ("collective", "storage")
+
+def available() -> list[str]:
+    """The transports of this package: each module but ``base``."""
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name != "base")
+
+
+def transport_class(name: str) -> type[Transport]:
+    """The Transport class `name` names: a module of this package (its ``TRANSPORT``), or a user's ``module:Class``.
+    RecipeError naming ``trainer.weight_transport`` when there is none."""
+    where = f"trainer.weight_transport={name!r}"
+    if ":" in name:
+        try:
+            cls = imported(name)
+        except FunctionError as e:
+            raise RecipeError(f"{where}: {e}") from None
+    elif name in available():
+        cls = importlib.import_module(f"{__name__}.{name}").TRANSPORT
+    else:
+        raise RecipeError(f"{where}: expected one of {', '.join(available())} (grpo_ray/transports/), or module:Class")
+    if not (isinstance(cls, type) and issubclass(cls, Transport)):
+        raise RecipeError(f"{where}: {cls!r} is not a grpo_ray.transports.base.Transport subclass")
+    return cls
+
+
+def check(recipe) -> None:
+    """Before start: the recipe's transport exists and has what it needs (``Transport.check``)."""
+    transport_class(recipe.trainer.weight_transport).check(recipe)
 
 
 def build(recipe) -> Transport:
     """The recipe's weight transport (``trainer.weight_transport``)."""
-    name = recipe.trainer.weight_transport
-    if name == "collective":
-        from grpo_ray.transports.collective import Collective
-
-        return Collective(recipe)
-    if name == "storage":
-        from grpo_ray.transports.storage import Storage
-
-        return Storage(recipe)
-    raise ValueError(f"trainer.weight_transport={name!r}: expected one of {', '.join(TRANSPORTS)}")
+    return transport_class(recipe.trainer.weight_transport)(recipe)

@@ -18,6 +18,11 @@ class Transport:
 
     name = ""
 
+    @classmethod
+    def check(cls, recipe) -> None:
+        """Before any actor starts: raise RecipeError naming the key when the recipe cannot work with this
+        transport."""
+
     def connect(self, pools) -> None:
         """Driver: join learner rank 0 and every worker of every engine (at start, and again after an engine is
         replaced), through the actors' ``join_transport``."""

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from grpo_ray.rundir import writable_dir
 from grpo_ray.sync import plan_buckets, unflatten
 from grpo_ray.transports.base import Bucket, Transport
 
@@ -28,6 +29,12 @@ POLL_S = 0.005
 
 
 class Storage(Transport):
+    @classmethod
+    def check(cls, recipe) -> None:
+        """trainer.weight_dir (or <output_dir>/weights) can be written."""
+        t = recipe.trainer
+        writable_dir(t.weight_dir or str(Path(t.output_dir) / "weights"), "trainer.weight_dir")
+
     name = "storage"
 
     def __init__(self, recipe):
@@ -89,3 +96,6 @@ class Storage(Transport):
         for old in self.dir.glob("v*"):
             if old.name[1:].isdigit() and int(old.name[1:]) <= version:
                 shutil.rmtree(old, ignore_errors=True)
+
+
+TRANSPORT = Storage
