@@ -201,6 +201,7 @@ def drift(model_path: Path, dims, args) -> dict:
     """Logprobs of one batch with the weights in bf16 against fp32: per token and per sequence."""
     from grpo_ray.algo.batching import collate, flatten
     from grpo_ray.algo.logprobs import sequence_logprobs
+    from grpo_ray.device import Device
     from grpo_ray.models import load_causal_lm
 
     rollouts, _, _ = batch(dims.vocab, args.drift_samples, args.seq, seed=1000)
@@ -208,7 +209,8 @@ def drift(model_path: Path, dims, args) -> dict:
     seqs = collate(pairs, 0, capacity=args.seq)
     out = {}
     for dtype in (torch.float32, torch.bfloat16):
-        model = load_causal_lm(str(model_path), torch.float32).to(args.device).to(dtype).eval()
+        model = load_causal_lm(str(model_path), torch.float32, device=Device(args.device)).to(args.device).to(dtype)
+        model.eval()
         with torch.no_grad():
             out[dtype] = sequence_logprobs(model, seqs, args.device)[0].float().cpu()
             if dtype == torch.float32:  # packing on this device's attention: two sequences a row against padded
