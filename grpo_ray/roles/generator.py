@@ -41,7 +41,7 @@ class Generator(RoleActor):
 
         cfg, lo = recipe.generator, recipe.model.lora
         adapters = lo if lo.rank and lo.sync == "adapters" else None  # else the learner sends merged weights
-        self.cfg = cfg  # memory is reported as this process's RSS: on GPU the engine runs in a child process
+        self.cfg = cfg
         self.version = 0
         self.on_cpu = not Device.of(recipe).gpu
         engine_kwargs = dict(cfg.vllm_kwargs)
@@ -134,6 +134,12 @@ class Generator(RoleActor):
     def join_transport(self, transport, where: dict) -> None:
         """Each worker of this engine takes its side of the weight transport (``grpo_ray.transports``)."""
         self.llm.collective_rpc("grpo_join_transport", args=(transport, where))
+
+    def peak_memory_gb(self) -> tuple[str, float]:
+        """The engine's peak memory, its largest worker's (``grpo_peak_memory_gb``): on GPU the engine runs in
+        worker processes of its own, which this actor's numbers would miss."""
+        got = self.llm.collective_rpc("grpo_peak_memory_gb")
+        return got[0][0], max(gb for _, gb in got)
 
     def weight_dtype(self) -> str:
         """The dtype the engine holds its weights in (what ``generator.dtype: auto`` resolved to)."""

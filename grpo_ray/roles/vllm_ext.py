@@ -70,6 +70,17 @@ class WeightSyncExtension:
         transport.join({**where, "worker": self.rank})
         self._grpo_transport = transport
 
+    def grpo_peak_memory_gb(self) -> tuple[str, float]:
+        """This worker's peak memory: torch's peak allocation on its GPU (weights, KV cache, activations), else the
+        peak RSS of its process (on CPU the engine runs in the generator actor's own process)."""
+        if self.device.type == "cuda":
+            import torch
+
+            return "max_memory_allocated_gb", torch.cuda.max_memory_allocated(self.device) / 1e9
+        import resource
+
+        return "peak_rss_gb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # KiB on Linux
+
     def grpo_weight_dtype(self) -> str:
         """The dtype this worker's model holds its weights in: the wire dtype of the sync."""
         return str(self.model_config.dtype).removeprefix("torch.")
