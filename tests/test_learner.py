@@ -42,6 +42,7 @@ def run_learner(ray, path, world_size, overrides, rollouts, ref_lps, advantages)
             "algorithm.ppo_epochs=2",
             "algorithm.kl_coef=0.1",
             "algorithm.loss_agg=seq-mean-token-mean",
+            "algorithm.loss_options.clip_ratio_c=3",  # vanilla's dual clip
         ],
         # every other aggregation, each with another policy loss
         [
@@ -60,7 +61,6 @@ def run_learner(ray, path, world_size, overrides, rollouts, ref_lps, advantages)
             "algorithm.kl_coef=0.0",
             "algorithm.loss_agg=seq-mean-token-sum-norm",
             "algorithm.loss_mode=cispo",
-            "algorithm.loss_options.clip_ratio_c=3",
         ],
     ],
     ids=["on-policy", "seq-mean-token-mean", "seq-mean-token-sum+gspo", "seq-mean-token-sum-norm+cispo"],
