@@ -164,7 +164,7 @@ def tiny_dims(spec: models.TinySpec) -> ModelDims:
         spec.heads,
         spec.kv_heads,
         spec.head_dim,
-        spec.intermediate or 4 * spec.hidden,
+        spec.mlp_width,
         spec.vocab,
         bool(spec.tie),
         spec.max_len,

@@ -78,6 +78,11 @@ class TinySpec:
     def head_dim(self) -> int:
         return self.hidden // self.heads
 
+    @property
+    def mlp_width(self) -> int:
+        """The MLP's width as built: `intermediate`, or 4 x hidden when it is 0."""
+        return self.intermediate or 4 * self.hidden
+
     def canonical(self) -> str:
         query = "&".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self) if f.name != "arch")
         return f"{TINY_SCHEME}{self.arch}?{query}"
@@ -319,7 +324,7 @@ def _config(spec: TinySpec, vocab_size: int, tokenizer):
     common = dict(
         vocab_size=vocab_size,
         hidden_size=spec.hidden,
-        intermediate_size=spec.intermediate or 4 * spec.hidden,
+        intermediate_size=spec.mlp_width,
         num_hidden_layers=spec.layers,
         num_attention_heads=spec.heads,
         num_key_value_heads=spec.kv_heads,

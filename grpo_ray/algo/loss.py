@@ -118,15 +118,15 @@ def loss_options(name: str, given: dict[str, Any]) -> Any:
         if key not in known:
             has = f"its options are {', '.join(known)}" if known else "it has no options"
             raise ValueError(f"algorithm.loss_options.{key}: loss_mode {name} has no option {key!r}; {has}")
-    values = {}
+    defaults, values = kind(), {}
     for key, value in given.items():
-        want = type(getattr(kind(), key))
+        want = type(getattr(defaults, key))
         try:
-            values[key] = want(value) if not isinstance(value, bool) or want is bool else None
+            if isinstance(value, bool) and want is not bool:  # bool is an int: true would pass as 1
+                raise TypeError
+            values[key] = want(value)
         except (TypeError, ValueError):
-            values[key] = None
-        if values[key] is None:
-            raise ValueError(f"algorithm.loss_options.{key}={value!r}: expected a {want.__name__}")
+            raise ValueError(f"algorithm.loss_options.{key}={value!r}: expected a {want.__name__}") from None
     options = kind(**values)
     problems = options.problems()
     if problems:
