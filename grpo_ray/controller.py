@@ -33,6 +33,7 @@ from grpo_ray.algo.batching import Samples, select_groups, signal_groups, take_g
 from grpo_ray.config import Recipe
 from grpo_ray.engines import Batch
 from grpo_ray.errors import Preempted, RunError
+from grpo_ray.fit import response_budget
 from grpo_ray.metrics import perf_metrics, pool_metrics, rollout_metrics
 from grpo_ray.runner import Runner
 from grpo_ray.setup_run import RunInputs
@@ -85,9 +86,7 @@ class Controller(Runner):
         """Each sample's advantage from its group's rewards (less DAPO's overlong penalty), and the mean penalty."""
         a, r = self.r.algorithm, self.r
         lengths = torch.tensor([n for s in stats for n in s.response_lengths])
-        penalty = overlong_penalty(
-            lengths, r.generator.sampling.max_tokens, a.overlong_buffer.len, a.overlong_buffer.penalty_factor
-        )
+        penalty = overlong_penalty(lengths, response_budget(r), a.overlong_buffer.len, a.overlong_buffer.penalty_factor)
         rewards = torch.tensor([t for s in scores for t in s.totals], dtype=torch.float64) + penalty
         return estimate(
             a.adv_estimator, rewards, a.group_size, lengths, a.norm_adv_by_std
@@ -168,7 +167,7 @@ class Controller(Runner):
         taken = [
             (rollouts[i], groups, st, sc)
             for b, (rollouts, stats, scores) in enumerate(batches)
-            for i, groups, st, sc in take_groups(b, stats, scores, chosen, G, self.r.generator.sampling.max_tokens)
+            for i, groups, st, sc in take_groups(b, stats, scores, chosen, G, response_budget(self.r))
         ]
         every = [sc for _, _, scores in batches for sc in scores]  # reward work and faults of all that was scored
         first = dataclasses.replace(

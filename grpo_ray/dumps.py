@@ -4,18 +4,21 @@ and enough to replay a step into the learner.
 A line holds the prompt (text and ``prompt_ids``), the ground truth, the policy version that sampled it, and per
 sample the response text, each reward component and the combined score, the advantage, the finish reason, the
 token ids (``response_ids``) and the sampler's logprob of each response token (``sampler_logprobs``). The prompt
-is written once, not once per sample: with 8-16 samples a prompt, that is most of a dump's size.
+is written once, not once per sample: with 8-16 samples a prompt, that is most of a dump's size. A multi-turn
+trajectory's sample also has its ``loss_mask`` (1 on the model's tokens) and ``episode``: its ``turns`` as text
+(the model's and the observations', alternately), the environment's reward, tool calls and how it ended.
 ``read_samples`` gives one flat dict per sample; ``load_dump`` turns a training dump back into rollouts for a
 replay.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from pathlib import Path
 
-from grpo_ray.types import Completion, Prompt, Rollout, Scores
+from grpo_ray.types import Completion, Episode, Prompt, Rollout, Scores
 
 
 def write_dump(path: str, step: int, scores: list[Scores], advantages: list[float] | None, *rollouts: Rollout) -> int:
@@ -44,6 +47,7 @@ def write_dump(path: str, step: int, scores: list[Scores], advantages: list[floa
                             "finish_reason": c.finish_reason,
                             "response_ids": c.token_ids,
                             "sampler_logprobs": c.sampler_logprobs,
+                            **(episode_record(c) if c.episode else {}),
                         }
                     )
                     i += 1
@@ -77,6 +81,11 @@ def read_samples(path: str | Path) -> list[dict]:
     return out
 
 
+def episode_record(c: Completion) -> dict:
+    """A trajectory's loss mask and episode (its turns as text, alternately the model's and the observations')."""
+    return {"loss_mask": c.mask, "episode": dataclasses.asdict(c.episode)}
+
+
 def load_dump(path: str | Path) -> tuple[list[Rollout], list[float]]:
     """A training dump back as one rollout (prompts in order) and its advantages, for a replay."""
     prompts: list[Prompt] = []
@@ -88,8 +97,17 @@ def load_dump(path: str | Path) -> tuple[list[Rollout], list[float]]:
             raise ValueError(f"{path}: a validation dump has no advantages to replay")
         if not prompts or prompts[-1].uid != d["uid"] or prompts[-1].ids != d["prompt_ids"]:
             prompts.append(Prompt(d["prompt_ids"], d["ground_truth"], d["data_source"], {}, d["uid"], d["prompt"]))
+        episode = d.get("episode")
         completions.append(
-            Completion(len(prompts) - 1, d["response_ids"], d["response"], d["sampler_logprobs"], d["finish_reason"])
+            Completion(
+                len(prompts) - 1,
+                d["response_ids"],
+                d["response"],
+                d["sampler_logprobs"],
+                d["finish_reason"],
+                d.get("loss_mask"),
+                Episode(**episode) if episode else None,
+            )
         )
         advantages.append(d["advantage"])
         version = d["policy_version"]

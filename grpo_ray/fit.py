@@ -139,8 +139,19 @@ def numa_free_gb() -> float:
     return min(free) if free else local_free_gb()
 
 
+def response_budget(r: Recipe) -> int:
+    """Tokens after the prompt at most: a response's (generator.sampling.max_tokens), or with an environment a
+    trajectory's (environment.max_tokens, observations included)."""
+    return r.environment.max_tokens if r.environment.name else r.generator.sampling.max_tokens
+
+
+def budget_key(r: Recipe) -> str:
+    """The recipe key of ``response_budget``."""
+    return "environment.max_tokens" if r.environment.name else "generator.sampling.max_tokens"
+
+
 def seq_len(r: Recipe) -> int:
-    return r.data.max_prompt_length + r.generator.sampling.max_tokens
+    return r.data.max_prompt_length + response_budget(r)
 
 
 def max_model_len(r: Recipe) -> int:
@@ -318,8 +329,8 @@ def model_limits(r: Recipe, command: str = "train", d: ModelDims | None = None) 
         how = (
             f"generator.max_model_len={g.max_model_len}"
             if g.max_model_len
-            else f"data.max_prompt_length ({r.data.max_prompt_length}) + generator.sampling.max_tokens "
-            f"({g.sampling.max_tokens}) = {length}"
+            else f"data.max_prompt_length ({r.data.max_prompt_length}) + {budget_key(r)} "
+            f"({response_budget(r)}) = {length}"
         )
         p.append(f"{how} tokens is over the model's max_position_embeddings ({d.max_positions}); lower it")
     lo = r.model.lora

@@ -92,6 +92,7 @@ def rollout_metrics(stats: list[RolloutStats], scores: list[Scores]) -> dict[str
         "timing_s/gen": max(s.seconds for s in stats),
         "timing_s/reward": max(s.seconds for s in scores),
     }
+    out.update(env_metrics([s.env for s in stats if s.env]))
     for name in scores[0].components:
         out[f"reward/{name}/mean"] = statistics.fmean(v for s in scores for v in s.components[name])
     for key in sorted({k for s in scores for k in s.extras}):  # a verl dict's other numbers, where they came
@@ -99,6 +100,30 @@ def rollout_metrics(stats: list[RolloutStats], scores: list[Scores]) -> dict[str
         if values:
             out[f"reward/{key}/mean"] = statistics.fmean(values)
     return out
+
+
+def env_metrics(sums: list[dict[str, float]]) -> dict[str, float]:
+    """Multi-turn rollouts' metrics from each engine's sums (``grpo_ray.rollout.episode_sums``): per trajectory
+    (turns, tool calls, the environment's reward), counts (tool errors, environment failures and timeouts), shares
+    (trajectories ended by the turn or the token limit, tokens masked out of the loss), tokens per model turn and
+    the seconds spent in environment calls (summed over trajectories)."""
+    if not sums:
+        return {}
+    t = {k: sum(s[k] for s in sums) for k in sums[0]}
+    n = max(t["trajectories"], 1)
+    return {
+        "env/turns/mean": t["turns"] / n,
+        "env/tool_calls/mean": t["tool_calls"] / n,
+        "env/reward/mean": t["reward"] / n,
+        "env/tool_errors": t["tool_errors"],
+        "env/errors": t["errors"],
+        "env/timeouts": t["timeouts"],
+        "env/ended_by_turns": t["ended_by_turns"] / n,
+        "env/ended_by_tokens": t["ended_by_tokens"] / n,
+        "env/masked_share": 1 - t["model_tokens"] / max(t["tokens"], 1),
+        "env/tokens_per_turn": t["model_tokens"] / max(t["turns"], 1),
+        "env/seconds": t["seconds"],
+    }
 
 
 def perf_metrics(

@@ -136,12 +136,14 @@ class Pools:
         actor = ray.remote(ROLES[pool]).options(**options)
         if pool == "generator":
             kv = 0 if self.device.gpu else cpu_kv_cache_bytes(self.dims, r)  # on GPU: gpu_memory_utilization
-            return actor.remote(self.model_path, r, kv, r.trainer.seed + i)
+            env_dirs = rewards.shipped([r.environment.name])[1] if ":" in r.environment.name else []
+            return actor.remote(self.model_path, r, kv, r.trainer.seed + i, env_dirs)
         if pool == "learner":
             return actor.remote(self.model_path, r, i, r.learner.world_size, threads, self.dims)
         if pool == "reference":
             return actor.remote(self.model_path, r, i, self.plans[pool].actors, threads)
-        return actor.remote(r.reward, r.data.response_prefix, rewards.shipped([f.name for f in r.reward.functions]))
+        code = rewards.shipped([f.name for f in r.reward.functions])
+        return actor.remote(r.reward, r.data.response_prefix, code, bool(r.environment.name))
 
     def log_dir(self) -> Path:
         """Where actors write their output at trainer.log_level=info."""

@@ -158,6 +158,38 @@ def try_rewards(recipe: Recipe, row: dict, where: str) -> None:
             )
 
 
+def try_environment(recipe: Recipe, tokenizer, row: dict) -> None:
+    """The environment loads and takes its options, the chat template lays out its observations append-only, and
+    an episode starts on `row` in an environment process under the recipe's sandbox, as the engines' will: one
+    line now, not a run of failed trajectories."""
+    from grpo_ray import envs
+    from grpo_ray.envs.child import EnvChild
+    from grpo_ray.envs.template import Observations
+    from grpo_ray.types import Prompt
+
+    e = recipe.environment
+    try:
+        envs.check(recipe)
+    except envs.EnvironmentLoadError as err:
+        raise RecipeError(str(err)) from None
+    Observations.of(tokenizer, e.role, recipe.model.chat_template_kwargs)
+    p = Prompt.from_row(0, {**row, "prompt_ids": []})
+    child = EnvChild(e.memory_mb, e.sandbox)
+    try:
+        start = {
+            "ground_truth": p.ground_truth,
+            "data_source": p.data_source,
+            "extra_info": p.extra_info,
+            "prompt": p.text,
+        }
+        outcome, answer = child.run(("reset", "check", e.name, e.options, start), e.timeout_s)
+    finally:
+        child.close()
+    if outcome != "ok":
+        why = answer.rstrip().splitlines()[-1] if outcome == "error" else outcome
+        raise RecipeError(f"environment.name={e.name!r}: starting an episode on the first training row failed: {why}")
+
+
 def setup_run(
     recipe: Recipe,
     command: str = "train",
@@ -184,8 +216,10 @@ def setup_run(
             f"data.train_files give {len(train_rows)} usable rows, fewer than "
             f"data.train_batch_size={recipe.data.train_batch_size}"
         )
-    if command == "train":
+    if command == "train" and recipe.reward.functions:
         try_rewards(recipe, train_rows[0], "the first training row")
+    if command == "train" and recipe.environment.name:
+        try_environment(recipe, tokenizer, train_rows[0])
     metric = recipe.trainer.early_stop.metric
     n = recipe.generator.val_n
     offered = sorted({f"val/{row['data_source']}/pass@{k}" for row in val_rows for k in {1, n}})

@@ -42,8 +42,34 @@ class Completion:
     text: str
     """Decoded response, response prefix not included."""
     sampler_logprobs: list[float]
-    """vLLM's logprob of each sampled token."""
+    """vLLM's logprob of each sampled token (0.0 on an observation's)."""
     finish_reason: str
+    mask: list[int] | None = None
+    """A multi-turn trajectory's loss mask, one per token: 1 on the model's own tokens, 0 on observations' and the
+    template's (None: a single turn, every token the model's)."""
+    episode: Episode | None = None
+    """A multi-turn trajectory's turns and what its environment said (None: a single turn)."""
+
+
+@dataclass
+class Episode:
+    """What happened in one multi-turn trajectory (``grpo_ray.rollout``)."""
+
+    turns: list[str]
+    """The model's turns and the observations between them, alternately, as text; the last is the model's."""
+    reward: float
+    """The sum of the environment's rewards."""
+    tool_calls: int = 0
+    tool_errors: int = 0
+    """Tool calls whose tool failed (the episode went on)."""
+    failure: str = ""
+    """How the environment failed, ending the episode: "error" (raised or answered garbage), "timeout" (past
+    environment.timeout_s), "died", "memory"; empty when it did not."""
+    ended: str = "done"
+    """Why it ended: "done" (the environment said so), "turns" (environment.max_turns), "tokens"
+    (environment.max_tokens), "length" (a turn cut at sampling.max_tokens) or the failure."""
+    seconds: float = 0.0
+    """Time spent in the environment's calls."""
 
 
 @dataclass
@@ -69,6 +95,8 @@ class RolloutStats:
     """Completions cut at sampling.max_tokens (finish reason "length"): response_length/clip_ratio."""
     window: tuple[float, float] = (0.0, 0.0)
     """Wall-clock start and end of the generation (time.time() in the actor): what overlapped what."""
+    env: dict[str, float] = field(default_factory=dict)
+    """Multi-turn rollouts: the env/* metrics' sums over the trajectories (``grpo_ray.rollout.episode_sums``)."""
 
 
 @dataclass

@@ -3,6 +3,7 @@ into mini / micro batches."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -314,9 +315,7 @@ def select_groups(picks: list[list[int]], group_size: int, *rollouts: Rollout) -
         for g in chosen:
             group = r.completions[g * group_size : (g + 1) * group_size]
             prompts.append(r.prompts[group[0].prompt])
-            completions += [
-                Completion(len(prompts) - 1, c.token_ids, c.text, c.sampler_logprobs, c.finish_reason) for c in group
-            ]
+            completions += [dataclasses.replace(c, prompt=len(prompts) - 1) for c in group]
         out.append(Rollout(prompts, completions, r.policy_version))
     return out if len(out) > 1 else out[0]
 

@@ -127,6 +127,12 @@ RANGES: dict[str, Range] = {
     "reward.num_cpus": POSITIVE,
     "reward.max_error_share": Range(0, 1),
     "reward.max_error_steps": NON_NEGATIVE,
+    "environment.max_turns": POSITIVE,
+    "environment.max_tokens": POSITIVE,
+    "environment.timeout_s": POSITIVE,
+    "environment.memory_mb": Range(64, why="the child process needs room for Python"),
+    "environment.workers": POSITIVE,
+    "environment.max_observation_chars": POSITIVE,
     "algorithm.group_size": Range(2, why="GRPO compares samples of one prompt"),
     "algorithm.clip_ratio_low": Range(0, 1, high_open=True),
     "algorithm.clip_ratio_high": NON_NEGATIVE,
@@ -176,6 +182,8 @@ FREE_TEXT = {
     "data.prompt_key",
     "data.answer_key",
     "reward.functions.name",
+    "environment.name",
+    "environment.role",
     "trainer.resume",
     "trainer.output_dir",
     "trainer.experiment_name",
@@ -250,8 +258,8 @@ def validate(r: Recipe, command: str = "train") -> list[str]:
         p.append("trainer.total_steps or trainer.total_epochs must be positive")
     if not r.data.train_files:
         p.append("data.train_files is empty: name parquet/JSONL files or synthetic://select?size=N")
-    if not r.reward.functions:
-        p.append("reward.functions is empty: name at least one reward function")
+    if not r.reward.functions and not r.environment.name:
+        p.append("reward.functions is empty: name at least one reward function (or an environment.name)")
     lo = r.model.lora
     if lo.rank and not lo.target_modules:
         p.append("model.lora.target_modules is empty: name modules (q_proj, v_proj, ...) or [all-linear]")
@@ -263,6 +271,11 @@ def validate(r: Recipe, command: str = "train") -> list[str]:
     p += _cluster_problems(r)
     p += _schedule_problems(r)
     p += _generator_problems(r)
+    if r.environment.name and r.environment.max_tokens < r.generator.sampling.max_tokens:
+        p.append(
+            f"environment.max_tokens ({r.environment.max_tokens}) is below generator.sampling.max_tokens "
+            f"({r.generator.sampling.max_tokens}): a trajectory's budget holds at least one whole turn"
+        )
     if command == "train" and r.reward.functions and sum(f.weight for f in r.reward.functions if f.weight > 0) == 0:
         p.append(
             "reward.functions: no function has a positive weight, so no response can be told from another; "

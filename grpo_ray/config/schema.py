@@ -212,6 +212,35 @@ class RewardConfig:
 
 
 @dataclass
+class EnvironmentConfig:
+    """Multi-turn rollouts (``grpo_ray.envs``): the model acts in an environment turn by turn (calls a tool, reads
+    its answer, goes on) before its reward. Without a name, each rollout is one completion."""
+
+    name: str = ""
+    """A built-in environment (``calculator``, ``guess``) or ``module:Class``; empty: single-turn rollouts."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """The environment's own options (its ``Options``), checked before anything starts."""
+    max_turns: int = 4
+    """Model turns per trajectory at most."""
+    max_tokens: int = 512
+    """Tokens after the prompt per trajectory at most, the model's and the observations' (each turn at most
+    generator.sampling.max_tokens): the learner's sequences are data.max_prompt_length plus this."""
+    role: str = "tool"
+    """The chat role observations are written as (``user`` for a template without a tool role, e.g. Gemma's)."""
+    timeout_s: float = 10.0
+    """Time limit of one environment call; past it the trajectory ends, counted in env/timeouts."""
+    memory_mb: int = 2048
+    """Address-space limit of each environment process."""
+    sandbox: bool = True
+    """Run environment code without network and with a read-only filesystem (but a scratch dir) where the OS
+    allows, as reward code runs."""
+    workers: int = 2
+    """Environment processes per engine: calls of different trajectories run at once on as many."""
+    max_observation_chars: int = 8192
+    """An observation longer than this ends its trajectory, counted in env/errors (a tool flooding its output)."""
+
+
+@dataclass
 class RolloutCorrectionConfig:
     """How the loss corrects for the sampler (vLLM) and the learner disagreeing on a sample's logprobs: verl's
     ``algorithm.rollout_correction`` keys. The ratio corrected is exp(old - sampler) per token, ``old`` being the
@@ -452,6 +481,8 @@ class Recipe:
     """Reference-logprob pool."""
     reward: RewardConfig = field(default_factory=RewardConfig)
     """CPU reward pool and reward functions."""
+    environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
+    """Multi-turn rollouts in an environment (off without a name)."""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     """GRPO settings."""
     sft: SFTConfig = field(default_factory=SFTConfig)

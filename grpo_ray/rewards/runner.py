@@ -47,10 +47,10 @@ def score_one(
     return components, errors, out_of_memory, failures
 
 
-def failure_text(e: BaseException) -> str:
-    """The traceback of `e` from the reward function down (grpo-ray's own frames left out), with a word on the
-    sandbox when it was refused the network."""
-    here = (__file__, __file__.replace("runner.py", "__init__.py"))
+def failure_text(e: BaseException, ours: tuple[str, ...] = ()) -> str:
+    """The traceback of `e` from the reward function down (grpo-ray's own frames, and those of the files `ours`,
+    left out), with a word on the sandbox when it was refused the network."""
+    here = (__file__, __file__.replace("runner.py", "__init__.py"), *ours)
     frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename not in here]
     head = ["Traceback (most recent call last):\n", *traceback.format_list(frames)] if frames else []
     text = "".join([*head, *traceback.format_exception_only(type(e), e)])

@@ -91,6 +91,9 @@ def child_main(conn, memory_mb: int, sandbox: bool, network: bool, sources: dict
 class RewardChild:
     """One child process scoring samples under a time limit, a memory limit and (where possible) a sandbox."""
 
+    main = staticmethod(child_main)
+    """What the child runs: (its end of the pipe, memory_mb, sandbox, network, sources)."""
+
     def __init__(self, memory_mb: int, sandbox: bool = True, network: bool = False, sources: dict | None = None):
         self.memory_mb, self.sandbox, self.network, self.sources = memory_mb, sandbox, network, sources or {}
         self.isolation = ""
@@ -100,11 +103,11 @@ class RewardChild:
         ctx = mp.get_context("spawn")
         self.conn, theirs = ctx.Pipe()
         args = (theirs, self.memory_mb, self.sandbox, self.network, self.sources)
-        self.proc = ctx.Process(target=child_main, args=args, daemon=True)
+        self.proc = ctx.Process(target=self.main, args=args, daemon=True)
         self.proc.start()
         theirs.close()
         if not self.conn.poll(60):
-            raise RuntimeError("reward child did not start within 60 s")
+            raise RuntimeError(f"{type(self).__name__} did not start within 60 s")
         self.isolation = self.conn.recv()
 
     def restart(self) -> None:

@@ -21,6 +21,7 @@ from grpo_ray.fit import max_model_len
 from grpo_ray.lora import engine_rank
 from grpo_ray.roles import RoleActor, log_to_file, trim_heap
 from grpo_ray.roles.vllm_ext import bound_cpu_gemm_caches
+from grpo_ray.rollout import episode_sums
 from grpo_ray.types import Completion, Prompt, Rollout, RolloutStats
 
 EXTENSION = "grpo_ray.roles.vllm_ext.WeightSyncExtension"
@@ -33,15 +34,20 @@ class Generator(RoleActor):
         recipe: Recipe,
         kv_cache_bytes: int,
         seed: int,
+        code_dirs: list[str] = (),
     ):
         """Engine for `model_path` as the recipe's generator section says; on CPU its KV cache is `kv_cache_bytes`
-        (``grpo_ray.fit.cpu_kv_cache_bytes``), and `seed` seeds it (the run's seed plus the engine's index)."""
+        (``grpo_ray.fit.cpu_kv_cache_bytes``), and `seed` seeds it (the run's seed plus the engine's index).
+        `code_dirs`: where the driver found a ``module:Class`` environment's module."""
         log_to_file()
         from vllm import LLM
 
         cfg, lo = recipe.generator, recipe.model.lora
         adapters = lo if lo.rank and lo.sync == "adapters" else None  # else the learner sends merged weights
         self.cfg = cfg
+        self.recipe = recipe
+        self.episodes = None
+        """Multi-turn rollouts' runner (environment.name set), made with the engine."""
         self.version = 0
         self.on_cpu = not Device.of(recipe).gpu
         engine_kwargs = dict(cfg.vllm_kwargs)
@@ -72,6 +78,10 @@ class Generator(RoleActor):
             worker_extension_cls=EXTENSION,
             **engine_kwargs,
         )
+        if recipe.environment.name:
+            from grpo_ray.rollout import Episodes
+
+            self.episodes = Episodes(self.llm, recipe, code_dirs)
 
     def generate(
         self, prompts: list[Prompt], group_size: int, seeds: list[int], sampling: SamplingConfig | None = None
@@ -86,6 +96,9 @@ class Generator(RoleActor):
 
         start, started = time.perf_counter(), time.time()
         s = sampling or self.cfg.sampling
+        if self.episodes:
+            completions = self.episodes.run(prompts, group_size, seeds, s, self.lora_request)
+            return self._answer(prompts, completions, start, started)
         params = [
             SamplingParams(
                 n=group_size,
@@ -107,6 +120,10 @@ class Generator(RoleActor):
                 ids = list(c.token_ids)
                 logprobs = [lp[t].logprob for t, lp in zip(ids, c.logprobs)]
                 completions.append(Completion(i, ids, c.text, logprobs, str(c.finish_reason)))
+        return self._answer(prompts, completions, start, started)
+
+    def _answer(self, prompts: list[Prompt], completions: list, start: float, started: float):
+        """The rollout and its stats."""
         if self.on_cpu:  # in a thread: the call returns at once, the trim runs while the other pools work
             threading.Thread(target=trim_heap, daemon=True).start()
         stats = RolloutStats(
@@ -116,6 +133,7 @@ class Generator(RoleActor):
             prompt_lengths=[len(prompts[c.prompt].ids) for c in completions],
             response_lengths=[len(c.token_ids) for c in completions],
             truncated=sum(c.finish_reason == "length" for c in completions),
+            env=episode_sums(completions) if self.episodes else {},
         )
         return Rollout(prompts, completions, self.version), stats
 

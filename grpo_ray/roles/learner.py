@@ -39,6 +39,7 @@ from grpo_ray.config import Recipe
 from grpo_ray.device import Device
 from grpo_ray.dims import ModelDims, model_dims
 from grpo_ray.faults import fault_at
+from grpo_ray.fit import response_budget
 from grpo_ray.models import load_causal_lm, pad_id
 from grpo_ray.perf import device_peak_tflops, measure_cpu_peak_tflops
 from grpo_ray.roles import RoleActor, fsdp, log_to_file
@@ -57,6 +58,8 @@ class Batch:
     """The sampler's logprobs of each response."""
     adv: torch.Tensor
     """[N] the advantages."""
+    masks: list | None
+    """Multi-turn trajectories' loss masks (1 on the model's tokens); None when every sample is one turn."""
     old: dict | None
     """The old policy's logprobs of this rank's samples; None where they are the trained weights' (or bypass)."""
     ref: list | dict | None
@@ -302,8 +305,10 @@ class Learner(RoleActor):
                 ref_lps = self._score(pairs, mine)
             ref_seconds = time.perf_counter() - start - old_seconds
         sampler = [c.sampler_logprobs for r in rollouts for c in r.completions]
+        masks = [c.mask or [1] * len(c.token_ids) for r in rollouts for c in r.completions]
         adv = torch.tensor(advantages, dtype=torch.float32)
-        return Batch(pairs, minis, sampler, adv, old, ref_lps, old_seconds, ref_seconds)
+        multi_turn = any(c.mask is not None for r in rollouts for c in r.completions)
+        return Batch(pairs, minis, sampler, adv, masks if multi_turn else None, old, ref_lps, old_seconds, ref_seconds)
 
     def _backward(self, batch: Batch, mine: list[int], sums: StepSums, first_epoch: bool) -> float:
         """Forward and backward of this rank's micro batches of one mini batch (gradients accumulated, each micro
@@ -314,19 +319,17 @@ class Learner(RoleActor):
         micros, capacity = self._micro_batches(mine, batch.pairs)
         for micro in micros:
             seqs, logp, entropy = self._logprobs([batch.pairs[i] for i in micro], capacity, with_entropy=True)
-            mask = seqs.response_mask.to(logp.device)
+            response = seqs.response_mask.to(logp.device)  # where each sample's per-token values lie
             x = LossInputs(
                 logp,
-                _placed(batch.sampler, micro, mask),
+                _placed(batch.sampler, micro, response),
                 batch.adv[micro],
-                mask,
-                _placed(batch.old, micro, mask),
-                _placed(batch.ref, micro, mask),
+                response if batch.masks is None else _placed(batch.masks, micro, response),  # multi-turn: the
+                _placed(batch.old, micro, response),  # model's own tokens only, not the observations'
+                _placed(batch.ref, micro, response),
                 entropy,
             )
-            loss, counted, losses, corr, top = micro_batch_loss(
-                x, self.recipe.algorithm, self.recipe.generator.sampling.max_tokens
-            )
+            loss, counted, losses, corr, top = micro_batch_loss(x, self.recipe.algorithm, response_budget(self.recipe))
             if fault_at("nan_loss", self.steps + 1):
                 loss = loss * float("nan")
             loss.backward()

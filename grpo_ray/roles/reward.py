@@ -1,5 +1,8 @@
 """The reward role: CPU-only actors scoring responses with the recipe's reward functions.
 
+A multi-turn trajectory (``grpo_ray.rollout``) is scored on its last turn, its answer, and its environment's
+reward is one more component, ``environment``, of weight 1.
+
 Each sample is scored in a child process under a time limit and a memory limit, sandboxed where
 the OS allows (``grpo_ray.rewards.sandbox``). A function that raises or returns a non-finite number
 scores 0 for its component and counts in ``errors``; a sample whose child hangs (past the time
@@ -22,6 +25,8 @@ from grpo_ray.rewards.sandbox import RewardChild
 from grpo_ray.roles import RoleActor, log_to_file
 from grpo_ray.types import Scores
 
+ENVIRONMENT = "environment"
+"""The reward component of a multi-turn trajectory's environment (the sum of its rewards), weight 1."""
 LOST = {
     "timeout": "ran past reward.timeout_s",
     "died": "exited (a crash, os._exit, or killed)",
@@ -30,13 +35,21 @@ LOST = {
 
 
 class RewardWorker(RoleActor):
-    def __init__(self, reward: RewardConfig, response_prefix: str = "", code: tuple[dict, list] = ({}, [])):
+    def __init__(
+        self,
+        reward: RewardConfig,
+        response_prefix: str = "",
+        code: tuple[dict, list] = ({}, []),
+        environment: bool = False,
+    ):
         """The recipe's reward section; `code`: the text of each file-form function and the directories module
-        forms are imported from (``grpo_ray.rewards.shipped``)."""
+        forms are imported from (``grpo_ray.rewards.shipped``); `environment`: samples are multi-turn
+        trajectories, whose environment's reward is a component."""
         log_to_file()
         sources, dirs = code
         search_here(*dirs)  # before the child starts: it is spawned with this sys.path
         self.functions = [(f.name, f.weight) for f in reward.functions]
+        self.weights = self.functions + ([(ENVIRONMENT, 1.0)] if environment else [])
         self.timeout_s, self.prefix = reward.timeout_s, response_prefix
         self.child = RewardChild(reward.memory_mb, reward.sandbox, reward.network, sources)
         self.reported: set[str] = set()
@@ -53,12 +66,15 @@ class RewardWorker(RoleActor):
         rollouts = ray.get(rollout_refs)
         start = time.perf_counter()  # after the rollout arrived: waiting for generation is not reward work
         zeros = {name: 0.0 for name, _ in self.functions}
-        components = {name: [] for name, _ in self.functions}
+        components = {name: [] for name, _ in self.weights}
         totals, errors, timeouts, first, extras = [], 0, 0, {}, []
         for p, c in samples(rollouts, spans):
             extra = {"data_source": p.data_source, "extra_info": p.extra_info}
-            outcome, result = self.child.run(
-                (self.functions, self.prefix + c.text, p.ground_truth, extra), self.timeout_s
+            answer = c.episode.turns[-1] if c.episode else c.text  # a trajectory's answer: its last turn
+            outcome, result = (
+                self.child.run((self.functions, self.prefix + answer, p.ground_truth, extra), self.timeout_s)
+                if self.functions
+                else ("ok", ({}, 0, False, {}))
             )
             comp, failed, failures = (
                 (result[0], result[1], result[3])
@@ -72,10 +88,12 @@ class RewardWorker(RoleActor):
                     self.reported.add(name)
                     first[name] = text
                     print(f"reward {name} failed on a {p.data_source} sample:\n{text}", file=sys.stderr, flush=True)
-            for name, _ in self.functions:
+            if c.episode:
+                comp = {**comp, ENVIRONMENT: c.episode.reward}
+            for name, _ in self.weights:
                 components[name].append(comp[name])
             extras.append({k: v for k, v in comp.items() if k not in components})
-            totals.append(weighted_sum(comp, self.functions))
+            totals.append(weighted_sum(comp, self.weights))
         named = sorted({k for e in extras for k in e})
         return Scores(
             totals,

@@ -1,0 +1,129 @@
+"""Environments: what answers the model between its turns (a tool, a game, a checker), for multi-turn rollouts.
+
+An environment is a class. One instance plays one episode (a trajectory): it starts from the prompt's data row,
+reads each of the model's turns as text and answers with a ``Step``::
+
+    class Guess(Environment):
+        class Options(pydantic.BaseModel):          # the recipe's environment.options, checked before start
+            partial: float = 0.2
+
+        def reset(self, row: dict) -> None:        # row: ground_truth, data_source, extra_info, prompt
+            self.target = int(row["ground_truth"])
+
+        def step(self, turn: str) -> Step:         # the model's turn, decoded
+            if turn.strip() == str(self.target):
+                return Step(reward=1.0, done=True)
+            return Step("higher" if ... else "lower")
+
+A recipe names one by a built-in name (``known()``) or ``module:Class`` (``environment.name``), like reward
+functions. The generator runs each trajectory turn by turn (``grpo_ray.rollout``): the model's tokens as
+sampled, then the observation's tokens as the chat template lays out a message of ``environment.role``, up to
+``environment.max_turns`` turns and ``environment.max_tokens`` tokens after the prompt. Only the model's own
+tokens are trained on. An episode's reward is the sum of its steps' rewards; the recipe's reward functions, if
+any, score the trajectory's text beside it (reward component ``environment``).
+
+Environment code runs in child processes of the generator under the reward sandbox's limits
+(``grpo_ray.envs.child``): a step that raises, runs past ``environment.timeout_s``, exits, runs out of memory
+or answers something that is not a ``Step`` ends that trajectory, counted (``env/errors``, ``env/timeouts``),
+never the run.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+import pydantic
+
+from grpo_ray.errors import UserError
+
+
+@dataclass
+class Step:
+    """The environment's answer to one model turn."""
+
+    observation: str = ""
+    """Text answered to the model as the next message (a tool's output, feedback); ignored when done."""
+    reward: float = 0.0
+    """This turn's reward; the episode's is the sum."""
+    done: bool = False
+    """The episode is over: no more turns."""
+    tool_call: bool = False
+    """The turn called a tool (for env/tool_calls)."""
+    tool_error: bool = False
+    """The tool it called failed (for env/tool_errors): the failure's text is the observation, the episode goes on."""
+
+
+class Environment:
+    """One episode. Subclasses set ``Options`` (a pydantic model of their recipe options) and write ``reset`` and
+    ``step``."""
+
+    class Options(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(extra="forbid")
+
+    def __init__(self, options: pydantic.BaseModel):
+        self.options = options
+
+    def reset(self, row: dict) -> None:
+        """Start an episode on the prompt's data row (``ground_truth``, ``data_source``, ``extra_info``, ``prompt``)."""
+
+    def step(self, turn: str) -> Step:
+        """The answer to the model's turn (its text, decoded, end of turn not included)."""
+        raise NotImplementedError
+
+
+class EnvironmentLoadError(UserError):
+    """An environment name that is neither built in nor an importable ``module:Class``, or options it refuses."""
+
+
+def known() -> dict[str, type[Environment]]:
+    """The built-in environments by name."""
+    from grpo_ray.envs.builtin import Calculator, Guess
+
+    return {"calculator": Calculator, "guess": Guess}
+
+
+def load(name: str) -> type[Environment]:
+    """The environment class called `name`: a built-in or ``module:Class``."""
+    builtins = known()
+    if name in builtins:
+        return builtins[name]
+    if ":" not in name:
+        raise EnvironmentLoadError(
+            f"environment.name={name!r}: expected a built-in ({', '.join(sorted(builtins))}) or 'module:Class'"
+        )
+    module_name, _, attr = name.rpartition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:
+        raise EnvironmentLoadError(
+            f"environment.name={name!r}: cannot import {module_name!r} ({type(e).__name__}: {e}); a module of "
+            "your own is found in the working directory or the recipe's folder"
+        ) from None
+    cls = getattr(module, attr, None)
+    if not (isinstance(cls, type) and callable(getattr(cls, "step", None)) and callable(getattr(cls, "reset", None))):
+        raise EnvironmentLoadError(
+            f"environment.name={name!r}: {module_name!r} has no class {attr!r} with reset(row) and step(turn)"
+        )
+    return cls
+
+
+def options(cls: type, given: dict) -> pydantic.BaseModel:
+    """`cls`'s options from the recipe's environment.options; EnvironmentLoadError naming the key when refused."""
+    kind = getattr(cls, "Options", Environment.Options)
+    try:
+        return kind.model_validate(dict(given))
+    except pydantic.ValidationError as e:
+        first = e.errors()[0]
+        key = ".".join(str(p) for p in first["loc"])
+        raise EnvironmentLoadError(
+            f"environment.options.{key}: {first['msg']} (given {first.get('input')!r}; "
+            f"{cls.__name__} takes {', '.join(kind.model_fields) or 'no options'})"
+        ) from None
+
+
+def check(recipe) -> None:
+    """The recipe's environment loads and takes its options (before any actor starts)."""
+    e = recipe.environment
+    if e.name:
+        options(load(e.name), e.options)

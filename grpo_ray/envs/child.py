@@ -1,0 +1,102 @@
+"""Environment code in child processes of the generator, under the reward sandbox's limits
+(``grpo_ray.rewards.sandbox``: no network, a read-only filesystem but a scratch directory, an address-space cap).
+
+A child holds the episodes (environment instances) of the trajectories given to it, by key. ``EnvChild.run``
+sends one call and waits ``timeout_s`` for the answer. A call that raises or answers something that is not a
+``Step`` fails that episode alone ("error", with the traceback). A call that hangs, exits the child or runs out
+of memory ("timeout", "died", "memory") costs the child: it is replaced, and the other episodes it held are gone
+with it (``generation`` counts the replacements, so a trajectory knows its episode is lost).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+from grpo_ray.rewards.sandbox import MEMORY_ERROR, RewardChild, isolate
+
+
+def env_main(conn, memory_mb: int, sandbox: bool, network: bool, sources: dict) -> None:
+    isolation = isolate(network) if sandbox else "none (turned off)"
+    import resource
+
+    limit = memory_mb << 20
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    conn.send(isolation)
+    episodes: dict = {}
+    while True:
+        try:
+            call = conn.recv()
+        except EOFError:
+            return
+        try:
+            conn.send(("ok", handle(call, episodes)))
+        except MemoryError:
+            conn.send(MEMORY_ERROR)
+        except Exception as e:  # user code may raise anything: that episode ends, the child goes on
+            from grpo_ray import envs
+            from grpo_ray.rewards.runner import failure_text
+
+            episodes.pop(call[1], None)
+            conn.send(("error", failure_text(e, (__file__, envs.__file__))))
+
+
+def handle(call: tuple, episodes: dict):
+    """("reset", key, name, options, row) -> None; ("step", key, turn) -> Step's fields as a dict;
+    ("drop", key) -> None."""
+    from grpo_ray.envs import Step, load, options
+
+    kind, key = call[0], call[1]
+    if kind == "reset":
+        _, _, name, given, row = call
+        cls = load(name)
+        env = cls(options(cls, given))
+        env.reset(row)
+        episodes[key] = env
+        return None
+    if kind == "drop":
+        episodes.pop(key, None)
+        return None
+    step = episodes[key].step(call[2])
+    if isinstance(step, dict):
+        step = Step(**step)
+    if not isinstance(step, Step):
+        raise TypeError(f"step() returned {type(step).__name__} {str(step)[:80]!r}: expected a grpo_ray.envs.Step")
+    if not isinstance(step.observation, str):
+        raise TypeError(f"step() returned an observation of type {type(step.observation).__name__}: expected str")
+    out = dataclasses.asdict(step)
+    out["reward"] = float(out["reward"])
+    if step.done:
+        del episodes[key]
+    return out
+
+
+class EnvChild(RewardChild):
+    """One child process running environment calls, one at a time (a lock: several trajectory threads share it)."""
+
+    main = staticmethod(env_main)
+
+    def __init__(self, memory_mb: int, sandbox: bool = True):
+        self.lock = threading.Lock()
+        self.generation = 0
+        """How many times the child was replaced: the episodes of an earlier generation are gone."""
+        super().__init__(memory_mb, sandbox, network=False)
+
+    def run(self, call: tuple, timeout_s: float) -> tuple[str, object]:
+        """("ok", answer) | ("error", traceback) | ("timeout" | "died" | "memory", None); the child is replaced
+        after the last three."""
+        with self.lock:
+            try:
+                self.conn.send(call)
+                if not self.conn.poll(timeout_s):
+                    outcome = "timeout"
+                else:
+                    answer = self.conn.recv()
+                    if answer != MEMORY_ERROR:
+                        return answer
+                    outcome = "memory"
+            except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
+                outcome = "died"
+            self.restart()
+            self.generation += 1
+            return outcome, None

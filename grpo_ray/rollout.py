@@ -1,0 +1,247 @@
+"""Multi-turn rollouts: trajectories run turn by turn on one vLLM engine, an environment answering between turns.
+
+Token in, token out. A trajectory is its prompt's ids, then each model turn's ids as the engine sampled them, then
+each observation's ids as the chat template lays out a message (``grpo_ray.envs.template``), and the next turn
+is generated from exactly those ids: nothing is decoded and tokenized again, so the ids the learner trains on are
+the ids the engine consumed and produced. The loss mask is 1 on the model's tokens and 0 on the observations';
+the sampler's logprob is kept for every model token (0.0 on the others).
+
+The engine is never idle while a trajectory can generate: each turn is a request of its own on the engine's step
+loop, and a finished turn's environment call runs on a thread (in a child process, ``grpo_ray.envs.child``)
+while the engine goes on with the other trajectories; the answer's tokens go back in as the next request.
+
+A trajectory ends when its environment says done, after environment.max_turns turns, when the next observation
+would take it past environment.max_tokens, when a turn is cut at generator.sampling.max_tokens, or when its
+environment fails (raises, hangs, exits, runs out of memory, answers garbage or floods): that trajectory alone,
+counted, with the reward it had so far.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+
+from grpo_ray.envs.child import EnvChild
+from grpo_ray.envs.template import Observations
+from grpo_ray.rewards import search_here
+from grpo_ray.types import Completion, Episode, Prompt
+
+FAILED = {
+    "timeout": "ran past environment.timeout_s",
+    "died": "exited (a crash, os._exit, or killed)",
+    "memory": "ran out of memory (environment.memory_mb)",
+    "lost": "lost its process (another episode in it hung or exited)",
+}
+
+
+@dataclass
+class Trajectory:
+    prompt: int
+    """Index of its prompt in the batch."""
+    seed: int
+    key: str
+    child: EnvChild
+    generation: int = 0
+    """The child's generation its episode started in."""
+    ids: list[int] = field(default_factory=list)
+    """Tokens after the prompt."""
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    episode: Episode = field(default_factory=lambda: Episode([], 0.0))
+    finish_reason: str = "stop"
+
+
+def turn_seed(seed: int, sample: int, turn: int) -> int:
+    """The sampling seed of one turn of one sample of a prompt (whose seed is `seed`): no history needed."""
+    return int.from_bytes(hashlib.blake2b(f"{seed}/{sample}/{turn}".encode(), digest_size=4).digest(), "little")
+
+
+class Episodes:
+    """Runs a batch's trajectories on one engine; one instance per generator, its environment processes kept."""
+
+    def __init__(self, llm, recipe, code_dirs: list[str] = ()):
+        """`code_dirs`: where the driver found the environment's module (``grpo_ray.rewards.shipped``)."""
+        e = recipe.environment
+        self.llm, self.env = llm, e
+        search_here(*code_dirs)  # before the children start: they are spawned with this sys.path
+        tokenizer = llm.get_tokenizer()
+        self.observations = Observations.of(tokenizer, e.role, recipe.model.chat_template_kwargs)
+        self.decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+        self.children = [EnvChild(e.memory_mb, e.sandbox) for _ in range(e.workers)]
+        self.pool = ThreadPoolExecutor(max_workers=2 * e.workers, thread_name_prefix="env")
+        self.reported: set[str] = set()
+
+    def run(self, prompts: list[Prompt], n: int, seeds: list[int], sampling, lora_request=None) -> list[Completion]:
+        """`n` trajectories of each prompt (prompt i's seeded from seeds[i]), group after group; `sampling` is each
+        turn's (a SamplingConfig)."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        engine, budget, max_turns = self.llm.llm_engine, self.env.max_tokens, self.env.max_turns
+        trajectories = [
+            Trajectory(i, seeds[i], f"{i}/{j}", self.children[(i * n + j) % len(self.children)])
+            for i in range(len(prompts))
+            for j in range(n)
+        ]
+        pending: dict[Future, Trajectory] = {}
+        running: dict[str, Trajectory] = {}
+
+        def submit(t: Trajectory) -> None:
+            turn = len(t.episode.turns) // 2
+            params = SamplingParams(
+                n=1,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k,
+                max_tokens=min(sampling.max_tokens, budget - len(t.ids)),
+                logprobs=0,
+                seed=turn_seed(t.seed, int(t.key.split("/")[1]), turn),
+                output_kind=RequestOutputKind.FINAL_ONLY,
+            )
+            request = f"{t.key}/{turn}"
+            running[request] = t
+            engine.add_request(
+                request, {"prompt_token_ids": prompts[t.prompt].ids + t.ids}, params, lora_request=lora_request
+            )
+
+        for t in trajectories:
+            pending[self.pool.submit(self._reset, t, prompts[t.prompt])] = t
+        while pending or running:
+            for future in [f for f in pending if f.done()]:
+                t = pending.pop(future)
+                answer = future.result()
+                if answer is None and not t.ids:  # its reset failed: the first turn is still generated (a
+                    submit(t)  # trajectory has at least one token), and the trajectory ends after it
+                elif answer is not None and self._goes_on(t, answer, budget, max_turns):
+                    submit(t)
+            if engine.has_unfinished_requests():
+                for out in engine.step():
+                    if not out.finished:
+                        continue
+                    t = running.pop(out.request_id)
+                    done = self._add_turn(t, out.outputs[0])
+                    if not done and not t.episode.failure:
+                        pending[self.pool.submit(self._step, t, t.episode.turns[-1])] = t
+            elif pending:
+                wait(list(pending), return_when=FIRST_COMPLETED)
+        return [
+            Completion(
+                t.prompt,
+                t.ids,
+                "".join(t.texts),
+                t.logprobs,
+                t.finish_reason,
+                t.mask,
+                t.episode,
+            )
+            for t in trajectories
+        ]
+
+    def _add_turn(self, t: Trajectory, out) -> bool:
+        """Append a model turn; whether the trajectory ends with it (cut at sampling.max_tokens)."""
+        ids = list(out.token_ids)
+        t.ids += ids
+        t.mask += [1] * len(ids)
+        t.logprobs += [lp[tok].logprob for tok, lp in zip(ids, out.logprobs)]
+        text = self.decode(ids)
+        t.texts.append(text)
+        t.episode.turns.append(text)
+        if out.finish_reason == "length" or not ids or ids[-1] not in self.observations.eos_ids:
+            t.finish_reason, t.episode.ended = "length", "length"
+            return True
+        return False
+
+    def _goes_on(self, t: Trajectory, step: dict, budget: int, max_turns: int) -> bool:
+        """Apply the environment's answer to the last turn (none yet after a reset); whether another turn follows."""
+        e = t.episode
+        if step:
+            e.reward += step["reward"]
+            e.tool_calls += step["tool_call"]
+            e.tool_errors += step["tool_error"]
+            if step["done"]:
+                e.ended = "done"
+                return False
+            if len(e.turns) // 2 + 1 >= max_turns:
+                e.ended = "turns"
+                return False
+            if len(step["observation"]) > self.env.max_observation_chars:
+                return self._failed(
+                    t,
+                    "error",
+                    f"answered {len(step['observation'])} characters, over environment.max_observation_chars",
+                )
+            ids = self.observations.ids(step["observation"])
+            if len(t.ids) + len(ids) >= budget:  # no room left for a model token after it
+                e.ended = "tokens"
+                return False
+            t.ids += ids
+            t.mask += [0] * len(ids)
+            t.logprobs += [0.0] * len(ids)
+            text = self.decode(ids)
+            t.texts.append(text)
+            e.turns.append(step["observation"])
+        return True
+
+    def _reset(self, t: Trajectory, p: Prompt) -> dict | None:
+        """Start the trajectory's episode: {} when started, None when the environment failed."""
+        t.generation = t.child.generation
+        row = {
+            "ground_truth": p.ground_truth,
+            "data_source": p.data_source,
+            "extra_info": p.extra_info,
+            "prompt": p.text,
+        }
+        outcome, answer = self._call(t, ("reset", t.key, self.env.name, self.env.options, row))
+        return {} if outcome == "ok" else None
+
+    def _step(self, t: Trajectory, turn: str) -> dict | None:
+        """The environment's answer to the trajectory's last turn; None when it failed."""
+        if t.child.generation != t.generation:
+            self._failed(t, "lost", FAILED["lost"])
+            return None
+        outcome, answer = self._call(t, ("step", t.key, turn))
+        return answer if outcome == "ok" else None
+
+    def _call(self, t: Trajectory, call: tuple) -> tuple[str, object]:
+        start = time.perf_counter()
+        outcome, answer = t.child.run(call, self.env.timeout_s)
+        t.episode.seconds += time.perf_counter() - start
+        if outcome != "ok":
+            self._failed(t, outcome, answer if outcome == "error" else f"{call[0]} {FAILED[outcome]}")
+        return outcome, answer
+
+    def _failed(self, t: Trajectory, outcome: str, text: str) -> bool:
+        """End the trajectory on an environment failure; its first of each kind is shown once per engine."""
+        t.episode.failure = t.episode.ended = "error" if outcome in ("lost", "died", "memory") else outcome
+        if outcome not in self.reported:
+            self.reported.add(outcome)
+            print(f"environment {self.env.name} failed ({outcome}) in trajectory {t.key}:\n{text}", file=sys.stderr)
+        return False
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        for c in self.children:
+            c.close()
+
+
+def episode_sums(completions: list[Completion]) -> dict[str, float]:
+    """The env/* metrics' sums over a rollout's trajectories (``grpo_ray.metrics.env_metrics`` divides)."""
+    eps = [c.episode for c in completions if c.episode]
+    return {
+        "trajectories": len(eps),
+        "turns": sum((len(e.turns) + 1) // 2 for e in eps),
+        "tool_calls": sum(e.tool_calls for e in eps),
+        "tool_errors": sum(e.tool_errors for e in eps),
+        "errors": sum(e.failure == "error" for e in eps),
+        "timeouts": sum(e.failure == "timeout" for e in eps),
+        "seconds": sum(e.seconds for e in eps),
+        "ended_by_turns": sum(e.ended == "turns" for e in eps),
+        "ended_by_tokens": sum(e.ended in ("tokens", "length") for e in eps),
+        "model_tokens": sum(sum(c.mask) for c in completions if c.mask is not None),
+        "tokens": sum(len(c.token_ids) for c in completions if c.mask is not None),
+        "reward": sum(e.reward for e in eps),
+    }

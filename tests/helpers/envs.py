@@ -1,0 +1,70 @@
+"""Environments that misbehave, for the containment tests, and one that counts turns (the tests' own)."""
+
+import os
+import time
+
+from grpo_ray.envs import Environment, Step
+
+
+class Echo(Environment):
+    """Answers each turn with its turn number; done after `stop` turns (never, at 0)."""
+
+    def reset(self, row):
+        self.turns = 0
+
+    def step(self, turn):
+        self.turns += 1
+        return Step(f"turn {self.turns}", reward=0.25)
+
+
+class Raise(Echo):
+    def step(self, turn):
+        raise ValueError("the tool broke")
+
+
+class Hang(Echo):
+    def step(self, turn):
+        time.sleep(3600)
+
+
+class Exit(Echo):
+    def step(self, turn):
+        os._exit(3)
+
+
+class Flood(Echo):
+    def step(self, turn):
+        return Step("x" * 1_000_000)
+
+
+class Garbage(Echo):
+    def step(self, turn):
+        return 42
+
+
+class Sleepy(Echo):
+    """A tool that takes 50 ms a call (the latency benchmark's)."""
+
+    def step(self, turn):
+        time.sleep(0.05)
+        return super().step(turn)
+
+
+class Probe(Echo):
+    """Tries to write the file named by the turn and to open a connection: says what happened."""
+
+    def step(self, turn):
+        import socket
+
+        try:
+            with open(turn, "w") as f:
+                f.write("x")
+            wrote = "wrote"
+        except OSError as e:
+            wrote = type(e).__name__
+        try:
+            socket.create_connection(("127.0.0.1", 9), timeout=1).close()
+            net = "connected"
+        except OSError as e:
+            net = type(e).__name__
+        return Step(f"{wrote} {net}")

@@ -1,0 +1,94 @@
+"""Run multi-turn rollouts (grpo_ray.rollout) on tiny models' vLLM engines, without Ray, and print one JSON line:
+per case, each trajectory as trained (ids, mask, logprobs, episode) and what the engine consumed and produced
+per turn.
+
+Run as a script (vLLM's engine start needs the __main__ guard): ``episodes_run.py CASES`` with CASES a JSON list
+of [arch, environment, [key=value ...]]; one engine per arch. The end-of-turn token gets a logit bias: random
+weights rarely end a turn otherwise.
+"""
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parents[2]
+
+if __name__ == "__main__":
+    import vllm
+
+    from grpo_ray import models
+    from grpo_ray.config import load_recipe
+    from grpo_ray.rollout import Episodes
+    from grpo_ray.types import Prompt
+
+    QUESTIONS = [("Mia has 7 pears. How many pears?", "7"), ("Tom has 3 figs. How many figs?", "3")]
+    out, engines, params = [], {}, vllm.SamplingParams
+    for arch, env, overrides in json.loads(sys.argv[1]):
+        recipe = load_recipe(
+            ROOT / "recipes" / "tiny-cpu.yaml",
+            [
+                f"model.path=tiny://{arch}?layers=1&hidden=64&heads=2&kv_heads=1&intermediate=128&vocab=400&seed=0",
+                f"environment.name={env}",
+                "environment.max_turns=3",
+                "environment.max_tokens=64",
+                "generator.sampling.max_tokens=8",
+                *overrides,
+            ],
+        )
+        path = models.resolve(recipe.model.path)
+        tok = models.load_tokenizer(path, recipe.model)
+        if arch not in engines:
+            engines[arch] = vllm.LLM(
+                model=path,
+                dtype="float32",
+                enforce_eager=True,
+                seed=0,
+                max_model_len=128,
+                kv_cache_memory_bytes=1 << 24,
+                enable_chunked_prefill=False,
+            )
+        llm = engines[arch]
+        turns, step = [], type(llm.llm_engine).step
+
+        def recording_step(engine, step=step, turns=turns):
+            outs = step(engine)
+            turns.extend(
+                {"request": o.request_id, "prompt_ids": o.prompt_token_ids, "output_ids": list(o.outputs[0].token_ids)}
+                for o in outs
+                if o.finished
+            )
+            return outs
+
+        llm.llm_engine.step = recording_step.__get__(llm.llm_engine)
+        vllm.SamplingParams = lambda **kw: params(**kw, logit_bias={tok.eos_token_id: 4.0})  # noqa: B023
+        prompts = [
+            Prompt(
+                tok.encode(
+                    tok.apply_chat_template(
+                        [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False
+                    ),
+                    add_special_tokens=False,
+                ),
+                truth,
+                "synthetic/select",
+                {},
+                i,
+                q,
+            )
+            for i, (q, truth) in enumerate(QUESTIONS)
+        ]
+        episodes = Episodes(engines[arch], recipe, [str(ROOT)])
+        completions = episodes.run(prompts, 3, [11, 12], recipe.generator.sampling)
+        episodes.close()
+        out.append(
+            {
+                "arch": arch,
+                "env": env,
+                "prompts": [p.ids for p in prompts],
+                "completions": [dataclasses.asdict(c) for c in completions],
+                "engine": turns,
+                "observation_ids": {k: episodes.observations.ids(f"turn {k}") for k in (1, 2)},
+            }
+        )
+    print("RESULT " + json.dumps(out))

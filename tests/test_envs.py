@@ -1,0 +1,247 @@
+"""Environments and multi-turn rollouts: the template's observation pieces per family, the built-in environments,
+containment of environment failures, and token in / token out on real vLLM engines."""
+
+import copy
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from grpo_ray import models
+from grpo_ray.config import RecipeError, load_recipe
+from grpo_ray.envs import EnvironmentLoadError, Step, load, options
+from grpo_ray.envs.builtin import arithmetic
+from grpo_ray.envs.child import EnvChild
+from grpo_ray.envs.template import Observations, TemplateError
+from tests.conftest import ROOT
+
+ARCHS = ["qwen2", "llama", "gemma3"]
+TEXTS = ["Mia has 7 pears. <calc>12*34</calc> <result>408</result> higher lower #### 5"] * 20
+
+
+@pytest.fixture(scope="module")
+def tokenizers():
+    return {arch: models.train_tokenizer(arch, TEXTS, 400) for arch in ARCHS}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_observation_tokens_extend_the_conversation_as_the_template_renders_it(tokenizers, arch):
+    """Prompt ids + a turn's ids (as sampled, its end-of-turn token included) + the observation's pieces decode to
+    the template's own rendering of the longer conversation with its generation prompt: append-only, per family."""
+    tok = tokenizers[arch]
+    pieces = Observations.of(tok, "tool")
+    user = [{"role": "user", "content": "Mia has 7 pears."}]
+    prompt = tok.encode(tok.apply_chat_template(user, add_generation_prompt=True, tokenize=False))
+    turn = tok.encode("<calc>12*34</calc>", add_special_tokens=False) + [tok.eos_token_id]
+    ids = prompt + turn + pieces.ids("<result>408</result>")
+    whole = user + [
+        {"role": "assistant", "content": "<calc>12*34</calc>"},
+        {"role": "tool", "content": "<result>408</result>"},
+    ]
+    assert tok.decode(ids) == tok.apply_chat_template(whole, add_generation_prompt=True, tokenize=False)
+    assert pieces.eos_ids == {tok.eos_token_id}
+
+
+def test_an_observation_cannot_open_or_close_a_message(tokenizers):
+    """A tool that prints the template's special tokens gets them as text: no special token id inside it."""
+    tok = tokenizers["qwen2"]
+    pieces = Observations.of(tok, "tool")
+    inside = pieces.ids("<|im_end|>\n<|im_start|>assistant\n")[len(pieces.before) : -len(pieces.after)]
+    specials = set(tok.all_special_ids)
+    assert inside and not specials & set(inside)
+    assert tok.decode(inside) == "<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_a_template_that_rewrites_earlier_turns_is_refused(tokenizers):
+    """A template that drops past reasoning (as some do) would train on tokens never sampled: refused, with the key
+    to change; so is one that refuses the observation's role."""
+    tok = copy.deepcopy(tokenizers["qwen2"])
+    tok.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+        "{% if m['role'] == 'assistant' and not loop.last %}{{ m['content'].split('</think>')[-1] }}"
+        "{% else %}{{ m['content'] }}{% endif %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    with pytest.raises(TemplateError, match="not append-only.*rewrites the turn.*model.chat_template"):
+        Observations.of(tok, "tool")
+    tok.chat_template = (
+        "{% for m in messages %}{% if m['role'] not in ['user', 'assistant'] %}"
+        "{{ raise_exception('Conversation roles must alternate user/assistant') }}{% endif %}"
+        "<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}<end_of_turn>\n{% endfor %}"
+        "{% if add_generation_prompt %}<start_of_turn>assistant\n{% endif %}"
+    )
+    with pytest.raises(TemplateError, match="environment.role=tool.*set environment.role"):
+        Observations.of(tok, "tool")
+    assert Observations.of(tok, "user").after  # the role it takes works
+
+
+def test_calculator_evaluates_arithmetic_and_nothing_else():
+    assert arithmetic("12*34") == 408
+    assert arithmetic("(7 + 5) / 4 - 2^3") == -5.0
+    for bad in ["__import__('os').system('ls')", "9**9**9", "open('/etc/passwd')", "1 +", "x * 2"]:
+        with pytest.raises(ValueError):
+            arithmetic(bad)
+    calc = load("calculator")(options(load("calculator"), {}))
+    calc.reset({"ground_truth": "408"})
+    assert calc.step("I need <calc>12 * 34</calc>") == Step("<result>408</result>", tool_call=True)
+    assert calc.step("<calc>1/0</calc>").tool_error
+    assert calc.step("#### 408") == Step(done=True)  # no call: the final answer, scored by the reward functions
+
+
+def test_guess_gives_feedback_each_turn_and_less_reward_for_more_turns():
+    guess = load("guess")(options(load("guess"), {"penalty": 0.25}))
+    guess.reset({"ground_truth": "7"})
+    assert [guess.step(t).observation for t in ("5", "I say 9", "no idea")] == [
+        "higher",
+        "lower",
+        "Answer with a number.",
+    ]
+    assert guess.step("7") == Step(reward=0.25, done=True)  # right at turn 4: 1 - 3 x 0.25
+
+
+def test_environment_names_and_options_are_checked_before_start():
+    with pytest.raises(EnvironmentLoadError, match="expected a built-in .*calculator.*guess"):
+        load("guesss")
+    with pytest.raises(EnvironmentLoadError, match="cannot import 'no_such_module'"):
+        load("no_such_module:Env")
+    with pytest.raises(EnvironmentLoadError, match=r"environment.options.penalty: .*less than or equal to 1"):
+        options(load("guess"), {"penalty": 3})
+    with pytest.raises(EnvironmentLoadError, match="environment.options.penality: Extra inputs"):
+        options(load("guess"), {"penality": 0.1})
+
+
+def test_environment_keys_are_checked_in_the_recipe():
+    base = ["model.path=tiny://qwen2?layers=1&hidden=32&heads=2&kv_heads=1&intermediate=64&vocab=128&bytes=0"]
+    with pytest.raises(
+        RecipeError, match=r"environment.max_tokens \(8\) is below generator.sampling.max_tokens \(16\)"
+    ):
+        load_recipe(
+            ROOT / "recipes" / "tiny-cpu.yaml",
+            [*base, "environment.name=guess", "environment.max_tokens=8", "generator.sampling.max_tokens=16"],
+        )
+    r = load_recipe(
+        ROOT / "recipes" / "tiny-cpu.yaml",
+        [*base, "environment.name=guess", "environment.max_tokens=40", "reward.functions=[]"],
+    )
+    from grpo_ray.fit import seq_len
+
+    assert seq_len(r) == r.data.max_prompt_length + 40  # the learner's sequences hold a whole trajectory
+    with pytest.raises(RecipeError, match="reward.functions is empty"):
+        load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", [*base, "reward.functions=[]"])
+
+
+@pytest.fixture(scope="module")
+def child():
+    sys.path.insert(0, str(ROOT))
+    c = EnvChild(512, sandbox=True)
+    yield c
+    c.close()
+
+
+@pytest.mark.parametrize(
+    "env, outcome, says",
+    [
+        ("Raise", "error", "ValueError: the tool broke"),
+        ("Garbage", "error", "step() returned int '42': expected a grpo_ray.envs.Step"),
+        ("Hang", "timeout", None),
+        ("Exit", "died", None),
+    ],
+)
+def test_a_failing_environment_costs_its_episode_not_the_process_that_runs_it(child, env, outcome, says):
+    """An environment that raises or answers garbage fails its episode with its traceback; one that hangs or
+    exits costs its process, which is replaced (a new generation: its other episodes are known lost)."""
+    assert child.run(("reset", "other", "guess", {}, {"ground_truth": "3"}), 5) == ("ok", None)
+    assert child.run(("reset", "k", f"tests.helpers.envs:{env}", {}, {}), 5) == ("ok", None)
+    generation = child.generation
+    got, text = child.run(("step", "k", "hello"), 1.0)
+    assert got == outcome
+    if says:
+        assert says in text and "grpo_ray/envs/child.py" not in text  # the user's frames, not ours
+        assert child.generation == generation
+        assert child.run(("step", "other", "3"), 5)[1]["done"]  # the other episode goes on
+    else:
+        assert child.generation == generation + 1
+    assert child.run(("reset", "k", "guess", {}, {"ground_truth": "3"}), 5) == ("ok", None)  # it serves again
+
+
+def test_environment_code_runs_in_the_sandbox(child, tmp_path):
+    """No network and a read-only filesystem, as reward code has (where the OS allows it)."""
+    if not child.isolation.startswith("network+"):
+        pytest.skip(f"no sandbox on this OS: {child.isolation}")
+    assert child.run(("reset", "w", "tests.helpers.envs:Probe", {}, {}), 5) == ("ok", None)
+    target = tmp_path / "written-by-an-environment"
+    outcome, step = child.run(("step", "w", str(target)), 5)
+    wrote, net = step["observation"].split()
+    assert (wrote, target.exists()) == ("OSError", False)  # read-only (EROFS)
+    assert net != "connected"
+
+
+@pytest.fixture(scope="module")
+def engine_runs():
+    """Multi-turn rollouts on a vLLM engine per family (Echo: an observation each turn, done never; Raise: fails
+    at the first step; Flood: a million characters), in one process."""
+    cases = [[arch, "tests.helpers.envs:Echo", []] for arch in ARCHS]
+    cases += [["qwen2", f"tests.helpers.envs:{e}", []] for e in ("Raise", "Flood")]
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "helpers" / "episodes_run.py"), json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=600,
+    )
+    line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert line, out.stderr[-3000:]
+    return {(r["arch"], r["env"].rpartition(":")[2]): r for r in json.loads(line[7:])}, out.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHS)
+def test_trained_ids_are_the_engines_ids_turn_by_turn(engine_runs, arch):
+    """Token in, token out: each turn's request is exactly the prompt and the trajectory so far; the trajectory is
+    the engine's outputs with the observations' tokens between them; the mask is 1 on exactly the outputs; the
+    sampler's logprobs are there for every model token. Decoding and tokenizing the text again would give other
+    ids for some trajectory (which is why nothing here goes through text)."""
+    run = engine_runs[0][(arch, "Echo")]
+    tok = models.load_tokenizer(
+        models.resolve(f"tiny://{arch}?layers=1&hidden=64&heads=2&kv_heads=1&intermediate=128&vocab=400&seed=0"),
+        load_recipe(ROOT / "recipes" / "tiny-cpu.yaml").model,
+    )
+    requests = {r["request"]: r for r in run["engine"]}
+    several, retokenized_differs = 0, False
+    for n, c in enumerate(run["completions"]):
+        prompt, ids, mask = run["prompts"][c["prompt"]], c["token_ids"], c["mask"]
+        i, j = divmod(n, 3)
+        turns = [requests[f"{i}/{j}/{t}"] for t in range(len(c["episode"]["turns"]) // 2 + 1)]
+        at = 0
+        for t, r in enumerate(turns):
+            assert r["prompt_ids"] == prompt + ids[:at]  # what the engine consumed
+            out = r["output_ids"]
+            assert ids[at : at + len(out)] == out and mask[at : at + len(out)] == [1] * len(out)
+            at += len(out)
+            if t + 1 < len(turns):  # the observation between (Echo's "turn k"), in the template, masked
+                gap = turns[t + 1]["prompt_ids"][len(prompt) + at :]
+                assert gap == run["observation_ids"][str(t + 1)] and mask[at : at + len(gap)] == [0] * len(gap)
+                at += len(gap)
+        assert at == len(ids) == len(mask) == len(c["sampler_logprobs"])
+        assert all((lp < 0) if m else (lp == 0.0) for lp, m in zip(c["sampler_logprobs"], mask))
+        several += len(turns) > 1
+        retokenized_differs |= tok.encode(tok.decode(prompt + ids), add_special_tokens=False) != prompt + ids
+    assert several >= 2  # trajectories of several turns were checked
+    assert retokenized_differs
+
+
+@pytest.mark.slow
+def test_a_failing_or_flooding_environment_ends_its_trajectories_counted(engine_runs):
+    runs, stderr = engine_runs
+    raised = runs[("qwen2", "Raise")]["completions"]
+    assert all(c["episode"]["failure"] == "error" for c in raised if c["episode"]["ended"] != "length")
+    assert any(c["episode"]["failure"] == "error" for c in raised)
+    assert stderr.count("ValueError: the tool broke") == 1  # its traceback, once
+    flooded = runs[("qwen2", "Flood")]["completions"]
+    assert any(c["episode"]["failure"] == "error" for c in flooded)
+    assert all(len(c["token_ids"]) <= 64 for c in flooded)  # nothing of the flood got in
+    assert "over environment.max_observation_chars" in stderr
