@@ -202,3 +202,44 @@ def test_shared_prompts_make_the_same_update_as_packed_samples(ray_local):
     assert torch.allclose(before1, before2, atol=1e-6)
     assert torch.allclose(after1, after2, atol=1e-5)
     assert (after1 - before1).abs().max() > 1e-4
+
+
+def test_observation_tokens_are_masked_out_of_the_loss(ray_local):
+    """Multi-turn samples (``Completion.mask``): tokens under mask 0 (an observation's) do not count. With the
+    sampler's logprobs as the old policy (bypass mode), garbage there (+30, a ratio of ~0) leaves the update
+    exactly as a plausible value does; the same samples unmasked update otherwise."""
+    import copy
+
+    path = models.resolve(TINY.format(arch="qwen2"))
+    rollouts = tiny_rollouts(vocab=300, prompts=4, group=4)
+    for r in rollouts:
+        for c in r.completions:
+            c.mask = [0 if 0 < j < len(c.token_ids) - 1 else 1 for j in range(len(c.token_ids))]
+    masked = sum(m == 0 for r in rollouts for c in r.completions for m in c.mask)
+    garbage, plausible = copy.deepcopy(rollouts), copy.deepcopy(rollouts)
+    for g, p in zip(garbage, plausible):
+        for cg, cp in zip(g.completions, p.completions):
+            cg.sampler_logprobs = [lp if m else 30.0 for lp, m in zip(cg.sampler_logprobs, cg.mask)]
+            cp.sampler_logprobs = [lp if m else -2.0 for lp, m in zip(cp.sampler_logprobs, cp.mask)]
+    unmasked = copy.deepcopy(plausible)
+    for r in unmasked:
+        for c in r.completions:
+            c.mask = None
+    advantages = torch.linspace(-1.5, 1.5, 16).tolist()
+    common = [
+        "data.train_batch_size=4",
+        "algorithm.group_size=4",
+        "learner.mini_batch_size=16",
+        "learner.micro_batch_size=4",
+        "algorithm.kl_coef=0.0",
+        "algorithm.rollout_correction.bypass_mode=true",
+    ]
+    a, before, after_a = run_learner(ray_local, path, 2, common, garbage, None, advantages)
+    b, _, after_b = run_learner(ray_local, path, 2, common, plausible, None, advantages)
+    c, _, after_c = run_learner(ray_local, path, 2, common, unmasked, None, advantages)
+    assert masked >= 8
+    for key in ("actor/grad_norm", "actor/pg_loss", "actor/pg_clipfrac", "actor/entropy"):
+        assert a[0][key] == pytest.approx(b[0][key], rel=1e-5, abs=1e-7), key
+    assert torch.allclose(after_a, after_b, atol=1e-6) and (after_a - before).abs().max() > 1e-4
+    assert c[0]["actor/pg_loss"] != pytest.approx(b[0]["actor/pg_loss"], rel=1e-3)
+    assert (after_c - after_b).abs().max() > 1e-5
