@@ -10,10 +10,11 @@ The engine is never idle while a trajectory can generate: each turn is a request
 loop, and a finished turn's environment call runs on a thread (in a child process, ``grpo_ray.envs.child``)
 while the engine goes on with the other trajectories; the answer's tokens go back in as the next request.
 
-A trajectory ends when its environment says done, after environment.max_turns turns, when the next observation
-would take it past environment.max_tokens, when a turn is cut at generator.sampling.max_tokens, or when its
-environment fails (raises, hangs, exits, runs out of memory, answers garbage or floods): that trajectory alone,
-counted, with the reward it had so far.
+A turn ends with the model's end-of-turn token, or with one of environment.stop (a tool call's closing tag): the
+template's end-of-turn token is then put after it, masked. A trajectory ends when its environment says done,
+after environment.max_turns turns, when the next observation would take it past environment.max_tokens, when a
+turn is cut at generator.sampling.max_tokens, or when its environment fails (raises, hangs, exits, runs out of
+memory, answers garbage or floods): that trajectory alone, counted, with the reward it had so far.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ class Trajectory:
     texts: list[str] = field(default_factory=list)
     episode: Episode = field(default_factory=lambda: Episode([], 0.0))
     finish_reason: str = "stop"
+    closed: bool = True
+    """Its last turn ended with the end-of-turn token (not with a stop string)."""
 
 
 def turn_seed(seed: int, sample: int, turn: int) -> int:
@@ -99,6 +102,8 @@ class Episodes:
                 top_k=sampling.top_k,
                 max_tokens=min(sampling.max_tokens, budget - len(t.ids)),
                 logprobs=0,
+                stop=list(self.env.stop) or None,
+                include_stop_str_in_output=True,
                 seed=turn_seed(t.seed, int(t.key.split("/")[1]), turn),
                 output_kind=RequestOutputKind.FINAL_ONLY,
             )
@@ -150,9 +155,10 @@ class Episodes:
         text = self.decode(ids)
         t.texts.append(text)
         t.episode.turns.append(text)
-        if out.finish_reason == "length" or not ids or ids[-1] not in self.observations.eos_ids:
+        if out.finish_reason == "length" or not ids:
             t.finish_reason, t.episode.ended = "length", "length"
             return True
+        t.closed = ids[-1] in self.observations.eos_ids  # else a stop string ended it (environment.stop)
         return False
 
     def _goes_on(self, t: Trajectory, step: dict, budget: int, max_turns: int) -> bool:
@@ -174,7 +180,7 @@ class Episodes:
                     "error",
                     f"answered {len(step['observation'])} characters, over environment.max_observation_chars",
                 )
-            ids = self.observations.ids(step["observation"])
+            ids = self.observations.ids(step["observation"], t.closed)
             if len(t.ids) + len(ids) >= budget:  # no room left for a model token after it
                 e.ended = "tokens"
                 return False

@@ -48,7 +48,13 @@ def usable_rows(
     for spec in files:
         n, loaded = 0, load_rows(spec, recipe.data.prompt_key, recipe.data.answer_key)
         texts = [
-            prompt_text(tokenizer, row, recipe.data.response_prefix, recipe.model.chat_template_kwargs)
+            prompt_text(
+                tokenizer,
+                row,
+                recipe.data.response_prefix,
+                recipe.model.chat_template_kwargs,
+                recipe.data.system_prompt,
+            )
             for row in loaded
         ]
         prompts = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []  # one call: batched

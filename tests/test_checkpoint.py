@@ -36,17 +36,17 @@ def metrics(out):
     return [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def whole_and_resumed(tmp_path_factory, extra=()):
+def whole_and_resumed(tmp_path_factory, extra=(), recipe="recipes/tiny-cpu.yaml"):
     """An uninterrupted 4-step run, and the same run SIGKILLed after step 2's checkpoint, then restarted."""
     whole, killed = tmp_path_factory.mktemp("whole"), tmp_path_factory.mktemp("killed")
-    res = run_cli("train", "recipes/tiny-cpu.yaml", *COMMON, *extra, f"trainer.output_dir={whole}", timeout=900)
+    res = run_cli("train", recipe, *COMMON, *extra, f"trainer.output_dir={whole}", timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     cmd = [
         sys.executable,
         "-m",
         "grpo_ray",
         "train",
-        "recipes/tiny-cpu.yaml",
+        recipe,
         *COMMON,
         *extra,
         f"trainer.output_dir={killed}",
@@ -64,7 +64,7 @@ def whole_and_resumed(tmp_path_factory, extra=()):
         os.killpg(proc.pid, signal.SIGKILL)  # the driver, its local Ray cluster and every actor
         proc.wait()
     assert checkpoint.complete_steps(killed / "checkpoints") == [2]
-    resumed = run_cli("train", "recipes/tiny-cpu.yaml", *COMMON, *extra, f"trainer.output_dir={killed}", timeout=900)
+    resumed = run_cli("train", recipe, *COMMON, *extra, f"trainer.output_dir={killed}", timeout=900)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from" in resumed.stdout and "(step 2)" in resumed.stdout
     return whole, killed

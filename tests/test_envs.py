@@ -15,7 +15,7 @@ from grpo_ray.envs import EnvironmentLoadError, Step, load, options
 from grpo_ray.envs.builtin import arithmetic
 from grpo_ray.envs.child import EnvChild
 from grpo_ray.envs.template import Observations, TemplateError
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_cli
 
 ARCHS = ["qwen2", "llama", "gemma3"]
 TEXTS = ["Mia has 7 pears. <calc>12*34</calc> <result>408</result> higher lower #### 5"] * 20
@@ -184,6 +184,7 @@ def engine_runs():
     at the first step; Flood: a million characters), in one process."""
     cases = [[arch, "tests.helpers.envs:Echo", []] for arch in ARCHS]
     cases += [["qwen2", f"tests.helpers.envs:{e}", []] for e in ("Raise", "Flood")]
+    cases += [["qwen2", "tests.helpers.envs:Echo", ["environment.stop=[e,a]"]]]  # turns ended by stop strings
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     out = subprocess.run(
         [sys.executable, str(ROOT / "tests" / "helpers" / "episodes_run.py"), json.dumps(cases)],
@@ -195,11 +196,12 @@ def engine_runs():
     )
     line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
     assert line, out.stderr[-3000:]
-    return {(r["arch"], r["env"].rpartition(":")[2]): r for r in json.loads(line[7:])}, out.stderr
+    runs = json.loads(line[7:])
+    return {(r["arch"] + ("+stop" if r["overrides"] else ""), r["env"].rpartition(":")[2]): r for r in runs}, out.stderr
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", [*ARCHS, "qwen2+stop"])
 def test_trained_ids_are_the_engines_ids_turn_by_turn(engine_runs, arch):
     """Token in, token out: each turn's request is exactly the prompt and the trajectory so far; the trajectory is
     the engine's outputs with the observations' tokens between them; the mask is 1 on exactly the outputs; the
@@ -207,11 +209,13 @@ def test_trained_ids_are_the_engines_ids_turn_by_turn(engine_runs, arch):
     ids for some trajectory (which is why nothing here goes through text)."""
     run = engine_runs[0][(arch, "Echo")]
     tok = models.load_tokenizer(
-        models.resolve(f"tiny://{arch}?layers=1&hidden=64&heads=2&kv_heads=1&intermediate=128&vocab=400&seed=0"),
+        models.resolve(
+            f"tiny://{arch.split('+')[0]}?layers=1&hidden=64&heads=2&kv_heads=1&intermediate=128&vocab=400&seed=0"
+        ),
         load_recipe(ROOT / "recipes" / "tiny-cpu.yaml").model,
     )
     requests = {r["request"]: r for r in run["engine"]}
-    several, retokenized_differs = 0, False
+    several, stopped, retokenized_differs = 0, 0, False
     for n, c in enumerate(run["completions"]):
         prompt, ids, mask = run["prompts"][c["prompt"]], c["token_ids"], c["mask"]
         i, j = divmod(n, 3)
@@ -224,7 +228,10 @@ def test_trained_ids_are_the_engines_ids_turn_by_turn(engine_runs, arch):
             at += len(out)
             if t + 1 < len(turns):  # the observation between (Echo's "turn k"), in the template, masked
                 gap = turns[t + 1]["prompt_ids"][len(prompt) + at :]
-                assert gap == run["observation_ids"][str(t + 1)] and mask[at : at + len(gap)] == [0] * len(gap)
+                closed = out[-1] == run["eos_id"]
+                stopped += not closed
+                assert gap == [run["eos_id"]] * (not closed) + run["observation_ids"][str(t + 1)]
+                assert mask[at : at + len(gap)] == [0] * len(gap)
                 at += len(gap)
         assert at == len(ids) == len(mask) == len(c["sampler_logprobs"])
         assert all((lp < 0) if m else (lp == 0.0) for lp, m in zip(c["sampler_logprobs"], mask))
@@ -232,6 +239,7 @@ def test_trained_ids_are_the_engines_ids_turn_by_turn(engine_runs, arch):
         retokenized_differs |= tok.encode(tok.decode(prompt + ids), add_special_tokens=False) != prompt + ids
     assert several >= 2  # trajectories of several turns were checked
     assert retokenized_differs
+    assert (stopped > 0) == arch.endswith("+stop")
 
 
 @pytest.mark.slow
@@ -245,3 +253,86 @@ def test_a_failing_or_flooding_environment_ends_its_trajectories_counted(engine_
     assert any(c["episode"]["failure"] == "error" for c in flooded)
     assert all(len(c["token_ids"]) <= 64 for c in flooded)  # nothing of the flood got in
     assert "over environment.max_observation_chars" in stderr
+
+
+AGENT = "recipes/tiny-qwen2.5-7b-gsm8k-agent.yaml"
+# random weights rarely end a turn, and never call the calculator (a turn without a call is its final answer):
+# stop strings they do write end turns after a few tokens, and Echo (a module of the user's, tests/helpers/envs.py)
+# answers every turn, a reward of 0.25 each, so trajectories of more turns score more
+# (one optimizer step a step: a replay, whose optimizer starts fresh, then makes the same forward)
+AGENT_RUN = [
+    "environment.name=tests.helpers.envs:Echo",
+    "environment.stop=[a,e,i,o,u]",
+    "trainer.dump_freq=1",
+    "learner.mini_batch_size=32",
+]
+
+
+@pytest.fixture(scope="module")
+def agent_runs(tmp_path_factory):
+    """The agent recipe's tiny twin one step off with multi-turn trajectories (its layout and schedule, another
+    environment: tests/test_recipes.py trains it as it is): 4 steps uninterrupted, and the same run SIGKILLed after
+    step 2's checkpoint, then resumed (tests/test_checkpoint.py's whole_and_resumed)."""
+    from tests.test_checkpoint import whole_and_resumed
+
+    return whole_and_resumed(tmp_path_factory, AGENT_RUN, AGENT)
+
+
+def _metrics(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_multi_turn_run_resumes_exactly_one_step_off(agent_runs):
+    """The run resumed after SIGKILL samples the same trajectories (seeded per prompt, sample and turn) with the
+    same versions, and trains to the same metrics, turn counts and tool calls included."""
+    from tests.test_checkpoint import assert_same_metrics
+
+    whole, killed = agent_runs
+    assert_same_metrics(whole, killed)
+    a, b = _metrics(whole), _metrics(killed)
+    for ra, rb in zip(a, b):
+        for key in ("env/turns/mean", "env/masked_share", "env/reward/mean", "rollout/staleness"):
+            assert rb[key] == pytest.approx(ra[key], rel=1e-6), (ra["step"], key)
+    assert max(m["env/turns/mean"] for m in a) > 1.5  # several turns a trajectory, not one
+    assert all(0 < m["env/masked_share"] < 1 for m in a)
+    assert max(m["rollout/staleness"] for m in a) == 1  # generated while the previous step trained
+
+
+@pytest.mark.slow
+def test_multi_turn_dumps_show_the_turns_and_replay(agent_runs, tmp_path):
+    """Every trajectory of a step is one version's; its dump has the turns, the loss mask (0 on exactly the
+    observations' tokens) and the environment's reward. Replaying step 3's dump into the weights of step 2's
+    checkpoint (the batch before a checkpoint waits for them) gives step 3's policy loss and entropy (not its
+    gradient: the replay's reference would be those weights, not the run's, so its KL term is left out)."""
+    from grpo_ray.dumps import read_samples
+
+    whole = agent_runs[0]
+    rows = read_samples(whole / "rollouts" / "train_data_step3.jsonl")
+    assert {r["policy_version"] for r in rows} == {2}
+    multi = [r for r in rows if len(r["episode"]["turns"]) > 1]
+    assert multi
+    for r in rows:
+        mask, ids = r["loss_mask"], r["response_ids"]
+        assert len(mask) == len(ids) == len(r["sampler_logprobs"]) and mask[0] == 1
+        assert r["rewards"]["environment"] == r["episode"]["reward"]
+    for r in multi:
+        assert 0 in r["loss_mask"]
+        assert r["episode"]["turns"][1] in r["response"]  # the observation, between the model's turns
+    res = run_cli("export", str(whole / "checkpoints" / "step_2"), "--out", str(tmp_path / "step2"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    res = run_cli(
+        "replay",
+        AGENT,
+        str(whole / "rollouts" / "train_data_step3.jsonl"),
+        *AGENT_RUN,
+        "algorithm.kl_coef=0",
+        f"model.path={tmp_path / 'step2'}",
+        f"trainer.output_dir={tmp_path / 'replay'}",
+    )
+    assert res.returncode == 0, res.stderr[-4000:]
+    replayed = json.loads(res.stdout[res.stdout.index("{") :])
+    step3 = _metrics(whole)[2]
+    assert step3["actor/grad_norm"] > 1e-3 and step3["actor/pg_loss"] != 0  # rewards told samples apart
+    for key in ("actor/pg_loss", "actor/entropy", "actor/pg_clipfrac"):
+        assert replayed[key] == pytest.approx(step3[key], rel=1e-4, abs=1e-7), key

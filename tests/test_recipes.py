@@ -17,7 +17,7 @@ FAMILY = {"Qwen/": "qwen2", "meta-llama/": "llama", "google/gemma-3": "gemma3"}
 
 
 def test_every_scale_recipe_has_a_twin_and_a_committed_plan():
-    assert len(SCALE) == 10, SCALE
+    assert len(SCALE) == 11, SCALE
     for name in SCALE:
         assert (RECIPES / f"tiny-{name}.yaml").is_file(), name
         assert (RECIPES / "plans" / f"{name}.txt").is_file(), name
@@ -40,6 +40,7 @@ def _structure(path):
         "node markers asked": dict(r.cluster.node_resources),
         "pools": sorted(p for p, plan in placement.plan(r).items() if plan.actors),
         "rewards": [(f.name, f.weight) for f in r.reward.functions],
+        "environment": (r.environment.name, r.environment.max_turns, r.environment.role, list(r.environment.stop)),
         "chat template kwargs": dict(r.model.chat_template_kwargs),
         "vllm kwargs": dict(r.generator.vllm_kwargs),
         "algorithm": (r.algorithm.kl_coef, r.algorithm.kl_estimator, r.algorithm.clip_ratio_high, r.algorithm.loss_agg),
@@ -82,7 +83,7 @@ def test_twin_trains_to_completion(name, tmp_path):
     assert [m["step"] for m in metrics] == list(range(0 if r.trainer.val_before_train else 1, steps + 1))
     assert (tmp_path / "checkpoints" / f"step_{steps}" / "manifest.json").is_file()
     assert all(m["sync/logprob_diff"] < r.trainer.max_sync_logprob_diff for m in metrics if m["step"])
-    names = {f.name for f in r.reward.functions}
+    names = {f.name for f in r.reward.functions} | ({"environment"} if r.environment.name else set())
     dump = read_samples(tmp_path / "rollouts" / f"train_data_step{steps}.jsonl")
     assert len(dump) == r.data.train_batch_size * r.algorithm.group_size
     assert all(set(row["rewards"]) == names for row in dump)

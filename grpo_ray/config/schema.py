@@ -85,6 +85,9 @@ class DataConfig:
     """Longest prompt in tokens after the chat template; longer rows are dropped and counted."""
     response_prefix: str = ""
     """Text that starts every response (an assistant prefill, like R1-Zero's ``<think>``); rewards see it."""
+    system_prompt: str = ""
+    """A system message put first in every prompt that has none (NeMo RL's system prompt): e.g. how to call an
+    environment's tool."""
     shuffle: bool = True
     """Shuffle the training rows each epoch (seeded by trainer.seed)."""
 
@@ -225,6 +228,9 @@ class EnvironmentConfig:
     max_tokens: int = 512
     """Tokens after the prompt per trajectory at most, the model's and the observations' (each turn at most
     generator.sampling.max_tokens): the learner's sequences are data.max_prompt_length plus this."""
+    stop: list[str] = field(default_factory=list)
+    """Strings that end a model turn before its end-of-turn token (a tool call's closing tag, ``</calc>``): the
+    environment answers at once, and the end-of-turn token is the template's, not trained on."""
     role: str = "tool"
     """The chat role observations are written as (``user`` for a template without a tool role, e.g. Gemma's)."""
     timeout_s: float = 10.0

@@ -227,10 +227,16 @@ def _synthetic(spec: str) -> list[dict]:
     return synthetic.make_rows(size, seed=seed, split=split, task=task, **values)
 
 
-def prompt_text(tokenizer, row: dict, response_prefix: str = "", chat_template_kwargs: dict | None = None) -> str:
-    """What the generator is given, as text: the chat-templated prompt, then the response prefix."""
+def prompt_text(
+    tokenizer, row: dict, response_prefix: str = "", chat_template_kwargs: dict | None = None, system: str = ""
+) -> str:
+    """What the generator is given, as text: the chat-templated prompt (`system` as its first message when it has
+    no system message of its own), then the response prefix."""
+    messages = row["prompt"]
+    if system and messages[0].get("role") != "system":
+        messages = [{"role": "system", "content": system}, *messages]
     text = tokenizer.apply_chat_template(
-        row["prompt"], add_generation_prompt=True, tokenize=False, **(chat_template_kwargs or {})
+        messages, add_generation_prompt=True, tokenize=False, **(chat_template_kwargs or {})
     )
     return text + response_prefix
 

@@ -4,7 +4,7 @@ per turn.
 
 Run as a script (vLLM's engine start needs the __main__ guard): ``episodes_run.py CASES`` with CASES a JSON list
 of [arch, environment, [key=value ...]]; one engine per arch. The end-of-turn token gets a logit bias: random
-weights rarely end a turn otherwise.
+weights rarely end a turn otherwise (unless environment.stop is set: stop strings end turns then).
 """
 
 import dataclasses
@@ -61,7 +61,8 @@ if __name__ == "__main__":
             return outs
 
         llm.llm_engine.step = recording_step.__get__(llm.llm_engine)
-        vllm.SamplingParams = lambda **kw: params(**kw, logit_bias={tok.eos_token_id: 4.0})  # noqa: B023
+        bias = {} if recipe.environment.stop else {tok.eos_token_id: 4.0}  # stop strings end turns by themselves
+        vllm.SamplingParams = lambda **kw: params(**kw, logit_bias=bias)  # noqa: B023
         prompts = [
             Prompt(
                 tok.encode(
@@ -85,10 +86,12 @@ if __name__ == "__main__":
             {
                 "arch": arch,
                 "env": env,
+                "overrides": overrides,
                 "prompts": [p.ids for p in prompts],
                 "completions": [dataclasses.asdict(c) for c in completions],
                 "engine": turns,
                 "observation_ids": {k: episodes.observations.ids(f"turn {k}") for k in (1, 2)},
+                "eos_id": tok.eos_token_id,
             }
         )
     print("RESULT " + json.dumps(out))
