@@ -27,6 +27,8 @@ LAYERS = [  # bottom to top: a module imports modules of its own layer or below,
             "checkpoint",
             "rundir",
             "early_stop",
+            "envs",
+            "rollout",  # multi-turn rollouts on an engine it is given
         ],
     ),  # no Ray actors started, no training
     ("roles", ["roles"]),  # one Ray actor class per role

@@ -185,7 +185,6 @@ FREE_TEXT = {
     "reward.functions.name",
     "environment.name",
     "environment.role",
-    "environment.stop",
     "trainer.resume",
     "trainer.output_dir",
     "trainer.experiment_name",

@@ -18,7 +18,7 @@ import re
 
 import pydantic
 
-from grpo_ray.envs import Environment, Step
+from grpo_ray.envs.base import Environment, Step
 
 CALL = re.compile(r"<calc>(.*?)</calc>", re.DOTALL)
 OPERATORS = {

@@ -1,0 +1,41 @@
+"""The environment interface: one instance plays one episode (``grpo_ray.envs`` says how it is run)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pydantic
+
+
+@dataclass
+class Step:
+    """The environment's answer to one model turn."""
+
+    observation: str = ""
+    """Text answered to the model as the next message (a tool's output, feedback); ignored when done."""
+    reward: float = 0.0
+    """This turn's reward; the episode's is the sum."""
+    done: bool = False
+    """The episode is over: no more turns."""
+    tool_call: bool = False
+    """The turn called a tool (for env/tool_calls)."""
+    tool_error: bool = False
+    """The tool it called failed (for env/tool_errors): the failure's text is the observation, the episode goes on."""
+
+
+class Environment:
+    """One episode. Subclasses set ``Options`` (a pydantic model of their recipe options) and write ``reset`` and
+    ``step``."""
+
+    class Options(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(extra="forbid")
+
+    def __init__(self, options: pydantic.BaseModel):
+        self.options = options
+
+    def reset(self, row: dict) -> None:
+        """Start an episode on the prompt's data row (``ground_truth``, ``data_source``, ``extra_info``, ``prompt``)."""
+
+    def step(self, turn: str) -> Step:
+        """The answer to the model's turn (its text, decoded, end of turn not included)."""
+        raise NotImplementedError
