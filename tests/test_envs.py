@@ -336,3 +336,31 @@ def test_multi_turn_dumps_show_the_turns_and_replay(agent_runs, tmp_path):
     assert step3["actor/grad_norm"] > 1e-3 and step3["actor/pg_loss"] != 0  # rewards told samples apart
     for key in ("actor/pg_loss", "actor/entropy", "actor/pg_clipfrac"):
         assert replayed[key] == pytest.approx(step3[key], rel=1e-4, abs=1e-7), key
+
+
+def test_a_trajectory_is_scored_on_its_last_turn_beside_its_environments_reward(ray_local):
+    """The reward functions judge the answer, the last turn (after the response prefix when it is the only one);
+    the environment's reward is the `environment` component, weight 1."""
+    from grpo_ray.config import RewardConfig, RewardFnConfig
+    from grpo_ray.roles.reward import RewardWorker
+    from grpo_ray.types import Completion, Episode, Prompt, Rollout
+
+    def trajectory(turns, reward):
+        return Completion(0, [1], "".join(turns), [-1.0], "stop", [1], Episode(turns, reward))
+
+    rollout = Rollout(
+        [Prompt([1, 2], "7", "synthetic/select")],
+        [
+            trajectory(["<calc>3+4</calc>", "<result>7</result>", "#### 7"], 0.5),
+            trajectory([" 7"], 0.0),
+            trajectory([" 8"], 0.25),
+        ],
+        0,
+    )
+    worker = RewardWorker(RewardConfig([RewardFnConfig(name="gsm8k")], sandbox=False), "####", environment=True)
+    try:
+        scores = worker.score([ray_local.put(rollout)])
+    finally:
+        worker.shutdown()
+    assert scores.components == {"gsm8k": [1.0, 1.0, 0.0], "environment": [0.5, 0.0, 0.25]}
+    assert scores.totals == [1.5, 1.0, 0.25] and scores.errors == 0

@@ -237,9 +237,14 @@ def test_observation_tokens_are_masked_out_of_the_loss(ray_local):
     a, before, after_a = run_learner(ray_local, path, 2, common, garbage, None, advantages)
     b, _, after_b = run_learner(ray_local, path, 2, common, plausible, None, advantages)
     c, _, after_c = run_learner(ray_local, path, 2, common, unmasked, None, advantages)
+    shared, _, after_shared = run_learner(
+        ray_local, path, 2, [*common, "model.shared_prompt=true"], garbage, None, advantages
+    )
     assert masked >= 8
     for key in ("actor/grad_norm", "actor/pg_loss", "actor/pg_clipfrac", "actor/entropy"):
         assert a[0][key] == pytest.approx(b[0][key], rel=1e-5, abs=1e-7), key
+        assert shared[0][key] == pytest.approx(a[0][key], rel=1e-4, abs=1e-6), key  # each prompt run once
     assert torch.allclose(after_a, after_b, atol=1e-6) and (after_a - before).abs().max() > 1e-4
+    assert torch.allclose(after_shared, after_a, atol=1e-5)
     assert c[0]["actor/pg_loss"] != pytest.approx(b[0]["actor/pg_loss"], rel=1e-3)
     assert (after_c - after_b).abs().max() > 1e-5

@@ -45,7 +45,6 @@ class Generator(RoleActor):
         cfg, lo = recipe.generator, recipe.model.lora
         adapters = lo if lo.rank and lo.sync == "adapters" else None  # else the learner sends merged weights
         self.cfg = cfg
-        self.recipe = recipe
         self.episodes = None
         """Multi-turn rollouts' runner (environment.name set), made with the engine."""
         self.version = 0

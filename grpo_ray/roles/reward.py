@@ -70,9 +70,10 @@ class RewardWorker(RoleActor):
         totals, errors, timeouts, first, extras = [], 0, 0, {}, []
         for p, c in samples(rollouts, spans):
             extra = {"data_source": p.data_source, "extra_info": p.extra_info}
-            answer = c.episode.turns[-1] if c.episode else c.text  # a trajectory's answer: its last turn
+            # a trajectory's answer is its last turn (after the response prefix only when it is the first)
+            answer = self.prefix + c.text if not c.episode or len(c.episode.turns) == 1 else c.episode.turns[-1]
             outcome, result = (
-                self.child.run((self.functions, self.prefix + answer, p.ground_truth, extra), self.timeout_s)
+                self.child.run((self.functions, answer, p.ground_truth, extra), self.timeout_s)
                 if self.functions
                 else ("ok", ({}, 0, False, {}))
             )
