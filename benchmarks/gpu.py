@@ -97,13 +97,17 @@ def recipe_for(model_path: Path, args, micro: int, gpu: str):
     )
 
 
-def batch(vocab: int, samples: int, seq: int, seed: int):
+def batch(vocab: int, samples: int, seq: int, seed: int, turns: int = 1):
     """Rollouts of `samples` sequences of exactly `seq` tokens (a quarter prompt), groups of 2, with a sampler's and
-    a reference's logprobs: every sample fills a packed row, so a micro batch is micro x seq tokens, as plan assumes."""
+    a reference's logprobs: every sample fills a packed row, so a micro batch is micro x seq tokens, as plan assumes.
+    With `turns` > 1 each response is a multi-turn trajectory: `turns` model spans with observation spans (loss mask
+    0) between them, in 2 x turns - 1 equal parts."""
     from grpo_ray.types import Completion, Prompt, Rollout
 
     rng = random.Random(seed)
     prompt, response = seq // 4, seq - seq // 4
+    part = -(-response // (2 * turns - 1))
+    mask = None if turns == 1 else [1 - (j // part) % 2 for j in range(response)]
     prompts = [Prompt([rng.randrange(3, vocab) for _ in range(prompt)], "1", "bench") for _ in range(samples // 2)]
     completions = [
         Completion(
@@ -112,6 +116,7 @@ def batch(vocab: int, samples: int, seq: int, seed: int):
             "",
             [-rng.uniform(10, 13) for _ in range(response)],
             "length",
+            mask=mask,
         )
         for i in range(len(prompts))
         for _ in range(2)
@@ -133,7 +138,7 @@ def step_row(learner, dims, args, micro: int, peak_tflops: float | None) -> dict
     seconds, peak_alloc, peak_reserved = [], 0.0, 0.0
     try:
         for k in range(args.warmup + args.steps):
-            rollouts, refs, adv = batch(dims.vocab, samples, args.seq, seed=k)
+            rollouts, refs, adv = batch(dims.vocab, samples, args.seq, seed=k, turns=args.turns)
             if args.device == "cuda":
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
@@ -251,6 +256,7 @@ def main() -> None:
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--seq", type=int, default=1024, help="tokens per sequence (a quarter prompt)")
     p.add_argument("--micro", default="2,4,8", help="micro batch sizes to try (sequences per forward/backward)")
+    p.add_argument("--turns", type=int, default=1, help="> 1: multi-turn trajectories, observation tokens masked")
     p.add_argument("--micro-batches", type=int, default=2, help="micro batches per optimizer step")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--steps", type=int, default=3)
@@ -296,6 +302,7 @@ def main() -> None:
         "model_shape": name,
         "parameters": dims.params,
         "seq": args.seq,
+        "turns": args.turns,
         "rows": rows,
         "drift": dr,
         "command": "python benchmarks/gpu.py " + " ".join(a for a in sys.argv[1:] if a not in (args.out, "--out")),
@@ -313,7 +320,12 @@ def report(r: dict) -> str:
         "",
         f"`{r['command']}`: {r['model_shape']} shape ({r['parameters'] / 1e9:.3g}B parameters, random init), "
         f"sequences of {r['seq']} tokens, FSDP2 on one rank, bf16 compute, fp32 master weights and AdamW, "
-        f"torch {r['torch']}. Peak {r['peak_tflops']} TFLOPS dense bf16.",
+        f"torch {r['torch']}. Peak {r['peak_tflops']} TFLOPS dense bf16."
+        + (
+            f" Multi-turn: {r['turns']} model turns a response, observation spans between them (loss mask 0)."
+            if r.get("turns", 1) > 1
+            else ""
+        ),
         "",
         "| micro batch | tokens / step | step (s, median) | tokens/s | TFLOP/s | MFU | peak allocated (GB) | "
         "plan without runtime (GB) | plan / measured |",

@@ -277,12 +277,13 @@ def response_values(per_position: torch.Tensor, mask: torch.Tensor) -> list[list
 
 def place_values(values: list, mask: torch.Tensor) -> torch.Tensor:
     """Inverse of response_values: a tensor shaped like `mask` with each sample's values (a list of floats or
-    a 1-D tensor per sample) at its response positions."""
+    a 1-D tensor per sample) at its response positions, on the mask's device."""
     out = torch.zeros_like(mask, dtype=torch.float32)
     if values and isinstance(values[0], torch.Tensor):
-        out[mask.bool()] = torch.cat(values).to(torch.float32)
+        flat = torch.cat(values)
     else:
-        out[mask.bool()] = torch.tensor([v for row in values for v in row], dtype=torch.float32)
+        flat = torch.tensor([v for row in values for v in row])
+    out[mask.bool()] = flat.to(mask.device, torch.float32)
     return out
 
 

@@ -70,7 +70,7 @@ class Batch:
 
 def _placed(values, micro: list[int], mask: torch.Tensor) -> torch.Tensor | None:
     """The per-token values of the samples of `micro` laid on the response positions of `mask`, on its device."""
-    return None if values is None else place_values([values[i] for i in micro], mask).to(mask.device)
+    return None if values is None else place_values([values[i] for i in micro], mask)
 
 
 class Learner(RoleActor):
