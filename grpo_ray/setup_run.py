@@ -14,6 +14,7 @@ from grpo_ray import models, rewards, rundir, transports
 from grpo_ray.config import Recipe, RecipeError, dump_recipe, recipe_yaml
 from grpo_ray.data import DataError, dotted, load_rows, prompt_text
 from grpo_ray.dims import ModelDims, model_dims
+from grpo_ray.envs.template import trace_ids
 
 
 @dataclass
@@ -42,7 +43,7 @@ def usable_rows(
     files: list[str], tokenizer, recipe: Recipe, dropped: dict[str, int], targets: bool = False
 ) -> list[dict]:
     """Rows whose prompt fits data.max_prompt_length, with 'prompt_ids' and 'prompt_text' added; with `targets`
-    (SFT), also 'target_ids' (the text at sft.target_key, then end of sequence), dropping targets over
+    (SFT), also 'target_ids' (and 'target_mask' for a multi-turn trace: ``target_tokens``), dropping targets over
     sft.max_target_length. A row without a target is a DataError naming the file and row."""
     rows = []
     for spec in files:
@@ -61,12 +62,7 @@ def usable_rows(
         for i, (row, text, ids) in enumerate(zip(loaded, texts, prompts)):
             extra = {"prompt_ids": ids, "prompt_text": text}
             if targets:
-                target = target_text(row, recipe.sft.target_key, recipe.data.response_prefix)
-                if target is None:
-                    raise DataError(f"{spec} row {i}: no text at sft.target_key={recipe.sft.target_key!r}")
-                extra["target_ids"] = tokenizer(target, add_special_tokens=False)["input_ids"] + [
-                    tokenizer.eos_token_id
-                ]
+                extra.update(target_tokens(row, recipe, tokenizer, f"{spec} row {i}"))
             if (
                 len(ids) > recipe.data.max_prompt_length
                 or len(extra.get("target_ids", ())) > recipe.sft.max_target_length
@@ -81,6 +77,24 @@ def usable_rows(
                 + (f" or its target than sft.max_target_length={recipe.sft.max_target_length}" if targets else "")
             )
     return rows
+
+
+def target_tokens(row: dict, recipe: Recipe, tokenizer, where: str) -> dict:
+    """The SFT target of `row` at sft.target_key: 'target_ids' (its text, then end of sequence), or for a list of
+    messages (a multi-turn tool-use trace) the trajectory a rollout would make of it, with 'target_mask' (1 on the
+    assistant's tokens: the observations are not trained on). DataError naming `where` when there is none."""
+    key = recipe.sft.target_key
+    value = dotted(row, key)
+    if isinstance(value, list):
+        try:
+            ids, mask = trace_ids(tokenizer, value, recipe.model.chat_template_kwargs)
+        except ValueError as e:
+            raise DataError(f"{where}: sft.target_key={key!r} holds messages: {e}") from None
+        return {"target_ids": ids, "target_mask": mask}
+    target = target_text(row, key, recipe.data.response_prefix)
+    if target is None:
+        raise DataError(f"{where}: no text or messages at sft.target_key={key!r}")
+    return {"target_ids": tokenizer(target, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]}
 
 
 def target_text(row: dict, key: str, response_prefix: str = "") -> str | None:

@@ -40,7 +40,10 @@ class SFTController(Runner):
         start = time.perf_counter()
         rows = [row for _, row in self.stream.next_batch()]
         pairs = ray.put([(row["prompt_ids"], row["target_ids"]) for row in rows])  # one small object for all ranks
-        trained = self.call([l.sft_train.remote(pairs) for l in self.pools.actors["learner"]], "learner sft")[0]
+        traced = any("target_mask" in row for row in rows)  # multi-turn traces: observations are not trained on
+        masks = ray.put([row.get("target_mask") or [1] * len(row["target_ids"]) for row in rows]) if traced else None
+        learners = self.pools.actors["learner"]
+        trained = self.call([l.sft_train.remote(pairs, masks) for l in learners], "learner sft")[0]
         self.version += 1
         seconds = time.perf_counter() - start
         lengths = [len(row["prompt_ids"]) + len(row["target_ids"]) for row in rows]

@@ -386,5 +386,62 @@ def test_sft_rows_without_a_target_name_the_file_and_row(tmp_path):
     p.write_text("\n".join(json.dumps(r) for r in rows))
     recipe = load_recipe("recipes/tiny-cpu-reasoning-sft.yaml", ["model.path=" + TINY_BYTES], command="sft")
     tok = AutoTokenizer.from_pretrained(models.resolve(TINY_BYTES))
-    with pytest.raises(DataError, match=r"rows.jsonl row 2: no text at sft.target_key='extra_info.answer'"):
+    with pytest.raises(DataError, match=r"rows.jsonl row 2: no text or messages at sft.target_key='extra_info.answer'"):
+        usable_rows([str(p)], tok, recipe, {}, targets=True)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "gemma3"])
+def test_sft_traces_are_laid_out_as_a_rollout_lays_them_out(arch, tmp_path):
+    """A multi-turn SFT target (the products task's tool-use trace) becomes the ids a calculator rollout makes of
+    the same turns: each assistant turn and its end-of-turn token (trained), each tool message as the chat
+    template's observation (``Observations.ids``, not trained). Answer-only traces are one turn."""
+    from transformers import AutoTokenizer
+
+    from grpo_ray import models
+    from grpo_ray.config import load_recipe
+    from grpo_ray.envs.template import Observations
+    from grpo_ray.setup_run import usable_rows
+
+    name = TINY_BYTES.replace("qwen2", arch)
+    recipe = load_recipe(
+        "recipes/tiny-cpu-agent-sft.yaml",
+        [f"model.path={name}", "data.max_prompt_length=200", "sft.max_target_length=200"],
+        command="sft",
+    )
+    tok = AutoTokenizer.from_pretrained(models.resolve(name))
+    spec = "synthetic://products?size=40&seed=3&answer_only=0.5"
+    rows = usable_rows([spec], tok, recipe, {}, targets=True)
+    assert len(rows) == 40
+    encode = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
+    observations = Observations.of(tok, "tool")
+    kinds = Counter()
+    for row in rows:
+        turns = [m["content"] for m in row["extra_info"]["messages"] if m["role"] == "assistant"]
+        answer = row["reward_model"]["ground_truth"]
+        assert turns[-1] == f"#### {answer}"
+        expected, mask = encode(turns[0]) + [tok.eos_token_id], [1] * (len(encode(turns[0])) + 1)
+        if len(turns) == 2:
+            seen = observations.ids(f"<result>{answer}</result>", ended=True)
+            expected += seen + encode(turns[1]) + [tok.eos_token_id]
+            mask += [0] * len(seen) + [1] * (len(encode(turns[1])) + 1)
+            assert turns[0].startswith("<calc>") and answer in tok.decode(seen)
+        assert row["target_ids"] == expected and row["target_mask"] == mask
+        kinds[len(turns)] += 1
+    assert kinds[1] >= 10 and kinds[2] >= 10  # both kinds of trace
+
+
+def test_sft_traces_of_a_wrong_shape_name_the_file_and_row(tmp_path):
+    from transformers import AutoTokenizer
+
+    from grpo_ray import models
+    from grpo_ray.config import load_recipe
+    from grpo_ray.setup_run import usable_rows
+
+    rows = load_rows("synthetic://products?size=3")
+    rows[1]["extra_info"]["messages"] = [{"role": "tool", "content": "<result>1</result>"}]
+    p = tmp_path / "traces.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in rows))
+    recipe = load_recipe("recipes/tiny-cpu-agent-sft.yaml", ["model.path=" + TINY_BYTES], command="sft")
+    tok = AutoTokenizer.from_pretrained(models.resolve(TINY_BYTES))
+    with pytest.raises(DataError, match=r"traces.jsonl row 1: sft.target_key='extra_info.messages' holds messages: "):
         usable_rows([str(p)], tok, recipe, {}, targets=True)

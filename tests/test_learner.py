@@ -248,3 +248,43 @@ def test_observation_tokens_are_masked_out_of_the_loss(ray_local):
     assert torch.allclose(after_shared, after_a, atol=1e-5)
     assert c[0]["actor/pg_loss"] != pytest.approx(b[0]["actor/pg_loss"], rel=1e-3)
     assert (after_c - after_b).abs().max() > 1e-5
+
+
+def test_sft_trains_only_on_the_tokens_its_masks_keep(ray_local):
+    """Multi-turn SFT traces (``sft_train(pairs, masks)``): tokens under mask 0 are not trained on. Here they
+    trail the trained ones (an observation is context for what follows it), so other tokens there leave the loss
+    and the update exactly as they are; the same targets without masks train on them."""
+    import random
+
+    path = models.resolve(TINY.format(arch="qwen2"))
+    recipe = load_recipe(
+        ROOT / "recipes" / "tiny-cpu.yaml",
+        ["learner.world_size=2", "learner.mini_batch_size=8", "learner.micro_batch_size=2"],
+    )
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, 300) for _ in range(rng.randint(3, 7))] for _ in range(8)]
+    masks = [[1] * rng.randint(2, 5) + [0] * rng.randint(2, 5) for _ in prompts]
+
+    def targets(seed):
+        r = random.Random(seed)
+        return [[10 + j if m else r.randrange(3, 300) for j, m in enumerate(mask)] for mask in masks]
+
+    def update(pairs, masks):
+        actors = [ray_local.remote(Learner).options(num_cpus=0.5).remote(path, recipe, i, 2) for i in range(2)]
+        host, port = ray_local.get(actors[0].address.remote())
+        ray_local.get([a.setup.remote(host, port) for a in actors])
+        probe = prompts[0] + [10, 11, 12]  # the same tokens in every run
+        metrics = ray_local.get([a.sft_train.remote(pairs, masks) for a in actors])[0]
+        after = torch.tensor(ray_local.get([a.probe_logprobs.remote(probe) for a in actors])[0])  # every rank: FSDP2
+        for a in actors:
+            ray_local.kill(a)
+        return metrics, after
+
+    one, two = list(zip(prompts, targets(1))), list(zip(prompts, targets(2)))
+    a, after_a = update(one, masks)
+    b, after_b = update(two, masks)
+    c, after_c = update(two, None)
+    assert a["sft/tokens"] == sum(map(sum, masks)) == b["sft/tokens"] < c["sft/tokens"]
+    assert a["sft/loss"] == pytest.approx(b["sft/loss"], rel=1e-6)
+    assert torch.allclose(after_a, after_b, atol=1e-6)
+    assert (after_c - after_b).abs().max() > 1e-4

@@ -16,7 +16,8 @@ A row is a dict::
 - a hub dataset, ``hf://openai/gsm8k?name=main&split=train&revision=main`` (``datasets.load_dataset``; the hub
   must answer, or the dataset be in the local cache with HF_HUB_OFFLINE=1);
 - a synthetic task's name (``synthetic://select?size=N&seed=S&items=K&split=train`` or
-  ``synthetic://reasoning?size=N&seed=S&min_steps=2&max_steps=3&max_value=40&split=test``, see
+  ``synthetic://reasoning?size=N&seed=S&min_steps=2&max_steps=3&max_value=40&split=test``,
+  ``synthetic://products?size=N&seed=S&digits=2&answer_only=0.5``, see
   grpo_ray.data.synthetic);
 
 and checks each row, naming the file and row of the first bad one. The prompt and the ground truth may sit under
@@ -193,6 +194,7 @@ def _json_rows(spec: str, path: Path) -> list:
 SYNTHETIC_KEYS = {
     "select": {"items": (1, 8)},
     "reasoning": {"min_steps": (1, 6), "max_steps": (1, 6), "max_value": (10, 99), "answer_only": (0, 1)},
+    "products": {"digits": (1, 4), "answer_only": (0, 1)},
 }
 FLOAT_KEYS = {"answer_only"}
 

@@ -22,6 +22,9 @@ per-token losses all show. Arithmetic this small is learnable by a tiny model fr
 (SFT on the worked solutions), not by RL from random weights. With ``answer_only=F`` a share F of
 the rows keeps only the final ``#### N`` line (warm-start data of mixed quality).
 
+``products``: one product of two 2-digit numbers in a word problem, with a tool-use trace for the
+``calculator`` environment (``extra_info.messages``): the warm start of the tool-use showcase.
+
 Rows are generated procedurally from a seed: the same spec gives the same rows; the train and test
 splits of one seed are different streams.
 """
@@ -35,7 +38,7 @@ NAMES = ["Mia", "Tom", "Ava", "Leo", "Zoe", "Sam", "Eva", "Max"]
 PRONOUN = {"Mia": "she", "Ava": "she", "Zoe": "she", "Eva": "she", "Tom": "he", "Leo": "he", "Sam": "he", "Max": "he"}
 ITEMS = ["apples", "pears", "plums", "limes", "figs", "nuts", "eggs", "pens"]
 INSTRUCTION = "Give the final answer after ####."
-SOURCES = {"select": "synthetic/select", "reasoning": "synthetic/reasoning"}
+SOURCES = {"select": "synthetic/select", "reasoning": "synthetic/reasoning", "products": "synthetic/products"}
 
 
 def _row(task: str, question: str, answer: int, solution: str, index: int, split: str) -> dict:
@@ -119,7 +122,41 @@ def reasoning_row(
     return _row("reasoning", question, x, "".join(line + "\n" for line in lines) + f"#### {x}", index, split)
 
 
-TASKS = {"select": select_row, "reasoning": reasoning_row}
+CONTAINERS = ["boxes", "bags", "crates", "trays", "rows", "shelves"]
+
+
+def products_row(
+    rng: random.Random, index: int = 0, split: str = "train", digits: int = 2, answer_only: float = 0.0
+) -> dict:
+    """One word problem whose answer is a product of two `digits`-digit numbers, more than a tiny model can work
+    out in its head, and its tool-use trace for the ``calculator`` environment in ``extra_info.messages``::
+
+        Eva has 37 boxes of pens with 24 pens in each box. How many pens does Eva have? Give the final ...
+        -> assistant <calc>37 * 24</calc> / tool <result>888</result> / assistant #### 888
+
+    ``extra_info.answer`` is the worked solution as text (``37 * 24 = 888\n#### 888``). A share `answer_only` of
+    the traces answers at once without the tool (``#### 888`` alone), as warm-start data of mixed quality would: a
+    model taught on both calls the tool on some problems and guesses (mostly wrong) on the others."""
+    name, item, box = rng.choice(NAMES), rng.choice(ITEMS), rng.choice(CONTAINERS)
+    a, b = (rng.randint(10 ** (digits - 1), 10**digits - 1) for _ in range(2))
+    question = (
+        f"{name} has {a} {box} of {item} with {b} {item} in each. How many {item} does {name} have? {INSTRUCTION}"
+    )
+    answer = a * b
+    if answer_only and rng.random() < answer_only:
+        messages = [{"role": "assistant", "content": f"#### {answer}"}]
+    else:
+        messages = [
+            {"role": "assistant", "content": f"<calc>{a} * {b}</calc>"},
+            {"role": "tool", "content": f"<result>{answer}</result>"},
+            {"role": "assistant", "content": f"#### {answer}"},
+        ]
+    row = _row("products", question, answer, f"{a} * {b} = {answer}\n#### {answer}", index, split)
+    row["extra_info"]["messages"] = messages
+    return row
+
+
+TASKS = {"select": select_row, "reasoning": reasoning_row, "products": products_row}
 
 
 def make_rows(size: int, seed: int = 0, split: str = "train", task: str = "select", **options) -> list[dict]:
@@ -132,4 +169,11 @@ def make_rows(size: int, seed: int = 0, split: str = "train", task: str = "selec
 
 def corpus(task: str = "select", size: int = 2000, seed: int = 0) -> list[str]:
     """Text of a task (questions and worked answers) to train a tiny tokenizer on."""
-    return [r["extra_info"]["question"] + "\n" + r["extra_info"]["answer"] for r in make_rows(size, seed, task=task)]
+    rows = make_rows(size, seed, task=task)
+    return [
+        "\n".join(
+            [r["extra_info"]["question"], r["extra_info"]["answer"]]
+            + [m["content"] for m in r["extra_info"].get("messages", ())]
+        )
+        for r in rows
+    ]

@@ -6,7 +6,7 @@ The controller drives it step by step; it runs no loop of its own:
     train(rollouts, refs, adv, v)  PPO epochs over mini batches, micro-batch gradient accumulation, one
                                optimizer step per mini batch, the old policy of each sample at the version
                                that generated it; returns the step's metrics
-    sft_train(pairs)           one supervised step on (prompt, target) token ids, the same batching
+    sft_train(pairs, masks)    one supervised step on (prompt, target) token ids, the same batching
     push_weights(...)          assemble full tensors on rank 0 from the shards, bucket by bucket, and broadcast
                                them to the generators in the engines' dtype
     probe_logprobs(ids)        logprobs of a fixed sequence, to check a sync
@@ -364,9 +364,10 @@ class Learner(RoleActor):
         dist.all_reduce(total)
         return total.item() / self.world_size
 
-    def sft_train(self, pairs: list[tuple[list[int], list[int]]]) -> dict[str, float]:
+    def sft_train(self, pairs: list[tuple[list[int], list[int]]], masks: list | None = None) -> dict[str, float]:
         """One SFT step: (prompt ids, target ids) pairs cut into mini batches (an optimizer step each), each
-        cut over the ranks; loss on target tokens only, token mean over the mini batch."""
+        cut over the ranks; loss on target tokens only (those a multi-turn trace's `masks` keep: not its
+        observations), token mean over the mini batch."""
         lc = self.recipe.learner
         n, m = len(pairs), lc.mini_batch_size
         minis = [rank_slice(list(range(b, min(b + m, n))), self.rank, self.world_size) for b in range(0, n, m)]
@@ -374,12 +375,14 @@ class Learner(RoleActor):
         totals = torch.zeros(2, dtype=torch.float64, device=self.device)  # nll, tokens
         grad_norms = []
         self.model.train()
+        trained = (lambda i: sum(masks[i])) if masks else (lambda i: len(pairs[i][1]))  # noqa: E731
         for mine in minis:
-            normaliser = self._normaliser(sum(len(pairs[i][1]) for i in mine))
+            normaliser = self._normaliser(sum(trained(i) for i in mine))
             micros, capacity = self._micro_batches(mine, pairs)
             for micro in micros:
                 seqs, logp, _ = self._logprobs([pairs[i] for i in micro], capacity, temperature=1.0)
-                loss, mm = sft_loss(logp, seqs.response_mask.to(logp.device), normaliser)
+                response = seqs.response_mask.to(logp.device)
+                loss, mm = sft_loss(logp, response if masks is None else _placed(masks, micro, response), normaliser)
                 loss.backward()
                 totals += torch.stack([mm["nll_sum"], mm["tokens"]]).double()
             grad_norms.append(self._optimizer_step())
