@@ -64,7 +64,7 @@ def test_recipe_key_follows_what_makes_the_model():
             "data.max_prompt_length (96) + sft.max_target_length (2000) = 2096 tokens is "
             "over the model's max_position_embeddings (1024)",
         ),
-        ("sft.target_key=extra_info.solution", "row 0: no text at sft.target_key='extra_info.solution'"),
+        ("sft.target_key=extra_info.solution", "row 0: no text or messages at sft.target_key='extra_info.solution'"),
     ],
 )
 def test_sft_recipe_problems_are_one_line(override, expected, capsys, tmp_path):
