@@ -102,14 +102,14 @@ def rollout_metrics(stats: list[RolloutStats], scores: list[Scores]) -> dict[str
     return out
 
 
-def env_metrics(sums: list[dict[str, float]]) -> dict[str, float]:
-    """Multi-turn rollouts' metrics from each engine's sums (``grpo_ray.rollout.episode_sums``): per trajectory
-    (turns, tool calls, the environment's reward), counts (tool errors, environment failures and timeouts), shares
-    (trajectories ended by the turn or the token limit, tokens masked out of the loss), tokens per model turn and
-    the seconds spent in environment calls (summed over trajectories)."""
-    if not sums:
+def env_metrics(values: list[dict[str, list[float]]]) -> dict[str, float]:
+    """Multi-turn rollouts' metrics from each rollout's values per trajectory (``grpo_ray.rollout.episode_values``):
+    per trajectory (turns, tool calls, the environment's reward), counts (tool errors, environment failures and
+    timeouts), shares (trajectories ended by the turn or the token limit, tokens masked out of the loss), tokens per
+    model turn and the seconds spent in environment calls (summed over trajectories)."""
+    if not values:
         return {}
-    t = {k: sum(s[k] for s in sums) for k in sums[0]}
+    t = {k: sum(sum(v[k]) for v in values) for k in values[0]}
     n = max(t["trajectories"], 1)
     return {
         "env/turns/mean": t["turns"] / n,

@@ -234,20 +234,44 @@ class Episodes:
             c.close()
 
 
-def episode_sums(completions: list[Completion]) -> dict[str, float]:
-    """The env/* metrics' sums over a rollout's trajectories (``grpo_ray.metrics.env_metrics`` divides)."""
-    eps = [c.episode for c in completions if c.episode]
-    return {
-        "trajectories": len(eps),
-        "turns": sum((len(e.turns) + 1) // 2 for e in eps),
-        "tool_calls": sum(e.tool_calls for e in eps),
-        "tool_errors": sum(e.tool_errors for e in eps),
-        "errors": sum(e.failure == "error" for e in eps),
-        "timeouts": sum(e.failure == "timeout" for e in eps),
-        "seconds": sum(e.seconds for e in eps),
-        "ended_by_turns": sum(e.ended == "turns" for e in eps),
-        "ended_by_tokens": sum(e.ended in ("tokens", "length") for e in eps),
-        "model_tokens": sum(sum(c.mask) for c in completions if c.mask is not None),
-        "tokens": sum(len(c.token_ids) for c in completions if c.mask is not None),
-        "reward": sum(e.reward for e in eps),
-    }
+def episode_values(completions: list[Completion]) -> dict[str, list[float]]:
+    """The env/* metrics' values per trajectory of a rollout, in its order (``grpo_ray.metrics.env_metrics`` sums
+    and divides; DAPO's group filter keeps the kept trajectories' own)."""
+
+    def values(c: Completion) -> dict[str, float]:
+        e, mask = c.episode, c.mask or []
+        if e is None:
+            return dict.fromkeys(ENV_KEYS, 0.0)
+        return {
+            "trajectories": 1,
+            "turns": (len(e.turns) + 1) // 2,
+            "tool_calls": e.tool_calls,
+            "tool_errors": e.tool_errors,
+            "errors": e.failure == "error",
+            "timeouts": e.failure == "timeout",
+            "seconds": e.seconds,
+            "ended_by_turns": e.ended == "turns",
+            "ended_by_tokens": e.ended in ("tokens", "length"),
+            "model_tokens": sum(mask),
+            "tokens": len(c.token_ids) if c.mask is not None else 0,
+            "reward": e.reward,
+        }
+
+    rows = [values(c) for c in completions]
+    return {k: [float(r[k]) for r in rows] for k in ENV_KEYS}
+
+
+ENV_KEYS = (
+    "trajectories",
+    "turns",
+    "tool_calls",
+    "tool_errors",
+    "errors",
+    "timeouts",
+    "seconds",
+    "ended_by_turns",
+    "ended_by_tokens",
+    "model_tokens",
+    "tokens",
+    "reward",
+)

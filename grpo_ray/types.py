@@ -95,8 +95,8 @@ class RolloutStats:
     """Completions cut at sampling.max_tokens (finish reason "length"): response_length/clip_ratio."""
     window: tuple[float, float] = (0.0, 0.0)
     """Wall-clock start and end of the generation (time.time() in the actor): what overlapped what."""
-    env: dict[str, float] = field(default_factory=dict)
-    """Multi-turn rollouts: the env/* metrics' sums over the trajectories (``grpo_ray.rollout.episode_sums``)."""
+    env: dict[str, list[float]] = field(default_factory=dict)
+    """Multi-turn rollouts: the env/* metrics' values per trajectory (``grpo_ray.rollout.episode_values``)."""
 
 
 @dataclass

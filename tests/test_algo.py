@@ -487,6 +487,36 @@ def test_signal_groups_and_take_groups_by_hand():
     assert "reward/f/acc/mean" not in rollout_metrics(stats, [taken[1][3]])
 
 
+def test_dynamic_sampling_keeps_the_env_metrics_of_the_trajectories_it_keeps():
+    """DAPO's group filter on multi-turn rollouts: the env/* metrics are those of the kept trajectories alone
+    (their turns, tool calls, masked tokens), not the whole generated batch's."""
+    from grpo_ray.algo.batching import take_groups
+    from grpo_ray.metrics import env_metrics
+    from grpo_ray.rollout import episode_values
+    from grpo_ray.types import Completion, Episode, RolloutStats, Scores
+
+    def trajectory(prompt, calls):  # `calls` tool calls: 2 x calls + 1 turns of text, 3 model tokens a turn
+        turns = ["call", "result"] * calls + ["#### 1"]
+        mask = ([1, 1, 1] + [0, 0]) * calls + [1, 1, 1]
+        episode = Episode(turns, 0.0, tool_calls=calls, ended="turns" if calls == 2 else "done", seconds=0.5)
+        return Completion(prompt, [7] * len(mask), "", [0.0] * len(mask), "stop", mask=mask, episode=episode)
+
+    completions = [trajectory(0, 2), trajectory(0, 2), trajectory(1, 0), trajectory(1, 1)]
+    stats = [RolloutStats(1.0, 0, [4] * 4, [len(c.token_ids) for c in completions], 0, env=episode_values(completions))]
+    scores = [Scores([1.0, 1.0, 0.0, 1.0], {"f": [1.0, 1.0, 0.0, 1.0]}, 0, 0, 0.1)]
+    whole = env_metrics([stats[0].env])
+    assert whole["env/tool_calls/mean"] == 5 / 4 and whole["env/turns/mean"] == 9 / 4
+    assert whole["env/masked_share"] == pytest.approx(10 / 37) and whole["env/ended_by_turns"] == 0.5
+    ((_, groups, kept, _),) = take_groups(0, stats, scores, [(0, 0, 1)], 2, max_tokens=64)
+    assert groups == [1]
+    assert env_metrics([kept.env]) == {
+        **env_metrics([episode_values(completions[2:])]),
+        "env/tool_calls/mean": 0.5,
+        "env/turns/mean": 1.5,
+    }
+    assert env_metrics([kept.env])["env/masked_share"] == pytest.approx(2 / 11)
+
+
 def test_shared_prompt_micro_batches_keep_order_and_the_token_budget():
     """model.shared_prompt: micro batches are runs of the samples in order, each laid out (prompts once, responses
     packed per prompt, padding included) within micro_batch_size x the longest sample's tokens, as a packed

@@ -364,6 +364,7 @@ def take_groups(
                 responses,
                 sum(n >= max_tokens for n in responses),
                 st.window,
+                env={k: [v[j] for j in local] for k, v in st.env.items()},  # the kept trajectories' own
             )
             out.append(
                 (

@@ -21,7 +21,7 @@ from grpo_ray.fit import max_model_len
 from grpo_ray.lora import engine_rank
 from grpo_ray.roles import RoleActor, log_to_file, trim_heap
 from grpo_ray.roles.vllm_ext import bound_cpu_gemm_caches
-from grpo_ray.rollout import episode_sums
+from grpo_ray.rollout import episode_values
 from grpo_ray.types import Completion, Prompt, Rollout, RolloutStats
 
 EXTENSION = "grpo_ray.roles.vllm_ext.WeightSyncExtension"
@@ -132,7 +132,7 @@ class Generator(RoleActor):
             prompt_lengths=[len(prompts[c.prompt].ids) for c in completions],
             response_lengths=[len(c.token_ids) for c in completions],
             truncated=sum(c.finish_reason == "length" for c in completions),
-            env=episode_sums(completions) if self.episodes else {},
+            env=episode_values(completions) if self.episodes else {},
         )
         return Rollout(prompts, completions, self.version), stats
 
