@@ -184,6 +184,18 @@ def step_row(learner, dims, args, micro: int, peak_tflops: float | None) -> dict
     }
 
 
+def masked_sft(learner, dims, args) -> dict:
+    """One SFT step on multi-turn traces (``Learner.sft_train(pairs, masks)``, the observations masked) at the
+    last micro batch size: it runs on this device, and trains on the masks' tokens only."""
+    rollouts, _, _ = batch(dims.vocab, 2 * int(args.micro.split(",")[-1]), args.seq, seed=7, turns=args.turns)
+    pairs = [(r.prompts[c.prompt].ids, c.token_ids) for r in rollouts for c in r.completions]
+    masks = [c.mask for r in rollouts for c in r.completions]
+    metrics = learner.sft_train(pairs, masks)
+    out = {"sft_loss": metrics["sft/loss"], "sft_tokens": metrics["sft/tokens"], "tokens": sum(map(len, masks))}
+    print(json.dumps({"masked_sft": out}), flush=True)
+    return out
+
+
 def profile(learner, dims, args, micro: int, samples: int) -> None:
     """One more update under torch's profiler: the ops by self CPU time and by device time, to --out."""
     from torch.profiler import ProfilerActivity
@@ -285,6 +297,7 @@ def main() -> None:
     for micro in micros:
         rows.append(step_row(learner, dims, args, micro, facts["peak_tflops"]))
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "plan_parts_gb"}), flush=True)
+    sft = masked_sft(learner, dims, args) if args.turns > 1 else None
     learner.shutdown()
     del learner
     if args.device == "cuda":
@@ -304,6 +317,7 @@ def main() -> None:
         "seq": args.seq,
         "turns": args.turns,
         "rows": rows,
+        "masked_sft": sft,
         "drift": dr,
         "command": "python benchmarks/gpu.py " + " ".join(a for a in sys.argv[1:] if a not in (args.out, "--out")),
     }
@@ -341,6 +355,13 @@ def report(r: dict) -> str:
             f"{row['tflops']:.1f} | {mfu} | {row['peak_allocated_gb']:.2f} | {row['plan_gb']:.2f} | "
             f"{row['plan_over_measured']} |"
         )
+    if r.get("masked_sft"):
+        m = r["masked_sft"]
+        lines += [
+            "",
+            f"One SFT step on these traces (`Learner.sft_train` with masks): trained on {m['sft_tokens']:.0f} of "
+            f"{m['tokens']} response tokens (the model's turns), loss {m['sft_loss']:.3f}.",
+        ]
     d = r["drift"]
     lines += [
         "",
