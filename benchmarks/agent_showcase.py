@@ -5,8 +5,8 @@ the same GRPO without it, from the same warm start, seed, data and budget.
 
 `recipes/tiny-cpu-agent.yaml` (its warm start `recipes/tiny-cpu-agent-sft.yaml` trains first, in a fresh model
 cache under the work directory, so the command's time includes it); the run without the tool is the same recipe
-with ``~environment.name`` (its default: none; single-turn rollouts, the same reward). Writes each run's metrics (<name>.jsonl), the
-warm start's (sft.jsonl), curves.png and agent-showcase.md.
+with ``~environment.name`` (its default: none; single-turn rollouts, the same reward). Writes each run's metrics
+(<name>.jsonl), the warm start's (sft.jsonl), curves.png and agent-showcase.md.
 """
 
 from __future__ import annotations

@@ -236,42 +236,22 @@ class Episodes:
 
 def episode_values(completions: list[Completion]) -> dict[str, list[float]]:
     """The env/* metrics' values per trajectory of a rollout, in its order (``grpo_ray.metrics.env_metrics`` sums
-    and divides; DAPO's group filter keeps the kept trajectories' own)."""
-
-    def values(c: Completion) -> dict[str, float]:
-        e, mask = c.episode, c.mask or []
-        if e is None:
-            return dict.fromkeys(ENV_KEYS, 0.0)
-        return {
+    and divides; DAPO's group filter keeps the kept trajectories' own). Every trajectory has its episode and mask."""
+    rows = [
+        {
             "trajectories": 1,
-            "turns": (len(e.turns) + 1) // 2,
-            "tool_calls": e.tool_calls,
-            "tool_errors": e.tool_errors,
-            "errors": e.failure == "error",
-            "timeouts": e.failure == "timeout",
-            "seconds": e.seconds,
-            "ended_by_turns": e.ended == "turns",
-            "ended_by_tokens": e.ended in ("tokens", "length"),
-            "model_tokens": sum(mask),
-            "tokens": len(c.token_ids) if c.mask is not None else 0,
-            "reward": e.reward,
+            "turns": (len(c.episode.turns) + 1) // 2,
+            "tool_calls": c.episode.tool_calls,
+            "tool_errors": c.episode.tool_errors,
+            "errors": c.episode.failure == "error",
+            "timeouts": c.episode.failure == "timeout",
+            "seconds": c.episode.seconds,
+            "ended_by_turns": c.episode.ended == "turns",
+            "ended_by_tokens": c.episode.ended in ("tokens", "length"),
+            "model_tokens": sum(c.mask),
+            "tokens": len(c.token_ids),
+            "reward": c.episode.reward,
         }
-
-    rows = [values(c) for c in completions]
-    return {k: [float(r[k]) for r in rows] for k in ENV_KEYS}
-
-
-ENV_KEYS = (
-    "trajectories",
-    "turns",
-    "tool_calls",
-    "tool_errors",
-    "errors",
-    "timeouts",
-    "seconds",
-    "ended_by_turns",
-    "ended_by_tokens",
-    "model_tokens",
-    "tokens",
-    "reward",
-)
+        for c in completions
+    ]
+    return {k: [float(r[k]) for r in rows] for k in rows[0]} if rows else {}

@@ -45,7 +45,7 @@ def usable_rows(
     """Rows whose prompt fits data.max_prompt_length, with 'prompt_ids' and 'prompt_text' added; with `targets`
     (SFT), also 'target_ids' (and 'target_mask' for a multi-turn trace: ``target_tokens``), dropping targets over
     sft.max_target_length. A row without a target is a DataError naming the file and row."""
-    rows = []
+    rows, pieces = [], {}  # pieces: each observation role's template pieces, read once (multi-turn SFT traces)
     for spec in files:
         n, loaded = 0, load_rows(spec, recipe.data.prompt_key, recipe.data.answer_key)
         texts = [
@@ -62,7 +62,7 @@ def usable_rows(
         for i, (row, text, ids) in enumerate(zip(loaded, texts, prompts)):
             extra = {"prompt_ids": ids, "prompt_text": text}
             if targets:
-                extra.update(target_tokens(row, recipe, tokenizer, f"{spec} row {i}"))
+                extra.update(target_tokens(row, recipe, tokenizer, f"{spec} row {i}", pieces))
             if (
                 len(ids) > recipe.data.max_prompt_length
                 or len(extra.get("target_ids", ())) > recipe.sft.max_target_length
@@ -79,7 +79,7 @@ def usable_rows(
     return rows
 
 
-def target_tokens(row: dict, recipe: Recipe, tokenizer, where: str) -> dict:
+def target_tokens(row: dict, recipe: Recipe, tokenizer, where: str, pieces: dict | None = None) -> dict:
     """The SFT target of `row` at sft.target_key: 'target_ids' (its text, then end of sequence), or for a list of
     messages (a multi-turn tool-use trace) the trajectory a rollout would make of it, with 'target_mask' (1 on the
     assistant's tokens: the observations are not trained on). DataError naming `where` when there is none."""
@@ -87,7 +87,7 @@ def target_tokens(row: dict, recipe: Recipe, tokenizer, where: str) -> dict:
     value = dotted(row, key)
     if isinstance(value, list):
         try:
-            ids, mask = trace_ids(tokenizer, value, recipe.model.chat_template_kwargs)
+            ids, mask = trace_ids(tokenizer, value, recipe.model.chat_template_kwargs, pieces)
         except ValueError as e:
             raise DataError(f"{where}: sft.target_key={key!r} holds messages: {e}") from None
         return {"target_ids": ids, "target_mask": mask}

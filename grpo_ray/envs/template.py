@@ -86,26 +86,29 @@ class Observations:
         return ([] if ended else [self.tokenizer.eos_token_id]) + self.before + text + self.after
 
 
-def trace_ids(tokenizer, messages: list, template_kwargs: dict | None = None) -> tuple[list[int], list[int]]:
+def trace_ids(
+    tokenizer, messages: list, template_kwargs: dict | None = None, pieces: dict[str, Observations] | None = None
+) -> tuple[list[int], list[int]]:
     """A multi-turn SFT target (a tool-use trace, as verl's multi-turn SFT data holds it: the messages after the
     prompt, ``[{"role": "assistant", "content": ...}, {"role": "tool", ...}, ..., {"role": "assistant", ...}]``) as
     a rollout lays it out: each assistant turn's text and its end-of-turn token, each other message as an
     observation of its role. Returns (ids, loss mask): 1 on the assistant's tokens, 0 on the observations'.
+    `pieces` keeps each role's ``Observations`` across calls (the template is read once per role, not per row).
     ValueError saying what is wrong with the messages' shape."""
     if not messages or any(not isinstance(m, dict) or not isinstance(m.get("content"), str) for m in messages):
         raise ValueError("expected a list of messages, each {role, content} with text content")
     if messages[0].get("role") != "assistant" or messages[-1].get("role") != "assistant":
         raise ValueError("the first and the last message must be the assistant's")
-    pieces: dict[str, Observations] = {}
+    pieces = {} if pieces is None else pieces
     ids, mask = [], []
     for m in messages:
-        if m.get("role") == "assistant":
-            turn = tokenizer.encode(m["content"], add_special_tokens=False) + [tokenizer.eos_token_id]
-            ids, mask = ids + turn, mask + [1] * len(turn)
-            continue
         role = str(m.get("role"))
-        if role not in pieces:
-            pieces[role] = Observations.of(tokenizer, role, template_kwargs)
-        seen = pieces[role].ids(m["content"], ended=True)
-        ids, mask = ids + seen, mask + [0] * len(seen)
+        if role == "assistant":
+            seen = tokenizer.encode(m["content"], add_special_tokens=False) + [tokenizer.eos_token_id]
+        else:
+            if role not in pieces:
+                pieces[role] = Observations.of(tokenizer, role, template_kwargs)
+            seen = pieces[role].ids(m["content"], ended=True)
+        ids += seen
+        mask += [int(role == "assistant")] * len(seen)
     return ids, mask

@@ -375,14 +375,14 @@ class Learner(RoleActor):
         totals = torch.zeros(2, dtype=torch.float64, device=self.device)  # nll, tokens
         grad_norms = []
         self.model.train()
-        trained = (lambda i: sum(masks[i])) if masks else (lambda i: len(pairs[i][1]))  # noqa: E731
+        trained = [sum(m) for m in masks] if masks else [len(target) for _, target in pairs]
         for mine in minis:
-            normaliser = self._normaliser(sum(trained(i) for i in mine))
+            normaliser = self._normaliser(sum(trained[i] for i in mine))
             micros, capacity = self._micro_batches(mine, pairs)
             for micro in micros:
                 seqs, logp, _ = self._logprobs([pairs[i] for i in micro], capacity, temperature=1.0)
                 response = seqs.response_mask.to(logp.device)
-                loss, mm = sft_loss(logp, response if masks is None else _placed(masks, micro, response), normaliser)
+                loss, mm = sft_loss(logp, _placed(masks, micro, response) if masks else response, normaliser)
                 loss.backward()
                 totals += torch.stack([mm["nll_sum"], mm["tokens"]]).double()
             grad_norms.append(self._optimizer_step())
