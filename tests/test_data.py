@@ -318,6 +318,18 @@ def test_answer_only_rows_drop_the_worked_lines_of_about_that_share():
         load_rows("synthetic://reasoning?answer_only=2")
 
 
+def test_products_rows_are_products_with_their_traces_and_their_keys_are_checked():
+    rows = load_rows("synthetic://products?size=400&seed=0&answer_only=0.5")
+    gsm8k = load("gsm8k")
+    for r in rows:
+        a, b = map(int, r["extra_info"]["answer"].split(" = ")[0].split(" * "))
+        assert 10 <= a <= 99 and 10 <= b <= 99 and r["reward_model"]["ground_truth"] == str(a * b)
+        assert gsm8k(r["extra_info"]["messages"][-1]["content"], r["reward_model"]["ground_truth"]) == 1.0
+    assert 150 <= sum(len(r["extra_info"]["messages"]) == 1 for r in rows) <= 250
+    with pytest.raises(DataError, match="digits=5 must be between 1 and 4"):
+        load_rows("synthetic://products?digits=5")
+
+
 def test_reasoning_responses_are_10_to_40_tokens_with_the_tiny_tokenizer():
     from transformers import AutoTokenizer
 
