@@ -74,7 +74,7 @@ class Episodes:
         tokenizer = llm.get_tokenizer()
         self.observations = Observations.of(tokenizer, e.role, recipe.model.chat_template_kwargs)
         self.decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-        self.children = [EnvChild(e.memory_mb, e.sandbox) for _ in range(e.workers)]
+        self.children = [EnvChild(e.memory_mb, e.sandbox, (e.name, dict(e.options))) for _ in range(e.workers)]
         self.pool = ThreadPoolExecutor(max_workers=2 * e.workers, thread_name_prefix="env")
         self.reported: set[str] = set()
 

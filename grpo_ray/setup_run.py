@@ -194,7 +194,7 @@ def try_environment(recipe: Recipe, tokenizer, row: dict) -> None:
         raise RecipeError(str(err)) from None
     Observations.of(tokenizer, e.role, recipe.model.chat_template_kwargs)
     p = Prompt.from_row(0, {**row, "prompt_ids": []})
-    child = EnvChild(e.memory_mb, e.sandbox)
+    child = EnvChild(e.memory_mb, e.sandbox, (e.name, dict(e.options)))
     try:
         start = {
             "ground_truth": p.ground_truth,

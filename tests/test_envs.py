@@ -178,14 +178,95 @@ def test_environment_code_runs_in_the_sandbox(child, tmp_path):
     assert net != "connected"
 
 
+ECHO = "echo_env.server.echo_env_environment:EchoEnvironment"
+MULTIPLY = ["env=tests.helpers.openenv_envs:Multiply", "action=openenv.core.env_server.mcp_types:CallToolAction"]
+
+
 @pytest.fixture(scope="module")
-def engine_runs():
+def openenv_echo(tmp_path_factory):
+    """OpenEnv's own example environment (echo: the observation is the action's message, reward 0.1 a character),
+    made by the library's CLI, `openenv init`, as its users start one; the folder that holds it."""
+    where = tmp_path_factory.mktemp("openenv")
+    cli = os.path.join(os.path.dirname(sys.executable), "openenv")
+    out = subprocess.run([cli, "init", "echo_env"], cwd=where, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    return where
+
+
+def openenv_options(*pairs: str) -> dict:
+    return dict(p.split("=", 1) for p in pairs)
+
+
+def test_openenv_environments_run_through_the_adapter_in_the_sandbox(openenv_echo):
+    """The `openenv` adapter plays OpenEnv environments in an environment process (the sandbox on): the library's
+    echo example (the turn is the action's text; its observation and reward come back) and an MCP environment
+    with a FastMCP tool (the turn is the action's JSON; a turn that is not a valid action is answered with why,
+    counted as a tool error; constructor and per-episode reset arguments reach it)."""
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(openenv_echo))
+    echo = {"env": ECHO, "observation_field": "echoed_message"}
+    multiply = {**openenv_options(*MULTIPLY), "kwargs": {"scale": 2}, "reset_key": "task"}
+    child = EnvChild(1024, sandbox=True, preload=("openenv", multiply))
+    try:
+        assert child.run(("reset", "e", "openenv", echo, {}), 10) == ("ok", None)
+        outcome, step = child.run(("step", "e", "pears, 7 of them"), 10)
+        assert (outcome, step["observation"], step["reward"], step["done"]) == ("ok", "pears, 7 of them", 1.6, False)
+        outcome, step = child.run(("step", "e", "7"), 10)
+        assert (step["observation"], step["reward"]) == ("7", pytest.approx(0.1))
+
+        row = {"extra_info": {"task": {"offset": 1}}}
+        assert child.run(("reset", "m", "openenv", multiply, row), 10) == ("ok", None)
+        call = '{"tool_name": "multiply", "arguments": {"a": 37, "b": 24}}'
+        outcome, step = child.run(("step", "m", call), 10)
+        assert outcome == "ok" and json.loads(step["observation"])["result"]["data"] == 37 * 24 * 2 + 1
+        assert (step["tool_call"], step["tool_error"], step["done"]) == (True, False, False)
+        outcome, step = child.run(("step", "m", '{"tool_name": "divide", "arguments": {}}'), 10)
+        assert "Unknown tool: 'divide'" in step["observation"] and step["tool_error"]
+        outcome, step = child.run(("step", "m", "multiply 37 by 24"), 10)
+        assert step["observation"].startswith("invalid action: the turn: Invalid JSON") and step["tool_error"]
+        assert not step["done"]  # the model may try again
+        outcome, answer = child.run(("reset", "x", "openenv", echo, {"extra_info": {"task": {"offset": 1}}}), 10)
+        assert outcome == "ok"  # no reset_key: the row's task is not passed to a reset that takes none
+        outcome, answer = child.run(("reset", "x", "openenv", {**echo, "reset_key": "task"}, row), 10)
+        assert outcome == "error" and "unexpected keyword argument 'offset'" in answer
+    finally:
+        child.close()
+
+
+def test_openenv_options_are_checked_before_start(openenv_echo):
+    """The class is imported and its action type read when the recipe is checked: one line naming the option."""
+    sys.path.insert(0, str(openenv_echo))
+    adapter = load("openenv")
+    with pytest.raises(EnvironmentLoadError, match=r"environment.options.env: Field required"):
+        options(adapter, {})
+    with pytest.raises(EnvironmentLoadError, match=r"environment.options: cannot import 'echo_envv.server'"):
+        options(adapter, {"env": "echo_envv.server:EchoEnvironment"})
+    with pytest.raises(EnvironmentLoadError, match=r"'echo_env.models:EchoAction' is not an openenv Environment"):
+        options(adapter, {"env": "echo_env.models:EchoAction"})
+    with pytest.raises(EnvironmentLoadError, match=r"action_field='text': EchoAction has fields \['message'\]"):
+        options(adapter, {"env": ECHO, "action_field": "text"})
+    with pytest.raises(
+        EnvironmentLoadError, match=r"Multiply.step's action is annotated Action, not a .*options.action"
+    ):
+        options(adapter, {"env": "tests.helpers.openenv_envs:Multiply"})
+    assert options(adapter, {"env": ECHO}).action_field == "message"  # its only text field
+
+
+@pytest.fixture(scope="module")
+def engine_runs(openenv_echo):
     """Multi-turn rollouts on a vLLM engine per family (Echo: an observation each turn, done never; Raise: fails
-    at the first step; Flood: a million characters), in one process."""
+    at the first step; Flood: a million characters; OpenEnv's echo example through the adapter), in one
+    process."""
     cases = [[arch, "tests.helpers.envs:Echo", []] for arch in ARCHS]
     cases += [["qwen2", f"tests.helpers.envs:{e}", []] for e in ("Raise", "Flood")]
     cases += [["qwen2", "tests.helpers.envs:Echo", ["environment.stop=[e,a]"]]]  # turns ended by stop strings
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    echo = [f"environment.options.env={ECHO}", "environment.options.observation_field=echoed_message"]
+    cases += [["qwen2", "openenv", [*echo, "environment.max_tokens=96", "environment.timeout_s=60"]]]
+    env = {
+        **os.environ,
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "PYTHONPATH": os.pathsep.join([str(openenv_echo), os.environ.get("PYTHONPATH", "")]),
+    }
     out = subprocess.run(
         [sys.executable, str(ROOT / "tests" / "helpers" / "episodes_run.py"), json.dumps(cases)],
         capture_output=True,
@@ -197,7 +278,8 @@ def engine_runs():
     line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
     assert line, out.stderr[-3000:]
     runs = json.loads(line[7:])
-    return {(r["arch"] + ("+stop" if r["overrides"] else ""), r["env"].rpartition(":")[2]): r for r in runs}, out.stderr
+    stop = lambda r: "+stop" if any(o.startswith("environment.stop") for o in r["overrides"]) else ""  # noqa: E731
+    return {(r["arch"] + stop(r), r["env"].rpartition(":")[2]): r for r in runs}, out.stderr
 
 
 @pytest.mark.slow
@@ -253,6 +335,23 @@ def test_a_failing_or_flooding_environment_ends_its_trajectories_counted(engine_
     assert any(c["episode"]["failure"] == "error" for c in flooded)
     assert all(len(c["token_ids"]) <= 64 for c in flooded)  # nothing of the flood got in
     assert "over environment.max_observation_chars" in stderr
+
+
+@pytest.mark.slow
+def test_an_openenv_environment_answers_each_turn_through_the_adapter(engine_runs):
+    """OpenEnv's echo example on an engine: each observation is the model's turn echoed (its echoed_message),
+    masked, and the episode's reward is the echo's, 0.1 a character of every turn it answered."""
+    run = engine_runs[0][("qwen2", "openenv")]
+    several = 0
+    for c in run["completions"]:
+        turns, episode = c["episode"]["turns"], c["episode"]
+        model, answers = turns[0::2], turns[1::2]
+        assert answers == model[: len(answers)]
+        answered = model[:-1] if episode["ended"] == "length" else model
+        assert episode["reward"] == pytest.approx(sum(0.1 * len(t) for t in answered))
+        assert episode["failure"] == "" and (0 in c["mask"]) == bool(answers)
+        several += len(model) > 1
+    assert several >= 2
 
 
 AGENT = "recipes/tiny-qwen2.5-7b-gsm8k-agent.yaml"

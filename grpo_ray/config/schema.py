@@ -220,7 +220,8 @@ class EnvironmentConfig:
     its answer, goes on) before its reward. Without a name, each rollout is one completion."""
 
     name: str = ""
-    """A built-in environment (``calculator``, ``guess``) or ``module:Class``; empty: single-turn rollouts."""
+    """A built-in environment (``calculator``, ``guess``, ``openenv``: one written for OpenEnv) or ``module:Class``;
+    empty: single-turn rollouts."""
     options: dict[str, Any] = field(default_factory=dict)
     """The environment's own options (its ``Options``), checked before anything starts."""
     max_turns: int = 4

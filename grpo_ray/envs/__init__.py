@@ -36,6 +36,7 @@ import pydantic
 
 from grpo_ray.envs.base import Environment, Step
 from grpo_ray.envs.builtin import Calculator, Guess
+from grpo_ray.envs.openenv_env import OpenEnv
 from grpo_ray.errors import UserError
 
 __all__ = ["Environment", "Step", "EnvironmentLoadError", "known", "load", "options", "check"]
@@ -47,7 +48,7 @@ class EnvironmentLoadError(UserError):
 
 def known() -> dict[str, type[Environment]]:
     """The built-in environments by name."""
-    return {"calculator": Calculator, "guess": Guess}
+    return {"calculator": Calculator, "guess": Guess, "openenv": OpenEnv}
 
 
 def load(name: str) -> type[Environment]:
@@ -82,9 +83,9 @@ def options(cls: type, given: dict) -> pydantic.BaseModel:
         return kind.model_validate(dict(given))
     except pydantic.ValidationError as e:
         first = e.errors()[0]
-        key = ".".join(str(p) for p in first["loc"])
+        key = "".join(f".{p}" for p in first["loc"])
         raise EnvironmentLoadError(
-            f"environment.options.{key}: {first['msg']} (given {first.get('input')!r}; "
+            f"environment.options{key}: {first['msg'].removeprefix('Value error, ')} (given {first.get('input')!r}; "
             f"{cls.__name__} takes {', '.join(kind.model_fields) or 'no options'})"
         ) from None
 

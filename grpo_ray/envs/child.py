@@ -22,6 +22,14 @@ def env_main(conn, memory_mb: int, sandbox: bool, network: bool, sources: dict) 
 
     limit = memory_mb << 20
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    if sources.get("preload"):  # import the environment's code now, not in its first episode's time limit
+        try:
+            from grpo_ray.envs import load, options
+
+            name, given = sources["preload"]
+            options(load(name), given)
+        except Exception:
+            pass  # the episodes' reset says why, each in its trajectory
     conn.send(isolation)
     episodes: dict = {}
     while True:
@@ -76,11 +84,12 @@ class EnvChild(RewardChild):
 
     main = staticmethod(env_main)
 
-    def __init__(self, memory_mb: int, sandbox: bool = True):
+    def __init__(self, memory_mb: int, sandbox: bool = True, preload: tuple[str, dict] | None = None):
+        """`preload`: (environment.name, environment.options), imported as the child starts (within its 60 s)."""
         self.lock = threading.Lock()
         self.generation = 0
         """How many times the child was replaced: the episodes of an earlier generation are gone."""
-        super().__init__(memory_mb, sandbox, network=False)
+        super().__init__(memory_mb, sandbox, network=False, sources={"preload": preload} if preload else None)
 
     def run(self, call: tuple, timeout_s: float) -> tuple[str, object]:
         """("ok", answer) | ("error", traceback) | ("timeout" | "died" | "memory", None); the child is replaced

@@ -1,0 +1,152 @@
+"""``openenv``: an environment written for OpenEnv (``openenv-core``, Meta's and Hugging Face's environment library),
+run in-process as one of ours.
+
+An OpenEnv environment is a class with ``reset() -> Observation`` and ``step(action) -> Observation``, its action
+and observation pydantic models, the observation carrying ``reward`` and ``done``: the same shape as ours. This
+adapter plays one such environment per episode:
+
+- ``reset``: the OpenEnv environment is made with ``options.kwargs`` and reset (with the row's
+  ``extra_info[options.reset_key]`` as keyword arguments when that option is set); its first observation is not
+  shown (the prompt comes from the data row, as for every environment here).
+- ``step``: the model's turn becomes the environment's action: the text itself in ``options.action_field`` (by
+  default the action's only text field), or, when the action has other fields, the turn read as the action's
+  JSON. A turn that is not a valid action is answered with the validation error (``env/tool_errors``), and the
+  episode goes on. An MCP environment's tool calls (``CallToolAction``: ``{"tool_name": ..., "arguments": ...}``)
+  count in ``env/tool_calls``, and those answered with an error in ``env/tool_errors``.
+- The observation answered is ``options.observation_field`` (by default the observation's only field besides
+  ``done``, ``reward`` and ``metadata``; its fields as JSON when there are several); its ``reward`` is the turn's
+  reward (None: 0) and ``done`` ends the episode.
+
+Recipe: ``environment: {name: openenv, options: {env: my_env.server.my_environment:MyEnvironment}}``. The class is
+imported, and its action type read from its ``step``'s annotation, before anything starts. OpenEnv environments
+served over HTTP (Docker, Hugging Face Spaces) are not reached: environment processes have no network.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import typing
+
+import pydantic
+
+from grpo_ray.envs.base import Environment, Step
+
+RESERVED = {"done", "reward", "metadata"}
+
+
+def import_class(name: str) -> type:
+    """The class `name` (``module:Class``) names; ValueError saying why not."""
+    module_name, _, attr = name.rpartition(":")
+    if not module_name or not attr:
+        raise ValueError(f"expected 'module:Class', given {name!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:
+        raise ValueError(f"cannot import {module_name!r} ({type(e).__name__}: {e})") from None
+    cls = getattr(module, attr, None)
+    if not isinstance(cls, type):
+        raise ValueError(f"{module_name!r} has no class {attr!r}")
+    return cls
+
+
+def action_type(env_cls: type) -> type:
+    """The action class `env_cls.step` is annotated with (an ``openenv`` Action)."""
+    from openenv.core.env_server.types import Action
+
+    try:
+        hint = typing.get_type_hints(env_cls.step).get("action")
+    except Exception:
+        hint = None
+    if not (isinstance(hint, type) and issubclass(hint, Action) and hint is not Action):
+        raise ValueError(
+            f"{env_cls.__name__}.step's action is annotated {getattr(hint, '__name__', hint)}, not a subclass of "
+            "openenv's Action: name its action class in environment.options.action"
+        )
+    return hint
+
+
+class OpenEnv(Environment):
+    class Options(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(extra="forbid")
+        _classes: tuple = pydantic.PrivateAttr(default=())  # the environment's class and its action's
+
+        env: str
+        """The OpenEnv environment class, ``module:Class`` (a subclass of openenv.core.env_server.Environment)."""
+        kwargs: dict[str, typing.Any] = {}
+        """Its constructor's keyword arguments."""
+        action: str | None = None
+        """Its action class as ``module:Class``; by default the annotation of its ``step``'s action."""
+        action_field: str | None = None
+        """The action field the turn's text goes in; by default the action's only field (metadata aside), when it
+        takes text; without one, the turn is read as the action's JSON."""
+        observation_field: str | None = None
+        """The observation field shown to the model; by default its only field besides done, reward and metadata,
+        or all of them as JSON."""
+        reset_key: str | None = None
+        """A key of the row's extra_info whose dict is passed to the environment's ``reset`` as keyword
+        arguments (the episode's task); none: ``reset()``."""
+
+        @pydantic.model_validator(mode="after")
+        def _resolve(self):
+            try:
+                from openenv.core.env_server.interfaces import Environment as OpenEnvEnvironment
+            except ImportError as e:
+                raise ValueError(
+                    f"the openenv adapter needs openenv-core (pip install 'grpo-ray[envs]'): {e}"
+                ) from None
+
+            cls = import_class(self.env)
+            if not issubclass(cls, OpenEnvEnvironment):
+                raise ValueError(f"env={self.env!r} is not an openenv Environment subclass")
+            act = import_class(self.action) if self.action else action_type(cls)
+            fields = [f for f in act.model_fields if f != "metadata"]
+            if self.action_field is not None and self.action_field not in fields:
+                raise ValueError(f"action_field={self.action_field!r}: {act.__name__} has fields {fields}")
+            if self.action_field is None and len(fields) == 1 and act.model_fields[fields[0]].annotation is str:
+                self.action_field = fields[0]
+            self._classes = cls, act
+            return self
+
+    def reset(self, row: dict) -> None:
+        cls, self.action_cls = self.options._classes
+        self.env = cls(**self.options.kwargs)
+        key = self.options.reset_key
+        kwargs = (row.get("extra_info") or {}).get(key) if key else {}
+        if not isinstance(kwargs, dict):
+            raise TypeError(f"extra_info[{key!r}] is {type(kwargs).__name__}: expected a dict of reset arguments")
+        self.env.reset(**kwargs)
+
+    def step(self, turn: str) -> Step:
+        try:
+            if self.options.action_field:
+                action = self.action_cls(**{self.options.action_field: turn})
+            else:
+                action = self.action_cls.model_validate_json(turn.strip())
+        except pydantic.ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "the turn"
+            return Step(f"invalid action: {where}: {first['msg']}", tool_call=True, tool_error=True)
+        obs = self.env.step(action)
+        if inspect.isawaitable(obs):
+            raise TypeError(f"{type(self.env).__name__}.step is async: the adapter calls step() synchronously")
+        tool = type(action).__name__ == "CallToolAction"  # an MCP tool call, OpenEnv's way to offer tools
+        return Step(
+            self.text(obs),
+            reward=float(obs.reward or 0.0),
+            done=bool(obs.done),
+            tool_call=tool,
+            tool_error=tool and getattr(obs, "error", None) is not None,
+        )
+
+    def text(self, obs) -> str:
+        """The observation as the model reads it."""
+        if self.options.observation_field:
+            value = getattr(obs, self.options.observation_field)
+            return value if isinstance(value, str) else json.dumps(value, default=str)
+        shown = obs.model_dump(exclude=RESERVED)
+        if len(shown) == 1:
+            (value,) = shown.values()
+            return value if isinstance(value, str) else json.dumps(value, default=str)
+        return json.dumps(shown, default=str)

@@ -1,0 +1,32 @@
+"""An OpenEnv environment written against the library (openenv-core): its MCP base class with a FastMCP tool,
+the way OpenEnv environments offer tools. Run through grpo_ray's ``openenv`` adapter in tests/test_envs.py."""
+
+from fastmcp import FastMCP
+from openenv.core.env_server.mcp_environment import MCPEnvironment
+from openenv.core.env_server.types import Observation, State
+
+
+class Multiply(MCPEnvironment):
+    """One tool, ``multiply(a, b)`` (a * b * scale + the episode's offset); any action other than a tool call ends
+    the episode with reward 1."""
+
+    def __init__(self, scale: int = 1):
+        mcp = FastMCP("multiply")
+
+        @mcp.tool()
+        def multiply(a: int, b: int) -> int:
+            return a * b * scale + self.offset
+
+        super().__init__(mcp)
+        self._state, self.offset = State(episode_id="0", step_count=0), 0
+
+    def reset(self, seed=None, episode_id=None, offset: int = 0):
+        self._state, self.offset = State(episode_id=episode_id or "0", step_count=0), offset
+        return Observation(done=False, reward=0.0)
+
+    def _step_impl(self, action, timeout_s=None, **kwargs):
+        return Observation(done=True, reward=1.0)
+
+    @property
+    def state(self):
+        return self._state
