@@ -23,7 +23,7 @@ import ray
 from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from grpo_ray import faults, placement, rewards, transports
+from grpo_ray import envs, faults, placement, rewards, transports
 from grpo_ray.config import POOLS, Recipe
 from grpo_ray.device import Device
 from grpo_ray.dims import ModelDims
@@ -136,7 +136,7 @@ class Pools:
         actor = ray.remote(ROLES[pool]).options(**options)
         if pool == "generator":
             kv = 0 if self.device.gpu else cpu_kv_cache_bytes(self.dims, r)  # on GPU: gpu_memory_utilization
-            env_dirs = rewards.shipped([r.environment.name])[1] if ":" in r.environment.name else []
+            env_dirs = rewards.shipped(envs.modules(r.environment))[1]
             return actor.remote(self.model_path, r, kv, r.trainer.seed + i, env_dirs)
         if pool == "learner":
             return actor.remote(self.model_path, r, i, r.learner.world_size, threads, self.dims)

@@ -356,11 +356,14 @@ def test_an_openenv_environment_answers_each_turn_through_the_adapter(engine_run
 
 AGENT = "recipes/tiny-qwen2.5-7b-gsm8k-agent.yaml"
 # random weights rarely end a turn, and never call the calculator (a turn without a call is its final answer):
-# stop strings they do write end turns after a few tokens, and Echo (a module of the user's, tests/helpers/envs.py)
-# answers every turn, a reward of 0.25 each, so trajectories of more turns score more
+# stop strings they do write end turns after a few tokens, and Count (an OpenEnv environment of the user's,
+# tests/helpers/openenv_envs.py, played by the openenv adapter) answers every turn, a reward of 0.25 each, so
+# trajectories of more turns score more
 # (one optimizer step a step: a replay, whose optimizer starts fresh, then makes the same forward)
 AGENT_RUN = [
-    "environment.name=tests.helpers.envs:Echo",
+    "environment.name=openenv",
+    "environment.options.env=tests.helpers.openenv_envs:Count",
+    "environment.workers=1",  # each environment process imports openenv (5 s of CPU)
     "environment.stop=[a,e,i,o,u]",
     "trainer.dump_freq=1",
     "learner.mini_batch_size=32",

@@ -39,7 +39,7 @@ from grpo_ray.envs.builtin import Calculator, Guess
 from grpo_ray.envs.openenv_env import OpenEnv
 from grpo_ray.errors import UserError
 
-__all__ = ["Environment", "Step", "EnvironmentLoadError", "known", "load", "options", "check"]
+__all__ = ["Environment", "Step", "EnvironmentLoadError", "known", "load", "options", "modules", "check"]
 
 
 class EnvironmentLoadError(UserError):
@@ -88,6 +88,15 @@ def options(cls: type, given: dict) -> pydantic.BaseModel:
             f"environment.options{key}: {first['msg'].removeprefix('Value error, ')} (given {first.get('input')!r}; "
             f"{cls.__name__} takes {', '.join(kind.model_fields) or 'no options'})"
         ) from None
+
+
+def modules(e) -> list[str]:
+    """The ``module:Class`` names environment config `e` imports: its name's, or what the openenv adapter plays
+    (the generators import them from where the driver found them)."""
+    names = [e.name]
+    if e.name == "openenv":
+        names = [e.options.get("env") or "", e.options.get("action") or ""]
+    return [n for n in names if ":" in n]
 
 
 def check(recipe) -> None:
