@@ -56,9 +56,19 @@ def test_plan_counts_adapters_only_and_no_reference():
     assert "LoRA rank 32" in b["learner"].note
 
 
+# multi-turn trajectories (an environment answering each turn, tests/helpers/envs.py's Echo; stop strings end the
+# random model's turns), so adapters are trained on trajectories with masked observations
+MULTI_TURN = [
+    "environment.name=tests.helpers.envs:Echo",
+    "environment.stop=[a,e,i,o,u]",
+    "environment.max_tokens=80",
+    "generator.sampling.max_tokens=6",
+]
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    return whole_and_resumed(tmp_path_factory, [*LORA, *ONE_STEP_OFF])
+    return whole_and_resumed(tmp_path_factory, [*LORA, *ONE_STEP_OFF, *MULTI_TURN])
 
 
 @pytest.mark.slow
@@ -74,6 +84,7 @@ def test_lora_run_one_step_off_syncs_the_adapters_and_resumes_exactly(runs):
     # one step off: the old policy of a stale batch is the learner's adapters of that version (a snapshot)
     assert [r["rollout/staleness"] for r in rows] == [0, 1, 0, 1]  # step 3 waits for the checkpoint of step 2
     assert max(abs(r["rollout_corr/kl"]) for r in rows) < 1e-5
+    assert all(r["env/turns/mean"] > 1.2 and 0 < r["env/masked_share"] < 1 for r in rows)  # trajectories, masked
     placement = json.loads((whole / "placement.json").read_text())
     assert {p: len(a) for p, a in placement.items()} == {"generator": 1, "learner": 2, "reference": 0, "reward": 1}
     meta = json.loads((whole / "checkpoints" / "step_4" / "manifest.json").read_text())["files"]
