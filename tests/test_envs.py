@@ -249,6 +249,8 @@ def test_openenv_options_are_checked_before_start(openenv_echo):
         EnvironmentLoadError, match=r"Multiply.step's action is annotated Action, not a .*options.action"
     ):
         options(adapter, {"env": "tests.helpers.openenv_envs:Multiply"})
+    with pytest.raises(EnvironmentLoadError, match=r"observation_field='echo': EchoObservation has fields"):
+        options(adapter, {"env": ECHO, "observation_field": "echo"})
     assert options(adapter, {"env": ECHO}).action_field == "message"  # its only text field
 
 

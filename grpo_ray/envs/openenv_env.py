@@ -67,6 +67,17 @@ def action_type(env_cls: type) -> type:
     return hint
 
 
+def returned(env_cls: type) -> type | None:
+    """The observation class `env_cls.step` is annotated to return, if it says."""
+    from openenv.core.env_server.types import Observation
+
+    try:
+        hint = typing.get_type_hints(env_cls.step).get("return")
+    except Exception:
+        return None
+    return hint if isinstance(hint, type) and issubclass(hint, Observation) else None
+
+
 class OpenEnv(Environment):
     class Options(pydantic.BaseModel):
         model_config = pydantic.ConfigDict(extra="forbid")
@@ -106,6 +117,10 @@ class OpenEnv(Environment):
                 raise ValueError(f"action_field={self.action_field!r}: {act.__name__} has fields {fields}")
             if self.action_field is None and len(fields) == 1 and act.model_fields[fields[0]].annotation is str:
                 self.action_field = fields[0]
+            shown = returned(cls)
+            if self.observation_field and shown and self.observation_field not in shown.model_fields:
+                have = [f for f in shown.model_fields if f not in RESERVED]
+                raise ValueError(f"observation_field={self.observation_field!r}: {shown.__name__} has fields {have}")
             self._classes = cls, act
             return self
 
