@@ -166,6 +166,19 @@ def test_a_failing_environment_costs_its_episode_not_the_process_that_runs_it(ch
     assert child.run(("reset", "k", "guess", {}, {"ground_truth": "3"}), 5) == ("ok", None)  # it serves again
 
 
+def test_environment_processes_import_the_environments_code_as_they_start():
+    """A module slow to import is imported as the process starts, not in its first episode's time limit."""
+    sys.path.insert(0, str(ROOT))
+    name = "tests.helpers.slow_import_env:Slow"
+    cold, warm = EnvChild(512, sandbox=False), EnvChild(512, sandbox=False, preload=(name, {}))
+    try:
+        assert warm.run(("reset", "k", name, {}, {}), 1.0) == ("ok", None)
+        assert cold.run(("reset", "k", name, {}, {}), 1.0) == ("timeout", None)
+    finally:
+        cold.close()
+        warm.close()
+
+
 def test_environment_code_runs_in_the_sandbox(child, tmp_path):
     """No network and a read-only filesystem, as reward code has (where the OS allows it)."""
     if not child.isolation.startswith("network+"):

@@ -28,7 +28,7 @@ def env_main(conn, memory_mb: int, sandbox: bool, network: bool, sources: dict) 
 
             name, given = sources["preload"]
             options(load(name), given)
-        except Exception:
+        except BaseException:  # SystemExit too: a module that exits as it is imported fails its episodes, not this
             pass  # the episodes' reset says why, each in its trajectory
     conn.send(isolation)
     episodes: dict = {}
