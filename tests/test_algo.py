@@ -110,6 +110,40 @@ def test_on_policy_gradient_is_minus_advantage_over_normaliser():
     assert m["tokens"] == 3
 
 
+def test_distillation_advantages_and_their_gradient_by_hand():
+    """Per token: reward_weight * A_i - coef * (student - teacher), 0 off the responses; through the loss, on
+    policy, each token's gradient is minus its own advantage over the normaliser: a token the teacher finds
+    likelier than the student is raised."""
+    from grpo_ray.algo.distill import distill_advantages
+
+    student = torch.tensor([[-1.0, -2.0], [-0.5, -3.0]], requires_grad=True)
+    teacher = torch.tensor([[-0.5, -2.5], [-1.5, -3.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    adv, sums = distill_advantages(torch.tensor([2.0, -1.0]), student, teacher, mask, coef=0.5)
+    assert torch.allclose(adv, torch.tensor([[2.25, 1.75], [-1.5, 0.0]])) and not adv.requires_grad
+    assert sums["reverse_kl_sum"].item() == pytest.approx(-0.5 + 0.5 + 1.0) and sums["tokens"].item() == 3
+    alone, _ = distill_advantages(torch.tensor([2.0, -1.0]), student, teacher, mask, coef=1.0, reward_weight=0.0)
+    assert torch.allclose(alone, torch.tensor([[0.5, -0.5], [-1.0, 0.0]]))
+
+    logp = student.detach().clone().requires_grad_(True)
+    loss, m = grpo_loss(
+        logp,
+        logp.detach(),
+        None,
+        alone,
+        mask,
+        clip_low=0.2,
+        clip_high=0.2,
+        kl_coef=0.0,
+        kl_estimator="k3",
+        loss_agg="token-mean",
+        normaliser=3.0,
+    )
+    loss.backward()
+    assert torch.allclose(logp.grad, torch.tensor([[-0.5 / 3, 0.5 / 3], [1.0 / 3, 0.0]]))
+    assert loss.item() == pytest.approx(-(0.5 - 0.5 - 1.0) / 3)  # on policy: -sum A_t / normaliser
+
+
 def test_kl_term_is_added_with_its_coefficient():
     logp = torch.tensor([[-1.0]])
     ref = torch.tensor([[-2.0]])

@@ -202,10 +202,10 @@ def grpo_loss(
     entropy: torch.Tensor | None = None,
     entropy_coef: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Loss of one micro batch ([B, T] tensors, advantages [B]) and its metrics (sums over masked tokens, 0-dim
-    tensors on the device: read them once a step, not per micro batch). `options`: the loss's own
-    (``loss_options``), its defaults when None."""
-    adv = advantages.unsqueeze(1).to(logp.dtype)
+    """Loss of one micro batch ([B, T] tensors, advantages [B], or [B, T] per token: ``algo.distill``) and its
+    metrics (sums over masked tokens, 0-dim tensors on the device: read them once a step, not per micro batch).
+    `options`: the loss's own (``loss_options``), its defaults when None."""
+    adv = (advantages.unsqueeze(1) if advantages.dim() == 1 else advantages).to(logp.dtype)
     options = loss_options(loss_mode, {}) if options is None else options
     pg, was_clipped = named(POLICY_LOSSES, loss_mode)(logp, old_logp, adv, mask, clip_low, clip_high, options)
     if is_weights is not None:
