@@ -89,22 +89,16 @@ def test_separate_low_and_high_clip():
     assert loss_of(0.5, -1.0, clip_low=0.1)[0].item() == pytest.approx(0.9)
 
 
+def on_policy_loss(logp, advantages, mask, normaliser):
+    """The PPO-clip loss of one on-policy update (old = logp), token-mean, without KL."""
+    kw = dict(clip_low=0.2, clip_high=0.2, kl_coef=0.0, kl_estimator="k3", loss_agg="token-mean")
+    return grpo_loss(logp, logp.detach(), None, advantages, mask, normaliser=normaliser, **kw)
+
+
 def test_on_policy_gradient_is_minus_advantage_over_normaliser():
     logp = torch.tensor([[-1.0, -2.0], [-0.5, -3.0]], requires_grad=True)
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
-    loss, m = grpo_loss(
-        logp,
-        logp.detach(),
-        None,
-        torch.tensor([2.0, -1.0]),
-        mask,
-        clip_low=0.2,
-        clip_high=0.2,
-        kl_coef=0.0,
-        kl_estimator="k3",
-        loss_agg="token-mean",
-        normaliser=3.0,
-    )
+    loss, m = on_policy_loss(logp, torch.tensor([2.0, -1.0]), mask, 3.0)
     loss.backward()
     assert torch.allclose(logp.grad, torch.tensor([[-2 / 3, -2 / 3], [1 / 3, 0.0]]))
     assert m["tokens"] == 3
@@ -126,19 +120,7 @@ def test_distillation_advantages_and_their_gradient_by_hand():
     assert torch.allclose(alone, torch.tensor([[0.5, -0.5], [-1.0, 0.0]]))
 
     logp = student.detach().clone().requires_grad_(True)
-    loss, m = grpo_loss(
-        logp,
-        logp.detach(),
-        None,
-        alone,
-        mask,
-        clip_low=0.2,
-        clip_high=0.2,
-        kl_coef=0.0,
-        kl_estimator="k3",
-        loss_agg="token-mean",
-        normaliser=3.0,
-    )
+    loss, _ = on_policy_loss(logp, alone, mask, 3.0)
     loss.backward()
     assert torch.allclose(logp.grad, torch.tensor([[-0.5 / 3, 0.5 / 3], [1.0 / 3, 0.0]]))
     assert loss.item() == pytest.approx(-(0.5 - 0.5 - 1.0) / 3)  # on policy: -sum A_t / normaliser
