@@ -259,11 +259,14 @@ def test_openenv_options_are_checked_before_start(openenv_echo):
     with pytest.raises(EnvironmentLoadError, match=r"action_field='text': EchoAction has fields \['message'\]"):
         options(adapter, {"env": ECHO, "action_field": "text"})
     with pytest.raises(
-        EnvironmentLoadError, match=r"Multiply.step's action is annotated Action, not a .*options.action"
+        EnvironmentLoadError,
+        match=r"Multiply.step is not annotated with a subclass of openenv's Action: .*options.action",
     ):
         options(adapter, {"env": "tests.helpers.openenv_envs:Multiply"})
     with pytest.raises(EnvironmentLoadError, match=r"observation_field='echo': EchoObservation has fields"):
         options(adapter, {"env": ECHO, "observation_field": "echo"})
+    with pytest.raises(EnvironmentLoadError, match=r"action='echo_env.models:EchoObservation' is not a subclass"):
+        options(adapter, {"env": ECHO, "action": "echo_env.models:EchoObservation"})
     assert options(adapter, {"env": ECHO}).action_field == "message"  # its only text field
 
 

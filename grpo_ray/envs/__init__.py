@@ -30,11 +30,9 @@ never the run.
 
 from __future__ import annotations
 
-import importlib
-
 import pydantic
 
-from grpo_ray.envs.base import Environment, Step
+from grpo_ray.envs.base import Environment, Step, import_class
 from grpo_ray.envs.builtin import Calculator, Guess
 from grpo_ray.envs.openenv_env import OpenEnv
 from grpo_ray.errors import UserError
@@ -60,19 +58,15 @@ def load(name: str) -> type[Environment]:
         raise EnvironmentLoadError(
             f"environment.name={name!r}: expected a built-in ({', '.join(sorted(builtins))}) or 'module:Class'"
         )
-    module_name, _, attr = name.rpartition(":")
     try:
-        module = importlib.import_module(module_name)
-    except Exception as e:
+        cls = import_class(name)
+    except ValueError as e:
         raise EnvironmentLoadError(
-            f"environment.name={name!r}: cannot import {module_name!r} ({type(e).__name__}: {e}); a module of "
-            "your own is found in the working directory or the recipe's folder"
+            f"environment.name={name!r}: {e}; a module of your own is found in the working directory or the "
+            "recipe's folder"
         ) from None
-    cls = getattr(module, attr, None)
-    if not (isinstance(cls, type) and callable(getattr(cls, "step", None)) and callable(getattr(cls, "reset", None))):
-        raise EnvironmentLoadError(
-            f"environment.name={name!r}: {module_name!r} has no class {attr!r} with reset(row) and step(turn)"
-        )
+    if not (callable(getattr(cls, "step", None)) and callable(getattr(cls, "reset", None))):
+        raise EnvironmentLoadError(f"environment.name={name!r}: {cls.__name__} has no reset(row) and step(turn)")
     return cls
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 
 import pydantic
@@ -39,3 +40,19 @@ class Environment:
     def step(self, turn: str) -> Step:
         """The answer to the model's turn (its text, decoded, end of turn not included)."""
         raise NotImplementedError
+
+
+def import_class(name: str) -> type:
+    """The class `name` (``module:Class``) names; ValueError saying why not (a module that fails to import, for
+    any reason, included)."""
+    module_name, _, attr = name.rpartition(":")
+    if not module_name or not attr:
+        raise ValueError(f"expected 'module:Class', given {name!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:
+        raise ValueError(f"cannot import {module_name!r} ({type(e).__name__}: {e})") from None
+    cls = getattr(module, attr, None)
+    if not isinstance(cls, type):
+        raise ValueError(f"{module_name!r} has no class {attr!r}")
+    return cls

@@ -24,58 +24,29 @@ served over HTTP (Docker, Hugging Face Spaces) are not reached: environment proc
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import typing
 
 import pydantic
 
-from grpo_ray.envs.base import Environment, Step
+from grpo_ray.envs.base import Environment, Step, import_class
 
 RESERVED = {"done", "reward", "metadata"}
 
 
-def import_class(name: str) -> type:
-    """The class `name` (``module:Class``) names; ValueError saying why not."""
-    module_name, _, attr = name.rpartition(":")
-    if not module_name or not attr:
-        raise ValueError(f"expected 'module:Class', given {name!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as e:
-        raise ValueError(f"cannot import {module_name!r} ({type(e).__name__}: {e})") from None
-    cls = getattr(module, attr, None)
-    if not isinstance(cls, type):
-        raise ValueError(f"{module_name!r} has no class {attr!r}")
-    return cls
-
-
-def action_type(env_cls: type) -> type:
-    """The action class `env_cls.step` is annotated with (an ``openenv`` Action)."""
-    from openenv.core.env_server.types import Action
+def step_types(env_cls: type) -> tuple[type | None, type | None]:
+    """The action and observation classes `env_cls.step` is annotated to take and return (None where it does not
+    name an openenv Action / Observation subclass)."""
+    from openenv.core.env_server.types import Action, Observation
 
     try:
-        hint = typing.get_type_hints(env_cls.step).get("action")
+        hints = typing.get_type_hints(env_cls.step)
     except Exception:
-        hint = None
-    if not (isinstance(hint, type) and issubclass(hint, Action) and hint is not Action):
-        raise ValueError(
-            f"{env_cls.__name__}.step's action is annotated {getattr(hint, '__name__', hint)}, not a subclass of "
-            "openenv's Action: name its action class in environment.options.action"
-        )
-    return hint
-
-
-def returned(env_cls: type) -> type | None:
-    """The observation class `env_cls.step` is annotated to return, if it says."""
-    from openenv.core.env_server.types import Observation
-
-    try:
-        hint = typing.get_type_hints(env_cls.step).get("return")
-    except Exception:
-        return None
-    return hint if isinstance(hint, type) and issubclass(hint, Observation) else None
+        hints = {}
+    act, obs = hints.get("action"), hints.get("return")
+    act = act if isinstance(act, type) and issubclass(act, Action) and act is not Action else None
+    return act, obs if isinstance(obs, type) and issubclass(obs, Observation) else None
 
 
 class OpenEnv(Environment):
@@ -103,6 +74,7 @@ class OpenEnv(Environment):
         def _resolve(self):
             try:
                 from openenv.core.env_server.interfaces import Environment as OpenEnvEnvironment
+                from openenv.core.env_server.types import Action
             except ImportError as e:
                 raise ValueError(
                     f"the openenv adapter needs openenv-core (pip install 'grpo-ray[envs]'): {e}"
@@ -111,13 +83,21 @@ class OpenEnv(Environment):
             cls = import_class(self.env)
             if not issubclass(cls, OpenEnvEnvironment):
                 raise ValueError(f"env={self.env!r} is not an openenv Environment subclass")
-            act = import_class(self.action) if self.action else action_type(cls)
+            act, shown = step_types(cls)
+            if self.action:
+                act = import_class(self.action)
+                if not issubclass(act, Action):
+                    raise ValueError(f"action={self.action!r} is not a subclass of openenv's Action")
+            elif act is None:
+                raise ValueError(
+                    f"{cls.__name__}.step is not annotated with a subclass of openenv's Action: name its action class "
+                    "in environment.options.action"
+                )
             fields = [f for f in act.model_fields if f != "metadata"]
             if self.action_field is not None and self.action_field not in fields:
                 raise ValueError(f"action_field={self.action_field!r}: {act.__name__} has fields {fields}")
             if self.action_field is None and len(fields) == 1 and act.model_fields[fields[0]].annotation is str:
                 self.action_field = fields[0]
-            shown = returned(cls)
             if self.observation_field and shown and self.observation_field not in shown.model_fields:
                 have = [f for f in shown.model_fields if f not in RESERVED]
                 raise ValueError(f"observation_field={self.observation_field!r}: {shown.__name__} has fields {have}")

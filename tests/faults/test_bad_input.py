@@ -260,6 +260,11 @@ CASES = {  # name: (recipe, overrides, what the message must say)
         ["trainer.dump_freq=-1"],
         "trainer.dump_freq=-1: must be >= 0 (0 means never here",
     ),
+    "an OpenEnv environment that does not import": (
+        RECIPE,
+        ["environment.name=openenv", "environment.options.env=no_such_env.server:Env"],
+        "environment.options: cannot import 'no_such_env.server' (ModuleNotFoundError",
+    ),
     "a reset of a key that is not there": (
         RECIPE,
         ["~trainer.dump_rollouts"],
