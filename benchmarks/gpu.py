@@ -17,6 +17,11 @@ grad clip, AdamW) on a random-init model of a real shape (default Qwen2.5-1.5B's
 
 The weights are random, so the logprobs sit near uniform over the vocabulary: the drift is a floor for a
 trained model's, not its value. Writes gpu.json and gpu.md to --out.
+
+With ``--teacher NAME`` (a ``dims.KNOWN_DIMS`` name), on-policy distillation too: one more update at the last micro
+batch size with a teacher's logprobs (each token's advantage takes the teacher's signal, ``algo.distill``), and the
+teacher pool's own forward (``Reference.score``: FSDP2 on one rank, the learner's dtype) against a bare
+transformers forward of the same model on the same batches (tokens/s of each, and the largest logprob gap).
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ import torch  # noqa: E402
 TINY = "tiny"
 
 
-def build_model(name: str, path: Path, device: str):
+def build_model(name: str, path: Path, device: str, seed: int = 0):
     """A random-init checkpoint of `name`'s shape (``dims.KNOWN_DIMS``), written to `path` in bf16."""
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
@@ -62,7 +67,7 @@ def build_model(name: str, path: Path, device: str):
         bos_token_id=1,
         eos_token_id=2,
     )
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     model.save_pretrained(path, safe_serialization=True)
@@ -126,8 +131,9 @@ def batch(vocab: int, samples: int, seq: int, seed: int, turns: int = 1):
     return [Rollout(prompts, completions, 0)], refs, advantages
 
 
-def step_row(learner, dims, args, micro: int, peak_tflops: float | None) -> dict:
-    """Warm-up then timed updates at micro batch `micro`; tokens/s, MFU, peak memory against plan."""
+def step_row(learner, dims, args, micro: int, peak_tflops: float | None, distill: bool = False) -> dict:
+    """Warm-up then timed updates at micro batch `micro`; tokens/s, MFU, peak memory against plan. With `distill`,
+    each update also takes a teacher's logprobs (the sampler's less 0.02, as a stand-in)."""
     from grpo_ray import fit, perf
 
     recipe = recipe_for(Path(learner.model_path), args, micro, args.gpu)
@@ -142,8 +148,10 @@ def step_row(learner, dims, args, micro: int, peak_tflops: float | None) -> dict
             if args.device == "cuda":
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
+            teacher = [r - 0.02 for r in refs] if distill else None
             start = time.perf_counter()
-            metrics = learner.update(rollouts, refs, adv, version=0).metrics  # its .item() reads wait for the device
+            # its .item() reads wait for the device
+            metrics = learner.update(rollouts, refs, adv, version=0, teacher_lps=teacher).metrics
             elapsed = time.perf_counter() - start
             if k >= args.warmup:
                 seconds.append(elapsed)
@@ -166,6 +174,7 @@ def step_row(learner, dims, args, micro: int, peak_tflops: float | None) -> dict
     flops = perf.step_flops(dims, seq_lens, 1, old_logprob_pass=False)
     return {
         "micro_batch": micro,
+        "distill": distill,
         "samples": samples,
         "tokens": sum(seq_lens),
         "seconds": seconds,
@@ -212,6 +221,81 @@ def profile(learner, dims, args, micro: int, samples: int) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"profile-micro{micro}.txt").write_text(text)
+
+
+def teacher_check(args) -> dict:
+    """The teacher pool's forward (``Reference.score``, FSDP2 on one rank in bf16) against a bare transformers
+    forward of the same random-init model (bf16, no FSDP, one padded-free batch of micro sequences at a time: every
+    sequence is `seq` tokens) on the same batches: tokens/s of each and the largest logprob gap."""
+    from transformers import AutoModelForCausalLM
+
+    from grpo_ray.algo.batching import flatten
+    from grpo_ray.roles.reference import Reference
+    from grpo_ray.sync import free_port
+
+    path = Path(tempfile.mkdtemp(prefix="grpo-teacher-")) / "teacher"
+    start = time.perf_counter()
+    dims = build_model(args.teacher, path, args.device, seed=1)
+    print(f"built teacher {args.teacher} ({dims.params / 1e9:.3g}B) in {time.perf_counter() - start:.0f}s", flush=True)
+    micro = int(args.micro.split(",")[-1])
+    samples = micro * args.micro_batches
+    batches = [flatten(batch(dims.vocab, samples, args.seq, seed=k)[0]) for k in range(args.warmup + args.steps)]
+    recipe = recipe_for(path, args, micro, args.gpu)
+    recipe.teacher.model, recipe.teacher.micro_batch_size = str(path), micro
+
+    def timed(fn) -> tuple[list[float], list]:
+        seconds, outs = [], []
+        for k, pairs in enumerate(batches):
+            if args.device == "cuda":
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            outs.append(fn(pairs))
+            if args.device == "cuda":
+                torch.cuda.synchronize()
+            if k >= args.warmup:
+                seconds.append(time.perf_counter() - t)
+        return seconds, outs
+
+    role = Reference(str(path), recipe, 0, 1, threads=8, pool="teacher")
+    role.setup("127.0.0.1", free_port())
+    pool_s, pool_lps = timed(role.score)
+    role.shutdown()
+    del role
+    if args.device == "cuda":
+        torch.cuda.empty_cache()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(args.device).eval()
+
+    def bare(pairs) -> list:
+        out = []
+        with torch.no_grad():
+            for i in range(0, len(pairs), micro):
+                chunk = pairs[i : i + micro]
+                ids = torch.tensor([p + r for p, r in chunk], device=args.device)
+                n = len(chunk[0][0])
+                logits = model(ids).logits[:, n - 1 : -1].float()
+                target = ids[:, n:]
+                out += torch.log_softmax(logits, -1).gather(2, target[..., None])[..., 0].cpu().tolist()
+        return out
+
+    bare_s, bare_lps = timed(bare)
+    model = None  # free it before the next check
+    if args.device == "cuda":
+        torch.cuda.empty_cache()
+    gap = max(abs(a - b) for x, y in zip(pool_lps, bare_lps) for p, q in zip(x, y) for a, b in zip(p, q))
+    tokens = samples * args.seq
+    pool_tps, bare_tps = tokens / statistics.median(pool_s), tokens / statistics.median(bare_s)
+    return {
+        "model_shape": args.teacher,
+        "parameters": dims.params,
+        "micro_batch": micro,
+        "tokens": tokens,
+        "pool_seconds": pool_s,
+        "bare_seconds": bare_s,
+        "pool_tokens_per_s": round(pool_tps, 1),
+        "bare_tokens_per_s": round(bare_tps, 1),
+        "pool_over_bare": round(pool_tps / bare_tps, 3),
+        "max_abs_logprob_gap": gap,
+    }
 
 
 def drift(model_path: Path, dims, args) -> dict:
@@ -275,6 +359,7 @@ def main() -> None:
     p.add_argument("--drift-samples", type=int, default=8)
     p.add_argument("--profile", action="store_true", help="also profile one update per micro batch size")
     p.add_argument("--skip-drift", action="store_true")
+    p.add_argument("--teacher", default="", help="a dims.KNOWN_DIMS name: also check on-policy distillation")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     name = TINY if args.tiny else args.model
@@ -297,14 +382,18 @@ def main() -> None:
     for micro in micros:
         rows.append(step_row(learner, dims, args, micro, facts["peak_tflops"]))
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "plan_parts_gb"}), flush=True)
+    if args.teacher:  # the same update with a teacher's per-token signal
+        rows.append(step_row(learner, dims, args, micros[-1], facts["peak_tflops"], distill=True))
+        print(json.dumps({k: v for k, v in rows[-1].items() if k != "plan_parts_gb"}), flush=True)
     sft = masked_sft(learner, dims, args) if args.turns > 1 else None
     learner.shutdown()
     del learner
     if args.device == "cuda":
         torch.cuda.empty_cache()
-    if args.skip_drift:
-        return
-    dr = drift(model_path, dims, args)
+    teacher = teacher_check(args) if args.teacher else None
+    if teacher:
+        print(json.dumps({"teacher": teacher}), flush=True)
+    dr = None if args.skip_drift else drift(model_path, dims, args)
     print(json.dumps({"drift": dr}), flush=True)
     result = {
         "date": str(date.today()),
@@ -318,6 +407,7 @@ def main() -> None:
         "turns": args.turns,
         "rows": rows,
         "masked_sft": sft,
+        "teacher": teacher,
         "drift": dr,
         "command": "python benchmarks/gpu.py " + " ".join(a for a in sys.argv[1:] if a not in (args.out, "--out")),
     }
@@ -351,7 +441,7 @@ def report(r: dict) -> str:
             continue
         mfu = f"{row['mfu']:.3f}" if row["mfu"] is not None else "unknown"
         lines.append(
-            f"| {row['micro_batch']} | {row['tokens']} | {row['median_s']:.3f} | {row['tokens_per_s']:.0f} | "
+            f"| {row['micro_batch']}{' + teacher' if row.get('distill') else ''} | {row['tokens']} | {row['median_s']:.3f} | {row['tokens_per_s']:.0f} | "
             f"{row['tflops']:.1f} | {mfu} | {row['peak_allocated_gb']:.2f} | {row['plan_gb']:.2f} | "
             f"{row['plan_over_measured']} |"
         )
@@ -362,7 +452,19 @@ def report(r: dict) -> str:
             f"One SFT step on these traces (`Learner.sft_train` with masks): trained on {m['sft_tokens']:.0f} of "
             f"{m['tokens']} response tokens (the model's turns), loss {m['sft_loss']:.3f}.",
         ]
+    t = r.get("teacher")
+    if t:
+        lines += [
+            "",
+            f"Distillation teacher ({t['model_shape']} shape, {t['parameters'] / 1e9:.3g}B, random init), "
+            f"{t['tokens']} tokens a batch in micro batches of {t['micro_batch']}: the teacher pool's forward "
+            f"(`Reference.score`, FSDP2, bf16) {t['pool_tokens_per_s']:.0f} tokens/s against a bare transformers "
+            f"forward's {t['bare_tokens_per_s']:.0f} ({t['pool_over_bare']:.2f}x); largest logprob gap "
+            f"{t['max_abs_logprob_gap']:.3g}.",
+        ]
     d = r["drift"]
+    if not d:
+        return "\n".join(lines + [""])
     lines += [
         "",
         f"Mixed-precision drift, bf16 against fp32 weights, {d['tokens']} response tokens: mean |d logp| "

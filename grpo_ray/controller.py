@@ -1,7 +1,7 @@
 """The GRPO step (the job around it, grpo_ray.runner, is shared with SFT). One step reads top to bottom:
 
     prompts ──> generators ──rollout refs──┬──> rewards ──scores (small)──> advantages ──┐
-                                           ├──> reference ──logprob refs───────────────┐ │
+                                           ├──> reference, teacher ──logprob refs──────┐ │
                                            └──────────────────────────────────────────> learner (FSDP2)
                                                                                          │
     generators <──────────── weight broadcast (gloo | nccl), then a logprob probe ───────┘
@@ -66,21 +66,21 @@ class Controller(Runner):
             self.inflight[step + 1] = self.launch(step + 1)  # generated while this step trains
         rollouts, stats = self.engines.collect(batch)
         scores = self.score(rollouts, Samples.of(stats))
-        refs = [] if dapo else self.reference_logprobs(rollouts, Samples.of(stats))  # while the rewards are scored
+        frozen = {} if dapo else self.frozen_logprobs(rollouts, Samples.of(stats))  # while the rewards are scored
         scores, kept = self.check_rewards(self.call(scores, "reward")), {}
         if dapo:  # dynamic sampling: only groups whose rewards differ, more prompts until the batch is full
             rollouts, stats, scores, kept = self.keep_signal(step, rollouts, stats, scores)
-            refs = self.reference_logprobs(rollouts, Samples.of(stats))
+            frozen = self.frozen_logprobs(rollouts, Samples.of(stats))
         staleness = self.check_staleness(stats)
         advantages, penalty = self.advantages(stats, scores)
-        trained, ref_work = self.train_on(rollouts, advantages, refs)
+        trained, frozen_work = self.train_on(rollouts, advantages, frozen)
         self.version += self.updated(trained)
         memory = self.pools.ask_memory()  # answered while the weights go out: a push's own peak shows a step later
         synced = self.engines.sync(self.learner_probe) if self.push_due(step) else NO_SYNC  # waits for generation ahead
         if self.r.trainer.dump_freq and (step % self.r.trainer.dump_freq == 0 or step == self.total_steps()):
             self.dump(f"train_data_step{step}", step, rollouts, scores, advantages)
         extra = {**staleness, **kept, "reward/overlong_penalty/mean": penalty}
-        return self.metrics(time.perf_counter() - start, stats, scores, trained, synced, ref_work, memory, extra)
+        return self.metrics(time.perf_counter() - start, stats, scores, trained, synced, frozen_work, memory, extra)
 
     def advantages(self, stats: list, scores: list) -> tuple[list[float], float]:
         """Each sample's advantage from its group's rewards (less DAPO's overlong penalty), and the mean penalty."""
@@ -92,17 +92,18 @@ class Controller(Runner):
             a.adv_estimator, rewards, a.group_size, lengths, a.norm_adv_by_std
         ).tolist(), penalty.mean().item()
 
-    def metrics(self, seconds, stats, scores, trained, synced, ref_work, memory, extra) -> dict[str, float]:
+    def metrics(self, seconds, stats, scores, trained, synced, frozen_work, memory, extra) -> dict[str, float]:
         """The step's metrics: rollouts, rewards, the learner's, the sync's, speed, each pool's work and memory."""
         r, samples = self.r, Samples.of(stats)
         learner = trained["timing_s/update_actor"] + trained["timing_s/old_log_prob"] + synced["sync/seconds"]
         work = {
             "generator": [Work(s.seconds + synced["sync/seconds"], len(s.response_lengths)) for s in stats],
             "learner": [Work(learner, len(samples.costs) // r.learner.world_size)] * r.learner.world_size,
-            "reference": ref_work,
+            "reference": frozen_work.get("reference", []),
+            "teacher": frozen_work.get("teacher", []),
             "reward": [Work(s.seconds, len(s.totals)) for s in scores],
         }
-        return {
+        out = {
             **rollout_metrics(stats, scores),
             **trained,
             **synced,
@@ -114,6 +115,9 @@ class Controller(Runner):
             "fault/skipped_steps": self.skipped["total"],
             "timing_s/step": seconds,
         }
+        if "timing_s/teacher" in trained:  # every token of the step went through the teacher
+            out["perf/teacher_tokens_per_s"] = out["perf/total_num_tokens"] / max(trained["timing_s/teacher"], 1e-9)
+        return out
 
     def overlaps(self, step: int) -> bool:
         """Whether the next batch is launched during this step. Not before a scheduled checkpoint: the next
@@ -218,38 +222,46 @@ class Controller(Runner):
         """Send the stream's next prompts to the engines."""
         return self.engines.launch(step, [Prompt.from_row(uid, row) for uid, row in self.stream.next_batch()])
 
-    def reference_logprobs(self, rollouts: list, samples: Samples) -> list:
-        """(logprobs ref, Work ref) per reference actor, each an even share of the tokens; none without a KL term.
-        Every actor is called, with or without a share: their forwards are collective (one FSDP2 group)."""
-        shares = {id(a): (refs, spans) for a, refs, spans in self.spread("reference", rollouts, samples, True)}
-        return [
-            a.logprobs.options(num_returns=2).remote(*shares.get(id(a), ([], [])))
-            for a in self.pools.actors["reference"]
-        ]
+    def frozen_logprobs(self, rollouts: list, samples: Samples) -> dict[str, list]:
+        """Per frozen pool (the reference: none without a KL term; the teacher: none without distillation), its
+        (logprobs ref, Work ref) per actor, each an even share of the tokens. Every actor of a pool is called, with
+        or without a share: their forwards are collective (one FSDP2 group)."""
+        out = {}
+        for pool in ("reference", "teacher"):
+            shares = {id(a): (refs, spans) for a, refs, spans in self.spread(pool, rollouts, samples, True)}
+            out[pool] = [
+                a.logprobs.options(num_returns=2).remote(*shares.get(id(a), ([], []))) for a in self.pools.actors[pool]
+            ]
+        return out
 
-    def train_on(self, rollouts: list, advantages: list[float], refs: list) -> tuple[dict[str, float], list[Work]]:
-        """One learner step on the rollouts behind the refs, with reference logprobs when there is a KL term;
-        the learner's metrics and the reference actors' work. Keeps the learner's probe logprobs of its new weights
-        (``learner_probe``), for the sync that pushes them."""
-        ref_lps = [lp for lp, _ in refs] or None
+    def train_on(
+        self, rollouts: list, advantages: list[float], frozen: dict[str, list]
+    ) -> tuple[dict[str, float], dict[str, list[Work]]]:
+        """One learner step on the rollouts behind the refs, with the reference's logprobs when there is a KL term
+        and the teacher's when distilling; the learner's metrics and the frozen pools' work. Keeps the learner's
+        probe logprobs of its new weights (``learner_probe``), for the sync that pushes them."""
+        ref_lps = [lp for lp, _ in frozen.get("reference", [])] or None
+        teacher_lps = [lp for lp, _ in frozen.get("teacher", [])] or None
         keep_from = min([self.engines.version] + [b.version for b in self.inflight.values()])
         probe = self.inputs.probe_ids if self.pools.actors["generator"] else None
         update = self.call(
             [
-                l.train.remote(rollouts, ref_lps, advantages, self.version, keep_from, probe)
+                l.train.remote(rollouts, ref_lps, advantages, self.version, keep_from, probe, teacher_lps)
                 for l in self.pools.actors["learner"]
             ],
             "learner train",
         )[0]
         trained, self.last_update, self.learner_probe = update.metrics, update.window, update.probe
-        ref_work = self.call([w for _, w in refs], "reference") if refs else []
-        if ref_work:  # with LoRA the learner scores the reference itself (timing_s/ref is its own)
-            trained["timing_s/ref"] = max(w.seconds for w in ref_work)
-        return trained, ref_work
+        work = {pool: self.call([w for _, w in refs], pool) if refs else [] for pool, refs in frozen.items()}
+        if work.get("reference"):  # with LoRA the learner scores the reference itself (timing_s/ref is its own)
+            trained["timing_s/ref"] = max(w.seconds for w in work["reference"])
+        if work.get("teacher"):
+            trained["timing_s/teacher"] = max(w.seconds for w in work["teacher"])
+        return trained, work
 
     def replay(self, rollouts: list[Rollout], advantages: list[float]) -> dict[str, float]:
         """One learner update on `rollouts` (a dump's), taking the loaded weights as those that generated them;
-        the learner's metrics. Only the learner and reference pools need to run."""
+        the learner's metrics. Only the learner, reference and teacher pools need to run."""
         refs = [ray.put(r) for r in rollouts]
         self.version = self.engines.version = rollouts[0].policy_version
-        return self.train_on(refs, advantages, self.reference_logprobs(refs, Samples.of_rollouts(rollouts)))[0]
+        return self.train_on(refs, advantages, self.frozen_logprobs(refs, Samples.of_rollouts(rollouts)))[0]

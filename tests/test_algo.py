@@ -116,6 +116,8 @@ def test_distillation_advantages_and_their_gradient_by_hand():
     adv, sums = distill_advantages(torch.tensor([2.0, -1.0]), student, teacher, mask, coef=0.5)
     assert torch.allclose(adv, torch.tensor([[2.25, 1.75], [-1.5, 0.0]])) and not adv.requires_grad
     assert sums["reverse_kl_sum"].item() == pytest.approx(-0.5 + 0.5 + 1.0) and sums["tokens"].item() == 3
+    assert sums["distill_abs_sum"].item() == pytest.approx(0.5 * (0.5 + 0.5 + 1.0))
+    assert sums["reward_abs_sum"].item() == pytest.approx(2 + 2 + 1)
     alone, _ = distill_advantages(torch.tensor([2.0, -1.0]), student, teacher, mask, coef=1.0, reward_weight=0.0)
     assert torch.allclose(alone, torch.tensor([[0.5, -0.5], [-1.0, 0.0]]))
 
@@ -124,6 +126,31 @@ def test_distillation_advantages_and_their_gradient_by_hand():
     loss.backward()
     assert torch.allclose(logp.grad, torch.tensor([[-0.5 / 3, 0.5 / 3], [1.0 / 3, 0.0]]))
     assert loss.item() == pytest.approx(-(0.5 - 0.5 - 1.0) / 3)  # on policy: -sum A_t / normaliser
+
+
+def test_the_learners_loss_takes_the_teachers_signal_and_reports_it():
+    """micro_batch_loss with a teacher's logprobs: the loss is the on-policy loss of distillation's per-token
+    advantages (the student's side is the old policy: logp itself, on policy), and the step's metrics carry the
+    reverse KL per token and the teacher's share of the advantage, by hand."""
+    from grpo_ray.algo.loss import LOSS_SUMS, LossInputs, StepSums, micro_batch_loss, step_metrics
+    from grpo_ray.config import AlgorithmConfig, TeacherConfig
+
+    logp = torch.tensor([[-1.0, -2.0], [-0.5, -3.0]], requires_grad=True)
+    teacher = torch.tensor([[-0.5, -2.5], [-1.5, -3.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    a = AlgorithmConfig(kl_coef=0.0, loss_agg="token-mean")
+    x = LossInputs(logp, logp.detach(), torch.tensor([2.0, -1.0]), mask, teacher=teacher)
+    loss, counted, sums, _, _ = micro_batch_loss(x, a, 2, TeacherConfig(model="t", kl_coef=0.5, reward_weight=1.0))
+    assert counted.item() == 3
+    assert loss.item() == pytest.approx(-(2.25 + 1.75 - 1.5))  # -sum of per-token advantages, normaliser 1
+    plain = micro_batch_loss(LossInputs(logp, logp.detach(), torch.tensor([2.0, -1.0]), mask), a, 2)
+    assert plain[0].item() == pytest.approx(-(2 + 2 - 1)) and plain[2][LOSS_SUMS.index("reverse_kl_sum")] == 0
+    step = StepSums.zeros("cpu")
+    step.add_losses(sums, 1.0)
+    m = step_metrics(step, 1, distilled=True)
+    assert m["distill/reverse_kl"] == pytest.approx(1.0 / 3)
+    assert m["distill/advantage_share"] == pytest.approx(1.0 / (1.0 + 5.0))
+    assert "distill/reverse_kl" not in step_metrics(step, 1)
 
 
 def test_kl_term_is_added_with_its_coefficient():

@@ -118,14 +118,20 @@ def test_tiny_recipe_learns_with_every_pool_its_own_actor(tmp_path, schedule):
     val = [r["val/synthetic/select/pass@1"] for r in everything if "val/synthetic/select/pass@1" in r]
     assert len(val) == len(rows) // 50 + 1 and val[0] <= 0.3 and val[-1] >= 0.8  # before training, every 50 steps
     placement = json.loads((tmp_path / "placement.json").read_text())
-    assert {p: len(a) for p, a in placement.items()} == {"generator": 1, "learner": 2, "reference": 1, "reward": 1}
+    assert {p: len(a) for p, a in placement.items()} == {
+        "generator": 1,
+        "learner": 2,
+        "reference": 1,
+        "teacher": 0,
+        "reward": 1,
+    }
     assert len({a["pid"] for actors in placement.values() for a in actors}) == 5
     # each actor runs the threads planned: on-policy the engine (alone on the node) takes all its CPUs
     recipe = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", schedule)
     planned = threads(recipe, plan(recipe), placement["generator"][0]["threads"] if not schedule else 1)
     assert schedule or planned["generator"] >= 2 * planned["learner"] >= 2  # one step off: each its reservation (1)
     assert {p: [a["threads"] for a in actors] for p, actors in placement.items() if p != "reward"} == {
-        p: [planned[p]] * n for p, n in (("generator", 1), ("learner", 2), ("reference", 1))
+        p: [planned[p]] * n for p, n in (("generator", 1), ("learner", 2), ("reference", 1), ("teacher", 0))
     }
     for line in ("step:1 ", f"step:{len(rows)} "):
         assert line in res.stdout

@@ -87,7 +87,13 @@ def test_lora_run_one_step_off_syncs_the_adapters_and_resumes_exactly(runs):
     assert max(abs(r["rollout_corr/kl"]) for r in rows) < 1e-5
     assert all(r["env/turns/mean"] > 1.2 and 0 < r["env/masked_share"] < 1 for r in rows)  # trajectories, masked
     placement = json.loads((whole / "placement.json").read_text())
-    assert {p: len(a) for p, a in placement.items()} == {"generator": 1, "learner": 2, "reference": 0, "reward": 1}
+    assert {p: len(a) for p, a in placement.items()} == {
+        "generator": 1,
+        "learner": 2,
+        "reference": 0,
+        "teacher": 0,
+        "reward": 1,
+    }
     meta = json.loads((whole / "checkpoints" / "step_4" / "manifest.json").read_text())["files"]
     shards = sum(size for name, size in meta.items() if name.startswith("learner/"))
     assert shards < params * 4  # adapters + Adam moments: less than the fp32 weights alone (full: 3x them)

@@ -78,7 +78,13 @@ def test_sync_round_trip_through_the_pools(ray_local, tmp_path):
         rollout, stats = rollout[0], stats[0]
         assert stats.policy_version == 1 == ray_local.get(rollout).policy_version
         placement = json.loads((tmp_path / "placement.json").read_text())
-        assert {p: len(a) for p, a in placement.items()} == {"generator": 1, "learner": 3, "reference": 1, "reward": 1}
+        assert {p: len(a) for p, a in placement.items()} == {
+            "generator": 1,
+            "learner": 3,
+            "reference": 1,
+            "teacher": 0,
+            "reward": 1,
+        }
         pids = [a["pid"] for actors in placement.values() for a in actors]
         assert len(set(pids)) == 6  # every actor is its own process
     finally:

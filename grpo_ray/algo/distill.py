@@ -1,4 +1,4 @@
-"""On-policy distillation's per-token signal (issue 35: the teacher pool that supplies ``teacher`` comes next).
+"""On-policy distillation's per-token signal; the teacher pool (``teacher`` in the recipe) supplies ``teacher``.
 
 The student samples; a frozen teacher scores each sampled token; the student's log ratio to the teacher at its
 own sample estimates the reverse KL there (k1), and its negative is a per-token advantage the policy-gradient
@@ -25,9 +25,16 @@ def distill_advantages(
     reward_weight: float = 1.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token advantages [B, T] from the samples' advantages [B] and the student's and teacher's logprobs of
-    the sampled tokens [B, T] (`mask` 1 on response tokens); with the sums of the reverse KL estimate and of the
-    tokens it was taken over (``reverse_kl_sum``, ``tokens``) for the step's mean."""
+    the sampled tokens [B, T] (`mask` 1 on response tokens); with sums over those tokens for the step's metrics:
+    the reverse KL estimate (``reverse_kl_sum``), the sizes of the two parts of the advantage (``distill_abs_sum``:
+    the teacher's, ``reward_abs_sum``: the reward's) and the tokens (``tokens``)."""
     m = mask.to(student.dtype)
     reverse_kl = (student.detach() - teacher.detach()) * m
-    per_token = (reward_weight * advantages.to(student.dtype).unsqueeze(1) - coef * reverse_kl) * m
-    return per_token, {"reverse_kl_sum": reverse_kl.sum(), "tokens": m.sum()}
+    from_reward = reward_weight * advantages.to(student.dtype).unsqueeze(1) * m
+    per_token = from_reward - coef * reverse_kl
+    return per_token, {
+        "reverse_kl_sum": reverse_kl.sum(),
+        "distill_abs_sum": (coef * reverse_kl).abs().sum(),
+        "reward_abs_sum": from_reward.abs().sum(),
+        "tokens": m.sum(),
+    }

@@ -50,8 +50,9 @@ from typing import Any
 import torch
 
 from grpo_ray.algo.correction import SUM_KEYS, rollout_correction
+from grpo_ray.algo.distill import distill_advantages
 from grpo_ray.algo.registry import FunctionError, named
-from grpo_ray.config import AlgorithmConfig, loss_aggregation
+from grpo_ray.config import AlgorithmConfig, TeacherConfig, loss_aggregation
 
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
@@ -248,18 +249,31 @@ class LossInputs:
     """The reference's logprobs, for the KL term."""
     entropy: torch.Tensor | None = None
     """The learner's entropy at each position (with a gradient only when the loss has an entropy term)."""
+    teacher: torch.Tensor | None = None
+    """The distillation teacher's logprobs of the sampled tokens: each token's advantage takes its signal."""
 
 
-LOSS_SUMS = ("pg_loss", "kl_loss", "pg_clipfrac_sum", "ppo_kl_sum", "entropy_sum", "tokens")
+LOSS_SUMS = (
+    "pg_loss",
+    "kl_loss",
+    "pg_clipfrac_sum",
+    "ppo_kl_sum",
+    "entropy_sum",
+    "tokens",
+    "reverse_kl_sum",
+    "distill_abs_sum",
+    "reward_abs_sum",
+)
 """The metric sums ``micro_batch_loss`` returns, in this order: the first two to be divided by the mini batch's
-normaliser like the loss, the others per kept token."""
+normaliser like the loss, the others per kept token (the last three: distillation's, 0 without a teacher)."""
 
 
 def micro_batch_loss(
-    x: LossInputs, a: AlgorithmConfig, horizon: int
+    x: LossInputs, a: AlgorithmConfig, horizon: int, t: TeacherConfig | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The whole loss of one micro batch, before normalisation: the old policy (the sampler's in bypass mode),
-    rollout correction, the policy-gradient term, KL and entropy, aggregated as ``a.loss_agg`` says (auto:
+    rollout correction, with a teacher's logprobs (`t` its weights) distillation's per-token advantages, the
+    policy-gradient term, KL and entropy, aggregated as ``a.loss_agg`` says (auto:
     ``config.loss_aggregation``) with a
     normaliser of 1. Returns (loss sum, its count for the normaliser (``kept_count``), LOSS_SUMS as one float64
     tensor, the correction's sums (``correction.SUM_KEYS``), the largest token ratio). The learner divides the
@@ -276,11 +290,15 @@ def micro_batch_loss(
         rc.rollout_rs_threshold,
         rc.rollout_rs_threshold_lower,
     )
+    advantages, distilled = x.advantages.to(x.logp.device), {}
+    if x.teacher is not None:
+        t = t or TeacherConfig()
+        advantages, distilled = distill_advantages(advantages, old, x.teacher, keep, t.kl_coef, t.reward_weight)
     loss, m = grpo_loss(
         x.logp,
         old,
         x.ref,
-        x.advantages.to(x.logp.device),
+        advantages,
         keep,
         clip_low=a.clip_ratio_low,
         clip_high=a.clip_ratio_high,
@@ -296,6 +314,9 @@ def micro_batch_loss(
     )
     entropy = torch.zeros((), device=keep.device) if x.entropy is None else (x.entropy.detach() * keep).sum()
     m["entropy_sum"] = entropy.to(m["tokens"].dtype)
+    zero = torch.zeros((), dtype=m["tokens"].dtype, device=m["tokens"].device)
+    for k in ("reverse_kl_sum", "distill_abs_sum", "reward_abs_sum"):
+        m[k] = distilled.get(k, zero).to(zero)
     sums = torch.stack([m[k] for k in LOSS_SUMS]).double()
     return loss, kept_count(agg, keep, horizon), sums, corr, top
 
@@ -347,9 +368,10 @@ class StepSums:
         dist.all_reduce(self.top, op=dist.ReduceOp.MAX)
 
 
-def step_metrics(sums: StepSums, updates: int) -> dict[str, float]:
+def step_metrics(sums: StepSums, updates: int, distilled: bool = False) -> dict[str, float]:
     """The loss and rollout-correction metrics of a step from its sums reduced over ranks; `updates` is world size x
-    PPO epochs x mini batches (each update's loss summed over ranks is world size x its value)."""
+    PPO epochs x mini batches (each update's loss summed over ranks is world size x its value). `distilled`: with
+    distillation's, the reverse KL per token and the share of the advantage's size that is the teacher's signal."""
     per_update = sums.losses / updates
     per_token = sums.losses / sums.losses[LOSS_SUMS.index("tokens")].clamp(min=1)
     c = dict(zip(SUM_KEYS, sums.corr.tolist()))
@@ -366,6 +388,14 @@ def step_metrics(sums: StepSums, updates: int) -> dict[str, float]:
         "rollout_corr/rollout_is_max": sums.top.item(),
         "rollout_corr/rollout_rs_masked_fraction": c["corr_masked_tokens"] / tokens,
         "rollout_corr/rollout_rs_seq_masked_fraction": c["corr_masked_seqs"] / max(c["corr_seqs"], 1),
+    } | (_distill_metrics(dict(zip(LOSS_SUMS, sums.losses.tolist()))) if distilled else {})
+
+
+def _distill_metrics(s: dict[str, float]) -> dict[str, float]:
+    both = s["distill_abs_sum"] + s["reward_abs_sum"]
+    return {
+        "distill/reverse_kl": s["reverse_kl_sum"] / max(s["tokens"], 1),
+        "distill/advantage_share": s["distill_abs_sum"] / both if both else 0.0,
     }
 
 

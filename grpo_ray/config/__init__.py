@@ -46,6 +46,7 @@ from grpo_ray.config.schema import (
     RolloutCorrectionConfig,
     SamplingConfig,
     SFTConfig,
+    TeacherConfig,
     TrainerConfig,
 )
 
@@ -75,6 +76,7 @@ __all__ = [
     "Recipe",
     "RecipeError",
     "ReferenceConfig",
+    "TeacherConfig",
     "RewardConfig",
     "RewardFnConfig",
     "RolloutCorrectionConfig",

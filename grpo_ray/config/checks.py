@@ -120,6 +120,11 @@ RANGES: dict[str, Range] = {
     "reference.num_actors": POSITIVE,
     "reference.micro_batch_size": POSITIVE,
     "reference.num_cpus": POSITIVE,
+    "teacher.kl_coef": POSITIVE,
+    "teacher.reward_weight": NON_NEGATIVE,
+    "teacher.num_actors": POSITIVE,
+    "teacher.micro_batch_size": POSITIVE,
+    "teacher.num_cpus": POSITIVE,
     "reward.functions.weight": FINITE,
     "reward.num_actors": POSITIVE,
     "reward.timeout_s": POSITIVE,
@@ -175,6 +180,7 @@ RANGES: dict[str, Range] = {
 """Every numeric field of the recipe and its range, checked before anything starts (a test keeps this complete)."""
 FREE_TEXT = {
     "model.path",
+    "teacher.model",
     "trainer.weight_dir",
     "trainer.weight_transport",
     "model.chat_template",

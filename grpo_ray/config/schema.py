@@ -10,7 +10,7 @@ from omegaconf import MISSING
 
 from grpo_ray.errors import UserError
 
-POOLS = ("generator", "learner", "reference", "reward")
+POOLS = ("generator", "learner", "reference", "teacher", "reward")
 
 
 class RecipeError(UserError):
@@ -178,6 +178,27 @@ class ReferenceConfig:
     """Samples per forward pass; with model.sequence_packing, rows, each as long as the actor's longest sample."""
     num_cpus: float = 0.5
     """CPUs reserved per reference actor."""
+
+
+@dataclass
+class TeacherConfig:
+    """On-policy distillation: a frozen teacher scores every token the policy samples, and the policy-gradient term
+    climbs the per-token advantage ``reward_weight * A_i - kl_coef * (logp_student - logp_teacher)`` (the reverse
+    KL of student to teacher on the student's own tokens; ``grpo_ray.algo.distill``). The teacher pool is placed
+    and sharded like the reference's; it must share the policy's tokenizer."""
+
+    model: str = ""
+    """The teacher: a hub name, a local path or a ``tiny://`` / ``sft://`` name; empty turns distillation off."""
+    kl_coef: float = 1.0
+    """Weight of the per-token reverse KL in the advantage."""
+    reward_weight: float = 1.0
+    """Weight of the task reward's advantage beside it; 0 distils alone (the reward is still scored and logged)."""
+    num_actors: int = 1
+    """Teacher actors (data parallel, one FSDP2 group: each holds 1/num_actors of the weights)."""
+    micro_batch_size: int = 16
+    """Samples per forward pass; with model.sequence_packing, rows, each as long as the actor's longest sample."""
+    num_cpus: float = 0.5
+    """CPUs reserved per teacher actor."""
 
 
 @dataclass
@@ -486,6 +507,8 @@ class Recipe:
     """FSDP2 learner group."""
     reference: ReferenceConfig = field(default_factory=ReferenceConfig)
     """Reference-logprob pool."""
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    """On-policy distillation's teacher pool (off without a model)."""
     reward: RewardConfig = field(default_factory=RewardConfig)
     """CPU reward pool and reward functions."""
     environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)

@@ -64,6 +64,8 @@ class Batch:
     """The old policy's logprobs of this rank's samples; None where they are the trained weights' (or bypass)."""
     ref: list | dict | None
     """The reference's logprobs, when the loss has a KL term."""
+    teacher: list | None
+    """The distillation teacher's logprobs, when there is a teacher (``algo.distill``)."""
     old_seconds: float
     ref_seconds: float
 
@@ -225,14 +227,18 @@ class Learner(RoleActor):
         version: int,
         keep_from: int | None = None,
         probe_ids: list[int] | None = None,
+        teacher_logprob_refs: list | None = None,
     ) -> Update:
         """One GRPO step over all samples of `rollout_refs` (Ray object refs, fetched here, not by the controller)
         with the weights of `version`: ``update`` on what they hold."""
         import ray
 
+        def fetched(refs):
+            return [lp for chunk in ray.get(refs) for lp in chunk] if refs else None
+
         rollouts = ray.get(rollout_refs)
-        ref_lps = [lp for chunk in ray.get(ref_logprob_refs) for lp in chunk] if ref_logprob_refs else None
-        return self.update(rollouts, ref_lps, advantages, version, keep_from, probe_ids)
+        ref_lps, teacher_lps = fetched(ref_logprob_refs), fetched(teacher_logprob_refs)
+        return self.update(rollouts, ref_lps, advantages, version, keep_from, probe_ids, teacher_lps)
 
     def update(
         self,
@@ -242,15 +248,17 @@ class Learner(RoleActor):
         version: int,
         keep_from: int | None = None,
         probe_ids: list[int] | None = None,
+        teacher_lps: list | None = None,
     ) -> Update:
         """One GRPO step over all samples of `rollouts` with the weights of `version` (no Ray: benchmarks/gpu.py
         calls it directly): PPO epochs over mini batches, an optimizer step each. The old policy of each sample
         is the learner at the version that generated it (snapshots of versions >= `keep_from` are kept for later
         batches), or the sampler's in bypass mode. With `probe_ids`, the updated weights' ``probe_logprobs`` too
-        (``Update.probe``), for the sync that pushes them: no call of its own then."""
+        (``Update.probe``), for the sync that pushes them: no call of its own then. With `teacher_lps` (the
+        distillation teacher's logprobs of every sample) each token's advantage takes the teacher's signal."""
         a = self.recipe.algorithm
         self.version = version
-        batch = self._batch(rollouts, ref_lps, advantages, keep_from)
+        batch = self._batch(rollouts, ref_lps, advantages, keep_from, teacher_lps)
         sums = StepSums.zeros(self.device)
         norms, empty = [], 0
         self.model.train()
@@ -268,7 +276,7 @@ class Learner(RoleActor):
         sums.all_reduce()
         self.steps += 1
         metrics = {
-            **step_metrics(sums, self.world_size * a.ppo_epochs * len(batch.minis)),
+            **step_metrics(sums, self.world_size * a.ppo_epochs * len(batch.minis), batch.teacher is not None),
             "actor/grad_norm": sum(norms) / len(norms),
             "actor/lr": self.scheduler.get_last_lr()[0],
             "actor/skipped_updates": sum(not math.isfinite(n) for n in norms) + empty,
@@ -282,7 +290,9 @@ class Learner(RoleActor):
         }
         return Update(metrics, (started, time.time()), self.probe_logprobs(probe_ids) if probe_ids else None)
 
-    def _batch(self, rollouts: list, ref_lps: list | None, advantages: list[float], keep_from: int | None) -> Batch:
+    def _batch(
+        self, rollouts: list, ref_lps: list | None, advantages: list[float], keep_from: int | None, teacher_lps=None
+    ) -> Batch:
         """The step's samples cut into this rank's share of each mini batch, with what the loss needs beside the
         learner's own logprobs: the old policy's logprobs where they are not the trained weights' (one on-policy
         update, or bypass mode: none), and with LoRA the reference's (this model, adapters off)."""
@@ -308,7 +318,8 @@ class Learner(RoleActor):
         masks = [c.mask or [1] * len(c.token_ids) for r in rollouts for c in r.completions]
         adv = torch.tensor(advantages, dtype=torch.float32)
         multi_turn = any(c.mask is not None for r in rollouts for c in r.completions)
-        return Batch(pairs, minis, sampler, adv, masks if multi_turn else None, old, ref_lps, old_seconds, ref_seconds)
+        masks = masks if multi_turn else None
+        return Batch(pairs, minis, sampler, adv, masks, old, ref_lps, teacher_lps, old_seconds, ref_seconds)
 
     def _backward(self, batch: Batch, mine: list[int], sums: StepSums, first_epoch: bool) -> float:
         """Forward and backward of this rank's micro batches of one mini batch (gradients accumulated, each micro
@@ -328,8 +339,11 @@ class Learner(RoleActor):
                 _placed(batch.old, micro, response),  # model's own tokens only, not the observations'
                 _placed(batch.ref, micro, response),
                 entropy,
+                _placed(batch.teacher, micro, response),
             )
-            loss, counted, losses, corr, top = micro_batch_loss(x, self.recipe.algorithm, response_budget(self.recipe))
+            loss, counted, losses, corr, top = micro_batch_loss(
+                x, self.recipe.algorithm, response_budget(self.recipe), self.recipe.teacher
+            )
             if fault_at("nan_loss", self.steps + 1):
                 loss = loss * float("nan")
             loss.backward()

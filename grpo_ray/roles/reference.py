@@ -1,4 +1,5 @@
-"""The reference role: the frozen initial policy, computing logprobs of sampled responses.
+"""The reference role: the frozen initial policy, computing logprobs of sampled responses. The teacher pool of
+on-policy distillation is the same role on the teacher's model (``pool="teacher"``: its own section's sizes).
 
 The reference actors form an FSDP2 group of their own, sharded like the learner (``roles.fsdp``): each holds
 1/N of the weights in the learner's compute dtype and gathers one block at a time as its forward runs, so a
@@ -25,7 +26,15 @@ from grpo_ray.types import Work
 
 
 class Reference(RoleActor):
-    def __init__(self, model_path: str, recipe: Recipe, rank: int = 0, world_size: int = 1, threads: int = 1):
+    def __init__(
+        self,
+        model_path: str,
+        recipe: Recipe,
+        rank: int = 0,
+        world_size: int = 1,
+        threads: int = 1,
+        pool: str = "reference",
+    ):
         log_to_file()
         torch.set_num_threads(max(1, threads))
         self.run_on = Device.of(recipe)
@@ -34,7 +43,7 @@ class Reference(RoleActor):
         self.dtype = getattr(torch, recipe.learner.dtype)  # the learner's compute dtype: both score alike
         self.rank, self.world_size = rank, world_size
         self.micro_batch_size, self.temperature = (
-            recipe.reference.micro_batch_size,
+            getattr(recipe, pool).micro_batch_size,
             recipe.generator.sampling.temperature,
         )
         self.packing, self.shared = recipe.model.sequence_packing, recipe.model.shared_prompt
@@ -62,6 +71,11 @@ class Reference(RoleActor):
 
         pairs = flatten(ray.get(rollout_refs), spans)
         start = time.perf_counter()
+        return self.score(pairs), Work(time.perf_counter() - start, len(pairs))
+
+    def score(self, pairs: list) -> list[list[float]]:
+        """The logprobs of each (prompt ids, response ids) pair's response tokens (no Ray: benchmarks/gpu.py calls
+        it directly). Collective: every actor of the group calls it, with its own pairs or none."""
         # longest first, or packed: little padding per micro batch
         micros, capacity = micro_batches(
             list(range(len(pairs))), pairs, self.micro_batch_size, self.packing, self.shared
@@ -80,7 +94,7 @@ class Reference(RoleActor):
                 for i, values in zip(micros[k] if mine else [], response_values(logp.cpu(), seqs.response_mask)):
                     out[i] = values
         fsdp.reshard(self.model)  # FSDP2 keeps the root (embeddings, LM head) gathered after a forward: free it
-        return out, Work(time.perf_counter() - start, len(pairs))
+        return out
 
     def shutdown(self) -> None:
         if dist.is_initialized():

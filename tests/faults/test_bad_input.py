@@ -265,6 +265,17 @@ CASES = {  # name: (recipe, overrides, what the message must say)
         ["environment.name=openenv", "environment.options.env=no_such_env.server:Env"],
         "environment.options: cannot import 'no_such_env.server' (ModuleNotFoundError",
     ),
+    "a teacher with another tokenizer": (
+        RECIPE,
+        ["teacher.model=tiny://llama?layers=2&hidden=64&heads=2&kv_heads=1&vocab=128&bytes=0"],
+        "teacher.model='tiny://llama?layers=2&hidden=64&heads=2&kv_heads=1&vocab=128&bytes=0': its tokenizer is "
+        "not model.path's",
+    ),
+    "a teacher that is not there": (
+        RECIPE,
+        ["teacher.model=/no/such/teacher"],
+        "teacher.model='/no/such/teacher': no such directory",
+    ),
     "a reset of a key that is not there": (
         RECIPE,
         ["~trainer.dump_rollouts"],
