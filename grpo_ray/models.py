@@ -387,11 +387,12 @@ def build_tiny(spec: TinySpec, out: Path, extra_texts: list[str] | None = None) 
     return out
 
 
-def load_causal_lm(path: str, dtype, trust_remote_code: bool = False, device: Device = CPU):
-    """A transformers causal LM from `path` (hub name or directory), in `dtype`, with `device`'s attention."""
+def load_causal_lm(path: str, dtype, trust_remote_code: bool = False, device: Device = CPU, match_engine: bool = True):
+    """A transformers causal LM from `path` (hub name or directory), in `dtype`, with `device`'s attention (the one
+    whose logprobs the engines match); without `match_engine`, transformers' default (sdpa), the fastest."""
     from transformers import AutoModelForCausalLM
 
-    attn = {"attn_implementation": device.attn_implementation} if device.attn_implementation else {}
+    attn = {"attn_implementation": device.attn_implementation} if device.attn_implementation and match_engine else {}
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code, **attn)
 
 

@@ -11,7 +11,7 @@ from tests.conftest import ROOT, TINY, tiny_rollouts
 pytestmark = pytest.mark.slow
 
 
-def run_learner(ray, path, world_size, overrides, rollouts, ref_lps, advantages):
+def run_learner(ray, path, world_size, overrides, rollouts, ref_lps, advantages, teacher_lps=None):
     recipe = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", [f"learner.world_size={world_size}", *overrides])
     actors = [ray.remote(Learner).options(num_cpus=0.5).remote(path, recipe, i, world_size) for i in range(world_size)]
     host, port = ray.get(actors[0].address.remote())
@@ -20,7 +20,8 @@ def run_learner(ray, path, world_size, overrides, rollouts, ref_lps, advantages)
     ref_refs = [ray.put(x) for x in ref_lps] if ref_lps else None
     probe = [t for c in rollouts[0].prompts for t in c.ids]  # the weights, seen through the sync probe's path
     before = ray.get([a.probe_logprobs.remote(probe) for a in actors])[0]
-    updates = ray.get([a.train.remote(refs, ref_refs, advantages, 0, None, probe) for a in actors])
+    teacher = [ray.put(x) for x in teacher_lps] if teacher_lps else None
+    updates = ray.get([a.train.remote(refs, ref_refs, advantages, 0, None, probe, teacher) for a in actors])
     after = ray.get([a.probe_logprobs.remote(probe) for a in actors])[0]
     for u in updates:  # the update's own probe, which the controller's sync checks the engines against
         assert u.probe == pytest.approx(after, abs=1e-6)
@@ -83,6 +84,47 @@ def test_two_gloo_ranks_match_one_process(ray_local, overrides):
     assert torch.allclose(before1, before2, atol=1e-6)
     assert torch.allclose(after1, after2, atol=1e-5)  # the same update on 1 and on 2 ranks
     assert (after1 - before1).abs().max() > 1e-4  # the step really changed the weights
+
+
+def test_distillation_in_the_learner_is_the_same_packed_padded_shared_and_over_ranks(ray_local):
+    """The teacher's per-token signal in the learner actors: the step's reverse KL and update are the same with
+    padded rows, packed rows and shared prompts, and on 2 gloo ranks as in 1 process; with LoRA it trains the
+    adapters on the same signal (the teacher is a pool of its own, not the adapters-off model)."""
+    path = models.resolve(TINY.format(arch="qwen2"))
+    rollouts = tiny_rollouts(vocab=300, prompts=4, group=4)
+    advantages = torch.linspace(-1.5, 1.5, 16).tolist()
+    teacher = [[[-7.0 + 0.2 * (j % 3) for j in range(len(c.token_ids))] for c in r.completions] for r in rollouts]
+    common = [
+        "data.train_batch_size=4",
+        "algorithm.group_size=4",
+        "learner.mini_batch_size=8",
+        "learner.micro_batch_size=2",
+        "algorithm.kl_coef=0.0",
+        "teacher.kl_coef=0.5",
+        "teacher.reward_weight=1.0",
+    ]
+    layouts = {
+        "packed": (2, ["model.sequence_packing=true"]),
+        "padded": (2, ["model.sequence_packing=false"]),
+        "shared prompts": (2, ["model.shared_prompt=true"]),
+        "one process": (1, ["model.sequence_packing=true"]),
+    }
+    got = {
+        name: run_learner(ray_local, path, w, [*common, *extra], rollouts, None, advantages, teacher)
+        for name, (w, extra) in layouts.items()
+    }
+    packed = got["packed"][0][0]
+    assert packed["distill/reverse_kl"] > 0.5  # random weights sit near uniform (about -6); the teacher about -7
+    assert 0 < packed["distill/advantage_share"] < 1
+    for name, (metrics, _, after) in got.items():
+        for key in ("distill/reverse_kl", "distill/advantage_share", "actor/pg_loss", "actor/grad_norm"):
+            assert metrics[0][key] == pytest.approx(packed[key], rel=1e-4), (name, key)
+        assert torch.allclose(after, got["packed"][2], atol=1e-5), name
+    lora, before, after = run_learner(
+        ray_local, path, 2, [*common, "model.lora.rank=8"], rollouts, None, advantages, teacher
+    )
+    assert lora[0]["distill/reverse_kl"] == pytest.approx(packed["distill/reverse_kl"], rel=1e-4)  # adapters start at 0
+    assert (after - before).abs().max() > 1e-5
 
 
 def test_a_users_own_policy_loss_runs_in_the_learner_actors(ray_local):

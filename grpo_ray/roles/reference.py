@@ -47,6 +47,7 @@ class Reference(RoleActor):
             recipe.generator.sampling.temperature,
         )
         self.packing, self.shared = recipe.model.sequence_packing, recipe.model.shared_prompt
+        self.pool = pool
 
     def address(self) -> tuple[str, int]:
         """A free address on this actor's node (rank 0 hosts the group's store)."""
@@ -54,9 +55,11 @@ class Reference(RoleActor):
 
     def setup(self, host: str, port: int) -> None:
         """Join the reference group; load the model in the learner's compute dtype (so both score with the same
-        precision) and shard it."""
+        precision) and shard it. A teacher's logprobs are compared with nothing an engine computes, so it takes
+        transformers' fastest attention where the reference takes the engines' (eager on CPU)."""
         mesh = fsdp.join(self.run_on, host, port, self.rank, self.world_size)
-        model = load_causal_lm(self.model_path, self.dtype, self.trust_remote_code, self.run_on)
+        match = self.pool == "reference"
+        model = load_causal_lm(self.model_path, self.dtype, self.trust_remote_code, self.run_on, match_engine=match)
         model.requires_grad_(False)
         self.model = fsdp.shard(model, mesh, self.dtype).eval()
         self.pad_id = pad_id(self.model.config)
