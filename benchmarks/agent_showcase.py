@@ -12,7 +12,6 @@ with ``~environment.name`` (its default: none; single-turn rollouts, the same re
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -23,15 +22,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench import machine, write_report  # noqa: E402
+from benchmarks.bench import machine, rows_of, run_curves, val_table, write_report  # noqa: E402
 
 RECIPE = "recipes/tiny-cpu-agent.yaml"
 RUNS = {"with-tool": [], "without-tool": ["~environment.name"]}
 KEY = "val/synthetic/products/pass@1"
-
-
-def rows_of(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def run(name: str, overrides: list[str], args, work: Path, env: dict) -> dict:
@@ -78,28 +73,12 @@ def run(name: str, overrides: list[str], args, work: Path, env: dict) -> dict:
 
 
 def plot(runs: list[dict], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     panels = [
         (KEY, "validation pass@1 (greedy, 256 held-out problems)"),
         ("critic/score/mean", "train score (T=1)"),
         ("env/tool_calls/mean", "tool calls per trajectory"),
     ]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    for ax, (key, title) in zip(axes, panels):
-        for r in runs:
-            points = [(row["step"], row[key]) for row in rows_of(Path(r["dir"]) / "metrics.jsonl") if key in row]
-            if points:
-                ax.plot(*zip(*points), label=r["name"], marker="." if key == KEY else None)
-        ax.set_title(title)
-        ax.set_xlabel("GRPO step")
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    run_curves(runs, panels, out, "GRPO step")
 
 
 def markdown(report: dict) -> str:
@@ -128,10 +107,7 @@ def markdown(report: dict) -> str:
             f"| {r['name']} | {r['start']:.3f} | {r['final']:.3f} | {r['best']:.3f} | {r['score_last10']:.3f} | "
             f"{r['tool_calls_last10']:.2f} | {r['step_s_last10']:.2f} | {r['seconds'] / 60:.1f} |"
         )
-    steps = sorted(set().union(*(r["val"] for r in runs)))
-    lines += ["", "| step | " + " | ".join(str(s) for s in steps) + " |", "|---" * (len(steps) + 1) + "|"]
-    for r in runs:
-        lines.append(f"| {r['name']} | " + " | ".join(f"{r['val'].get(s, float('nan')):.3f}" for s in steps) + " |")
+    lines += ["", *val_table(runs)]
     return "\n".join(lines) + "\n"
 
 

@@ -467,6 +467,47 @@ def machine() -> dict:
     }
 
 
+def rows_of(path: Path) -> list[dict]:
+    """The rows of a metrics.jsonl."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def run_curves(
+    runs: list[dict], panels: list[tuple[str, str]], out: Path, xlabel: str, colors: dict | None = None, hline=None
+) -> None:
+    """One panel per (metric, title), each run's metrics.jsonl (under run["dir"]) a line, the first panel's with
+    markers (validation points); `hline` (value, label) is drawn on the first panel. Written to `out` as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
+    for ax, (key, title) in zip(axes, panels):
+        for r in runs:
+            points = [(row["step"], row[key]) for row in rows_of(Path(r["dir"]) / "metrics.jsonl") if key in row]
+            if points:
+                color = (colors or {}).get(r["name"])
+                ax.plot(*zip(*points), label=r["name"], color=color, marker="." if key == panels[0][0] else None)
+        if hline and key == panels[0][0]:
+            ax.axhline(hline[0], color="grey", linestyle="--", label=hline[1])
+        ax.set_title(title)
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def val_table(runs: list[dict]) -> list[str]:
+    """A Markdown table of each run's validation (run["val"]: step -> value), a column per step."""
+    steps = sorted(set().union(*(r["val"] for r in runs)))
+    lines = ["| step | " + " | ".join(str(s) for s in steps) + " |", "|---" * (len(steps) + 1) + "|"]
+    for r in runs:
+        lines.append(f"| {r['name']} | " + " | ".join(f"{r['val'].get(s, float('nan')):.3f}" for s in steps) + " |")
+    return lines
+
+
 def write_report(out: str | Path, name: str, report: dict, text: str) -> None:
     """`<out>/<name>.json` and `<out>/<name>.md`, and the Markdown on stdout."""
     out = Path(out)

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench import machine, step_parser, timed_steps, write_report  # noqa: E402
-from benchmarks.gpu import batch  # noqa: E402
+from benchmarks.gpu import batch, pool_against_bare  # noqa: E402
 
 TWIN = "recipes/tiny-qwen2.5-1.5b-gsm8k-distill.yaml"
 MODELS = {  # name: (samples a call, tokens a sequence, micro batch)
@@ -97,9 +97,6 @@ def pool_vs_bare(name: str, samples: int, seq: int, micro: int, reps: int, threa
     ray.get(pool.shutdown.remote())
     for a in (pool, bare):
         ray.kill(a)
-    tokens = samples * seq
-    gap = max(abs(a - b) for x, y in zip(pool_lps, bare_lps) for a, b in zip(x, y))
-    pool_tps, bare_tps = tokens / statistics.median(pool_s), tokens / statistics.median(bare_s)
     return {
         "model": name,
         "parameters": model_dims(path).params,
@@ -107,12 +104,7 @@ def pool_vs_bare(name: str, samples: int, seq: int, micro: int, reps: int, threa
         "seq": seq,
         "micro_batch": micro,
         "threads": threads,
-        "pool_seconds": pool_s,
-        "bare_seconds": bare_s,
-        "pool_tokens_per_s": round(pool_tps, 1),
-        "bare_tokens_per_s": round(bare_tps, 1),
-        "pool_over_bare": round(pool_tps / bare_tps, 3),
-        "max_abs_logprob_gap": gap,
+        **pool_against_bare(samples * seq, pool_s, bare_s, pool_lps, bare_lps),
     }
 
 

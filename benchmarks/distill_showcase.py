@@ -17,7 +17,6 @@ Writes each run's metrics (<name>.jsonl), curves.png and distill-showcase.md / .
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -28,17 +27,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench import machine, write_report  # noqa: E402
+from benchmarks.bench import machine, rows_of, run_curves, val_table, write_report  # noqa: E402
 
 RECIPE = "recipes/tiny-cpu-reasoning.yaml"
 SFT_RECIPE = "recipes/tiny-cpu-reasoning-sft.yaml"
 STUDENT = "tiny://qwen2?layers=2&hidden=96&heads=3&kv_heads=1&intermediate=192&vocab=256&bytes=0&text=reasoning&seed=0"
 KEY = "val/synthetic/reasoning/pass@1"
 COLORS = {"distill": "C0", "grpo": "C1", "distill+reward": "C2"}
-
-
-def rows_of(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def cli(name: str, args: list[str], work: Path, env: dict) -> str:
@@ -76,31 +71,12 @@ def summary(name: str, out: Path, seconds: float, overrides: list[str]) -> dict:
 
 
 def plot(runs: list[dict], teacher_val: float, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     panels = [
         (KEY, "validation pass@1 (greedy, 256 held-out problems)"),
         ("critic/score/mean", "train score (the reward, T=0.7)"),
         ("distill/reverse_kl", "reverse KL to the teacher per token"),
     ]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    for ax, (key, title) in zip(axes, panels):
-        for r in runs:
-            points = [(row["step"], row[key]) for row in rows_of(Path(r["dir"]) / "metrics.jsonl") if key in row]
-            if points:
-                color = COLORS[r["name"]]
-                ax.plot(*zip(*points), label=r["name"], color=color, marker="." if key == KEY else None)
-        if key == KEY:
-            ax.axhline(teacher_val, color="grey", linestyle="--", label="teacher")
-        ax.set_title(title)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    run_curves(runs, panels, out, "step", COLORS, (teacher_val, "teacher"))
 
 
 def markdown(report: dict) -> str:
@@ -132,10 +108,7 @@ def markdown(report: dict) -> str:
             f"{r['score_last10']:.3f} | {kl} | {r['step_s_last10']:.2f} | {r['teacher_s_last10']:.2f} | "
             f"{r['seconds'] / 60:.1f} |"
         )
-    steps = sorted(set().union(*(r["val"] for r in runs)))
-    lines += ["", "| step | " + " | ".join(str(s) for s in steps) + " |", "|---" * (len(steps) + 1) + "|"]
-    for r in runs:
-        lines.append(f"| {r['name']} | " + " | ".join(f"{r['val'].get(s, float('nan')):.3f}" for s in steps) + " |")
+    lines += ["", *val_table(runs)]
     lines += ["", "![curves](curves.png)"]
     return "\n".join(lines) + "\n"
 

@@ -281,14 +281,18 @@ def teacher_check(args) -> dict:
     model = None  # free it before the next check
     if args.device == "cuda":
         torch.cuda.empty_cache()
-    gap = max(abs(a - b) for x, y in zip(pool_lps, bare_lps) for p, q in zip(x, y) for a, b in zip(p, q))
+    flat = lambda outs: [values for out in outs for values in out]  # noqa: E731
     tokens = samples * args.seq
+    compared = pool_against_bare(tokens, pool_s, bare_s, flat(pool_lps), flat(bare_lps))
+    return {"model_shape": args.teacher, "parameters": dims.params, "micro_batch": micro, "tokens": tokens, **compared}
+
+
+def pool_against_bare(tokens: int, pool_s: list, bare_s: list, pool_lps: list, bare_lps: list) -> dict:
+    """A pool's calls against a bare forward's on the same batches of `tokens` tokens: the seconds of each call,
+    tokens/s (medians), their ratio and the largest gap between the samples' logprobs."""
+    gap = max(abs(a - b) for x, y in zip(pool_lps, bare_lps) for a, b in zip(x, y))
     pool_tps, bare_tps = tokens / statistics.median(pool_s), tokens / statistics.median(bare_s)
     return {
-        "model_shape": args.teacher,
-        "parameters": dims.params,
-        "micro_batch": micro,
-        "tokens": tokens,
         "pool_seconds": pool_s,
         "bare_seconds": bare_s,
         "pool_tokens_per_s": round(pool_tps, 1),
