@@ -147,10 +147,9 @@ class Pools:
             return actor.remote(self.model_path, r, kv, r.trainer.seed + i, env_dirs)
         if pool == "learner":
             return actor.remote(self.model_path, r, i, r.learner.world_size, threads, self.dims)
-        if pool == "reference":
-            return actor.remote(self.model_path, r, i, self.plans[pool].actors, threads)
-        if pool == "teacher":
-            return actor.remote(self.teacher_path, r, i, self.plans[pool].actors, threads, "teacher")
+        if pool in ("reference", "teacher"):
+            path = self.teacher_path if pool == "teacher" else self.model_path
+            return actor.remote(path, r, i, self.plans[pool].actors, threads, pool)
         code = rewards.shipped([f.name for f in r.reward.functions])
         return actor.remote(r.reward, r.data.response_prefix, code, bool(r.environment.name))
 

@@ -274,15 +274,14 @@ def setup_run(
             f"for data.val_files"
         )
     resume = rundir.prepare(output_dir, recipe.trainer, recipe_yaml(recipe))  # refuses to lose a run's files
+
+    def trained(name: str) -> str:  # an sft:// model, made by the warm start (or found in the cache)
+        return warm_start(name.removeprefix(models.SFT_SCHEME)) if warm_start else models.resolve(name)
+
     if models.is_sft(recipe.model.path):
-        model_path = (
-            warm_start(recipe.model.path.removeprefix(models.SFT_SCHEME))
-            if warm_start
-            else models.resolve(recipe.model.path)
-        )
+        model_path = trained(recipe.model.path)
     if teacher_path and models.is_sft(recipe.teacher.model):
-        name = recipe.teacher.model
-        teacher_path = warm_start(name.removeprefix(models.SFT_SCHEME)) if warm_start else models.resolve(name)
+        teacher_path = trained(recipe.teacher.model)
     dump_recipe(recipe, output_dir / "config.yaml")
     dims = model_dims(model_path)  # once, from the model as built or trained
     first = train_rows[0]["prompt_ids"]

@@ -115,7 +115,7 @@ def test_distillation_advantages_and_their_gradient_by_hand():
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
     adv, sums = distill_advantages(torch.tensor([2.0, -1.0]), student, teacher, mask, coef=0.5)
     assert torch.allclose(adv, torch.tensor([[2.25, 1.75], [-1.5, 0.0]])) and not adv.requires_grad
-    assert sums["reverse_kl_sum"].item() == pytest.approx(-0.5 + 0.5 + 1.0) and sums["tokens"].item() == 3
+    assert sums["reverse_kl_sum"].item() == pytest.approx(-0.5 + 0.5 + 1.0)
     assert sums["distill_abs_sum"].item() == pytest.approx(0.5 * (0.5 + 0.5 + 1.0))
     assert sums["reward_abs_sum"].item() == pytest.approx(2 + 2 + 1)
     alone, _ = distill_advantages(torch.tensor([2.0, -1.0]), student, teacher, mask, coef=1.0, reward_weight=0.0)

@@ -27,7 +27,7 @@ def distill_advantages(
     """Per-token advantages [B, T] from the samples' advantages [B] and the student's and teacher's logprobs of
     the sampled tokens [B, T] (`mask` 1 on response tokens); with sums over those tokens for the step's metrics:
     the reverse KL estimate (``reverse_kl_sum``), the sizes of the two parts of the advantage (``distill_abs_sum``:
-    the teacher's, ``reward_abs_sum``: the reward's) and the tokens (``tokens``)."""
+    the teacher's, ``reward_abs_sum``: the reward's)."""
     m = mask.to(student.dtype)
     reverse_kl = (student.detach() - teacher.detach()) * m
     from_reward = reward_weight * advantages.to(student.dtype).unsqueeze(1) * m
@@ -36,5 +36,4 @@ def distill_advantages(
         "reverse_kl_sum": reverse_kl.sum(),
         "distill_abs_sum": (coef * reverse_kl).abs().sum(),
         "reward_abs_sum": from_reward.abs().sum(),
-        "tokens": m.sum(),
     }

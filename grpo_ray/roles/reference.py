@@ -74,7 +74,8 @@ class Reference(RoleActor):
 
         pairs = flatten(ray.get(rollout_refs), spans)
         start = time.perf_counter()
-        return self.score(pairs), Work(time.perf_counter() - start, len(pairs))
+        out = self.score(pairs)
+        return out, Work(time.perf_counter() - start, len(pairs))
 
     def score(self, pairs: list) -> list[list[float]]:
         """The logprobs of each (prompt ids, response ids) pair's response tokens (no Ray: benchmarks/gpu.py calls
