@@ -33,6 +33,7 @@ RECIPE = "recipes/tiny-cpu-reasoning.yaml"
 SFT_RECIPE = "recipes/tiny-cpu-reasoning-sft.yaml"
 STUDENT = "tiny://qwen2?layers=2&hidden=96&heads=3&kv_heads=1&intermediate=192&vocab=256&bytes=0&text=reasoning&seed=0"
 KEY = "val/synthetic/reasoning/pass@1"
+TEACHER_KEY = "teacher/" + KEY
 COLORS = {"distill": "C0", "grpo": "C1", "distill+reward": "C2"}
 
 
@@ -66,6 +67,7 @@ def summary(name: str, out: Path, seconds: float, overrides: list[str]) -> dict:
         "reverse_kl_last10": mean("distill/reverse_kl", train[-10:]),
         "step_s_last10": mean("timing_s/step", train[-10:]),
         "teacher_s_last10": mean("timing_s/teacher", train[-10:]),
+        "teacher_val": rows[0].get(TEACHER_KEY),  # the teacher pool's own greedy answers, before training
         "dir": str(out),
     }
 
@@ -90,6 +92,10 @@ def markdown(report: dict) -> str:
         f"- Teacher: `{RECIPE}` ({t['parameters']:,} parameters) from its SFT warm start, {report['teacher_steps']} "
         f"GRPO steps: greedy pass@1 {t['start']:.3f} -> {t['final']:.3f} ({t['seconds'] / 60:.1f} min, warm start "
         "included).",
+        "- The teacher's pass@1 as each distillation run measures it before training (`teacher/val/.../pass@1`: the "
+        "teacher pool's greedy answers by transformers' generate, not an engine): "
+        + ", ".join(f"{r['name']} {r['teacher_val']:.3f}" for r in runs if r["teacher_val"] is not None)
+        + f", against {t['final']:.3f} from the engines at the end of the teacher's training; the dashed line.",
         f"- Student: `{SFT_RECIPE}` on `{report['student_name']}` ({report['student_parameters']:,} parameters), "
         f"the same SFT data and epochs: greedy pass@1 {report['student_sft_val']:.3f} after SFT "
         f"({report['student_sft_seconds'] / 60:.1f} min).",
@@ -182,7 +188,8 @@ def main() -> None:
         shutil.copy(Path(r["dir"]) / "metrics.jsonl", out / f"{r['name']}.jsonl")
     shutil.copy(teacher_run / "metrics.jsonl", out / "teacher.jsonl")
     shutil.copy(student_run / "metrics.jsonl", out / "student-sft.jsonl")
-    plot(runs, teacher["final"], out / "curves.png")
+    measured = [r["teacher_val"] for r in runs if r["teacher_val"] is not None]
+    plot(runs, measured[0] if measured else teacher["final"], out / "curves.png")
     report = {
         "machine": machine(),
         "steps": args.steps,

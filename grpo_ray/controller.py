@@ -8,10 +8,13 @@
 
 The schedule (``algorithm.max_staleness``): at 0 each batch is generated after the last
 push, so it is on-policy. At k >= 1 the next batch's generation is launched before this
-step waits on anything, so the engines generate step s+1 while the learner trains step s:
+step waits on anything, so the engines generate step s+1 while the learner trains step s;
+once it is generated, its rewards and frozen logprobs (reference, teacher) are sent at once,
+while the learner still trains step s, and are read when step s+1 starts:
 
-    engines   │ gen s+1 ··········│push│ gen s+2 ··········│push│
-    learner   │ score, ref, train s    │ score, ref, train s+1  │
+    engines   │ gen s+1 ·······│        │push│ gen s+2 ·······│        │push│
+    frozen    │                │ref, teacher, rewards s+1     │ref, teacher, rewards s+2
+    learner   │ train s ·················│    │ train s+1 ················│    │
 
 An engine runs its calls in the order they were sent, so a batch is generated with the
 weights of the last push sent before it (``Batch.version``) and the push waits for the
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import NamedTuple
 
 import ray
 import torch
@@ -31,10 +35,12 @@ from grpo_ray.algo.advantage import advantages as estimate
 from grpo_ray.algo.advantage import overlong_penalty
 from grpo_ray.algo.batching import Samples, select_groups, signal_groups, take_groups
 from grpo_ray.config import Recipe
-from grpo_ray.engines import Batch
+from grpo_ray.engines import Batch, split
 from grpo_ray.errors import Preempted, RunError
 from grpo_ray.fit import response_budget
-from grpo_ray.metrics import perf_metrics, pool_metrics, rollout_metrics
+from grpo_ray.metrics import perf_metrics, pool_metrics, rollout_metrics, validation_metrics, validation_totals
+from grpo_ray.pools import PoolFault
+from grpo_ray.rewards.learned import with_model
 from grpo_ray.runner import Runner
 from grpo_ray.setup_run import RunInputs
 from grpo_ray.types import Prompt, Rollout, Work
@@ -44,13 +50,25 @@ __all__ = ["Controller", "RunError", "Preempted"]
 NO_SYNC = {"sync/seconds": 0.0, "timing_s/sync_weights": 0.0}
 
 
+class Collected(NamedTuple):
+    """A batch taken from the engines, its rewards and frozen logprobs sent (refs, maybe not done yet)."""
+
+    rollouts: list
+    stats: list
+    rewards: tuple[list, list]
+    """The reward functions' and the reward model's refs (``send_rewards``)."""
+    frozen: dict[str, list]
+    version: int
+    """The weights that generated it (``Batch.version``)."""
+
+
 class Controller(Runner):
     """GRPO: generate, score, reference logprobs, advantages, learner update, push; on the schedule above."""
 
     def __init__(self, recipe: Recipe, inputs: RunInputs):
         super().__init__(recipe, inputs)
-        self.inflight: dict[int, Batch] = {}
-        """Batches launched ahead of their step (max_staleness >= 1)."""
+        self.inflight: dict[int, Batch | Collected] = {}
+        """Batches launched (then collected) ahead of their step (max_staleness >= 1)."""
         self.learner_probe: list[float] | None = None
         """The learner's probe logprobs at its weights now (its last update computed them), for the sync's check."""
         self.last_update: tuple[float, float] = (0.0, 0.0)
@@ -61,26 +79,29 @@ class Controller(Runner):
 
     def step(self, step: int) -> dict[str, float]:
         start, dapo = time.perf_counter(), self.r.algorithm.filter_groups.enable
-        batch = self.inflight.pop(step, None) or self.launch(step)  # launched during the last step, or now
+        batch = self.inflight.pop(step, None) or self.launch(step)  # launched (or collected) during the last step
         if self.overlaps(step):
             self.inflight[step + 1] = self.launch(step + 1)  # generated while this step trains
-        rollouts, stats = self.engines.collect(batch)
-        scores = self.score(rollouts, Samples.of(stats))
-        frozen = {} if dapo else self.frozen_logprobs(rollouts, Samples.of(stats))  # while the rewards are scored
-        scores, kept = self.check_rewards(self.call(scores, "reward")), {}
+        rollouts, stats, sent, frozen, _ = self.collect(batch)  # rewards and frozen logprobs sent, maybe done
+        scores, learned, learned_work = self.rewards(sent)
+        kept = {}
         if dapo:  # dynamic sampling: only groups whose rewards differ, more prompts until the batch is full
             rollouts, stats, scores, kept = self.keep_signal(step, rollouts, stats, scores)
             frozen = self.frozen_logprobs(rollouts, Samples.of(stats))
         staleness = self.check_staleness(stats)
         advantages, penalty = self.advantages(stats, scores)
-        trained, frozen_work = self.train_on(rollouts, advantages, frozen)
+        update = self.send_update(rollouts, advantages, frozen)
+        if step + 1 in self.inflight:  # the next batch's rewards and frozen logprobs while the learner trains
+            self.inflight[step + 1] = self.collect_ahead(self.inflight[step + 1])
+        trained, work = self.wait_update(update, frozen)
         self.version += self.updated(trained)
         memory = self.pools.ask_memory()  # answered while the weights go out: a push's own peak shows a step later
         synced = self.engines.sync(self.learner_probe) if self.push_due(step) else NO_SYNC  # waits for generation ahead
         if self.r.trainer.dump_freq and (step % self.r.trainer.dump_freq == 0 or step == self.total_steps()):
             self.dump(f"train_data_step{step}", step, rollouts, scores, advantages)
-        extra = {**staleness, **kept, "reward/overlong_penalty/mean": penalty}
-        return self.metrics(time.perf_counter() - start, stats, scores, trained, synced, frozen_work, memory, extra)
+        extra = {**staleness, **kept, **learned, "reward/overlong_penalty/mean": penalty}
+        work["reward_model"] = learned_work
+        return self.metrics(time.perf_counter() - start, stats, scores, trained, synced, work, memory, extra)
 
     def advantages(self, stats: list, scores: list) -> tuple[list[float], float]:
         """Each sample's advantage from its group's rewards (less DAPO's overlong penalty), and the mean penalty."""
@@ -92,15 +113,15 @@ class Controller(Runner):
             a.adv_estimator, rewards, a.group_size, lengths, a.norm_adv_by_std
         ).tolist(), penalty.mean().item()
 
-    def metrics(self, seconds, stats, scores, trained, synced, frozen_work, memory, extra) -> dict[str, float]:
-        """The step's metrics: rollouts, rewards, the learner's, the sync's, speed, each pool's work and memory."""
+    def metrics(self, seconds, stats, scores, trained, synced, work, memory, extra) -> dict[str, float]:
+        """The step's metrics: rollouts, rewards, the learner's, the sync's, speed, each pool's work (`work`: the
+        model pools') and memory."""
         r, samples = self.r, Samples.of(stats)
         learner = trained["timing_s/update_actor"] + trained["timing_s/old_log_prob"] + synced["sync/seconds"]
         work = {
             "generator": [Work(s.seconds + synced["sync/seconds"], len(s.response_lengths)) for s in stats],
             "learner": [Work(learner, len(samples.costs) // r.learner.world_size)] * r.learner.world_size,
-            "reference": frozen_work.get("reference", []),
-            "teacher": frozen_work.get("teacher", []),
+            **{pool: work.get(pool, []) for pool in ("reference", "teacher", "reward_model")},
             "reward": [Work(s.seconds, len(s.totals)) for s in scores],
         }
         out = {
@@ -166,7 +187,7 @@ class Controller(Runner):
             if len(kept) >= want or len(batches) >= cfg.max_num_gen_batches:
                 break
             rollouts, stats = self.engines.collect(self.launch(step))
-            scores = self.check_rewards(self.call(self.score(rollouts, Samples.of(stats)), "reward"), counted=False)
+            scores = self.rewards(self.send_rewards(rollouts, Samples.of(stats)), counted=False)[0]
         chosen, cut = sorted((kept + dropped)[:want]), ray.remote(select_groups).options(num_cpus=0)
         taken = [
             (rollouts[i], groups, st, sc)
@@ -222,6 +243,64 @@ class Controller(Runner):
         """Send the stream's next prompts to the engines."""
         return self.engines.launch(step, [Prompt.from_row(uid, row) for uid, row in self.stream.next_batch()])
 
+    def validate(self, step: int) -> dict[str, float]:
+        """The policy's validation; before training, the teacher's too (``validate_teacher``)."""
+        out = super().validate(step)
+        return {**out, **self.validate_teacher()} if step == 0 else out
+
+    def validate_teacher(self) -> dict[str, float]:
+        """teacher/val/<data_source>/pass@1: the teacher's greedy answers to the validation prompts, generated by
+        the teacher pool (each actor an even share) and scored by the reward pool, dumped as
+        rollouts/val_teacher_step0.jsonl; none without a teacher, with teacher.validate off, or with an environment
+        (its episodes run in the engines)."""
+        if not self.pools.actors["teacher"] or not self.r.teacher.validate:
+            return {}
+        if self.r.environment.name:
+            self.say("teacher validation skipped: multi-turn episodes run only in the engines")
+            return {}
+        start, actors = time.perf_counter(), self.pools.actors["teacher"]
+        prompts = [Prompt.from_row(i, row) for i, row in enumerate(self.inputs.val_rows)]
+        calls = [
+            a.rollout.options(num_returns=2).remote(share, self.r.generator.sampling.max_tokens)
+            for a, share in zip(actors, split(prompts, len(actors)))
+        ]
+        rollouts, stats = [c[0] for c in calls], self.call([c[1] for c in calls], "teacher validation")
+        scores = self.check_rewards(self.call(self.score(rollouts, Samples.of(stats)), "teacher reward"), False)
+        if self.r.trainer.dump_freq:
+            self.dump("val_teacher_step0", 0, rollouts, scores, None)
+        totals, perfect = validation_totals(scores, self.r.reward.functions)
+        out = validation_metrics([p.data_source for p in prompts], totals, 1, perfect)
+        out = {f"teacher/{k}": v for k, v in out.items()}
+        said = ", ".join(f"{k.split('/', 2)[2]} {v:.3f}" for k, v in out.items())
+        self.say(f"teacher, greedy: {said} ({time.perf_counter() - start:.0f}s, transformers' generate)")
+        return out
+
+    def send_rewards(self, rollouts: list, samples: Samples) -> tuple[list, list]:
+        """The reward functions' refs, one per reward actor, and the reward model's (scores ref, Work ref) per actor
+        (none without one), each an even share of the tokens: every actor is called, its forwards are collective."""
+        model = []
+        if self.pools.actors["reward_model"]:
+            shares = {id(a): (refs, spans) for a, refs, spans in self.spread("reward_model", rollouts, samples, True)}
+            model = [
+                a.score.options(num_returns=2).remote(*shares.get(id(a), ([], [])))
+                for a in self.pools.actors["reward_model"]
+            ]
+        return self.score(rollouts, samples), model
+
+    def rewards(self, sent: tuple[list, list], counted: bool = True) -> tuple[list, dict[str, float], list[Work]]:
+        """The scores of what `send_rewards` sent: the reward functions' (``check_rewards``: first failures shown, a
+        training batch's failing steps `counted`), the reward model's added as the component ``reward_model``
+        (``rewards.learned``); its metrics and work."""
+        refs, model = sent
+        scores = self.check_rewards(self.call(refs, "reward"), counted)
+        if not model:
+            return scores, {}, []
+        got = self.call([ref for pair in model for ref in pair], "reward model")
+        values, work = [v for share in got[0::2] for v in share], got[1::2]
+        rm, rules = self.r.reward_model, [(f.name, f.weight) for f in self.r.reward.functions]
+        scores, metrics = with_model(scores, values, rm.weight, rm.normalize, rules)
+        return scores, {**metrics, "timing_s/reward_model": max(w.seconds for w in work)}, work
+
     def frozen_logprobs(self, rollouts: list, samples: Samples) -> dict[str, list]:
         """Per frozen pool (the reference: none without a KL term; the teacher: none without distillation), its
         (logprobs ref, Work ref) per actor, each an even share of the tokens. Every actor of a pool is called, with
@@ -234,25 +313,53 @@ class Controller(Runner):
             ]
         return out
 
+    def collect(self, batch: Batch | Collected, recover: bool = True) -> Collected:
+        """The batch's rollouts from the engines (replacing an engine that failed, if `recover`), its rewards and
+        frozen logprobs sent: a batch collected ahead as it is."""
+        if isinstance(batch, Collected):
+            return batch
+        rollouts, stats = self.engines.collect(batch, recover)
+        samples, dapo = Samples.of(stats), self.r.algorithm.filter_groups.enable
+        frozen = {} if dapo else self.frozen_logprobs(rollouts, samples)  # DAPO: after its groups are chosen
+        return Collected(rollouts, stats, self.send_rewards(rollouts, samples), frozen, batch.version)
+
+    def collect_ahead(self, batch: Batch) -> Batch | Collected:
+        """`collect` while the learner trains: the engines have the batch soon after the update ends anyway (the
+        push waits for it). If an engine failed, the batch as it was: it is replaced in the next step, after
+        the update, so that its new weights are the learner's of a finished update."""
+        try:
+            return self.collect(batch, recover=False)
+        except PoolFault:
+            return batch
+
     def train_on(
         self, rollouts: list, advantages: list[float], frozen: dict[str, list]
     ) -> tuple[dict[str, float], dict[str, list[Work]]]:
-        """One learner step on the rollouts behind the refs, with the reference's logprobs when there is a KL term
-        and the teacher's when distilling; the learner's metrics and the frozen pools' work. Keeps the learner's
-        probe logprobs of its new weights (``learner_probe``), for the sync that pushes them."""
+        """One learner step on the rollouts behind the refs (`send_update`, then `wait_update`)."""
+        return self.wait_update(self.send_update(rollouts, advantages, frozen), frozen)
+
+    def send_update(self, rollouts: list, advantages: list[float], frozen: dict[str, list]) -> list:
+        """Start one learner step on the rollouts behind the refs, with the reference's logprobs when there is a
+        KL term and the teacher's when distilling (refs: the learner waits for them); its refs."""
         ref_lps = [lp for lp, _ in frozen.get("reference", [])] or None
         teacher_lps = [lp for lp, _ in frozen.get("teacher", [])] or None
         keep_from = min([self.engines.version] + [b.version for b in self.inflight.values()])
         probe = self.inputs.probe_ids if self.pools.actors["generator"] else None
-        update = self.call(
-            [
-                l.train.remote(rollouts, ref_lps, advantages, self.version, keep_from, probe, teacher_lps)
-                for l in self.pools.actors["learner"]
-            ],
-            "learner train",
-        )[0]
+        return [
+            l.train.remote(rollouts, ref_lps, advantages, self.version, keep_from, probe, teacher_lps)
+            for l in self.pools.actors["learner"]
+        ]
+
+    def wait_update(self, update: list, frozen: dict[str, list]) -> tuple[dict[str, float], dict[str, list[Work]]]:
+        """The learner's metrics and the frozen pools' work. Keeps the learner's probe logprobs of its new weights
+        (``learner_probe``), for the sync that pushes them."""
+        update, previous = self.call(update, "learner train")[0], self.last_update
         trained, self.last_update, self.learner_probe = update.metrics, update.window, update.probe
         work = {pool: self.call([w for _, w in refs], pool) if refs else [] for pool, refs in frozen.items()}
+        windows = [w.window for done in work.values() for w in done if w.samples]
+        if windows:  # one step off, the frozen pools score this batch while the learner trains the last one
+            start, end = min(a for a, _ in windows), max(b for _, b in windows)
+            trained["perf/frozen_overlap_s"] = max(0.0, min(end, previous[1]) - max(start, previous[0]))
         if work.get("reference"):  # with LoRA the learner scores the reference itself (timing_s/ref is its own)
             trained["timing_s/ref"] = max(w.seconds for w in work["reference"])
         if work.get("teacher"):

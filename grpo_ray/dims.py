@@ -85,6 +85,8 @@ KNOWN_DIMS = {
     "Qwen/Qwen2.5-1.5B-Instruct": ModelDims(28, 1536, 12, 2, 128, 8960, 151936, True, 32768),
     "Qwen/Qwen2.5-7B-Instruct": ModelDims(28, 3584, 28, 4, 128, 18944, 152064, False, 32768),
     "meta-llama/Llama-3.1-8B-Instruct": ModelDims(32, 4096, 32, 8, 128, 14336, 128256, False, 131072),
+    # a reward model: Llama-3.1-8B-Instruct's body with a one-output score head
+    "Skywork/Skywork-Reward-V2-Llama-3.1-8B": ModelDims(32, 4096, 32, 8, 128, 14336, 128256, False, 131072),
     "google/gemma-3-27b-it": ModelDims(62, 5376, 32, 16, 128, 21504, 262208, True, 131072),
     "google/gemma-3-1b-it": ModelDims(26, 1152, 4, 1, 256, 6912, 262144, True, 32768),
 }

@@ -57,11 +57,11 @@ class Engines:
                 batch.calls[i] = self._generate_on(i, shard, batch.n, step, sampling)
         return batch
 
-    def collect(self, batch: Batch) -> tuple[list, list]:
+    def collect(self, batch: Batch, recover: bool = True) -> tuple[list, list]:
         """The batch's rollout refs (for the pools) and stats (for the controller). An engine that dies or misses
         generator.timeout_s is replaced (unless that happened already, e.g. in a push) and its share alone is
         generated again, with the seeds it had and the weights the engines hold now (a new engine's first answer
-        has twice the deadline)."""
+        has twice the deadline). Not `recover`: its PoolFault is raised, `batch` unchanged."""
         g = self.r.generator
         shards = split(batch.prompts, len(self.pools.actors["generator"]))
         done = {}
@@ -73,6 +73,8 @@ class Engines:
                     self.fresh.discard(i)
                     break
                 except PoolFault as e:
+                    if not recover:
+                        raise
                     if attempt == g.max_restarts:
                         raise RunError(
                             f"{e}; engine {i} was replaced {g.max_restarts} times in this step (generator.max_restarts)"

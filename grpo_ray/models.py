@@ -73,6 +73,8 @@ class TinySpec:
     """Seed of the random weights."""
     text: str = "select"
     """The synthetic task whose text trains the tokenizer: select or reasoning (grpo_ray.data.synthetic)."""
+    score: int = 0
+    """1: a sequence classifier with one output (a reward model: ``reward_model.model``), not a language model."""
 
     @property
     def head_dim(self) -> int:
@@ -84,7 +86,8 @@ class TinySpec:
         return self.intermediate or 4 * self.hidden
 
     def canonical(self) -> str:
-        query = "&".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self) if f.name != "arch")
+        shown = [f.name for f in fields(self) if f.name != "arch" and (f.name != "score" or self.score)]
+        query = "&".join(f"{name}={getattr(self, name)}" for name in shown)
         return f"{TINY_SCHEME}{self.arch}?{query}"
 
 
@@ -345,6 +348,9 @@ def _config(spec: TinySpec, vocab_size: int, tokenizer):
     cfg.architectures = [
         {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "gemma3": "Gemma3ForCausalLM"}[spec.arch]
     ]
+    if spec.score:  # one score from the last token (transformers finds it by the pad id)
+        cfg.num_labels = 1
+        cfg.architectures = [cfg.architectures[0].replace("ForCausalLM", "ForSequenceClassification")]
     return cfg
 
 
@@ -363,7 +369,12 @@ def build_tiny(spec: TinySpec, out: Path, extra_texts: list[str] | None = None) 
     vocab_size = len(tokenizer)
     config = _config(spec, vocab_size, tokenizer)
     torch.manual_seed(spec.seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if spec.score:
+        from transformers import AutoModelForSequenceClassification
+
+        model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
+    else:
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -62,6 +62,12 @@ def plan(recipe: Recipe, pools: tuple[str, ...] = POOLS) -> dict[str, PoolPlan]:
             recipe.teacher.num_cpus,
             1 if cuda else 0,
         ),
+        "reward_model": PoolPlan(
+            "reward_model",
+            recipe.reward_model.num_actors if recipe.reward_model.model else 0,
+            recipe.reward_model.num_cpus,
+            1 if cuda else 0,
+        ),
         "reward": PoolPlan("reward", r.num_actors, r.num_cpus, 0),
     }
     for pool, resource in recipe.cluster.node_resources.items():

@@ -13,7 +13,7 @@ PANELS = [
     ("actor/grad_norm", "grad norm"),
     ("timing_s/step", "step time (s)"),
     ("perf/throughput", "throughput (tokens/s/device)"),
-    ("/pass@1", "validation pass@1 (greedy)"),  # any val/<data_source>/pass@1, step 0 included
+    ("/pass@1", "validation pass@1 (greedy)"),  # any val/<data_source>/pass@1, step 0 included; a teacher's dashed
 ]
 
 
@@ -41,6 +41,9 @@ def plot_runs(run_dirs: list[str], out: str | Path) -> Path:
                 for source in sorted({k for r in rows for k in r if k.startswith("val/") and k.endswith(key)}):
                     points = [(r["step"], r[source]) for r in rows if source in r]
                     ax.plot(*zip(*points), marker="o", label=f"{name} {source.split('/')[1:-1]}")
+                for source in sorted({k for r in rows for k in r if k.startswith("teacher/val/") and k.endswith(key)}):
+                    level = next(r[source] for r in rows if source in r)  # measured once, before training
+                    ax.axhline(level, linestyle="--", color="gray", label=f"{name} teacher {source.split('/')[2:-1]}")
                 continue
             points = [(r["step"], r[key]) for r in rows if key in r and r["step"] > 0]
             if points:

@@ -35,12 +35,14 @@ from grpo_ray.roles.generator import Generator
 from grpo_ray.roles.learner import Learner
 from grpo_ray.roles.reference import Reference
 from grpo_ray.roles.reward import RewardWorker
+from grpo_ray.roles.reward_model import RewardModel
 
 ROLES = {
     "generator": Generator,
     "learner": Learner,
     "reference": Reference,
     "teacher": Reference,  # the same role on the teacher's model
+    "reward_model": RewardModel,
     "reward": RewardWorker,
 }
 """The actor class of each pool: each takes the model and the recipe and reads what it needs."""
@@ -77,8 +79,11 @@ def wait(refs, what: str, timeout_s: float):
 
 
 class Pools:
-    def __init__(self, recipe: Recipe, model_path: str, dims: ModelDims, teacher_path: str = ""):
-        self.r, self.model_path, self.dims, self.teacher_path = recipe, model_path, dims, teacher_path
+    def __init__(
+        self, recipe: Recipe, model_path: str, dims: ModelDims, teacher_path: str = "", reward_model_path: str = ""
+    ):
+        self.r, self.model_path, self.dims = recipe, model_path, dims
+        self.teacher_path, self.reward_model_path = teacher_path, reward_model_path
         self.device = Device.of(recipe)
         self.plans = placement.plan(recipe)
         self.actors: dict[str, list] = {p: [] for p in POOLS}
@@ -109,7 +114,7 @@ class Pools:
         self.facts = self._join("learner") or {}
         if self.actors["learner"]:
             say(f"{since_start()} learner ready: {len(self.actors['learner'])} FSDP2 rank(s)")
-        for pool in ("reference", "teacher"):
+        for pool in ("reference", "teacher", "reward_model"):
             self._join(pool)
             if self.actors[pool]:
                 say(f"{since_start()} {pool} ready: {len(self.actors[pool])} actor(s)")
@@ -150,6 +155,8 @@ class Pools:
         if pool in ("reference", "teacher"):
             path = self.teacher_path if pool == "teacher" else self.model_path
             return actor.remote(path, r, i, self.plans[pool].actors, threads, pool)
+        if pool == "reward_model":
+            return actor.remote(self.reward_model_path, r, i, self.plans[pool].actors, threads)
         code = rewards.shipped([f.name for f in r.reward.functions])
         return actor.remote(r.reward, r.data.response_prefix, code, bool(r.environment.name))
 
@@ -158,7 +165,8 @@ class Pools:
         return Path(self.r.trainer.output_dir).resolve() / "logs"
 
     def _join(self, pool: str):
-        """Form `pool`'s FSDP2 group (learner, reference or teacher) and shard the model over it; rank 0's answer."""
+        """Form `pool`'s FSDP2 group (learner, reference, teacher or reward model) and shard the model over it; rank
+        0's answer."""
         actors = self.actors[pool]
         if not actors:  # evaluation runs generators and rewards only; kl_coef 0 drops the reference
             return None

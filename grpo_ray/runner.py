@@ -29,7 +29,7 @@ from grpo_ray.dumps import write_dump
 from grpo_ray.engines import Engines
 from grpo_ray.errors import Preempted, RunError
 from grpo_ray.faults import fault_at
-from grpo_ray.metrics import MetricsLog, sample_table, since_start, validation_metrics
+from grpo_ray.metrics import MetricsLog, sample_table, since_start, validation_metrics, validation_totals
 from grpo_ray.models import chat_template_text
 from grpo_ray.pools import Pools
 from grpo_ray.setup_run import RunInputs
@@ -52,7 +52,7 @@ class Runner:
         )
         self.version = 0
         """The learner's weights: updates that changed them."""
-        self.pools = Pools(recipe, inputs.model_path, inputs.dims, inputs.teacher_path)
+        self.pools = Pools(recipe, inputs.model_path, inputs.dims, inputs.teacher_path, inputs.reward_model_path)
         self.engines = Engines(recipe, self.pools, inputs.probe_ids, lambda: self.version, self.say)
         """The generator side: batches out, weights in (engines.version: the weights they hold)."""
         self.pending_dumps: list = []
@@ -183,10 +183,8 @@ class Runner:
             self.log.table(step, sample_table(self.call(rollouts[0], "validation samples"), scores[0].totals))
         if self.r.trainer.dump_freq:
             self.dump(f"val_data_step{step}", step, rollouts, scores, None)
-        perfect = sum(f.weight for f in self.r.reward.functions if f.weight > 0)
-        return validation_metrics(
-            [p.data_source for p in prompts], [t for s in scores for t in s.totals], g.val_n, perfect
-        )
+        totals, perfect = validation_totals(scores, self.r.reward.functions)
+        return validation_metrics([p.data_source for p in prompts], totals, g.val_n, perfect)
 
     def check_rewards(self, scores: list, counted: bool = True) -> list:
         """`scores`, after showing the first failure of each reward function once; a training batch (`counted`)

@@ -39,6 +39,8 @@ class RunInputs:
     """The checkpoint the run continues from (grpo_ray.rundir), or None for a fresh start."""
     teacher_path: str = ""
     """The distillation teacher, loadable by transformers (teacher.model built or trained by now); empty without."""
+    reward_model_path: str = ""
+    """The reward model, loadable by transformers (reward_model.model built by now); empty without."""
 
 
 def usable_rows(
@@ -234,6 +236,31 @@ def teacher_base(recipe: Recipe, tokenizer) -> str:
     return path
 
 
+def reward_model_path(recipe: Recipe) -> str:
+    """reward_model.model resolved (a tiny one built), after checking that it is a sequence classifier with one
+    output: what the reward-model pool loads and reads one score from."""
+    from transformers import AutoConfig
+
+    name = recipe.reward_model.model
+    path = models.resolve(name)
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=recipe.model.trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise RecipeError(f"reward_model.model={name!r}: cannot load its config ({str(e).splitlines()[0]})") from None
+    kind = (config.architectures or ["a model that names no architecture"])[0]
+    if not kind.endswith("ForSequenceClassification"):
+        raise RecipeError(
+            f"reward_model.model={name!r}: a {kind}, not a sequence classifier (AutoModelForSequenceClassification "
+            "with one output, as Skywork and ArmoRM reward models are); generative judges are not supported yet"
+        )
+    if config.num_labels != 1:
+        raise RecipeError(
+            f"reward_model.model={name!r}: its classifier has {config.num_labels} outputs; a reward model gives one "
+            "score (choosing one head of several is not supported)"
+        )
+    return path
+
+
 def setup_run(
     recipe: Recipe,
     command: str = "train",
@@ -265,6 +292,7 @@ def setup_run(
     if command == "train" and recipe.environment.name:
         try_environment(recipe, tokenizer, train_rows[0])
     teacher_path = teacher_base(recipe, tokenizer) if command == "train" and recipe.teacher.model else ""
+    scorer = reward_model_path(recipe) if command == "train" and recipe.reward_model.model else ""
     metric = recipe.trainer.early_stop.metric
     n = recipe.generator.val_n
     offered = sorted({f"val/{row['data_source']}/pass@{k}" for row in val_rows for k in {1, n}})
@@ -285,4 +313,4 @@ def setup_run(
     dump_recipe(recipe, output_dir / "config.yaml")
     dims = model_dims(model_path)  # once, from the model as built or trained
     first = train_rows[0]["prompt_ids"]
-    return RunInputs(model_path, dims, train_rows, val_rows, dropped, output_dir, first, resume, teacher_path)
+    return RunInputs(model_path, dims, train_rows, val_rows, dropped, output_dir, first, resume, teacher_path, scorer)

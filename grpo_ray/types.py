@@ -18,6 +18,8 @@ class Prompt:
     """Position of the prompt in the training data (for dumps and exact resume)."""
     text: str = ""
     """The prompt as the model sees it (chat template applied, response prefix included)."""
+    messages: list[dict] = field(default_factory=list)
+    """The row's chat messages, for a reward model that renders them in its own template."""
 
     @classmethod
     def from_row(cls, uid: int, row: dict) -> Prompt:
@@ -29,6 +31,7 @@ class Prompt:
             row.get("extra_info") or {},
             uid,
             row.get("prompt_text", ""),
+            row.get("prompt") or [],
         )
 
 
@@ -125,6 +128,8 @@ class Work:
     """Busy time inside the actor, after its input arrived."""
     samples: int
     """Samples it processed."""
+    window: tuple[float, float] = (0.0, 0.0)
+    """Wall-clock start and end of that work (the frozen pools': what of it overlapped the learner's update)."""
 
 
 @dataclass

@@ -27,9 +27,11 @@ def runs(resumed_runs):
 
 def test_next_batch_is_generated_while_this_one_trains(runs):
     """From the engines' and the learner's clocks: batch k+1's generation starts before step k's update ends,
-    except after a checkpoint (step 2's), which the next batch waits for."""
+    except after a checkpoint (step 2's), which the next batch waits for. Once generated, its reference
+    logprobs are computed during that update too (collected ahead), so they are ready when step k+1 starts."""
     off = rows(runs[0])
     assert [r["perf/gen_ahead_s"] > 0 for r in off[1:]] == [True, False, True]
+    assert [r["perf/frozen_overlap_s"] > 0 for r in off] == [False, True, False, True]
 
 
 def test_no_sample_is_older_than_the_bound(runs):

@@ -72,6 +72,36 @@ def test_reverse_kl_is_the_teachers_own_forward(run):
     assert metrics[-1]["distill/reverse_kl"] == pytest.approx(expected, abs=2e-4)
 
 
+def test_the_teachers_own_validation_is_its_greedy_answers(run):
+    """Before training, teacher/val/<source>/pass@1 (teacher.validate): the teacher pool's answers to the validation
+    prompts, each actor generating its share in batches, are those of a plain transformers greedy generate of the
+    teacher one prompt at a time, and the metric is their share of full rewards."""
+    out, metrics, _, _ = run
+    r = load_recipe(RECIPE)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = models.resolve(r.teacher.model)
+    teacher = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    eos = AutoTokenizer.from_pretrained(path).eos_token_id
+    rows = read_samples(out / "rollouts" / "val_teacher_step0.jsonl")
+    assert len(rows) == 16  # every validation prompt, once
+    for row in rows:
+        ids = torch.tensor([row["prompt_ids"]])
+        with torch.no_grad():
+            gen = teacher.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=r.generator.sampling.max_tokens,
+                eos_token_id=eos,
+                pad_token_id=eos,
+            )[0, ids.shape[1] :].tolist()
+        assert row["response_ids"] == gen[: gen.index(eos) + 1 if eos in gen else None]
+    passed = sum(row["score"] >= 1.0 for row in rows) / len(rows)
+    assert metrics[0]["step"] == 0 and metrics[0]["teacher/val/synthetic/select/pass@1"] == passed
+    assert not any(k.startswith("teacher/val/") for m in metrics[1:] for k in m)  # once, before training
+
+
 def test_a_run_resumes_with_its_teacher(run):
     out, _, _, said = run
     assert "resuming from" in said and "(step 3)" in said and "teacher ready: 2 actor(s)" in said

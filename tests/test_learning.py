@@ -114,6 +114,7 @@ def test_tiny_recipe_learns_with_every_pool_its_own_actor(tmp_path, schedule):
     assert [r["rollout/policy_version"] for r in rows] == versions
     if not schedule:  # on-policy, from the engines' and the learner's clocks: each batch after the update and push
         assert all(r["rollout/staleness"] == 0 and r["perf/gen_overlap_s"] == 0 for r in rows)
+        assert all(r["perf/frozen_overlap_s"] == 0 for r in rows)  # the reference scores after the push too
         assert all(r["perf/gen_ahead_s"] < 0 for r in rows[1:])
     val = [r["val/synthetic/select/pass@1"] for r in everything if "val/synthetic/select/pass@1" in r]
     assert len(val) == len(rows) // 50 + 1 and val[0] <= 0.3 and val[-1] >= 0.8  # before training, every 50 steps
@@ -123,6 +124,7 @@ def test_tiny_recipe_learns_with_every_pool_its_own_actor(tmp_path, schedule):
         "learner": 2,
         "reference": 1,
         "teacher": 0,
+        "reward_model": 0,
         "reward": 1,
     }
     assert len({a["pid"] for actors in placement.values() for a in actors}) == 5
@@ -131,7 +133,8 @@ def test_tiny_recipe_learns_with_every_pool_its_own_actor(tmp_path, schedule):
     planned = threads(recipe, plan(recipe), placement["generator"][0]["threads"] if not schedule else 1)
     assert schedule or planned["generator"] >= 2 * planned["learner"] >= 2  # one step off: each its reservation (1)
     assert {p: [a["threads"] for a in actors] for p, actors in placement.items() if p != "reward"} == {
-        p: [planned[p]] * n for p, n in (("generator", 1), ("learner", 2), ("reference", 1), ("teacher", 0))
+        p: [planned[p]] * n
+        for p, n in (("generator", 1), ("learner", 2), ("reference", 1), ("teacher", 0), ("reward_model", 0))
     }
     for line in ("step:1 ", f"step:{len(rows)} "):
         assert line in res.stdout

@@ -17,7 +17,7 @@ FAMILY = {"Qwen/": "qwen2", "meta-llama/": "llama", "google/gemma-3": "gemma3"}
 
 
 def test_every_scale_recipe_has_a_twin_and_a_committed_plan():
-    assert len(SCALE) == 12, SCALE
+    assert len(SCALE) == 13, SCALE
     for name in SCALE:
         assert (RECIPES / f"tiny-{name}.yaml").is_file(), name
         assert (RECIPES / "plans" / f"{name}.txt").is_file(), name
@@ -45,6 +45,7 @@ def _structure(path):
         "vllm kwargs": dict(r.generator.vllm_kwargs),
         "algorithm": (r.algorithm.kl_coef, r.algorithm.kl_estimator, r.algorithm.clip_ratio_high, r.algorithm.loss_agg),
         "distillation": (bool(r.teacher.model), r.teacher.kl_coef, r.teacher.reward_weight),
+        "reward model": (bool(r.reward_model.model), r.reward_model.weight, r.reward_model.normalize),
         "schedule": (r.algorithm.max_staleness, r.algorithm.rollout_correction.rollout_is),
         "optimizer steps per step": r.data.train_batch_size * r.algorithm.group_size // r.learner.mini_batch_size,
         "gradient checkpointing": r.learner.gradient_checkpointing,
@@ -68,9 +69,9 @@ def test_twin_has_the_recipes_structure(name):
 
 
 # a twin whose recipe is another's plus LoRA trains for both: the layout and the full-weight path are the other
-# twins' (each twin's structure is checked above); the distillation twin trains in tests/test_distill.py, which
-# checks this and more on its run
-TRAINED = [name for name in SCALE if f"{name}-lora" not in SCALE and not name.endswith("-distill")]
+# twins' (each twin's structure is checked above); the distillation and reward-model twins train in
+# tests/test_distill.py and tests/test_reward_model.py, which check this and more on their runs
+TRAINED = [name for name in SCALE if f"{name}-lora" not in SCALE and not name.endswith(("-distill", "-rm"))]
 
 
 @pytest.mark.slow
@@ -93,6 +94,7 @@ def check_twin_run(recipe_path, tmp_path):
     assert (tmp_path / "checkpoints" / f"step_{steps}" / "manifest.json").is_file()
     assert all(m["sync/logprob_diff"] < r.trainer.max_sync_logprob_diff for m in metrics if m["step"])
     names = {f.name for f in r.reward.functions} | ({"environment"} if r.environment.name else set())
+    names |= {"reward_model"} if r.reward_model.model else set()
     dump = read_samples(tmp_path / "rollouts" / f"train_data_step{steps}.jsonl")
     assert len(dump) == r.data.train_batch_size * r.algorithm.group_size
     assert all(set(row["rewards"]) == names for row in dump)

@@ -83,6 +83,7 @@ def test_sync_round_trip_through_the_pools(ray_local, tmp_path):
             "learner": 3,
             "reference": 1,
             "teacher": 0,
+            "reward_model": 0,
             "reward": 1,
         }
         pids = [a["pid"] for actors in placement.values() for a in actors]

@@ -10,7 +10,7 @@ from omegaconf import MISSING
 
 from grpo_ray.errors import UserError
 
-POOLS = ("generator", "learner", "reference", "teacher", "reward")
+POOLS = ("generator", "learner", "reference", "teacher", "reward_model", "reward")
 
 
 class RecipeError(UserError):
@@ -199,6 +199,35 @@ class TeacherConfig:
     """Samples per forward pass; with model.sequence_packing, rows, each as long as the actor's longest sample."""
     num_cpus: float = 0.5
     """CPUs reserved per teacher actor."""
+    validate: bool = True
+    """With trainer.val_before_train, the teacher's own greedy pass@1 on the validation rows before training
+    (``teacher/val/<data_source>/pass@1``, a line on ``grpo-ray plot``), generated once by the teacher pool with
+    transformers' generate (no engine: slower than one; single-turn only)."""
+
+
+@dataclass
+class RewardModelConfig:
+    """A learned reward: a sequence classifier (transformers' ``AutoModelForSequenceClassification``, one output: the
+    Skywork / ArmoRM shape) scoring each (prompt, response), rendered in its own chat template and tokenizer, in a pool
+    of its own (FSDP2-sharded over num_actors, even shares of the samples). Its score joins the reward functions'
+    weighted sum as the component ``reward_model``."""
+
+    model: str = ""
+    """The classifier: a hub name, a local path, or a ``tiny://`` name with ``score=1``; empty turns it off."""
+    weight: float = 1.0
+    """Weight of its score in the combined reward (the reward functions keep theirs; weight 0 there logs a rule
+    reward without training on it: the true score beside the learned one)."""
+    normalize: bool = False
+    """Standardise its scores over each step's samples (mean 0, std 1) before weighting (a classifier's logits have
+    no fixed scale)."""
+    max_length: int = 0
+    """Tokens of a rendered conversation the classifier reads at most (cut at the end); 0: all."""
+    num_actors: int = 1
+    """Reward-model actors (data parallel, one FSDP2 group: each holds 1/num_actors of the weights)."""
+    micro_batch_size: int = 16
+    """Conversations per forward pass."""
+    num_cpus: float = 0.5
+    """CPUs reserved per reward-model actor."""
 
 
 @dataclass
@@ -511,6 +540,8 @@ class Recipe:
     """On-policy distillation's teacher pool (off without a model)."""
     reward: RewardConfig = field(default_factory=RewardConfig)
     """CPU reward pool and reward functions."""
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    """A learned reward's pool (off without a model)."""
     environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
     """Multi-turn rollouts in an environment (off without a name)."""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)

@@ -22,7 +22,7 @@ from grpo_ray.config import Recipe
 from grpo_ray.device import Device
 from grpo_ray.models import load_causal_lm, pad_id
 from grpo_ray.roles import RoleActor, fsdp, log_to_file
-from grpo_ray.types import Work
+from grpo_ray.types import Completion, Prompt, Rollout, RolloutStats, Work
 
 
 class Reference(RoleActor):
@@ -73,9 +73,9 @@ class Reference(RoleActor):
         import ray
 
         pairs = flatten(ray.get(rollout_refs), spans)
-        start = time.perf_counter()
+        start, started = time.perf_counter(), time.time()
         out = self.score(pairs)
-        return out, Work(time.perf_counter() - start, len(pairs))
+        return out, Work(time.perf_counter() - start, len(pairs), (started, time.time()))
 
     def score(self, pairs: list) -> list[list[float]]:
         """The logprobs of each (prompt ids, response ids) pair's response tokens (no Ray: benchmarks/gpu.py calls
@@ -100,6 +100,56 @@ class Reference(RoleActor):
         fsdp.reshard(self.model)  # FSDP2 keeps the root (embeddings, LM head) gathered after a forward: free it
         return out
 
+    def rollout(self, prompts: list[Prompt], max_tokens: int) -> tuple[Rollout, RolloutStats]:
+        """One greedy response to each prompt, by transformers' generate on this group's weights (the teacher's own
+        validation: a line for the student to climb to), as a generator answers: a rollout and its stats.
+        Collective like `score`: every actor calls it, with its own prompts or none. Called with ``num_returns=2``.
+        """
+        from transformers import AutoTokenizer, GenerationConfig
+
+        start, started = time.perf_counter(), time.time()
+        tokenizer = AutoTokenizer.from_pretrained(self.model_path, trust_remote_code=self.trust_remote_code)
+        eos = {tokenizer.eos_token_id, *_ids(self.model.generation_config.eos_token_id)} - {None}
+        config = GenerationConfig(  # the engines' greedy validation: no penalty or sampling default of the model's
+            do_sample=False, max_new_tokens=max_tokens, eos_token_id=sorted(eos), pad_token_id=self.pad_id
+        )
+        chunks = [prompts[i : i + self.micro_batch_size] for i in range(0, len(prompts), self.micro_batch_size)]
+        rounds = torch.tensor([len(chunks)], device=self.device)
+        dist.all_reduce(rounds, op=dist.ReduceOp.MAX)
+        completions = []
+        with torch.no_grad():
+            for k in range(int(rounds.item())):
+                ids = [p.ids for p in chunks[k]] if k < len(chunks) else [[self.pad_id]]
+                width = max(map(len, ids))
+                left = [[0] * (width - len(x)) + [1] * len(x) for x in ids]  # left padding: answers start together
+                out = self.model.generate(
+                    input_ids=torch.tensor([[self.pad_id] * (width - len(x)) + x for x in ids], device=self.device),
+                    attention_mask=torch.tensor(left, device=self.device),
+                    generation_config=config,
+                    synced_gpus=self.world_size > 1,  # ranks done early keep joining the others' all-gathers
+                )
+                for row in out[:, width:].tolist() if k < len(chunks) else []:
+                    end = next((j + 1 for j, t in enumerate(row) if t in eos), None)
+                    tokens = row[:end] if end else row
+                    text = tokenizer.decode(tokens, skip_special_tokens=True)
+                    reason = "stop" if end else "length"
+                    completions.append(Completion(len(completions), tokens, text, [0.0] * len(tokens), reason))
+        fsdp.reshard(self.model)
+        stats = RolloutStats(
+            seconds=time.perf_counter() - start,
+            policy_version=-1,
+            prompt_lengths=[len(p.ids) for p in prompts],
+            response_lengths=[len(c.token_ids) for c in completions],
+            truncated=sum(c.finish_reason == "length" for c in completions),
+            window=(started, time.time()),
+        )
+        return Rollout(prompts, completions, -1), stats
+
     def shutdown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _ids(value) -> list:
+    """A generation config's eos_token_id: None, one id or a list."""
+    return [] if value is None else [value] if isinstance(value, int) else list(value)

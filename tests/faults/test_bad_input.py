@@ -276,6 +276,17 @@ CASES = {  # name: (recipe, overrides, what the message must say)
         ["teacher.model=/no/such/teacher"],
         "teacher.model='/no/such/teacher': no such directory",
     ),
+    "a reward model that is a language model": (
+        RECIPE,
+        ["reward_model.model=tiny://qwen2?layers=1&hidden=64&heads=2&kv_heads=1"],
+        "reward_model.model='tiny://qwen2?layers=1&hidden=64&heads=2&kv_heads=1': a Qwen2ForCausalLM, not a sequence "
+        "classifier",
+    ),
+    "a reward model that is not there": (
+        RECIPE,
+        ["reward_model.model=/no/such/scorer"],
+        "reward_model.model='/no/such/scorer'",
+    ),
     "a reset of a key that is not there": (
         RECIPE,
         ["~trainer.dump_rollouts"],

@@ -1,0 +1,62 @@
+"""A learned reward beside the reward functions: the reward model's scores joined to theirs, and the numbers that
+show reward hacking (the learned reward climbing while the true one, a rule reward, does not)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+
+from grpo_ray.types import Scores
+
+COMPONENT = "reward_model"
+"""The reward model's component of each sample's reward."""
+
+
+def with_model(
+    scores: list[Scores], values: list[float], weight: float, normalize: bool, rules: list[tuple[str, float]]
+) -> tuple[list[Scores], dict[str, float]]:
+    """`scores` (one per reward actor's share, in sample order) with the reward model's `values` (one per sample, in
+    the same order) as the component ``reward_model``, standardised over the step's samples when `normalize`, and
+    `weight` x it added to each total; and its metrics: the raw score's mean and spread, and, when `rules` (the
+    reward functions: name, weight) give a true reward, their correlation over the samples and the gap of the means.
+    """
+    if len(values) != sum(len(s.totals) for s in scores):
+        raise ValueError(f"{len(values)} reward-model scores for {sum(len(s.totals) for s in scores)} samples")
+    used = standardised(values) if normalize else list(values)
+    out, k = [], 0
+    for s in scores:
+        part, k = used[k : k + len(s.totals)], k + len(s.totals)
+        totals = [t + weight * x for t, x in zip(s.totals, part)]
+        out.append(dataclasses.replace(s, totals=totals, components={**s.components, COMPONENT: part}))
+    metrics = {
+        "reward_model/score/mean": statistics.fmean(values),
+        "reward_model/score/std": statistics.pstdev(values),
+    }
+    truth = true_reward(scores, rules)
+    if truth:
+        metrics["reward_model/gap"] = statistics.fmean(values) - statistics.fmean(truth)
+        try:
+            metrics["reward_model/true_corr"] = statistics.correlation(values, truth)
+        except statistics.StatisticsError:  # one of them constant over the step: no correlation to report
+            pass
+    return out, metrics
+
+
+def standardised(values: list[float]) -> list[float]:
+    """`values` less their mean, over their standard deviation (left centred when they are all equal)."""
+    mean, std = statistics.fmean(values), statistics.pstdev(values)
+    return [(v - mean) / std if std > 1e-12 else v - mean for v in values]
+
+
+def true_reward(scores: list[Scores], rules: list[tuple[str, float]]) -> list[float]:
+    """Each sample's rule reward, the true score beside a learned one: the reward functions' weighted sum, or their
+    plain sum when every weight is 0 (functions logged, not trained on); empty without reward functions."""
+    if not rules:
+        return []
+    weights = [(n, w) for n, w in rules] if any(w for _, w in rules) else [(n, 1.0) for n, _ in rules]
+    out = []
+    for s in scores:
+        for i in range(len(s.totals)):
+            out.append(math.fsum(w * s.components[n][i] for n, w in weights))
+    return out

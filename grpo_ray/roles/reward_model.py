@@ -1,0 +1,104 @@
+"""The reward-model role: a learned reward, a sequence classifier (transformers' ``AutoModelForSequenceClassification``
+with one output, the Skywork / ArmoRM shape) scoring each (prompt, response) with one number.
+
+The pair is rendered again as text in the reward model's own chat template and tokenizer (they need not be the
+policy's): the prompt's messages, then the response as the assistant's turn. The actors form an FSDP2 group of their
+own like the reference's (``roles.fsdp``): each holds 1/N of the weights and scores its own share of the samples;
+since every forward is a collective, an actor with fewer micro batches than the others runs forwards on a filler
+until they are done.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from grpo_ray import sync
+from grpo_ray.algo.batching import Span, samples
+from grpo_ray.config import Recipe
+from grpo_ray.device import Device
+from grpo_ray.roles import RoleActor, fsdp, log_to_file
+from grpo_ray.types import Work
+
+
+def render(tokenizer, messages: list[dict], response: str) -> str:
+    """The conversation as the reward model reads it: its chat template over the prompt's messages and the response
+    as the assistant's turn; without a template, the messages' text and the response, a line each."""
+    turns = [*messages, {"role": "assistant", "content": response}]
+    if tokenizer.chat_template:
+        return tokenizer.apply_chat_template(turns, tokenize=False)
+    return "\n".join(t["content"] for t in turns)
+
+
+class RewardModel(RoleActor):
+    def __init__(self, model_path: str, recipe: Recipe, rank: int = 0, world_size: int = 1, threads: int = 1):
+        log_to_file()
+        torch.set_num_threads(max(1, threads))
+        self.run_on = Device.of(recipe)
+        self.device = self.run_on.torch
+        self.model_path, self.trust_remote_code = model_path, recipe.model.trust_remote_code
+        self.dtype = getattr(torch, recipe.learner.dtype)
+        self.rank, self.world_size = rank, world_size
+        cfg = recipe.reward_model
+        self.micro_batch_size, self.max_length = cfg.micro_batch_size, cfg.max_length
+        self.prefix = recipe.data.response_prefix
+
+    def address(self) -> tuple[str, int]:
+        """A free address on this actor's node (rank 0 hosts the group's store)."""
+        return sync.free_address()
+
+    def setup(self, host: str, port: int) -> None:
+        """Join the group; load the classifier and its tokenizer, and shard the classifier."""
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        mesh = fsdp.join(self.run_on, host, port, self.rank, self.world_size)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path, trust_remote_code=self.trust_remote_code)
+        model = AutoModelForSequenceClassification.from_pretrained(
+            self.model_path, dtype=self.dtype, trust_remote_code=self.trust_remote_code
+        )
+        model.requires_grad_(False)
+        self.pad_id = model.config.pad_token_id
+        self.model = fsdp.shard(model, mesh, self.dtype).eval()
+
+    def score(self, rollout_refs: list, spans: list[Span] | None = None) -> tuple[list[float], Work]:
+        """The model's score of each completion of the rollouts behind `rollout_refs` (of `spans` of each, or all),
+        in order, and the work done. Every actor of the group must be called (an empty share is fine).
+        Called with ``num_returns=2``: the scores and the work both go to the controller (small)."""
+        import ray
+
+        texts = [
+            render(self.tokenizer, p.messages or [{"role": "user", "content": p.text}], self.prefix + c.text)
+            for p, c in samples(ray.get(rollout_refs), spans)
+        ]
+        start, started = time.perf_counter(), time.time()
+        out = self.rewards(texts)
+        return out, Work(time.perf_counter() - start, len(texts), (started, time.time()))
+
+    def rewards(self, texts: list[str]) -> list[float]:
+        """The model's score of each rendered conversation (no Ray: benchmarks call it directly). Collective: every
+        actor of the group calls it, with its own texts or none."""
+        limit = {"truncation": True, "max_length": self.max_length} if self.max_length else {}
+        ids = self.tokenizer(texts, add_special_tokens=False, **limit)["input_ids"] if texts else []
+        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))  # longest first: little padding per micro batch
+        micros = [order[k : k + self.micro_batch_size] for k in range(0, len(order), self.micro_batch_size)]
+        rounds = torch.tensor([len(micros)], device=self.device)  # nccl reduces only device tensors
+        dist.all_reduce(rounds, op=dist.ReduceOp.MAX)
+        out = [0.0] * len(ids)
+        with torch.no_grad():
+            for k in range(int(rounds.item())):
+                rows = [ids[i] for i in micros[k]] if k < len(micros) else [[self.pad_id]]
+                width = max(map(len, rows))
+                batch = torch.tensor([r + [self.pad_id] * (width - len(r)) for r in rows], device=self.device)
+                mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows], device=self.device)
+                # transformers reads each row's score at its last token that is not the pad id
+                logits = self.model(input_ids=batch, attention_mask=mask).logits[:, 0].float().cpu()
+                for i, value in zip(micros[k] if k < len(micros) else [], logits.tolist()):
+                    out[i] = value
+        fsdp.reshard(self.model)
+        return out
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,123 @@
+"""A learned reward: the reward model's score joined to the reward functions' (by hand), and the tiny twin of
+recipes/qwen2.5-1.5b-gsm8k-rm.yaml (a reward-model pool of two actors, a Llama classifier with its own tokenizer
+beside a Qwen2 policy) trained end to end, its scores those of a bare transformers forward of the classifier on the
+dumped samples. (A reward model that is not a one-output classifier: tests/faults/test_bad_input.py.)"""
+
+import json
+import math
+import statistics
+
+import pytest
+import torch
+
+from grpo_ray import fit, models
+from grpo_ray.config import load_recipe
+from grpo_ray.data import load_rows
+from grpo_ray.dims import model_dims
+from grpo_ray.dumps import read_samples
+from grpo_ray.rewards.learned import standardised, true_reward, with_model
+from grpo_ray.types import Scores
+from tests.conftest import ROOT, run_cli
+
+RECIPE = ROOT / "recipes" / "tiny-qwen2.5-1.5b-gsm8k-rm.yaml"
+
+
+def shares(*rule: list[float]) -> list[Scores]:
+    """Reward actors' shares with one function, `gsm8k`, of weight 1: each total its component."""
+    return [Scores(list(r), {"gsm8k": list(r)}, 0, 0, 0.1) for r in rule]
+
+
+def test_the_model_score_joins_the_weighted_sum_by_hand():
+    scores, values = shares([1.0, 0.0], [0.0, 1.0, 1.0]), [2.0, -1.0, 0.5, 3.0, 0.5]
+    out, m = with_model(scores, values, 0.5, False, [("gsm8k", 1.0)])
+    assert [len(s.totals) for s in out] == [2, 3]  # each actor's share keeps its samples
+    assert [t for s in out for t in s.totals] == [2.0, -0.5, 0.25, 2.5, 1.25]  # rule + 0.5 x model
+    assert [v for s in out for v in s.components["reward_model"]] == values
+    assert m["reward_model/score/mean"] == pytest.approx(1.0)
+    assert m["reward_model/score/std"] == pytest.approx(math.sqrt(9.5 / 5))  # population std of the raw scores
+    assert m["reward_model/gap"] == pytest.approx(1.0 - 0.6)  # the model's mean less the rule's
+    # Pearson by hand: rule (1,0,0,1,1) mean 0.6, model mean 1.0
+    dr, dm = [0.4, -0.6, -0.6, 0.4, 0.4], [1.0, -2.0, -0.5, 2.0, -0.5]
+    corr = sum(a * b for a, b in zip(dr, dm)) / math.sqrt(sum(a * a for a in dr) * sum(b * b for b in dm))
+    assert m["reward_model/true_corr"] == pytest.approx(corr)
+
+
+def test_normalised_scores_and_the_true_reward_of_logged_functions():
+    scores = shares([1.0, 0.0, 1.0])
+    out, m = with_model(scores, [3.0, 1.0, 2.0], 2.0, True, [("gsm8k", 0.0)])
+    z = [math.sqrt(1.5), -math.sqrt(1.5), 0.0]  # (v - 2) / pstdev, pstdev = sqrt(2/3)
+    assert out[0].components["reward_model"] == pytest.approx(z)
+    assert out[0].totals == pytest.approx([1 + 2 * z[0], 2 * z[1], 1 + 2 * z[2]])  # the totals given, + 2 x z
+    assert m["reward_model/score/mean"] == pytest.approx(2.0)  # raw, before standardising
+    # every function of weight 0 (logged, not trained on): the true reward is their plain sum
+    assert true_reward(scores, [("gsm8k", 0.0)]) == [1.0, 0.0, 1.0]
+    assert true_reward(scores, []) == [] and standardised([5.0, 5.0]) == [0.0, 0.0]
+    _, alone = with_model(scores, [3.0, 1.0, 2.0], 1.0, False, [])
+    assert "reward_model/true_corr" not in alone and "reward_model/gap" not in alone  # no truth: nothing to compare
+    _, flat = with_model(shares([1.0, 1.0]), [0.2, 0.7], 1.0, False, [("gsm8k", 1.0)])
+    assert "reward_model/true_corr" not in flat  # a constant true reward has no correlation
+    with pytest.raises(ValueError, match="2 reward-model scores for 3 samples"):
+        with_model(scores, [1.0, 2.0], 1.0, False, [])
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("rm")
+    res = run_cli("train", str(RECIPE), f"trainer.output_dir={out}", timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return out, metrics
+
+
+@pytest.mark.slow
+def test_the_twin_trains_with_a_reward_model_pool_of_two(run):
+    from tests.test_recipes import check_twin_run
+
+    out, metrics = run
+    check_twin_run(RECIPE, out)
+    placed = json.loads((out / "placement.json").read_text())
+    assert len(placed["reward_model"]) == 2 and placed["reference"] == []
+    steps = [m for m in metrics if m["step"]]
+    for m in steps:
+        assert m["perf/work_balance/reward_model"] >= 0.8  # even shares of the tokens
+        assert m["timing_s/reward_model"] > 0 and -1 <= m.get("reward_model/true_corr", 0) <= 1
+        assert m["reward/reward_model/mean"] == pytest.approx(0, abs=1e-9)  # standardised over the step
+    r = load_recipe(RECIPE, [f"trainer.output_dir={out}"])
+    measured = max(m["perf/peak_rss_gb/reward_model"] for m in steps)
+    predicted = fit.reference_memory(model_dims(r.reward_model.model), r, r.reward_model.max_length, "reward_model")
+    assert 0.75 <= predicted.total / measured <= 1.25, (predicted, measured)
+    dump = read_samples(out / "rollouts" / "train_data_step3.jsonl")
+    for row in dump:  # the total: the rule reward + 1 x the standardised model score
+        assert row["score"] == pytest.approx(row["rewards"]["gsm8k"] + row["rewards"]["reward_model"], abs=1e-9)
+
+
+@pytest.mark.slow
+def test_the_pool_scores_as_a_bare_forward_of_the_classifier(run):
+    """The last step's scores, standardised back: those of AutoModelForSequenceClassification on each dumped
+    sample's question and answer rendered in the classifier's own chat template (a Llama one: not the policy's)."""
+    out, metrics = run
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    r = load_recipe(RECIPE)
+    path = models.resolve(r.reward_model.model)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32).eval()
+    assert tokenizer.get_vocab() != AutoTokenizer.from_pretrained(models.resolve(r.model.path)).get_vocab()
+    rows = load_rows(r.data.train_files[0])
+    dump = read_samples(out / "rollouts" / "train_data_step3.jsonl")
+    raw = []
+    with torch.no_grad():
+        for row in dump:
+            turns = [
+                *rows[row["uid"]]["prompt"],
+                {"role": "assistant", "content": r.data.response_prefix + row["response"]},
+            ]
+            text = tokenizer.apply_chat_template(turns, tokenize=False)
+            ids = tokenizer(text, add_special_tokens=False, truncation=True, max_length=r.reward_model.max_length)
+            raw.append(model(torch.tensor([ids["input_ids"]])).logits[0, 0].item())
+    last = metrics[-1]
+    assert last["reward_model/score/mean"] == pytest.approx(statistics.fmean(raw), abs=1e-5)
+    mean, std = statistics.fmean(raw), statistics.pstdev(raw)
+    assert std > 1e-4  # different answers, different scores: a signal to check
+    for row, value in zip(dump, raw):
+        assert row["rewards"]["reward_model"] == pytest.approx((value - mean) / std, abs=1e-4)
