@@ -508,6 +508,12 @@ def val_table(runs: list[dict]) -> list[str]:
     return lines
 
 
+def heading(title: str, report: dict) -> list[str]:
+    """A report's first lines: its title with the machine and date, and the command that made it."""
+    m = report["machine"]
+    return [f"# {title} ({m['date']}, {m['cpu']}, {m['cores']} cores)", "", f"`{report['command']}`", ""]
+
+
 def write_report(out: str | Path, name: str, report: dict, text: str) -> None:
     """`<out>/<name>.json` and `<out>/<name>.md`, and the Markdown on stdout."""
     out = Path(out)

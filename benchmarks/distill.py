@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench import machine, step_parser, timed_steps, write_report  # noqa: E402
+from benchmarks.bench import heading, machine, step_parser, timed_steps, write_report  # noqa: E402
 from benchmarks.gpu import batch, pool_against_bare  # noqa: E402
 
 TWIN = "recipes/tiny-qwen2.5-1.5b-gsm8k-distill.yaml"
@@ -136,12 +136,8 @@ def step_times(warmup: int, steps: int) -> dict:
 
 
 def markdown(report: dict) -> str:
-    m = report["machine"]
     lines = [
-        f"# Distillation teacher pool ({m['date']}, {m['cpu']}, {m['cores']} cores)",
-        "",
-        f"`python benchmarks/distill.py --reps {report['reps']} --steps {report['steps']} --warmup {report['warmup']}`",
-        "",
+        *heading("Distillation teacher pool", report),
         "The teacher pool (one actor: the teacher role on an FSDP2 group of one) against a bare transformers forward "
         "in a Ray actor with the same threads, on the same batches passed as object refs, timed from the driver "
         f"(median of {report['reps']} calls after one warm-up; fp32):",
@@ -164,10 +160,11 @@ def markdown(report: dict) -> str:
         "| teacher | step s | teacher s | of it during the last update s | update s | step / without |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
+    labels = {"with teacher": "the policy's size", "with a 39x teacher": "39x the policy's size", "without": "none"}
     for name, ratio in (("with teacher", s["ratio"]), ("with a 39x teacher", s["larger_ratio"]), ("without", 1.0)):
         w = s[name]
         lines.append(
-            f"| {name.removeprefix('with ')} | {w['median_step_s']:.3f} | {w['median_teacher_s']:.3f} | "
+            f"| {labels[name]} | {w['median_step_s']:.3f} | {w['median_teacher_s']:.3f} | "
             f"{w['median_frozen_overlap_s']:.3f} | {w['median_update_s']:.3f} | **{ratio:.2f}x** |"
         )
     lines.append("")

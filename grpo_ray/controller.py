@@ -1,16 +1,17 @@
 """The GRPO step (the job around it, grpo_ray.runner, is shared with SFT). One step reads top to bottom:
 
-    prompts ──> generators ──rollout refs──┬──> rewards ──scores (small)──> advantages ──┐
-                                           ├──> reference, teacher ──logprob refs──────┐ │
-                                           └──────────────────────────────────────────> learner (FSDP2)
-                                                                                         │
-    generators <──────────── weight broadcast (gloo | nccl), then a logprob probe ───────┘
+    prompts ──> generators ──rollout refs──┬──> rewards, reward model ──scores (small)──> advantages ──┐
+                                           ├──> reference, teacher ──logprob refs──────────────────┐ │
+                                           └──────────────────────────────────────────────────────> learner (FSDP2)
+                                                                                                     │
+    generators <──────────── weight broadcast (gloo | nccl), then a logprob probe ───────────────────┘
 
 The schedule (``algorithm.max_staleness``): at 0 each batch is generated after the last
 push, so it is on-policy. At k >= 1 the next batch's generation is launched before this
 step waits on anything, so the engines generate step s+1 while the learner trains step s;
-once it is generated, its rewards and frozen logprobs (reference, teacher) are sent at once,
-while the learner still trains step s, and are read when step s+1 starts:
+once it is generated, its rewards (reward functions, reward model) and frozen logprobs
+(reference, teacher) are sent at once, while the learner still trains step s, and are read when
+step s+1 starts:
 
     engines   │ gen s+1 ·······│        │push│ gen s+2 ·······│        │push│
     frozen    │                │ref, teacher, rewards s+1     │ref, teacher, rewards s+2
@@ -50,13 +51,21 @@ __all__ = ["Controller", "RunError", "Preempted"]
 NO_SYNC = {"sync/seconds": 0.0, "timing_s/sync_weights": 0.0}
 
 
+class Rewards(NamedTuple):
+    """A batch's scoring, sent: the reward functions' refs and the reward model's, and what to send again."""
+
+    functions: list
+    model: list
+    rollouts: list
+    samples: Samples
+
+
 class Collected(NamedTuple):
     """A batch taken from the engines, its rewards and frozen logprobs sent (refs, maybe not done yet)."""
 
     rollouts: list
     stats: list
-    rewards: tuple[list, list]
-    """The reward functions' and the reward model's refs (``send_rewards``)."""
+    rewards: Rewards
     frozen: dict[str, list]
     version: int
     """The weights that generated it (``Batch.version``)."""
@@ -133,6 +142,7 @@ class Controller(Runner):
             **pool_metrics(work, {p: len(a) for p, a in self.pools.actors.items()}, seconds),
             **self.pools.memory(memory),
             "fault/generator_restarts": self.pools.generator_restarts,
+            "fault/reward_model_restarts": self.pools.reward_model_restarts,
             "fault/skipped_steps": self.skipped["total"],
             "timing_s/step": seconds,
         }
@@ -275,27 +285,37 @@ class Controller(Runner):
         self.say(f"teacher, greedy: {said} ({time.perf_counter() - start:.0f}s, transformers' generate)")
         return out
 
-    def send_rewards(self, rollouts: list, samples: Samples) -> tuple[list, list]:
+    def send_rewards(self, rollouts: list, samples: Samples) -> Rewards:
         """The reward functions' refs, one per reward actor, and the reward model's (scores ref, Work ref) per actor
         (none without one), each an even share of the tokens: every actor is called, its forwards are collective."""
-        model = []
-        if self.pools.actors["reward_model"]:
-            shares = {id(a): (refs, spans) for a, refs, spans in self.spread("reward_model", rollouts, samples, True)}
-            model = [
-                a.score.options(num_returns=2).remote(*shares.get(id(a), ([], [])))
-                for a in self.pools.actors["reward_model"]
-            ]
-        return self.score(rollouts, samples), model
+        return Rewards(self.score(rollouts, samples), self.send_model(rollouts, samples), rollouts, samples)
 
-    def rewards(self, sent: tuple[list, list], counted: bool = True) -> tuple[list, dict[str, float], list[Work]]:
+    def send_model(self, rollouts: list, samples: Samples) -> list:
+        if not self.pools.actors["reward_model"]:
+            return []
+        shares = {id(a): (refs, spans) for a, refs, spans in self.spread("reward_model", rollouts, samples, True)}
+        return [
+            a.score.options(num_returns=2).remote(*shares.get(id(a), ([], [])))
+            for a in self.pools.actors["reward_model"]
+        ]
+
+    def rewards(self, sent: Rewards, counted: bool = True) -> tuple[list, dict[str, float], list[Work]]:
         """The scores of what `send_rewards` sent: the reward functions' (``check_rewards``: first failures shown, a
         training batch's failing steps `counted`), the reward model's added as the component ``reward_model``
-        (``rewards.learned``); its metrics and work."""
-        refs, model = sent
-        scores = self.check_rewards(self.call(refs, "reward"), counted)
-        if not model:
+        (``rewards.learned``); its metrics and work. A reward-model actor lost is replaced with its whole pool, and
+        the batch scored again (once a step)."""
+        scores = self.check_rewards(self.call(sent.functions, "reward"), counted)
+        if not sent.model:
             return scores, {}, []
-        got = self.call([ref for pair in model for ref in pair], "reward model")
+        try:
+            got = self.call([ref for pair in sent.model for ref in pair], "reward model")
+        except PoolFault as e:
+            if not e.died:
+                raise
+            self.say(f"a reward-model actor was lost ({e}); starting the pool again and scoring the batch again")
+            self.pools.restart_reward_model()
+            model = self.send_model(sent.rollouts, sent.samples)
+            got = self.call([ref for pair in model for ref in pair], "reward model (again)")
         values, work = [v for share in got[0::2] for v in share], got[1::2]
         rm, rules = self.r.reward_model, [(f.name, f.weight) for f in self.r.reward.functions]
         scores, metrics = with_model(scores, values, rm.weight, rm.normalize, rules)

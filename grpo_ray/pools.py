@@ -95,6 +95,7 @@ class Pools:
         self.facts: dict = {}
         self.metas: list = []
         self.generator_restarts = 0
+        self.reward_model_restarts = 0
 
     def start(self, pools: tuple[str, ...] = POOLS, say=print) -> None:
         """Reserve the cluster, start the pools, join the learner group and (with generators) the sync group;
@@ -158,7 +159,8 @@ class Pools:
         if pool == "reward_model":
             return actor.remote(self.reward_model_path, r, i, self.plans[pool].actors, threads)
         code = rewards.shipped([f.name for f in r.reward.functions])
-        return actor.remote(r.reward, r.data.response_prefix, code, bool(r.environment.name))
+        styles = r.reward_model.by_style and bool(r.reward_model.model)
+        return actor.remote(r.reward, r.data.response_prefix, code, bool(r.environment.name), styles)
 
     def log_dir(self) -> Path:
         """Where actors write their output at trainer.log_level=info."""
@@ -178,6 +180,15 @@ class Pools:
         ray.kill(self.actors["generator"][i])
         self.actors["generator"][i] = self._new("generator", i)
         self.generator_restarts += 1
+
+    def restart_reward_model(self) -> None:
+        """Kill every reward-model actor and start the pool again in its bundles: one actor lost leaves the others in
+        a process group that cannot take in a new member."""
+        for a in self.actors["reward_model"]:
+            ray.kill(a)
+        self.actors["reward_model"] = [self._new("reward_model", i) for i in range(len(self.actors["reward_model"]))]
+        self._join("reward_model")
+        self.reward_model_restarts += 1
 
     def unresponsive_generators(self) -> list[int]:
         """Engines that are dead or do not answer within the sync timeout (they may still be leaving a failed
@@ -214,19 +225,18 @@ class Pools:
 
     def memory(self, asked: dict[str, list] | None = None) -> dict[str, float]:
         """Peak memory per pool: perf/max_memory_allocated_gb/<pool> (torch on a GPU) or perf/peak_rss_gb/<pool>;
-        the answers to `asked` (``ask_memory``), or asked now if none, or if an actor asked has been replaced since."""
+        the answers to `asked` (``ask_memory``), or asked now if none, or if an actor asked has been replaced since.
+        A pool with an actor lost and not yet replaced (it is, when the pool is next called) has no figure."""
         pools = asked or self.ask_memory()
-        try:
-            got = self.call([ref for refs in pools.values() for ref in refs], "memory")
-        except PoolFault:
-            if asked is None:
-                raise
-            return self.memory()
-        out, i = {}, 0
+        out = {}
         for pool, refs in pools.items():
-            kind = got[i][0]
-            out[f"perf/{kind}/{pool}"] = max(gb for _, gb in got[i : i + len(refs)])
-            i += len(refs)
+            try:
+                got = self.call(refs, f"{pool} memory")
+            except PoolFault:
+                if asked is not None:
+                    return self.memory()
+                continue
+            out[f"perf/{got[0][0]}/{pool}"] = max(gb for _, gb in got)
         return out
 
     def call(self, refs, what: str, timeout_s: float | None = None):

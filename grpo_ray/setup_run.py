@@ -15,6 +15,7 @@ from grpo_ray.config import Recipe, RecipeError, dump_recipe, recipe_yaml
 from grpo_ray.data import DataError, dotted, load_rows, prompt_text
 from grpo_ray.dims import ModelDims, model_dims
 from grpo_ray.envs.template import trace_ids
+from grpo_ray.rewards.learned import STYLED
 
 
 @dataclass
@@ -261,6 +262,17 @@ def reward_model_path(recipe: Recipe) -> str:
     return path
 
 
+def check_styles(rows: list[dict]) -> None:
+    """With reward_model.by_style, every training row's reward_model.style must name its reward."""
+    for i, row in enumerate(rows):
+        style = (row.get("reward_model") or {}).get("style")
+        if style not in STYLED:
+            raise DataError(
+                f"data.train_files row {i}: reward_model.style={style!r}; with reward_model.by_style each row says "
+                f"{', '.join(STYLED)} (or turn reward_model.by_style off: every row gets both)"
+            )
+
+
 def setup_run(
     recipe: Recipe,
     command: str = "train",
@@ -293,6 +305,8 @@ def setup_run(
         try_environment(recipe, tokenizer, train_rows[0])
     teacher_path = teacher_base(recipe, tokenizer) if command == "train" and recipe.teacher.model else ""
     scorer = reward_model_path(recipe) if command == "train" and recipe.reward_model.model else ""
+    if scorer and recipe.reward_model.by_style:
+        check_styles(train_rows)
     metric = recipe.trainer.early_stop.metric
     n = recipe.generator.val_n
     offered = sorted({f"val/{row['data_source']}/pass@{k}" for row in val_rows for k in {1, n}})

@@ -20,6 +20,8 @@ class Prompt:
     """The prompt as the model sees it (chat template applied, response prefix included)."""
     messages: list[dict] = field(default_factory=list)
     """The row's chat messages, for a reward model that renders them in its own template."""
+    style: str = ""
+    """The row's ``reward_model.style`` (rule, model, both: with reward_model.by_style, the rewards it gets)."""
 
     @classmethod
     def from_row(cls, uid: int, row: dict) -> Prompt:
@@ -32,6 +34,7 @@ class Prompt:
             uid,
             row.get("prompt_text", ""),
             row.get("prompt") or [],
+            (row.get("reward_model") or {}).get("style", ""),
         )
 
 
@@ -118,6 +121,8 @@ class Scores:
     extras: dict[str, list[float]] = field(default_factory=dict)
     """The other numbers of functions that return verl's dict, as ``name/key`` -> one per completion (NaN where
     a completion's answer did not have it)."""
+    styles: list[str] = field(default_factory=list)
+    """Each completion's row style (``Prompt.style``), when the rows choose their reward (reward_model.by_style)."""
 
 
 @dataclass

@@ -20,6 +20,7 @@ from grpo_ray.types import Scores
 from tests.conftest import ROOT, run_cli
 
 RECIPE = ROOT / "recipes" / "tiny-qwen2.5-1.5b-gsm8k-rm.yaml"
+STYLES = ("model", "rule", "both")
 
 
 def shares(*rule: list[float]) -> list[Scores]:
@@ -60,30 +61,54 @@ def test_normalised_scores_and_the_true_reward_of_logged_functions():
         with_model(scores, [1.0, 2.0], 1.0, False, [])
 
 
+def test_each_rows_style_chooses_its_reward():
+    """reward_model.by_style: a rule row keeps the functions' total, a model row gets the model's alone, both both."""
+    styled = Scores([1.0, 1.0, 0.0], {"gsm8k": [1.0, 1.0, 0.0]}, 0, 0, 0.1, styles=["rule", "model", "both"])
+    out, m = with_model([styled], [0.5, 2.0, -1.0], 2.0, False, [("gsm8k", 1.0)])
+    assert out[0].totals == [1.0, 4.0, -2.0]
+    assert out[0].components["reward_model"] == [0.5, 2.0, -1.0]  # scored and logged on every row
+    assert m["reward_model/rows_scored"] == pytest.approx(2 / 3)
+
+
+def test_a_row_without_a_known_style_is_refused_before_start():
+    from grpo_ray.data import DataError
+    from grpo_ray.setup_run import check_styles
+
+    check_styles([{"reward_model": {"style": s}} for s in ("rule", "model", "both")])
+    with pytest.raises(DataError, match=r"data.train_files row 1: reward_model.style='judge'; .* rule, model, both"):
+        check_styles([{"reward_model": {"style": "rule"}}, {"reward_model": {"style": "judge"}}])
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("rm")
-    res = run_cli("train", str(RECIPE), f"trainer.output_dir={out}", timeout=900)
+    """The twin's run, its last reward-model actor exiting at its second scoring call (batch 2's, sent during step 1
+    one step off): step 2 finds it gone, the pool (an FSDP2 group cannot take in a new member) starts again and
+    scores the whole batch again."""
+    out, markers = tmp_path_factory.mktemp("rm"), tmp_path_factory.mktemp("markers")
+    env = {"GRPO_RAY_FAULTS": "exit_reward_model@2", "GRPO_RAY_FAULTS_DIR": str(markers)}
+    res = run_cli("train", str(RECIPE), f"trainer.output_dir={out}", env=env, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return out, metrics
+    return out, metrics, res.stdout
 
 
 @pytest.mark.slow
 def test_the_twin_trains_with_a_reward_model_pool_of_two(run):
     from tests.test_recipes import check_twin_run
 
-    out, metrics = run
+    out, metrics, said = run
     check_twin_run(RECIPE, out)
     placed = json.loads((out / "placement.json").read_text())
     assert len(placed["reward_model"]) == 2 and placed["reference"] == []
     steps = [m for m in metrics if m["step"]]
-    for m in steps:
+    assert [m["fault/reward_model_restarts"] for m in steps] == [0, 1, 1]  # the actor lost, once
+    assert said.count("a reward-model actor was lost") == 1
+    for m in steps:  # the new actors scored their shares too
         assert m["perf/work_balance/reward_model"] >= 0.8  # even shares of the tokens
         assert m["timing_s/reward_model"] > 0 and -1 <= m.get("reward_model/true_corr", 0) <= 1
         assert m["reward/reward_model/mean"] == pytest.approx(0, abs=1e-9)  # standardised over the step
     r = load_recipe(RECIPE, [f"trainer.output_dir={out}"])
-    measured = max(m["perf/peak_rss_gb/reward_model"] for m in steps)
+    measured = max(m.get("perf/peak_rss_gb/reward_model", 0) for m in steps)  # none the step its actor was lost
     predicted = fit.reference_memory(model_dims(r.reward_model.model), r, r.reward_model.max_length, "reward_model")
     assert 0.75 <= predicted.total / measured <= 1.25, (predicted, measured)
     dump = read_samples(out / "rollouts" / "train_data_step3.jsonl")
@@ -95,7 +120,7 @@ def test_the_twin_trains_with_a_reward_model_pool_of_two(run):
 def test_the_pool_scores_as_a_bare_forward_of_the_classifier(run):
     """The last step's scores, standardised back: those of AutoModelForSequenceClassification on each dumped
     sample's question and answer rendered in the classifier's own chat template (a Llama one: not the policy's)."""
-    out, metrics = run
+    out, metrics, _ = run
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     r = load_recipe(RECIPE)
@@ -121,3 +146,22 @@ def test_the_pool_scores_as_a_bare_forward_of_the_classifier(run):
     assert std > 1e-4  # different answers, different scores: a signal to check
     for row, value in zip(dump, raw):
         assert row["rewards"]["reward_model"] == pytest.approx((value - mean) / std, abs=1e-4)
+
+
+@pytest.mark.slow
+def test_the_reward_worker_hands_back_each_rows_style(ray_local):
+    """With reward_model.by_style the reward actors return each completion's row style for the controller to choose
+    by (``with_model``); without it, none."""
+    from grpo_ray.config import RewardConfig, RewardFnConfig
+    from grpo_ray.roles.reward import RewardWorker
+    from grpo_ray.types import Completion, Prompt, Rollout
+
+    rows = [{"prompt_ids": [1], "reward_model": {"ground_truth": "7", "style": s}, "data_source": "t"} for s in STYLES]
+    rollout = Rollout([Prompt.from_row(i, row) for i, row in enumerate(rows)], [], 0)
+    rollout.completions = [Completion(i, [3], "7", [], "stop") for i in range(len(rows))]
+    ref, section = ray_local.put(rollout), RewardConfig(functions=[RewardFnConfig(name="gsm8k")])
+    for styles, expected in ((True, list(STYLES)), (False, [])):
+        worker = ray_local.remote(RewardWorker).options(num_cpus=0.25).remote(section, "#### ", styles=styles)
+        scores = ray_local.get(worker.score.remote([ref]), timeout=120)
+        assert scores.styles == expected and scores.totals == [1.0, 1.0, 1.0]
+        ray_local.kill(worker)

@@ -228,6 +228,9 @@ class RewardModelConfig:
     """Conversations per forward pass."""
     num_cpus: float = 0.5
     """CPUs reserved per reward-model actor."""
+    by_style: bool = False
+    """Let each data row's ``reward_model.style`` (verl's field) choose its reward: ``rule`` the reward functions
+    alone, ``model`` the reward model alone, ``both``; off, every row gets both (prepared data says ``rule``)."""
 
 
 @dataclass

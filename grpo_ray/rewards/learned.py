@@ -11,6 +11,13 @@ from grpo_ray.types import Scores
 
 COMPONENT = "reward_model"
 """The reward model's component of each sample's reward."""
+STYLED = {
+    "rule": lambda rule, model: rule,
+    "model": lambda rule, model: model,
+    "both": lambda rule, model: rule + model,
+}
+"""A row's reward by its ``reward_model.style`` (with reward_model.by_style): from the reward functions' total and
+the weighted model score."""
 
 
 def with_model(
@@ -18,21 +25,26 @@ def with_model(
 ) -> tuple[list[Scores], dict[str, float]]:
     """`scores` (one per reward actor's share, in sample order) with the reward model's `values` (one per sample, in
     the same order) as the component ``reward_model``, standardised over the step's samples when `normalize`, and
-    `weight` x it added to each total; and its metrics: the raw score's mean and spread, and, when `rules` (the
-    reward functions: name, weight) give a true reward, their correlation over the samples and the gap of the means.
-    """
+    `weight` x it added to each total (where the shares carry row styles: a ``rule`` row's total stays the reward
+    functions', a ``model`` row's is the model's alone); and its metrics: the raw score's mean and spread, and,
+    when `rules` (the reward functions: name, weight) give a true reward, their correlation over the samples and
+    the gap of the means."""
     if len(values) != sum(len(s.totals) for s in scores):
         raise ValueError(f"{len(values)} reward-model scores for {sum(len(s.totals) for s in scores)} samples")
     used = standardised(values) if normalize else list(values)
     out, k = [], 0
     for s in scores:
         part, k = used[k : k + len(s.totals)], k + len(s.totals)
-        totals = [t + weight * x for t, x in zip(s.totals, part)]
+        styles = s.styles or ["both"] * len(part)
+        totals = [STYLED[style](t, weight * x) for t, x, style in zip(s.totals, part, styles)]
         out.append(dataclasses.replace(s, totals=totals, components={**s.components, COMPONENT: part}))
     metrics = {
         "reward_model/score/mean": statistics.fmean(values),
         "reward_model/score/std": statistics.pstdev(values),
     }
+    styles = [style for s in scores for style in s.styles]
+    if styles:  # the share of samples whose reward the model is part of
+        metrics["reward_model/rows_scored"] = sum(style != "rule" for style in styles) / len(styles)
     truth = true_reward(scores, rules)
     if truth:
         metrics["reward_model/gap"] = statistics.fmean(values) - statistics.fmean(truth)

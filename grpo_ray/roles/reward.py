@@ -41,10 +41,12 @@ class RewardWorker(RoleActor):
         response_prefix: str = "",
         code: tuple[dict, list] = ({}, []),
         environment: bool = False,
+        styles: bool = False,
     ):
         """The recipe's reward section; `code`: the text of each file-form function and the directories module
         forms are imported from (``grpo_ray.rewards.shipped``); `environment`: samples are multi-turn
-        trajectories, whose environment's reward is a component."""
+        trajectories, whose environment's reward is a component; `styles`: each completion's row style is handed
+        back (reward_model.by_style)."""
         log_to_file()
         sources, dirs = code
         search_here(*dirs)  # before the child starts: it is spawned with this sys.path
@@ -53,6 +55,7 @@ class RewardWorker(RoleActor):
         self.timeout_s, self.prefix = reward.timeout_s, response_prefix
         self.child = RewardChild(reward.memory_mb, reward.sandbox, reward.network, sources)
         self.reported: set[str] = set()
+        self.styles = styles
 
     def isolation(self) -> str:
         """What the reward child is isolated from: "network+filesystem", "filesystem", or "none (why)"."""
@@ -104,6 +107,7 @@ class RewardWorker(RoleActor):
             time.perf_counter() - start,
             first,
             {k: [e.get(k, math.nan) for e in extras] for k in named},
+            [p.style for p, _ in samples(rollouts, spans)] if self.styles else [],
         )
 
     def shutdown(self) -> None:

@@ -10,6 +10,7 @@ until they are done.
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -19,6 +20,7 @@ from grpo_ray import sync
 from grpo_ray.algo.batching import Span, samples
 from grpo_ray.config import Recipe
 from grpo_ray.device import Device
+from grpo_ray.faults import fault_at
 from grpo_ray.roles import RoleActor, fsdp, log_to_file
 from grpo_ray.types import Work
 
@@ -44,6 +46,7 @@ class RewardModel(RoleActor):
         cfg = recipe.reward_model
         self.micro_batch_size, self.max_length = cfg.micro_batch_size, cfg.max_length
         self.prefix = recipe.data.response_prefix
+        self.calls = 0
 
     def address(self) -> tuple[str, int]:
         """A free address on this actor's node (rank 0 hosts the group's store)."""
@@ -59,6 +62,8 @@ class RewardModel(RoleActor):
             self.model_path, dtype=self.dtype, trust_remote_code=self.trust_remote_code
         )
         model.requires_grad_(False)
+        if model.config.pad_token_id is None:  # transformers finds each row's last token by the pad id
+            model.config.pad_token_id = self.tokenizer.pad_token_id or self.tokenizer.eos_token_id
         self.pad_id = model.config.pad_token_id
         self.model = fsdp.shard(model, mesh, self.dtype).eval()
 
@@ -68,6 +73,9 @@ class RewardModel(RoleActor):
         Called with ``num_returns=2``: the scores and the work both go to the controller (small)."""
         import ray
 
+        self.calls += 1
+        if self.rank == self.world_size - 1 and fault_at("exit_reward_model", self.calls):
+            os._exit(1)  # fault test: the actor dies as its share is asked for
         texts = [
             render(self.tokenizer, p.messages or [{"role": "user", "content": p.text}], self.prefix + c.text)
             for p, c in samples(ray.get(rollout_refs), spans)
