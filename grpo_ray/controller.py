@@ -302,16 +302,14 @@ class Controller(Runner):
     def rewards(self, sent: Rewards, counted: bool = True) -> tuple[list, dict[str, float], list[Work]]:
         """The scores of what `send_rewards` sent: the reward functions' (``check_rewards``: first failures shown, a
         training batch's failing steps `counted`), the reward model's added as the component ``reward_model``
-        (``rewards.learned``); its metrics and work. A reward-model actor lost is replaced with its whole pool, and
-        the batch scored again (once a step)."""
+        (``rewards.learned``); its metrics and work. A reward-model actor lost (or failing) restarts its whole pool,
+        and the batch is scored again, once: a second failure stops the run."""
         scores = self.check_rewards(self.call(sent.functions, "reward"), counted)
         if not sent.model:
             return scores, {}, []
         try:
             got = self.call([ref for pair in sent.model for ref in pair], "reward model")
-        except PoolFault as e:
-            if not e.died:
-                raise
+        except PoolFault as e:  # an actor lost, or one whose collective it broke: the group is gone either way
             self.say(f"a reward-model actor was lost ({e}); starting the pool again and scoring the batch again")
             self.pools.restart_reward_model()
             model = self.send_model(sent.rollouts, sent.samples)
