@@ -39,7 +39,7 @@ from grpo_ray.config import Recipe
 from grpo_ray.engines import Batch, split
 from grpo_ray.errors import Preempted, RunError
 from grpo_ray.fit import response_budget
-from grpo_ray.metrics import perf_metrics, pool_metrics, rollout_metrics, validation_metrics, validation_totals
+from grpo_ray.metrics import perf_metrics, pool_metrics, rollout_metrics
 from grpo_ray.pools import PoolFault
 from grpo_ray.rewards.learned import with_model
 from grpo_ray.runner import Runner
@@ -275,12 +275,7 @@ class Controller(Runner):
             for a, share in zip(actors, split(prompts, len(actors)))
         ]
         rollouts, stats = [c[0] for c in calls], self.call([c[1] for c in calls], "teacher validation")
-        scores = self.check_rewards(self.call(self.score(rollouts, Samples.of(stats)), "teacher reward"), False)
-        if self.r.trainer.dump_freq:
-            self.dump("val_teacher_step0", 0, rollouts, scores, None)
-        totals, perfect = validation_totals(scores, self.r.reward.functions)
-        out = validation_metrics([p.data_source for p in prompts], totals, 1, perfect)
-        out = {f"teacher/{k}": v for k, v in out.items()}
+        out = {f"teacher/{k}": v for k, v in self.pass_rates(0, "val_teacher", prompts, rollouts, stats, 1)[1].items()}
         said = ", ".join(f"{k.split('/', 2)[2]} {v:.3f}" for k, v in out.items())
         self.say(f"teacher, greedy: {said} ({time.perf_counter() - start:.0f}s, transformers' generate)")
         return out

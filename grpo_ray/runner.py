@@ -178,13 +178,22 @@ class Runner:
         prompts = [Prompt.from_row(i, row) for i, row in enumerate(self.inputs.val_rows)]
         sampling = dataclasses.replace(g.sampling, temperature=g.val_temperature)
         rollouts, stats = self.engines.generate(prompts, g.val_n, step, sampling)
-        scores = self.check_rewards(self.call(self.score(rollouts, Samples.of(stats)), "validation reward"), False)
+        scores, out = self.pass_rates(step, "val_data", prompts, rollouts, stats, g.val_n)
         if self.log and self.log.trackers:  # a few samples of the first engine's share, as a table
             self.log.table(step, sample_table(self.call(rollouts[0], "validation samples"), scores[0].totals))
+        return out
+
+    def pass_rates(self, step: int, name: str, prompts: list, rollouts: list, stats: list, n: int) -> tuple:
+        """The scores of validation answers (`n` to each of `prompts`, in `rollouts`), dumped as
+        rollouts/<name>_step<step>.jsonl when dumps are on, and pass@1 (and pass@n) per data source: the reward
+        functions decide, a reward model never does."""
+        scores = self.check_rewards(
+            self.call(self.score(rollouts, Samples.of(stats)), f"validation reward ({name})"), False
+        )
         if self.r.trainer.dump_freq:
-            self.dump(f"val_data_step{step}", step, rollouts, scores, None)
+            self.dump(f"{name}_step{step}", step, rollouts, scores, None)
         totals, perfect = validation_totals(scores, self.r.reward.functions)
-        return validation_metrics([p.data_source for p in prompts], totals, g.val_n, perfect)
+        return scores, validation_metrics([p.data_source for p in prompts], totals, n, perfect)
 
     def check_rewards(self, scores: list, counted: bool = True) -> list:
         """`scores`, after showing the first failure of each reward function once; a training batch (`counted`)
