@@ -71,7 +71,7 @@ class BareClassifier:
         import ray
         import torch
 
-        from grpo_ray.roles.reward_model import render
+        from grpo_ray.rewards.learned import render
 
         pairs = [(r.prompts[c.prompt], c) for r in ray.get(rollout_refs) for c in r.completions]
         texts = [render(self.tokenizer, p.messages, c.text) for p, c in pairs]
@@ -116,7 +116,7 @@ def shortest(path: str, rollout) -> int:
     so every sequence is as long (no padding) and both score the same tokens."""
     from transformers import AutoTokenizer
 
-    from grpo_ray.roles.reward_model import render
+    from grpo_ray.rewards.learned import render
 
     tokenizer = AutoTokenizer.from_pretrained(path)
     texts = [render(tokenizer, rollout.prompts[c.prompt].messages, c.text) for c in rollout.completions]

@@ -70,11 +70,13 @@ def commit(
     keep_last: int,
     keep: frozenset[int] = frozenset(),
     chat_template: str = "",
+    config: str = "",
 ) -> Path:
     """Finish a checkpoint written into `tmp`: state files, tokenizer, manifest, then the rename; then drop all
     but the newest `keep_last` (0: none dropped), never one of the steps in `keep` (the best: trainer.keep_best).
     `chat_template` (the recipe's model.chat_template, as text) replaces the model's: the checkpoint and what is
-    exported from it format prompts as the run did."""
+    exported from it format prompts as the run did. `config` (JSON) replaces the model's config.json: the model the
+    learner trains when it is not the one at `model_path` (a reward model's classifier on a causal LM)."""
     (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1))
     (tmp / "training_info.json").write_text(json.dumps({**info, "model_path": model_path}, indent=1))
     shutil.copy(config_yaml, tmp / "config.yaml")
@@ -83,6 +85,8 @@ def commit(
             shutil.copy(Path(model_path) / name, tmp / name)
     if chat_template:  # transformers reads chat_template.jinja before the tokenizer config's template
         (tmp / "chat_template.jinja").write_text(chat_template)
+    if config:
+        (tmp / "config.json").write_text(config)
     files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
     (tmp / "manifest.json").write_text(json.dumps({"step": state["step"], "files": files}, indent=1))
     final = tmp.parent / f"step_{state['step']}"
@@ -202,7 +206,7 @@ def _export_into(ckpt: Path, out: Path, max_shard_size: str, say) -> None:
         model = lora.wrap(loaded, adapters)
         expected = {name for name, _ in model.named_parameters() if lora.is_adapter(name)}
     else:
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = model_class(config).from_config(config, dtype=torch.float32)
         expected = set(model.state_dict()) - ({"lm_head.weight"} if config.tie_word_embeddings else set())
     missing, unexpected = model.load_state_dict(weights, strict=False)
     if unexpected or set(missing) & expected:
@@ -225,6 +229,14 @@ def _export_into(ckpt: Path, out: Path, max_shard_size: str, say) -> None:
     AutoTokenizer.from_pretrained(ckpt).save_pretrained(out)
     if (ckpt / "generation_config.json").is_file():
         shutil.copy(ckpt / "generation_config.json", out / "generation_config.json")
+
+
+def model_class(config):
+    """The transformers auto class of a checkpoint's model: a sequence classifier (a reward model) or a causal LM."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    classifier = any(a.endswith("ForSequenceClassification") for a in config.architectures or [])
+    return AutoModelForSequenceClassification if classifier else AutoModelForCausalLM
 
 
 def lora_base(ckpt: Path, model_path: str) -> str | None:

@@ -1,4 +1,4 @@
-"""The ``grpo-ray`` command: train, sft, plan, prepare-data, replay, plot, export, eval, build-model.
+"""The ``grpo-ray`` command: train, sft, rm, plan, prepare-data, replay, plot, export, eval, build-model.
 
 User mistakes (``grpo_ray.errors.UserError``) print one message and exit 2,
 without a traceback; anything else is a bug and keeps its traceback.
@@ -57,6 +57,20 @@ def cmd_sft(args) -> int:
     )
 
 
+def cmd_rm(args) -> int:
+    from grpo_ray.config import load_recipe
+    from grpo_ray.fit import model_limits
+    from grpo_ray.rm import run_rm
+
+    recipe = load_recipe(args.recipe, args.overrides, command="rm")
+    model_limits(recipe, "rm")
+    inputs = _inputs(recipe, "rm", args.recipe)
+    return _run(
+        lambda: print(f"reward model at {run_rm(recipe, inputs)}"),
+        f"done: metrics in {inputs.output_dir / 'metrics.jsonl'}",
+    )
+
+
 def _inputs(recipe, command: str, recipe_path: str):
     """Everything checked and loaded before any actor starts (grpo_ray.setup_run), said in a few lines."""
     from grpo_ray.metrics import since_start
@@ -72,6 +86,8 @@ def _inputs(recipe, command: str, recipe_path: str):
     limits = f"data.max_prompt_length={recipe.data.max_prompt_length}"
     if command == "sft":
         limits += f" or a target over sft.max_target_length={recipe.sft.max_target_length}"
+    if command == "rm":
+        limits += f" or a conversation over rm.max_length={recipe.rm.max_length}"
     if command == "train":
         from grpo_ray.config import notices
 
@@ -282,6 +298,15 @@ def parser() -> argparse.ArgumentParser:
     sf.add_argument("recipe", help="recipe YAML file (its sft section says where each row's target is)")
     sf.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.total_epochs=2")
     sf.set_defaults(func=cmd_sft)
+
+    rm = sub.add_parser(
+        "rm",
+        help="train a reward model (a sequence classifier) on the learner pool from preference pairs or labelled "
+        "responses; the model is exported to OUTPUT_DIR/model",
+    )
+    rm.add_argument("recipe", help="recipe YAML file (its rm section says where each row's responses are)")
+    rm.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.total_epochs=2")
+    rm.set_defaults(func=cmd_rm)
 
     pn = sub.add_parser(
         "plan",

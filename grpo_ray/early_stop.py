@@ -15,10 +15,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 
+def headline(metrics: dict[str, float]) -> float:
+    """A validation's one number: the mean pass@1 over the validation sets (a reward model's: its accuracy)."""
+    return statistics.fmean(
+        v for k, v in metrics.items() if k.startswith("val/") and k.endswith(("/pass@1", "/rm/accuracy"))
+    )
+
+
 @dataclass
 class Best:
     metric: str
-    """The validation metric followed; empty: the mean of every val/*/pass@1."""
+    """The validation metric followed; empty: the mean of every val/*/pass@1 (``headline``)."""
     mode: str = "max"
     patience: int = 0
     """Validations without improvement before ``stop``; 0 never stops."""
@@ -38,9 +45,7 @@ class Best:
         return best
 
     def read(self, metrics: dict[str, float]) -> float:
-        if self.metric:
-            return metrics[self.metric]
-        return statistics.fmean(v for k, v in metrics.items() if k.startswith("val/") and k.endswith("/pass@1"))
+        return metrics[self.metric] if self.metric else headline(metrics)
 
     def update(self, step: int, metrics: dict[str, float]) -> bool:
         """Take a validation's metrics; whether it is the best so far."""

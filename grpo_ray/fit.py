@@ -332,8 +332,10 @@ def model_limits(r: Recipe, command: str = "train", d: ModelDims | None = None) 
             f"({r.sft.max_target_length}) = {sft_len} tokens is over the model's max_position_embeddings "
             f"({d.max_positions}); lower it"
         )
+    if command == "rm" and d.max_positions and r.rm.max_length > d.max_positions:
+        p.append(f"rm.max_length={r.rm.max_length} is over the model's max_position_embeddings ({d.max_positions})")
     length, g = max_model_len(r), r.generator
-    if d.max_positions and length > d.max_positions:
+    if command != "rm" and d.max_positions and length > d.max_positions:
         how = (
             f"generator.max_model_len={g.max_model_len}"
             if g.max_model_len

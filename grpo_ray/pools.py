@@ -80,9 +80,17 @@ def wait(refs, what: str, timeout_s: float):
 
 class Pools:
     def __init__(
-        self, recipe: Recipe, model_path: str, dims: ModelDims, teacher_path: str = "", reward_model_path: str = ""
+        self,
+        recipe: Recipe,
+        model_path: str,
+        dims: ModelDims,
+        teacher_path: str = "",
+        reward_model_path: str = "",
+        roles: dict | None = None,
     ):
         self.r, self.model_path, self.dims = recipe, model_path, dims
+        self.roles = {**ROLES, **(roles or {})}
+        """The actor class of each pool: ROLES, with a run's own where it trains another kind of model."""
         self.teacher_path, self.reward_model_path = teacher_path, reward_model_path
         self.device = Device.of(recipe)
         self.plans = placement.plan(recipe)
@@ -146,7 +154,7 @@ class Pools:
             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
             runtime_env={"env_vars": env},
         )
-        actor = ray.remote(ROLES[pool]).options(**options)
+        actor = ray.remote(self.roles[pool]).options(**options)
         if pool == "generator":
             kv = 0 if self.device.gpu else cpu_kv_cache_bytes(self.dims, r)  # on GPU: gpu_memory_utilization
             env_dirs = rewards.shipped(envs.modules(r.environment))[1]

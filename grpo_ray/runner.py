@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-import statistics
 import time
 from pathlib import Path
 
@@ -44,6 +43,8 @@ class Runner:
 
     save_at_end = False
     """Save a checkpoint after the last step even when trainer.save_freq is 0."""
+    roles: dict = {}
+    """Actor classes that replace a pool's own (``pools.ROLES``): a reward model's run trains a classifier."""
 
     def __init__(self, recipe: Recipe, inputs: RunInputs):
         self.r, self.inputs = recipe, inputs
@@ -52,7 +53,9 @@ class Runner:
         )
         self.version = 0
         """The learner's weights: updates that changed them."""
-        self.pools = Pools(recipe, inputs.model_path, inputs.dims, inputs.teacher_path, inputs.reward_model_path)
+        self.pools = Pools(
+            recipe, inputs.model_path, inputs.dims, inputs.teacher_path, inputs.reward_model_path, self.roles
+        )
         self.engines = Engines(recipe, self.pools, inputs.probe_ids, lambda: self.version, self.say)
         """The generator side: batches out, weights in (engines.version: the weights they hold)."""
         self.pending_dumps: list = []
@@ -94,7 +97,7 @@ class Runner:
                 metrics, improved = self.step(step), False
                 if self.validating(step):
                     metrics.update(self.validate(step))
-                    last_val = statistics.fmean(v for k, v in metrics.items() if k.endswith("/pass@1"))
+                    last_val = early_stop.headline(metrics)
                     improved = self.best.update(step, metrics)
                 self.log.log(step, metrics)
                 keep = improved and t.keep_best  # the best validation's weights, kept whatever keep_last says
@@ -278,6 +281,7 @@ class Runner:
             self.r.trainer.keep_last,
             keep,
             template,
+            self.pools.facts.get("config", ""),
         )
 
     def restore(self, ckpt: Path) -> int:

@@ -15,7 +15,7 @@ from grpo_ray.config import Recipe, RecipeError, dump_recipe, recipe_yaml
 from grpo_ray.data import DataError, dotted, load_rows, prompt_text
 from grpo_ray.dims import ModelDims, model_dims
 from grpo_ray.envs.template import trace_ids
-from grpo_ray.rewards.learned import STYLED
+from grpo_ray.rewards.learned import STYLED, render
 
 
 @dataclass
@@ -44,15 +44,15 @@ class RunInputs:
     """The reward model, loadable by transformers (reward_model.model built by now); empty without."""
 
 
-def usable_rows(
-    files: list[str], tokenizer, recipe: Recipe, dropped: dict[str, int], targets: bool = False
-) -> list[dict]:
-    """Rows whose prompt fits data.max_prompt_length, with 'prompt_ids' and 'prompt_text' added; with `targets`
-    (SFT), also 'target_ids' (and 'target_mask' for a multi-turn trace: ``target_tokens``), dropping targets over
-    sft.max_target_length. A row without a target is a DataError naming the file and row."""
+def usable_rows(files: list[str], tokenizer, recipe: Recipe, dropped: dict[str, int], command: str = "") -> list[dict]:
+    """Rows whose prompt fits data.max_prompt_length, with 'prompt_ids' and 'prompt_text' added; for `command` sft
+    also 'target_ids' (and 'target_mask' for a multi-turn trace: ``target_tokens``), dropping targets over
+    sft.max_target_length; for rm the rendered conversations (``rm_tokens``), dropping those over rm.max_length.
+    A row without what its command needs is a DataError naming the file and row."""
     rows, pieces = [], {}  # pieces: each observation role's template pieces, read once (multi-turn SFT traces)
+    answer_key = "" if command == "rm" else recipe.data.answer_key  # a reward model's rows need no ground truth
     for spec in files:
-        n, loaded = 0, load_rows(spec, recipe.data.prompt_key, recipe.data.answer_key)
+        n, loaded = 0, load_rows(spec, recipe.data.prompt_key, answer_key)
         texts = [
             prompt_text(
                 tokenizer,
@@ -65,23 +65,80 @@ def usable_rows(
         ]
         prompts = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []  # one call: batched
         for i, (row, text, ids) in enumerate(zip(loaded, texts, prompts)):
-            extra = {"prompt_ids": ids, "prompt_text": text}
-            if targets:
-                extra.update(target_tokens(row, recipe, tokenizer, f"{spec} row {i}", pieces))
-            if (
-                len(ids) > recipe.data.max_prompt_length
-                or len(extra.get("target_ids", ())) > recipe.sft.max_target_length
-            ):
+            extra, where = {"prompt_ids": ids, "prompt_text": text}, f"{spec} row {i}"
+            if command == "sft":
+                extra.update(target_tokens(row, recipe, tokenizer, where, pieces))
+            if command == "rm":
+                extra.update(rm_tokens(row, recipe, tokenizer, where))
+            if len(ids) > recipe.data.max_prompt_length or _over(extra, recipe):
                 n += 1
                 continue
             rows.append({**row, **extra})
         dropped[spec] = n
         if n and not rows:
-            raise DataError(
-                f"{spec}: every prompt is longer than data.max_prompt_length={recipe.data.max_prompt_length}"
-                + (f" or its target than sft.max_target_length={recipe.sft.max_target_length}" if targets else "")
-            )
+            raise DataError(f"{spec}: every prompt is longer than {_limits(recipe, command)}")
     return rows
+
+
+def _over(extra: dict, recipe: Recipe) -> bool:
+    """Whether a row's target (SFT) or rendered conversation (reward model) is over its limit."""
+    rendered = max((len(extra[k]) for k in RM_IDS if k in extra), default=0)
+    return len(extra.get("target_ids", ())) > recipe.sft.max_target_length or rendered > recipe.rm.max_length
+
+
+def _limits(recipe: Recipe, command: str) -> str:
+    """The limits a row of `command` is measured against, as a user reads them."""
+    limits = f"data.max_prompt_length={recipe.data.max_prompt_length}"
+    if command == "sft":
+        limits += f" or its target than sft.max_target_length={recipe.sft.max_target_length}"
+    if command == "rm":
+        limits += f" or its conversation than rm.max_length={recipe.rm.max_length}"
+    return limits
+
+
+RM_VALIDATION = ("val/rm/accuracy", "val/rm/loss")
+"""What a reward model's validation reports (``grpo_ray.rm``)."""
+RM_IDS = ("chosen_ids", "rejected_ids", "response_ids")
+"""A reward-model row's rendered conversations: a preference pair's two, or a pointwise row's one."""
+
+
+def rm_tokens(row: dict, recipe: Recipe, tokenizer, where: str) -> dict:
+    """A reward-model row as the classifier reads it, each response after the prompt's messages in the model's chat
+    template (``rewards.learned.render``, as the reward-model pool renders rollouts): 'chosen_ids' and
+    'rejected_ids' of a preference pair, or 'response_ids' and 'label' of a pointwise row (rm.label_key). A response
+    is text, or messages whose last is the assistant's answer. DataError naming `where` when one is missing."""
+    c = recipe.rm
+    keys = (
+        {"response_ids": "response_key"}
+        if c.label_key
+        else {"chosen_ids": "chosen_key", "rejected_ids": "rejected_key"}
+    )
+    out = {}
+    for name, field in keys.items():
+        key = getattr(c, field)
+        value = dotted(row, key)
+        if isinstance(value, list) and value and isinstance(value[-1], dict) and value[-1].get("role") == "assistant":
+            value = value[-1].get("content")
+        if not isinstance(value, str) or not value.strip():
+            raise DataError(
+                f"{where}: rm.{field}={key!r} holds {_shown(value)}; expected the response as text, or messages "
+                "ending with the assistant's"
+            )
+        out[name] = tokenizer(render(tokenizer, row["prompt"], value), add_special_tokens=False)["input_ids"]
+    if c.label_key:
+        label = dotted(row, c.label_key)
+        if isinstance(label, bool) or not isinstance(label, (int, float)) or not 0 <= label <= 1:
+            raise DataError(
+                f"{where}: rm.label_key={c.label_key!r} holds {_shown(label)}; expected a number from 0 (bad) to 1 "
+                "(good)"
+            )
+        out["label"] = float(label)
+    return out
+
+
+def _shown(value) -> str:
+    """A row's value in an error line: short."""
+    return "nothing" if value is None else repr(value)[:60]
 
 
 def target_tokens(row: dict, recipe: Recipe, tokenizer, where: str, pieces: dict | None = None) -> dict:
@@ -292,8 +349,8 @@ def setup_run(
     model_path = models.base_of(recipe.model.path)
     tokenizer = models.load_tokenizer(model_path, recipe.model)
     dropped: dict[str, int] = {}
-    train_rows = usable_rows(recipe.data.train_files, tokenizer, recipe, dropped, targets=command == "sft")
-    val_rows = usable_rows(recipe.data.val_files, tokenizer, recipe, dropped)
+    train_rows = usable_rows(recipe.data.train_files, tokenizer, recipe, dropped, command)
+    val_rows = usable_rows(recipe.data.val_files, tokenizer, recipe, dropped, "rm" if command == "rm" else "")
     if len(train_rows) < recipe.data.train_batch_size:
         raise DataError(
             f"data.train_files give {len(train_rows)} usable rows, fewer than "
@@ -310,6 +367,8 @@ def setup_run(
     metric = recipe.trainer.early_stop.metric
     n = recipe.generator.val_n
     offered = sorted({f"val/{row['data_source']}/pass@{k}" for row in val_rows for k in {1, n}})
+    if command == "rm":  # grpo_ray.rm: a reward model is validated on held-out rows
+        offered = list(RM_VALIDATION) if val_rows else []
     if metric and metric not in offered:
         raise RecipeError(
             f"trainer.early_stop.metric={metric!r}: validation reports {', '.join(offered) or 'nothing'} "

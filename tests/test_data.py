@@ -377,7 +377,7 @@ def test_sft_targets_from_prepared_gsm8k_rows(shared_data, tmp_path):
     )
     tok = AutoTokenizer.from_pretrained(models.resolve(TINY_BYTES))
     dropped = {}
-    rows = usable_rows([str(tmp_path / "test.parquet")], tok, recipe, dropped, targets=True)
+    rows = usable_rows([str(tmp_path / "test.parquet")], tok, recipe, dropped, "sft")
     assert len(rows) + dropped[str(tmp_path / "test.parquet")] == 1319 and len(rows) > 500
     row = rows[0]
     assert row["target_ids"][-1] == tok.eos_token_id
@@ -399,7 +399,7 @@ def test_sft_rows_without_a_target_name_the_file_and_row(tmp_path):
     recipe = load_recipe("recipes/tiny-cpu-reasoning-sft.yaml", ["model.path=" + TINY_BYTES], command="sft")
     tok = AutoTokenizer.from_pretrained(models.resolve(TINY_BYTES))
     with pytest.raises(DataError, match=r"rows.jsonl row 2: no text or messages at sft.target_key='extra_info.answer'"):
-        usable_rows([str(p)], tok, recipe, {}, targets=True)
+        usable_rows([str(p)], tok, recipe, {}, "sft")
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "gemma3"])
@@ -422,7 +422,7 @@ def test_sft_traces_are_laid_out_as_a_rollout_lays_them_out(arch, tmp_path):
     )
     tok = AutoTokenizer.from_pretrained(models.resolve(name))
     spec = "synthetic://products?size=40&seed=3&answer_only=0.5"
-    rows = usable_rows([spec], tok, recipe, {}, targets=True)
+    rows = usable_rows([spec], tok, recipe, {}, "sft")
     assert len(rows) == 40
     encode = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
     observations = Observations.of(tok, "tool")
@@ -456,4 +456,4 @@ def test_sft_traces_of_a_wrong_shape_name_the_file_and_row(tmp_path):
     recipe = load_recipe("recipes/tiny-cpu-agent-sft.yaml", ["model.path=" + TINY_BYTES], command="sft")
     tok = AutoTokenizer.from_pretrained(models.resolve(TINY_BYTES))
     with pytest.raises(DataError, match=r"traces.jsonl row 1: sft.target_key='extra_info.messages' holds messages: "):
-        usable_rows([str(p)], tok, recipe, {}, targets=True)
+        usable_rows([str(p)], tok, recipe, {}, "sft")

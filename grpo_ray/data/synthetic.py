@@ -52,8 +52,9 @@ def _row(task: str, question: str, answer: int, solution: str, index: int, split
     }
 
 
-def select_row(rng: random.Random, index: int = 0, split: str = "train", items: int = 3) -> dict:
-    """One "select a number" problem."""
+def select_row(rng: random.Random, index: int = 0, split: str = "train", items: int = 3, pairs: int = 0) -> dict:
+    """One "select a number" problem; with `pairs`, also a preference pair for reward-model training (``chosen``:
+    the right answer, ``rejected``: another count of the prompt half the time, else any other digit)."""
     name = rng.choice(NAMES)
     kinds = rng.sample(ITEMS, items)
     counts = rng.sample(range(1, 10), items)
@@ -62,7 +63,16 @@ def select_row(rng: random.Random, index: int = 0, split: str = "train", items: 
     have = ", ".join(listed[:-1]) + f" and {listed[-1]}" if items > 1 else listed[0]
     question = f"{name} has {have}. How many {kinds[asked]} does {name} have? {INSTRUCTION}"
     answer = counts[asked]
-    return _row("select", question, answer, f"{name} has {answer} {kinds[asked]}.\n#### {answer}", index, split)
+    row = _row("select", question, answer, f"{name} has {answer} {kinds[asked]}.\n#### {answer}", index, split)
+    if pairs:
+        others = [c for c in counts if c != answer]
+        wrong = (
+            rng.choice(others)
+            if others and rng.random() < 0.5
+            else rng.choice([d for d in range(1, 10) if d != answer])
+        )
+        row.update(chosen=f"#### {answer}", rejected=f"#### {wrong}")
+    return row
 
 
 def _operation(rng: random.Random, x: int, subject: str, max_value: int, target: int | None = None):

@@ -20,6 +20,15 @@ STYLED = {
 the weighted model score."""
 
 
+def render(tokenizer, messages: list[dict], response: str) -> str:
+    """The conversation as the reward model reads it: its chat template over the prompt's messages and the response
+    as the assistant's turn; without a template, the messages' text and the response, a line each."""
+    turns = [*messages, {"role": "assistant", "content": response}]
+    if tokenizer.chat_template:
+        return tokenizer.apply_chat_template(turns, tokenize=False)
+    return "\n".join(t["content"] for t in turns)
+
+
 def with_model(
     scores: list[Scores], values: list[float], weight: float, normalize: bool, rules: list[tuple[str, float]]
 ) -> tuple[list[Scores], dict[str, float]]:

@@ -109,8 +109,7 @@ class Learner(RoleActor):
         (None when unknown: no MFU then)."""
         cfg = self.recipe.learner
         mesh = fsdp.join(self.run_on, host, port, self.rank, self.world_size)
-        # loaded on the host; fully_shard moves one layer at a time to the device and keeps only this rank's shard
-        model = load_causal_lm(self.model_path, torch.float32, self.recipe.model.trust_remote_code, self.run_on)
+        model = self.load_model()
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
             if self.lora:
@@ -139,6 +138,11 @@ class Learner(RoleActor):
         else:
             name, peak = "cpu", declared or (measure_cpu_peak_tflops() if self.rank == 0 else None)  # rank 0's is used
         return {"dims": self.dims, "peak_tflops": peak, "device_name": name}
+
+    def load_model(self) -> torch.nn.Module:
+        """The model this role trains, in fp32 on the host (fully_shard then moves one layer at a time to the device
+        and keeps only this rank's shard): the policy, a causal LM."""
+        return load_causal_lm(self.model_path, torch.float32, self.recipe.model.trust_remote_code, self.run_on)
 
     # --- training --------------------------------------------------------------------
 

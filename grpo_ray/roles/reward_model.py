@@ -21,17 +21,9 @@ from grpo_ray.algo.batching import Span, samples
 from grpo_ray.config import Recipe
 from grpo_ray.device import Device
 from grpo_ray.faults import fault_at
+from grpo_ray.rewards.learned import render
 from grpo_ray.roles import RoleActor, fsdp, log_to_file
 from grpo_ray.types import Work
-
-
-def render(tokenizer, messages: list[dict], response: str) -> str:
-    """The conversation as the reward model reads it: its chat template over the prompt's messages and the response
-    as the assistant's turn; without a template, the messages' text and the response, a line each."""
-    turns = [*messages, {"role": "assistant", "content": response}]
-    if tokenizer.chat_template:
-        return tokenizer.apply_chat_template(turns, tokenize=False)
-    return "\n".join(t["content"] for t in turns)
 
 
 class RewardModel(RoleActor):

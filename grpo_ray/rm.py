@@ -1,0 +1,75 @@
+"""Reward-model training on the learner pool: ``grpo-ray rm RECIPE``.
+
+The SFT run's machinery with another step and another model: the same FSDP2 learner actors (``RewardLearner``: a
+sequence classifier with one output on model.path), data stream, checkpoints and resume, metrics, TensorBoard and
+console. A step takes data.train_batch_size rows, each a preference pair (rm.chosen_key over rm.rejected_key,
+Bradley-Terry) or a pointwise row (the response at rm.response_key, its label at rm.label_key, binary
+cross-entropy), each conversation rendered in the model's chat template as the reward-model pool renders a rollout.
+With validation rows and trainer.test_freq, the held-out rows give val/rm/accuracy (the share the model orders
+right), val/rm/loss and val/rm/margin.
+
+After the last step the final checkpoint is exported as a Hugging Face sequence classifier to
+``<output_dir>/model``, which a GRPO recipe names as its reward_model.model.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import ray
+
+from grpo_ray import checkpoint, perf
+from grpo_ray.config import Recipe
+from grpo_ray.launch import connect
+from grpo_ray.roles.reward_learner import RewardLearner
+from grpo_ray.runner import Runner
+from grpo_ray.setup_run import RM_IDS, RunInputs
+
+
+def rm_rows(rows: list[dict], pointwise: bool) -> list[tuple]:
+    """The learner's rows: (chosen ids, rejected ids) of each pair, or (response ids, label) of each pointwise row."""
+    if pointwise:
+        return [(row["response_ids"], row["label"]) for row in rows]
+    return [(row["chosen_ids"], row["rejected_ids"]) for row in rows]
+
+
+class RMController(Runner):
+    """Runs reward-model steps on the learner pool; validation scores the held-out rows there too."""
+
+    save_at_end = True
+    roles = {"learner": RewardLearner}
+
+    def pools_needed(self) -> tuple[str, ...]:
+        return ("learner",)
+
+    def step(self, step: int) -> dict[str, float]:
+        start = time.perf_counter()
+        rows = [row for _, row in self.stream.next_batch()]
+        pointwise = bool(self.r.rm.label_key)
+        batch = ray.put(rm_rows(rows, pointwise))  # one object for all ranks
+        learners = self.pools.actors["learner"]
+        trained = self.call([l.rm_train.remote(batch, pointwise) for l in learners], "learner rm")[0]
+        self.version += 1
+        tokens = sum(len(row[k]) for row in rows for k in RM_IDS if k in row)
+        seconds = time.perf_counter() - start
+        return {
+            **trained,
+            "perf/throughput": perf.throughput(tokens, seconds, self.r.learner.world_size),
+            **self.pools.memory(),
+            "timing_s/step": seconds,
+        }
+
+    def validate(self, step: int) -> dict[str, float]:
+        pointwise = bool(self.r.rm.label_key)
+        batch = ray.put(rm_rows(self.inputs.val_rows, pointwise))
+        learners = self.pools.actors["learner"]
+        return self.call([l.rm_validate.remote(batch, pointwise) for l in learners], "reward model validation")[0]
+
+
+def run_rm(recipe: Recipe, inputs: RunInputs) -> Path:
+    """Train, then export the last checkpoint to <output_dir>/model (replaced whole); its path."""
+    connect(recipe)
+    RMController(recipe, inputs).run()
+    last = checkpoint.find_resume(inputs.output_dir, "auto")
+    return checkpoint.export_hf(last, inputs.output_dir / "model", overwrite=True)  # this run's own export
