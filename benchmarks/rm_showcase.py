@@ -6,9 +6,12 @@ budget.
 
 1. ``grpo-ray rm recipes/tiny-cpu-rm.yaml``: a sequence classifier on the quick start's model shape and tokenizer
    learns from pairs (the right count over a wrong one) which answer is right; exported to <work>/rm/model.
-2. ``recipes/tiny-cpu.yaml`` for --steps steps twice: ``rule`` (the gsm8k reward, as the quick start) and
-   ``learned`` (``reward_model.model`` the export, the gsm8k reward at weight 0: scored and logged, not trained on).
-   The true score of both is the gsm8k reward; the learned run logs its correlation with the learned one each step.
+2. ``recipes/tiny-cpu.yaml`` for --steps steps: ``rule`` (the gsm8k reward, as the quick start), and three runs on
+   the reward model's score alone (``reward_model.model`` the export, the gsm8k reward at weight 0: scored and
+   logged, not trained on): ``learned`` (``reward_model.sigmoid``: the probability of a good answer, with mean-only
+   group advantages, ``algorithm.norm_adv_by_std=false``), ``learned-raw`` (the raw score, the recipe's std-normalised
+   advantages) and ``learned-raw-mean`` (the raw score, mean-only advantages). The true score of every run is the
+   gsm8k reward; the learned runs log its correlation with the learned one each step.
 
 Writes each run's metrics (<name>.jsonl), curves.png (validation pass@1, the true reward, the learned score and its
 correlation with the true one) and rm-showcase.md / .json.
@@ -32,7 +35,7 @@ from benchmarks.distill_showcase import cli  # noqa: E402
 RM_RECIPE = "recipes/tiny-cpu-rm.yaml"
 RECIPE = "recipes/tiny-cpu.yaml"
 KEY = "val/synthetic/select/pass@1"
-COLORS = {"rule": "C1", "learned": "C0"}
+COLORS = {"rule": "C1", "learned": "C0", "learned-raw": "C3", "learned-raw-mean": "C2"}
 # the reward-model actor's CPU comes from the reference's and the reward pool's: both runs get the same layout
 LAYOUT = [
     "reward_model.num_actors=1",
@@ -66,7 +69,7 @@ def summary(name: str, out: Path, seconds: float, overrides: list[str]) -> dict:
 def markdown(report: dict) -> str:
     m, runs, rm = report["machine"], {r["name"]: r for r in report["runs"]}, report["rm"]
     rule, learned = runs["rule"], runs["learned"]
-    ratio = learned["final"] / rule["final"] if rule["final"] else float("nan")
+    ratio = lambda r: r["final"] / rule["final"] if rule["final"] else float("nan")  # noqa: E731
     lines = [
         f"# Learned-reward showcase ({m['date']}, {m['cpu']}, {m['cores']} cores)",
         "",
@@ -77,8 +80,13 @@ def markdown(report: dict) -> str:
         f"{rm['val_start']:.3f} -> {rm['val_final']:.3f}, loss {rm['loss_start']:.3f} -> {rm['loss_final']:.3f} "
         f"({rm['seconds'] / 60:.1f} min).",
         f"- GRPO: `{RECIPE}`, {report['steps']} steps each, the same layout (`{' '.join(LAYOUT)}`): `rule` trains on "
-        "the gsm8k reward; `learned` on the reward model's score alone, the gsm8k reward logged at weight 0.",
-        f"- **The learned run's true pass@1 at the end is {ratio:.2f}x the rule run's** (target: at least 0.8x).",
+        "the gsm8k reward; the others on the reward model's score alone, the gsm8k reward logged at weight 0: "
+        "`learned` its sigmoid (`reward_model.sigmoid=true`) with mean-only group advantages "
+        "(`algorithm.norm_adv_by_std=false`), `learned-raw` the raw score with the recipe's std-normalised ones, "
+        "`learned-raw-mean` the raw score with mean-only ones.",
+        f"- **The learned run's true pass@1 at the end is {ratio(learned):.2f}x the rule run's** (target: at least "
+        f"0.8x); `learned-raw` {ratio(runs['learned-raw']):.2f}x, `learned-raw-mean` "
+        f"{ratio(runs['learned-raw-mean']):.2f}x.",
         "",
         "| run | pass@1 at step 0 | at the end | true reward, first 10 steps -> last 10 | learned-true correlation "
         "(mean, min over steps) | step (s) | minutes |",
@@ -124,7 +132,13 @@ def main() -> None:
     runs = []
     where = [f"trainer.total_steps={args.steps}", f"trainer.test_freq={args.test_freq}", *LAYOUT]
     learned = [f"reward_model.model={work / 'rm' / 'model'}", "reward.functions=[{name: gsm8k, weight: 0.0}]"]
-    for name, overrides in {"rule": [], "learned": learned}.items():
+    mean_only = ["algorithm.norm_adv_by_std=false"]
+    for name, overrides in {
+        "rule": [],
+        "learned": [*learned, "reward_model.sigmoid=true", *mean_only],
+        "learned-raw": learned,
+        "learned-raw-mean": [*learned, *mean_only],
+    }.items():
         t0 = time.perf_counter()
         run_dir = work / name
         cli(name, ["train", RECIPE, *overrides, *common, *where, f"trainer.output_dir={run_dir}"], work, env)
@@ -138,7 +152,7 @@ def main() -> None:
     panels = [
         (KEY, "validation pass@1 (greedy, 256 held-out prompts)"),
         ("reward/gsm8k/mean", "true reward (gsm8k) of the training samples"),
-        ("reward_model/score/mean", "learned reward (raw score) of the samples"),
+        ("reward/reward_model/mean", "learned reward (as trained on) of the samples"),
         ("reward_model/true_corr", "learned-true correlation over a step's samples"),
     ]
     run_curves(runs, panels, out / "curves.png", "step", COLORS)

@@ -311,7 +311,7 @@ class Controller(Runner):
             got = self.call([ref for pair in model for ref in pair], "reward model (again)")
         values, work = [v for share in got[0::2] for v in share], got[1::2]
         rm, rules = self.r.reward_model, [(f.name, f.weight) for f in self.r.reward.functions]
-        scores, metrics = with_model(scores, values, rm.weight, rm.normalize, rules)
+        scores, metrics = with_model(scores, values, rm.weight, rm.normalize, rules, rm.sigmoid)
         return scores, {**metrics, "timing_s/reward_model": max(w.seconds for w in work)}, work
 
     def frozen_logprobs(self, rollouts: list, samples: Samples) -> dict[str, list]:

@@ -43,6 +43,16 @@ def test_the_model_score_joins_the_weighted_sum_by_hand():
     assert m["reward_model/true_corr"] == pytest.approx(corr)
 
 
+def test_the_sigmoid_of_the_score_is_the_probability_of_a_good_answer():
+    out, m = with_model(shares([1.0, 0.0, 0.0]), [2.0, -3.0, -800.0], 1.0, False, [("gsm8k", 0.0)], sigmoid=True)
+    p = [1 / (1 + math.exp(-2.0)), 1 / (1 + math.exp(3.0)), 0.0]  # far below: 0, not an overflow
+    assert out[0].components["reward_model"] == pytest.approx(p)
+    assert out[0].totals == pytest.approx([1.0 + p[0], p[1], 0.0])
+    assert m["reward_model/score/mean"] == pytest.approx(-267.0)  # the metrics keep the raw score
+    z, _ = with_model(shares([0.0, 0.0]), [0.0, 2.0], 1.0, True, [], sigmoid=True)
+    assert z[0].components["reward_model"] == pytest.approx([-1.0, 1.0])  # standardised after the sigmoid
+
+
 def test_normalised_scores_and_the_true_reward_of_logged_functions():
     scores = shares([1.0, 0.0, 1.0])
     out, m = with_model(scores, [3.0, 1.0, 2.0], 2.0, True, [("gsm8k", 0.0)])

@@ -217,9 +217,13 @@ class RewardModelConfig:
     weight: float = 1.0
     """Weight of its score in the combined reward (the reward functions keep theirs; weight 0 there logs a rule
     reward without training on it: the true score beside the learned one)."""
+    sigmoid: bool = False
+    """Take sigmoid(score), the Bradley-Terry probability that the response is a good one, in (0, 1) as a rule
+    reward's pass or fail; with mean-only group advantages (algorithm.norm_adv_by_std: false) a group whose answers
+    the model all finds bad then gets almost no push, as under a rule reward (the learned-reward showcase)."""
     normalize: bool = False
-    """Standardise its scores over each step's samples (mean 0, std 1) before weighting (a classifier's logits have
-    no fixed scale)."""
+    """Standardise its scores (after sigmoid, if on) over each step's samples (mean 0, std 1) before weighting (a
+    classifier's logits have no fixed scale)."""
     max_length: int = 0
     """Tokens of a rendered conversation the classifier reads at most (cut at the end); 0: all."""
     num_actors: int = 1

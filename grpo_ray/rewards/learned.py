@@ -30,17 +30,24 @@ def render(tokenizer, messages: list[dict], response: str) -> str:
 
 
 def with_model(
-    scores: list[Scores], values: list[float], weight: float, normalize: bool, rules: list[tuple[str, float]]
+    scores: list[Scores],
+    values: list[float],
+    weight: float,
+    normalize: bool,
+    rules: list[tuple[str, float]],
+    sigmoid: bool = False,
 ) -> tuple[list[Scores], dict[str, float]]:
     """`scores` (one per reward actor's share, in sample order) with the reward model's `values` (one per sample, in
-    the same order) as the component ``reward_model``, standardised over the step's samples when `normalize`, and
+    the same order) as the component ``reward_model``, each through the logistic function when `sigmoid` (the
+    Bradley-Terry probability of a good response), then standardised over the step's samples when `normalize`, and
     `weight` x it added to each total (where the shares carry row styles: a ``rule`` row's total stays the reward
     functions', a ``model`` row's is the model's alone); and its metrics: the raw score's mean and spread, and,
     when `rules` (the reward functions: name, weight) give a true reward, their correlation over the samples and
     the gap of the means."""
     if len(values) != sum(len(s.totals) for s in scores):
         raise ValueError(f"{len(values)} reward-model scores for {sum(len(s.totals) for s in scores)} samples")
-    used = standardised(values) if normalize else list(values)
+    used = [1 / (1 + math.exp(-v)) if v > -700 else 0.0 for v in values] if sigmoid else list(values)
+    used = standardised(used) if normalize else used
     out, k = [], 0
     for s in scores:
         part, k = used[k : k + len(s.totals)], k + len(s.totals)
