@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -470,6 +471,34 @@ def machine() -> dict:
 def rows_of(path: Path) -> list[dict]:
     """The rows of a metrics.jsonl."""
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def fresh_work(work: str) -> tuple[Path, dict, list[str]]:
+    """A showcase's work directory, emptied (every model of a showcase trains in its command), the environment its
+    commands run in (a fresh model cache there) and the overrides every run takes (its own directory, metrics
+    only)."""
+    path = Path(work).resolve()
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return (
+        path,
+        {**os.environ, "GRPO_RAY_CACHE": str(path / "cache")},
+        ["trainer.overwrite=true", "trainer.loggers=[jsonl]"],
+    )
+
+
+def run_summary(name: str, out: Path, seconds: float, overrides: list[str], key: str) -> tuple[dict, list[dict]]:
+    """A showcase run's summary, from its metrics.jsonl under `out`: its validation `key` by step, first and last,
+    with its name, overrides, seconds and directory; and the metrics' rows, for a showcase's own figures."""
+    rows = rows_of(out / "metrics.jsonl")
+    val = {r["step"]: r[key] for r in rows if key in r}
+    common = {"name": name, "overrides": overrides, "seconds": seconds, "val": val, "dir": str(out)}
+    return {**common, "start": val[0], "final": val[max(val)]}, rows
+
+
+def mean_of(key: str, rows: list[dict]) -> float:
+    """The mean of `key` over `rows` (0 where a row lacks it)."""
+    return sum(r.get(key, 0.0) for r in rows) / len(rows)
 
 
 def run_curves(

@@ -17,7 +17,6 @@ Writes each run's metrics (<name>.jsonl), curves.png and distill-showcase.md / .
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench import machine, rows_of, run_curves, val_table, write_report  # noqa: E402
+from benchmarks.bench import fresh_work, machine, mean_of, rows_of, run_curves, run_summary, val_table, write_report  # noqa: E402
 
 RECIPE = "recipes/tiny-cpu-reasoning.yaml"
 SFT_RECIPE = "recipes/tiny-cpu-reasoning-sft.yaml"
@@ -49,26 +48,18 @@ def cli(name: str, args: list[str], work: Path, env: dict) -> str:
 
 
 def summary(name: str, out: Path, seconds: float, overrides: list[str]) -> dict:
-    rows = rows_of(out / "metrics.jsonl")
-    val = {r["step"]: r[KEY] for r in rows if KEY in r}
+    run, rows = run_summary(name, out, seconds, overrides, KEY)
     train = [r for r in rows if r["step"] > 0 and "critic/score/mean" in r]
-    mean = lambda key, rs: sum(r.get(key, 0.0) for r in rs) / len(rs)  # noqa: E731
     return {
-        "name": name,
-        "overrides": overrides,
-        "seconds": seconds,
-        "val": val,
-        "start": val[0],
-        "final": val[max(val)],
-        "best": max(val.values()),
-        "gain": val[max(val)] - val[0],
-        "score_last10": mean("critic/score/mean", train[-10:]),
-        "reverse_kl_first10": mean("distill/reverse_kl", train[:10]),
-        "reverse_kl_last10": mean("distill/reverse_kl", train[-10:]),
-        "step_s_last10": mean("timing_s/step", train[-10:]),
-        "teacher_s_last10": mean("timing_s/teacher", train[-10:]),
+        **run,
+        "best": max(run["val"].values()),
+        "gain": run["final"] - run["start"],
+        "score_last10": mean_of("critic/score/mean", train[-10:]),
+        "reverse_kl_first10": mean_of("distill/reverse_kl", train[:10]),
+        "reverse_kl_last10": mean_of("distill/reverse_kl", train[-10:]),
+        "step_s_last10": mean_of("timing_s/step", train[-10:]),
+        "teacher_s_last10": mean_of("timing_s/teacher", train[-10:]),
         "teacher_val": rows[0].get(TEACHER_KEY),  # the teacher pool's own greedy answers, before training
-        "dir": str(out),
     }
 
 
@@ -128,11 +119,7 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/distill-showcase")
     ap.add_argument("--work", default="runs/distill-showcase", help="runs and the fresh model cache go here")
     args = ap.parse_args()
-    out, work = Path(args.out), Path(args.work).resolve()
-    shutil.rmtree(work, ignore_errors=True)  # every model of the showcase trains in this command
-    work.mkdir(parents=True)
-    env = {**os.environ, "GRPO_RAY_CACHE": str(work / "cache")}
-    common = ["trainer.overwrite=true", "trainer.loggers=[jsonl]"]
+    out, (work, env, common) = Path(args.out), fresh_work(args.work)
     start = time.perf_counter()
 
     t0 = time.perf_counter()

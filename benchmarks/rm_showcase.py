@@ -20,7 +20,6 @@ correlation with the true one) and rm-showcase.md / .json.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 import time
@@ -29,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench import machine, rows_of, run_curves, val_table, write_report  # noqa: E402
+from benchmarks.bench import fresh_work, machine, mean_of, rows_of, run_curves, run_summary, val_table, write_report  # noqa: E402
 from benchmarks.distill_showcase import cli  # noqa: E402
 
 RM_RECIPE = "recipes/tiny-cpu-rm.yaml"
@@ -46,23 +45,16 @@ LAYOUT = [
 
 
 def summary(name: str, out: Path, seconds: float, overrides: list[str]) -> dict:
-    rows = rows_of(out / "metrics.jsonl")
-    val = {r["step"]: r[KEY] for r in rows if KEY in r}
+    run, rows = run_summary(name, out, seconds, overrides, KEY)
     train = [r for r in rows if r["step"] > 0 and "reward/gsm8k/mean" in r]
-    mean = lambda key, rs: sum(r.get(key, 0.0) for r in rs) / len(rs)  # noqa: E731
+    corr = [r["reward_model/true_corr"] for r in train if "reward_model/true_corr" in r]
     return {
-        "name": name,
-        "overrides": overrides,
-        "seconds": seconds,
-        "val": val,
-        "start": val[0],
-        "final": val[max(val)],
-        "true_first10": mean("reward/gsm8k/mean", train[:10]),
-        "true_last10": mean("reward/gsm8k/mean", train[-10:]),
-        "corr_mean": mean("reward_model/true_corr", train) if "reward_model/true_corr" in train[-1] else None,
-        "corr_min": min((r["reward_model/true_corr"] for r in train if "reward_model/true_corr" in r), default=None),
-        "step_s_last10": mean("timing_s/step", train[-10:]),
-        "dir": str(out),
+        **run,
+        "true_first10": mean_of("reward/gsm8k/mean", train[:10]),
+        "true_last10": mean_of("reward/gsm8k/mean", train[-10:]),
+        "corr_mean": sum(corr) / len(corr) if corr else None,
+        "corr_min": min(corr, default=None),
+        "step_s_last10": mean_of("timing_s/step", train[-10:]),
     }
 
 
@@ -109,11 +101,7 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/rm-showcase")
     ap.add_argument("--work", default="runs/rm-showcase", help="runs and the fresh model cache go here")
     args = ap.parse_args()
-    out, work = Path(args.out), Path(args.work).resolve()
-    shutil.rmtree(work, ignore_errors=True)  # every model of the showcase trains in this command
-    work.mkdir(parents=True)
-    env = {**os.environ, "GRPO_RAY_CACHE": str(work / "cache")}
-    common = ["trainer.overwrite=true", "trainer.loggers=[jsonl]"]
+    out, (work, env, common) = Path(args.out), fresh_work(args.work)
     start = time.perf_counter()
 
     t0 = time.perf_counter()
