@@ -290,23 +290,20 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.total_steps=10")
     t.set_defaults(func=cmd_train)
 
-    sf = sub.add_parser(
-        "sft",
-        help="supervised fine-tuning on the learner pool (prompt -> target text); the "
-        "model is exported to OUTPUT_DIR/model",
-    )
-    sf.add_argument("recipe", help="recipe YAML file (its sft section says where each row's target is)")
-    sf.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.total_epochs=2")
-    sf.set_defaults(func=cmd_sft)
-
-    rm = sub.add_parser(
-        "rm",
-        help="train a reward model (a sequence classifier) on the learner pool from preference pairs or labelled "
-        "responses; the model is exported to OUTPUT_DIR/model",
-    )
-    rm.add_argument("recipe", help="recipe YAML file (its rm section says where each row's responses are)")
-    rm.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.total_epochs=2")
-    rm.set_defaults(func=cmd_rm)
+    for name, func, what, section in (
+        ("sft", cmd_sft, "supervised fine-tuning on the learner pool (prompt -> target text)", "each row's target is"),
+        (
+            "rm",
+            cmd_rm,
+            "train a reward model (a sequence classifier) on the learner pool from preference pairs or labelled "
+            "responses",
+            "each row's responses are",
+        ),
+    ):  # jobs on the learner pool alone, exported as a model
+        job = sub.add_parser(name, help=f"{what}; the model is exported to OUTPUT_DIR/model")
+        job.add_argument("recipe", help=f"recipe YAML file (its {name} section says where {section})")
+        job.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.total_epochs=2")
+        job.set_defaults(func=func)
 
     pn = sub.add_parser(
         "plan",
