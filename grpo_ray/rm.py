@@ -27,9 +27,10 @@ from grpo_ray.runner import Runner
 from grpo_ray.setup_run import RM_IDS, RunInputs
 
 
-def rm_rows(rows: list[dict], pointwise: bool) -> list[tuple]:
-    """The learner's rows: (chosen ids, rejected ids) of each pair, or (response ids, label) of each pointwise row."""
-    if pointwise:
+def rm_rows(rows: list[dict], recipe: Recipe) -> list[tuple]:
+    """The learner's rows: (chosen ids, rejected ids) of each pair, or (response ids, label) of each pointwise row
+    (rm.label_key)."""
+    if recipe.rm.label_key:
         return [(row["response_ids"], row["label"]) for row in rows]
     return [(row["chosen_ids"], row["rejected_ids"]) for row in rows]
 
@@ -46,10 +47,9 @@ class RMController(Runner):
     def step(self, step: int) -> dict[str, float]:
         start = time.perf_counter()
         rows = [row for _, row in self.stream.next_batch()]
-        pointwise = bool(self.r.rm.label_key)
-        batch = ray.put(rm_rows(rows, pointwise))  # one object for all ranks
+        batch = ray.put(rm_rows(rows, self.r))  # one object for all ranks
         learners = self.pools.actors["learner"]
-        trained = self.call([l.rm_train.remote(batch, pointwise) for l in learners], "learner rm")[0]
+        trained = self.call([l.rm_train.remote(batch) for l in learners], "learner rm")[0]
         self.version += 1
         tokens = sum(len(row[k]) for row in rows for k in RM_IDS if k in row)
         seconds = time.perf_counter() - start
@@ -61,10 +61,9 @@ class RMController(Runner):
         }
 
     def validate(self, step: int) -> dict[str, float]:
-        pointwise = bool(self.r.rm.label_key)
-        batch = ray.put(rm_rows(self.inputs.val_rows, pointwise))
+        batch = ray.put(rm_rows(self.inputs.val_rows, self.r))
         learners = self.pools.actors["learner"]
-        return self.call([l.rm_validate.remote(batch, pointwise) for l in learners], "reward model validation")[0]
+        return self.call([l.rm_validate.remote(batch) for l in learners], "reward model validation")[0]
 
 
 def run_rm(recipe: Recipe, inputs: RunInputs) -> Path:

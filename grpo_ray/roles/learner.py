@@ -281,11 +281,8 @@ class Learner(RoleActor):
         self.steps += 1
         metrics = {
             **step_metrics(sums, self.world_size * a.ppo_epochs * len(batch.minis), batch.teacher is not None),
-            "actor/grad_norm": sum(norms) / len(norms),
-            "actor/lr": self.scheduler.get_last_lr()[0],
-            "actor/skipped_updates": sum(not math.isfinite(n) for n in norms) + empty,
+            **self._update_metrics(norms, empty),
             "actor/empty_updates": empty,
-            "actor/updates": len(norms),
             "actor/old_log_prob_recomputed": float(batch.old is not None),
             "actor/policy_version": float(version),
             "timing_s/old_log_prob": batch.old_seconds,
@@ -375,6 +372,16 @@ class Learner(RoleActor):
         self.optimizer.zero_grad(set_to_none=True)
         return norm.item()
 
+    def _update_metrics(self, norms: list[float], empty: int = 0) -> dict[str, float]:
+        """A step's optimizer metrics from each update's gradient norm (``_optimizer_step``): their mean, the learning
+        rate, the updates skipped (a norm that is not finite, or `empty`: nothing kept to train on) and counted."""
+        return {
+            "actor/grad_norm": sum(norms) / len(norms),
+            "actor/lr": self.scheduler.get_last_lr()[0],
+            "actor/skipped_updates": sum(not math.isfinite(n) for n in norms) + empty,
+            "actor/updates": len(norms),
+        }
+
     def _normaliser(self, local: int) -> float:
         """Tokens (or sequences) of the whole mini batch, summed over ranks, / world size: with FSDP2's gradient
         mean over ranks, each rank's loss summed over its share and divided by this is the mini batch's mean."""
@@ -409,10 +416,7 @@ class Learner(RoleActor):
         return {
             "sft/loss": (totals[0] / totals[1]).item(),
             "sft/tokens": totals[1].item(),
-            "actor/grad_norm": sum(grad_norms) / len(grad_norms),
-            "actor/lr": self.scheduler.get_last_lr()[0],
-            "actor/skipped_updates": sum(not math.isfinite(g) for g in grad_norms),
-            "actor/updates": len(grad_norms),
+            **self._update_metrics(grad_norms),
             "timing_s/update_actor": time.perf_counter() - start,
         }
 

@@ -1,12 +1,12 @@
 """The learner on a reward model: ``grpo-ray rm`` trains a one-output sequence classifier with the learner's
 machinery (FSDP2 group, optimizer and schedule, checkpoints, resume).
 
-    rm_train(rows, pointwise)   one step: rows cut into mini batches (an optimizer step each), each cut over the
+    rm_train(rows)              one step: rows cut into mini batches (an optimizer step each), each cut over the
                                 ranks; a pair's chosen and rejected conversations go through one forward
-    rm_validate(rows, pointwise)  loss, accuracy and margin over held-out rows, no gradients
+    rm_validate(rows)           loss, accuracy and margin over held-out rows, no gradients
 
 A row is the token ids of a preference pair's two rendered conversations (chosen, rejected), or of a pointwise
-row's one and its label (``grpo_ray.setup_run.rm_tokens``); the loss is ``algo.loss.reward_model_loss``.
+row's one and its label (rm.label_key: ``grpo_ray.setup_run.rm_tokens``); the loss is ``algo.loss.reward_model_loss``.
 The model is model.path with a sequence-classification head of one output (a causal LM's new head starts at
 random, as in TRL's and OpenRLHF's reward trainers); its config, with the pad id it reads scores at, is what a
 checkpoint exports, so the reward-model pool loads the export as it is.
@@ -14,7 +14,6 @@ checkpoint exports, so the reward-model pool loads the export as it is.
 
 from __future__ import annotations
 
-import math
 import time
 
 import torch
@@ -49,9 +48,10 @@ class RewardLearner(Learner):
         facts = super().setup(host, port)
         return {**facts, "config": self.model.config.to_json_string()}
 
-    def _scores(self, rows: list, pointwise: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _scores(self, rows: list) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One forward over `rows`, right-padded: each row's score (a pair's chosen ones, then its rejected ones),
         and the pointwise labels."""
+        pointwise = bool(self.recipe.rm.label_key)
         seqs = [r[0] for r in rows] if pointwise else [r[0] for r in rows] + [r[1] for r in rows]
         width = max(map(len, seqs))
         pad = self.model.config.pad_token_id
@@ -61,7 +61,7 @@ class RewardLearner(Learner):
         labels = torch.tensor([r[1] for r in rows], device=self.device) if pointwise else None
         return scores, labels
 
-    def rm_train(self, rows: list, pointwise: bool = False) -> dict[str, float]:
+    def rm_train(self, rows: list) -> dict[str, float]:
         """One step over `rows`: an optimizer step per learner.mini_batch_size rows, each rank its share in micro
         batches of learner.micro_batch_size rows; the loss is each mini batch's mean over its rows."""
         lc = self.recipe.learner
@@ -74,7 +74,7 @@ class RewardLearner(Learner):
             mine = rank_slice(list(range(b, min(b + m, n))), self.rank, self.world_size)
             normaliser = self._normaliser(len(mine))
             for k in range(0, len(mine), mb):
-                scores, labels = self._scores([rows[i] for i in mine[k : k + mb]], pointwise)
+                scores, labels = self._scores([rows[i] for i in mine[k : k + mb]])
                 loss, sums = reward_model_loss(scores, labels, normaliser)
                 loss.backward()
                 totals += sums
@@ -83,14 +83,11 @@ class RewardLearner(Learner):
         self.steps += 1
         return {
             **{f"rm/{name}": (totals[i] / totals[3]).item() for i, name in enumerate(RM_SUMS)},
-            "actor/grad_norm": sum(grad_norms) / len(grad_norms),
-            "actor/lr": self.scheduler.get_last_lr()[0],
-            "actor/skipped_updates": sum(not math.isfinite(g) for g in grad_norms),
-            "actor/updates": len(grad_norms),
+            **self._update_metrics(grad_norms),
             "timing_s/update_actor": time.perf_counter() - start,
         }
 
-    def rm_validate(self, rows: list, pointwise: bool = False) -> dict[str, float]:
+    def rm_validate(self, rows: list) -> dict[str, float]:
         """Loss, accuracy and margin over `rows`, each rank scoring every world_size-th one. Collective: a rank with
         fewer micro batches than another runs forwards on a filler row until they are done."""
         mine = list(range(self.rank, len(rows), self.world_size))
@@ -102,7 +99,7 @@ class RewardLearner(Learner):
         self.model.eval()
         with torch.no_grad():
             for k in range(int(rounds.item())):
-                scores, labels = self._scores([rows[i] for i in micros[k]] if k < len(micros) else rows[:1], pointwise)
+                scores, labels = self._scores([rows[i] for i in micros[k]] if k < len(micros) else rows[:1])
                 if k < len(micros):
                     totals += reward_model_loss(scores, labels, 1.0)[1]
         dist.all_reduce(totals)
