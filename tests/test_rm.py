@@ -158,3 +158,20 @@ def test_reward_model_recipe_problems_are_one_line(overrides, expected, capsys, 
     err = capsys.readouterr().err
     assert err.startswith("grpo-ray: error: ") and expected in err, err
     assert not ray.is_initialized()
+
+
+def test_the_gpu_check_runs_here_on_a_tiny_shape(tmp_path):
+    """benchmarks/gpu_rm.py's code path on this CPU (the GPU machine runs it at 1.5B): the pool's scoring gives the
+    bare forward's scores, and the reward learner's step trains on random pairs."""
+    import subprocess
+    import sys
+
+    args = ["--tiny", "--device", "cpu", "--samples", "8", "--score-micro", "4", "--seq", "64", "--micro", "2"]
+    res = subprocess.run(
+        [sys.executable, "benchmarks/gpu_rm.py", *args, "--out", str(tmp_path)], capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    report = json.loads((tmp_path / "gpu-rm.json").read_text())
+    assert report["scoring"]["max_abs_score_gap"] == 0.0 and report["scoring"]["score_spread"] > 0
+    (row,) = report["training"]
+    assert row["tokens"] == 2 * 2 * 2 * 64 and all(math.isfinite(x) for x in row["loss"])
