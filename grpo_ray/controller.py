@@ -26,6 +26,7 @@ k versions older than the learner when trained, and before validation and checkp
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import NamedTuple
 
@@ -41,7 +42,7 @@ from grpo_ray.errors import Preempted, RunError
 from grpo_ray.fit import response_budget
 from grpo_ray.metrics import perf_metrics, pool_metrics, rollout_metrics
 from grpo_ray.pools import PoolFault
-from grpo_ray.rewards.learned import with_model
+from grpo_ray.rewards.learned import fill_unread, with_model
 from grpo_ray.runner import Runner
 from grpo_ray.setup_run import RunInputs
 from grpo_ray.types import Prompt, Rollout, Work
@@ -302,17 +303,30 @@ class Controller(Runner):
         scores = self.check_rewards(self.call(sent.functions, "reward"), counted)
         if not sent.model:
             return scores, {}, []
-        try:
-            got = self.call([ref for pair in sent.model for ref in pair], "reward model")
-        except PoolFault as e:  # an actor lost, or one whose collective it broke: the group is gone either way
-            self.say(f"a reward-model actor was lost ({e}); starting the pool again and scoring the batch again")
-            self.pools.restart_reward_model()
-            model = self.send_model(sent.rollouts, sent.samples)
-            got = self.call([ref for pair in model for ref in pair], "reward model (again)")
-        values, work = [v for share in got[0::2] for v in share], got[1::2]
         rm, rules = self.r.reward_model, [(f.name, f.weight) for f in self.r.reward.functions]
+        judge = rm.judge if rm.judge.template else None
+        deadline, timed_out = judge.timeout_s if judge else None, False
+        try:
+            got = self.pools.call([ref for pair in sent.model for ref in pair], "reward model", deadline)
+        except PoolFault as e:  # an actor lost, or one whose collective it broke: the group is gone either way
+            self.pools.restart_reward_model()
+            if judge and e.timed_out:  # a judge past reward_model.judge.timeout_s: the step scores the default
+                self.say(f"{e} (reward_model.judge.timeout_s): this step's samples score the default")
+                got, timed_out = [[math.nan] * sum(len(s.totals) for s in scores), Work(deadline, 0)], True
+            else:
+                self.say(f"a reward-model actor was lost ({e}); started the pool again, scoring the batch again")
+                model = self.send_model(sent.rollouts, sent.samples)
+                got = self.pools.call([ref for pair in model for ref in pair], "reward model (again)", deadline)
+        values, work = [v for share in got[0::2] for v in share], got[1::2]
+        judged = {}
+        if judge:  # a reply without a score, a conversation too long, a step past the deadline: the default
+            values, unread = fill_unread(values, judge.default)
+            judged = {
+                "reward_model/judge_unread": 0.0 if timed_out else unread / len(values),
+                "reward_model/judge_timeouts": float(timed_out),
+            }
         scores, metrics = with_model(scores, values, rm.weight, rm.normalize, rules, rm.sigmoid)
-        return scores, {**metrics, "timing_s/reward_model": max(w.seconds for w in work)}, work
+        return scores, {**metrics, **judged, "timing_s/reward_model": max(w.seconds for w in work)}, work
 
     def frozen_logprobs(self, rollouts: list, samples: Samples) -> dict[str, list]:
         """Per frozen pool (the reference: none without a KL term; the teacher: none without distillation), its

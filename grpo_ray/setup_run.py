@@ -295,23 +295,30 @@ def teacher_base(recipe: Recipe, tokenizer) -> str:
 
 
 def reward_model_path(recipe: Recipe) -> str:
-    """reward_model.model resolved (a tiny one built), after checking that it is a sequence classifier with one
-    output: what the reward-model pool loads and reads one score from."""
+    """reward_model.model resolved (a tiny one built), after checking that it is what the pool loads: a sequence
+    classifier with one output, or a language model when reward_model.judge.template makes it a judge."""
     from transformers import AutoConfig
 
-    name = recipe.reward_model.model
+    name, judge = recipe.reward_model.model, bool(recipe.reward_model.judge.template)
     path = models.resolve(name)
     try:
         config = AutoConfig.from_pretrained(path, trust_remote_code=recipe.model.trust_remote_code)
     except (OSError, ValueError) as e:
         raise RecipeError(f"reward_model.model={name!r}: cannot load its config ({str(e).splitlines()[0]})") from None
     kind = (config.architectures or ["a model that names no architecture"])[0]
-    if not kind.endswith("ForSequenceClassification"):
+    classifier = kind.endswith("ForSequenceClassification")
+    if judge and not kind.endswith("ForCausalLM"):
+        raise RecipeError(
+            f"reward_model.model={name!r}: a {kind}, not a language model (ForCausalLM) that a judge's rubric "
+            "(reward_model.judge.template) can ask; unset the template to use a classifier"
+        )
+    if not judge and not classifier:
         raise RecipeError(
             f"reward_model.model={name!r}: a {kind}, not a sequence classifier (AutoModelForSequenceClassification "
-            "with one output, as Skywork and ArmoRM reward models are); generative judges are not supported yet"
+            "with one output, as Skywork and ArmoRM reward models are); to use a language model as a generative "
+            "judge, give it a rubric in reward_model.judge.template"
         )
-    if config.num_labels != 1:
+    if classifier and config.num_labels != 1:
         raise RecipeError(
             f"reward_model.model={name!r}: its classifier has {config.num_labels} outputs; a reward model gives one "
             "score (choosing one head of several is not supported)"

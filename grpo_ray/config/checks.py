@@ -130,6 +130,12 @@ RANGES: dict[str, Range] = {
     "reward_model.num_actors": POSITIVE,
     "reward_model.micro_batch_size": POSITIVE,
     "reward_model.num_cpus": POSITIVE,
+    "reward_model.judge.default": FINITE,
+    "reward_model.judge.max_tokens": POSITIVE,
+    "reward_model.judge.temperature": NON_NEGATIVE,
+    "reward_model.judge.timeout_s": POSITIVE,
+    "reward_model.judge.max_model_len": NON_NEGATIVE,
+    "reward_model.judge.gpu_memory_utilization": Range(0, 1, low_open=True),
     "reward.functions.weight": FINITE,
     "reward.num_actors": POSITIVE,
     "reward.timeout_s": POSITIVE,
@@ -188,6 +194,8 @@ FREE_TEXT = {
     "model.path",
     "teacher.model",
     "reward_model.model",
+    "reward_model.judge.template",
+    "reward_model.judge.pattern",
     "trainer.weight_dir",
     "trainer.weight_transport",
     "model.chat_template",
@@ -296,12 +304,34 @@ def validate(r: Recipe, command: str = "train") -> list[str]:
             f"environment.max_tokens ({r.environment.max_tokens}) is below generator.sampling.max_tokens "
             f"({r.generator.sampling.max_tokens}): a trajectory's budget holds at least one whole turn"
         )
+    p += _judge_problems(r.reward_model.judge)
     learned = r.reward_model.model and r.reward_model.weight  # a reward model alone tells responses apart
     if command == "train" and r.reward.functions and not learned and not any(f.weight > 0 for f in r.reward.functions):
         p.append(
             "reward.functions: no function has a positive weight, so no response can be told from another; "
             "give at least one a weight above 0 (or name a reward_model.model)"
         )
+    return p
+
+
+def _judge_problems(j) -> list[str]:
+    """A judge's rubric without the response to grade, or a score pattern that is no regular expression with a
+    group."""
+    import re
+
+    if not j.template:
+        return []
+    p = []
+    if "{response}" not in j.template:
+        p.append(
+            "reward_model.judge.template has no {response}: the judge would grade without seeing the response "
+            "(placeholders: {prompt}, {response}, {ground_truth})"
+        )
+    try:
+        if re.compile(j.pattern).groups < 1:
+            p.append(f"reward_model.judge.pattern={j.pattern!r} has no group: put the score in ( )")
+    except re.error as e:
+        p.append(f"reward_model.judge.pattern={j.pattern!r} is not a regular expression ({e})")
     return p
 
 

@@ -206,6 +206,34 @@ class TeacherConfig:
 
 
 @dataclass
+class JudgeConfig:
+    """A generative judge: reward_model.model is a language model served by a vLLM engine in each reward-model actor,
+    asked to grade each response with a rubric; the number its reply gives is the score."""
+
+    template: str = ""
+    """The rubric prompt, sent as the user's turn in the judge's chat template: ``{prompt}`` becomes the prompt's
+    text, ``{response}`` the response (required) and ``{ground_truth}`` the row's reference answer. Set, the model is
+    a judge; empty, a sequence classifier."""
+    pattern: str = r"(-?\d+(?:\.\d+)?)"
+    """A regular expression; the first group of its last match in the reply is read as the score."""
+    default: float = 0.0
+    """The score of a reply the pattern does not match, of a conversation too long for the judge, and of a step whose
+    judging missed timeout_s; counted (reward_model/judge_unread, reward_model/judge_timeouts)."""
+    max_tokens: int = 64
+    """Tokens of the judge's reply at most."""
+    temperature: float = 0.0
+    """The judge's sampling temperature (0: greedy, the same reply to the same conversation)."""
+    timeout_s: float = 300.0
+    """A step's judging must finish within this; past it every sample of the step scores the default and the pool is
+    started again."""
+    max_model_len: int = 0
+    """The judge's context length; 0: the policy's prompt and response lengths, max_tokens and 512 tokens for the
+    template."""
+    gpu_memory_utilization: float = 0.85
+    """On GPU: the share of the judge's device its engine takes (weights and KV cache)."""
+
+
+@dataclass
 class RewardModelConfig:
     """A learned reward: a sequence classifier (transformers' ``AutoModelForSequenceClassification``, one output: the
     Skywork / ArmoRM shape) scoring each (prompt, response), rendered in its own chat template and tokenizer, in a pool
@@ -232,6 +260,8 @@ class RewardModelConfig:
     """Conversations per forward pass."""
     num_cpus: float = 0.5
     """CPUs reserved per reward-model actor."""
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    """Set judge.template to use a language model as a generative judge instead of a classifier."""
     by_style: bool = False
     """Let each data row's ``reward_model.style`` (verl's field) choose its reward: ``rule`` the reward functions
     alone, ``model`` the reward model alone, ``both``; off, every row gets both (prepared data says ``rule``)."""

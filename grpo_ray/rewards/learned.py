@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import statistics
 
 from grpo_ray.types import Scores
 
+PLACEHOLDER = re.compile(r"\{(prompt|response|ground_truth)\}")
+"""The placeholders of a judge's rubric (reward_model.judge.template)."""
 COMPONENT = "reward_model"
 """The reward model's component of each sample's reward."""
 STYLED = {
@@ -27,6 +30,38 @@ def render(tokenizer, messages: list[dict], response: str) -> str:
     if tokenizer.chat_template:
         return tokenizer.apply_chat_template(turns, tokenize=False)
     return "\n".join(t["content"] for t in turns)
+
+
+def judge_prompt(template: str, prompt, response: str) -> str:
+    """A judge's rubric for one sample: `template` with ``{prompt}`` (the prompt's user turns, or its text),
+    ``{response}`` and ``{ground_truth}`` filled in, in one pass (other braces stay as they are: a rubric may show
+    JSON; a response that quotes a placeholder is not filled again)."""
+    turns = [m["content"] for m in prompt.messages if m.get("role") != "system"]
+    fills = {
+        "prompt": "\n\n".join(turns) if turns else prompt.text,
+        "response": response,
+        "ground_truth": str(prompt.ground_truth),
+    }
+    return PLACEHOLDER.sub(lambda m: fills[m.group(1)], template)
+
+
+def read_score(reply: str, pattern: str) -> float:
+    """The score in a judge's `reply`: the first group of `pattern`'s last match, as a number; NaN when nothing
+    matches or the match is not a finite number (the caller scores it the default and counts it)."""
+    matches = list(re.finditer(pattern, reply))
+    if not matches:
+        return math.nan
+    try:
+        value = float(matches[-1].group(1))
+    except (TypeError, ValueError):
+        return math.nan
+    return value if math.isfinite(value) else math.nan
+
+
+def fill_unread(values: list[float], default: float) -> tuple[list[float], int]:
+    """`values` with each NaN (a judge's reply without a score) replaced by `default`, and how many were."""
+    unread = sum(math.isnan(v) for v in values)
+    return [default if math.isnan(v) else v for v in values], unread
 
 
 def with_model(
