@@ -156,6 +156,8 @@ class Pools:
             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
             runtime_env={"env_vars": env},
         )
+        if self.roles[pool] is Judge:  # a step's memory ask is answered while a judge grades (or hangs: its deadline)
+            options["max_concurrency"] = 2
         actor = ray.remote(self.roles[pool]).options(**options)
         if pool == "generator":
             kv = 0 if self.device.gpu else cpu_kv_cache_bytes(self.dims, r)  # on GPU: gpu_memory_utilization
