@@ -160,7 +160,8 @@ def pool_vs_bare(name: str, samples: int, micro: int, words: int, reps: int, thr
 
 def scaling(name: str, samples: int, micro: int, words: int, reps: int) -> dict:
     """One actor against two (one thread each) on the same batch, each with an even share: the pool (one FSDP2 group
-    of two) and, as what this machine's cores allow, the bare forward in one process against two."""
+    of two), the pool unsharded (reward_model.shard=false: the whole classifier on each actor) and, as what this
+    machine's cores allow, the bare forward in one process against two."""
     import ray
 
     from grpo_ray import models
@@ -172,29 +173,31 @@ def scaling(name: str, samples: int, micro: int, words: int, reps: int) -> dict:
     length = shortest(path, batch)
     overrides = [f"reward_model.model={name}", f"reward_model.micro_batch_size={micro}", "~data.response_prefix"]
     recipe = load_recipe(ROOT / TWIN, [*overrides, f"reward_model.max_length={length}"])
+    whole = load_recipe(ROOT / TWIN, [*overrides, f"reward_model.max_length={length}", "reward_model.shard=false"])
     ref, out = ray.put(batch), {"model": name, "samples": samples}
     for actors in (1, 2):
         share = -(-samples // actors)
         spans = [[(k * share, min(samples, (k + 1) * share))] for k in range(actors)]
         halves = [ray.put(Rollout(batch.prompts, batch.completions[a:b], 0)) for [(a, b)] in spans]
-        handles = pool(path, recipe, actors, 1)
         options = dict(num_cpus=1, runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
-        bare = [ray.remote(BareClassifier).options(**options).remote(path, 1, micro) for _ in range(actors)]
-        ray.get([b.__ray_ready__.remote() for b in bare])
-
-        def pooled(handles=handles, spans=spans):
-            return ray.get([h.score.options(num_returns=2).remote([ref], s)[0] for h, s in zip(handles, spans)])
-
-        def raw(bare=bare, halves=halves):
-            return ray.get([b.scores.remote([h], length) for b, h in zip(bare, halves)])
-
-        for kind, call in (("pool", pooled), ("bare", raw)):
+        for kind in ("pool", "unsharded", "bare"):  # one kind's actors at a time: each actor its own core
+            if kind == "bare":
+                handles = [ray.remote(BareClassifier).options(**options).remote(path, 1, micro) for _ in range(actors)]
+                ray.get([b.__ray_ready__.remote() for b in handles])
+                call = lambda handles=handles, halves=halves: ray.get(  # noqa: E731
+                    [b.scores.remote([h], length) for b, h in zip(handles, halves)]
+                )
+            else:
+                handles = pool(path, recipe if kind == "pool" else whole, actors, 1)
+                call = lambda handles=handles, spans=spans: ray.get(  # noqa: E731
+                    [h.score.options(num_returns=2).remote([ref], s)[0] for h, s in zip(handles, spans)]
+                )
             seconds, _ = timed(call, reps)
             out[f"{kind}_{actors}_seconds"] = seconds
             out[f"{kind}_{actors}_median_s"] = statistics.median(seconds)
-        for h in handles + bare:
-            ray.kill(h)
-    for kind in ("pool", "bare"):
+            for h in handles:
+                ray.kill(h)
+    for kind in ("pool", "unsharded", "bare"):
         out[f"{kind}_speedup"] = round(out[f"{kind}_1_median_s"] / out[f"{kind}_2_median_s"], 3)
     return out
 
@@ -226,6 +229,8 @@ def markdown(report: dict) -> str:
         "| --- | --- | --- | --- |",
         f"| the pool (one FSDP2 group) | {s['pool_1_median_s']:.3f} | {s['pool_2_median_s']:.3f} | "
         f"**{s['pool_speedup']:.2f}x** |",
+        f"| the pool unsharded (`reward_model.shard=false`) | {s['unsharded_1_median_s']:.3f} | "
+        f"{s['unsharded_2_median_s']:.3f} | **{s['unsharded_speedup']:.2f}x** |",
         f"| bare forwards, one process each | {s['bare_1_median_s']:.3f} | {s['bare_2_median_s']:.3f} | "
         f"{s['bare_speedup']:.2f}x |",
         "",

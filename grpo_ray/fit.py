@@ -246,18 +246,18 @@ def reference_memory(d: ModelDims, r: Recipe, seq: int = 0, pool: str = "referen
     section = getattr(r, pool)
     t = section.micro_batch_size * s
     acts = t * b * (4 * d.hidden + 2 * d.intermediate) + (t * d.heads * s * 2 * b if cpu else 0)
-    n = section.num_actors
+    whole = pool == "reward_model" and not section.shard  # each actor holds the whole classifier, no FSDP units
+    n = 1 if whole else section.num_actors
     parts = {
         "weights": d.params * b / n / GB,
-        "gathered": 2 * b * unit_params(d) / GB,
+        "gathered": 0.0 if whole else 2 * b * unit_params(d) / GB,
         "activations": acts / GB,
         "logits": t * d.vocab * (b + 8) / GB if pool != "reward_model" else 0.0,  # a classifier: one number a row
         # on CPU each actor reads the whole checkpoint in b before sharding it
         "runtime": CPU_RUNTIME_GB[pool] + d.params * b / GB if cpu else GPU_RUNTIME_GB,
     }
-    return PoolMemory(
-        pool, parts, f"micro batch {section.micro_batch_size} x {s} tokens, forward only, sharded over {n} actors"
-    )
+    kept = f"whole on each of {section.num_actors} actors" if whole else f"sharded over {n} actors"
+    return PoolMemory(pool, parts, f"micro batch {section.micro_batch_size} x {s} tokens, forward only, {kept}")
 
 
 JUDGE_TEMPLATE_TOKENS = 512

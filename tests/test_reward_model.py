@@ -175,3 +175,25 @@ def test_the_reward_worker_hands_back_each_rows_style(ray_local):
         scores = ray_local.get(worker.score.remote([ref]), timeout=120)
         assert scores.styles == expected and scores.totals == [1.0, 1.0, 1.0]
         ray_local.kill(worker)
+
+
+def test_an_unsharded_actor_scores_as_a_bare_forward_with_no_group():
+    """reward_model.shard=false: the actor holds the whole classifier and scores its texts with no process group
+    (rank 1 of 2 here: nothing to join), the scores a bare transformers forward's."""
+    import torch.distributed as dist
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from grpo_ray.roles.reward_model import RewardModel
+
+    r = load_recipe(RECIPE, ["reward_model.shard=false"])
+    path = models.resolve(r.reward_model.model)
+    actor = RewardModel(path, r, rank=1, world_size=2)
+    actor.setup("", 0)
+    assert not dist.is_initialized()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    texts = [f"question {k} answer {'7 ' * k}" for k in range(1, 12)]  # lengths differ: padding and micro batches
+    got = actor.rewards(texts)
+    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        bare = [model(**tokenizer(t, add_special_tokens=False, return_tensors="pt")).logits[0, 0].item() for t in texts]
+    assert got == pytest.approx(bare, abs=1e-5) and len(set(got)) > 1

@@ -255,7 +255,11 @@ class RewardModelConfig:
     max_length: int = 0
     """Tokens of a rendered conversation the classifier reads at most (cut at the end); 0: all."""
     num_actors: int = 1
-    """Reward-model actors (data parallel, one FSDP2 group: each holds 1/num_actors of the weights)."""
+    """Reward-model actors (data parallel, even shares of the samples)."""
+    shard: bool = True
+    """The actors form one FSDP2 group, each holding 1/num_actors of the classifier's weights (for one too large for
+    a device); false: each holds the whole classifier and scores its share alone, with no collective per forward
+    (faster where it fits: benchmarks/results/reward-model)."""
     micro_batch_size: int = 16
     """Conversations per forward pass."""
     num_cpus: float = 0.5

@@ -36,6 +36,7 @@ class RewardModel(RoleActor):
         self.dtype = getattr(torch, recipe.learner.dtype)
         self.rank, self.world_size = rank, world_size
         cfg = recipe.reward_model
+        self.sharded = cfg.shard
         self.micro_batch_size, self.max_length = cfg.micro_batch_size, cfg.max_length
         self.prefix = recipe.data.response_prefix
         self.calls = 0
@@ -45,10 +46,11 @@ class RewardModel(RoleActor):
         return sync.free_address()
 
     def setup(self, host: str, port: int) -> None:
-        """Join the group; load the classifier and its tokenizer, and shard the classifier."""
+        """Join the group; load the classifier and its tokenizer, and shard the classifier (replicated, with
+        reward_model.shard false: the whole classifier here, no group)."""
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        mesh = fsdp.join(self.run_on, host, port, self.rank, self.world_size)
+        mesh = fsdp.join(self.run_on, host, port, self.rank, self.world_size) if self.sharded else None
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path, trust_remote_code=self.trust_remote_code)
         model = AutoModelForSequenceClassification.from_pretrained(
             self.model_path, dtype=self.dtype, trust_remote_code=self.trust_remote_code
@@ -57,7 +59,12 @@ class RewardModel(RoleActor):
         if model.config.pad_token_id is None:  # transformers finds each row's last token by the pad id
             model.config.pad_token_id = self.tokenizer.pad_token_id or self.tokenizer.eos_token_id
         self.pad_id = model.config.pad_token_id
-        self.model = fsdp.shard(model, mesh, self.dtype).eval()
+        if self.sharded:
+            self.model = fsdp.shard(model, mesh, self.dtype).eval()
+        else:
+            if self.run_on.gpu:
+                torch.cuda.set_device(self.device)
+            self.model = model.to(self.device).eval()
 
     def score(self, rollout_refs: list, spans: list[Span] | None = None) -> tuple[list[float], Work]:
         """The model's score of each completion of the rollouts behind `rollout_refs` (of `spans` of each, or all),
@@ -77,14 +84,15 @@ class RewardModel(RoleActor):
         return out, Work(time.perf_counter() - start, len(texts), (started, time.time()))
 
     def rewards(self, texts: list[str]) -> list[float]:
-        """The model's score of each rendered conversation (no Ray: benchmarks call it directly). Collective: every
-        actor of the group calls it, with its own texts or none."""
+        """The model's score of each rendered conversation (no Ray: benchmarks call it directly). Sharded, a collective:
+        every actor of the group calls it, with its own texts or none."""
         limit = {"truncation": True, "max_length": self.max_length} if self.max_length else {}
         ids = self.tokenizer(texts, add_special_tokens=False, **limit)["input_ids"] if texts else []
         order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))  # longest first: little padding per micro batch
         micros = [order[k : k + self.micro_batch_size] for k in range(0, len(order), self.micro_batch_size)]
         rounds = torch.tensor([len(micros)], device=self.device)  # nccl reduces only device tensors
-        dist.all_reduce(rounds, op=dist.ReduceOp.MAX)
+        if self.sharded:  # every rank runs as many forwards (collectives) as the busiest
+            dist.all_reduce(rounds, op=dist.ReduceOp.MAX)
         out = [0.0] * len(ids)
         with torch.no_grad():
             for k in range(int(rounds.item())):
@@ -96,7 +104,8 @@ class RewardModel(RoleActor):
                 logits = self.model(input_ids=batch, attention_mask=mask).logits[:, 0].float().cpu()
                 for i, value in zip(micros[k] if k < len(micros) else [], logits.tolist()):
                     out[i] = value
-        fsdp.reshard(self.model)
+        if self.sharded:
+            fsdp.reshard(self.model)
         return out
 
     def shutdown(self) -> None:
