@@ -6,8 +6,8 @@
 A sequence classifier of Qwen2.5-1.5B's body (28 layers, width 1536, a one-output score head; random init, with the
 offline tokenizer of a ``tiny://`` model, so its vocabulary is small: a classifier's FLOPs are its body's) is:
 
-1. **scored by the reward-model pool's own code** (``RewardModel.rewards``: FSDP2 on a one-rank nccl group, the
-   learner's dtype, longest-first micro batches, tokenizing included) against a bare transformers forward of the same
+1. **scored by the reward-model pool's own code** (``RewardModel.rewards``: one actor, so the whole classifier on
+   the device with no group; the learner's dtype, longest-first micro batches, tokenizing included) against a bare transformers forward of the same
    checkpoint on the same conversations (tokenizing included; every conversation cut to --seq tokens, so neither
    side pads): tokens/s of each (median of --steps calls after --warmup), their ratio (the issue's target: the pool
    at least 0.9x) and the largest score gap;
@@ -294,7 +294,7 @@ def report(r: dict) -> str:
         "",
         f"**Scoring** {s['samples']} conversations a call in micro batches of {s['micro_batch']} (median of "
         f"{len(s['pool_seconds'])} calls after a warm-up, tokenizing included): the reward-model pool's code "
-        f"(`RewardModel.rewards`, FSDP2 on one rank) {s['pool_tokens_per_s']:.0f} tokens/s against a bare "
+        f"(`RewardModel.rewards`, one actor: the whole classifier, no group) {s['pool_tokens_per_s']:.0f} tokens/s against a bare "
         f"transformers forward's {s['bare_tokens_per_s']:.0f}: **{s['pool_over_bare']:.2f}x**; largest score gap "
         f"{s['max_abs_score_gap']:.3g} (scores' spread {s['score_spread']:.3g}).",
         "",

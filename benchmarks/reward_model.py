@@ -2,15 +2,15 @@
 
     python benchmarks/reward_model.py --out benchmarks/results/reward-model
 
-1. **Pool against a bare forward**: one reward-model actor (``roles.reward_model.RewardModel``: an FSDP2 group of
-   one, longest-first micro batches) scores batches of rollouts passed as Ray object refs, against a bare
+1. **Pool against a bare forward**: one reward-model actor (``roles.reward_model.RewardModel``: one actor holds the
+   whole classifier, no group; longest-first micro batches) scores batches of rollouts passed as Ray object refs, against a bare
    ``AutoModelForSequenceClassification`` forward of the same classifier in a Ray actor with the same threads, on the
    same rollouts; both render each (prompt, response) in the classifier's chat template and tokenize it (every
    conversation the same length, so the bare side pads nothing) and are timed from the driver, the Ray hop included.
    Tokens/s, the median over --reps calls after one warm-up, for each model in MODELS.
 2. **Scaling with actors**: the same batch scored by a pool of one actor and by a pool of two (each actor one
    thread, so two actors use the two cores one actor leaves half idle), each actor given an even share as the
-   controller gives it; and, as what this machine's two cores give to two processes at all, the bare forward in one
+   controller gives it, two actors sharded (one FSDP2 group) and unsharded (``reward_model.shard=false``); and, as what this machine's two cores give to two processes at all, the bare forward in one
    process against two, each on half the batch. The median seconds of each.
 
 Writes reward-model.json and reward-model.md to --out.
@@ -205,7 +205,7 @@ def scaling(name: str, samples: int, micro: int, words: int, reps: int) -> dict:
 def markdown(report: dict) -> str:
     lines = [
         *heading("Reward-model pool", report),
-        "One reward-model actor (the role on an FSDP2 group of one) against a bare "
+        "One reward-model actor (the role: one actor holds the whole classifier, no group) against a bare "
         "`AutoModelForSequenceClassification` forward in a Ray actor with the same threads, on the same rollouts passed "
         "as object refs, both rendering each conversation in the classifier's chat template, timed from the driver "
         f"(median of {report['reps']} calls after one warm-up; fp32):",
@@ -227,7 +227,7 @@ def markdown(report: dict) -> str:
         "",
         "| | one actor s | two actors s | speedup |",
         "| --- | --- | --- | --- |",
-        f"| the pool (one FSDP2 group) | {s['pool_1_median_s']:.3f} | {s['pool_2_median_s']:.3f} | "
+        f"| the pool, sharded (two actors: one FSDP2 group) | {s['pool_1_median_s']:.3f} | {s['pool_2_median_s']:.3f} | "
         f"**{s['pool_speedup']:.2f}x** |",
         f"| the pool unsharded (`reward_model.shard=false`) | {s['unsharded_1_median_s']:.3f} | "
         f"{s['unsharded_2_median_s']:.3f} | **{s['unsharded_speedup']:.2f}x** |",

