@@ -15,6 +15,12 @@ PANELS = [
     ("perf/throughput", "throughput (tokens/s/device)"),
     ("/pass@1", "validation pass@1 (greedy)"),  # any val/<data_source>/pass@1, step 0 included; a teacher's dashed
 ]
+LEARNED = [  # a row more where a run has a learned reward beside a true (rule) one: reward hacking shows here
+    ("reward/reward_model/mean", "learned reward (mean, as trained on)"),
+    ("reward_model/score/mean", "learned score (raw mean)"),
+    ("reward_model/true_corr", "learned vs true reward: correlation"),
+    ("reward_model/gap", "learned minus true reward (means)"),
+]
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
@@ -33,9 +39,12 @@ def plot_runs(run_dirs: list[str], out: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 4, figsize=(16, 7))
     runs = [(Path(d).name or str(d), read_metrics(d)) for d in run_dirs]
-    for ax, (key, title) in zip(axes.flat, PANELS):
+    learned = any(k.startswith("reward_model/") for _, rows in runs for r in rows for k in r)
+    panels = PANELS + (LEARNED if learned else [])
+    lines = len(panels) // 4  # rows of panels
+    fig, axes = plt.subplots(lines, 4, figsize=(16, 3.5 * lines))
+    for ax, (key, title) in zip(axes.flat, panels):
         for name, rows in runs:
             if key.startswith("/"):  # validation: one line per data source
                 for source in sorted({k for r in rows for k in r if k.startswith("val/") and k.endswith(key)}):

@@ -94,6 +94,8 @@ def run(tmp_path_factory):
 
 @pytest.mark.slow
 def test_a_judge_pool_of_two_engines_scores_and_a_hung_judge_scores_the_default(run):
+    import matplotlib.image
+
     out, metrics, said = run
     steps = [m for m in metrics if m["step"]]
     assert [m["step"] for m in steps] == [1, 2, 3]
@@ -109,6 +111,8 @@ def test_a_judge_pool_of_two_engines_scores_and_a_hung_judge_scores_the_default(
     check_twin_run(RECIPE, out, faulted=(2,))  # step 2's judging timed out: no actor's work was used
     placed = json.loads((out / "placement.json").read_text())
     assert len(placed["reward_model"]) == 2
+    plot = run_cli("plot", str(out), "--out", str(out / "curves.png"))  # a row more: the learned reward vs the true
+    assert plot.returncode == 0 and matplotlib.image.imread(out / "curves.png").shape[:2] == (840, 1280), plot.stderr
     r = load_recipe(RECIPE)
     measured = max(m["perf/peak_rss_gb/reward_model"] for m in (steps[0], steps[2]))
     predicted = fit.judge_memory(model_dims(r.reward_model.model), r, 0.0)  # plan's judge: engine, KV, runtime
