@@ -422,6 +422,27 @@ def main() -> None:
     print(report(result))
 
 
+def step_table(rows: list[dict], first: str) -> list[str]:
+    """The markdown table of timed training steps (``step_row``'s, or the reward model's), one row each; `first`
+    heads the micro batch's column."""
+    lines = [
+        f"| {first} | tokens / step | step (s, median) | tokens/s | TFLOP/s | MFU | peak allocated (GB) | "
+        "plan without runtime (GB) | plan / measured |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        micro = f"{row['micro_batch']}{' + teacher' if row.get('distill') else ''}"
+        if row.get("out_of_memory"):
+            lines.append(f"| {micro} | out of memory | | | | | | {row['plan_gb']:.2f} | |")
+            continue
+        mfu = f"{row['mfu']:.3f}" if row["mfu"] is not None else "unknown"
+        lines.append(
+            f"| {micro} | {row['tokens']} | {row['median_s']:.3f} | {row['tokens_per_s']:.0f} | {row['tflops']:.1f} | "
+            f"{mfu} | {row['peak_allocated_gb']:.2f} | {row['plan_gb']:.2f} | {row['plan_over_measured']} |"
+        )
+    return lines
+
+
 def report(r: dict) -> str:
     lines = [
         f"# Learner step on {r['device']} ({r['date']})",
@@ -435,20 +456,8 @@ def report(r: dict) -> str:
             else ""
         ),
         "",
-        "| micro batch | tokens / step | step (s, median) | tokens/s | TFLOP/s | MFU | peak allocated (GB) | "
-        "plan without runtime (GB) | plan / measured |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        *step_table(r["rows"], "micro batch"),
     ]
-    for row in r["rows"]:
-        if row.get("out_of_memory"):
-            lines.append(f"| {row['micro_batch']} | out of memory | | | | | | {row['plan_gb']:.2f} | |")
-            continue
-        mfu = f"{row['mfu']:.3f}" if row["mfu"] is not None else "unknown"
-        lines.append(
-            f"| {row['micro_batch']}{' + teacher' if row.get('distill') else ''} | {row['tokens']} | {row['median_s']:.3f} | {row['tokens_per_s']:.0f} | "
-            f"{row['tflops']:.1f} | {mfu} | {row['peak_allocated_gb']:.2f} | {row['plan_gb']:.2f} | "
-            f"{row['plan_over_measured']} |"
-        )
     if r.get("masked_sft"):
         m = r["masked_sft"]
         lines += [

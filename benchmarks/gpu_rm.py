@@ -40,6 +40,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from benchmarks.gpu import step_table  # noqa: E402
+
 SHAPES = {  # a tiny:// classifier of each body
     "Qwen/Qwen2.5-1.5B-Instruct": "tiny://qwen2?layers=28&hidden=1536&heads=12&kv_heads=2&intermediate=8960"
     "&max_len=4096&vocab=2000&score=1",
@@ -301,20 +303,8 @@ def report(r: dict) -> str:
         "**Training** (`RewardLearner.rm_train`, Bradley-Terry on pairs, a pair's two conversations in one forward, "
         f"FSDP2, fp32 master weights and AdamW; peak {r['peak_tflops']} TFLOPS dense bf16):",
         "",
-        "| pairs a forward | tokens / step | step (s, median) | tokens/s | TFLOP/s | MFU | peak allocated (GB) | "
-        "plan without runtime (GB) | plan / measured |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        *step_table(r["training"], "pairs a forward"),
     ]
-    for row in r["training"]:
-        if row.get("out_of_memory"):
-            lines.append(f"| {row['micro_batch']} | out of memory | | | | | | {row['plan_gb']:.2f} | |")
-            continue
-        mfu = f"{row['mfu']:.3f}" if row["mfu"] is not None else "unknown"
-        lines.append(
-            f"| {row['micro_batch']} | {row['tokens']} | {row['median_s']:.3f} | {row['tokens_per_s']:.0f} | "
-            f"{row['tflops']:.1f} | {mfu} | {row['peak_allocated_gb']:.2f} | {row['plan_gb']:.2f} | "
-            f"{row['plan_over_measured']} |"
-        )
     return "\n".join(lines + [""])
 
 
