@@ -74,7 +74,8 @@ class TinySpec:
     text: str = "select"
     """The synthetic task whose text trains the tokenizer: select or reasoning (grpo_ray.data.synthetic)."""
     score: int = 0
-    """1: a sequence classifier with one output (a reward model: ``reward_model.model``), not a language model."""
+    """N > 0: a sequence classifier with N outputs (a reward model: ``reward_model.model``; of several, as a
+    multi-objective one has, ``reward_model.head`` picks the score), not a language model."""
 
     @property
     def head_dim(self) -> int:
@@ -348,8 +349,8 @@ def _config(spec: TinySpec, vocab_size: int, tokenizer):
     cfg.architectures = [
         {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "gemma3": "Gemma3ForCausalLM"}[spec.arch]
     ]
-    if spec.score:  # one score from the last token (transformers finds it by the pad id)
-        cfg.num_labels = 1
+    if spec.score:  # scores from the last token (transformers finds it by the pad id)
+        cfg.num_labels = spec.score
         cfg.architectures = [cfg.architectures[0].replace("ForCausalLM", "ForSequenceClassification")]
     return cfg
 

@@ -318,10 +318,16 @@ def reward_model_path(recipe: Recipe) -> str:
             "with one output, as Skywork and ArmoRM reward models are); to use a language model as a generative "
             "judge, give it a rubric in reward_model.judge.template"
         )
-    if classifier and config.num_labels != 1:
+    head, outputs = recipe.reward_model.head, config.num_labels
+    if classifier and head < 0 and outputs != 1:
         raise RecipeError(
-            f"reward_model.model={name!r}: its classifier has {config.num_labels} outputs; a reward model gives one "
-            "score (choosing one head of several is not supported)"
+            f"reward_model.model={name!r}: its classifier has {outputs} outputs; set reward_model.head to the one "
+            f"that is the score (0 to {outputs - 1})"
+        )
+    if classifier and head >= outputs:
+        raise RecipeError(
+            f"reward_model.head={head}: reward_model.model={name!r} has {outputs} output{'s' * (outputs > 1)} "
+            f"(0 to {outputs - 1})"
         )
     return path
 

@@ -177,15 +177,21 @@ def test_the_reward_worker_hands_back_each_rows_style(ray_local):
         ray_local.kill(worker)
 
 
-def test_an_unsharded_actor_scores_as_a_bare_forward_with_no_group():
+@pytest.mark.parametrize("heads", [1, 3], ids=["one output", "head 2 of 3"])
+def test_an_unsharded_actor_scores_as_a_bare_forward_with_no_group(heads):
     """reward_model.shard=false: the actor holds the whole classifier and scores its texts with no process group
-    (rank 1 of 2 here: nothing to join), the scores a bare transformers forward's."""
+    (rank 1 of 2 here: nothing to join), the scores a bare transformers forward's; of a classifier with three
+    outputs (a multi-objective reward model's shape), the one reward_model.head picks."""
     import torch.distributed as dist
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from grpo_ray.roles.reward_model import RewardModel
 
-    r = load_recipe(RECIPE, ["reward_model.shard=false"])
+    head = heads - 1
+    scorer = "tiny://llama?layers=2&hidden=64&heads=2&kv_heads=1&intermediate=128&vocab=400&seed=3"
+    r = load_recipe(
+        RECIPE, ["reward_model.shard=false", f"reward_model.model={scorer}&score={heads}", f"reward_model.head={head}"]
+    )
     path = models.resolve(r.reward_model.model)
     actor = RewardModel(path, r, rank=1, world_size=2)
     actor.setup("", 0)
@@ -195,5 +201,8 @@ def test_an_unsharded_actor_scores_as_a_bare_forward_with_no_group():
     got = actor.rewards(texts)
     model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32).eval()
     with torch.no_grad():
-        bare = [model(**tokenizer(t, add_special_tokens=False, return_tensors="pt")).logits[0, 0].item() for t in texts]
-    assert got == pytest.approx(bare, abs=1e-5) and len(set(got)) > 1
+        bare = [model(**tokenizer(t, add_special_tokens=False, return_tensors="pt")).logits[0] for t in texts]
+    assert model.config.num_labels == heads
+    assert got == pytest.approx([b[head].item() for b in bare], abs=1e-5) and len(set(got)) > 1
+    if heads > 1:  # another output would score otherwise
+        assert got != pytest.approx([b[0].item() for b in bare], abs=1e-3)

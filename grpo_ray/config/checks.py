@@ -183,6 +183,7 @@ RANGES: dict[str, Range] = {
     "trainer.bucket_mb": POSITIVE,
     "trainer.sync_timeout_s": POSITIVE,
     "trainer.max_skipped_steps": POSITIVE,
+    "reward_model.head": Range(-1, why="-1: the classifier's only output"),
     "trainer.preemption_grace_s": NON_NEGATIVE,
     "sft.max_target_length": POSITIVE,
     "rm.max_length": POSITIVE,

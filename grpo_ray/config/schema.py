@@ -254,6 +254,9 @@ class RewardModelConfig:
     classifier's logits have no fixed scale)."""
     max_length: int = 0
     """Tokens of a rendered conversation the classifier reads at most (cut at the end); 0: all."""
+    head: int = -1
+    """Which output of a classifier with several is the score (counted from 0: one objective of a multi-objective
+    reward model); -1: the classifier has one output, and one of several is refused before start."""
     num_actors: int = 1
     """Reward-model actors (data parallel, even shares of the samples)."""
     shard: bool = True

@@ -39,6 +39,7 @@ class RewardModel(RoleActor):
         cfg = recipe.reward_model
         self.sharded = cfg.shard and world_size > 1  # a group of one would hold the whole model anyway
         self.micro_batch_size, self.max_length = cfg.micro_batch_size, cfg.max_length
+        self.head = max(cfg.head, 0)  # the output that is the score
         self.prefix = recipe.data.response_prefix
         self.calls = 0
 
@@ -102,7 +103,7 @@ class RewardModel(RoleActor):
                 batch = torch.tensor([r + [self.pad_id] * (width - len(r)) for r in rows], device=self.device)
                 mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows], device=self.device)
                 # transformers reads each row's score at its last token that is not the pad id
-                logits = self.model(input_ids=batch, attention_mask=mask).logits[:, 0].float().cpu()
+                logits = self.model(input_ids=batch, attention_mask=mask).logits[:, self.head].float().cpu()
                 for i, value in zip(micros[k] if k < len(micros) else [], logits.tolist()):
                     out[i] = value
         if self.sharded:

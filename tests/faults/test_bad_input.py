@@ -11,6 +11,7 @@ from grpo_ray import models
 from tests.conftest import ROOT, TINY, run_cli
 
 RECIPE = "recipes/tiny-cpu.yaml"
+THREE_HEADS = "tiny://qwen2?layers=1&hidden=64&heads=2&kv_heads=1&score=3"  # a multi-objective reward model's shape
 
 
 def _files(tmp_path):
@@ -281,6 +282,17 @@ CASES = {  # name: (recipe, overrides, what the message must say)
         ["reward_model.model=tiny://qwen2?layers=1&hidden=64&heads=2&kv_heads=1"],
         "reward_model.model='tiny://qwen2?layers=1&hidden=64&heads=2&kv_heads=1': a Qwen2ForCausalLM, not a sequence "
         "classifier",
+    ),
+    "a reward model of three outputs, none chosen": (
+        RECIPE,
+        [f"reward_model.model={THREE_HEADS}"],
+        f"reward_model.model='{THREE_HEADS}': its classifier has 3 outputs; set reward_model.head to the one that "
+        "is the score (0 to 2)",
+    ),
+    "a reward model's head that it does not have": (
+        RECIPE,
+        [f"reward_model.model={THREE_HEADS}", "reward_model.head=3"],
+        f"reward_model.head=3: reward_model.model='{THREE_HEADS}' has 3 outputs (0 to 2)",
     ),
     "a reward model that is not there": (
         RECIPE,
