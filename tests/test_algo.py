@@ -579,6 +579,34 @@ def test_shared_prompt_micro_batches_keep_order_and_the_token_budget():
     assert micros[0] == [0, 1, 2, 3] and micros[1][0] == 4
 
 
+def test_shared_prompt_auto_weighs_the_work_of_both_layouts():
+    """model.shared_prompt: auto counts each layout's token slots (padding included) and model calls exactly as
+    collate lays the micro batches out, and runs each prompt once where that saves work (long prompts, short
+    responses), not where it does not (short prompts, long responses); true and false force the layout."""
+    from grpo_ray.algo.batching import LayoutWork, collate, layout_work, micro_batches, shared_pays, use_shared
+
+    long_prompts = [([g + 1] * 40, [7] * (1 + k % 3)) for g in range(3) for k in range(8)]
+    short_prompts = [([g + 1] * 3, [7] * (20 + 7 * k)) for g in range(3) for k in range(4)]
+    for pairs in (long_prompts, short_prompts):
+        for packing in (True, False):
+            micros, capacity = micro_batches(list(range(len(pairs))), pairs, 2, packing)
+            laid = [collate([pairs[i] for i in m], 0, capacity) for m in micros]
+            plain = LayoutWork(sum((s.packed.input_ids if packing else s.input_ids).numel() for s in laid), len(laid))
+            micros, _ = micro_batches(list(range(len(pairs))), pairs, 2, packing, shared=True)
+            laid = [collate([pairs[i] for i in m], 0, shared=True).shared for m in micros]
+            shared = LayoutWork(sum(s.prompt_ids.numel() + s.input_ids.numel() for s in laid), 2 * len(laid))
+            assert layout_work(pairs, 2, packing) == (plain, shared)
+    # packed: 24 samples of 41-43 tokens, one to a row, 2 rows a micro batch as wide as its longer row (6 rows at
+    # 43, 10 at 42, 8 at 41); shared: each group in a micro batch of its own (two calls), its prompt of 40 and its
+    # responses (two of 3 tokens, three of 2, three of 1) in 5 rows of 3
+    assert layout_work(long_prompts, 2, True) == (LayoutWork(6 * 43 + 10 * 42 + 8 * 41, 12), LayoutWork(165, 6))
+    assert use_shared("auto", long_prompts, 2, True)
+    plain, shared = layout_work(short_prompts, 2, True)
+    assert shared.slots > plain.slots and shared.forwards > plain.forwards  # more of both: never worth it
+    assert not shared_pays(plain, shared) and not use_shared("auto", short_prompts, 2, True)
+    assert use_shared(True, short_prompts, 2, True) and not use_shared(False, long_prompts, 2, True)
+
+
 def test_a_users_own_estimator_is_named_module_function():
     from grpo_ray.algo.advantage import advantages, check
 

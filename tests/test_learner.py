@@ -104,10 +104,10 @@ def test_distillation_in_the_learner_is_the_same_packed_padded_shared_and_over_r
         "teacher.reward_weight=1.0",
     ]
     layouts = {
-        "packed": (2, ["model.sequence_packing=true"]),
-        "padded": (2, ["model.sequence_packing=false"]),
+        "packed": (2, ["model.sequence_packing=true", "model.shared_prompt=false"]),
+        "padded": (2, ["model.sequence_packing=false", "model.shared_prompt=false"]),
         "shared prompts": (2, ["model.shared_prompt=true"]),
-        "one process": (1, ["model.sequence_packing=true"]),
+        "one process": (1, ["model.sequence_packing=true", "model.shared_prompt=false"]),
     }
     got = {
         name: run_learner(ray_local, path, w, [*common, *extra], rollouts, None, advantages, teacher)
@@ -222,7 +222,8 @@ def test_stale_samples_take_the_old_policy_from_the_version_that_generated_them(
 def test_shared_prompts_make_the_same_update_as_packed_samples(ray_local):
     """model.shared_prompt: each prompt run once, its keys and values serving its responses, on 2 gloo ranks (two
     FSDP2 forwards a micro batch before one backward), with old logprobs recomputed over 2 mini batches x 2 epochs
-    and a KL term: the same metrics and weights after the step as 1 process with packed samples."""
+    and a KL term: the same metrics and weights after the step as 1 process with packed samples. Under ``auto``
+    (prompts of 4-9 tokens, responses of 1-5: half the slots) the ranks choose shared prompts."""
     path = models.resolve(TINY.format(arch="qwen2"))
     rollouts = tiny_rollouts(vocab=300, prompts=4, group=4)
     advantages = torch.linspace(-1.5, 1.5, 16).tolist()
@@ -235,10 +236,13 @@ def test_shared_prompts_make_the_same_update_as_packed_samples(ray_local):
         "algorithm.ppo_epochs=2",
         "algorithm.kl_coef=0.1",
     ]
-    packed, before1, after1 = run_learner(ray_local, path, 1, common, rollouts, ref_lps, advantages)
-    shared, before2, after2 = run_learner(
-        ray_local, path, 2, [*common, "model.shared_prompt=true"], rollouts, ref_lps, advantages
+    packed, before1, after1 = run_learner(
+        ray_local, path, 1, [*common, "model.shared_prompt=false"], rollouts, ref_lps, advantages
     )
+    shared, before2, after2 = run_learner(
+        ray_local, path, 2, [*common, "model.shared_prompt=auto"], rollouts, ref_lps, advantages
+    )
+    assert packed[0]["actor/shared_prompt"] == 0 and [m["actor/shared_prompt"] for m in shared] == [1, 1]
     for key in ("actor/grad_norm", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/ppo_kl"):
         assert shared[0][key] == pytest.approx(packed[0][key], rel=1e-4, abs=1e-6), key
     assert torch.allclose(before1, before2, atol=1e-6)

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from grpo_ray import models
+from grpo_ray.algo.batching import flatten, use_shared
 from grpo_ray.config import load_recipe
 from grpo_ray.roles.reference import Reference
 from tests.conftest import ROOT, TINY, tiny_rollouts
@@ -12,7 +13,7 @@ from tests.conftest import ROOT, TINY, tiny_rollouts
 pytestmark = pytest.mark.slow
 
 
-def reference_pool(ray, path, n, shared=False):
+def reference_pool(ray, path, n, shared: bool | str = False):
     flags = ["reference.micro_batch_size=3", "learner.dtype=float32", f"model.shared_prompt={shared}"]
     recipe = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", ["generator.sampling.temperature=1.0", *flags])
     actors = [ray.remote(Reference).options(num_cpus=0.25).remote(path, recipe, i, n) for i in range(n)]
@@ -21,11 +22,17 @@ def reference_pool(ray, path, n, shared=False):
     return actors
 
 
-@pytest.mark.parametrize("shared", [False, True], ids=["packed", "shared-prompts"])
+@pytest.mark.parametrize("shared", [False, True, "auto"], ids=["packed", "shared-prompts", "auto"])
 def test_sharded_reference_matches_one_actor(ray_local, shared):
-    """Three actors, packed or with each prompt run once (model.shared_prompt), against one actor packed."""
+    """Three actors, packed or with each prompt run once (model.shared_prompt), against one actor packed. Under
+    ``auto`` the actors weigh the slots of all their shares together: the actor with no share, which alone would
+    choose packed rows, runs the shared layout's forwards with the others (or the group's all-gathers would not
+    pair up)."""
     path = models.resolve(TINY.format(arch="qwen2"))
-    refs = [ray_local.put(r) for r in tiny_rollouts(vocab=300, prompts=4, group=4)]
+    rollouts = tiny_rollouts(vocab=300, prompts=4, group=4)
+    if shared == "auto":
+        assert use_shared("auto", flatten(rollouts), 3, True) and not use_shared("auto", [], 3, True)
+    refs = [ray_local.put(r) for r in rollouts]
     one = reference_pool(ray_local, path, 1)
     whole, work = ray_local.get(one[0].logprobs.options(num_returns=2).remote(refs))
     three = reference_pool(ray_local, path, 3, shared)

@@ -259,6 +259,57 @@ def shared_micro_batches(indices: list[int], pairs: list[tuple[list[int], list[i
     return micros
 
 
+@dataclass
+class LayoutWork:
+    """What the forwards over a step's samples hold in one layout (``layout_work``)."""
+
+    slots: int
+    """Token positions, padding included."""
+    forwards: int
+    """Model calls: one a micro batch, two with shared prompts (the prompts', then the response rows')."""
+
+
+SHARED_SLOT_COST = 1.2
+"""A token slot of the shared-prompt layout in slots of the packed one (its rows attend to their prompt's keys too)."""
+FORWARD_COST = 112
+"""A model call's fixed cost (kernel launches, per-layer work that does not grow with the tokens), in packed slots.
+Both measured and fitted by benchmarks/layout_auto.py (results/layout-auto)."""
+
+
+def layout_work(pairs: list[tuple[list[int], list[int]]], size: int, packing: bool) -> tuple[LayoutWork, LayoutWork]:
+    """The forwards over `pairs` in micro batches of `size`, laid out packed (or padded, without `packing`) and with
+    each prompt run once, as collate lays them out: what model.shared_prompt: auto weighs."""
+    indices = list(range(len(pairs)))
+    plain = LayoutWork(0, 0)
+    micros, capacity = micro_batches(indices, pairs, size, packing)
+    for micro in micros:
+        lengths = [len(pairs[i][0]) + len(pairs[i][1]) for i in micro]
+        if capacity:  # rows as wide as the fullest
+            rows = pack_rows(lengths, capacity)
+            plain.slots += len(rows) * max(sum(lengths[j] for j in row) for row in rows)
+        else:
+            plain.slots += len(micro) * max(lengths)
+        plain.forwards += 1
+    micros = shared_micro_batches(indices, pairs, size)
+    shared = LayoutWork(sum(shared_tokens([pairs[i] for i in m]) for m in micros), 2 * len(micros))
+    return plain, shared
+
+
+def shared_pays(plain: LayoutWork, shared: LayoutWork) -> bool:
+    """Whether the shared-prompt layout's forwards cost less than the `plain` layout's: slots, weighted by
+    SHARED_SLOT_COST, plus FORWARD_COST a model call."""
+    cost = SHARED_SLOT_COST * shared.slots + FORWARD_COST * shared.forwards
+    return cost < plain.slots + FORWARD_COST * plain.forwards
+
+
+def use_shared(setting: bool | str, pairs: list[tuple[list[int], list[int]]], size: int, packing: bool) -> bool:
+    """model.shared_prompt for a step of `pairs`: true or false as set; ``auto``, the cheaper layout
+    (``shared_pays``): shared prompts for groups of long prompts and short responses."""
+    if setting != "auto":
+        return bool(setting)
+    return shared_pays(*layout_work(pairs, size, packing))
+
+
 def shared_tokens(pairs: list[tuple[list[int], list[int]]]) -> int:
     """Token slots of `pairs` in the ``Shared`` layout: distinct prompts x the longest prompt, plus response rows x
     the longest response."""

@@ -31,6 +31,7 @@ CHOICES = {
     "cluster.device": ("cpu", "cuda"),
     "cluster.cpu_threads": ("auto", "reserved", "node"),
     "model.lora.sync": ("adapters", "merged"),
+    "model.shared_prompt": ("auto", True, False),
     "trainer.log_level": ("info", "debug"),
     "trainer.wandb_mode": ("", "online", "offline", "disabled"),
     "trainer.early_stop.mode": ("max", "min"),
@@ -259,7 +260,8 @@ def validate(r: Recipe, command: str = "train") -> list[str]:
     for key, choices in CHOICES.items():
         value = _get(r, key)
         if value not in choices and not (key in FUNCTION_KEYS and re.fullmatch(FUNCTION_NAME, str(value))):
-            p.append(f"{key}={value!r}: expected one of {', '.join('null' if c is None else c for c in choices)}")
+            shown = ("null" if c is None else str(c).lower() if isinstance(c, bool) else c for c in choices)
+            p.append(f"{key}={value!r}: expected one of {', '.join(shown)}")
     out_of_range = range_problems(r)
     if out_of_range:
         return p + out_of_range  # the arithmetic below assumes sizes in range

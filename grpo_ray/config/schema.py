@@ -53,13 +53,16 @@ class ModelConfig:
     """Pack several samples into each row of the learner's and the reference's forwards (positions restart with
     each sample, attention stays within it) instead of padding every sample to the longest: verl's
     use_remove_padding. A micro batch is then micro_batch_size rows of the longest sample's length."""
-    shared_prompt: bool = False
+    shared_prompt: Any = "auto"
     """Run each prompt once for all its samples in the learner's and the reference's forwards (verl's
     use_prefix_grouper): a forward of the distinct prompts keeps their keys and values, and the responses,
     packed several to a row with the responses to the same prompt, attend to them. The same logprobs and
     gradients with the prompt's work done once a group. Takes the place of sequence_packing; a micro batch is
     consecutive samples (whole groups where they fit) whose layout, padding included, holds at most
-    micro_batch_size x the longest sample's tokens, as a packed one does. Needs eager or sdpa attention."""
+    micro_batch_size x the longest sample's tokens, as a packed one does. Needs eager or sdpa attention.
+    ``auto`` (the default) decides each step from the step's own prompt and response lengths: shared when its
+    token slots, weighted by their measured cost, are fewer than sequence_packing's (the metric
+    ``actor/shared_prompt`` says which ran); true or false forces it."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA adapters instead of full fine-tuning (rank 0: off). Adapters want a larger learner.optim.lr than full
     fine-tuning, typically 1e-5 to 1e-4 against 1e-6."""

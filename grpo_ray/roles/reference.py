@@ -16,7 +16,16 @@ import torch
 import torch.distributed as dist
 
 from grpo_ray import sync
-from grpo_ray.algo.batching import Span, collate, flatten, micro_batches, response_values
+from grpo_ray.algo.batching import (
+    LayoutWork,
+    Span,
+    collate,
+    flatten,
+    layout_work,
+    micro_batches,
+    response_values,
+    shared_pays,
+)
 from grpo_ray.algo.logprobs import sequence_logprobs
 from grpo_ray.config import Recipe
 from grpo_ray.device import Device
@@ -80,10 +89,9 @@ class Reference(RoleActor):
     def score(self, pairs: list) -> list[list[float]]:
         """The logprobs of each (prompt ids, response ids) pair's response tokens (no Ray: benchmarks/gpu.py calls
         it directly). Collective: every actor of the group calls it, with its own pairs or none."""
+        shared = self._shared(pairs)
         # longest first, or packed: little padding per micro batch
-        micros, capacity = micro_batches(
-            list(range(len(pairs))), pairs, self.micro_batch_size, self.packing, self.shared
-        )
+        micros, capacity = micro_batches(list(range(len(pairs))), pairs, self.micro_batch_size, self.packing, shared)
         rounds = torch.tensor([len(micros)], device=self.device)  # nccl reduces only device tensors
         dist.all_reduce(rounds, op=dist.ReduceOp.MAX)
         filler = [([self.pad_id], [self.pad_id])]  # keeps this rank in the other ranks' all-gathers
@@ -92,13 +100,25 @@ class Reference(RoleActor):
             for k in range(int(rounds.item())):
                 mine = k < len(micros)
                 seqs = collate(
-                    [pairs[i] for i in micros[k]] if mine else filler, self.pad_id, capacity if mine else 0, self.shared
+                    [pairs[i] for i in micros[k]] if mine else filler, self.pad_id, capacity if mine else 0, shared
                 )
                 logp, _ = sequence_logprobs(self.model, seqs, self.device, self.temperature)
                 for i, values in zip(micros[k] if mine else [], response_values(logp.cpu(), seqs.response_mask)):
                     out[i] = values
         fsdp.reshard(self.model)  # FSDP2 keeps the root (embeddings, LM head) gathered after a forward: free it
         return out
+
+    def _shared(self, pairs: list) -> bool:
+        """Whether this call's forwards run each prompt once (model.shared_prompt). Under ``auto`` the group weighs
+        the forwards of every actor's share together, so all its actors run the same forwards."""
+        if self.shared != "auto":
+            return bool(self.shared)
+        plain, shared = layout_work(pairs, self.micro_batch_size, self.packing)
+        work = [plain.slots, plain.forwards, shared.slots, shared.forwards]
+        work = torch.tensor(work, dtype=torch.float64, device=self.device)  # nccl reduces only device tensors
+        dist.all_reduce(work)
+        a, b, c, d = work.tolist()
+        return shared_pays(LayoutWork(a, b), LayoutWork(c, d))
 
     def rollout(self, prompts: list[Prompt], max_tokens: int) -> tuple[Rollout, RolloutStats]:
         """One greedy response to each prompt, by transformers' generate on this group's weights (the teacher's own

@@ -4,6 +4,7 @@ sweep generated from the recipe schema."""
 
 import json
 import shutil
+from typing import Any
 
 import pytest
 
@@ -376,7 +377,7 @@ def test_every_field_has_a_range_or_a_set_of_choices():
 
     leaves = dict(schema_leaves())
     numeric = {k for k, tp in leaves.items() if tp in NUMERIC}
-    text = {k for k, tp in leaves.items() if tp in (str, str | None)}
+    text = {k for k, tp in leaves.items() if tp in (str, str | None, Any)}  # Any: a choice of text or true / false
     assert numeric == set(RANGES), numeric ^ set(RANGES)
     assert text == set(CHOICES) | FREE_TEXT, text ^ (set(CHOICES) | FREE_TEXT)
 
