@@ -64,44 +64,58 @@ WORKLOADS = {
         "data.max_prompt_length=320",
         "reference.micro_batch_size=16",
     ],
+    # MATH-500's problems (../shared/data): 4 a step x 8 samples, one optimizer step over the 32
+    "math500": [
+        "data.train_batch_size=4",
+        "algorithm.group_size=8",
+        "data.max_prompt_length=384",
+        "learner.mini_batch_size=32",
+        "reference.micro_batch_size=16",
+    ],
 }
 """--workload: overrides of COMMON: the quick start's task (short prompts, the issue's benchmark) or GSM8K."""
 BF16 = ["generator.dtype=bfloat16", "learner.dtype=bfloat16"]
 ONE_STEP_OFF = [*BF16, "algorithm.max_staleness=1"]
+PACKED = ["model.shared_prompt=false"]  # a lever's meaning kept under model.shared_prompt: auto, the default
 # grpo-ray's configurations, each one lever on top of the configuration it names (None: the first); the quick
 # start's CPU shares: generator 0.5, learner 2 x 0.5, reference 0.25, reward 0.25
 OURS = {
     "grpo-ray fp32, threads = reserved CPUs, padded": (
-        ["cluster.cpu_threads=reserved", "model.sequence_packing=false"],
+        ["cluster.cpu_threads=reserved", "model.sequence_packing=false", *PACKED],
         None,
         "each actor runs as many threads as its reserved CPUs, rounded up to 1; every sample padded to the longest",
     ),
     "grpo-ray fp32, threads follow the schedule, padded": (
-        ["model.sequence_packing=false"],
+        ["model.sequence_packing=false", *PACKED],
         "grpo-ray fp32, threads = reserved CPUs, padded",
         "on-policy the phases run one at a time: each takes the node's cores (generator 2, reference 2, learner 2 x 1)",
     ),
     "grpo-ray fp32": (
-        [],
+        PACKED,
         "grpo-ray fp32, threads follow the schedule, padded",
         "sequence packing (model.sequence_packing): several samples to a row in the learner's and the reference's "
         "forwards",
     ),
     "grpo-ray bf16": (
-        BF16,
+        [*BF16, *PACKED],
         "grpo-ray fp32",
         "bf16 compute everywhere: vLLM's weights, the learner's FSDP2 mixed precision, the reference",
     ),
     "grpo-ray bf16, one step off": (
-        [*ONE_STEP_OFF, "algorithm.rollout_correction.rollout_is=token"],
+        [*ONE_STEP_OFF, "algorithm.rollout_correction.rollout_is=token", *PACKED],
         "grpo-ray bf16",
         "generation of the next batch overlaps this step's reference and update; the old policy recomputed "
         "(an extra forward), token-level IS",
     ),
     "grpo-ray bf16, one step off, bypass": (
-        [*ONE_STEP_OFF, "algorithm.rollout_correction.bypass_mode=true"],
+        [*ONE_STEP_OFF, "algorithm.rollout_correction.bypass_mode=true", *PACKED],
         "grpo-ray bf16",
         "one step off with the sampler's logprobs as the old policy (no extra forward)",
+    ),
+    "grpo-ray fp32, default settings": (
+        [],
+        "grpo-ray fp32",
+        "the defaults as they are: model.shared_prompt: auto chooses each step between packing and shared prompts",
     ),
     "grpo-ray fp32, shared prompts": (
         ["model.shared_prompt=true"],
@@ -277,7 +291,9 @@ def markdown(report: dict) -> str:
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gb']} GB; torch {m['torch']}, vLLM {m['vllm']}, "
         f"Ray {m['ray']}, TRL {report['trl']}; {m['date']}. `python benchmarks/peer.py --steps {report['steps']} "
-        f"--warmup {report['warmup']} --workload {report['workload']}`: {report['params'] / 1e6:.1f}M parameters, "
+        f"--warmup {report['warmup']} --workload {report['workload']}"
+        f"{'' if report.get('model', MODEL) == MODEL else ' --model ' + report['model']}`: "
+        f"{report['params'] / 1e6:.1f}M parameters, "
         f"{report['workload']} prompts: {report['prompts_per_step']} a step x {report['group']} samples, "
         f"at most {MAX_TOKENS} response tokens, KL to a reference (k3, {KL}), one optimizer step a step; "
         f"{m['cores']} cores for everything. Equal work is defined in the script's docstring.",
@@ -333,17 +349,19 @@ def main() -> None:
     ap = step_parser(3, 1, "benchmarks/results/peer")
     ap.add_argument("--only", nargs="*", help="configurations to run (default: all)")
     ap.add_argument("--workload", choices=sorted(WORKLOADS), default="select")
+    ap.add_argument("--model", default=MODEL, help="the model both sides train (default: the 14.3M Qwen2 shape)")
     args = ap.parse_args()
     from grpo_ray.config import load_recipe
     from grpo_ray.dims import model_dims
 
-    common = [*COMMON, *WORKLOADS[args.workload]]
-    if args.workload == "gsm8k":
+    common = [*COMMON, *WORKLOADS[args.workload], f"model.path={args.model}"]
+    if args.workload in ("gsm8k", "math500"):
         from grpo_ray.data.prepare import prepare
 
-        data = tempfile.mkdtemp(prefix="grpo-peer-gsm8k-")
-        prepare("gsm8k", str(ROOT.parent / "shared" / "data" / "gsm8k"), data)
-        common.append(f"data.train_files=[{data}/train.parquet]")
+        data = tempfile.mkdtemp(prefix=f"grpo-peer-{args.workload}-")
+        prepare(args.workload, str(ROOT.parent / "shared" / "data" / args.workload), data)
+        split = "train" if args.workload == "gsm8k" else "test"  # MATH-500 is a test set: its problems as prompts
+        common.append(f"data.train_files=[{data}/{split}.parquet]")
     r = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", common)
 
     pick = lambda name: not args.only or name in args.only  # noqa: E731
@@ -368,7 +386,8 @@ def main() -> None:
         "workload": args.workload,
         "prompts_per_step": r.data.train_batch_size,
         "group": r.algorithm.group_size,
-        "params": model_dims(MODEL).params,
+        "model": args.model,
+        "params": model_dims(args.model).params,
         "runs": runs,
         "heap": heap,
     }

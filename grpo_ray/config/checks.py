@@ -289,6 +289,12 @@ def validate(r: Recipe, command: str = "train") -> list[str]:
         p.append("data.train_files is empty: name parquet/JSONL files or synthetic://select?size=N")
     if command != "rm" and not r.reward.functions and not r.environment.name:
         p.append("reward.functions is empty: name at least one reward function (or an environment.name)")
+    if r.model.shared_prompt is True and r.learner.gradient_checkpointing:
+        p.append(
+            "model.shared_prompt=true with learner.gradient_checkpointing=true: a checkpointed forward keeps no "
+            "keys and values of the prompt for its responses; set one of them false (or shared_prompt auto, which "
+            "packs under checkpointing)"
+        )
     lo = r.model.lora
     if lo.rank and not lo.target_modules:
         p.append("model.lora.target_modules is empty: name modules (q_proj, v_proj, ...) or [all-linear]")

@@ -61,8 +61,10 @@ class ModelConfig:
     consecutive samples (whole groups where they fit) whose layout, padding included, holds at most
     micro_batch_size x the longest sample's tokens, as a packed one does. Needs eager or sdpa attention.
     ``auto`` (the default) decides each step from the step's own prompt and response lengths: shared when its
-    token slots, weighted by their measured cost, are fewer than sequence_packing's (the metric
-    ``actor/shared_prompt`` says which ran); true or false forces it."""
+    forwards (token slots and model calls, weighted by their measured costs) cost less than sequence_packing's (the
+    metric ``actor/shared_prompt`` says which ran); true or false forces it. The learner packs under
+    learner.gradient_checkpointing, whose recomputed forward keeps no prompt keys and values to share (true is
+    refused with it); the reference still chooses."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA adapters instead of full fine-tuning (rank 0: off). Adapters want a larger learner.optim.lr than full
     fine-tuning, typically 1e-5 to 1e-4 against 1e-6."""

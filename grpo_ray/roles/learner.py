@@ -151,8 +151,10 @@ class Learner(RoleActor):
     def _layout(self, pairs: list) -> None:
         """Decide the step's forward layout from all its `pairs` (model.shared_prompt; every rank holds the whole
         batch, so every rank decides alike and runs the same forwards)."""
-        m = self.recipe.model
-        self.shared = use_shared(m.shared_prompt, pairs, self.recipe.learner.micro_batch_size, m.sequence_packing)
+        m, cfg = self.recipe.model, self.recipe.learner
+        # a checkpointed forward keeps no cache for the responses to read the prompt from (true is refused then)
+        setting = False if cfg.gradient_checkpointing else m.shared_prompt
+        self.shared = use_shared(setting, pairs, cfg.micro_batch_size, m.sequence_packing)
 
     def _micro_batches(self, indices: list[int], pairs: list) -> tuple[list[list[int]], int]:
         """This rank's micro batches of `indices`, and their row capacity when packed (model.sequence_packing; with

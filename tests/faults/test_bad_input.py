@@ -295,6 +295,11 @@ CASES = {  # name: (recipe, overrides, what the message must say)
         [f"reward_model.model={THREE_HEADS}", "reward_model.head=3"],
         f"reward_model.head=3: reward_model.model='{THREE_HEADS}' has 3 outputs (0 to 2)",
     ),
+    "shared prompts under gradient checkpointing": (
+        RECIPE,
+        ["model.shared_prompt=true", "learner.gradient_checkpointing=true"],
+        "model.shared_prompt=true with learner.gradient_checkpointing=true: a checkpointed forward keeps no keys",
+    ),
     "a reward model that is not there": (
         RECIPE,
         ["reward_model.model=/no/such/scorer"],
