@@ -64,14 +64,6 @@ WORKLOADS = {
         "data.max_prompt_length=320",
         "reference.micro_batch_size=16",
     ],
-    # MATH-500's problems (../shared/data): 4 a step x 8 samples, one optimizer step over the 32
-    "math500": [
-        "data.train_batch_size=4",
-        "algorithm.group_size=8",
-        "data.max_prompt_length=384",
-        "learner.mini_batch_size=32",
-        "reference.micro_batch_size=16",
-    ],
 }
 """--workload: overrides of COMMON: the quick start's task (short prompts, the issue's benchmark) or GSM8K."""
 BF16 = ["generator.dtype=bfloat16", "learner.dtype=bfloat16"]
@@ -159,6 +151,7 @@ def ours(name: str, common: list[str], overrides: list[str], warmup: int, steps:
         "parts": parts,
         "probe_diff": max(m["sync/logprob_diff"] for m in rows if "sync/logprob_diff" in m),
         "mismatch_kl": statistics.fmean(m["rollout_corr/kl"] for m in rows),
+        "shared_prompt_steps": sum(m.get("actor/shared_prompt", 0) for m in rows),  # of the timed steps
     }
 
 
@@ -291,9 +284,7 @@ def markdown(report: dict) -> str:
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gb']} GB; torch {m['torch']}, vLLM {m['vllm']}, "
         f"Ray {m['ray']}, TRL {report['trl']}; {m['date']}. `python benchmarks/peer.py --steps {report['steps']} "
-        f"--warmup {report['warmup']} --workload {report['workload']}"
-        f"{'' if report.get('model', MODEL) == MODEL else ' --model ' + report['model']}`: "
-        f"{report['params'] / 1e6:.1f}M parameters, "
+        f"--warmup {report['warmup']} --workload {report['workload']}`: {report['params'] / 1e6:.1f}M parameters, "
         f"{report['workload']} prompts: {report['prompts_per_step']} a step x {report['group']} samples, "
         f"at most {MAX_TOKENS} response tokens, KL to a reference (k3, {KL}), one optimizer step a step; "
         f"{m['cores']} cores for everything. Equal work is defined in the script's docstring.",
@@ -349,19 +340,17 @@ def main() -> None:
     ap = step_parser(3, 1, "benchmarks/results/peer")
     ap.add_argument("--only", nargs="*", help="configurations to run (default: all)")
     ap.add_argument("--workload", choices=sorted(WORKLOADS), default="select")
-    ap.add_argument("--model", default=MODEL, help="the model both sides train (default: the 14.3M Qwen2 shape)")
     args = ap.parse_args()
     from grpo_ray.config import load_recipe
     from grpo_ray.dims import model_dims
 
-    common = [*COMMON, *WORKLOADS[args.workload], f"model.path={args.model}"]
-    if args.workload in ("gsm8k", "math500"):
+    common = [*COMMON, *WORKLOADS[args.workload]]
+    if args.workload == "gsm8k":
         from grpo_ray.data.prepare import prepare
 
-        data = tempfile.mkdtemp(prefix=f"grpo-peer-{args.workload}-")
-        prepare(args.workload, str(ROOT.parent / "shared" / "data" / args.workload), data)
-        split = "train" if args.workload == "gsm8k" else "test"  # MATH-500 is a test set: its problems as prompts
-        common.append(f"data.train_files=[{data}/{split}.parquet]")
+        data = tempfile.mkdtemp(prefix="grpo-peer-gsm8k-")
+        prepare("gsm8k", str(ROOT.parent / "shared" / "data" / "gsm8k"), data)
+        common.append(f"data.train_files=[{data}/train.parquet]")
     r = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", common)
 
     pick = lambda name: not args.only or name in args.only  # noqa: E731
@@ -386,8 +375,7 @@ def main() -> None:
         "workload": args.workload,
         "prompts_per_step": r.data.train_batch_size,
         "group": r.algorithm.group_size,
-        "model": args.model,
-        "params": model_dims(args.model).params,
+        "params": model_dims(MODEL).params,
         "runs": runs,
         "heap": heap,
     }
