@@ -294,7 +294,7 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
     import ray
 
     from grpo_ray import perf
-    from grpo_ray.algo.batching import flatten
+    from grpo_ray.algo.batching import flatten, use_shared
     from grpo_ray.config import load_recipe
     from grpo_ray.controller import Controller
     from grpo_ray.device import Device
@@ -341,8 +341,9 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
         learn_s = []
         for _ in range(reps):  # the learner hop alone (no reference pass: the raw loop has none either)
             start = time.perf_counter()
-            ray.get([l.train.remote(rollouts, None, advantages, c.version) for l in c.pools.actors["learner"]])
+            update = ray.get([l.train.remote(rollouts, None, advantages, c.version) for l in c.pools.actors["learner"]])
             learn_s.append(time.perf_counter() - start)
+        flops = update[0].metrics["actor/flops"]  # in the layout the learner ran (the raw loop runs the same)
         sync_s = []
         for _ in range(max(reps, 5)):  # gather from shards + broadcast + load into vLLM; not the probe
             start = time.perf_counter()
@@ -355,7 +356,6 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
         c.shutdown()
         ray.shutdown()
 
-    flops = perf.train_flops(facts["dims"], seq_lens, r.algorithm.ppo_epochs)
     world, peak = r.learner.world_size, facts["peak_tflops"]
     typical = {k: statistics.median(m[k] for m in step_metrics) for k in step_metrics[0]}  # as the raw side's
     ours = {
@@ -401,7 +401,7 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
             "micro": r.learner.micro_batch_size,
             "pad": 0,
             "packing": r.model.sequence_packing,
-            "shared": r.model.shared_prompt,
+            "shared": use_shared(r.model.shared_prompt, pairs, r.learner.micro_batch_size, r.model.sequence_packing),
             "pairs": pairs,
             "advantages": advantages,
             "reps": reps,

@@ -171,7 +171,7 @@ def step_row(learner, dims, args, micro: int, peak_tflops: float | None, distill
         profile(learner, dims, args, micro, samples)
     median = statistics.median(seconds)
     seq_lens = [args.seq] * samples
-    flops = perf.step_flops(dims, seq_lens, 1, old_logprob_pass=False)
+    flops = metrics["actor/flops"]  # counted by the learner in the layout it ran (packed: train_flops(seq_lens))
     return {
         "micro_batch": micro,
         "distill": distill,

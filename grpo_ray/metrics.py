@@ -130,14 +130,10 @@ def perf_metrics(
     stats: list[RolloutStats], trained: dict, step_seconds: float, facts: dict, devices: float, recipe
 ) -> dict[str, float]:
     """Throughput and MFU of the learner (over update time and over the whole step); MFU only where the device's
-    peak is known (``perf.device_peak_tflops``)."""
+    peak is known (``perf.device_peak_tflops``), from the FLOPs the learner counted of the forwards it ran
+    (``actor/flops``: the update's, and the old-policy pass when it ran, in the layout they ran)."""
     seq_lens = [p + r for s in stats for p, r in zip(s.prompt_lengths, s.response_lengths)]
-    flops = perf.step_flops(
-        facts["dims"],
-        seq_lens,
-        recipe.algorithm.ppo_epochs,
-        old_logprob_pass=trained["actor/old_log_prob_recomputed"] > 0,
-    )
+    flops = trained["actor/flops"]
     update = trained["timing_s/update_actor"] + trained["timing_s/old_log_prob"]
     world = recipe.learner.world_size
     out = {

@@ -1,17 +1,21 @@
 """FLOPs, MFU, throughput and pass@k: pure functions, each checked against numbers worked by hand.
 
-Training FLOPs of one forward+backward over sequences of lengths s_i (T = sum s_i tokens):
+One forward over rows of q tokens, each token attending to k keys, costs
+
+    2 * N * q  +  4 * L * d_attn * q * k
+
+N is the number of parameters that take part in a matmul per token (every linear layer and the LM head; not the
+embedding lookup, not norms), L the number of layers and d_attn = heads x head_dim. The first term is the dense
+matmuls (2 FLOPs per multiply-add), the second QK^T and AV. A sequence of s tokens is a row of q = k = s (the
+usual convention, which counts the causal mask's upper half too); a backward costs two forwards, so training over
+sequences of lengths s_i (T = sum s_i tokens) is
 
     6 * N * T  +  12 * L * d_attn * sum(s_i ** 2)
 
-N is the number of parameters that take part in a matmul per token (every linear layer and the LM
-head; not the embedding lookup, not norms), L the number of layers and d_attn = heads x head_dim.
-The first term is the dense matmuls (2 FLOPs per multiply-add, x3 for forward and backward); the
-second is QK^T and AV (4 * s^2 * d_attn per layer forward, x3). A forward-only pass is a third of it.
-
-The learner's FLOPs in one step are ``ppo_epochs`` such passes over the step's samples, plus one
-forward pass (a third) only when the old-policy logprobs were really recomputed (``step_flops``).
-N, L and d_attn come from ``grpo_ray.models.ModelDims``.
+With shared prompts (``model.shared_prompt``) the forward runs each distinct prompt of p tokens once (a row of
+q = k = p) and each response of r tokens after it (q = r, k = p + r): fewer FLOPs than the same sequences packed.
+The learner counts the FLOPs of the forwards it really ran, in the layout it ran (``Learner._logprobs``), and MFU
+is computed from that count. N, L and d_attn come from ``grpo_ray.dims.ModelDims``.
 """
 
 from __future__ import annotations
@@ -19,17 +23,14 @@ from __future__ import annotations
 from math import comb
 
 
+def forward_flops(dims, rows: list[tuple[int, int]]) -> float:
+    """FLOPs of one forward over `rows` of (tokens, keys each token attends to) (`dims`: a dims.ModelDims)."""
+    return sum(2 * dims.matmul_params * q + 4 * dims.layers * dims.attn_dim * q * k for q, k in rows)
+
+
 def train_flops(dims, seq_lens: list[int], passes: float = 1.0) -> float:
-    """FLOPs of `passes` forward+backward passes over sequences of `seq_lens` (`dims`: a models.ModelDims)."""
-    tokens = sum(seq_lens)
-    attention = 12 * dims.layers * dims.attn_dim * sum(s * s for s in seq_lens)
-    return passes * (6 * dims.matmul_params * tokens + attention)
-
-
-def step_flops(dims, seq_lens: list[int], ppo_epochs: int, old_logprob_pass: bool) -> float:
-    """The learner's FLOPs of one step: `ppo_epochs` forward+backward passes, plus a forward pass (a third)
-    when the old-policy logprobs were recomputed (off-policy updates), not otherwise."""
-    return train_flops(dims, seq_lens, ppo_epochs + (1 / 3 if old_logprob_pass else 0))
+    """FLOPs of `passes` forward+backward passes over whole sequences of `seq_lens`."""
+    return passes * 3 * forward_flops(dims, [(s, s) for s in seq_lens])
 
 
 # Dense bf16 peak TFLOPS per device (vendor datasheets, without sparsity), matched against torch's device name in

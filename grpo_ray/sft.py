@@ -49,7 +49,7 @@ class SFTController(Runner):
         lengths = [len(row["prompt_ids"]) + len(row["target_ids"]) for row in rows]
         facts, ranks = self.pools.facts, self.r.learner.world_size
         mfu = (
-            {"perf/mfu": perf.mfu(perf.train_flops(facts["dims"], lengths), seconds, facts["peak_tflops"], ranks)}
+            {"perf/mfu": perf.mfu(trained["actor/flops"], seconds, facts["peak_tflops"], ranks)}
             if facts["peak_tflops"]
             else {}
         )

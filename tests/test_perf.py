@@ -34,33 +34,37 @@ def test_train_flops_by_hand():
     # dense: 6 * 112 * (3 + 5) = 5376; attention: 12 * 1 * 4 * (9 + 25) = 1632
     assert perf.train_flops(DIMS, [3, 5]) == 5376 + 1632
     assert perf.train_flops(DIMS, [3, 5], passes=2 + 1 / 3) == pytest.approx((5376 + 1632) * 7 / 3)
+    assert perf.forward_flops(DIMS, [(3, 3), (5, 5)]) == (5376 + 1632) / 3
 
 
-@pytest.mark.parametrize(
-    "recomputed,epochs,expected",
-    [
-        (0.0, 1, 7008.0),  # on policy: one forward+backward, no old-logprob pass (the learner times nothing)
-        (1.0, 2, 7008.0 * (2 + 1 / 3)),  # two epochs: old logprobs recomputed, a forward pass more
-    ],
-)
-def test_mfu_counts_the_old_logprob_pass_only_when_it_ran(recomputed, epochs, expected):
+def test_shared_prompt_flops_count_each_prompt_once_by_hand():
+    from grpo_ray.algo.batching import forward_rows
+
+    pairs = [([5, 6, 7], [8, 9]), ([5, 6, 7], [4]), ([3], [8, 8, 8])]  # two responses to one prompt, one to another
+    assert forward_rows(pairs, shared=False) == [(5, 5), (4, 4), (4, 4)]
+    # shared: each prompt once (3 and 1 tokens), then each response after its prompt
+    assert sorted(forward_rows(pairs, shared=True)) == sorted([(3, 3), (1, 1), (2, 5), (1, 4), (3, 4)])
+    # dense 2 * 112 * tokens; attention 4 * 1 * 4 * tokens * keys
+    # packed: tokens 13, token x keys 25 + 16 + 16 = 57 -> 2912 + 912
+    assert perf.forward_flops(DIMS, forward_rows(pairs, False)) == 2 * 112 * 13 + 16 * 57
+    # shared: tokens 3 + 1 + 2 + 1 + 3 = 10, token x keys 9 + 1 + 10 + 4 + 12 = 36 -> 2240 + 576
+    assert perf.forward_flops(DIMS, forward_rows(pairs, True)) == 2 * 112 * 10 + 16 * 36
+    assert perf.train_flops(DIMS, [5, 4, 4]) == 3 * perf.forward_flops(DIMS, forward_rows(pairs, False))
+
+
+def test_mfu_is_the_learners_counted_flops_over_update_and_step_time():
     from grpo_ray.config import Recipe
-
-    r = Recipe()
-    r.algorithm.ppo_epochs, r.learner.world_size = epochs, 1
     from grpo_ray.types import RolloutStats
 
+    r = Recipe()
+    r.learner.world_size = 2
     stats = [RolloutStats(0.1, 0, [1, 2], [2, 3], 0)]  # sequences of 3 and 5 tokens
-    trained = {
-        "timing_s/update_actor": 1.0,
-        "timing_s/old_log_prob": 3e-6 if not recomputed else 0.5,
-        "actor/old_log_prob_recomputed": recomputed,
-    }
-    facts = {"dims": DIMS, "peak_tflops": 1e-9}  # 1000 FLOP/s
+    trained = {"timing_s/update_actor": 1.0, "timing_s/old_log_prob": 0.5, "actor/flops": 6000.0}
+    facts = {"dims": DIMS, "peak_tflops": 1e-9}  # 1000 FLOP/s a device
     m = perf_metrics(stats, trained, 2.0, facts, 1.0, r)
-    update = 1.0 + trained["timing_s/old_log_prob"]
-    assert m["perf/mfu/actor"] == pytest.approx(expected / update / 1000)
-    assert m["perf/mfu/step"] == pytest.approx(expected / 2.0 / 1000)
+    assert m["perf/mfu/actor"] == pytest.approx(6000 / 1.5 / 2000)
+    assert m["perf/mfu/step"] == pytest.approx(6000 / 2.0 / 2000)
+    assert m["perf/total_num_tokens"] == 8
 
 
 def test_mfu_and_throughput_by_hand():
@@ -124,6 +128,6 @@ def test_an_unknown_gpu_reports_no_mfu_and_fails_nothing():
     from grpo_ray.types import RolloutStats
 
     stats = [RolloutStats(0.1, 0, [1, 2], [2, 3], 0)]
-    trained = {"timing_s/update_actor": 1.0, "timing_s/old_log_prob": 0.0, "actor/old_log_prob_recomputed": 0.0}
+    trained = {"timing_s/update_actor": 1.0, "timing_s/old_log_prob": 0.0, "actor/flops": 7008.0}
     m = perf_metrics(stats, trained, 2.0, {"dims": DIMS, "peak_tflops": None}, 1.0, Recipe())
     assert m["perf/throughput"] == pytest.approx(8 / 2.0) and not any(k.startswith("perf/mfu") for k in m)

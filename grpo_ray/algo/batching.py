@@ -310,6 +310,16 @@ def use_shared(setting: bool | str, pairs: list[tuple[list[int], list[int]]], si
     return shared_pays(*layout_work(pairs, size, packing))
 
 
+def forward_rows(pairs: list[tuple[list[int], list[int]]], shared: bool) -> list[tuple[int, int]]:
+    """The real tokens of one forward over `pairs` as (tokens, keys each attends to) rows, for its FLOPs
+    (``perf.forward_flops``): each sequence whole; with `shared`, each distinct prompt once, then each response
+    after its prompt (padding is not counted)."""
+    if not shared:
+        return [(len(p) + len(r), len(p) + len(r)) for p, r in pairs]
+    prompts = {tuple(p) for p, _ in pairs}
+    return [(len(p), len(p)) for p in prompts] + [(len(r), len(p) + len(r)) for p, r in pairs]
+
+
 def shared_tokens(pairs: list[tuple[list[int], list[int]]]) -> int:
     """Token slots of `pairs` in the ``Shared`` layout: distinct prompts x the longest prompt, plus response rows x
     the longest response."""
