@@ -1,21 +1,22 @@
 """FLOPs, MFU, throughput and pass@k: pure functions, each checked against numbers worked by hand.
 
-One forward over rows of q tokens, each token attending to k keys, costs
+One forward over rows of q tokens, each token attending to k keys, with the LM head run on H positions, costs
 
-    2 * N * q  +  4 * L * d_attn * q * k
+    2 * N_body * sum(q)  +  2 * V * h * H  +  4 * L * d_attn * sum(q * k)
 
-N is the number of parameters that take part in a matmul per token (every linear layer and the LM head; not the
-embedding lookup, not norms), L the number of layers and d_attn = heads x head_dim. The first term is the dense
-matmuls (2 FLOPs per multiply-add), the second QK^T and AV. A sequence of s tokens is a row of q = k = s (the
-usual convention, which counts the causal mask's upper half too); a backward costs two forwards, so training over
-sequences of lengths s_i (T = sum s_i tokens) is
+N_body is the number of parameters of the decoder blocks' linear layers, V * h the LM head's (the embedding lookup
+and norms do no matmul), L the number of layers and d_attn = heads x head_dim. The first terms are the dense matmuls
+(2 FLOPs per multiply-add), the last QK^T and AV. A sequence of s tokens is a row of q = k = s (the usual
+convention, which counts the causal mask's upper half too); a backward costs two forwards. With the head on every
+token, training over sequences of lengths s_i (T = sum s_i tokens, N = N_body + V * h) is the usual
 
     6 * N * T  +  12 * L * d_attn * sum(s_i ** 2)
 
-With shared prompts (``model.shared_prompt``) the forward runs each distinct prompt of p tokens once (a row of
-q = k = p) and each response of r tokens after it (q = r, k = p + r): fewer FLOPs than the same sequences packed.
-The learner counts the FLOPs of the forwards it really ran, in the layout it ran (``Learner._logprobs``), and MFU
-is computed from that count. N, L and d_attn come from ``grpo_ray.dims.ModelDims``.
+(``train_flops``). The learner and the reference run the head only where a response token is predicted
+(``algo.logprobs.head_on``), and with shared prompts (``model.shared_prompt``) each distinct prompt of p tokens
+once (a row of q = k = p) and each response of r tokens after it (q = r, k = p + r): the learner counts the FLOPs
+of the forwards it really ran, in the layout it ran (``batching.forward_work``, ``Learner._logprobs``), and MFU is
+computed from that count. The dims come from ``grpo_ray.dims.ModelDims``.
 """
 
 from __future__ import annotations
@@ -23,13 +24,17 @@ from __future__ import annotations
 from math import comb
 
 
-def forward_flops(dims, rows: list[tuple[int, int]]) -> float:
-    """FLOPs of one forward over `rows` of (tokens, keys each token attends to) (`dims`: a dims.ModelDims)."""
-    return sum(2 * dims.matmul_params * q + 4 * dims.layers * dims.attn_dim * q * k for q, k in rows)
+def forward_flops(dims, rows: list[tuple[int, int]], logits: int | None = None) -> float:
+    """FLOPs of one forward over `rows` of (tokens, keys each token attends to), the LM head on `logits` positions
+    (None: on every token) (`dims`: a dims.ModelDims)."""
+    tokens = sum(q for q, _ in rows)
+    head = dims.vocab * dims.hidden
+    body = 2 * (dims.matmul_params - head) * tokens + 4 * dims.layers * dims.attn_dim * sum(q * k for q, k in rows)
+    return body + 2 * head * (tokens if logits is None else logits)
 
 
 def train_flops(dims, seq_lens: list[int], passes: float = 1.0) -> float:
-    """FLOPs of `passes` forward+backward passes over whole sequences of `seq_lens`."""
+    """FLOPs of `passes` forward+backward passes over whole sequences of `seq_lens`, the head on every token."""
     return passes * 3 * forward_flops(dims, [(s, s) for s in seq_lens])
 
 

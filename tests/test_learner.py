@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from grpo_ray import models, perf
-from grpo_ray.algo.batching import flatten, forward_rows
+from grpo_ray.algo.batching import flatten, forward_work
 from grpo_ray.config import load_recipe
 from grpo_ray.dims import model_dims
 from grpo_ray.roles.learner import Learner
@@ -245,13 +245,12 @@ def test_shared_prompts_make_the_same_update_as_packed_samples(ray_local):
         ray_local, path, 2, [*common, "model.shared_prompt=auto"], rollouts, ref_lps, advantages
     )
     assert packed[0]["actor/shared_prompt"] == 0 and [m["actor/shared_prompt"] for m in shared] == [1, 1]
-    # the FLOPs each layout really ran (MFU's numerator): packed, every sequence whole, two training passes and the
-    # old-policy forward; shared, each prompt once a micro batch: more than once a mini batch, less than packed
+    # the FLOPs each layout really ran (MFU's numerator): two training passes (3 forwards' worth each) and the
+    # old-policy forward; packed, every sequence whole; shared, each prompt once a micro batch: at least once a mini
+    # batch, and less than packed
     dims, pairs = model_dims(path), flatten(rollouts)
-    assert packed[0]["actor/flops"] == pytest.approx(perf.train_flops(dims, [len(p) + len(r) for p, r in pairs], 7 / 3))
-    once = perf.forward_flops(dims, forward_rows(pairs[:8], True)) + perf.forward_flops(
-        dims, forward_rows(pairs[8:], True)
-    )
+    assert packed[0]["actor/flops"] == pytest.approx(7 * perf.forward_flops(dims, *forward_work(pairs, False)))
+    once = sum(perf.forward_flops(dims, *forward_work(mini, True)) for mini in (pairs[:8], pairs[8:]))
     assert 7 * once <= shared[0]["actor/flops"] < packed[0]["actor/flops"]
     for key in ("actor/grad_norm", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/ppo_kl"):
         assert shared[0][key] == pytest.approx(packed[0][key], rel=1e-4, abs=1e-6), key

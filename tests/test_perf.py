@@ -37,19 +37,23 @@ def test_train_flops_by_hand():
     assert perf.forward_flops(DIMS, [(3, 3), (5, 5)]) == (5376 + 1632) / 3
 
 
-def test_shared_prompt_flops_count_each_prompt_once_by_hand():
-    from grpo_ray.algo.batching import forward_rows
+def test_flops_of_the_forwards_as_they_run_by_hand():
+    from grpo_ray.algo.batching import forward_work
 
     pairs = [([5, 6, 7], [8, 9]), ([5, 6, 7], [4]), ([3], [8, 8, 8])]  # two responses to one prompt, one to another
-    assert forward_rows(pairs, shared=False) == [(5, 5), (4, 4), (4, 4)]
-    # shared: each prompt once (3 and 1 tokens), then each response after its prompt
-    assert sorted(forward_rows(pairs, shared=True)) == sorted([(3, 3), (1, 1), (2, 5), (1, 4), (3, 4)])
-    # dense 2 * 112 * tokens; attention 4 * 1 * 4 * tokens * keys
-    # packed: tokens 13, token x keys 25 + 16 + 16 = 57 -> 2912 + 912
-    assert perf.forward_flops(DIMS, forward_rows(pairs, False)) == 2 * 112 * 13 + 16 * 57
-    # shared: tokens 3 + 1 + 2 + 1 + 3 = 10, token x keys 9 + 1 + 10 + 4 + 12 = 36 -> 2240 + 576
-    assert perf.forward_flops(DIMS, forward_rows(pairs, True)) == 2 * 112 * 10 + 16 * 36
-    assert perf.train_flops(DIMS, [5, 4, 4]) == 3 * perf.forward_flops(DIMS, forward_rows(pairs, False))
+    # packed: each sequence whole; the head where a response token is predicted (2 + 1 + 3 positions)
+    assert forward_work(pairs, shared=False) == ([(5, 5), (4, 4), (4, 4)], 6)
+    # shared: each prompt once (3 and 1 tokens), then each response after its prompt; the head on each prompt's last
+    # position and on the responses' positions but their last (1 + 0 + 2)
+    rows, logits = forward_work(pairs, shared=True)
+    assert sorted(rows) == sorted([(3, 3), (1, 1), (2, 5), (1, 4), (3, 4)]) and logits == 2 + 3
+    # DIMS: body 88 and head 24 matmul parameters; attention 4 * 1 layer * 4 wide = 16 a token x key
+    # packed: 2 * 88 * 13 tokens + 2 * 24 * 6 logits + 16 * (25 + 16 + 16)
+    assert perf.forward_flops(DIMS, *forward_work(pairs, False)) == 2288 + 288 + 912
+    # shared: 2 * 88 * 10 tokens + 2 * 24 * 5 logits + 16 * (9 + 1 + 10 + 4 + 12)
+    assert perf.forward_flops(DIMS, *forward_work(pairs, True)) == 1760 + 240 + 576
+    # the usual convention (the head on every token): 3 x (2 * 112 * 13 + 16 * 57)
+    assert perf.train_flops(DIMS, [5, 4, 4]) == 3 * perf.forward_flops(DIMS, forward_work(pairs, False)[0])
 
 
 def test_mfu_is_the_learners_counted_flops_over_update_and_step_time():

@@ -310,14 +310,16 @@ def use_shared(setting: bool | str, pairs: list[tuple[list[int], list[int]]], si
     return shared_pays(*layout_work(pairs, size, packing))
 
 
-def forward_rows(pairs: list[tuple[list[int], list[int]]], shared: bool) -> list[tuple[int, int]]:
-    """The real tokens of one forward over `pairs` as (tokens, keys each attends to) rows, for its FLOPs
-    (``perf.forward_flops``): each sequence whole; with `shared`, each distinct prompt once, then each response
-    after its prompt (padding is not counted)."""
+def forward_work(pairs: list[tuple[list[int], list[int]]], shared: bool) -> tuple[list[tuple[int, int]], int]:
+    """The real tokens of one forward over `pairs` as (tokens, keys each attends to) rows, and the positions the LM
+    head runs on, for its FLOPs (``perf.forward_flops``): each sequence whole, the head where a response token is
+    predicted; with `shared`, each distinct prompt once (the head on its last position), then each response after
+    its prompt (the head on all its positions but the last). Padding is not counted."""
     if not shared:
-        return [(len(p) + len(r), len(p) + len(r)) for p, r in pairs]
+        return [(len(p) + len(r), len(p) + len(r)) for p, r in pairs], sum(len(r) for _, r in pairs)
     prompts = {tuple(p) for p, _ in pairs}
-    return [(len(p), len(p)) for p in prompts] + [(len(r), len(p) + len(r)) for p, r in pairs]
+    rows = [(len(p), len(p)) for p in prompts] + [(len(r), len(p) + len(r)) for p, r in pairs]
+    return rows, len(prompts) + sum(max(len(r) - 1, 0) for _, r in pairs)
 
 
 def shared_tokens(pairs: list[tuple[list[int], list[int]]]) -> int:

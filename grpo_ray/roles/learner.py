@@ -35,7 +35,7 @@ from grpo_ray import lora, sync
 from grpo_ray.algo.batching import (
     collate,
     flatten,
-    forward_rows,
+    forward_work,
     micro_batches,
     place_values,
     rank_slice,
@@ -177,7 +177,8 @@ class Learner(RoleActor):
         run once with shared prompts) and the logprobs of each next token (at the sampling temperature); the
         entropies carry a gradient only when the loss has an entropy term."""
         seqs = collate(pairs, self.pad_id, capacity, self.shared)
-        self.flops += forward_flops(self.dims, forward_rows(pairs, self.shared)) * (3 if torch.is_grad_enabled() else 1)
+        passes = 3 if torch.is_grad_enabled() else 1  # a backward costs two forwards
+        self.flops += passes * forward_flops(self.dims, *forward_work(pairs, self.shared))
         t = self.recipe.generator.sampling.temperature if temperature is None else temperature
         logp, entropy = sequence_logprobs(
             self.model, seqs, self.device, t, with_entropy, entropy_grad=self.recipe.algorithm.entropy_coeff > 0
