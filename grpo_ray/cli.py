@@ -139,7 +139,39 @@ def cmd_plan(args) -> int:
     model_limits(recipe, args.job, dims)
     report = check(recipe, dims, args.job)
     print(report.text())
+    if args.job == "train":
+        print(_plan_speed(recipe, dims, args, flags))
     return 0 if report.fits else 1
+
+
+def _plan_speed(recipe, dims, args, flags: list[str]) -> str:
+    """The predicted step time (``grpo_ray.speed``), on rates calibrated now (--calibrate), earlier, or published;
+    with --suggest, the fastest layouts that fit."""
+    from grpo_ray import speed
+    from grpo_ray.config import load_recipe
+
+    if args.calibrate:
+        from grpo_ray.calibrate import calibrate
+
+        device = recipe.cluster.device
+        print(f"calibrating this machine's {device} (a minute or two) ...")
+        _, path = calibrate(device)
+        print(f"  rates written to {path}")
+    rates = speed.rates_for(recipe)
+    if rates is None:
+        return (
+            f"no time prediction: no rates for {recipe.cluster.gpu or recipe.cluster.device} (run grpo-ray plan "
+            "--calibrate on one of its machines, or name a GPU of the published table: "
+            f"{', '.join(speed.published())})"
+        )
+    shape = speed.default_shape(recipe, args.prompt_tokens, args.response_tokens)
+    now = speed.predict(recipe, dims, rates, shape)
+    if not args.suggest:
+        return now.text()
+    c = recipe.cluster
+    devices = args.suggest if args.suggest > 0 else (c.nodes * c.devices_per_node if c.device == "cuda" else 0)
+    found = speed.suggest(lambda more: load_recipe(args.recipe, flags + more), recipe, dims, rates, shape, devices)
+    return now.text() + "\n" + speed.suggestions_text(now, found)
 
 
 def cmd_prepare_data(args) -> int:
@@ -314,6 +346,22 @@ def parser() -> argparse.ArgumentParser:
     pn.add_argument("--gpu", choices=[*GPU_MEMORY_GB, "cpu"], help="plan for these devices instead")
     pn.add_argument("--nodes", type=int, default=0, help="plan for this many nodes instead")
     pn.add_argument("--job", choices=["train", "sft", "rm"], default="train", help="the command to plan for")
+    pn.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="measure this machine's rates (matmuls, memory, calls, collectives, vLLM) for the time prediction first",
+    )
+    pn.add_argument(
+        "--suggest",
+        type=int,
+        nargs="?",
+        const=-1,
+        default=0,
+        metavar="DEVICES",
+        help="the three fastest layouts that fit on DEVICES devices (default: the recipe's), as overrides",
+    )
+    pn.add_argument("--prompt-tokens", type=int, default=0, help="a prompt's tokens (default: data.max_prompt_length)")
+    pn.add_argument("--response-tokens", type=int, default=0, help="a response's tokens (default: the response budget)")
     pn.add_argument("overrides", nargs="*", help="dotted overrides, e.g. generator.tensor_parallel_size=4")
     pn.set_defaults(func=cmd_plan)
 

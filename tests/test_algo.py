@@ -579,6 +579,30 @@ def test_shared_prompt_micro_batches_keep_order_and_the_token_budget():
     assert micros[0] == [0, 1, 2, 3] and micros[1][0] == 4
 
 
+def test_shared_prompt_micro_batches_are_cut_where_the_next_sample_would_pass_the_budget():
+    """The incremental count (``SharedCount``) that cuts them is shared_tokens of the run so far, sample by sample,
+    on random runs (responses of 0-40 tokens, prompts repeated in any order), and each micro batch is as long as the
+    budget allows."""
+    import random
+
+    from grpo_ray.algo.batching import SharedCount, shared_micro_batches, shared_tokens
+
+    rng = random.Random(0)
+    for _ in range(100):
+        prompts = [[rng.randrange(3, 50) for _ in range(rng.randint(1, 30))] for _ in range(rng.randint(1, 5))]
+        pairs = [(rng.choice(prompts), [1] * rng.randint(0, 40)) for _ in range(rng.randint(1, 40))]
+        count = SharedCount()
+        for k, pair in enumerate(pairs):
+            assert count.with_pair(pair)[0] == shared_tokens(pairs[: k + 1])
+            count.add(pair)
+        size = rng.randint(1, 4)
+        micros = shared_micro_batches(list(range(len(pairs))), pairs, size)
+        budget = size * max(len(p) + len(r) for p, r in pairs)
+        assert [i for m in micros for i in m] == list(range(len(pairs)))
+        for m, after in zip(micros, micros[1:]):
+            assert shared_tokens([pairs[i] for i in m]) <= budget < shared_tokens([pairs[i] for i in m + after[:1]])
+
+
 def test_shared_prompt_auto_weighs_the_work_of_both_layouts():
     """model.shared_prompt: auto counts each layout's token slots (padding included) and model calls exactly as
     collate lays the micro batches out, and runs each prompt once where that saves work (long prompts, short

@@ -20,6 +20,7 @@ LAYERS = [  # bottom to top: a module imports modules of its own layer or below,
             "lora",
             "placement",
             "fit",
+            "speed",  # plan's time model: the recipe, a model's shape and measured rates
             "dumps",
             "metrics",
             "trackers",
@@ -34,7 +35,8 @@ LAYERS = [  # bottom to top: a module imports modules of its own layer or below,
     ("roles", ["roles"]),  # one Ray actor class per role
     ("pools", ["pools", "engines"]),  # the actors started, placed and called
     ("run", ["runner", "controller", "setup_run"]),  # one run's inputs and its step
-    ("job", ["launch", "sft", "rm", "evaluate"]),  # jobs made of runs (an sft:// warm start is trained here)
+    ("job", ["launch", "sft", "rm", "evaluate", "calibrate"]),  # jobs made of runs (an sft:// warm start is trained
+    # here); plan --calibrate runs the roles' own code in processes of its own
     ("cli", ["cli", "__main__"]),
 ]
 

@@ -252,11 +252,51 @@ def shared_micro_batches(indices: list[int], pairs: list[tuple[list[int], list[i
     the bound a packed micro batch keeps."""
     budget = size * max((len(pairs[i][0]) + len(pairs[i][1]) for i in indices), default=1)
     micros: list[list[int]] = []
+    count = SharedCount()
     for i in indices:
-        if not micros or shared_tokens([pairs[j] for j in micros[-1] + [i]]) > budget:
+        if not micros or count.with_pair(pairs[i])[0] > budget:
             micros.append([])
+            count = SharedCount()
+        count.add(pairs[i])
         micros[-1].append(i)
     return micros
+
+
+class SharedCount:
+    """``shared_tokens`` of a growing run of pairs, each pair costing the packing of its own prompt's responses only
+    (all of them when it widens the rows): a micro batch is cut in time linear in its pairs, not quadratic."""
+
+    def __init__(self):
+        self.groups: dict[tuple[int, ...], list[int]] = {}
+        """Each distinct prompt's responses' lengths."""
+        self.rows: dict[tuple[int, ...], int] = {}
+        """Each prompt's rows at the current width."""
+        self.longest_prompt, self.width, self.total_rows = 0, 1, 0
+
+    def with_pair(self, pair: tuple[list[int], list[int]]) -> tuple[int, dict, int]:
+        """The slots with `pair` added, and the rows and the width they would have (nothing is changed)."""
+        prompt, response = pair
+        key = tuple(prompt)
+        width = max(self.width, len(response))
+        lengths = self.groups.get(key, []) + [len(response)]
+        if width != self.width:  # wider rows: every prompt's responses pack again
+            rows = {k: _rows(v, width) for k, v in self.groups.items()}
+            rows[key] = _rows(lengths, width)
+        else:
+            rows = {**self.rows, key: _rows(lengths, width)}
+        prompts = len(self.groups) + (key not in self.groups)
+        slots = prompts * max(self.longest_prompt, len(prompt)) + max(sum(rows.values()), 1) * width
+        return slots, rows, width
+
+    def add(self, pair: tuple[list[int], list[int]]) -> None:
+        _, self.rows, self.width = self.with_pair(pair)
+        self.groups.setdefault(tuple(pair[0]), []).append(len(pair[1]))
+        self.longest_prompt = max(self.longest_prompt, len(pair[0]))
+
+
+def _rows(lengths: list[int], width: int) -> int:
+    """Rows of `width` that responses of `lengths` pack into (empty responses take none)."""
+    return len(pack_rows([n for n in lengths if n], width))
 
 
 @dataclass

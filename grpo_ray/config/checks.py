@@ -308,6 +308,11 @@ def validate(r: Recipe, command: str = "train") -> list[str]:
     p += _cluster_problems(r)
     p += _schedule_problems(r)
     p += _generator_problems(r)
+    if r.environment.name and r.generator.sampling.ignore_eos:
+        p.append(
+            "generator.sampling.ignore_eos=true with environment.name: a turn ends at its end-of-sequence token; "
+            "ignore_eos is for single-turn rollouts"
+        )
     if r.environment.name and r.environment.max_tokens < r.generator.sampling.max_tokens:
         p.append(
             f"environment.max_tokens ({r.environment.max_tokens}) is below generator.sampling.max_tokens "

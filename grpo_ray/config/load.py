@@ -117,6 +117,7 @@ FOREIGN_KEYS = {
     "trainer.n_gpus_per_node": ("verl", "cluster.devices_per_node"),
     "trainer.nnodes": ("verl", "cluster.nodes"),
     "actor_rollout_ref.rollout.n": ("verl", "algorithm.group_size"),
+    "actor_rollout_ref.rollout.ignore_eos": ("verl", "generator.sampling.ignore_eos"),
     "actor_rollout_ref.actor.optim.lr": ("verl", "learner.optim.lr"),
     "data.max_response_length": ("verl", "generator.sampling.max_tokens"),
     "data.val_batch_size": ("verl", "nothing (validation runs every data.val_files row at once)"),

@@ -107,6 +107,9 @@ class SamplingConfig:
     """Top-k sampling; -1 turns it off."""
     max_tokens: int = 512
     """Longest response in tokens."""
+    ignore_eos: bool = False
+    """Sample past the end-of-sequence token, so every response is max_tokens long (verl's rollout.ignore_eos): for
+    benchmarks of a fixed shape; single-turn rollouts only."""
 
 
 @dataclass

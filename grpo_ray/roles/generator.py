@@ -105,6 +105,7 @@ class Generator(RoleActor):
                 top_p=s.top_p,
                 top_k=s.top_k,
                 max_tokens=s.max_tokens,
+                ignore_eos=s.ignore_eos,
                 logprobs=0,
                 seed=seed,
             )

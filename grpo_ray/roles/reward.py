@@ -66,7 +66,10 @@ class RewardWorker(RoleActor):
         in order."""
         import ray
 
-        rollouts = ray.get(rollout_refs)
+        return self.score_rollouts(ray.get(rollout_refs), spans)
+
+    def score_rollouts(self, rollouts: list, spans: list[Span] | None = None) -> Scores:
+        """``score`` on rollouts at hand (plan's calibration scores some without Ray)."""
         start = time.perf_counter()  # after the rollout arrived: waiting for generation is not reward work
         zeros = {name: 0.0 for name, _ in self.functions}
         components = {name: [] for name, _ in self.weights}

@@ -295,6 +295,11 @@ CASES = {  # name: (recipe, overrides, what the message must say)
         [f"reward_model.model={THREE_HEADS}", "reward_model.head=3"],
         f"reward_model.head=3: reward_model.model='{THREE_HEADS}' has 3 outputs (0 to 2)",
     ),
+    "ignore_eos with an environment": (
+        RECIPE,
+        ["environment.name=calculator", "environment.max_tokens=64", "generator.sampling.ignore_eos=true"],
+        "generator.sampling.ignore_eos=true with environment.name: a turn ends at its end-of-sequence token",
+    ),
     "shared prompts under gradient checkpointing": (
         RECIPE,
         ["model.shared_prompt=true", "learner.gradient_checkpointing=true"],

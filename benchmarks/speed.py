@@ -1,0 +1,262 @@
+"""How well ``grpo-ray plan`` predicts a step's time: predicted against measured, per phase, over configurations
+drawn at random.
+
+    python benchmarks/speed.py [--fit 10] [--held-out 30] [--seed 0] [--out benchmarks/results/speed]
+
+The rates are this machine's, measured first by ``grpo_ray.calibrate`` (what ``plan --calibrate`` runs). Each
+configuration (a tiny model of 0.3M-51M parameters, prompts x group samples, responses of 1-256 tokens sampled past
+their end-of-sequence token so every response has its length, one step off or not, shared prompts or packed, one or
+two learner ranks, a micro batch size) trains the synthetic task for --warmup steps, then --steps timed ones
+(``bench.timed_steps``: the real pools on a local Ray cluster); the measured time of a phase is the median of its
+``timing_s/*`` metric. The first --fit configurations (drawn from --seed) fit the two constants calibration does not
+measure, a reward actor's seconds per sample and the controller's own seconds per step (``speed.FITTED``); the
+--held-out configurations after them, drawn from the same seed once the model is fixed, are predicted with those
+constants and compared. Writes speed.json, speed.md and speed.png (predicted against measured) to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+MODELS = {  # name: tiny model (vocabulary of the task's own words, so the shapes are the layers')
+    "0.3M": "tiny://qwen2?layers=2&hidden=96&heads=4&kv_heads=2&intermediate=256&vocab=128&bytes=0&seed=0",
+    "1.6M": "tiny://qwen2?layers=4&hidden=192&heads=4&kv_heads=2&intermediate=512&vocab=128&bytes=0&seed=0",
+    "6.3M": "tiny://qwen2?layers=6&hidden=320&heads=8&kv_heads=2&intermediate=896&vocab=128&bytes=0&seed=0",
+    "20M": "tiny://qwen2?layers=8&hidden=512&heads=8&kv_heads=4&intermediate=1408&vocab=128&bytes=0&seed=0",
+    "51M": "tiny://qwen2?layers=10&hidden=768&heads=12&kv_heads=4&intermediate=2048&vocab=128&bytes=0&seed=0",
+}
+PHASES = {  # the prediction's phase: the metric that measures it
+    "generation": "timing_s/gen",
+    "reward": "timing_s/reward",
+    "reference": "timing_s/ref",
+    "old policy": "timing_s/old_log_prob",
+    "update": "timing_s/update_actor",
+    "sync": "timing_s/sync_weights",
+}
+FLOP_BUDGET = 1.2e12
+"""The training FLOPs a drawn step may take (6 x parameters x tokens): past it, another is drawn (minutes a step)."""
+
+
+def draw(rng: random.Random) -> dict:
+    """One configuration within the FLOP budget."""
+    from grpo_ray.dims import model_dims
+
+    while True:
+        c = {
+            "model": rng.choice(list(MODELS)),
+            "prompts": rng.choice([2, 4, 8]),
+            "group": rng.choice([4, 8, 16]),
+            "response": rng.choice([1, 4, 16, 64, 128, 256]),
+            "staleness": rng.choice([0, 1]),
+            "shared": rng.choice(["true", "false"]),
+            "ranks": rng.choice([1, 2]),
+            "micro": rng.choice([4, 8, 16]),
+        }
+        samples = c["prompts"] * c["group"]
+        if samples % (c["micro"] * c["ranks"]):
+            continue
+        params = model_dims(MODELS[c["model"]]).params
+        if 6 * params * samples * (30 + c["response"]) <= FLOP_BUDGET:
+            return c
+
+
+def overrides(c: dict) -> list[str]:
+    samples = c["prompts"] * c["group"]
+    return [
+        f"model.path={MODELS[c['model']]}",
+        f"data.train_batch_size={c['prompts']}",
+        f"algorithm.group_size={c['group']}",
+        f"generator.sampling.max_tokens={c['response']}",
+        "generator.sampling.ignore_eos=true",
+        f"algorithm.max_staleness={c['staleness']}",
+        *(["algorithm.rollout_correction.rollout_is=token"] if c["staleness"] else []),
+        f"model.shared_prompt={c['shared']}",
+        f"learner.world_size={c['ranks']}",
+        f"learner.mini_batch_size={samples}",
+        f"learner.micro_batch_size={c['micro']}",
+        f"reference.micro_batch_size={c['micro']}",
+        "learner.optim.lr=1e-12",  # every step does the same work
+    ]
+
+
+def measure(c: dict, warmup: int, steps: int) -> dict:
+    from benchmarks.bench import timed_steps
+
+    rows, _ = timed_steps(overrides(c), warmup, steps)
+    out = {phase: statistics.median(r.get(key, 0.0) for r in rows) for phase, key in PHASES.items()}
+    out["step"] = statistics.median(r["timing_s/step"] for r in rows)
+    out["prompt_tokens"] = statistics.fmean(r["prompt_length/mean"] for r in rows)
+    out["response_tokens"] = statistics.fmean(r["response_length/mean"] for r in rows)
+    return out
+
+
+def predict(c: dict, measured: dict, rates) -> dict:
+    from grpo_ray import speed
+    from grpo_ray.config import load_recipe
+    from grpo_ray.dims import model_dims
+
+    r = load_recipe(ROOT / "recipes/tiny-cpu.yaml", overrides(c))
+    shape = speed.Shape(round(measured["prompt_tokens"]), c["response"], "the data's mean prompt")
+    p = speed.predict(r, model_dims(r.model.path), rates, shape)
+    out = {phase: p.phases[phase].seconds if phase in p.phases else 0.0 for phase in PHASES}
+    out["step"] = p.step
+    return out
+
+
+def fit(rows: list[dict], rates) -> dict:
+    """The constants calibration does not measure, from the fitting configurations (``speed.FITTED``): a push's fixed
+    seconds (the median of the measured sync less the predicted one), and the controller's own seconds per step and
+    per sample (a least-squares line through the on-policy configurations' measured step less the prediction without
+    them: one step off, that residual holds the overlap's error too)."""
+    rates.sync_s, rates.hop_s, rates.hop_sample_s = 0.0, 0.0, 0.0
+    predicted = [predict(r["config"], r["measured"], rates) for r in rows]
+    sync_s = max(statistics.median(r["measured"]["sync"] - p["sync"] for r, p in zip(rows, predicted)), 0.0)
+    on = [(r, p) for r, p in zip(rows, predicted) if not r["config"]["staleness"]]
+    xs = [r["config"]["prompts"] * r["config"]["group"] for r, _ in on]
+    ys = [r["measured"]["step"] - p["step"] - sync_s for r, p in on]
+    slope = statistics.linear_regression(xs, ys).slope if len(set(xs)) > 1 else 0.0
+    slope = max(slope, 0.0)
+    hop_s = max(statistics.fmean(ys) - slope * statistics.fmean(xs), 0.0)
+    return {"sync_s": sync_s, "hop_s": hop_s, "hop_sample_s": slope}
+
+
+def errors(rows: list[dict]) -> dict:
+    """Mean absolute percentage error of the step and of each phase (over the rows where the phase took at least
+    5 ms measured: a phase that is not there, or takes a few ms, has no meaningful percentage)."""
+    out = {}
+    for key in ["step", *PHASES]:
+        pairs = [(r["predicted"][key], r["measured"][key]) for r in rows if r["measured"][key] >= 0.005]
+        if pairs:
+            out[key] = {"mape": statistics.fmean(abs(p - m) / m for p, m in pairs), "n": len(pairs)}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fit", type=int, default=10)
+    ap.add_argument("--held-out", type=int, default=30)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--rates", help="a rates JSON to use instead of calibrating now")
+    ap.add_argument("--out", default="benchmarks/results/speed")
+    args = ap.parse_args()
+
+    from benchmarks.bench import machine
+    from grpo_ray import speed
+    from grpo_ray.calibrate import calibrate
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    if args.rates:
+        rates = speed.Rates.load(Path(args.rates))
+    else:
+        rates, _ = calibrate("cpu")
+        rates.save(out / "rates.json")
+    calibration_s = time.perf_counter() - start
+    rng = random.Random(args.seed)
+    configs = [draw(rng) for _ in range(args.fit + args.held_out)]
+    rows = []
+    for i, c in enumerate(configs):
+        t = time.perf_counter()
+        measured = measure(c, args.warmup, args.steps)
+        rows.append({"config": c, "measured": measured, "seconds": time.perf_counter() - t})
+        print(json.dumps(rows[-1]), flush=True)
+        if i + 1 == args.fit:  # the model is fixed here: the held-out rows are predicted with these constants
+            constants = fit(rows, rates)
+            for key, value in constants.items():
+                setattr(rates, key, value)
+    for row in rows:
+        row["predicted"] = predict(row["config"], row["measured"], rates)
+    held = rows[args.fit :]
+    report = {
+        "machine": machine(),
+        "command": "python benchmarks/speed.py " + " ".join(sys.argv[1:]),
+        "calibration_s": calibration_s,
+        "fitted": constants,
+        "rates_source": rates.source,
+        "errors_held_out": errors(held),
+        "errors_fit": errors(rows[: args.fit]),
+        "rows": rows,
+        "fit": args.fit,
+    }
+    (out / "speed.json").write_text(json.dumps(report, indent=1))
+    (out / "speed.md").write_text(markdown(report))
+    plot(report, out / "speed.png")
+    print(markdown(report))
+
+
+def markdown(report: dict) -> str:
+    m, held = report["machine"], report["rows"][report["fit"] :]
+    e = report["errors_held_out"]
+    lines = [
+        f"# grpo-ray plan's predicted step time against measured ({m['date']}, {m['cpu']}, {m['cores']} cores)",
+        "",
+        f"`{report['command']}`",
+        "",
+        f"Rates: {report['rates_source']} (calibration took {report['calibration_s']:.0f} s). Fitted on the first "
+        f"{report['fit']} configurations: a push's {report['fitted']['sync_s'] * 1e3:.1f} ms, the controller's "
+        f"{report['fitted']['hop_s'] * 1e3:.1f} ms a step and {report['fitted']['hop_sample_s'] * 1e3:.3f} ms a sample.",
+        "",
+        f"**Held out ({len(held)} configurations): step time within {e['step']['mape']:.1%} mean absolute "
+        "percentage error.** Per phase (rows where the phase took at least 5 ms):",
+        "",
+        "| phase | MAPE held out | rows | MAPE fitting set |",
+        "| --- | --- | --- | --- |",
+    ]
+    for key, v in e.items():
+        fit_e = report["errors_fit"].get(key, {}).get("mape", math.nan)
+        lines.append(f"| {key} | {v['mape']:.1%} | {v['n']} | {fit_e:.1%} |")
+    lines += [
+        "",
+        "| # | model | prompts x group | response | staleness | shared | ranks | micro | step measured | predicted | "
+        "error |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for i, r in enumerate(held, 1):
+        c, me, pr = r["config"], r["measured"], r["predicted"]
+        lines.append(
+            f"| {i} | {c['model']} | {c['prompts']} x {c['group']} | {c['response']} | {c['staleness']} | "
+            f"{c['shared']} | {c['ranks']} | {c['micro']} | {me['step']:.3f} s | {pr['step']:.3f} s | "
+            f"{(pr['step'] - me['step']) / me['step']:+.0%} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    held = report["rows"][report["fit"] :]
+    keys = ["step", "generation", "update", "reference", "sync"]
+    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 4))
+    for ax, key in zip(axes, keys):
+        pts = [(r["measured"][key], r["predicted"][key]) for r in held if r["measured"][key] > 0]
+        if pts:
+            ms, ps = zip(*pts)
+            ax.loglog(ms, ps, "o", alpha=0.7)
+            lo, hi = min(ms + ps), max(ms + ps)
+            ax.plot([lo, hi], [lo, hi], "k--", lw=1)
+        ax.set_title(key)
+        ax.set_xlabel("measured (s)")
+        ax.set_ylabel("predicted (s)")
+        ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+if __name__ == "__main__":
+    main()

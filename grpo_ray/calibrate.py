@@ -1,0 +1,452 @@
+"""``grpo-ray plan --calibrate``: measure, on this machine, the rates the planner's time model uses (``speed.Rates``).
+
+Each part runs in a child process of its own, so that its compute threads are set before torch starts and its
+process group is its own:
+
+    gemm        matmuls [tokens x width] @ [width x width] over a grid of both, per dtype; elementwise bandwidth;
+                an optimizer step's cost per parameter (at each thread count: on CPU 1 and the node's cores)
+    calls       the learner's own code (``Learner.update`` and its forward-only ``_score``, FSDP2 on a one-rank
+                group) on tiny models of 1 and 3 layers, with one and two micro batches of one short sequence: the
+                fixed cost of a forward, of a forward+backward and of an optimizer step, per call and per layer
+    collective  two processes of the learner's backend: an all-gather's latency and bandwidth, a broadcast's
+    engine     (where vLLM imports) an engine on tiny models of 1 and 4 layers: a decode step's fixed cost per step,
+                per layer and per sequence, a generate call's, and an in-place reload's per layer and per byte
+
+What is not measured here (a reward actor's seconds per sample, the controller's own time per step) comes from
+``speed.FITTED``. The rates are written to ``<cache>/calibration/<device>.json`` (``rates_path``), which ``plan``
+then reads for recipes on that device.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+from grpo_ray import models, speed
+from grpo_ray.dims import model_dims
+from grpo_ray.speed import FITTED, Rates, Throughput, rates_path
+
+GRID = {
+    "cpu": ([1, 16, 128, 1024], [32, 128, 512, 2048]),
+    "cuda": ([1, 16, 128, 1024, 8192], [32, 128, 512, 2048, 8192]),
+}
+"""Matmul tokens and widths measured per device: a GPU's models are wider, its micro batches longer."""
+DTYPES = ["float32", "bfloat16"]
+CALL_MODEL = "tiny://qwen2?layers={layers}&hidden=64&heads=2&kv_heads=1&intermediate=128&vocab=128&bytes=0&seed=0"
+ENGINE_MODELS = {
+    1: "tiny://qwen2?layers=1&hidden=64&heads=2&kv_heads=1&intermediate=128&vocab=128&bytes=0&seed=0",
+    4: "tiny://qwen2?layers=4&hidden=512&heads=8&kv_heads=2&intermediate=1536&vocab=128&bytes=0&seed=0",
+}
+
+
+def _timed(fn, least_s: float = 0.02, reps: int = 3, sync=lambda: None) -> float:
+    """Median seconds of one call of `fn` over `reps` trials, each as many calls as fill `least_s`."""
+    fn()
+    sync()
+    start = time.perf_counter()
+    fn()
+    sync()
+    once = max(time.perf_counter() - start, 1e-7)
+    inner = max(1, int(least_s / once))
+    trials = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        sync()
+        trials.append((time.perf_counter() - start) / inner)
+    return statistics.median(trials)
+
+
+def _timed_collective(fn, calls: int, sync=lambda: None) -> float:
+    """Mean seconds of a collective `fn` over `calls` calls after one warm-up: the same count on every rank (a count
+    chosen by each rank's own timing would leave a rank waiting for a collective the others never start)."""
+    fn()
+    sync()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    sync()
+    return (time.perf_counter() - start) / calls
+
+
+def _child(target, args: tuple, env: dict[str, str]):
+    """Run `target(*args)` in a fresh process with `env` set before anything imports torch; its return value."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        proc = ctx.Process(target=_call, args=(queue, target, args))
+        proc.start()
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    ok, value = _answer(queue, [proc], target.__name__)
+    proc.join()
+    if not ok:
+        raise RuntimeError(f"calibration part {target.__name__} failed:\n{value}")
+    return value
+
+
+def _answer(queue, procs: list, name: str):
+    """What a part's process put on `queue`; a RuntimeError once they have all ended without answering."""
+    import queue as queues
+
+    while True:
+        try:
+            return queue.get(timeout=1)
+        except queues.Empty:
+            if not any(p.is_alive() for p in procs):
+                codes = [p.exitcode for p in procs]
+                raise RuntimeError(f"calibration part {name} ended without an answer (exit codes {codes})") from None
+
+
+def _call(queue, target, args):
+    import traceback
+
+    try:
+        queue.put((True, target(*args)))
+    except BaseException:  # the parent shows it
+        queue.put((False, traceback.format_exc()))
+
+
+# --- the parts, each in its own process ----------------------------------------------------------------------------
+
+
+def gemm_part(device: str, threads: int) -> dict:
+    """The matmul grid per dtype, elementwise bandwidth, and an optimizer step's cost per parameter."""
+    import torch
+
+    torch.set_num_threads(threads)
+    dev = torch.device(device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    gemm = {}
+    for dtype in DTYPES:
+        points = []
+        for t in GRID[device][0]:
+            for w in GRID[device][1]:
+                a = torch.randn(t, w, dtype=getattr(torch, dtype), device=dev)
+                b = torch.randn(w, w, dtype=getattr(torch, dtype), device=dev)
+                seconds = _timed(lambda a=a, b=b: a @ b, sync=sync)
+                points.append([t, w, 2 * t * w * w / seconds])
+        gemm[dtype] = points
+    x = torch.ones(1 << 25, device=dev)  # 128 MB: past every cache
+    y = torch.empty_like(x)
+    bandwidth = 2 * x.numel() * 4 / _timed(lambda: torch.add(x, 1.0, out=y), sync=sync)
+    n = 1 << 22
+    p = torch.nn.Parameter(torch.zeros(n, device=dev))
+    p.grad = torch.ones_like(p)
+    opt = torch.optim.AdamW([p], lr=1e-6)
+
+    def step():
+        torch.nn.utils.clip_grad_norm_([p], 1.0)
+        opt.step()
+
+    per_param = _timed(step, sync=sync) / n
+    return {"gemm": gemm, "bandwidth": bandwidth, "optimizer_per_param": per_param}
+
+
+def calls_part(device: str, threads: int, depths: tuple[int, ...]) -> dict[int, dict]:
+    """The learner's code on tiny models of each of `depths` layers (``_calls``)."""
+    return {layers: _calls(device, threads, layers) for layers in depths}
+
+
+MANY = 64
+"""Samples of the calls that measure a sample's own cost (and of the generate and reward calls)."""
+
+
+def _recipe(path: str, device: str, more: list[str]):
+    """A recipe for the calibration's roles on tiny model `path` (the synthetic task; nothing is read from it)."""
+    from grpo_ray.config import load_recipe
+
+    yaml = Path(tempfile.mkdtemp()) / "calibrate.yaml"
+    yaml.write_text("model: {path: x}\ndata: {train_files: ['synthetic://select']}\n")
+    cuda = ["cluster.devices_per_node=1", "cluster.gpu=h100"] if device == "cuda" else []
+    return load_recipe(yaml, [f"model.path={path}", f"cluster.device={device}", *cuda, *more])
+
+
+def _calls(device: str, threads: int, layers: int) -> dict:
+    """Seconds of the learner's update (``Learner.update``) and of its forward-only pass (``Learner._score``, the
+    reference's code path) over 2 samples in 1 and in 2 micro batches, and over MANY samples in 2: a second call's
+    cost, and a sample's."""
+    import torch
+
+    from grpo_ray.roles.learner import Learner
+    from grpo_ray.sync import free_port
+    from grpo_ray.types import Completion, Prompt, Rollout
+
+    path = models.resolve(CALL_MODEL.format(layers=layers))
+
+    def recipe(samples: int, micro: int):
+        return _recipe(
+            path,
+            device,
+            [
+                "data.train_batch_size=1",
+                f"algorithm.group_size={samples}",
+                f"learner.mini_batch_size={samples}",
+                f"learner.micro_batch_size={micro}",
+                "learner.world_size=1",
+                "learner.dtype=float32",
+                "algorithm.kl_coef=0.0",
+                "model.shared_prompt=false",
+                "learner.optim.lr=1e-9",
+            ],
+        )
+
+    learner = Learner(path, recipe(2, 1), 0, 1, threads=threads)
+    learner.setup("127.0.0.1", free_port())
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    out = {}
+    for name, samples, micro in (("1", 2, 2), ("2", 2, 1), ("many", MANY, MANY // 2)):
+        rollout = Rollout(
+            [Prompt([5, 6, 7, 8], "1", "calibrate")],
+            [Completion(0, [9, 10], "", [-4.0, -4.0], "length") for _ in range(samples)],
+            0,
+        )
+        pairs = [(rollout.prompts[0].ids, c.token_ids) for c in rollout.completions]
+        advantages = [0.5 - (i % 2) for i in range(samples)]
+        learner.recipe = recipe(samples, micro)
+        out[f"update_{name}"] = _timed(lambda r=rollout, a=advantages: learner.update([r], None, a, 0), 0.1, 5, sync)
+        learner.shared = False
+        with torch.no_grad():
+            out[f"forward_{name}"] = _timed(lambda p=pairs: learner._score(p, list(range(len(p)))), 0.1, 5, sync)
+    learner.shutdown()
+    return out
+
+
+def reward_part() -> float:
+    """A reward actor's seconds per sample (the built-in gsm8k reward, in its sandboxed child): MANY samples less 2,
+    over the samples between."""
+    from grpo_ray.config import RewardConfig
+    from grpo_ray.roles.reward import RewardWorker
+    from grpo_ray.types import Completion, Prompt, Rollout
+
+    worker = RewardWorker(RewardConfig(), "####")  # the default: the built-in gsm8k reward
+
+    def rollout(n: int):
+        return Rollout([Prompt([5], "7", "calibrate")], [Completion(0, [9], " 7", [-1.0], "stop") for _ in range(n)], 0)
+
+    few, many = rollout(2), rollout(MANY)
+    seconds = {n: _timed(lambda r=r: worker.score_rollouts([r]), 0.1, 3) for n, r in ((2, few), (MANY, many))}
+    worker.shutdown()
+    return max((seconds[MANY] - seconds[2]) / (MANY - 2), 0.0)
+
+
+def collective_part(device: str, rank: int, port: int, queue) -> None:
+    """Rank `rank` of a two-process group: all-gather of 1 KB and 32 MB, broadcast of 32 MB (rank 0 reports)."""
+    import torch
+    import torch.distributed as dist
+
+    backend = "nccl" if device == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    dev = torch.device(device, rank) if device == "cuda" else torch.device("cpu")
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    out = {}
+    for name, numel in (("small", 256), ("large", 1 << 23)):
+        shard = torch.ones(numel // 2, device=dev)
+        full = torch.empty(numel, device=dev)
+        out[f"gather_{name}"] = _timed_collective(lambda f=full, s=shard: dist.all_gather_into_tensor(f, s), 20, sync)
+        out[f"gather_{name}_bytes"] = numel * 4 / 2  # what each rank receives
+    x = torch.ones(1 << 23, device=dev)
+    out["broadcast"] = _timed_collective(lambda: dist.broadcast(x, 0), 10, sync)
+    out["broadcast_bytes"] = x.numel() * 4
+    dist.destroy_process_group()
+    if rank == 0:
+        queue.put(out)
+
+
+def engine_part(depths: tuple[int, ...]) -> dict[int, dict]:
+    """A vLLM engine on each of ``ENGINE_MODELS``' tiny models, one after the other in this process."""
+    import gc
+
+    out = {}
+    for layers in depths:
+        out[layers] = _engine(layers)
+        gc.collect()
+    return out
+
+
+def _engine(layers: int) -> dict:
+    """The generator role (``Generator``: a vLLM engine in this process, as a CPU actor runs it) on a tiny model of
+    `layers` layers: generate calls of 1 prompt x 1 sample and of 16 prompts x 4 samples (seeded, logprobs, past the
+    end-of-sequence token), 1 and 33 tokens each; and in-place reloads of its own weights."""
+    from safetensors.torch import load_file
+
+    from grpo_ray.config import SamplingConfig
+    from grpo_ray.roles.generator import Generator
+    from grpo_ray.roles.vllm_ext import reload_in_place
+    from grpo_ray.types import Prompt
+
+    path = models.resolve(ENGINE_MODELS[layers])
+    recipe = _recipe(
+        path, "cpu", ["generator.dtype=float32", "generator.enforce_eager=true", "data.max_prompt_length=32"]
+    )
+    engine = Generator(path, recipe, 256 << 20, 0)
+    out = {}
+    for prompts, group in ((1, 1), (MANY // 4, 4)):
+        for k in (1, 33):
+            batch = [Prompt([5 + i % 50, 6, 7, 8], "1", "calibrate") for i in range(prompts)]
+            sampling = SamplingConfig(temperature=1.0, max_tokens=k, ignore_eos=True)
+            call = lambda b=batch, g=group, s=sampling: engine.generate(b, g, list(range(len(b))), s)  # noqa: E731
+            out[f"generate_{prompts * group}_{k}"] = _timed(call, 0.2, 3)
+    weights = load_file(f"{path}/model.safetensors")
+    out["weight_bytes"] = sum(t.numel() * t.element_size() for t in weights.values())
+    reload = lambda: engine.llm.collective_rpc(lambda w: reload_in_place(w, iter(weights.items())))  # noqa: E731
+    out["reload"] = _timed(reload, 0.2, 3)
+    return out
+
+
+# --- putting them together -----------------------------------------------------------------------------------------
+
+
+def _line_fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Intercept and slope of the line through two points (x0, y0), (x1, y1); both kept at least 0."""
+    slope = (ys[1] - ys[0]) / (xs[1] - xs[0])
+    return max(ys[0] - slope * xs[0], 0.0), max(slope, 0.0)
+
+
+def _has_vllm() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def calibrate(device: str = "cpu", say=print) -> tuple[Rates, Path]:
+    """Measure every part on this machine's `device` (cpu or cuda), write the rates, and return them and where."""
+    start = time.perf_counter()
+    cores = len(os.sched_getaffinity(0))
+    counts = sorted({1, cores}) if device == "cpu" else [1]
+    threads = {}
+    for t in counts:
+        threads[str(t)] = torch_rates(device, t)
+        say(f"  {t} thread(s): matmuls, memory and the learner's calls measured ({time.perf_counter() - start:.0f} s)")
+    coll = _collective(device)
+    say(f"  collectives measured ({time.perf_counter() - start:.0f} s)")
+    engine = dict(FITTED["engine"])
+    if device == "cpu" and _has_vllm():
+        env = {
+            "OMP_NUM_THREADS": str(cores),
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        }
+        runs = _child(engine_part, (tuple(ENGINE_MODELS),), env)
+        engine = _engine_rates(runs, threads[str(cores)])
+        say(f"  engines measured ({time.perf_counter() - start:.0f} s)")
+    rates = Rates(
+        device=device if device == "cpu" else _gpu_kind(),
+        source=f"calibrated on {socket.gethostname()}, {date.today()}",
+        threads=threads,
+        collective=coll["collective"],
+        transport=coll["transport"],
+        engine=engine,
+        reward_sample_s=_child(reward_part, (), {}) if device == "cpu" else FITTED["reward_sample_s"],
+        hop_s=FITTED["hop_s"],
+        hop_sample_s=FITTED["hop_sample_s"],
+        sync_s=FITTED["sync_s"],
+    )
+    path = rates_path(rates.device)
+    rates.save(path)
+    return rates, path
+
+
+def torch_rates(device: str, threads: int) -> Throughput:
+    """The throughput of one actor with `threads` compute threads on `device`: the matmul grid, memory and the
+    optimizer (``gemm_part``), and the learner's fixed costs (``calls_part``): a second micro batch costs one call
+    (at 1 and 3 layers: a call's base and its cost per layer), an update of one micro batch less its call is the
+    optimizer step's base, and MANY samples less 2 in as many calls cost their samples' own time (less their
+    matmuls and memory, predicted on the grid)."""
+    env = {"OMP_NUM_THREADS": str(threads)}
+    g = _child(gemm_part, (device, threads), env)  # alone: its timings are the process's only work
+    calls = _child(calls_part, (device, threads, (1, 3)), env)
+    t = Throughput(g["gemm"], g["bandwidth"], [0.0, 0.0], [0.0, 0.0], [0.0, g["optimizer_per_param"]])
+    for kind, name in (("update", "train_call"), ("forward", "forward_call")):
+        call = {k: calls[k][f"{kind}_2"] - calls[k][f"{kind}_1"] for k in calls}
+        setattr(t, name, list(_line_fit([1, 3], [call[1], call[3]])))
+    t.optimizer[0] = max(2 * calls[1]["update_1"] - calls[1]["update_2"], 0.0)
+    extra = MANY - 2  # samples of 4 + 2 tokens, the head on the 2
+    for kind, name, passes in (("update", "train_sample", 3), ("forward", "forward_sample", 1)):
+        per_sample = []
+        for layers, c in calls.items():
+            dims = model_dims(CALL_MODEL.format(layers=layers))
+            work = passes * speed.work_seconds(dims, t, "float32", 6 * extra, [(6, 6)] * extra, 2 * extra, 2)
+            per_sample.append(max(c[f"{kind}_many"] - c[f"{kind}_2"] - work, 0.0) / extra)
+        setattr(t, name, statistics.fmean(per_sample))
+    return t
+
+
+def _collective(device: str) -> dict:
+    from grpo_ray.sync import free_port
+
+    ctx = mp.get_context("spawn")
+    queue, port = ctx.Queue(), free_port()
+    procs = [ctx.Process(target=collective_part, args=(device, rank, port, queue)) for rank in range(2)]
+    for p in procs:
+        p.start()
+    out = _answer(queue, procs, "collective_part")
+    for p in procs:
+        p.join()
+    latency, per_byte = _line_fit(
+        [out["gather_small_bytes"], out["gather_large_bytes"]], [out["gather_small"], out["gather_large"]]
+    )
+    return {
+        "collective": [latency, 1 / per_byte if per_byte else math.inf],
+        "transport": out["broadcast_bytes"] / out["broadcast"],
+    }
+
+
+def _engine_rates(runs: dict[int, dict], t: Throughput) -> dict[str, float]:
+    """The engine's fixed costs from the generator role's calls on models of two depths, less their matmuls and
+    memory predicted on `t` (the engine's threads): a decode step (a 33-token call less a 1-token one, over 32 steps)
+    = step_s + step_layer_s x layers + seq_s x sequences; a 1-token call = prefill_s + request_s x sequences + one
+    step + the prompts' forward; a reload = reload_layer_s x layers + bytes / reload_bps."""
+    small, big = min(runs), max(runs)
+    dims = {k: model_dims(ENGINE_MODELS[k]) for k in runs}
+    step = {
+        (k, n): (r[f"generate_{n}_33"] - r[f"generate_{n}_1"]) / 32 - speed.decode_work(dims[k], t, "float32", n, 21)
+        for k, r in runs.items()
+        for n in (1, MANY)
+    }
+    seq_s = max((step[small, MANY] - step[small, 1]) / (MANY - 1), 0.0)
+    step_s, step_layer_s = _line_fit([small, big], [step[small, 1] - seq_s, step[big, 1] - seq_s])
+    engine = {"step_s": step_s, "step_layer_s": step_layer_s, "seq_s": seq_s}
+    call = {
+        n: runs[small][f"generate_{n}_1"]
+        - speed.step_fixed({**engine}, dims[small], n)
+        - speed.prefill_work(dims[small], t, "float32", n, 4)
+        for n in (1, MANY)
+    }
+    engine["request_s"] = max((call[MANY] - call[1]) / (MANY - 1), 0.0)
+    engine["prefill_s"] = max(call[1] - engine["request_s"], 0.0)
+    # reload: the small model's is mostly its per-layer cost, the big one's adds its bytes
+    engine["reload_layer_s"] = runs[small]["reload"] / small
+    extra = runs[big]["reload"] - engine["reload_layer_s"] * big
+    engine["reload_bps"] = runs[big]["weight_bytes"] / extra if extra > 0 else math.inf
+    return engine
+
+
+def _gpu_kind() -> str:
+    """cluster.gpu's name for this machine's GPU (h100, h200, ...), else its torch name."""
+    import torch
+
+    from grpo_ray.config import GPU_MEMORY_GB
+
+    name = torch.cuda.get_device_name().lower()
+    return next((k for k in sorted(GPU_MEMORY_GB, key=len, reverse=True) if k.split("-")[0] in name), name)
+
+
+def main() -> None:  # pragma: no cover - `grpo-ray plan --calibrate` is the way in
+    rates, path = calibrate()
+    print(json.dumps({"path": str(path), "source": rates.source}))

@@ -1,0 +1,675 @@
+"""How long a step will take, predicted from the recipe before anything starts (``grpo-ray plan``).
+
+Each phase is its work over measured rates plus its fixed costs, and plan prints the inputs beside each number. The
+rates (``Rates``) are one device's, on CPU one actor's at its compute threads: calibrated on the machine at hand
+(``grpo-ray plan --calibrate``, ``grpo_ray.calibrate``) or, for a GPU not calibrated, the published figures of
+``PUBLISHED`` (marked as such in the output).
+
+A step has n = data.train_batch_size x algorithm.group_size samples of p prompt and r response tokens (``Shape``).
+A model call over T token slots costs the call's fixed cost (a base and a cost per decoder layer: kernel launches,
+Python), its matmuls (each linear layer, attention's QK^T and AV, the LM head where logits are taken) at the rate the
+calibration measured for matmuls of that shape, and its activations moved through memory; a backward costs 2 x the
+matmuls and memory, and its own fixed cost. The phases:
+
+    generation  each engine's n / E samples: a prefill of their prompts, then r decode steps, each a fixed cost, a
+                cost per sequence, and its matmuls at the decode batch or the weights and keys/values read from
+                memory, whichever is longer
+    reward      each reward actor's share of the samples at a fixed cost per sample
+    reference   each reference actor's share, micro batched as ``batching.micro_batches`` cuts it, in the layout
+                the learner chooses (``model.shared_prompt``), plus the FSDP2 group's all-gathers
+    old policy  the same forward on the learner ranks, in steps that recompute the old logprobs
+    update      per mini batch and epoch, the rank's share: forward+backward of its micro batches, the group's
+                all-gathers and reduce-scatters, and an optimizer step
+    sync        the weights over the transport's bandwidth, then the engines' reload
+    hops        the controller's own time in a step (Ray calls, object transfers)
+
+The step under the recipe's schedule: on-policy, generation + max(reward, frozen pools) + old policy + update + sync
++ hops. One step off (algorithm.max_staleness >= 1), the next batch is generated and scored while the learner
+trains: max(generation + its scoring, old policy + update) + sync + hops; on CPU the overlapped part goes no faster
+than its actors' thread-seconds over the node's cores.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from grpo_ray import models, placement
+from grpo_ray.algo.batching import forward_work, micro_batches, pack_rows, shared_tokens, use_shared
+from grpo_ray.config import Recipe
+from grpo_ray.dims import ModelDims
+from grpo_ray.fit import dtype_bytes, response_budget, wire_dtype
+
+
+@dataclass
+class Throughput:
+    """What one device (on CPU: one actor at a number of compute threads) does per second."""
+
+    gemm: dict[str, list[list[float]]]
+    """dtype -> [tokens, width, FLOP/s] of a matmul [tokens x width] @ [width x width], over a grid of both."""
+    bandwidth: float
+    """Bytes per second read and written by elementwise work on large tensors."""
+    forward_call: list[float]
+    """Fixed seconds of one model forward: [base, per decoder layer] (launches, Python; measured on 1 token)."""
+    train_call: list[float]
+    """Fixed seconds of one forward+backward: [base, per decoder layer]."""
+    optimizer: list[float]
+    """Seconds of one optimizer step (clip + AdamW): [base, per parameter]."""
+    forward_sample: float = 0.0
+    """Fixed seconds a sample adds to a forward-only pass (the learner's and the reference's: collating, logprobs
+    back into per-sample lists)."""
+    train_sample: float = 0.0
+    """Fixed seconds a sample adds to an update (collating, its loss terms placed)."""
+
+    def gemm_seconds(self, dtype: str, tokens: float, fan_in: int, fan_out: int) -> float:
+        """Seconds of [tokens x fan_in] @ [fan_in x fan_out], at the rate measured for its shape (interpolated on
+        the grid in log space; its width the geometric mean of fan_in and fan_out)."""
+        if tokens <= 0:
+            return 0.0
+        grid = self.gemm.get(dtype) or self.gemm["float32"]
+        rate = _interpolate(grid, tokens, math.sqrt(fan_in * fan_out))
+        return 2 * tokens * fan_in * fan_out / rate
+
+
+def _interpolate(grid: list[list[float]], x: float, y: float) -> float:
+    """Bilinear interpolation of z over a full grid of (x, y, z) points, in log space, clamped to its edges."""
+    xs, ys = sorted({p[0] for p in grid}), sorted({p[1] for p in grid})
+    z = {(p[0], p[1]): p[2] for p in grid}
+
+    def bracket(values, v):
+        v = min(max(v, values[0]), values[-1])
+        hi = next(i for i, u in enumerate(values) if u >= v)
+        lo = max(hi - 1, 0)
+        if values[hi] == values[lo]:
+            return values[lo], values[hi], 0.0
+        return (
+            values[lo],
+            values[hi],
+            (math.log(v) - math.log(values[lo])) / (math.log(values[hi]) - math.log(values[lo])),
+        )
+
+    x0, x1, fx = bracket(xs, x)
+    y0, y1, fy = bracket(ys, y)
+    logz = (
+        (1 - fx) * (1 - fy) * math.log(z[x0, y0])
+        + fx * (1 - fy) * math.log(z[x1, y0])
+        + (1 - fx) * fy * math.log(z[x0, y1])
+        + fx * fy * math.log(z[x1, y1])
+    )
+    return math.exp(logz)
+
+
+@dataclass
+class Rates:
+    """A device type's rates: per compute-thread count on CPU (one entry on a GPU), and what is not per thread."""
+
+    device: str
+    """cpu, or a GPU model as cluster.gpu names it (h100, h200, ...)."""
+    source: str
+    """How they were had: 'calibrated on HOST, DATE' or 'published figures (...)'."""
+    threads: dict[str, Throughput]
+    """Compute threads -> throughput of one actor (on a GPU: '1', the device)."""
+    collective: list[float]
+    """The learner's and reference's group collectives (gloo / nccl) between two ranks: [latency s, bytes/s]."""
+    transport: float
+    """Bytes per second of a weight push from learner rank 0 to the engines."""
+    engine: dict[str, float]
+    """A vLLM engine's fixed costs (the generator role's, as a CPU actor runs it): an engine step's step_s +
+    step_layer_s a decoder layer + seq_s a sequence; a generate call's prefill_s and request_s a sequence (its
+    request and its answer); an in-place weight load's reload_layer_s a layer, and its bytes at reload_bps."""
+    reward_sample_s: float
+    """A reward actor's seconds per sample (a built-in rule reward)."""
+    hop_s: float
+    """The controller's own seconds per step (fitted: ``FITTED``)."""
+    hop_sample_s: float = 0.0
+    """The controller's own seconds per sample of a step (fitted)."""
+    sync_s: float = 0.0
+    """A push's fixed seconds beyond its bytes and the reload: the Ray calls around it, the probe (fitted)."""
+
+    def at(self, threads: int) -> Throughput:
+        """The throughput of an actor with `threads` compute threads: the nearest count measured."""
+        counts = sorted(self.threads, key=lambda t: (abs(int(t) - threads), -int(t)))
+        return self.threads[counts[0]]
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(self), indent=1))
+
+    @classmethod
+    def load(cls, path: Path) -> Rates:
+        raw = json.loads(Path(path).read_text())
+        raw["threads"] = {k: Throughput(**v) for k, v in raw["threads"].items()}
+        return cls(**raw)
+
+
+FITTED = {
+    "engine": {
+        "step_s": 0.0,
+        "step_layer_s": 0.0,
+        "seq_s": 0.0,
+        "prefill_s": 0.0,
+        "request_s": 0.0,
+        "reload_layer_s": 0.0,
+        "reload_bps": 1e10,
+    },
+    "reward_sample_s": 0.0,
+    "hop_s": 0.0,
+    "hop_sample_s": 0.0,
+    "sync_s": 0.0,
+}
+"""What calibration does not measure: the controller's own seconds per step and per sample, and a push's fixed
+seconds (fitted by benchmarks/speed.py on the configurations it fits on); a reward actor's seconds per sample and an
+engine's costs where no reward worker or vLLM runs (a GPU machine without them)."""
+
+
+@dataclass
+class Shape:
+    """The samples a step predicts for."""
+
+    prompt_tokens: int
+    """Tokens of a prompt (the recipe's data.max_prompt_length unless the data's mean is given)."""
+    response_tokens: int
+    """Tokens of a response (the response budget unless expected shorter)."""
+    source: str = ""
+    """Where the lengths came from, for the output."""
+
+
+@dataclass
+class Phase:
+    seconds: float
+    detail: str
+    busy: dict[str, float] = field(default_factory=dict)
+    """Pool -> seconds its actors are busy in this phase (for idle shares)."""
+
+
+@dataclass
+class Prediction:
+    phases: dict[str, Phase]
+    step: float
+    schedule: str
+    tokens_per_s_per_device: float
+    idle: dict[str, float]
+    rates: str
+    shape: Shape
+
+    def text(self) -> str:
+        s = self.shape
+        lines = [
+            f"predicted step time ({self.rates}):",
+            f"  samples of {s.prompt_tokens} prompt + {s.response_tokens} response tokens ({s.source})",
+        ]
+        for name, p in self.phases.items():
+            lines.append(f"  {name:<11} {p.seconds:9.3f} s  {p.detail}")
+        lines.append(f"  {'step':<11} {self.step:9.3f} s  {self.schedule}")
+        idle = ", ".join(f"{k} {v:.2f}" for k, v in self.idle.items())
+        lines.append(f"  tokens/s per device {self.tokens_per_s_per_device:.4g}; idle share: {idle}")
+        return "\n".join(lines)
+
+
+def seconds_str(x: float) -> str:
+    return f"{x * 1e3:.3g} ms" if x < 1 else f"{x:.3g} s"
+
+
+# --- one model call ---------------------------------------------------------------------------------------------
+
+
+def work_seconds(
+    d: ModelDims, t: Throughput, dtype: str, slots: int, rows: list[tuple[int, int]], logits: int, calls: int = 1
+) -> float:
+    """Seconds of the forward work of `calls` model calls (no fixed costs) over `slots` token slots (padding
+    included), whose real tokens are `rows` of (tokens, keys each attends to), the LM head on `logits` positions:
+    each linear layer, attention's QK^T and AV per head, the head, and the activations moved through memory."""
+    if not calls:
+        return 0.0
+    b = dtype_bytes(dtype)
+    per_call = slots / calls
+    linears = sum(t.gemm_seconds(dtype, per_call, i, o) for i, o in d.linears().values()) * d.layers * calls
+    head = t.gemm_seconds(dtype, logits / calls, d.hidden, d.vocab) * calls
+    # QK^T ([q x head_dim] @ [head_dim x k]) and AV (as many FLOPs), per head and layer
+    attention = 2 * d.layers * d.heads * sum(t.gemm_seconds(dtype, q, d.head_dim, k) for q, k in rows)
+    keys = sum(q * k for q, k in rows)
+    memory = (
+        slots * d.layers * (10 * d.hidden + 4 * d.intermediate) * b  # activations written and read again
+        + 3 * keys * d.heads * d.layers * b  # eager attention's scores: written, softmaxed, read
+        + logits * d.vocab * (b + 8)  # logits, their fp32 copy and log-softmax
+    ) / t.bandwidth
+    return linears + head + attention + memory
+
+
+def call_seconds(
+    d: ModelDims,
+    t: Throughput,
+    dtype: str,
+    slots: int,
+    rows: list[tuple[int, int]],
+    logits: int,
+    backward: bool,
+    calls: int = 1,
+) -> float:
+    """``work_seconds`` and the calls' fixed costs; with the backward (2 x the work, its own fixed cost)."""
+    base, per_layer = t.train_call if backward else t.forward_call
+    fixed = calls * (base + per_layer * d.layers)
+    return fixed + (3 if backward else 1) * work_seconds(d, t, dtype, slots, rows, logits, calls)
+
+
+def prefill_work(d: ModelDims, t: Throughput, dtype: str, sequences: int, prompt_tokens: float) -> float:
+    """An engine's prefill of `sequences` prompts: their forward, the head on each one's last position."""
+    rows = [(prompt_tokens, prompt_tokens)] * sequences
+    return work_seconds(d, t, dtype, round(sequences * prompt_tokens), rows, sequences)
+
+
+def decode_work(d: ModelDims, t: Throughput, dtype: str, sequences: int, context: float) -> float:
+    """One decode step of `sequences` sequences of `context` tokens: their matmuls at the decode batch, or the weights
+    read from memory when that is longer, and their keys and values read."""
+    compute = work_seconds(d, t, dtype, sequences, [(sequences, context)], sequences)
+    weights = d.params * dtype_bytes(dtype) / t.bandwidth
+    kv = sequences * context * 2 * d.layers * d.kv_heads * d.head_dim * dtype_bytes(dtype) / t.bandwidth
+    return max(compute, weights) + kv
+
+
+def step_fixed(engine: dict[str, float], d: ModelDims, sequences: int) -> float:
+    """An engine step's fixed cost: its base, its layers', its sequences'."""
+    return engine["step_s"] + engine["step_layer_s"] * d.layers + engine["seq_s"] * sequences
+
+
+def generation_seconds(
+    d: ModelDims, t: Throughput, dtype: str, engine: dict[str, float], sequences: int, prompt: float, response: int
+) -> tuple[float, float]:
+    """A generate call of `sequences` sequences (prompts of `prompt` tokens, `response` tokens each): its prefill
+    (the call's and each request's own cost, and a step that computes the prompts and the first token), and its
+    response - 1 decode steps (the context growing: summed over up to 32 chunks of steps)."""
+    prefill = (
+        engine["prefill_s"]
+        + engine["request_s"] * sequences
+        + step_fixed(engine, d, sequences)
+        + prefill_work(d, t, dtype, sequences, prompt)
+    )
+    decode, steps_left = 0.0, max(response - 1, 0)
+    chunk = max(1, steps_left // 32)
+    for k in range(0, steps_left, chunk):
+        steps = min(chunk, steps_left - k)
+        context = prompt + 1 + k + steps / 2
+        decode += steps * (step_fixed(engine, d, sequences) + decode_work(d, t, dtype, sequences, context))
+    return prefill, decode
+
+
+# --- the phases ---------------------------------------------------------------------------------------------------
+
+
+def shape_pairs(r: Recipe, shape: Shape) -> list[tuple[list[int], list[int]]]:
+    """A step's samples as (prompt ids, response ids) of the shape's lengths: each group one prompt, its own ids."""
+    g = r.algorithm.group_size
+    return [
+        ([k] * shape.prompt_tokens, [0] * shape.response_tokens)
+        for k in range(r.data.train_batch_size)
+        for _ in range(g)
+    ]
+
+
+@dataclass
+class Work:
+    """The forwards of one actor over its share, as its micro batches lay them out."""
+
+    calls: int
+    slots: int
+    rows: list[tuple[int, int]]
+    logits: int
+
+
+def share_work(pairs: list, size: int, packing: bool, shared: bool) -> Work:
+    """The model calls, token slots, real rows and head positions of `pairs` in micro batches of `size`."""
+    micros, capacity = micro_batches(list(range(len(pairs))), pairs, size, packing, shared)
+    w = Work(0, 0, [], 0)
+    for micro in micros:
+        batch = [pairs[i] for i in micro]
+        rows, logits = forward_work(batch, shared)
+        w.rows += rows
+        w.logits += logits
+        lengths = [len(p) + len(q) for p, q in batch]
+        if shared:
+            w.slots += shared_tokens(batch)
+            w.calls += 2
+        elif capacity:
+            packed = pack_rows(lengths, capacity)
+            w.slots += len(packed) * max(sum(lengths[j] for j in row) for row in packed)
+            w.calls += 1
+        else:
+            w.slots += len(batch) * max(lengths)
+            w.calls += 1
+    return w
+
+
+def group_seconds(
+    d: ModelDims, rates: Rates, dtype: str, ranks: int, calls: int, backward: bool, param_dtype_bytes: int
+) -> float:
+    """The FSDP2 collectives of `calls` model calls on a group of `ranks`: each call gathers every unit (a decoder
+    block, and the root) once forward and once more backward, and a backward reduce-scatters the gradients."""
+    if ranks <= 1 or not calls:
+        return 0.0
+    latency, bps = rates.collective
+    units = d.layers + 1
+    moved = d.params * (ranks - 1) / ranks
+    gathers = (2 if backward else 1) * (units * latency + moved * param_dtype_bytes / bps)
+    scatters = (units * latency + moved * 4 / bps) if backward else 0.0
+    return calls * (gathers + scatters)
+
+
+def predict(r: Recipe, d: ModelDims, rates: Rates, shape: Shape, node_cpus: int = 0) -> Prediction:
+    """Each phase's seconds for a step of `shape` under recipe `r`, model `d`, `rates`; the step under the schedule.
+    On CPU the node has `node_cpus` cores (0: this machine's)."""
+    cpu = r.cluster.device == "cpu"
+    plans = placement.plan(r)
+    cores = node_cpus or (len(os.sched_getaffinity(0)) if cpu else 1)  # a CPU recipe's node: this machine
+    threads = placement.threads(r, plans, cores) if cpu else {p: 1 for p in plans}
+    pairs = shape_pairs(r, shape)
+    n, a, m = len(pairs), r.algorithm, r.model
+    dtype = r.learner.dtype
+    b = dtype_bytes(dtype)
+    phases: dict[str, Phase] = {}
+
+    # generation: each engine's samples, prefill then decode
+    E = max(1, plans["generator"].actors)
+    tg = rates.at(threads["generator"])
+    per_engine = math.ceil(n / E)
+    wd = wire_dtype(r)
+    prefill, decode = generation_seconds(
+        d, tg, wd, rates.engine, per_engine, shape.prompt_tokens, shape.response_tokens
+    )
+    gen = prefill + decode
+    phases["generation"] = Phase(
+        gen,
+        f"{E} engine(s) x {per_engine} sequences: prefill {seconds_str(prefill)}, "
+        f"{max(shape.response_tokens - 1, 0)} decode steps {seconds_str(decode)}",
+        {"generator": gen * E},
+    )
+
+    # reward
+    actors = max(1, plans["reward"].actors)
+    reward = math.ceil(n / actors) * rates.reward_sample_s
+    phases["reward"] = Phase(
+        reward,
+        f"{actors} actor(s) x {math.ceil(n / actors)} samples x {seconds_str(rates.reward_sample_s)}",
+        {"reward": reward * actors},
+    )
+
+    # the layout every forward takes (the learner's choice over the whole batch)
+    shared = not r.learner.gradient_checkpointing and use_shared(
+        m.shared_prompt, pairs, r.learner.micro_batch_size, m.sequence_packing
+    )
+    layout = "shared prompts" if shared else ("packed" if m.sequence_packing else "padded")
+
+    # frozen pools: reference (and teacher) forward over each actor's share
+    frozen = 0.0
+    for pool in ("reference", "teacher"):
+        count = plans[pool].actors
+        if not count:
+            continue
+        section = getattr(r, pool)
+        share = pairs[: math.ceil(n / count)]
+        w = share_work(share, section.micro_batch_size, m.sequence_packing, shared)
+        t = rates.at(threads[pool])
+        secs = call_seconds(d, t, dtype, w.slots, w.rows, w.logits, False, w.calls) + t.forward_sample * len(share)
+        secs += group_seconds(d, rates, dtype, count, w.calls, False, b)
+        frozen = max(frozen, secs)
+        phases[pool] = Phase(
+            secs, f"{count} actor(s): {w.calls} calls over {w.slots} token slots ({layout})", {pool: secs * count}
+        )
+    scoring = max(reward, frozen)
+
+    # learner: per rank, its share of each mini batch, ppo_epochs times; the old policy's forward when recomputed
+    W, tl = r.learner.world_size, rates.at(threads["learner"])
+    mini = min(r.learner.mini_batch_size, n)
+    minis = math.ceil(n / mini)
+    rank_share = pairs[: math.ceil(mini / W)]
+    w = share_work(rank_share, r.learner.micro_batch_size, m.sequence_packing, shared)
+    train = call_seconds(d, tl, dtype, w.slots, w.rows, w.logits, True, w.calls) + tl.train_sample * len(rank_share)
+    train += group_seconds(d, rates, dtype, W, w.calls, True, b)
+    trained = d.lora_params(m.lora.rank, m.lora.target_modules) if m.lora.rank else d.params
+    opt_base, opt_param = tl.optimizer
+    optimizer = opt_base + opt_param * trained / W
+    update = a.ppo_epochs * minis * (train + optimizer)
+    recomputed = not a.rollout_correction.bypass_mode and (a.ppo_epochs > 1 or minis > 1 or a.max_staleness > 0)
+    old = 0.0
+    if recomputed:
+        forward = call_seconds(d, tl, dtype, w.slots, w.rows, w.logits, False, w.calls)
+        forward += tl.forward_sample * len(rank_share)
+        old = minis * (forward + group_seconds(d, rates, dtype, W, w.calls, False, b))
+    phases["old policy"] = Phase(
+        old,
+        f"{W} rank(s) x {minis} mini batch(es), forward only"
+        if recomputed
+        else "not recomputed (one on-policy update)",
+        {"learner": old * W},
+    )
+    phases["update"] = Phase(
+        update,
+        f"{W} rank(s) x {a.ppo_epochs} epoch(s) x {minis} mini batch(es): {w.calls} calls over {w.slots} token "
+        f"slots ({layout}) + an optimizer step over {trained / W:.3g} parameters",
+        {"learner": update * W},
+    )
+
+    # sync: the weights (or the adapters) to the engines, then their reload
+    sent = trained if m.lora.rank and m.lora.sync == "adapters" else d.params
+    nbytes = sent * dtype_bytes(wd)
+    e = rates.engine
+    reload = e["reload_layer_s"] * d.layers + nbytes / e["reload_bps"]
+    gather = nbytes * (W - 1) / W / rates.collective[1]  # rank 0 assembles the buckets from the ranks' shards
+    sync = rates.sync_s + gather + nbytes / rates.transport + reload
+    if not plans["generator"].actors:
+        sync = 0.0
+    phases["sync"] = Phase(
+        sync,
+        f"{nbytes / 1e6:.4g} MB at {rates.transport / 1e9:.3g} GB/s, then the engines' reload {seconds_str(reload)}",
+        {"learner": sync * W, "generator": sync * E},
+    )
+    hops = rates.hop_s + rates.hop_sample_s * n
+    phases["hops"] = Phase(hops, "the controller's own time (Ray calls, transfers, metrics)")
+
+    learn = old + update
+    if a.max_staleness > 0:
+        overlapped = max(gen + scoring, learn)
+        if cpu:  # the node's cores are shared by whatever runs at once
+            demand = (
+                gen * E * threads["generator"]
+                + reward * actors
+                + sum(phases[p].seconds * plans[p].actors * threads[p] for p in ("reference", "teacher") if p in phases)
+                + learn * W * threads["learner"]
+            )
+            overlapped = max(overlapped, demand / cores)
+        step = overlapped + sync + hops
+        schedule = "one step off: max(generation + scoring, old policy + update) + sync + hops"
+    else:
+        step = gen + scoring + learn + sync + hops
+        schedule = "on-policy: generation + max(reward, reference) + old policy + update + sync + hops"
+
+    busy: dict[str, float] = {}
+    for p in phases.values():
+        for pool, secs in p.busy.items():
+            busy[pool] = busy.get(pool, 0.0) + secs
+    idle = {
+        pool: max(0.0, 1 - busy.get(pool, 0.0) / (plans[pool].actors * step))
+        for pool in placement.POOLS
+        if plans[pool].actors
+    }
+    devices = (
+        sum(p.actors * p.gpus for p in plans.values()) if not cpu else sum(p.actors * p.cpus for p in plans.values())
+    )
+    tokens = n * (shape.prompt_tokens + shape.response_tokens)
+    return Prediction(phases, step, schedule, tokens / step / max(devices, 1e-9), idle, rates.source, shape)
+
+
+def default_shape(r: Recipe, prompt_tokens: int = 0, response_tokens: int = 0) -> Shape:
+    """The shape to predict for: the lengths given, else the recipe's longest (a bound, said so)."""
+    said = []
+    if not prompt_tokens:
+        said.append("prompt: data.max_prompt_length")
+    if not response_tokens:
+        said.append("response: the response budget")
+    return Shape(
+        prompt_tokens or r.data.max_prompt_length,
+        response_tokens or response_budget(r),
+        "; ".join(said) + ", the longest: a bound" if said else "as given",
+    )
+
+
+# --- where the rates come from ---------------------------------------------------------------------------------------
+
+TABLE = Path(__file__).with_name("rates.json")
+"""The committed table: this project's CPU machine (calibrated there) and the GPUs measured by ``--calibrate``."""
+
+DATASHEET = {
+    "b200": (2250.0, 8000.0),
+    "h200": (989.0, 4800.0),
+    "h100": (989.0, 3350.0),
+    "a100-80gb": (312.0, 2039.0),
+    "a100-40gb": (312.0, 1555.0),
+    "l40s": (362.0, 864.0),
+    "l4": (121.0, 300.0),
+    "rtx4090": (165.2, 1008.0),
+}
+"""cluster.gpu -> (dense bf16 peak TFLOPS, memory bandwidth GB/s) from the vendors' datasheets: a GPU the table did
+not measure takes a measured one's rates scaled by these ratios (matmuls by the peak, memory by the bandwidth)."""
+
+
+def published() -> dict[str, Rates]:
+    """The committed table's rates, and for each DATASHEET GPU it lacks, a measured GPU's scaled (said so)."""
+    raw = json.loads(TABLE.read_text()) if TABLE.is_file() else {}
+    table = {}
+    for name, value in raw.items():
+        value["threads"] = {k: Throughput(**v) for k, v in value["threads"].items()}
+        table[name] = Rates(**value)
+    measured = next((g for g in DATASHEET if g in table), None)
+    if measured:
+        for gpu, (peak, bandwidth) in DATASHEET.items():
+            if gpu not in table:
+                table[gpu] = scaled(
+                    table[measured], gpu, peak / DATASHEET[measured][0], bandwidth / DATASHEET[measured][1]
+                )
+    return table
+
+
+def scaled(base: Rates, gpu: str, compute: float, memory: float) -> Rates:
+    """`base`'s rates with matmuls `compute` times and memory `memory` times as fast: another GPU's, from datasheets."""
+    threads = {
+        k: Throughput(
+            gemm={d: [[t, w, f * compute] for t, w, f in pts] for d, pts in v.gemm.items()},
+            bandwidth=v.bandwidth * memory,
+            forward_call=v.forward_call,
+            train_call=v.train_call,
+            optimizer=[v.optimizer[0], v.optimizer[1] / memory],
+        )
+        for k, v in base.threads.items()
+    }
+    return Rates(
+        gpu,
+        f"{base.device}'s rates scaled by {gpu}'s datasheet (matmuls x{compute:.2f}, memory x{memory:.2f}): not "
+        f"calibrated ({base.device}: {base.source})",
+        threads,
+        base.collective,
+        base.transport,
+        base.engine,
+        base.reward_sample_s,
+        base.hop_s,
+    )
+
+
+def rates_path(device: str) -> Path:
+    """Where the rates calibrated on a machine of a device type are kept (``grpo-ray plan --calibrate``)."""
+    return models.cache_dir().parent / "calibration" / f"{device}.json"
+
+
+def rates_for(r: Recipe) -> Rates | None:
+    """The rates for the recipe's devices: calibrated on a machine of that kind (``plan --calibrate``), else the
+    published table's; None when neither knows the device."""
+    kind = "cpu" if r.cluster.device == "cpu" else r.cluster.gpu
+    path = rates_path(kind)
+    if path.is_file():
+        return Rates.load(path)
+    table = published()
+    if kind in table:
+        rates = table[kind]
+        if kind == "cpu" or "calibrated" in rates.source:
+            rates.source = f"published table, not this machine: {rates.source}; plan --calibrate measures this one"
+        return rates
+    return None
+
+
+# --- suggestions -----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Suggestion:
+    overrides: list[str]
+    prediction: Prediction
+    memory_gb: float
+    """The fullest device's memory (GPU) or node's host memory (CPU), as plan counts it."""
+
+
+def layouts(r: Recipe, devices: int) -> list[list[str]]:
+    """The layouts the recipe allows, as override lists: the generator / learner split (on GPUs, engines x tensor
+    parallel and learner ranks on `devices` GPUs less the frozen pools'; on CPU one or two engines and ranks), the
+    schedule (max_staleness 0 or 1), the forward's layout (shared prompts or packed) and the learner's micro batch
+    size (half, as is, twice)."""
+    g, l = r.generator, r.learner
+    if r.cluster.device == "cuda":
+        plans = placement.plan(r)
+        frozen = sum(plans[p].actors * plans[p].gpus for p in ("reference", "teacher", "reward_model"))
+        splits = [
+            (e, tp, devices - frozen - e * tp)
+            for tp in sorted({g.tensor_parallel_size, 1, 2, 4, 8})
+            for e in range(1, devices)
+            if devices - frozen - e * tp >= 1
+        ]
+    else:
+        splits = [(e, 1, w) for e in (1, 2) for w in (1, 2)]
+    micro = sorted({max(1, l.micro_batch_size // 2), l.micro_batch_size, l.micro_batch_size * 2})
+    return [
+        [
+            f"generator.num_engines={e}",
+            *([f"generator.tensor_parallel_size={tp}"] if r.cluster.device == "cuda" else []),
+            f"learner.world_size={w}",
+            f"algorithm.max_staleness={k}",
+            f"model.shared_prompt={s}",
+            f"learner.micro_batch_size={m}",
+        ]
+        for e, tp, w in splits
+        for k in sorted({r.algorithm.max_staleness, 0, 1})
+        for s in ("true", "false")
+        for m in micro
+    ]
+
+
+def suggest(make, r: Recipe, d: ModelDims, rates: Rates, shape: Shape, devices: int, top: int = 3) -> list[Suggestion]:
+    """The `top` fastest layouts (``layouts``) that load (`make(overrides)` -> Recipe, raising RecipeError when the
+    combination is refused) and fit (``fit.check``), by predicted step time."""
+    from grpo_ray import fit
+    from grpo_ray.config import RecipeError
+
+    out = []
+    for overrides in layouts(r, devices):
+        try:
+            candidate = make(overrides)
+        except RecipeError:
+            continue
+        report = fit.check(candidate, d)
+        if not report.fits:
+            continue
+        busiest = max((m.total for m in report.memory), default=0.0)
+        out.append(Suggestion(overrides, predict(candidate, d, rates, shape), busiest))
+    out.sort(key=lambda s: s.prediction.step)
+    return out[:top]
+
+
+def suggestions_text(now: Prediction, found: list[Suggestion]) -> str:
+    lines = [f"fastest layouts that fit (predicted; the recipe as it is: {now.step:.3f} s a step):"]
+    for i, s in enumerate(found, 1):
+        lines.append(
+            f"  {i}. {s.prediction.step:.3f} s a step ({now.step / s.prediction.step:.2f}x), the largest pool "
+            f"{s.memory_gb:.2f} GB per device: {' '.join(s.overrides)}"
+        )
+    if not found:
+        lines.append("  none of the layouts considered fits")
+    return "\n".join(lines)

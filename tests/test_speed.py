@@ -1,0 +1,165 @@
+"""plan's time model (grpo_ray.speed): phase times worked by hand from known rates, the schedule's composition,
+calibration written and read back, and --suggest's layouts loading and fitting."""
+
+import json
+import re
+
+import pytest
+
+from grpo_ray import speed
+from grpo_ray.config import load_recipe
+from grpo_ray.dims import ModelDims
+from tests.conftest import ROOT, run_cli
+
+# 1 layer, hidden 4, 1 head of 4, 1 kv head, MLP 2, vocabulary 6, tied: the linear layers' fan-in x fan-out sum to
+# 4 x (4 x 4) + 2 x (4 x 2) + 2 x 4 = 88, the head 4 x 6 = 24; 112 parameters
+DIMS = ModelDims(layers=1, hidden=4, heads=1, kv_heads=1, head_dim=4, intermediate=2, vocab=6, tied=True)
+R = 1e6  # FLOP/s of every matmul shape
+
+
+def known_rates() -> speed.Rates:
+    flat = speed.Throughput(
+        gemm={"float32": [[1, 1, R], [1, 4096, R], [4096, 1, R], [4096, 4096, R]]},
+        bandwidth=float("inf"),  # no memory terms
+        forward_call=[0.01, 0.001],
+        train_call=[0.02, 0.002],
+        optimizer=[0.005, 1e-6],
+    )
+    engine = {
+        "step_s": 0.003,
+        "step_layer_s": 0.0005,
+        "seq_s": 0.0001,
+        "prefill_s": 0.007,
+        "request_s": 0.0002,
+        "reload_layer_s": 0.004,
+        "reload_bps": 448.0,
+    }
+    return speed.Rates("cpu", "by hand", {"1": flat, "2": flat}, [1e-4, 1e9], 448.0, engine, 0.002, 0.05)
+
+
+def tiny_recipe(*more):
+    return load_recipe(
+        ROOT / "recipes" / "tiny-cpu.yaml",
+        [
+            "data.train_batch_size=2",
+            "algorithm.group_size=2",
+            "learner.world_size=1",
+            "learner.mini_batch_size=4",
+            "learner.micro_batch_size=2",
+            "reference.micro_batch_size=4",
+            "model.shared_prompt=false",
+            *more,
+        ],
+    )
+
+
+def test_phase_times_by_hand():
+    """4 samples of 3 prompt + 2 response tokens, on-policy, everything one actor, packed."""
+    p = speed.predict(tiny_recipe(), DIMS, known_rates(), speed.Shape(3, 2), node_cpus=2)
+    ph = {k: v.seconds for k, v in p.phases.items()}
+    # generation: the call (7 ms), 4 requests (0.2 ms each) and a step (3 + 0.5 a layer + 4 x 0.1 ms a sequence) that
+    # computes the 4 prompts (12 tokens: linears 2 x 12 x 88, the head on 4 positions 2 x 4 x 24, attention
+    # 2 x (2 x 3 x 4 x 3) a prompt) and the first token; then 1 decode step of 4 sequences (linears 2 x 4 x 88, head
+    # 2 x 4 x 24, attention over 4.5 keys: 2 x 2 x 4 x 4 x 4.5)
+    prefill = 0.007 + 4 * 0.0002 + 0.0039 + (2112 + 192 + 4 * 144) / R
+    decode = 0.0039 + (704 + 192 + 2 * 2 * 4 * 4 * 4.5) / R
+    assert ph["generation"] == pytest.approx(prefill + decode)
+    assert ph["reward"] == pytest.approx(4 * 0.002)
+    # reference: one call over 4 packed rows of 5 (20 slots), the head on the 8 response positions
+    work = (2 * 20 * 88 + 2 * 8 * 24 + 4 * 2 * (2 * 5 * 4 * 5)) / R
+    assert ph["reference"] == pytest.approx(0.011 + work)
+    # update: two micro batches of 2 packed rows (20 slots in all): 2 calls' fixed cost + 3 x the forward's work,
+    # and one optimizer step over 112 parameters
+    assert ph["update"] == pytest.approx(2 * 0.022 + 3 * work + 0.005 + 112e-6)
+    assert ph["old policy"] == 0.0  # one on-policy update: the old logprobs are the trained weights'
+    # sync: 448 bytes (112 fp32 weights) at 448 B/s, a reload of one layer (4 ms) and its bytes at 448 B/s
+    assert ph["sync"] == pytest.approx(1.0 + 0.004 + 1.0)
+    assert ph["hops"] == 0.05
+    assert p.step == pytest.approx(ph["generation"] + ph["reference"] + ph["update"] + ph["sync"] + 0.05)
+    assert p.idle["generator"] == pytest.approx(1 - (ph["generation"] + ph["sync"]) / p.step)
+    # 1.5 CPUs reserved: an engine's 0.5, a learner rank's 0.5, the reference's and the reward actor's 0.25
+    assert p.tokens_per_s_per_device == pytest.approx(4 * 5 / p.step / 1.5)
+
+
+def test_shared_prompts_and_one_step_off_compose_as_the_schedule_runs():
+    rates = known_rates()
+    packed = speed.predict(tiny_recipe(), DIMS, rates, speed.Shape(30, 1), node_cpus=2)
+    shared = speed.predict(tiny_recipe("model.shared_prompt=true"), DIMS, rates, speed.Shape(30, 1), node_cpus=2)
+    # long prompts, one-token responses: each prompt once is less work in the reference and the update
+    assert shared.phases["reference"].seconds < packed.phases["reference"].seconds
+    assert "shared prompts" in shared.phases["update"].detail
+    off = speed.predict(tiny_recipe("algorithm.max_staleness=1"), DIMS, rates, speed.Shape(3, 2), node_cpus=2)
+    ph = {k: v.seconds for k, v in off.phases.items()}
+    assert ph["old policy"] > 0  # one step off, the old policy is recomputed
+    overlapped = max(ph["generation"] + max(ph["reward"], ph["reference"]), ph["old policy"] + ph["update"])
+    assert off.step >= overlapped + ph["sync"] + ph["hops"] - 1e-12
+    on = speed.predict(tiny_recipe(), DIMS, rates, speed.Shape(3, 2), node_cpus=2)
+    assert off.step < on.step + ph["old policy"]  # generation no longer waits for the update
+
+
+def test_gemm_rates_are_interpolated_on_the_grid_in_log_space():
+    t = speed.Throughput(
+        {"float32": [[1, 16, 1e9], [1, 256, 4e9], [64, 16, 4e9], [64, 256, 16e9]]}, 1e9, [0, 0], [0, 0], [0, 0]
+    )
+    assert 2 * 8 * 64 * 64 / t.gemm_seconds("float32", 8, 64, 64) == pytest.approx(4e9)  # the middle of both axes
+    assert 2 * 1 * 16 * 16 / t.gemm_seconds("float32", 1, 16, 16) == pytest.approx(1e9)
+    assert 2 * 1e4 * 1e3 * 1e3 / t.gemm_seconds("bfloat16", 1e4, 1e3, 1e3) == pytest.approx(16e9)  # clamped; fp32's
+
+
+@pytest.mark.slow
+def test_calibration_writes_the_rates_that_plan_then_reads(tmp_path):
+    """plan --calibrate measures this machine (matmuls, memory, the learner's calls, gloo, vLLM engines), writes the
+    rates under the cache, and plan predicts with them from then on."""
+    env = {"GRPO_RAY_CACHE": str(tmp_path)}
+    first = run_cli("plan", "recipes/tiny-cpu.yaml", "--calibrate", env=env, timeout=900)
+    assert first.returncode == 0, first.stderr[-3000:]
+    path = tmp_path / "calibration" / "cpu.json"
+    rates = speed.Rates.load(path)
+    assert "calibrated on" in rates.source and set(rates.threads) >= {"1"}
+    t = rates.at(1)
+    assert t.gemm_seconds("float32", 1024, 512, 512) / (1024 * 512 * 512) < t.gemm_seconds("float32", 1, 32, 32) / 1024
+    assert t.train_call[0] + t.train_call[1] > t.forward_call[0] + t.forward_call[1] > 0
+    assert rates.collective[1] > 1e6 and rates.transport > 1e6  # gloo moves megabytes a second at least
+    assert rates.engine["step_s"] + rates.engine["step_layer_s"] > 0 and rates.engine["reload_bps"] > 0
+    again = run_cli("plan", "recipes/tiny-cpu.yaml", env=env, timeout=300)
+    assert again.returncode == 0 and f"({rates.source}):" in again.stdout, again.stdout
+    assert re.search(r"step\s+[0-9.]+ s", again.stdout)
+
+
+def test_suggest_gives_overrides_that_load_and_fit(capsys):
+    """--suggest on a tiny twin, with the published table's rates: three layouts, fastest first, each a list of
+    overrides that loads and passes the fit check."""
+    from grpo_ray import fit
+    from grpo_ray.cli import main
+    from grpo_ray.dims import model_dims
+
+    twin = "recipes/tiny-qwen2.5-1.5b-gsm8k-1node.yaml"
+    assert main(["plan", twin, "--suggest"]) == 0
+    out = capsys.readouterr().out
+    found = re.findall(r"^  \d\. ([0-9.]+) s a step .*?: (.+)$", out, re.M)
+    assert len(found) == 3, out
+    times = [float(t) for t, _ in found]
+    assert times == sorted(times)
+    for _, overrides in found:
+        r = load_recipe(ROOT / twin, overrides.split())
+        assert fit.check(r, model_dims(r.model.path)).fits
+    predicted = float(re.search(r"^  step\s+([0-9.]+) s", out, re.M).group(1))
+    assert times[0] <= predicted  # the recipe as it is was among the layouts considered, or something faster
+
+
+def test_published_table_scales_a_measured_gpu_by_datasheets():
+    table = speed.published()
+    assert "cpu" in table
+    gpus = [g for g in speed.DATASHEET if g in json.loads(speed.TABLE.read_text())]
+    if not gpus:
+        pytest.skip("no GPU measured in the committed table yet")
+    base = table[gpus[0]]
+    for gpu, (peak, _) in speed.DATASHEET.items():
+        if gpu in gpus:
+            continue
+        ratio = peak / speed.DATASHEET[gpus[0]][0]
+        a, b = table[gpu].at(1), base.at(1)
+        assert a.gemm_seconds("bfloat16", 512, 1024, 1024) == pytest.approx(
+            b.gemm_seconds("bfloat16", 512, 1024, 1024) / ratio
+        )
+        assert "not calibrated" in table[gpu].source
