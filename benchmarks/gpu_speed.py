@@ -37,6 +37,8 @@ PUBLISHED_REST = {
         "step_layer_s": 0.0,
         "seq_s": 2e-5,
         "prefill_s": 0.01,
+        "request_s": 2e-5,
+        "work_scale": 1.0,
         "reload_layer_s": 0.002,
         "reload_bps": 2.0e10,
     },

@@ -155,12 +155,63 @@ def gemm_part(device: str, threads: int) -> dict:
         opt.step()
 
     per_param = _timed(step, sync=sync) / n
-    return {"gemm": gemm, "bandwidth": bandwidth, "optimizer_per_param": per_param}
+    return {
+        "gemm": gemm,
+        "bandwidth": bandwidth,
+        "optimizer_per_param": per_param,
+        "attention": attention_grid(device),
+    }
 
 
-def calls_part(device: str, threads: int, depths: tuple[int, ...]) -> dict[int, dict]:
-    """The learner's code on tiny models of each of `depths` layers (``_calls``)."""
-    return {layers: _calls(device, threads, layers) for layers in depths}
+ATTENTION = {"keys": [64, 256, 1024], "head_dims": [32, 64, 128], "heads": 8}
+
+
+def attention_grid(device: str) -> dict[str, list[list[float]]]:
+    """Seconds per query x key x head of one layer's attention as the learner runs it (CPU: transformers' eager
+    attention in fp32: queries and keys transposed out of the projections, keys and values repeated for grouped
+    heads, scores scaled, a mask per row added, softmax, AV; GPU: sdpa in bf16 with the same mask), forward and
+    forward+backward, at each of ATTENTION's key counts (as many queries, rows enough for 16 MB of scores: past the
+    caches, as a micro batch's) and head sizes."""
+    import torch
+    import torch.nn.functional as F
+
+    dev = torch.device(device)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    heads, groups, out = ATTENTION["heads"], 2, {"forward": [], "train": []}
+    for k in ATTENTION["keys"]:
+        rows = max(1, (16 << 20) // (heads * k * k * 4))
+        causal = torch.full((k, k), float("-inf"), device=dev, dtype=dtype).triu(1)
+        mask = causal.expand(rows, 1, k, k).contiguous()  # transformers makes one per row from the positions
+        for hd in ATTENTION["head_dims"]:
+            q = torch.randn(rows, k, heads * hd, device=dev, dtype=dtype, requires_grad=True)
+            kv = [torch.randn(rows, k, heads // groups * hd, device=dev, dtype=dtype, requires_grad=True) for _ in "kv"]
+
+            def forward(q=q, kv=kv, mask=mask, hd=hd, rows=rows, k=k):
+                query = q.view(rows, k, heads, hd).transpose(1, 2)
+                key, value = (
+                    x.view(rows, k, heads // groups, hd).transpose(1, 2).repeat_interleave(groups, dim=1) for x in kv
+                )
+                if device == "cuda":
+                    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask)
+                else:
+                    w = torch.matmul(query, key.transpose(2, 3)) * hd**-0.5 + mask
+                    w = F.softmax(w, dim=-1, dtype=torch.float32).to(query.dtype)
+                    out = torch.matmul(w, value)
+                return out.transpose(1, 2).contiguous()
+
+            units = rows * k * k * heads
+            with torch.no_grad():
+                out["forward"].append([k, hd, _timed(forward, sync=sync) / units])
+            out["train"].append([k, hd, _timed(lambda f=forward: f().sum().backward(), sync=sync) / units])
+    return out
+
+
+def calls_part(device: str, threads: int, depths: tuple[int, ...]) -> dict:
+    """The learner's code on tiny models of each of `depths` layers (``_calls``), and on WORK_MODEL (``_work``)."""
+    out = {layers: _calls(device, threads, layers) for layers in depths}
+    out["work"] = _work(device, threads)
+    return out
 
 
 MANY = 64
@@ -223,6 +274,56 @@ def _calls(device: str, threads: int, layers: int) -> dict:
         learner.shared = False
         with torch.no_grad():
             out[f"forward_{name}"] = _timed(lambda p=pairs: learner._score(p, list(range(len(p)))), 0.1, 5, sync)
+    learner.shutdown()
+    return out
+
+
+WORK_MODEL = "tiny://qwen2?layers=2&hidden=256&heads=8&kv_heads=2&intermediate=768&vocab=128&bytes=0&seed=0"
+WORK = {"samples": 16, "prompt": 32, "response": 224, "micro": 4}
+"""A step whose work outweighs its fixed costs, of sequences of a length RL steps see: what the grids' prediction of
+its work is scaled by to match the learner's code."""
+
+
+def _work(device: str, threads: int) -> dict:
+    """Seconds of an update and of a forward-only pass on WORK_MODEL over WORK's samples, packed."""
+    import torch
+
+    from grpo_ray.roles.learner import Learner
+    from grpo_ray.sync import free_port
+    from grpo_ray.types import Completion, Prompt, Rollout
+
+    path, w = models.resolve(WORK_MODEL), WORK
+    recipe = _recipe(
+        path,
+        device,
+        [
+            "data.train_batch_size=1",
+            "data.max_prompt_length=32",
+            "generator.sampling.max_tokens=224",
+            f"algorithm.group_size={w['samples']}",
+            f"learner.mini_batch_size={w['samples']}",
+            f"learner.micro_batch_size={w['micro']}",
+            "learner.world_size=1",
+            "learner.dtype=float32",
+            "algorithm.kl_coef=0.0",
+            "model.shared_prompt=false",
+            "learner.optim.lr=1e-9",
+        ],
+    )
+    learner = Learner(path, recipe, 0, 1, threads=threads)
+    learner.setup("127.0.0.1", free_port())
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    prompt = Prompt([5 + i % 50 for i in range(w["prompt"])], "1", "calibrate")
+    completions = [
+        Completion(0, [9 + (i + j) % 50 for j in range(w["response"])], "", [-4.0] * w["response"], "length")
+        for i in range(w["samples"])
+    ]
+    rollout = Rollout([prompt], completions, 0)
+    pairs = [(prompt.ids, c.token_ids) for c in completions]
+    advantages = [0.5 - (i % 2) for i in range(w["samples"])]
+    out = {"update": _timed(lambda: learner.update([rollout], None, advantages, 0), 0.2, 3, sync)}
+    with torch.no_grad():
+        out["forward"] = _timed(lambda: learner._score(pairs, list(range(len(pairs)))), 0.2, 3, sync)
     learner.shutdown()
     return out
 
@@ -371,6 +472,7 @@ def torch_rates(device: str, threads: int) -> Throughput:
     env = {"OMP_NUM_THREADS": str(threads)}
     g = _child(gemm_part, (device, threads), env)  # alone: its timings are the process's only work
     calls = _child(calls_part, (device, threads, (1, 3)), env)
+    calls_work = calls.pop("work")
     t = Throughput(g["gemm"], g["bandwidth"], [0.0, 0.0], [0.0, 0.0], [0.0, g["optimizer_per_param"]])
     for kind, name in (("update", "train_call"), ("forward", "forward_call")):
         call = {k: calls[k][f"{kind}_2"] - calls[k][f"{kind}_1"] for k in calls}
@@ -384,6 +486,21 @@ def torch_rates(device: str, threads: int) -> Throughput:
             work = passes * speed.work_seconds(dims, t, "float32", 6 * extra, [(6, 6)] * extra, 2 * extra, 2)
             per_sample.append(max(c[f"{kind}_many"] - c[f"{kind}_2"] - work, 0.0) / extra)
         setattr(t, name, statistics.fmean(per_sample))
+    t.attention = g["attention"]
+    # the work's scale: WORK's measured seconds less its fixed costs, over its work predicted on the grids
+    w, dims = WORK, model_dims(WORK_MODEL)
+    work = speed.share_work([([0] * w["prompt"], [0] * w["response"])] * w["samples"], w["micro"], True, False)
+    for kind, name, passes, base, sample in (
+        ("update", "train_scale", 3, t.train_call, t.train_sample),
+        ("forward", "forward_scale", 1, t.forward_call, t.forward_sample),
+    ):
+        dense, attention = speed.work_parts(
+            dims, t, "float32", work.slots, work.rows, work.logits, work.calls, kind == "update"
+        )
+        fixed = work.calls * (base[0] + base[1] * dims.layers) + w["samples"] * sample
+        if kind == "update":
+            fixed += t.optimizer[0] + t.optimizer[1] * dims.params
+        setattr(t, name, max(calls_work[kind] - fixed, 0.0) / (passes * dense + attention))
     return t
 
 
@@ -408,29 +525,30 @@ def _collective(device: str) -> dict:
 
 
 def _engine_rates(runs: dict[int, dict], t: Throughput) -> dict[str, float]:
-    """The engine's fixed costs from the generator role's calls on models of two depths, less their matmuls and
-    memory predicted on `t` (the engine's threads): a decode step (a 33-token call less a 1-token one, over 32 steps)
-    = step_s + step_layer_s x layers + seq_s x sequences; a 1-token call = prefill_s + request_s x sequences + one
-    step + the prompts' forward; a reload = reload_layer_s x layers + bytes / reload_bps."""
-    small, big = min(runs), max(runs)
+    """The engine's costs from the generator role's calls on models of two depths at 1 and MANY sequences, its work
+    (matmuls and memory) predicted on `t` (the engine's threads): a decode step (a 33-token call less a 1-token one,
+    over 32 steps) = step_s + step_layer_s x layers + seq_s x sequences + work_scale x its work (least squares over
+    the four); a 1-token call = prefill_s + request_s x sequences + one step + work_scale x the prompts' forward; a
+    reload = reload_layer_s x layers + bytes / reload_bps."""
+    import numpy as np
+
     dims = {k: model_dims(ENGINE_MODELS[k]) for k in runs}
-    step = {
-        (k, n): (r[f"generate_{n}_33"] - r[f"generate_{n}_1"]) / 32 - speed.decode_work(dims[k], t, "float32", n, 21)
-        for k, r in runs.items()
-        for n in (1, MANY)
-    }
-    seq_s = max((step[small, MANY] - step[small, 1]) / (MANY - 1), 0.0)
-    step_s, step_layer_s = _line_fit([small, big], [step[small, 1] - seq_s, step[big, 1] - seq_s])
-    engine = {"step_s": step_s, "step_layer_s": step_layer_s, "seq_s": seq_s}
-    call = {
-        n: runs[small][f"generate_{n}_1"]
-        - speed.step_fixed({**engine}, dims[small], n)
-        - speed.prefill_work(dims[small], t, "float32", n, 4)
-        for n in (1, MANY)
-    }
-    engine["request_s"] = max((call[MANY] - call[1]) / (MANY - 1), 0.0)
-    engine["prefill_s"] = max(call[1] - engine["request_s"], 0.0)
+    points = [(k, n) for k in runs for n in (1, MANY)]
+    a = [[1.0, k, n, speed.decode_work(dims[k], t, "float32", n, 21)] for k, n in points]
+    y = [(runs[k][f"generate_{n}_33"] - runs[k][f"generate_{n}_1"]) / 32 for k, n in points]
+    step_s, step_layer_s, seq_s, scale = (max(float(v), 0.0) for v in np.linalg.lstsq(a, y, rcond=None)[0])
+    engine = {"step_s": step_s, "step_layer_s": step_layer_s, "seq_s": seq_s, "work_scale": scale}
+    a = [[1.0, n] for k, n in points]
+    y = [
+        runs[k][f"generate_{n}_1"]
+        - speed.step_fixed(engine, dims[k], n)
+        - scale * speed.prefill_work(dims[k], t, "float32", n, 4)
+        for k, n in points
+    ]
+    prefill_s, request_s = (max(float(v), 0.0) for v in np.linalg.lstsq(a, y, rcond=None)[0])
+    engine.update(prefill_s=prefill_s, request_s=request_s)
     # reload: the small model's is mostly its per-layer cost, the big one's adds its bytes
+    small, big = min(runs), max(runs)
     engine["reload_layer_s"] = runs[small]["reload"] / small
     extra = runs[big]["reload"] - engine["reload_layer_s"] * big
     engine["reload_bps"] = runs[big]["weight_bytes"] / extra if extra > 0 else math.inf

@@ -26,7 +26,7 @@ matmuls and memory, and its own fixed cost. The phases:
 The step under the recipe's schedule: on-policy, generation + max(reward, frozen pools) + old policy + update + sync
 + hops. One step off (algorithm.max_staleness >= 1), the next batch is generated and scored while the learner
 trains: max(generation + its scoring, old policy + update) + sync + hops; on CPU the overlapped part goes no faster
-than its actors' thread-seconds over the node's cores.
+than its actors' thread-seconds over the node's cores, and each of its phases stretches by as much.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from grpo_ray import models, placement
-from grpo_ray.algo.batching import forward_work, micro_batches, pack_rows, shared_tokens, use_shared
+from grpo_ray.algo.batching import forward_work, micro_batches, pack_rows, shared_shape, use_shared
 from grpo_ray.config import Recipe
 from grpo_ray.dims import ModelDims
 from grpo_ray.fit import dtype_bytes, response_budget, wire_dtype
@@ -63,6 +63,25 @@ class Throughput:
     back into per-sample lists)."""
     train_sample: float = 0.0
     """Fixed seconds a sample adds to an update (collating, its loss terms placed)."""
+    attention: dict[str, list[list[float]]] = field(default_factory=dict)
+    """forward, train -> [keys, head_dim, seconds per query x key x head] of the device's attention (eager on CPU,
+    sdpa on a GPU; masked, softmaxed, in the learner's dtype), over a grid of both; empty: from the matmul grid."""
+    forward_scale: float = 1.0
+    """What a forward-only pass's work (``work_parts``) takes in the learner's code over what the matmul grid, the
+    memory bandwidth and the attention grid predict (norms, rotary embeddings, copies, fresh memory for every
+    activation): measured on a step whose work outweighs its fixed costs."""
+    train_scale: float = 1.0
+    """The same for a forward+backward (3 x the forward's dense work, attention's forward and backward)."""
+
+    def attention_seconds(self, dtype: str, rows: list[tuple[float, float]], heads: int, head_dim: int, train: bool):
+        """Seconds of attention over `rows` of (queries, keys) in one layer: the measured grid's rate at each row's
+        keys (or, without one, QK^T and AV on the matmul grid and the scores through memory, 3 passes)."""
+        grid = self.attention.get("train" if train else "forward")
+        if grid:
+            return sum(q * k * heads * _interpolate(grid, k, head_dim) for q, k in rows)
+        matmuls = 2 * heads * sum(self.gemm_seconds(dtype, q, head_dim, k) for q, k in rows)
+        scores = 3 * sum(q * k for q, k in rows) * heads * dtype_bytes(dtype) / self.bandwidth
+        return (3 if train else 1) * (matmuls + scores)
 
     def gemm_seconds(self, dtype: str, tokens: float, fan_in: int, fan_out: int) -> float:
         """Seconds of [tokens x fan_in] @ [fan_in x fan_out], at the rate measured for its shape (interpolated on
@@ -118,8 +137,9 @@ class Rates:
     """Bytes per second of a weight push from learner rank 0 to the engines."""
     engine: dict[str, float]
     """A vLLM engine's fixed costs (the generator role's, as a CPU actor runs it): an engine step's step_s +
-    step_layer_s a decoder layer + seq_s a sequence; a generate call's prefill_s and request_s a sequence (its
-    request and its answer); an in-place weight load's reload_layer_s a layer, and its bytes at reload_bps."""
+    step_layer_s a decoder layer + seq_s a sequence, and work_scale x its matmuls' and memory's predicted seconds
+    (vLLM's own kernels against the grid's); a generate call's prefill_s and request_s a sequence (its request and
+    its answer); an in-place weight load's reload_layer_s a layer, and its bytes at reload_bps."""
     reward_sample_s: float
     """A reward actor's seconds per sample (a built-in rule reward)."""
     hop_s: float
@@ -152,6 +172,7 @@ FITTED = {
         "seq_s": 0.0,
         "prefill_s": 0.0,
         "request_s": 0.0,
+        "work_scale": 1.0,
         "reload_layer_s": 0.0,
         "reload_bps": 1e10,
     },
@@ -216,27 +237,36 @@ def seconds_str(x: float) -> str:
 # --- one model call ---------------------------------------------------------------------------------------------
 
 
-def work_seconds(
-    d: ModelDims, t: Throughput, dtype: str, slots: int, rows: list[tuple[int, int]], logits: int, calls: int = 1
-) -> float:
-    """Seconds of the forward work of `calls` model calls (no fixed costs) over `slots` token slots (padding
-    included), whose real tokens are `rows` of (tokens, keys each attends to), the LM head on `logits` positions:
-    each linear layer, attention's QK^T and AV per head, the head, and the activations moved through memory."""
+def work_parts(
+    d: ModelDims,
+    t: Throughput,
+    dtype: str,
+    slots: int,
+    rows: list[tuple[float, float]],
+    logits: int,
+    calls: int = 1,
+    train: bool = False,
+) -> tuple[float, float]:
+    """Seconds of the work of `calls` model calls over `slots` token slots, in two parts: the dense part of the
+    forward, as the matmul grid and the memory bandwidth predict it (each linear layer at the calls' tokens, the LM
+    head on `logits` positions, the activations and the logits moved through memory), and attention over `rows` of
+    (queries, keys each attends to) in every layer, forward (or with `train`, forward and backward)."""
     if not calls:
-        return 0.0
+        return 0.0, 0.0
     b = dtype_bytes(dtype)
     per_call = slots / calls
     linears = sum(t.gemm_seconds(dtype, per_call, i, o) for i, o in d.linears().values()) * d.layers * calls
     head = t.gemm_seconds(dtype, logits / calls, d.hidden, d.vocab) * calls
-    # QK^T ([q x head_dim] @ [head_dim x k]) and AV (as many FLOPs), per head and layer
-    attention = 2 * d.layers * d.heads * sum(t.gemm_seconds(dtype, q, d.head_dim, k) for q, k in rows)
-    keys = sum(q * k for q, k in rows)
-    memory = (
-        slots * d.layers * (10 * d.hidden + 4 * d.intermediate) * b  # activations written and read again
-        + 3 * keys * d.heads * d.layers * b  # eager attention's scores: written, softmaxed, read
-        + logits * d.vocab * (b + 8)  # logits, their fp32 copy and log-softmax
-    ) / t.bandwidth
-    return linears + head + attention + memory
+    memory = (slots * d.layers * (10 * d.hidden + 4 * d.intermediate) * b + logits * d.vocab * (b + 8)) / t.bandwidth
+    attention = d.layers * t.attention_seconds(dtype, rows, d.heads, d.head_dim, train)
+    return linears + head + memory, attention
+
+
+def work_seconds(
+    d: ModelDims, t: Throughput, dtype: str, slots: int, rows: list[tuple[float, float]], logits: int, calls: int = 1
+) -> float:
+    """``work_parts``' two parts of a forward together."""
+    return sum(work_parts(d, t, dtype, slots, rows, logits, calls))
 
 
 def call_seconds(
@@ -244,15 +274,18 @@ def call_seconds(
     t: Throughput,
     dtype: str,
     slots: int,
-    rows: list[tuple[int, int]],
+    rows: list[tuple[float, float]],
     logits: int,
     backward: bool,
     calls: int = 1,
 ) -> float:
-    """``work_seconds`` and the calls' fixed costs; with the backward (2 x the work, its own fixed cost)."""
+    """The calls' fixed costs and their work (``work_parts``), scaled as calibration measured the learner's code
+    (``Throughput.forward_scale``, ``train_scale``); with the backward, 3 x the forward's dense work and attention's
+    measured forward and backward."""
     base, per_layer = t.train_call if backward else t.forward_call
     fixed = calls * (base + per_layer * d.layers)
-    return fixed + (3 if backward else 1) * work_seconds(d, t, dtype, slots, rows, logits, calls)
+    dense, attention = work_parts(d, t, dtype, slots, rows, logits, calls, backward)
+    return fixed + (t.train_scale * (3 * dense + attention) if backward else t.forward_scale * (dense + attention))
 
 
 def prefill_work(d: ModelDims, t: Throughput, dtype: str, sequences: int, prompt_tokens: float) -> float:
@@ -285,14 +318,15 @@ def generation_seconds(
         engine["prefill_s"]
         + engine["request_s"] * sequences
         + step_fixed(engine, d, sequences)
-        + prefill_work(d, t, dtype, sequences, prompt)
+        + engine["work_scale"] * prefill_work(d, t, dtype, sequences, prompt)
     )
     decode, steps_left = 0.0, max(response - 1, 0)
     chunk = max(1, steps_left // 32)
     for k in range(0, steps_left, chunk):
         steps = min(chunk, steps_left - k)
         context = prompt + 1 + k + steps / 2
-        decode += steps * (step_fixed(engine, d, sequences) + decode_work(d, t, dtype, sequences, context))
+        work = engine["work_scale"] * decode_work(d, t, dtype, sequences, context)
+        decode += steps * (step_fixed(engine, d, sequences) + work)
     return prefill, decode
 
 
@@ -316,29 +350,35 @@ class Work:
     calls: int
     slots: int
     rows: list[tuple[int, int]]
+    """Each row of the layout: (its token slots, the keys each attends to)."""
     logits: int
 
 
 def share_work(pairs: list, size: int, packing: bool, shared: bool) -> Work:
-    """The model calls, token slots, real rows and head positions of `pairs` in micro batches of `size`."""
+    """The model calls, token slots, attention rows and head positions of `pairs` in micro batches of `size`, as
+    collate lays them out: padded, each sequence a row as long as the micro batch's longest; packed, each row as
+    wide as the fullest (its attention computed over the whole row, masked); shared prompts, each distinct prompt
+    padded to the longest, then rows of responses as wide as the longest, each attending to its prompt's keys."""
     micros, capacity = micro_batches(list(range(len(pairs))), pairs, size, packing, shared)
     w = Work(0, 0, [], 0)
     for micro in micros:
         batch = [pairs[i] for i in micro]
-        rows, logits = forward_work(batch, shared)
-        w.rows += rows
-        w.logits += logits
+        w.logits += forward_work(batch, shared)[1]
         lengths = [len(p) + len(q) for p, q in batch]
         if shared:
-            w.slots += shared_tokens(batch)
+            prompts, longest, rows, width = shared_shape(batch)
+            layout = [(longest, longest)] * prompts + [(width, longest + width)] * rows
             w.calls += 2
         elif capacity:
             packed = pack_rows(lengths, capacity)
-            w.slots += len(packed) * max(sum(lengths[j] for j in row) for row in packed)
+            width = max(sum(lengths[j] for j in row) for row in packed)
+            layout = [(width, width)] * len(packed)
             w.calls += 1
         else:
-            w.slots += len(batch) * max(lengths)
+            layout = [(max(lengths), max(lengths))] * len(batch)
             w.calls += 1
+        w.rows += layout
+        w.slots += sum(q for q, _ in layout)
     return w
 
 
@@ -471,14 +511,21 @@ def predict(r: Recipe, d: ModelDims, rates: Rates, shape: Shape, node_cpus: int 
     learn = old + update
     if a.max_staleness > 0:
         overlapped = max(gen + scoring, learn)
-        if cpu:  # the node's cores are shared by whatever runs at once
+        if cpu:  # the node's cores are shared by whatever runs at once: every overlapped phase stretches alike
             demand = (
                 gen * E * threads["generator"]
                 + reward * actors
                 + sum(phases[p].seconds * plans[p].actors * threads[p] for p in ("reference", "teacher") if p in phases)
                 + learn * W * threads["learner"]
             )
-            overlapped = max(overlapped, demand / cores)
+            stretch = max(1.0, demand / cores / overlapped) if overlapped else 1.0
+            for name in ("generation", "reward", "reference", "teacher", "old policy", "update"):
+                if name in phases and stretch > 1:
+                    p = phases[name]
+                    p.seconds *= stretch
+                    p.busy = {k: v * stretch for k, v in p.busy.items()}
+                    p.detail += f"; x{stretch:.2f}: {cores} cores for {demand / overlapped:.3g} busy threads"
+            overlapped *= stretch
         step = overlapped + sync + hops
         schedule = "one step off: max(generation + scoring, old policy + update) + sync + hops"
     else:

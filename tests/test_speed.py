@@ -31,6 +31,7 @@ def known_rates() -> speed.Rates:
         "seq_s": 0.0001,
         "prefill_s": 0.007,
         "request_s": 0.0002,
+        "work_scale": 1.0,
         "reload_layer_s": 0.004,
         "reload_bps": 448.0,
     }

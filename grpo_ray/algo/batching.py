@@ -365,12 +365,19 @@ def forward_work(pairs: list[tuple[list[int], list[int]]], shared: bool) -> tupl
 def shared_tokens(pairs: list[tuple[list[int], list[int]]]) -> int:
     """Token slots of `pairs` in the ``Shared`` layout: distinct prompts x the longest prompt, plus response rows x
     the longest response."""
+    prompts, longest, rows, width = shared_shape(pairs)
+    return prompts * longest + rows * width
+
+
+def shared_shape(pairs: list[tuple[list[int], list[int]]]) -> tuple[int, int, int, int]:
+    """The ``Shared`` layout's sizes: distinct prompts, the longest prompt, response rows (at least one: a row of
+    padding when no response has a token) and their width, the longest response."""
     prompts: dict[tuple[int, ...], list[int]] = {}
     for p, r in pairs:
         prompts.setdefault(tuple(p), []).append(len(r))
     width = max([len(r) for _, r in pairs] + [1])
-    rows = sum(len(pack_rows([n for n in lengths if n], width)) for lengths in prompts.values())
-    return len(prompts) * max(map(len, prompts)) + max(rows, 1) * width
+    rows = sum(_rows(lengths, width) for lengths in prompts.values())
+    return len(prompts), max(map(len, prompts)), max(rows, 1), width
 
 
 def response_values(per_position: torch.Tensor, mask: torch.Tensor) -> list[list[float]]:
