@@ -208,7 +208,8 @@ def attention_grid(device: str) -> dict[str, list[list[float]]]:
 
 
 def calls_part(device: str, threads: int, depths: tuple[int, ...]) -> dict:
-    """The learner's code on tiny models of each of `depths` layers (``_calls``), and on WORK_MODEL (``_work``)."""
+    """The learner's code on tiny models of each of `depths` layers (``_calls``), and on the device's WORK
+    (``_work``)."""
     out = {layers: _calls(device, threads, layers) for layers in depths}
     out["work"] = _work(device, threads)
     return out
@@ -278,33 +279,50 @@ def _calls(device: str, threads: int, layers: int) -> dict:
     return out
 
 
-WORK_MODEL = "tiny://qwen2?layers=2&hidden=256&heads=8&kv_heads=2&intermediate=768&vocab=128&bytes=0&seed=0"
-WORK = {"samples": 16, "prompt": 32, "response": 224, "micro": 4}
-"""A step whose work outweighs its fixed costs, of sequences of a length RL steps see: what the grids' prediction of
-its work is scaled by to match the learner's code."""
+WORK = {
+    "cpu": {
+        "model": "tiny://qwen2?layers=2&hidden=256&heads=8&kv_heads=2&intermediate=768&vocab=128&bytes=0&seed=0",
+        "samples": 16,
+        "prompt": 32,
+        "response": 224,
+        "micro": 4,
+        "dtype": "float32",
+    },
+    "cuda": {
+        "model": "tiny://qwen2?layers=4&hidden=2048&heads=16&kv_heads=4&intermediate=8192&vocab=128&bytes=0&seed=0",
+        "samples": 16,
+        "prompt": 256,
+        "response": 768,
+        "micro": 4,
+        "dtype": "bfloat16",
+    },
+}
+"""Per device, a step whose work outweighs its fixed costs, of sequences of a length RL steps see, in the dtype the
+learner trains in there: what the grids' prediction of its work is scaled by to match the learner's code."""
 
 
 def _work(device: str, threads: int) -> dict:
-    """Seconds of an update and of a forward-only pass on WORK_MODEL over WORK's samples, packed."""
+    """Seconds of an update and of a forward-only pass over the device's WORK, packed."""
     import torch
 
     from grpo_ray.roles.learner import Learner
     from grpo_ray.sync import free_port
     from grpo_ray.types import Completion, Prompt, Rollout
 
-    path, w = models.resolve(WORK_MODEL), WORK
+    w = WORK[device]
+    path = models.resolve(w["model"])
     recipe = _recipe(
         path,
         device,
         [
             "data.train_batch_size=1",
-            "data.max_prompt_length=32",
-            "generator.sampling.max_tokens=224",
+            f"data.max_prompt_length={w['prompt']}",
+            f"generator.sampling.max_tokens={w['response']}",
             f"algorithm.group_size={w['samples']}",
             f"learner.mini_batch_size={w['samples']}",
             f"learner.micro_batch_size={w['micro']}",
             "learner.world_size=1",
-            "learner.dtype=float32",
+            f"learner.dtype={w['dtype']}",
             "algorithm.kl_coef=0.0",
             "model.shared_prompt=false",
             "learner.optim.lr=1e-9",
@@ -488,14 +506,15 @@ def torch_rates(device: str, threads: int) -> Throughput:
         setattr(t, name, statistics.fmean(per_sample))
     t.attention = g["attention"]
     # the work's scale: WORK's measured seconds less its fixed costs, over its work predicted on the grids
-    w, dims = WORK, model_dims(WORK_MODEL)
+    w = WORK[device]
+    dims = model_dims(w["model"])
     work = speed.share_work([([0] * w["prompt"], [0] * w["response"])] * w["samples"], w["micro"], True, False)
     for kind, name, passes, base, sample in (
         ("update", "train_scale", 3, t.train_call, t.train_sample),
         ("forward", "forward_scale", 1, t.forward_call, t.forward_sample),
     ):
         dense, attention = speed.work_parts(
-            dims, t, "float32", work.slots, work.rows, work.logits, work.calls, kind == "update"
+            dims, t, w["dtype"], work.slots, work.rows, work.logits, work.calls, kind == "update"
         )
         fixed = work.calls * (base[0] + base[1] * dims.layers) + w["samples"] * sample
         if kind == "update":

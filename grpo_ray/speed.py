@@ -40,7 +40,7 @@ from pathlib import Path
 from grpo_ray import models, placement
 from grpo_ray.algo.batching import forward_work, micro_batches, pack_rows, shared_shape, use_shared
 from grpo_ray.config import Recipe
-from grpo_ray.dims import ModelDims
+from grpo_ray.dims import ModelDims, model_dims
 from grpo_ray.fit import dtype_bytes, response_budget, wire_dtype
 
 
@@ -382,19 +382,44 @@ def share_work(pairs: list, size: int, packing: bool, shared: bool) -> Work:
     return w
 
 
-def group_seconds(
-    d: ModelDims, rates: Rates, dtype: str, ranks: int, calls: int, backward: bool, param_dtype_bytes: int
-) -> float:
+def group_seconds(d: ModelDims, rates: Rates, ranks: int, calls: int, backward: bool, dtype: str) -> float:
     """The FSDP2 collectives of `calls` model calls on a group of `ranks`: each call gathers every unit (a decoder
-    block, and the root) once forward and once more backward, and a backward reduce-scatters the gradients."""
+    block, and the root) in `dtype` once forward and once more backward, and a backward reduce-scatters the
+    gradients in fp32."""
     if ranks <= 1 or not calls:
         return 0.0
     latency, bps = rates.collective
     units = d.layers + 1
     moved = d.params * (ranks - 1) / ranks
-    gathers = (2 if backward else 1) * (units * latency + moved * param_dtype_bytes / bps)
+    gathers = (2 if backward else 1) * (units * latency + moved * dtype_bytes(dtype) / bps)
     scatters = (units * latency + moved * 4 / bps) if backward else 0.0
     return calls * (gathers + scatters)
+
+
+@dataclass
+class StepInputs:
+    """What every phase's prediction reads: the recipe, the policy's shape, the rates, the step's samples, and the
+    compute threads of each pool's actors on a node of `cores` cores."""
+
+    r: Recipe
+    d: ModelDims
+    rates: Rates
+    pairs: list
+    plans: dict
+    threads: dict[str, int]
+    cores: int
+
+    def at(self, pool: str) -> Throughput:
+        return self.rates.at(self.threads[pool])
+
+    def layout(self, size: int) -> tuple[bool, str]:
+        """Whether forwards in micro batches of `size` run each prompt once (model.shared_prompt, decided as the
+        roles decide it; packing under gradient checkpointing), and its name."""
+        m = self.r.model
+        shared = not self.r.learner.gradient_checkpointing and use_shared(
+            m.shared_prompt, self.pairs, size, m.sequence_packing
+        )
+        return shared, "shared prompts" if shared else ("packed" if m.sequence_packing else "padded")
 
 
 def predict(r: Recipe, d: ModelDims, rates: Rates, shape: Shape, node_cpus: int = 0) -> Prediction:
@@ -404,148 +429,148 @@ def predict(r: Recipe, d: ModelDims, rates: Rates, shape: Shape, node_cpus: int 
     plans = placement.plan(r)
     cores = node_cpus or (len(os.sched_getaffinity(0)) if cpu else 1)  # a CPU recipe's node: this machine
     threads = placement.threads(r, plans, cores) if cpu else {p: 1 for p in plans}
-    pairs = shape_pairs(r, shape)
-    n, a, m = len(pairs), r.algorithm, r.model
-    dtype = r.learner.dtype
-    b = dtype_bytes(dtype)
-    phases: dict[str, Phase] = {}
-
-    # generation: each engine's samples, prefill then decode
-    E = max(1, plans["generator"].actors)
-    tg = rates.at(threads["generator"])
-    per_engine = math.ceil(n / E)
-    wd = wire_dtype(r)
-    prefill, decode = generation_seconds(
-        d, tg, wd, rates.engine, per_engine, shape.prompt_tokens, shape.response_tokens
-    )
-    gen = prefill + decode
-    phases["generation"] = Phase(
-        gen,
-        f"{E} engine(s) x {per_engine} sequences: prefill {seconds_str(prefill)}, "
-        f"{max(shape.response_tokens - 1, 0)} decode steps {seconds_str(decode)}",
-        {"generator": gen * E},
-    )
-
-    # reward
-    actors = max(1, plans["reward"].actors)
-    reward = math.ceil(n / actors) * rates.reward_sample_s
-    phases["reward"] = Phase(
-        reward,
-        f"{actors} actor(s) x {math.ceil(n / actors)} samples x {seconds_str(rates.reward_sample_s)}",
-        {"reward": reward * actors},
-    )
-
-    # the layout every forward takes (the learner's choice over the whole batch)
-    shared = not r.learner.gradient_checkpointing and use_shared(
-        m.shared_prompt, pairs, r.learner.micro_batch_size, m.sequence_packing
-    )
-    layout = "shared prompts" if shared else ("packed" if m.sequence_packing else "padded")
-
-    # frozen pools: reference (and teacher) forward over each actor's share
-    frozen = 0.0
-    for pool in ("reference", "teacher"):
-        count = plans[pool].actors
-        if not count:
-            continue
-        section = getattr(r, pool)
-        share = pairs[: math.ceil(n / count)]
-        w = share_work(share, section.micro_batch_size, m.sequence_packing, shared)
-        t = rates.at(threads[pool])
-        secs = call_seconds(d, t, dtype, w.slots, w.rows, w.logits, False, w.calls) + t.forward_sample * len(share)
-        secs += group_seconds(d, rates, dtype, count, w.calls, False, b)
-        frozen = max(frozen, secs)
-        phases[pool] = Phase(
-            secs, f"{count} actor(s): {w.calls} calls over {w.slots} token slots ({layout})", {pool: secs * count}
-        )
-    scoring = max(reward, frozen)
-
-    # learner: per rank, its share of each mini batch, ppo_epochs times; the old policy's forward when recomputed
-    W, tl = r.learner.world_size, rates.at(threads["learner"])
-    mini = min(r.learner.mini_batch_size, n)
-    minis = math.ceil(n / mini)
-    rank_share = pairs[: math.ceil(mini / W)]
-    w = share_work(rank_share, r.learner.micro_batch_size, m.sequence_packing, shared)
-    train = call_seconds(d, tl, dtype, w.slots, w.rows, w.logits, True, w.calls) + tl.train_sample * len(rank_share)
-    train += group_seconds(d, rates, dtype, W, w.calls, True, b)
-    trained = d.lora_params(m.lora.rank, m.lora.target_modules) if m.lora.rank else d.params
-    opt_base, opt_param = tl.optimizer
-    optimizer = opt_base + opt_param * trained / W
-    update = a.ppo_epochs * minis * (train + optimizer)
-    recomputed = not a.rollout_correction.bypass_mode and (a.ppo_epochs > 1 or minis > 1 or a.max_staleness > 0)
-    old = 0.0
-    if recomputed:
-        forward = call_seconds(d, tl, dtype, w.slots, w.rows, w.logits, False, w.calls)
-        forward += tl.forward_sample * len(rank_share)
-        old = minis * (forward + group_seconds(d, rates, dtype, W, w.calls, False, b))
-    phases["old policy"] = Phase(
-        old,
-        f"{W} rank(s) x {minis} mini batch(es), forward only"
-        if recomputed
-        else "not recomputed (one on-policy update)",
-        {"learner": old * W},
-    )
-    phases["update"] = Phase(
-        update,
-        f"{W} rank(s) x {a.ppo_epochs} epoch(s) x {minis} mini batch(es): {w.calls} calls over {w.slots} token "
-        f"slots ({layout}) + an optimizer step over {trained / W:.3g} parameters",
-        {"learner": update * W},
-    )
-
-    # sync: the weights (or the adapters) to the engines, then their reload
-    sent = trained if m.lora.rank and m.lora.sync == "adapters" else d.params
-    nbytes = sent * dtype_bytes(wd)
-    e = rates.engine
-    reload = e["reload_layer_s"] * d.layers + nbytes / e["reload_bps"]
-    gather = nbytes * (W - 1) / W / rates.collective[1]  # rank 0 assembles the buckets from the ranks' shards
-    sync = rates.sync_s + gather + nbytes / rates.transport + reload
-    if not plans["generator"].actors:
-        sync = 0.0
-    phases["sync"] = Phase(
-        sync,
-        f"{nbytes / 1e6:.4g} MB at {rates.transport / 1e9:.3g} GB/s, then the engines' reload {seconds_str(reload)}",
-        {"learner": sync * W, "generator": sync * E},
-    )
-    hops = rates.hop_s + rates.hop_sample_s * n
-    phases["hops"] = Phase(hops, "the controller's own time (Ray calls, transfers, metrics)")
-
-    learn = old + update
-    if a.max_staleness > 0:
-        overlapped = max(gen + scoring, learn)
-        if cpu:  # the node's cores are shared by whatever runs at once: every overlapped phase stretches alike
-            demand = (
-                gen * E * threads["generator"]
-                + reward * actors
-                + sum(phases[p].seconds * plans[p].actors * threads[p] for p in ("reference", "teacher") if p in phases)
-                + learn * W * threads["learner"]
-            )
-            stretch = max(1.0, demand / cores / overlapped) if overlapped else 1.0
-            for name in ("generation", "reward", "reference", "teacher", "old policy", "update"):
-                if name in phases and stretch > 1:
-                    p = phases[name]
-                    p.seconds *= stretch
-                    p.busy = {k: v * stretch for k, v in p.busy.items()}
-                    p.detail += f"; x{stretch:.2f}: {cores} cores for {demand / overlapped:.3g} busy threads"
-            overlapped *= stretch
-        step = overlapped + sync + hops
-        schedule = "one step off: max(generation + scoring, old policy + update) + sync + hops"
-    else:
-        step = gen + scoring + learn + sync + hops
-        schedule = "on-policy: generation + max(reward, reference) + old policy + update + sync + hops"
-
+    s = StepInputs(r, d, rates, shape_pairs(r, shape), plans, threads, cores)
+    phases = {
+        "generation": generation_phase(s, shape),
+        "reward": reward_phase(s),
+        **frozen_phases(s),
+        **learner_phases(s),
+        "sync": sync_phase(s),
+        "hops": Phase(
+            rates.hop_s + rates.hop_sample_s * len(s.pairs), "the controller's own time (Ray calls, transfers, metrics)"
+        ),
+    }
+    step, schedule = schedule_step(s, phases)
     busy: dict[str, float] = {}
     for p in phases.values():
         for pool, secs in p.busy.items():
             busy[pool] = busy.get(pool, 0.0) + secs
     idle = {
-        pool: max(0.0, 1 - busy.get(pool, 0.0) / (plans[pool].actors * step))
-        for pool in placement.POOLS
-        if plans[pool].actors
+        pool: max(0.0, 1 - busy.get(pool, 0.0) / (plan.actors * step)) for pool, plan in plans.items() if plan.actors
     }
-    devices = (
-        sum(p.actors * p.gpus for p in plans.values()) if not cpu else sum(p.actors * p.cpus for p in plans.values())
-    )
-    tokens = n * (shape.prompt_tokens + shape.response_tokens)
+    devices = sum(p.actors * (p.cpus if cpu else p.gpus) for p in plans.values())
+    tokens = len(s.pairs) * (shape.prompt_tokens + shape.response_tokens)
     return Prediction(phases, step, schedule, tokens / step / max(devices, 1e-9), idle, rates.source, shape)
+
+
+def generation_phase(s: StepInputs, shape: Shape) -> Phase:
+    """Each engine's share of the samples: a prefill, then a decode step per token (``generation_seconds``)."""
+    engines = max(1, s.plans["generator"].actors)
+    per_engine = math.ceil(len(s.pairs) / engines)
+    prefill, decode = generation_seconds(
+        s.d, s.at("generator"), wire_dtype(s.r), s.rates.engine, per_engine, shape.prompt_tokens, shape.response_tokens
+    )
+    return Phase(
+        prefill + decode,
+        f"{engines} engine(s) x {per_engine} sequences: prefill {seconds_str(prefill)}, "
+        f"{max(shape.response_tokens - 1, 0)} decode steps {seconds_str(decode)}",
+        {"generator": (prefill + decode) * engines},
+    )
+
+
+def reward_phase(s: StepInputs) -> Phase:
+    """Each reward actor's share at its cost per sample."""
+    actors = max(1, s.plans["reward"].actors)
+    share = math.ceil(len(s.pairs) / actors)
+    seconds = share * s.rates.reward_sample_s
+    detail = f"{actors} actor(s) x {share} samples x {seconds_str(s.rates.reward_sample_s)}"
+    return Phase(seconds, detail, {"reward": seconds * actors})
+
+
+def frozen_phases(s: StepInputs) -> dict[str, Phase]:
+    """The reference's (and the teacher's, on its own shape) forward over each actor's share, micro batched, with the
+    group's all-gathers."""
+    out = {}
+    for pool in ("reference", "teacher"):
+        count = s.plans[pool].actors
+        if not count:
+            continue
+        d = s.d if pool == "reference" else model_dims(s.r.teacher.model, "teacher.model")
+        size, m = getattr(s.r, pool).micro_batch_size, s.r.model
+        shared, layout = s.layout(size)
+        share = s.pairs[: math.ceil(len(s.pairs) / count)]
+        w, t = share_work(share, size, m.sequence_packing, shared), s.at(pool)
+        seconds = call_seconds(d, t, s.r.learner.dtype, w.slots, w.rows, w.logits, False, w.calls)
+        seconds += t.forward_sample * len(share) + group_seconds(d, s.rates, count, w.calls, False, s.r.learner.dtype)
+        detail = f"{count} actor(s): {w.calls} calls over {w.slots} token slots ({layout})"
+        out[pool] = Phase(seconds, detail, {pool: seconds * count})
+    return out
+
+
+def learner_phases(s: StepInputs) -> dict[str, Phase]:
+    """Per rank, its share of each mini batch: ppo_epochs x (forward+backward of its micro batches, the group's
+    collectives, an optimizer step); and the old policy's forward in steps that recompute it (more than one update,
+    or samples of older weights, unless bypass mode)."""
+    r, d, a, m = s.r, s.d, s.r.algorithm, s.r.model
+    W, t, dtype = r.learner.world_size, s.at("learner"), r.learner.dtype
+    mini = min(r.learner.mini_batch_size, len(s.pairs))
+    minis = math.ceil(len(s.pairs) / mini)
+    share = s.pairs[: math.ceil(mini / W)]
+    shared, layout = s.layout(r.learner.micro_batch_size)
+    w = share_work(share, r.learner.micro_batch_size, m.sequence_packing, shared)
+    train = call_seconds(d, t, dtype, w.slots, w.rows, w.logits, True, w.calls) + t.train_sample * len(share)
+    train += group_seconds(d, s.rates, W, w.calls, True, dtype)
+    trained = d.lora_params(m.lora.rank, m.lora.target_modules) if m.lora.rank else d.params
+    update = a.ppo_epochs * minis * (train + t.optimizer[0] + t.optimizer[1] * trained / W)
+    recomputed = not a.rollout_correction.bypass_mode and (a.ppo_epochs > 1 or minis > 1 or a.max_staleness > 0)
+    old = 0.0
+    if recomputed:
+        forward = call_seconds(d, t, dtype, w.slots, w.rows, w.logits, False, w.calls) + t.forward_sample * len(share)
+        old = minis * (forward + group_seconds(d, s.rates, W, w.calls, False, dtype))
+    how = f"{W} rank(s) x {minis} mini batch(es), forward only" if recomputed else "not recomputed (one update)"
+    return {
+        "old policy": Phase(old, how, {"learner": old * W}),
+        "update": Phase(
+            update,
+            f"{W} rank(s) x {a.ppo_epochs} epoch(s) x {minis} mini batch(es): {w.calls} calls over {w.slots} token "
+            f"slots ({layout}) + an optimizer step over {trained / W:.3g} parameters",
+            {"learner": update * W},
+        ),
+    }
+
+
+def sync_phase(s: StepInputs) -> Phase:
+    """Rank 0 gathers the weights (or LoRA's adapters) from the ranks' shards and sends them over the transport; the
+    engines reload them; and a push's fixed cost."""
+    if not s.plans["generator"].actors:
+        return Phase(0.0, "no engines")
+    r, d, m = s.r, s.d, s.r.model
+    W, engines, e = r.learner.world_size, s.plans["generator"].actors, s.rates.engine
+    sent = d.lora_params(m.lora.rank, m.lora.target_modules) if m.lora.rank and m.lora.sync == "adapters" else d.params
+    nbytes = sent * dtype_bytes(wire_dtype(r))
+    reload = e["reload_layer_s"] * d.layers + nbytes / e["reload_bps"]
+    gather = nbytes * (W - 1) / W / s.rates.collective[1]
+    seconds = s.rates.sync_s + gather + nbytes / s.rates.transport + reload
+    detail = (
+        f"{nbytes / 1e6:.4g} MB at {s.rates.transport / 1e9:.3g} GB/s, then the engines' reload {seconds_str(reload)}"
+    )
+    return Phase(seconds, detail, {"learner": seconds * W, "generator": seconds * engines})
+
+
+def schedule_step(s: StepInputs, phases: dict[str, Phase]) -> tuple[float, str]:
+    """The step's seconds under the schedule, and how they add up. One step off on CPU, the overlapped phases share
+    the node's cores: past their busy threads' share of them, each stretches alike (its Phase changed here)."""
+    sec = {k: p.seconds for k, p in phases.items()}
+    scoring = max(sec["reward"], sec.get("reference", 0.0), sec.get("teacher", 0.0))
+    learn, after = sec["old policy"] + sec["update"], sec["sync"] + sec["hops"]
+    if not s.r.algorithm.max_staleness:
+        step = sec["generation"] + scoring + learn + after
+        return step, "on-policy: generation + max(reward, reference) + old policy + update + sync + hops"
+    overlapped = max(sec["generation"] + scoring, learn)
+    if s.r.cluster.device == "cpu" and overlapped:
+        busy = {"generation": "generator", "reward": "reward", "reference": "reference", "teacher": "teacher"}
+        demand = sum(sec[k] * s.plans[pool].actors * s.threads[pool] for k, pool in busy.items() if k in sec)
+        demand += learn * s.r.learner.world_size * s.threads["learner"]
+        stretch = max(1.0, demand / s.cores / overlapped)
+        if stretch > 1:
+            for name in ("generation", "reward", "reference", "teacher", "old policy", "update"):
+                if name in phases:
+                    p = phases[name]
+                    p.seconds *= stretch
+                    p.busy = {k: v * stretch for k, v in p.busy.items()}
+                    p.detail += f"; x{stretch:.2f}: {s.cores} cores for {demand / overlapped:.3g} busy threads"
+            overlapped *= stretch
+    return overlapped + after, "one step off: max(generation + scoring, old policy + update) + sync + hops"
 
 
 def default_shape(r: Recipe, prompt_tokens: int = 0, response_tokens: int = 0) -> Shape:
