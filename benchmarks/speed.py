@@ -115,29 +115,31 @@ def predict(c: dict, measured: dict, rates) -> dict:
 
 def fit(rows: list[dict], rates) -> dict:
     """The constants calibration does not measure, from the fitting configurations (``speed.FITTED``): a push's fixed
-    seconds (the median of the measured sync less the predicted one), and the controller's own seconds per step and
-    per sample (a least-squares line through the on-policy configurations' measured step less the prediction without
-    them: one step off, that residual holds the overlap's error too)."""
+    seconds (the median of the on-policy configurations' measured sync less the predicted one: one step off, the
+    measured sync also waits for the generation ahead) and the controller's own seconds a step (the median of their
+    measured step less the prediction without it)."""
     rates.sync_s, rates.hop_s, rates.hop_sample_s = 0.0, 0.0, 0.0
-    predicted = [predict(r["config"], r["measured"], rates) for r in rows]
-    sync_s = max(statistics.median(r["measured"]["sync"] - p["sync"] for r, p in zip(rows, predicted)), 0.0)
-    on = [(r, p) for r, p in zip(rows, predicted) if not r["config"]["staleness"]]
-    xs = [r["config"]["prompts"] * r["config"]["group"] for r, _ in on]
-    ys = [r["measured"]["step"] - p["step"] - sync_s for r, p in on]
-    slope = statistics.linear_regression(xs, ys).slope if len(set(xs)) > 1 else 0.0
-    slope = max(slope, 0.0)
-    hop_s = max(statistics.fmean(ys) - slope * statistics.fmean(xs), 0.0)
-    return {"sync_s": sync_s, "hop_s": hop_s, "hop_sample_s": slope}
+    on = [r for r in rows if not r["config"]["staleness"]]
+    predicted = [predict(r["config"], r["measured"], rates) for r in on]
+    sync_s = max(statistics.median(r["measured"]["sync"] - p["sync"] for r, p in zip(on, predicted)), 0.0)
+    hop_s = max(statistics.median(r["measured"]["step"] - p["step"] - sync_s for r, p in zip(on, predicted)), 0.0)
+    return {"sync_s": sync_s, "hop_s": hop_s, "hop_sample_s": 0.0}
 
 
 def errors(rows: list[dict]) -> dict:
-    """Mean absolute percentage error of the step and of each phase (over the rows where the phase took at least
-    5 ms measured: a phase that is not there, or takes a few ms, has no meaningful percentage)."""
+    """The step's and each phase's absolute percentage errors, their mean (MAPE) and median, over the rows where the
+    phase took at least 5 ms measured (a phase that is not there, or takes a few ms, has no meaningful percentage);
+    the sync over on-policy rows only (one step off, its measured time also waits for the generation ahead)."""
     out = {}
     for key in ["step", *PHASES]:
-        pairs = [(r["predicted"][key], r["measured"][key]) for r in rows if r["measured"][key] >= 0.005]
+        pairs = [
+            (r["predicted"][key], r["measured"][key])
+            for r in rows
+            if r["measured"][key] >= 0.005 and not (key == "sync" and r["config"]["staleness"])
+        ]
         if pairs:
-            out[key] = {"mape": statistics.fmean(abs(p - m) / m for p, m in pairs), "n": len(pairs)}
+            e = [abs(p - m) / m for p, m in pairs]
+            out[key] = {"mape": statistics.fmean(e), "median": statistics.median(e), "n": len(pairs)}
     return out
 
 
@@ -149,6 +151,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--rates", help="a rates JSON to use instead of calibrating now")
+    ap.add_argument("--held-out-seed", type=int, help="draw the held-out configurations from this seed instead")
+    ap.add_argument("--reuse", help="an earlier speed.json whose fitting configurations' measurements to take")
     ap.add_argument("--out", default="benchmarks/results/speed")
     args = ap.parse_args()
 
@@ -167,11 +171,18 @@ def main() -> None:
     calibration_s = time.perf_counter() - start
     rng = random.Random(args.seed)
     configs = [draw(rng) for _ in range(args.fit + args.held_out)]
+    if args.held_out_seed is not None:  # a fresh held-out set, drawn after the model is fixed
+        rng = random.Random(args.held_out_seed)
+        configs = configs[: args.fit] + [draw(rng) for _ in range(args.held_out)]
+    earlier = json.loads(Path(args.reuse).read_text())["rows"][: args.fit] if args.reuse else []
     rows = []
     for i, c in enumerate(configs):
-        t = time.perf_counter()
-        measured = measure(c, args.warmup, args.steps)
-        rows.append({"config": c, "measured": measured, "seconds": time.perf_counter() - t})
+        if i < len(earlier) and earlier[i]["config"] == c:
+            rows.append({k: earlier[i][k] for k in ("config", "measured", "seconds")})
+        else:
+            t = time.perf_counter()
+            measured = measure(c, args.warmup, args.steps)
+            rows.append({"config": c, "measured": measured, "seconds": time.perf_counter() - t})
         print(json.dumps(rows[-1]), flush=True)
         if i + 1 == args.fit:  # the model is fixed here: the held-out rows are predicted with these constants
             constants = fit(rows, rates)
@@ -183,6 +194,7 @@ def main() -> None:
     report = {
         "machine": machine(),
         "command": "python benchmarks/speed.py " + " ".join(sys.argv[1:]),
+        "held_out_seed": args.held_out_seed if args.held_out_seed is not None else args.seed,
         "calibration_s": calibration_s,
         "fitted": constants,
         "rates_source": rates.source,
@@ -207,17 +219,19 @@ def markdown(report: dict) -> str:
         "",
         f"Rates: {report['rates_source']} (calibration took {report['calibration_s']:.0f} s). Fitted on the first "
         f"{report['fit']} configurations: a push's {report['fitted']['sync_s'] * 1e3:.1f} ms, the controller's "
-        f"{report['fitted']['hop_s'] * 1e3:.1f} ms a step and {report['fitted']['hop_sample_s'] * 1e3:.3f} ms a sample.",
+        f"{report['fitted']['hop_s'] * 1e3:.1f} ms a step.",
         "",
-        f"**Held out ({len(held)} configurations): step time within {e['step']['mape']:.1%} mean absolute "
-        "percentage error.** Per phase (rows where the phase took at least 5 ms):",
+        f"**Held out ({len(held)} configurations): the step's time predicted with {e['step']['mape']:.1%} mean "
+        f"absolute percentage error (median {e['step']['median']:.1%}).** Per phase, over the rows where it took at "
+        "least 5 ms (the sync over on-policy rows: one step off, its measured time also waits for the generation "
+        "ahead):",
         "",
-        "| phase | MAPE held out | rows | MAPE fitting set |",
-        "| --- | --- | --- | --- |",
+        "| phase | MAPE held out | median | rows | MAPE fitting set |",
+        "| --- | --- | --- | --- | --- |",
     ]
     for key, v in e.items():
         fit_e = report["errors_fit"].get(key, {}).get("mape", math.nan)
-        lines.append(f"| {key} | {v['mape']:.1%} | {v['n']} | {fit_e:.1%} |")
+        lines.append(f"| {key} | {v['mape']:.1%} | {v['median']:.1%} | {v['n']} | {fit_e:.1%} |")
     lines += [
         "",
         "| # | model | prompts x group | response | staleness | shared | ranks | micro | step measured | predicted | "

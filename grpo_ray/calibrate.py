@@ -230,9 +230,8 @@ def _recipe(path: str, device: str, more: list[str]):
 
 
 def _calls(device: str, threads: int, layers: int) -> dict:
-    """Seconds of the learner's update (``Learner.update``) and of its forward-only pass (``Learner._score``, the
-    reference's code path) over 2 samples in 1 and in 2 micro batches, and over MANY samples in 2: a second call's
-    cost, and a sample's."""
+    """Seconds of the learner's update (``Learner.update``) and of the reference's forward (``Reference.score``)
+    over 2 samples in 1 and in 2 micro batches, and over MANY samples in 2: a second call's cost, and a sample's."""
     import torch
 
     from grpo_ray.roles.learner import Learner
@@ -250,6 +249,7 @@ def _calls(device: str, threads: int, layers: int) -> dict:
                 f"algorithm.group_size={samples}",
                 f"learner.mini_batch_size={samples}",
                 f"learner.micro_batch_size={micro}",
+                f"reference.micro_batch_size={micro}",
                 "learner.world_size=1",
                 "learner.dtype=float32",
                 "algorithm.kl_coef=0.0",
@@ -262,21 +262,37 @@ def _calls(device: str, threads: int, layers: int) -> dict:
     learner.setup("127.0.0.1", free_port())
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     out = {}
-    for name, samples, micro in (("1", 2, 2), ("2", 2, 1), ("many", MANY, MANY // 2)):
-        rollout = Rollout(
+    runs = (("1", 2, 2), ("2", 2, 1), ("many", MANY, MANY // 2))
+    rollouts = {
+        samples: Rollout(
             [Prompt([5, 6, 7, 8], "1", "calibrate")],
             [Completion(0, [9, 10], "", [-4.0, -4.0], "length") for _ in range(samples)],
             0,
         )
-        pairs = [(rollout.prompts[0].ids, c.token_ids) for c in rollout.completions]
+        for _, samples, _ in runs
+    }
+    for name, samples, micro in runs:
         advantages = [0.5 - (i % 2) for i in range(samples)]
         learner.recipe = recipe(samples, micro)
-        out[f"update_{name}"] = _timed(lambda r=rollout, a=advantages: learner.update([r], None, a, 0), 0.1, 5, sync)
-        learner.shared = False
-        with torch.no_grad():
-            out[f"forward_{name}"] = _timed(lambda p=pairs: learner._score(p, list(range(len(p)))), 0.1, 5, sync)
-    learner.shutdown()
+        call = lambda r=rollouts[samples], a=advantages: learner.update([r], None, a, 0)  # noqa: E731
+        out[f"update_{name}"] = _timed(call, 0.1, 5, sync)
+    learner.shutdown()  # the process's group: the reference makes its own
+    for name, samples, micro in runs:
+        reference = _reference(path, recipe(samples, micro), threads)
+        pairs = [(rollouts[samples].prompts[0].ids, c.token_ids) for c in rollouts[samples].completions]
+        out[f"forward_{name}"] = _timed(lambda p=pairs: reference.score(p), 0.1, 5, sync)  # noqa: B023
+        reference.shutdown()
     return out
+
+
+def _reference(path: str, recipe, threads: int):
+    """The reference role on a one-rank group of its own in this process."""
+    from grpo_ray.roles.reference import Reference
+    from grpo_ray.sync import free_port
+
+    reference = Reference(path, recipe, 0, 1, threads=threads)
+    reference.setup("127.0.0.1", free_port())
+    return reference
 
 
 WORK = {
@@ -321,6 +337,7 @@ def _work(device: str, threads: int) -> dict:
             f"algorithm.group_size={w['samples']}",
             f"learner.mini_batch_size={w['samples']}",
             f"learner.micro_batch_size={w['micro']}",
+            f"reference.micro_batch_size={w['micro']}",
             "learner.world_size=1",
             f"learner.dtype={w['dtype']}",
             "algorithm.kl_coef=0.0",
@@ -340,9 +357,10 @@ def _work(device: str, threads: int) -> dict:
     pairs = [(prompt.ids, c.token_ids) for c in completions]
     advantages = [0.5 - (i % 2) for i in range(w["samples"])]
     out = {"update": _timed(lambda: learner.update([rollout], None, advantages, 0), 0.2, 3, sync)}
-    with torch.no_grad():
-        out["forward"] = _timed(lambda: learner._score(pairs, list(range(len(pairs)))), 0.2, 3, sync)
     learner.shutdown()
+    reference = _reference(path, recipe, threads)
+    out["forward"] = _timed(lambda: reference.score(pairs), 0.2, 3, sync)
+    reference.shutdown()
     return out
 
 

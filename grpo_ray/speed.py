@@ -25,8 +25,8 @@ matmuls and memory, and its own fixed cost. The phases:
 
 The step under the recipe's schedule: on-policy, generation + max(reward, frozen pools) + old policy + update + sync
 + hops. One step off (algorithm.max_staleness >= 1), the next batch is generated and scored while the learner
-trains: max(generation + its scoring, old policy + update) + sync + hops; on CPU the overlapped part goes no faster
-than its actors' thread-seconds over the node's cores, and each of its phases stretches by as much.
+trains: max(generation + its scoring, old policy + update) + sync + hops; on CPU the two chains share the node's
+cores, each phase going slower while the phases running ask for more threads than there are cores.
 """
 
 from __future__ import annotations
@@ -548,29 +548,65 @@ def sync_phase(s: StepInputs) -> Phase:
 
 
 def schedule_step(s: StepInputs, phases: dict[str, Phase]) -> tuple[float, str]:
-    """The step's seconds under the schedule, and how they add up. One step off on CPU, the overlapped phases share
-    the node's cores: past their busy threads' share of them, each stretches alike (its Phase changed here)."""
+    """The step's seconds under the schedule, and how they add up. One step off, two chains run at once: the next
+    batch's generation then its scoring, and this batch's old policy then update. On CPU they share the node's
+    cores (``shared_cores``), and each phase's seconds become what it takes there (its Phase is changed here)."""
     sec = {k: p.seconds for k, p in phases.items()}
     scoring = max(sec["reward"], sec.get("reference", 0.0), sec.get("teacher", 0.0))
     learn, after = sec["old policy"] + sec["update"], sec["sync"] + sec["hops"]
     if not s.r.algorithm.max_staleness:
         step = sec["generation"] + scoring + learn + after
         return step, "on-policy: generation + max(reward, reference) + old policy + update + sync + hops"
-    overlapped = max(sec["generation"] + scoring, learn)
-    if s.r.cluster.device == "cpu" and overlapped:
-        busy = {"generation": "generator", "reward": "reward", "reference": "reference", "teacher": "teacher"}
-        demand = sum(sec[k] * s.plans[pool].actors * s.threads[pool] for k, pool in busy.items() if k in sec)
-        demand += learn * s.r.learner.world_size * s.threads["learner"]
-        stretch = max(1.0, demand / s.cores / overlapped)
-        if stretch > 1:
-            for name in ("generation", "reward", "reference", "teacher", "old policy", "update"):
-                if name in phases:
-                    p = phases[name]
-                    p.seconds *= stretch
-                    p.busy = {k: v * stretch for k, v in p.busy.items()}
-                    p.detail += f"; x{stretch:.2f}: {s.cores} cores for {demand / overlapped:.3g} busy threads"
-            overlapped *= stretch
-    return overlapped + after, "one step off: max(generation + scoring, old policy + update) + sync + hops"
+    if s.r.cluster.device != "cpu":
+        return max(sec["generation"] + scoring, learn) + after, (
+            "one step off: max(generation + scoring, old policy + update) + sync + hops"
+        )
+    frozen = [k for k in ("reference", "teacher") if k in sec]
+    threads = {
+        "generation": s.plans["generator"].actors * s.threads["generator"],
+        "scoring": s.plans["reward"].actors + sum(s.plans[k].actors * s.threads[k] for k in frozen),
+        "old policy": s.r.learner.world_size * s.threads["learner"],
+        "update": s.r.learner.world_size * s.threads["learner"],
+    }
+    chains = [
+        [("generation", sec["generation"]), ("scoring", scoring)],
+        [("old policy", sec["old policy"]), ("update", sec["update"])],
+    ]
+    took, end = shared_cores(chains, threads, s.cores)
+    for name, seconds in took.items():
+        for phase in ["reward", *frozen] if name == "scoring" else [name]:
+            p = phases[phase]
+            stretch = seconds / scoring if name == "scoring" and scoring else seconds / p.seconds if p.seconds else 1
+            if stretch > 1.001:
+                p.seconds *= stretch
+                p.busy = {k: v * stretch for k, v in p.busy.items()}
+                p.detail += f"; x{stretch:.2f} sharing {s.cores} cores"
+    return end + after, "one step off: the two chains sharing the cores (generation, scoring | old policy, update) " + (
+        "+ sync + hops"
+    )
+
+
+def shared_cores(chains: list[list[tuple[str, float]]], threads: dict[str, int], cores: int):
+    """Phases in chains, the chains at once on `cores` cores: a phase alone would take its seconds with its
+    `threads`; while the running phases ask for more threads than there are cores, each goes that much slower. The
+    seconds each phase took, and when the last chain ended."""
+    left = [list(c) for c in chains]
+    took: dict[str, float] = {}
+    now = 0.0
+    while any(left):
+        running = [c[0] for c in left if c]
+        slow = max(1.0, sum(threads[name] for name, _ in running) / cores)
+        dt = min(rest for _, rest in running) * slow  # until the first running phase ends
+        for c in left:
+            if c:
+                name, rest = c[0]
+                took[name] = took.get(name, 0.0) + dt
+                rest -= dt / slow
+                c[0] = (name, rest)
+                if rest <= 1e-12:
+                    c.pop(0)
+        now += dt
+    return took, now
 
 
 def default_shape(r: Recipe, prompt_tokens: int = 0, response_tokens: int = 0) -> Shape:
