@@ -145,7 +145,7 @@ def gemm_part(device: str, threads: int) -> dict:
     x = torch.ones(1 << 25, device=dev)  # 128 MB: past every cache
     y = torch.empty_like(x)
     bandwidth = 2 * x.numel() * 4 / _timed(lambda: torch.add(x, 1.0, out=y), sync=sync)
-    n = 1 << 22
+    n = 1 << (26 if device == "cuda" else 22)  # past a GPU's launch-bound sizes
     p = torch.nn.Parameter(torch.zeros(n, device=dev))
     p.grad = torch.ones_like(p)
     opt = torch.optim.AdamW([p], lr=1e-6)
@@ -192,8 +192,8 @@ def attention_grid(device: str) -> dict[str, list[list[float]]]:
                 key, value = (
                     x.view(rows, k, heads // groups, hd).transpose(1, 2).repeat_interleave(groups, dim=1) for x in kv
                 )
-                if device == "cuda":
-                    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask)
+                if device == "cuda":  # one sequence a row: the causal kernel (a row of several takes a mask)
+                    out = F.scaled_dot_product_attention(query, key, value, is_causal=True)
                 else:
                     w = torch.matmul(query, key.transpose(2, 3)) * hd**-0.5 + mask
                     w = F.softmax(w, dim=-1, dtype=torch.float32).to(query.dtype)
@@ -215,6 +215,9 @@ def calls_part(device: str, threads: int, depths: tuple[int, ...]) -> dict:
     return out
 
 
+DEPTHS = {"cpu": (1, 3), "cuda": (1, 5)}
+"""The layers of the tiny models whose calls give a call's base cost and its cost per layer (a GPU's launches
+are cheap: further apart)."""
 MANY = 64
 """Samples of the calls that measure a sample's own cost (and of the generate and reward calls)."""
 
@@ -275,12 +278,12 @@ def _calls(device: str, threads: int, layers: int) -> dict:
         advantages = [0.5 - (i % 2) for i in range(samples)]
         learner.recipe = recipe(samples, micro)
         call = lambda r=rollouts[samples], a=advantages: learner.update([r], None, a, 0)  # noqa: E731
-        out[f"update_{name}"] = _timed(call, 0.1, 5, sync)
+        out[f"update_{name}"] = _timed(call, 0.2, 5, sync)
     learner.shutdown()  # the process's group: the reference makes its own
     for name, samples, micro in runs:
         reference = _reference(path, recipe(samples, micro), threads)
         pairs = [(rollouts[samples].prompts[0].ids, c.token_ids) for c in rollouts[samples].completions]
-        out[f"forward_{name}"] = _timed(lambda p=pairs: reference.score(p), 0.1, 5, sync)  # noqa: B023
+        out[f"forward_{name}"] = _timed(lambda p=pairs: reference.score(p), 0.2, 5, sync)  # noqa: B023
         reference.shutdown()
     return out
 
@@ -305,7 +308,7 @@ WORK = {
         "dtype": "float32",
     },
     "cuda": {
-        "model": "tiny://qwen2?layers=4&hidden=2048&heads=16&kv_heads=4&intermediate=8192&vocab=128&bytes=0&seed=0",
+        "model": "tiny://qwen2?layers=8&hidden=3072&heads=24&kv_heads=8&intermediate=8192&vocab=128&bytes=0&seed=0",
         "samples": 16,
         "prompt": 256,
         "response": 768,
@@ -507,12 +510,13 @@ def torch_rates(device: str, threads: int) -> Throughput:
     matmuls and memory, predicted on the grid)."""
     env = {"OMP_NUM_THREADS": str(threads)}
     g = _child(gemm_part, (device, threads), env)  # alone: its timings are the process's only work
-    calls = _child(calls_part, (device, threads, (1, 3)), env)
+    calls = _child(calls_part, (device, threads, DEPTHS[device]), env)
     calls_work = calls.pop("work")
     t = Throughput(g["gemm"], g["bandwidth"], [0.0, 0.0], [0.0, 0.0], [0.0, g["optimizer_per_param"]])
+    t.overlap = device == "cuda"  # kernels launch ahead of the device: a call takes the longer of launches and work
     for kind, name in (("update", "train_call"), ("forward", "forward_call")):
         call = {k: calls[k][f"{kind}_2"] - calls[k][f"{kind}_1"] for k in calls}
-        setattr(t, name, list(_line_fit([1, 3], [call[1], call[3]])))
+        setattr(t, name, list(_line_fit(list(DEPTHS[device]), [call[k] for k in DEPTHS[device]])))
     t.optimizer[0] = max(2 * calls[1]["update_1"] - calls[1]["update_2"], 0.0)
     extra = MANY - 2  # samples of 4 + 2 tokens, the head on the 2
     for kind, name, passes in (("update", "train_sample", 3), ("forward", "forward_sample", 1)):
@@ -523,21 +527,25 @@ def torch_rates(device: str, threads: int) -> Throughput:
             per_sample.append(max(c[f"{kind}_many"] - c[f"{kind}_2"] - work, 0.0) / extra)
         setattr(t, name, statistics.fmean(per_sample))
     t.attention = g["attention"]
-    # the work's scale: WORK's measured seconds less its fixed costs, over its work predicted on the grids
+    # the work's scale: WORK's measured seconds less the optimizer's (and, where they add up, the calls' fixed
+    # costs), over its work predicted on the grids
     w = WORK[device]
     dims = model_dims(w["model"])
-    work = speed.share_work([([0] * w["prompt"], [0] * w["response"])] * w["samples"], w["micro"], True, False)
+    step = speed.share_work([([0] * w["prompt"], [0] * w["response"])] * w["samples"], w["micro"], True, False)
     for kind, name, passes, base, sample in (
         ("update", "train_scale", 3, t.train_call, t.train_sample),
         ("forward", "forward_scale", 1, t.forward_call, t.forward_sample),
     ):
         dense, attention = speed.work_parts(
-            dims, t, w["dtype"], work.slots, work.rows, work.logits, work.calls, kind == "update"
+            dims, t, w["dtype"], step.slots, step.rows, step.logits, step.calls, kind == "update"
         )
-        fixed = work.calls * (base[0] + base[1] * dims.layers) + w["samples"] * sample
-        if kind == "update":
-            fixed += t.optimizer[0] + t.optimizer[1] * dims.params
-        setattr(t, name, max(calls_work[kind] - fixed, 0.0) / (passes * dense + attention))
+        predicted = passes * dense + attention
+        fixed = step.calls * (base[0] + base[1] * dims.layers) + w["samples"] * sample
+        measured = calls_work[kind] - (t.optimizer[0] + t.optimizer[1] * dims.params if kind == "update" else 0.0)
+        if t.overlap:  # the work, where it outlasts the launches
+            setattr(t, name, measured / predicted if measured > fixed else 1.0)
+        else:
+            setattr(t, name, max(measured - fixed, 0.0) / predicted)
     return t
 
 

@@ -72,6 +72,9 @@ class Throughput:
     activation): measured on a step whose work outweighs its fixed costs."""
     train_scale: float = 1.0
     """The same for a forward+backward (3 x the forward's dense work, attention's forward and backward)."""
+    overlap: bool = False
+    """Whether a call's fixed costs (launching its kernels) overlap its work, as on a GPU: the call then takes the
+    longer of the two, not their sum."""
 
     def attention_seconds(self, dtype: str, rows: list[tuple[float, float]], heads: int, head_dim: int, train: bool):
         """Seconds of attention over `rows` of (queries, keys) in one layer: the measured grid's rate at each row's
@@ -285,7 +288,8 @@ def call_seconds(
     base, per_layer = t.train_call if backward else t.forward_call
     fixed = calls * (base + per_layer * d.layers)
     dense, attention = work_parts(d, t, dtype, slots, rows, logits, calls, backward)
-    return fixed + (t.train_scale * (3 * dense + attention) if backward else t.forward_scale * (dense + attention))
+    work = t.train_scale * (3 * dense + attention) if backward else t.forward_scale * (dense + attention)
+    return max(fixed, work) if t.overlap else fixed + work
 
 
 def prefill_work(d: ModelDims, t: Throughput, dtype: str, sequences: int, prompt_tokens: float) -> float:

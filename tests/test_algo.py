@@ -698,3 +698,21 @@ def test_dual_clip_is_vanillas_option_and_keeps_its_old_and_verl_names():
         assert r.algorithm.loss_options == {"clip_ratio_c": 3}
     with pytest.raises(RecipeError, match="algorithm.loss_options.clip_ratio_c"):
         load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", ["actor_rollout_ref.actor.clip_ratio_c=3"])
+
+
+@pytest.mark.parametrize("kl_coef", [0.0, 0.1])
+def test_the_loss_keeps_every_tensor_on_the_logprobs_device(kl_coef):
+    """Without a KL term (kl_coef 0, no reference: the DAPO-style recipes) the KL metric was made on the CPU and the
+    loss's sums failed to stack on a GPU ("Expected all tensors to be on the same device", found on an H200). The
+    meta device stands in for a GPU here: every tensor the loss returns is on the logprobs' device."""
+    from grpo_ray.algo.loss import LossInputs, micro_batch_loss
+    from grpo_ray.config import Recipe
+
+    meta = torch.device("meta")
+    z = lambda: torch.zeros(2, 3, device=meta)  # noqa: E731
+    a = Recipe().algorithm
+    a.kl_coef = kl_coef
+    ref = z() if kl_coef else None
+    x = LossInputs(z(), z(), torch.zeros(2, device=meta), torch.ones(2, 3, device=meta), None, ref, None, None)
+    loss, counted, sums, _, _ = micro_batch_loss(x, a, 3)
+    assert {loss.device, counted.device, sums.device} == {meta}

@@ -213,7 +213,7 @@ def grpo_loss(
         pg = pg * is_weights
     pg_loss = aggregate(pg, mask, loss_agg, normaliser)
     loss = pg_loss
-    kl_loss = torch.zeros((), dtype=logp.dtype)
+    kl_loss = torch.zeros((), dtype=logp.dtype, device=logp.device)  # on the device: stacked with the others
     if ref_logp is not None and kl_coef > 0:
         kl_loss = aggregate(kl_penalty(logp, ref_logp, kl_estimator), mask, loss_agg, normaliser)
         loss = loss + kl_coef * kl_loss
