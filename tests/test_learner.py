@@ -88,6 +88,40 @@ def test_two_gloo_ranks_match_one_process(ray_local, overrides):
     assert (after1 - before1).abs().max() > 1e-4  # the step really changed the weights
 
 
+def test_ranks_whose_shares_cut_into_different_micro_batch_counts_pair_their_collectives(ray_local):
+    """Each rank cuts its own share: packed into rows as long as its own longest sample, rank 0's four samples of 9
+    tokens make 4 micro batches of one row, rank 1's of 13, 5, 5, 5 tokens 3 (13 | 5 + 5 | 5). FSDP2's forwards and
+    backwards are collectives, so rank 1 runs one on a filler (a loss of 0); before, rank 0 waited in an all-gather
+    for a forward rank 1 never ran (found hung one step off in benchmarks/speed.py). The update equals one
+    process's on all eight samples."""
+    from grpo_ray.types import Completion, Prompt, Rollout
+
+    path = models.resolve(TINY.format(arch="qwen2"))
+    rollouts = [
+        Rollout(
+            [Prompt([11, 12, 13, 14], "1", "test")],
+            [Completion(0, [20 + j] * n, "", [-4.0 - 0.1 * j] * n, "stop") for j, n in enumerate(lengths)],
+            0,
+        )
+        for lengths in ([5, 5, 5, 5], [9, 1, 1, 1])
+    ]
+    advantages = [1.0, -1.0, 0.5, -0.5, 1.0, -1.0, 0.5, -0.5]
+    common = [
+        "data.train_batch_size=2",
+        "algorithm.group_size=4",
+        "learner.mini_batch_size=8",
+        "learner.micro_batch_size=1",
+        "algorithm.kl_coef=0.0",
+        "model.shared_prompt=false",
+    ]
+    one, before1, after1 = run_learner(ray_local, path, 1, common, rollouts, None, advantages)
+    two, before2, after2 = run_learner(ray_local, path, 2, common, rollouts, None, advantages)
+    for key in ("actor/grad_norm", "actor/pg_loss", "actor/entropy"):
+        assert two[0][key] == pytest.approx(one[0][key], rel=1e-4, abs=1e-6), key
+    assert torch.allclose(before1, before2, atol=1e-6) and torch.allclose(after1, after2, atol=1e-5)
+    assert (after1 - before1).abs().max() > 1e-4
+
+
 def test_distillation_in_the_learner_is_the_same_packed_padded_shared_and_over_ranks(ray_local):
     """The teacher's per-token signal in the learner actors: the step's reverse KL and update are the same with
     padded rows, packed rows and shared prompts, and on 2 gloo ranks as in 1 process; with LoRA it trains the

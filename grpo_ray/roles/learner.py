@@ -190,18 +190,37 @@ class Learner(RoleActor):
         tensor each, so any micro batch can take it). Collective: every rank runs as many forwards as the rank
         with the most (filler ones)."""
         out = {}
-        filler = [([self.pad_id], [self.pad_id])]  # keeps this rank in the other ranks' all-gathers
         micros, capacity = self._micro_batches(indices, pairs)
-        rounds = torch.tensor([len(micros)], device=self.device)
-        dist.all_reduce(rounds, op=dist.ReduceOp.MAX)
         with torch.no_grad():
-            for k in range(int(rounds.item())):
+            for k in range(self._rounds(len(micros))):
                 seqs, logp, _ = self._logprobs(
-                    [pairs[i] for i in micros[k]] if k < len(micros) else filler, capacity if k < len(micros) else 0
+                    [pairs[i] for i in micros[k]] if k < len(micros) else self.filler(),
+                    capacity if k < len(micros) else 0,
                 )
                 for j, i in enumerate(micros[k] if k < len(micros) else []):
                     out[i] = logp[j][seqs.response_mask[j].to(logp.device).bool()].cpu()
         return out
+
+    def _rounds(self, micro_batches: int) -> int:
+        """The most micro batches any rank has of a pass: every rank runs as many forwards (FSDP2's all-gathers, and
+        a backward's reduce-scatters, are collectives), those with fewer on a filler (``_filler_backward``). Ranks
+        can have different counts: each cuts its own share, packed into rows as long as its own longest sample, or
+        with shared prompts within a budget of its own."""
+        rounds = torch.tensor([micro_batches], device=self.device)  # on the device: nccl reduces device tensors only
+        dist.all_reduce(rounds, op=dist.ReduceOp.MAX)
+        return int(rounds.item())
+
+    def filler(self) -> list[tuple[list[int], list[int]]]:
+        """A one-token sequence that keeps a rank in the other ranks' collectives."""
+        return [([self.pad_id], [self.pad_id])]
+
+    def _filler_backward(self) -> None:
+        """A forward and backward on the filler with a loss of 0: the collectives paired, no gradient added."""
+        _, logp, entropy = self._logprobs(self.filler(), 0, with_entropy=True)
+        loss = logp.sum() * 0.0
+        if entropy is not None and entropy.requires_grad:
+            loss = loss + entropy.sum() * 0.0
+        loss.backward()
 
     def _old_logprobs(self, pairs: list, indices: list[int], versions: list[int]) -> dict[int, torch.Tensor]:
         """Logprobs of the response tokens under the weights that generated each sample (its version), for the
@@ -356,6 +375,8 @@ class Learner(RoleActor):
         count = torch.zeros((), dtype=torch.float64, device=self.device)
         mini = torch.zeros(len(LOSS_SUMS), dtype=torch.float64, device=self.device)
         micros, capacity = self._micro_batches(mine, batch.pairs)
+        for _ in range(self._rounds(len(micros)) - len(micros)):  # this rank has fewer than another: pair theirs
+            self._filler_backward()
         for micro in micros:
             seqs, logp, entropy = self._logprobs([batch.pairs[i] for i in micro], capacity, with_entropy=True)
             response = seqs.response_mask.to(logp.device)  # where each sample's per-token values lie
@@ -437,6 +458,8 @@ class Learner(RoleActor):
         for mine in minis:
             normaliser = self._normaliser(sum(trained[i] for i in mine))
             micros, capacity = self._micro_batches(mine, pairs)
+            for _ in range(self._rounds(len(micros)) - len(micros)):  # pair the collectives of a rank with more
+                self._filler_backward()
             for micro in micros:
                 seqs, logp, _ = self._logprobs([pairs[i] for i in micro], capacity, temperature=1.0)
                 response = seqs.response_mask.to(logp.device)
