@@ -152,7 +152,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--rates", help="a rates JSON to use instead of calibrating now")
     ap.add_argument("--held-out-seed", type=int, help="draw the held-out configurations from this seed instead")
-    ap.add_argument("--reuse", help="an earlier speed.json whose fitting configurations' measurements to take")
+    ap.add_argument("--reuse", help="an earlier speed.json whose rows' measurements to take where the config is the same")
     ap.add_argument("--out", default="benchmarks/results/speed")
     args = ap.parse_args()
 
@@ -174,7 +174,7 @@ def main() -> None:
     if args.held_out_seed is not None:  # a fresh held-out set, drawn after the model is fixed
         rng = random.Random(args.held_out_seed)
         configs = configs[: args.fit] + [draw(rng) for _ in range(args.held_out)]
-    earlier = json.loads(Path(args.reuse).read_text())["rows"][: args.fit] if args.reuse else []
+    earlier = json.loads(Path(args.reuse).read_text())["rows"] if args.reuse else []
     rows = []
     for i, c in enumerate(configs):
         if i < len(earlier) and earlier[i]["config"] == c:

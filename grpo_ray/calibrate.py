@@ -32,7 +32,7 @@ from pathlib import Path
 
 from grpo_ray import models, speed
 from grpo_ray.dims import model_dims
-from grpo_ray.speed import FITTED, Rates, Throughput, rates_path
+from grpo_ray.speed import Rates, Throughput, rates_path
 
 GRID = {
     "cpu": ([1, 16, 128, 1024], [32, 128, 512, 2048]),
@@ -180,7 +180,8 @@ def attention_grid(device: str) -> dict[str, list[list[float]]]:
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     heads, groups, out = ATTENTION["heads"], 2, {"forward": [], "train": []}
     for k in ATTENTION["keys"]:
-        rows = max(1, (16 << 20) // (heads * k * k * 4))
+        # CPU: 16 MB of scores, past the caches, as a micro batch's; a GPU: enough work to outlast the launches
+        rows = max(1, (16 << 20) // (heads * k * k * 4)) if device == "cpu" else max(1, (1 << 28) // (heads * k * k))
         causal = torch.full((k, k), float("-inf"), device=dev, dtype=dtype).triu(1)
         mask = causal.expand(rows, 1, k, k).contiguous()  # transformers makes one per row from the positions
         for hd in ATTENTION["head_dims"]:
@@ -475,7 +476,7 @@ def calibrate(device: str = "cpu", say=print) -> tuple[Rates, Path]:
         say(f"  {t} thread(s): matmuls, memory and the learner's calls measured ({time.perf_counter() - start:.0f} s)")
     coll = _collective(device)
     say(f"  collectives measured ({time.perf_counter() - start:.0f} s)")
-    engine = dict(FITTED["engine"])
+    engine = dict(speed.FITTED["engine"])
     if device == "cpu" and _has_vllm():
         env = {
             "OMP_NUM_THREADS": str(cores),
@@ -485,6 +486,7 @@ def calibrate(device: str = "cpu", say=print) -> tuple[Rates, Path]:
         runs = _child(engine_part, (tuple(ENGINE_MODELS),), env)
         engine = _engine_rates(runs, threads[str(cores)])
         say(f"  engines measured ({time.perf_counter() - start:.0f} s)")
+    fitted = speed.fitted()
     rates = Rates(
         device=device if device == "cpu" else _gpu_kind(),
         source=f"calibrated on {socket.gethostname()}, {date.today()}",
@@ -492,10 +494,10 @@ def calibrate(device: str = "cpu", say=print) -> tuple[Rates, Path]:
         collective=coll["collective"],
         transport=coll["transport"],
         engine=engine,
-        reward_sample_s=_child(reward_part, (), {}) if device == "cpu" else FITTED["reward_sample_s"],
-        hop_s=FITTED["hop_s"],
-        hop_sample_s=FITTED["hop_sample_s"],
-        sync_s=FITTED["sync_s"],
+        reward_sample_s=_child(reward_part, (), {}) if device == "cpu" else fitted["reward_sample_s"],
+        hop_s=fitted["hop_s"],
+        hop_sample_s=fitted["hop_sample_s"],
+        sync_s=fitted["sync_s"],
     )
     path = rates_path(rates.device)
     rates.save(path)

@@ -184,9 +184,9 @@ FITTED = {
     "hop_sample_s": 0.0,
     "sync_s": 0.0,
 }
-"""What calibration does not measure: the controller's own seconds per step and per sample, and a push's fixed
-seconds (fitted by benchmarks/speed.py on the configurations it fits on); a reward actor's seconds per sample and an
-engine's costs where no reward worker or vLLM runs (a GPU machine without them)."""
+"""Defaults of what calibration does not measure (``fitted`` gives the committed table's): the controller's own
+seconds per step and per sample, and a push's fixed seconds (fitted by benchmarks/speed.py on its fitting
+configurations); a reward actor's seconds per sample and an engine's costs where no reward worker or vLLM runs."""
 
 
 @dataclass
@@ -313,23 +313,31 @@ def step_fixed(engine: dict[str, float], d: ModelDims, sequences: int) -> float:
 
 
 def generation_seconds(
-    d: ModelDims, t: Throughput, dtype: str, engine: dict[str, float], sequences: int, prompt: float, response: int
+    d: ModelDims,
+    t: Throughput,
+    dtype: str,
+    engine: dict[str, float],
+    sequences: int,
+    prompt: float,
+    response: int,
+    tp: int = 1,
 ) -> tuple[float, float]:
-    """A generate call of `sequences` sequences (prompts of `prompt` tokens, `response` tokens each): its prefill
-    (the call's and each request's own cost, and a step that computes the prompts and the first token), and its
-    response - 1 decode steps (the context growing: summed over up to 32 chunks of steps)."""
+    """A generate call of `sequences` sequences (prompts of `prompt` tokens, `response` tokens each) on an engine of
+    `tp` devices (tensor parallel: the work split among them): its prefill (the call's and each request's own cost,
+    and a step that computes the prompts and the first token), and its response - 1 decode steps (the context
+    growing: summed over up to 32 chunks of steps)."""
     prefill = (
         engine["prefill_s"]
         + engine["request_s"] * sequences
         + step_fixed(engine, d, sequences)
-        + engine["work_scale"] * prefill_work(d, t, dtype, sequences, prompt)
+        + engine["work_scale"] * prefill_work(d, t, dtype, sequences, prompt) / tp
     )
     decode, steps_left = 0.0, max(response - 1, 0)
     chunk = max(1, steps_left // 32)
     for k in range(0, steps_left, chunk):
         steps = min(chunk, steps_left - k)
         context = prompt + 1 + k + steps / 2
-        work = engine["work_scale"] * decode_work(d, t, dtype, sequences, context)
+        work = engine["work_scale"] * decode_work(d, t, dtype, sequences, context) / tp
         decode += steps * (step_fixed(engine, d, sequences) + work)
     return prefill, decode
 
@@ -461,8 +469,16 @@ def generation_phase(s: StepInputs, shape: Shape) -> Phase:
     """Each engine's share of the samples: a prefill, then a decode step per token (``generation_seconds``)."""
     engines = max(1, s.plans["generator"].actors)
     per_engine = math.ceil(len(s.pairs) / engines)
+    tp = s.r.generator.tensor_parallel_size if s.r.cluster.device == "cuda" else 1
     prefill, decode = generation_seconds(
-        s.d, s.at("generator"), wire_dtype(s.r), s.rates.engine, per_engine, shape.prompt_tokens, shape.response_tokens
+        s.d,
+        s.at("generator"),
+        wire_dtype(s.r),
+        s.rates.engine,
+        per_engine,
+        shape.prompt_tokens,
+        shape.response_tokens,
+        tp,
     )
     return Phase(
         prefill + decode,
@@ -677,8 +693,8 @@ def scaled(base: Rates, gpu: str, compute: float, memory: float) -> Rates:
     }
     return Rates(
         gpu,
-        f"{base.device}'s rates scaled by {gpu}'s datasheet (matmuls x{compute:.2f}, memory x{memory:.2f}): not "
-        f"calibrated ({base.device}: {base.source})",
+        f"{base.device}'s scaled by {gpu}'s datasheet (matmuls x{compute:.2f}, memory x{memory:.2f}); {base.device}: "
+        f"{base.source}",
         threads,
         base.collective,
         base.transport,
@@ -686,6 +702,15 @@ def scaled(base: Rates, gpu: str, compute: float, memory: float) -> Rates:
         base.reward_sample_s,
         base.hop_s,
     )
+
+
+def fitted() -> dict[str, float]:
+    """What a calibration takes from the committed table, not measuring it: the controller's own seconds (a step,
+    a sample), a push's fixed seconds (they run on the CPU nodes whatever the devices) and a reward actor's seconds
+    per sample where no reward worker runs; ``FITTED``'s defaults without a table."""
+    cpu = json.loads(TABLE.read_text()).get("cpu", {}) if TABLE.is_file() else {}
+    keys = ("hop_s", "hop_sample_s", "sync_s", "reward_sample_s")
+    return {k: cpu.get(k, FITTED[k]) for k in keys}
 
 
 def rates_path(device: str) -> Path:
@@ -703,8 +728,7 @@ def rates_for(r: Recipe) -> Rates | None:
     table = published()
     if kind in table:
         rates = table[kind]
-        if kind == "cpu" or "calibrated" in rates.source:
-            rates.source = f"published table, not this machine: {rates.source}; plan --calibrate measures this one"
+        rates.source = f"the committed table, not calibrated here: {rates.source}"
         return rates
     return None
 
