@@ -152,7 +152,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--rates", help="a rates JSON to use instead of calibrating now")
     ap.add_argument("--held-out-seed", type=int, help="draw the held-out configurations from this seed instead")
-    ap.add_argument("--reuse", help="an earlier speed.json whose rows' measurements to take where the config is the same")
+    ap.add_argument(
+        "--reuse", help="an earlier speed.json whose rows' measurements to take where the config is the same"
+    )
     ap.add_argument("--out", default="benchmarks/results/speed")
     args = ap.parse_args()
 

@@ -796,7 +796,13 @@ def suggest(make, r: Recipe, d: ModelDims, rates: Rates, shape: Shape, devices: 
         busiest = max((m.total for m in report.memory), default=0.0)
         out.append(Suggestion(overrides, predict(candidate, d, rates, shape), busiest))
     out.sort(key=lambda s: s.prediction.step)
-    return out[:top]
+    distinct, seen = [], set()
+    for s in out:  # layouts that change nothing of the step (a micro batch larger than a rank's share) once
+        key = (round(s.prediction.step, 6), round(s.memory_gb, 3))
+        if key not in seen:
+            seen.add(key)
+            distinct.append(s)
+    return distinct[:top]
 
 
 def suggestions_text(now: Prediction, found: list[Suggestion]) -> str:
