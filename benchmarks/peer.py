@@ -36,14 +36,12 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.bench import machine, step_parser, timed_steps, write_report  # noqa: E402
 
 MODEL = "tiny://qwen2?layers=6&hidden=512&heads=8&kv_heads=4&intermediate=1024&vocab=384&seed=0"
-PROMPTS, GROUP, MAX_TOKENS, KL = 8, 8, 128, 1e-3
+PROMPTS, GROUP, KL = 8, 8, 1e-3
 COMMON = [
-    f"model.path={MODEL}",
     f"data.train_batch_size={PROMPTS}",
     f"algorithm.group_size={GROUP}",
     "data.response_prefix=''",
     "data.max_prompt_length=64",
-    f"generator.sampling.max_tokens={MAX_TOKENS}",
     f"algorithm.kl_coef={KL}",
     "algorithm.kl_estimator=k3",
     "learner.mini_batch_size=64",
@@ -64,8 +62,14 @@ WORKLOADS = {
         "data.max_prompt_length=320",
         "reference.micro_batch_size=16",
     ],
+    # MATH-500's problems (its test split, the only one: a throughput comparison, not an evaluation), scored by
+    # the math reward on both sides; prompts over 320 tokens dropped on both sides
+    "math500": ["data.max_prompt_length=320", "reward.functions=[{name: math, weight: 1.0}]"],
 }
-"""--workload: overrides of COMMON: the quick start's task (short prompts, the issue's benchmark) or GSM8K."""
+DATA = {"gsm8k": ("gsm8k", "train"), "math500": ("math500", "test")}
+"""A workload's data: the shared folder it is prepared from, and the split it trains on."""
+"""--workload: overrides of COMMON: the quick start's task (short prompts, the issue's benchmark), GSM8K or
+MATH-500."""
 BF16 = ["generator.dtype=bfloat16", "learner.dtype=bfloat16"]
 ONE_STEP_OFF = [*BF16, "algorithm.max_staleness=1"]
 PACKED = ["model.shared_prompt=false"]  # a lever's meaning kept under model.shared_prompt: auto, the default
@@ -186,6 +190,8 @@ def peer(name: str, common: list[str], settings: dict, warmup: int, steps: int) 
             "prompts_per_step": r.data.train_batch_size,
             "group": r.algorithm.group_size,
             "answers": [row["reward_model"]["ground_truth"] for row in inputs.train_rows[:512]],
+            "reward": r.reward.functions[0].name,
+            "max_tokens": r.generator.sampling.max_tokens,
             "warmup": warmup,
             "steps": steps,
             "threads": os.cpu_count(),
@@ -213,15 +219,16 @@ def trl_child(spec: dict) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from grpo_ray.rewards.builtin import gsm8k_reward
+    from grpo_ray.rewards import BUILTIN
 
     torch.set_num_threads(spec["threads"])
     tok = AutoTokenizer.from_pretrained(spec["model"])
     model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
     data = Dataset.from_dict({"prompt": spec["prompts"], "answer": spec["answers"]})
+    score = BUILTIN[spec["reward"]]
 
     def reward(completions, answer, **_):
-        return [gsm8k_reward(c, a) for c, a in zip(completions, answer)]
+        return [score(c, a) for c, a in zip(completions, answer)]
 
     class Clock(TrainerCallback):
         def __init__(self):
@@ -245,7 +252,7 @@ def trl_child(spec: dict) -> dict:
         per_device_train_batch_size=n,
         gradient_accumulation_steps=1,
         num_generations=spec["group"],
-        max_completion_length=MAX_TOKENS,
+        max_completion_length=spec["max_tokens"],
         temperature=1.0,
         beta=KL,
         num_iterations=1,
@@ -284,9 +291,10 @@ def markdown(report: dict) -> str:
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gb']} GB; torch {m['torch']}, vLLM {m['vllm']}, "
         f"Ray {m['ray']}, TRL {report['trl']}; {m['date']}. `python benchmarks/peer.py --steps {report['steps']} "
-        f"--warmup {report['warmup']} --workload {report['workload']}`: {report['params'] / 1e6:.1f}M parameters, "
-        f"{report['workload']} prompts: {report['prompts_per_step']} a step x {report['group']} samples, "
-        f"at most {MAX_TOKENS} response tokens, KL to a reference (k3, {KL}), one optimizer step a step; "
+        f"--warmup {report['warmup']} --workload {report['workload']}{report.get('flags', '')}`: "
+        f"{report['params'] / 1e6:.1f}M parameters ({report.get('model', MODEL)}), {report['workload']} prompts: "
+        f"{report['prompts_per_step']} a step x {report['group']} samples, "
+        f"at most {report.get('max_tokens', 128)} response tokens, KL to a reference (k3, {KL}), one optimizer step a step; "
         f"{m['cores']} cores for everything. Equal work is defined in the script's docstring.",
         "",
         "| configuration | step (s) | tokens/s | vs TRL fp32 | prompt / response tokens | parts (s) |",
@@ -340,17 +348,25 @@ def main() -> None:
     ap = step_parser(3, 1, "benchmarks/results/peer")
     ap.add_argument("--only", nargs="*", help="configurations to run (default: all)")
     ap.add_argument("--workload", choices=sorted(WORKLOADS), default="select")
+    ap.add_argument("--model", default=MODEL, help="a tiny:// model name (default: the 14.3M Qwen2 shape)")
+    ap.add_argument("--max-tokens", type=int, default=128, help="response tokens at most")
     args = ap.parse_args()
     from grpo_ray.config import load_recipe
     from grpo_ray.dims import model_dims
 
-    common = [*COMMON, *WORKLOADS[args.workload]]
-    if args.workload == "gsm8k":
+    common = [
+        f"model.path={args.model}",
+        f"generator.sampling.max_tokens={args.max_tokens}",
+        *COMMON,
+        *WORKLOADS[args.workload],
+    ]
+    if args.workload in DATA:
         from grpo_ray.data.prepare import prepare
 
-        data = tempfile.mkdtemp(prefix="grpo-peer-gsm8k-")
-        prepare("gsm8k", str(ROOT.parent / "shared" / "data" / "gsm8k"), data)
-        common.append(f"data.train_files=[{data}/train.parquet]")
+        name, split = DATA[args.workload]
+        data = tempfile.mkdtemp(prefix=f"grpo-peer-{name}-")
+        prepare(name, str(ROOT.parent / "shared" / "data" / name), data)
+        common.append(f"data.train_files=[{data}/{split}.parquet]")
     r = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", common)
 
     pick = lambda name: not args.only or name in args.only  # noqa: E731
@@ -375,7 +391,14 @@ def main() -> None:
         "workload": args.workload,
         "prompts_per_step": r.data.train_batch_size,
         "group": r.algorithm.group_size,
-        "params": model_dims(MODEL).params,
+        "params": model_dims(args.model).params,
+        "model": args.model,
+        "max_tokens": args.max_tokens,
+        "flags": "".join(
+            f" --{k} {v}"
+            for k, v in (("model", args.model), ("max-tokens", args.max_tokens))
+            if v != ap.get_default(k.replace("-", "_"))
+        ),
         "runs": runs,
         "heap": heap,
     }

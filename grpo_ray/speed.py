@@ -778,9 +778,11 @@ def layouts(r: Recipe, devices: int) -> list[list[str]]:
     ]
 
 
-def suggest(make, r: Recipe, d: ModelDims, rates: Rates, shape: Shape, devices: int, top: int = 3) -> list[Suggestion]:
-    """The `top` fastest layouts (``layouts``) that load (`make(overrides)` -> Recipe, raising RecipeError when the
-    combination is refused) and fit (``fit.check``), by predicted step time."""
+def suggest(
+    make, r: Recipe, d: ModelDims, rates: Rates, shape: Shape, devices: int, top: int | None = 3
+) -> list[Suggestion]:
+    """The `top` fastest layouts (``layouts``; None: all of them) that load (`make(overrides)` -> Recipe, raising
+    RecipeError when the combination is refused) and fit (``fit.check``), by predicted step time."""
     from grpo_ray import fit
     from grpo_ray.config import RecipeError
 

@@ -25,7 +25,9 @@ STEP_KEYS = [
     "response_length/max",
     "response_length/clip_ratio",
     "prompt_length/mean",
+    "prompt_length/max",
     "global_seqlen/mean",
+    "global_seqlen/max",
     "timing_s/gen",
     "timing_s/reward",
     "timing_s/ref",
@@ -90,6 +92,9 @@ def test_every_step_has_the_metrics_and_they_are_sane(run):
         assert r["sync/GBps"] > 0 and r["perf/peak_rss_gb/generator"] > 0.1
         # fp32 on CPU, on-policy: vLLM's sampler and the learner agree on the sampled tokens to ~1e-8
         assert abs(r["rollout_corr/kl"]) < 1e-6 and r["rollout/staleness"] == 0
+        dumped = read_samples(out / "rollouts" / f"train_data_step{r['step']}.jsonl")
+        assert r["prompt_length/max"] == max(len(d["prompt_ids"]) for d in dumped)
+        assert r["global_seqlen/max"] == max(len(d["prompt_ids"]) + len(d["response_ids"]) for d in dumped)
     val = {r["step"]: r["val/synthetic/select/pass@1"] for r in rows if "val/synthetic/select/pass@1" in r}
     assert sorted(val) == [0, 2, 4] and all(0 <= v <= 1 for v in val.values())
     assert "step:4 score:" in res.stdout

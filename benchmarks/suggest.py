@@ -1,0 +1,206 @@
+"""How good ``grpo-ray plan --suggest``'s first choice is: the layouts it considered, measured, on tiny twins.
+
+    python benchmarks/suggest.py [--others 3] [--warmup 2] [--steps 5] [--out benchmarks/results/suggest]
+
+For each recipe in TWINS (tiny CPU twins of the scale recipes, and the quick start's) the planner runs as
+``grpo-ray plan RECIPE --suggest`` does: the committed rates table, the recipe's own shape (its longest prompt and
+response, a bound), every layout ``speed.layouts`` lists that loads and fits, ranked by predicted step time (layouts
+whose prediction is the same counted once). Measured on this machine (``bench.timed_steps``: the real pools on a local
+Ray cluster, the median of --steps timed steps after --warmup): the three it ranks first, --others more drawn at
+random (seed 0) from the rest of what it considered, and the recipe as it is. Every run samples past end of
+sequence (generator.sampling.ignore_eos), so a response has the length the plan assumes whatever the random-init
+model writes. The first choice passes when its measured step is within 10% of the best measured.
+
+Each run also reads the peak resident memory of the learner's and the reference's actors (``perf/peak_rss_gb/*``)
+and compares it with ``grpo_ray.fit``'s estimate at the step's longest sequence (``benchmarks/memory.py``'s
+comparison, here over every measured layout). Writes suggest.json and suggest.md to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+TWINS = [
+    "recipes/tiny-cpu.yaml",
+    "recipes/tiny-qwen2.5-0.5b-gsm8k-1gpu.yaml",
+    "recipes/tiny-qwen2.5-1.5b-gsm8k-1gpu.yaml",
+    "recipes/tiny-qwen2.5-1.5b-gsm8k-1node.yaml",
+    "recipes/tiny-gemma3-1b-math500-1node.yaml",
+    "recipes/tiny-llama3.1-8b-math-4node.yaml",
+]
+FLAGS = ["generator.sampling.ignore_eos=true", "trainer.total_steps=1000"]
+"""Every run's overrides: responses of the planned length, and a run long enough for the timed steps."""
+WITHIN = 0.10
+
+
+def considered(recipe: str) -> tuple[list, object]:
+    """What ``plan --suggest`` ranks for `recipe` (all of it, fastest first), and the recipe's own prediction."""
+    from grpo_ray import speed
+    from grpo_ray.config import load_recipe
+    from grpo_ray.dims import model_dims
+
+    r = load_recipe(ROOT / recipe, FLAGS)
+    d, rates = model_dims(r.model.path), speed.rates_for(r)
+    shape = speed.default_shape(r)
+    ranked = speed.suggest(lambda more: load_recipe(ROOT / recipe, FLAGS + more), r, d, rates, shape, 0, top=None)
+    return ranked, speed.predict(r, d, rates, shape)
+
+
+def run(recipe: str, overrides: list[str], warmup: int, steps: int) -> dict:
+    """A layout's measured step and its pools' memory against the plan's."""
+    from benchmarks.bench import timed_steps
+    from grpo_ray import fit
+    from grpo_ray.config import load_recipe
+    from grpo_ray.dims import model_dims
+
+    t = time.perf_counter()
+    rows, _ = timed_steps([*FLAGS, *overrides], warmup, steps, recipe=recipe)
+    r = load_recipe(ROOT / recipe, [*FLAGS, *overrides])
+    d = model_dims(r.model.path)
+    seq = max(int(m["global_seqlen/max"]) for m in rows)
+    memory = {}
+    for pool, estimate in (("learner", fit.learner_memory), ("reference", fit.reference_memory)):
+        key = f"perf/peak_rss_gb/{pool}"
+        if any(key in m for m in rows):
+            measured = max(m[key] for m in rows if key in m)
+            memory[pool] = {"predicted_gb": estimate(d, r, seq).total, "measured_gb": measured}
+    return {
+        "overrides": overrides,
+        "step_s": statistics.median(m["timing_s/step"] for m in rows),
+        "seq": seq,
+        "memory": memory,
+        "seconds": time.perf_counter() - t,
+    }
+
+
+def twin(recipe: str, others: int, warmup: int, steps: int, seed: int) -> dict:
+    ranked, now = considered(recipe)
+    rng = random.Random(seed)
+    rest = list(range(3, len(ranked)))
+    picks = list(range(min(3, len(ranked)))) + sorted(rng.sample(rest, min(others, len(rest))))
+    measured = []
+    for i in picks:
+        m = run(recipe, ranked[i].overrides, warmup, steps)
+        measured.append({"rank": i + 1, "predicted_s": ranked[i].prediction.step, **m})
+        print(json.dumps({"recipe": recipe, **measured[-1]}), flush=True)
+    as_is = {"rank": 0, "predicted_s": now.step, **run(recipe, [], warmup, steps)}
+    print(json.dumps({"recipe": recipe, **as_is}), flush=True)
+    best = min([*measured, as_is], key=lambda m: m["step_s"])
+    first = measured[0]
+    return {
+        "recipe": recipe,
+        "considered": len(ranked),
+        "measured": measured,
+        "as_is": as_is,
+        "first_over_best": first["step_s"] / best["step_s"],
+        "first_over_as_is": first["step_s"] / as_is["step_s"],
+        "passes": first["step_s"] <= (1 + WITHIN) * best["step_s"],
+    }
+
+
+def memory_errors(twins: list[dict]) -> dict:
+    out = {}
+    for pool in ("learner", "reference"):
+        e = [
+            (m["memory"][pool]["predicted_gb"] - m["memory"][pool]["measured_gb"]) / m["memory"][pool]["measured_gb"]
+            for t in twins
+            for m in [*t["measured"], t["as_is"]]
+            if pool in m["memory"]
+        ]
+        if e:
+            out[pool] = {
+                "n": len(e),
+                "mape": statistics.fmean(abs(x) for x in e),
+                "worst": max(e, key=abs),
+                "within_10": sum(abs(x) <= 0.10 for x in e),
+            }
+    return out
+
+
+def markdown(report: dict) -> str:
+    m = report["machine"]
+    passed = sum(t["passes"] for t in report["twins"])
+    lines = [
+        f"# plan --suggest's first choice against the measured layouts ({m['date']}, {m['cpu']}, {m['cores']} cores)",
+        "",
+        f"`{report['command']}`",
+        "",
+        f"**The first choice within {WITHIN:.0%} of the best measured layout on {passed} of "
+        f"{len(report['twins'])} twins.** Measured per twin: the planner's top three, {report['others']} more of "
+        "the layouts it considered drawn at random, and the recipe as it is (rank 0); step seconds are the median of "
+        f"{report['steps']} steps after {report['warmup']}.",
+        "",
+        "| twin | layouts considered | first choice: predicted / measured | best measured (rank) | first / best | "
+        "first / as is |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for t in report["twins"]:
+        first = t["measured"][0]
+        best = min([*t["measured"], t["as_is"]], key=lambda x: x["step_s"])
+        lines.append(
+            f"| {Path(t['recipe']).stem} | {t['considered']} | {first['predicted_s']:.3f} / {first['step_s']:.3f} s "
+            f"| {best['step_s']:.3f} s ({best['rank']}) | {t['first_over_best']:.2f} | {t['first_over_as_is']:.2f} |"
+        )
+    lines += ["", "Every measured layout:", "", "| twin | rank | predicted s | measured s | overrides |"]
+    lines.append("| --- | --- | --- | --- | --- |")
+    for t in report["twins"]:
+        for x in [*t["measured"], t["as_is"]]:
+            lines.append(
+                f"| {Path(t['recipe']).stem} | {x['rank']} | {x['predicted_s']:.3f} | {x['step_s']:.3f} | "
+                f"{' '.join(x['overrides']) or '(as is)'} |"
+            )
+    e = report["memory_errors"]
+    lines += [
+        "",
+        "Memory: `grpo_ray.fit`'s estimate at each run's longest sequence against the peak resident memory measured, "
+        "over the same runs:",
+        "",
+        "| pool | runs | mean absolute error | worst | within 10% |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    lines += [
+        f"| {pool} | {v['n']} | {v['mape']:.1%} | {v['worst']:+.1%} | {v['within_10']} of {v['n']} |"
+        for pool, v in e.items()
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--others", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--only", nargs="*", help="twins to run (default: TWINS)")
+    ap.add_argument("--out", default="benchmarks/results/suggest")
+    args = ap.parse_args()
+    from benchmarks.bench import machine
+
+    twins = [twin(t, args.others, args.warmup, args.steps, args.seed) for t in (args.only or TWINS)]
+    report = {
+        "machine": machine(),
+        "command": "python benchmarks/suggest.py " + " ".join(sys.argv[1:]),
+        "others": args.others,
+        "warmup": args.warmup,
+        "steps": args.steps,
+        "twins": twins,
+        "memory_errors": memory_errors(twins),
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "suggest.json").write_text(json.dumps(report, indent=1))
+    (out / "suggest.md").write_text(markdown(report))
+    print(markdown(report))
+
+
+if __name__ == "__main__":
+    main()
