@@ -2,12 +2,14 @@
 
     python benchmarks/suggest.py [--others 3] [--warmup 2] [--steps 5] [--out benchmarks/results/suggest]
 
-For each recipe in TWINS (tiny CPU twins of the scale recipes, and the quick start's) the planner runs as
-``grpo-ray plan RECIPE --suggest`` does: the committed rates table, the recipe's own shape (its longest prompt and
-response, a bound), every layout ``speed.layouts`` lists that loads and fits, ranked by predicted step time (layouts
-whose prediction is the same counted once). Measured on this machine (``bench.timed_steps``: the real pools on a local
-Ray cluster, the median of --steps timed steps after --warmup): the three it ranks first, --others more drawn at
-random (seed 0) from the rest of what it considered, and the recipe as it is. Every run samples past end of
+For each recipe in TWINS (tiny CPU twins of the scale recipes, and the quick start's) the recipe as it is runs
+first (``bench.timed_steps``: the real pools on a local Ray cluster, the median of --steps timed steps after
+--warmup); then the planner runs as ``grpo-ray plan RECIPE --suggest --prompt-tokens P`` does, P the mean prompt
+that run measured (the plan's own default, data.max_prompt_length, is a bound: 4.5x the quick start's prompts): the
+committed rates table, every layout ``speed.layouts`` lists that loads, fits and can be placed, ranked by predicted
+step time (layouts whose prediction is the same counted once). Measured the same way: the three it ranks first,
+--others more drawn at random (--seed) from the rest of what it considered, and every layout it considered that
+differs from its first choice in one setting (the first choice's neighbours). Every run samples past end of
 sequence (generator.sampling.ignore_eos), so a response has the length the plan assumes whatever the random-init
 model writes. The first choice passes when its measured step is within 10% of the best measured.
 
@@ -42,15 +44,16 @@ FLAGS = ["generator.sampling.ignore_eos=true", "trainer.total_steps=1000"]
 WITHIN = 0.10
 
 
-def considered(recipe: str) -> tuple[list, object]:
-    """What ``plan --suggest`` ranks for `recipe` (all of it, fastest first), and the recipe's own prediction."""
+def considered(recipe: str, prompt_tokens: int) -> tuple[list, object]:
+    """What ``plan --suggest --prompt-tokens`` ranks for `recipe` (all of it, fastest first), and the recipe's own
+    prediction."""
     from grpo_ray import speed
     from grpo_ray.config import load_recipe
     from grpo_ray.dims import model_dims
 
     r = load_recipe(ROOT / recipe, FLAGS)
     d, rates = model_dims(r.model.path), speed.rates_for(r)
-    shape = speed.default_shape(r)
+    shape = speed.default_shape(r, prompt_tokens)
     ranked = speed.suggest(lambda more: load_recipe(ROOT / recipe, FLAGS + more), r, d, rates, shape, 0, top=None)
     return ranked, speed.predict(r, d, rates, shape)
 
@@ -77,28 +80,40 @@ def run(recipe: str, overrides: list[str], warmup: int, steps: int) -> dict:
         "overrides": overrides,
         "step_s": statistics.median(m["timing_s/step"] for m in rows),
         "seq": seq,
+        "prompt_tokens": statistics.fmean(m["prompt_length/mean"] for m in rows),
         "memory": memory,
         "seconds": time.perf_counter() - t,
     }
 
 
-def twin(recipe: str, others: int, warmup: int, steps: int, seed: int) -> dict:
-    ranked, now = considered(recipe)
+def neighbours(ranked: list, first: list[str]) -> list[int]:
+    """The indices of the layouts that differ from `first` in one setting (engines, ranks, schedule, layout or micro
+    batch): the search around the first choice."""
+    return [i for i, s in enumerate(ranked) if sum(a != b for a, b in zip(s.overrides, first)) == 1]
+
+
+def twin(recipe: str, others: int, warmup: int, steps: int, seed: int, earlier: dict) -> dict:
+    def measure(overrides: list[str], rank: int, predicted: float) -> dict:
+        key = json.dumps([recipe, overrides])
+        m = earlier.get(key) or run(recipe, overrides, warmup, steps)
+        m = {**m, "rank": rank, "predicted_s": predicted}
+        print(json.dumps({"recipe": recipe, **m}), flush=True)
+        return m
+
+    as_is = measure([], 0, 0.0)
+    ranked, now = considered(recipe, round(as_is["prompt_tokens"]))
+    as_is["predicted_s"] = now.step
     rng = random.Random(seed)
     rest = list(range(3, len(ranked)))
     picks = list(range(min(3, len(ranked)))) + sorted(rng.sample(rest, min(others, len(rest))))
-    measured = []
-    for i in picks:
-        m = run(recipe, ranked[i].overrides, warmup, steps)
-        measured.append({"rank": i + 1, "predicted_s": ranked[i].prediction.step, **m})
-        print(json.dumps({"recipe": recipe, **measured[-1]}), flush=True)
-    as_is = {"rank": 0, "predicted_s": now.step, **run(recipe, [], warmup, steps)}
-    print(json.dumps({"recipe": recipe, **as_is}), flush=True)
+    picks += [i for i in neighbours(ranked, ranked[0].overrides) if i not in picks]
+    measured = [measure(ranked[i].overrides, i + 1, ranked[i].prediction.step) for i in picks]
     best = min([*measured, as_is], key=lambda m: m["step_s"])
     first = measured[0]
     return {
         "recipe": recipe,
         "considered": len(ranked),
+        "prompt_tokens": round(as_is["prompt_tokens"]),
         "measured": measured,
         "as_is": as_is,
         "first_over_best": first["step_s"] / best["step_s"],
@@ -136,18 +151,20 @@ def markdown(report: dict) -> str:
         "",
         f"**The first choice within {WITHIN:.0%} of the best measured layout on {passed} of "
         f"{len(report['twins'])} twins.** Measured per twin: the planner's top three, {report['others']} more of "
-        "the layouts it considered drawn at random, and the recipe as it is (rank 0); step seconds are the median of "
+        "the layouts it considered drawn at random, the first choice's neighbours (one setting changed) and the recipe "
+        "as it is (rank 0); step seconds are the median of "
         f"{report['steps']} steps after {report['warmup']}.",
         "",
-        "| twin | layouts considered | first choice: predicted / measured | best measured (rank) | first / best | "
-        "first / as is |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| twin | prompt tokens | layouts considered | first choice: predicted / measured | best measured (rank) | "
+        "first / best | first / as is |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for t in report["twins"]:
         first = t["measured"][0]
         best = min([*t["measured"], t["as_is"]], key=lambda x: x["step_s"])
         lines.append(
-            f"| {Path(t['recipe']).stem} | {t['considered']} | {first['predicted_s']:.3f} / {first['step_s']:.3f} s "
+            f"| {Path(t['recipe']).stem} | {t['prompt_tokens']} | {t['considered']} | "
+            f"{first['predicted_s']:.3f} / {first['step_s']:.3f} s "
             f"| {best['step_s']:.3f} s ({best['rank']}) | {t['first_over_best']:.2f} | {t['first_over_as_is']:.2f} |"
         )
     lines += ["", "Every measured layout:", "", "| twin | rank | predicted s | measured s | overrides |"]
@@ -181,11 +198,18 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", nargs="*", help="twins to run (default: TWINS)")
+    ap.add_argument("--reuse", help="a log of an earlier run (its JSON lines): its measurements of the same layouts")
     ap.add_argument("--out", default="benchmarks/results/suggest")
     args = ap.parse_args()
     from benchmarks.bench import machine
 
-    twins = [twin(t, args.others, args.warmup, args.steps, args.seed) for t in (args.only or TWINS)]
+    earlier = {}
+    if args.reuse:
+        for line in Path(args.reuse).read_text().splitlines():
+            if line.startswith("{"):
+                m = json.loads(line)
+                earlier[json.dumps([m.pop("recipe"), m["overrides"]])] = m
+    twins = [twin(t, args.others, args.warmup, args.steps, args.seed, earlier) for t in (args.only or TWINS)]
     report = {
         "machine": machine(),
         "command": "python benchmarks/suggest.py " + " ".join(sys.argv[1:]),

@@ -779,10 +779,12 @@ def layouts(r: Recipe, devices: int) -> list[list[str]]:
 
 
 def suggest(
-    make, r: Recipe, d: ModelDims, rates: Rates, shape: Shape, devices: int, top: int | None = 3
+    make, r: Recipe, d: ModelDims, rates: Rates, shape: Shape, devices: int, top: int | None = 3, node_cpus: int = 0
 ) -> list[Suggestion]:
     """The `top` fastest layouts (``layouts``; None: all of them) that load (`make(overrides)` -> Recipe, raising
-    RecipeError when the combination is refused) and fit (``fit.check``), by predicted step time."""
+    RecipeError when the combination is refused) and fit (``fit.check``; on CPU, their pools also ask for no more
+    CPUs than the nodes have: `node_cpus` each, 0: this machine's cores, as ``predict`` assumes), by predicted step
+    time."""
     from grpo_ray import fit
     from grpo_ray.config import RecipeError
 
@@ -793,10 +795,10 @@ def suggest(
         except RecipeError:
             continue
         report = fit.check(candidate, d)
-        if not report.fits:
+        if not report.fits or cpus_short(candidate, node_cpus):
             continue
         busiest = max((m.total for m in report.memory), default=0.0)
-        out.append(Suggestion(overrides, predict(candidate, d, rates, shape), busiest))
+        out.append(Suggestion(overrides, predict(candidate, d, rates, shape, node_cpus), busiest))
     out.sort(key=lambda s: s.prediction.step)
     distinct, seen = [], set()
     for s in out:  # layouts that change nothing of the step (a micro batch larger than a rank's share) once
@@ -805,6 +807,15 @@ def suggest(
             seen.add(key)
             distinct.append(s)
     return distinct[:top]
+
+
+def cpus_short(r: Recipe, node_cpus: int = 0) -> bool:
+    """A CPU recipe whose pools ask for more CPUs than its nodes have, `node_cpus` each (0: this machine's cores):
+    ``placement.reserve`` would refuse it."""
+    if r.cluster.device != "cpu":
+        return False
+    asked = sum(p.actors * p.cpus for p in placement.plan(r).values())
+    return asked > r.cluster.nodes * (node_cpus or len(os.sched_getaffinity(0))) + 1e-9
 
 
 def suggestions_text(now: Prediction, found: list[Suggestion]) -> str:

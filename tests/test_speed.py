@@ -148,6 +148,24 @@ def test_suggest_gives_overrides_that_load_and_fit(capsys):
     assert times[0] <= predicted  # the recipe as it is was among the layouts considered, or something faster
 
 
+def test_suggest_on_cpu_leaves_out_layouts_the_nodes_cannot_place():
+    """On a node of 2 cores, the tiny recipe's two engines and two learner ranks ask for 2.5 CPUs, which Ray's
+    placement refuses at start (found by benchmarks/suggest.py): --suggest considers only layouts it can place."""
+    from grpo_ray import placement
+    from grpo_ray.dims import model_dims
+
+    path = ROOT / "recipes/tiny-cpu.yaml"
+    r = load_recipe(path)
+    d, rates, shape = model_dims(r.model.path), speed.rates_for(r), speed.default_shape(r)
+    node = [{"CPU": 2.0}]
+    refused = [o for o in speed.layouts(r, 0) if placement.problems(load_recipe(path, o), node)]
+    assert refused  # the case exists: some layout the recipe allows does not fit 2 cores
+    ranked = speed.suggest(lambda more: load_recipe(path, more), r, d, rates, shape, 0, top=None, node_cpus=2)
+    assert ranked
+    assert all(not placement.problems(load_recipe(path, s.overrides), node) for s in ranked)
+    assert not {tuple(o) for o in refused} & {tuple(s.overrides) for s in ranked}
+
+
 def test_published_table_scales_a_measured_gpu_by_datasheets():
     table = speed.published()
     assert "cpu" in table
