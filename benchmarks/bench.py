@@ -279,6 +279,44 @@ def timed_steps(
         ray.shutdown()
 
 
+def memory_against_fit(r, rows: list[dict]) -> dict:
+    """The peak resident memory of the learner's and the reference's actors over `rows` (``perf/peak_rss_gb/*``)
+    against ``grpo_ray.fit``'s estimate for recipe `r` at the steps' longest sequence (``benchmarks/memory.py``'s
+    comparison)."""
+    from grpo_ray import fit
+    from grpo_ray.dims import model_dims
+
+    d = model_dims(r.model.path)
+    seq = max(int(m["global_seqlen/max"]) for m in rows)
+    memory = {}
+    for pool, estimate in (("learner", fit.learner_memory), ("reference", fit.reference_memory)):
+        key = f"perf/peak_rss_gb/{pool}"
+        if any(key in m for m in rows):
+            measured = max(m[key] for m in rows if key in m)
+            memory[pool] = {"predicted_gb": estimate(d, r, seq).total, "measured_gb": measured, "seq": seq}
+    return memory
+
+
+def memory_errors(runs: list[dict]) -> dict:
+    """Per pool, over `runs` that carry a ``memory_against_fit``: the estimate's mean absolute error, its worst
+    (signed) and how many are within 10%."""
+    out = {}
+    for pool in ("learner", "reference"):
+        e = [
+            (m["memory"][pool]["predicted_gb"] - m["memory"][pool]["measured_gb"]) / m["memory"][pool]["measured_gb"]
+            for m in runs
+            if pool in m.get("memory", {})
+        ]
+        if e:
+            out[pool] = {
+                "n": len(e),
+                "mape": statistics.fmean(abs(x) for x in e),
+                "worst": max(e, key=abs),
+                "within_10": sum(abs(x) <= 0.10 for x in e),
+            }
+    return out
+
+
 RAW_PARTS = [
     ("generation", "gen_s"),
     ("learner", "learn_s"),

@@ -8,10 +8,12 @@ configuration (a tiny model of 0.3M-51M parameters, prompts x group samples, res
 their end-of-sequence token so every response has its length, one step off or not, shared prompts or packed, one or
 two learner ranks, a micro batch size) trains the synthetic task for --warmup steps, then --steps timed ones
 (``bench.timed_steps``: the real pools on a local Ray cluster); the measured time of a phase is the median of its
-``timing_s/*`` metric. The first --fit configurations (drawn from --seed) fit the two constants calibration does not
-measure, a reward actor's seconds per sample and the controller's own seconds per step (``speed.FITTED``); the
---held-out configurations after them, drawn from the same seed once the model is fixed, are predicted with those
-constants and compared. Writes speed.json, speed.md and speed.png (predicted against measured) to --out.
+``timing_s/*`` metric. The first --fit configurations (drawn from --seed) fit the three constants calibration does
+not measure, a push's and a forward-only pass's fixed seconds and the controller's own seconds per step
+(``speed.FITTED``); the --held-out configurations after them (from --held-out-seed, drawn once the model is fixed)
+are predicted with those constants and compared. Each held-out run's peak memory of the learner's and reference's
+actors is compared with ``grpo_ray.fit``'s estimate too. Writes speed.json, speed.md and speed.png (predicted against
+measured) to --out.
 """
 
 from __future__ import annotations
@@ -90,10 +92,12 @@ def overrides(c: dict) -> list[str]:
 
 
 def measure(c: dict, warmup: int, steps: int) -> dict:
-    from benchmarks.bench import timed_steps
+    from benchmarks.bench import memory_against_fit, timed_steps
+    from grpo_ray.config import load_recipe
 
     rows, _ = timed_steps(overrides(c), warmup, steps)
     out = {phase: statistics.median(r.get(key, 0.0) for r in rows) for phase, key in PHASES.items()}
+    out["memory"] = memory_against_fit(load_recipe(ROOT / "recipes/tiny-cpu.yaml", overrides(c)), rows)
     out["step"] = statistics.median(r["timing_s/step"] for r in rows)
     out["prompt_tokens"] = statistics.fmean(r["prompt_length/mean"] for r in rows)
     out["response_tokens"] = statistics.fmean(r["response_length/mean"] for r in rows)
@@ -114,16 +118,21 @@ def predict(c: dict, measured: dict, rates) -> dict:
 
 
 def fit(rows: list[dict], rates) -> dict:
-    """The constants calibration does not measure, from the fitting configurations (``speed.FITTED``): a push's fixed
-    seconds (the median of the on-policy configurations' measured sync less the predicted one: one step off, the
-    measured sync also waits for the generation ahead) and the controller's own seconds a step (the median of their
-    measured step less the prediction without it)."""
-    rates.sync_s, rates.hop_s, rates.hop_sample_s = 0.0, 0.0, 0.0
+    """The constants calibration does not measure, from the fitting configurations' on-policy rows (``speed.FITTED``):
+    a push's fixed seconds (the median of the measured sync less the predicted one: one step off, the measured sync
+    also waits for the generation ahead), a forward-only pass's (the same of the reference), then the controller's
+    own seconds a step (the median of the measured step less the prediction with the two)."""
+    rates.sync_s, rates.pass_s, rates.hop_s, rates.hop_sample_s = 0.0, 0.0, 0.0, 0.0
     on = [r for r in rows if not r["config"]["staleness"]]
-    predicted = [predict(r["config"], r["measured"], rates) for r in on]
-    sync_s = max(statistics.median(r["measured"]["sync"] - p["sync"] for r, p in zip(on, predicted)), 0.0)
-    hop_s = max(statistics.median(r["measured"]["step"] - p["step"] - sync_s for r, p in zip(on, predicted)), 0.0)
-    return {"sync_s": sync_s, "hop_s": hop_s, "hop_sample_s": 0.0}
+
+    def residual(key: str) -> float:
+        return max(
+            statistics.median(r["measured"][key] - predict(r["config"], r["measured"], rates)[key] for r in on), 0.0
+        )
+
+    rates.sync_s, rates.pass_s = residual("sync"), residual("reference")
+    rates.hop_s = residual("step")
+    return {"sync_s": rates.sync_s, "pass_s": rates.pass_s, "hop_s": rates.hop_s, "hop_sample_s": 0.0}
 
 
 def errors(rows: list[dict]) -> dict:
@@ -158,7 +167,7 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/speed")
     args = ap.parse_args()
 
-    from benchmarks.bench import machine
+    from benchmarks.bench import machine, memory_errors
     from grpo_ray import speed
     from grpo_ray.calibrate import calibrate
 
@@ -202,6 +211,7 @@ def main() -> None:
         "rates_source": rates.source,
         "errors_held_out": errors(held),
         "errors_fit": errors(rows[: args.fit]),
+        "memory_errors_held_out": memory_errors([r["measured"] for r in held]),
         "rows": rows,
         "fit": args.fit,
     }
@@ -220,8 +230,9 @@ def markdown(report: dict) -> str:
         f"`{report['command']}`",
         "",
         f"Rates: {report['rates_source']} (calibration took {report['calibration_s']:.0f} s). Fitted on the first "
-        f"{report['fit']} configurations: a push's {report['fitted']['sync_s'] * 1e3:.1f} ms, the controller's "
-        f"{report['fitted']['hop_s'] * 1e3:.1f} ms a step.",
+        f"{report['fit']} configurations: a push's {report['fitted']['sync_s'] * 1e3:.1f} ms, a forward-only pass's "
+        f"{report['fitted'].get('pass_s', 0.0) * 1e3:.1f} ms, the controller's {report['fitted']['hop_s'] * 1e3:.1f} ms "
+        "a step.",
         "",
         f"**Held out ({len(held)} configurations): the step's time predicted with {e['step']['mape']:.1%} mean "
         f"absolute percentage error (median {e['step']['median']:.1%}).** Per phase, over the rows where it took at "
@@ -234,6 +245,20 @@ def markdown(report: dict) -> str:
     for key, v in e.items():
         fit_e = report["errors_fit"].get(key, {}).get("mape", math.nan)
         lines.append(f"| {key} | {v['mape']:.1%} | {v['median']:.1%} | {v['n']} | {fit_e:.1%} |")
+    mem = report.get("memory_errors_held_out", {})
+    if mem:
+        lines += [
+            "",
+            "Memory over the same held-out runs: `grpo_ray.fit`'s estimate at each run's longest sequence against the "
+            "peak resident memory of the pool's actors:",
+            "",
+            "| pool | runs | mean absolute error | worst | within 10% |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        lines += [
+            f"| {pool} | {v['n']} | {v['mape']:.1%} | {v['worst']:+.1%} | {v['within_10']} of {v['n']} |"
+            for pool, v in mem.items()
+        ]
     lines += [
         "",
         "| # | model | prompts x group | response | staleness | shared | ranks | micro | step measured | predicted | "

@@ -60,26 +60,16 @@ def considered(recipe: str, prompt_tokens: int) -> tuple[list, object]:
 
 def run(recipe: str, overrides: list[str], warmup: int, steps: int) -> dict:
     """A layout's measured step and its pools' memory against the plan's."""
-    from benchmarks.bench import timed_steps
-    from grpo_ray import fit
+    from benchmarks.bench import memory_against_fit, timed_steps
     from grpo_ray.config import load_recipe
-    from grpo_ray.dims import model_dims
 
     t = time.perf_counter()
     rows, _ = timed_steps([*FLAGS, *overrides], warmup, steps, recipe=recipe)
-    r = load_recipe(ROOT / recipe, [*FLAGS, *overrides])
-    d = model_dims(r.model.path)
-    seq = max(int(m["global_seqlen/max"]) for m in rows)
-    memory = {}
-    for pool, estimate in (("learner", fit.learner_memory), ("reference", fit.reference_memory)):
-        key = f"perf/peak_rss_gb/{pool}"
-        if any(key in m for m in rows):
-            measured = max(m[key] for m in rows if key in m)
-            memory[pool] = {"predicted_gb": estimate(d, r, seq).total, "measured_gb": measured}
+    memory = memory_against_fit(load_recipe(ROOT / recipe, [*FLAGS, *overrides]), rows)
     return {
         "overrides": overrides,
         "step_s": statistics.median(m["timing_s/step"] for m in rows),
-        "seq": seq,
+        "seq": max(int(m["global_seqlen/max"]) for m in rows),
         "prompt_tokens": statistics.fmean(m["prompt_length/mean"] for m in rows),
         "memory": memory,
         "seconds": time.perf_counter() - t,
@@ -120,25 +110,6 @@ def twin(recipe: str, others: int, warmup: int, steps: int, seed: int, earlier: 
         "first_over_as_is": first["step_s"] / as_is["step_s"],
         "passes": first["step_s"] <= (1 + WITHIN) * best["step_s"],
     }
-
-
-def memory_errors(twins: list[dict]) -> dict:
-    out = {}
-    for pool in ("learner", "reference"):
-        e = [
-            (m["memory"][pool]["predicted_gb"] - m["memory"][pool]["measured_gb"]) / m["memory"][pool]["measured_gb"]
-            for t in twins
-            for m in [*t["measured"], t["as_is"]]
-            if pool in m["memory"]
-        ]
-        if e:
-            out[pool] = {
-                "n": len(e),
-                "mape": statistics.fmean(abs(x) for x in e),
-                "worst": max(e, key=abs),
-                "within_10": sum(abs(x) <= 0.10 for x in e),
-            }
-    return out
 
 
 def markdown(report: dict) -> str:
@@ -201,7 +172,7 @@ def main() -> None:
     ap.add_argument("--reuse", help="a log of an earlier run (its JSON lines): its measurements of the same layouts")
     ap.add_argument("--out", default="benchmarks/results/suggest")
     args = ap.parse_args()
-    from benchmarks.bench import machine
+    from benchmarks.bench import machine, memory_errors
 
     earlier = {}
     if args.reuse:
@@ -217,7 +188,7 @@ def main() -> None:
         "warmup": args.warmup,
         "steps": args.steps,
         "twins": twins,
-        "memory_errors": memory_errors(twins),
+        "memory_errors": memory_errors([m for t in twins for m in [*t["measured"], t["as_is"]]]),
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

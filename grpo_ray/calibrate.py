@@ -221,6 +221,8 @@ DEPTHS = {"cpu": (1, 3), "cuda": (1, 5)}
 are cheap: further apart)."""
 MANY = 64
 """Samples of the calls that measure a sample's own cost (and of the generate and reward calls)."""
+LONG_PROMPT = 96
+"""The prompt tokens of the generate call whose prefill, wide matmuls, gives the engine's prefill scale."""
 
 
 def _recipe(path: str, device: str, more: list[str]):
@@ -368,9 +370,9 @@ def _work(device: str, threads: int) -> dict:
     return out
 
 
-def reward_part() -> float:
-    """A reward actor's seconds per sample (the built-in gsm8k reward, in its sandboxed child): MANY samples less 2,
-    over the samples between."""
+def reward_part() -> tuple[float, float]:
+    """A reward actor's seconds per call and per sample (the built-in gsm8k reward, in its sandboxed child): MANY
+    samples less 2, over the samples between; 2 samples less theirs."""
     from grpo_ray.config import RewardConfig
     from grpo_ray.roles.reward import RewardWorker
     from grpo_ray.types import Completion, Prompt, Rollout
@@ -383,7 +385,8 @@ def reward_part() -> float:
     few, many = rollout(2), rollout(MANY)
     seconds = {n: _timed(lambda r=r: worker.score_rollouts([r]), 0.1, 3) for n, r in ((2, few), (MANY, many))}
     worker.shutdown()
-    return max((seconds[MANY] - seconds[2]) / (MANY - 2), 0.0)
+    per_sample = max((seconds[MANY] - seconds[2]) / (MANY - 2), 0.0)
+    return max(seconds[2] - 2 * per_sample, 0.0), per_sample
 
 
 def collective_part(device: str, rank: int, port: int, queue) -> None:
@@ -423,7 +426,8 @@ def engine_part(depths: tuple[int, ...]) -> dict[int, dict]:
 def _engine(layers: int) -> dict:
     """The generator role (``Generator``: a vLLM engine in this process, as a CPU actor runs it) on a tiny model of
     `layers` layers: generate calls of 1 prompt x 1 sample and of 16 prompts x 4 samples (seeded, logprobs, past the
-    end-of-sequence token), 1 and 33 tokens each; and in-place reloads of its own weights."""
+    end-of-sequence token), 1 and 33 tokens each, of prompts of 4 tokens and (1 token) of LONG_PROMPT; and in-place
+    reloads of its own weights."""
     from safetensors.torch import load_file
 
     from grpo_ray.config import SamplingConfig
@@ -433,7 +437,9 @@ def _engine(layers: int) -> dict:
 
     path = models.resolve(ENGINE_MODELS[layers])
     recipe = _recipe(
-        path, "cpu", ["generator.dtype=float32", "generator.enforce_eager=true", "data.max_prompt_length=32"]
+        path,
+        "cpu",
+        ["generator.dtype=float32", "generator.enforce_eager=true", f"data.max_prompt_length={LONG_PROMPT}"],
     )
     engine = Generator(path, recipe, 256 << 20, 0)
     out = {}
@@ -443,6 +449,9 @@ def _engine(layers: int) -> dict:
             sampling = SamplingConfig(temperature=1.0, max_tokens=k, ignore_eos=True)
             call = lambda b=batch, g=group, s=sampling: engine.generate(b, g, list(range(len(b))), s)  # noqa: E731
             out[f"generate_{prompts * group}_{k}"] = _timed(call, 0.2, 3)
+    batch = [Prompt([5 + (i + j) % 50 for j in range(LONG_PROMPT)], "1", "calibrate") for i in range(MANY // 4)]
+    sampling = SamplingConfig(temperature=1.0, max_tokens=1, ignore_eos=True)
+    out["prefill_long"] = _timed(lambda: engine.generate(batch, 4, list(range(len(batch))), sampling), 0.2, 3)
     weights = load_file(f"{path}/model.safetensors")
     out["weight_bytes"] = sum(t.numel() * t.element_size() for t in weights.values())
     reload = lambda: engine.llm.collective_rpc(lambda w: reload_in_place(w, iter(weights.items())))  # noqa: E731
@@ -487,6 +496,7 @@ def calibrate(device: str = "cpu", say=print) -> tuple[Rates, Path]:
         engine = _engine_rates(runs, threads[str(cores)])
         say(f"  engines measured ({time.perf_counter() - start:.0f} s)")
     fitted = speed.fitted()
+    reward = _child(reward_part, (), {}) if device == "cpu" else (fitted["reward_call_s"], fitted["reward_sample_s"])
     rates = Rates(
         device=device if device == "cpu" else _gpu_kind(),
         source=f"calibrated on {socket.gethostname()}, {date.today()}",
@@ -494,10 +504,12 @@ def calibrate(device: str = "cpu", say=print) -> tuple[Rates, Path]:
         collective=coll["collective"],
         transport=coll["transport"],
         engine=engine,
-        reward_sample_s=_child(reward_part, (), {}) if device == "cpu" else fitted["reward_sample_s"],
+        reward_call_s=reward[0],
+        reward_sample_s=reward[1],
         hop_s=fitted["hop_s"],
         hop_sample_s=fitted["hop_sample_s"],
         sync_s=fitted["sync_s"],
+        pass_s=fitted["pass_s"],
     )
     path = rates_path(rates.device)
     rates.save(path)
@@ -575,8 +587,9 @@ def _engine_rates(runs: dict[int, dict], t: Throughput) -> dict[str, float]:
     """The engine's costs from the generator role's calls on models of two depths at 1 and MANY sequences, its work
     (matmuls and memory) predicted on `t` (the engine's threads): a decode step (a 33-token call less a 1-token one,
     over 32 steps) = step_s + step_layer_s x layers + seq_s x sequences + work_scale x its work (least squares over
-    the four); a 1-token call = prefill_s + request_s x sequences + one step + work_scale x the prompts' forward; a
-    reload = reload_layer_s x layers + bytes / reload_bps."""
+    the four); MANY prompts of LONG_PROMPT tokens less of 4 = prefill_scale x their forwards' work difference (least
+    squares through 0 over both models); a 1-token call = prefill_s + request_s x sequences + one step +
+    prefill_scale x the prompts' forward; a reload = reload_layer_s x layers + bytes / reload_bps."""
     import numpy as np
 
     dims = {k: model_dims(ENGINE_MODELS[k]) for k in runs}
@@ -585,11 +598,19 @@ def _engine_rates(runs: dict[int, dict], t: Throughput) -> dict[str, float]:
     y = [(runs[k][f"generate_{n}_33"] - runs[k][f"generate_{n}_1"]) / 32 for k, n in points]
     step_s, step_layer_s, seq_s, scale = (max(float(v), 0.0) for v in np.linalg.lstsq(a, y, rcond=None)[0])
     engine = {"step_s": step_s, "step_layer_s": step_layer_s, "seq_s": seq_s, "work_scale": scale}
+    x = [
+        speed.prefill_work(dims[k], t, "float32", MANY, LONG_PROMPT)
+        - speed.prefill_work(dims[k], t, "float32", MANY, 4)
+        for k in runs
+    ]
+    y = [runs[k]["prefill_long"] - runs[k][f"generate_{MANY}_1"] for k in runs]
+    prefill_scale = max(sum(a * b for a, b in zip(x, y)) / sum(a * a for a in x), 0.0)
+    engine["prefill_scale"] = prefill_scale
     a = [[1.0, n] for k, n in points]
     y = [
         runs[k][f"generate_{n}_1"]
         - speed.step_fixed(engine, dims[k], n)
-        - scale * speed.prefill_work(dims[k], t, "float32", n, 4)
+        - prefill_scale * speed.prefill_work(dims[k], t, "float32", n, 4)
         for k, n in points
     ]
     prefill_s, request_s = (max(float(v), 0.0) for v in np.linalg.lstsq(a, y, rcond=None)[0])

@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from grpo_ray import models, placement
@@ -78,10 +78,13 @@ class Throughput:
 
     def attention_seconds(self, dtype: str, rows: list[tuple[float, float]], heads: int, head_dim: int, train: bool):
         """Seconds of attention over `rows` of (queries, keys) in one layer: the measured grid's rate at each row's
-        keys (or, without one, QK^T and AV on the matmul grid and the scores through memory, 3 passes)."""
+        keys (a head_dim past the grid's widest: that rate, times how many times wider; its matmuls grow with it, a
+        bound), or without a grid, QK^T and AV on the matmul grid and the scores through memory, 3 passes."""
         grid = self.attention.get("train" if train else "forward")
         if grid:
-            return sum(q * k * heads * _interpolate(grid, k, head_dim) for q, k in rows)
+            widest = max(p[1] for p in grid)  # past the grid's head_dim, the work grows with it
+            wider = max(head_dim / widest, 1.0)
+            return sum(q * k * heads * wider * _interpolate(grid, k, head_dim) for q, k in rows)
         matmuls = 2 * heads * sum(self.gemm_seconds(dtype, q, head_dim, k) for q, k in rows)
         scores = 3 * sum(q * k for q, k in rows) * heads * dtype_bytes(dtype) / self.bandwidth
         return (3 if train else 1) * (matmuls + scores)
@@ -151,6 +154,11 @@ class Rates:
     """The controller's own seconds per sample of a step (fitted)."""
     sync_s: float = 0.0
     """A push's fixed seconds beyond its bytes and the reload: the Ray calls around it, the probe (fitted)."""
+    reward_call_s: float = 0.0
+    """A reward actor's fixed seconds a call (its sandboxed child's round trip), beside its seconds per sample."""
+    pass_s: float = 0.0
+    """A forward-only pass's fixed seconds in a running job beyond what calibration measures of the call alone (the
+    reference's and the old policy's: fitted)."""
 
     def at(self, threads: int) -> Throughput:
         """The throughput of an actor with `threads` compute threads: the nearest count measured."""
@@ -176,6 +184,7 @@ FITTED = {
         "prefill_s": 0.0,
         "request_s": 0.0,
         "work_scale": 1.0,
+        "prefill_scale": 1.0,
         "reload_layer_s": 0.0,
         "reload_bps": 1e10,
     },
@@ -183,10 +192,12 @@ FITTED = {
     "hop_s": 0.0,
     "hop_sample_s": 0.0,
     "sync_s": 0.0,
+    "pass_s": 0.0,
+    "reward_call_s": 0.0,
 }
 """Defaults of what calibration does not measure (``fitted`` gives the committed table's): the controller's own
-seconds per step and per sample, and a push's fixed seconds (fitted by benchmarks/speed.py on its fitting
-configurations); a reward actor's seconds per sample and an engine's costs where no reward worker or vLLM runs."""
+seconds per step and per sample, a push's and a forward-only pass's fixed seconds (fitted by benchmarks/speed.py on
+its fitting configurations); a reward actor's seconds and an engine's costs where no reward worker or vLLM runs."""
 
 
 @dataclass
@@ -330,7 +341,7 @@ def generation_seconds(
         engine["prefill_s"]
         + engine["request_s"] * sequences
         + step_fixed(engine, d, sequences)
-        + engine["work_scale"] * prefill_work(d, t, dtype, sequences, prompt) / tp
+        + engine.get("prefill_scale", engine["work_scale"]) * prefill_work(d, t, dtype, sequences, prompt) / tp
     )
     decode, steps_left = 0.0, max(response - 1, 0)
     chunk = max(1, steps_left // 32)
@@ -489,11 +500,11 @@ def generation_phase(s: StepInputs, shape: Shape) -> Phase:
 
 
 def reward_phase(s: StepInputs) -> Phase:
-    """Each reward actor's share at its cost per sample."""
+    """Each reward actor's call: its fixed cost and its share at its cost per sample."""
     actors = max(1, s.plans["reward"].actors)
     share = math.ceil(len(s.pairs) / actors)
-    seconds = share * s.rates.reward_sample_s
-    detail = f"{actors} actor(s) x {share} samples x {seconds_str(s.rates.reward_sample_s)}"
+    seconds = s.rates.reward_call_s + share * s.rates.reward_sample_s
+    detail = f"{actors} actor(s): a call and {share} samples x {seconds_str(s.rates.reward_sample_s)}"
     return Phase(seconds, detail, {"reward": seconds * actors})
 
 
@@ -511,16 +522,18 @@ def frozen_phases(s: StepInputs) -> dict[str, Phase]:
         share = s.pairs[: math.ceil(len(s.pairs) / count)]
         w, t = share_work(share, size, m.sequence_packing, shared), s.at(pool)
         seconds = call_seconds(d, t, s.r.learner.dtype, w.slots, w.rows, w.logits, False, w.calls)
-        seconds += t.forward_sample * len(share) + group_seconds(d, s.rates, count, w.calls, False, s.r.learner.dtype)
+        seconds += s.rates.pass_s + t.forward_sample * len(share)
+        seconds += group_seconds(d, s.rates, count, w.calls, False, s.r.learner.dtype)
         detail = f"{count} actor(s): {w.calls} calls over {w.slots} token slots ({layout})"
         out[pool] = Phase(seconds, detail, {pool: seconds * count})
     return out
 
 
 def learner_phases(s: StepInputs) -> dict[str, Phase]:
-    """Per rank, its share of each mini batch: ppo_epochs x (forward+backward of its micro batches, the group's
-    collectives, an optimizer step); and the old policy's forward in steps that recompute it (more than one update,
-    or samples of older weights, unless bypass mode)."""
+    """Per rank, its share of each mini batch: ppo_epochs x (forward+backward of its micro batches, with gradient
+    checkpointing the decoder layers' forward again, the group's collectives, an optimizer step); and the old
+    policy's forward in steps that recompute it (more than one update, or samples of older weights, unless bypass
+    mode), with older weights copied into the shards and back."""
     r, d, a, m = s.r, s.d, s.r.algorithm, s.r.model
     W, t, dtype = r.learner.world_size, s.at("learner"), r.learner.dtype
     mini = min(r.learner.mini_batch_size, len(s.pairs))
@@ -529,6 +542,9 @@ def learner_phases(s: StepInputs) -> dict[str, Phase]:
     shared, layout = s.layout(r.learner.micro_batch_size)
     w = share_work(share, r.learner.micro_batch_size, m.sequence_packing, shared)
     train = call_seconds(d, t, dtype, w.slots, w.rows, w.logits, True, w.calls) + t.train_sample * len(share)
+    if r.learner.gradient_checkpointing:  # the backward runs each decoder layer's forward again (not the head)
+        dense, attention = work_parts(d, t, dtype, w.slots, w.rows, 0, w.calls)
+        train += w.calls * t.forward_call[1] * d.layers + t.forward_scale * (dense + attention)
     train += group_seconds(d, s.rates, W, w.calls, True, dtype)
     trained = d.lora_params(m.lora.rank, m.lora.target_modules) if m.lora.rank else d.params
     update = a.ppo_epochs * minis * (train + t.optimizer[0] + t.optimizer[1] * trained / W)
@@ -536,7 +552,9 @@ def learner_phases(s: StepInputs) -> dict[str, Phase]:
     old = 0.0
     if recomputed:
         forward = call_seconds(d, t, dtype, w.slots, w.rows, w.logits, False, w.calls) + t.forward_sample * len(share)
-        old = minis * (forward + group_seconds(d, s.rates, W, w.calls, False, dtype))
+        old = s.rates.pass_s + minis * (forward + group_seconds(d, s.rates, W, w.calls, False, dtype))
+        if a.max_staleness:  # the snapshot of the older weights copied in, the current ones back: read and written
+            old += 2 * 2 * d.params / W * dtype_bytes(dtype) / t.bandwidth
     how = f"{W} rank(s) x {minis} mini batch(es), forward only" if recomputed else "not recomputed (one update)"
     return {
         "old policy": Phase(old, how, {"learner": old * W}),
@@ -582,9 +600,11 @@ def schedule_step(s: StepInputs, phases: dict[str, Phase]) -> tuple[float, str]:
             "one step off: max(generation + scoring, old policy + update) + sync + hops"
         )
     frozen = [k for k in ("reference", "teacher") if k in sec]
+    scorers = {"reward": s.plans["reward"].actors, **{k: s.plans[k].actors * s.threads[k] for k in frozen}}
     threads = {
         "generation": s.plans["generator"].actors * s.threads["generator"],
-        "scoring": s.plans["reward"].actors + sum(s.plans[k].actors * s.threads[k] for k in frozen),
+        # scoring's pools run at once, each busy its own share of the time: their threads on average
+        "scoring": sum(n * sec[k] for k, n in scorers.items()) / scoring if scoring else 0.0,
         "old policy": s.r.learner.world_size * s.threads["learner"],
         "update": s.r.learner.world_size * s.threads["learner"],
     }
@@ -691,17 +711,11 @@ def scaled(base: Rates, gpu: str, compute: float, memory: float) -> Rates:
         )
         for k, v in base.threads.items()
     }
-    return Rates(
-        gpu,
+    source = (
         f"{base.device}'s scaled by {gpu}'s datasheet (matmuls x{compute:.2f}, memory x{memory:.2f}); {base.device}: "
-        f"{base.source}",
-        threads,
-        base.collective,
-        base.transport,
-        base.engine,
-        base.reward_sample_s,
-        base.hop_s,
+        f"{base.source}"
     )
+    return replace(base, device=gpu, source=source, threads=threads)
 
 
 def fitted() -> dict[str, float]:
@@ -709,7 +723,7 @@ def fitted() -> dict[str, float]:
     a sample), a push's fixed seconds (they run on the CPU nodes whatever the devices) and a reward actor's seconds
     per sample where no reward worker runs; ``FITTED``'s defaults without a table."""
     cpu = json.loads(TABLE.read_text()).get("cpu", {}) if TABLE.is_file() else {}
-    keys = ("hop_s", "hop_sample_s", "sync_s", "reward_sample_s")
+    keys = ("hop_s", "hop_sample_s", "sync_s", "pass_s", "reward_sample_s", "reward_call_s")
     return {k: cpu.get(k, FITTED[k]) for k in keys}
 
 

@@ -1,6 +1,7 @@
 """plan's time model (grpo_ray.speed): phase times worked by hand from known rates, the schedule's composition,
 calibration written and read back, and --suggest's layouts loading and fitting."""
 
+import dataclasses
 import json
 import re
 
@@ -32,10 +33,13 @@ def known_rates() -> speed.Rates:
         "prefill_s": 0.007,
         "request_s": 0.0002,
         "work_scale": 1.0,
+        "prefill_scale": 2.0,
         "reload_layer_s": 0.004,
         "reload_bps": 448.0,
     }
-    return speed.Rates("cpu", "by hand", {"1": flat, "2": flat}, [1e-4, 1e9], 448.0, engine, 0.002, 0.05)
+    rates = speed.Rates("cpu", "by hand", {"1": flat, "2": flat}, [1e-4, 1e9], 448.0, engine, 0.002, 0.05)
+    rates.reward_call_s, rates.pass_s = 0.003, 0.004
+    return rates
 
 
 def tiny_recipe(*more):
@@ -60,23 +64,40 @@ def test_phase_times_by_hand():
     ph = {k: v.seconds for k, v in p.phases.items()}
     # generation: the call (7 ms), 4 requests (0.2 ms each) and a step (3 + 0.5 a layer + 4 x 0.1 ms a sequence) that
     # computes the 4 prompts (12 tokens: linears 2 x 12 x 88, the head on 4 positions 2 x 4 x 24, attention
-    # 2 x (2 x 3 x 4 x 3) a prompt) and the first token; then 1 decode step of 4 sequences (linears 2 x 4 x 88, head
-    # 2 x 4 x 24, attention over 4.5 keys: 2 x 2 x 4 x 4 x 4.5)
-    prefill = 0.007 + 4 * 0.0002 + 0.0039 + (2112 + 192 + 4 * 144) / R
+    # 2 x (2 x 3 x 4 x 3) a prompt; at the prefill's scale, 2) and the first token; then 1 decode step of 4
+    # sequences (linears 2 x 4 x 88, head 2 x 4 x 24, attention over 4.5 keys: 2 x 2 x 4 x 4 x 4.5)
+    prefill = 0.007 + 4 * 0.0002 + 0.0039 + 2 * (2112 + 192 + 4 * 144) / R
     decode = 0.0039 + (704 + 192 + 2 * 2 * 4 * 4 * 4.5) / R
     assert ph["generation"] == pytest.approx(prefill + decode)
-    assert ph["reward"] == pytest.approx(4 * 0.002)
-    # reference: one call over 4 packed rows of 5 (20 slots), the head on the 8 response positions
+    assert ph["reward"] == pytest.approx(0.003 + 4 * 0.002)
+    # reference: a pass (4 ms), one call over 4 packed rows of 5 (20 slots), the head on the 8 response positions
     work = (2 * 20 * 88 + 2 * 8 * 24 + 4 * 2 * (2 * 5 * 4 * 5)) / R
-    assert ph["reference"] == pytest.approx(0.011 + work)
+    assert ph["reference"] == pytest.approx(0.004 + 0.011 + work)
     # update: two micro batches of 2 packed rows (20 slots in all): 2 calls' fixed cost + 3 x the forward's work,
     # and one optimizer step over 112 parameters
     assert ph["update"] == pytest.approx(2 * 0.022 + 3 * work + 0.005 + 112e-6)
+    # gradient checkpointing: the backward runs the decoder layer's forward again, its fixed cost a layer (1 ms a
+    # call) and its work less the head's (2 x 8 x 24) and attention's
+    again = speed.predict(tiny_recipe("learner.gradient_checkpointing=true"), DIMS, known_rates(), speed.Shape(3, 2))
+    recompute = 2 * 0.001 + (2 * 20 * 88 + 4 * 2 * (2 * 5 * 4 * 5)) / R
+    assert again.phases["update"].seconds == pytest.approx(ph["update"] + recompute)
     assert ph["old policy"] == 0.0  # one on-policy update: the old logprobs are the trained weights'
     # sync: 448 bytes (112 fp32 weights) at 448 B/s, a reload of one layer (4 ms) and its bytes at 448 B/s
     assert ph["sync"] == pytest.approx(1.0 + 0.004 + 1.0)
     assert ph["hops"] == 0.05
     assert p.step == pytest.approx(ph["generation"] + ph["reference"] + ph["update"] + ph["sync"] + 0.05)
+    # two epochs: the old policy recomputed, a pass and the update's two calls forward only; one step off it also
+    # copies the older weights in and the current ones back (112 fp32 weights read and written twice: 1792 bytes at
+    # 1792 B/s)
+    two = speed.predict(tiny_recipe("algorithm.ppo_epochs=2"), DIMS, known_rates(), speed.Shape(3, 2), node_cpus=2)
+    assert two.phases["old policy"].seconds == pytest.approx(0.004 + 2 * 0.011 + work)
+    slow = known_rates()
+    slow.threads = {k: dataclasses.replace(t, bandwidth=1792.0) for k, t in slow.threads.items()}
+    on, off = (
+        speed.predict(tiny_recipe(more), DIMS, slow, speed.Shape(3, 2), node_cpus=64)
+        for more in ("algorithm.ppo_epochs=2", "algorithm.max_staleness=1")
+    )
+    assert off.phases["old policy"].seconds == pytest.approx(on.phases["old policy"].seconds + 1.0)
     assert p.idle["generator"] == pytest.approx(1 - (ph["generation"] + ph["sync"]) / p.step)
     # 1.5 CPUs reserved: an engine's 0.5, a learner rank's 0.5, the reference's and the reward actor's 0.25
     assert p.tokens_per_s_per_device == pytest.approx(4 * 5 / p.step / 1.5)
@@ -96,6 +117,15 @@ def test_shared_prompts_and_one_step_off_compose_as_the_schedule_runs():
     assert off.step >= overlapped + ph["sync"] + ph["hops"] - 1e-12
     on = speed.predict(tiny_recipe(), DIMS, rates, speed.Shape(3, 2), node_cpus=2)
     assert off.step < on.step + ph["old policy"]  # generation no longer waits for the update
+
+
+def test_attention_past_the_grids_head_dim_grows_with_it():
+    grid = [[k, hd, 1e-9 * hd / 32] for k in (64, 1024) for hd in (32, 128)]
+    t = speed.Throughput({"float32": [[1, 1, R]]}, 1e9, [0, 0], [0, 0], [0, 0], attention={"forward": grid})
+    at = {hd: t.attention_seconds("float32", [(10, 100)], 2, hd, False) for hd in (64, 128, 256)}
+    assert at[128] == pytest.approx(10 * 100 * 2 * 4e-9)
+    assert at[64] == pytest.approx(at[128] / 2)  # on the grid, interpolated in log space
+    assert at[256] == pytest.approx(2 * at[128])  # Gemma 3's 256: twice the widest measured
 
 
 def test_gemm_rates_are_interpolated_on_the_grid_in_log_space():
