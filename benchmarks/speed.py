@@ -91,6 +91,33 @@ def overrides(c: dict) -> list[str]:
     ]
 
 
+CANARY = (1024, 2048)
+"""The matmul [tokens x width] @ [width x width] (fp32, the node's cores) timed before each configuration: the
+machine's speed then, against calibration's rate for the same shape (a shared VM's speed drifts by a fifth)."""
+
+
+def machine_speed(rates) -> float:
+    """The canary matmul's rate now over the calibrated rate of that shape; below 0.9, waited for (20 s at a time, a
+    minute at most) before a configuration is measured."""
+    import os
+
+    import torch
+
+    from grpo_ray.calibrate import _timed
+
+    tokens, width = CANARY
+    threads = len(os.sched_getaffinity(0))
+    torch.set_num_threads(threads)
+    a, b = torch.randn(tokens, width), torch.randn(width, width)
+    calibrated = rates.at(threads).gemm_seconds("float32", tokens, width, width)
+    for _ in range(4):
+        speed = calibrated / _timed(lambda: a @ b, 0.1, 3)
+        if speed >= 0.9:
+            break
+        time.sleep(20)
+    return speed
+
+
 def measure(c: dict, warmup: int, steps: int) -> dict:
     from benchmarks.bench import memory_against_fit, timed_steps
     from grpo_ray.config import load_recipe
@@ -118,20 +145,31 @@ def predict(c: dict, measured: dict, rates) -> dict:
 
 
 def fit(rows: list[dict], rates) -> dict:
-    """The constants calibration does not measure, from the fitting configurations' on-policy rows (``speed.FITTED``):
-    a push's fixed seconds (the median of the measured sync less the predicted one: one step off, the measured sync
-    also waits for the generation ahead), a forward-only pass's (the same of the reference), then the controller's
-    own seconds a step (the median of the measured step less the prediction with the two)."""
+    """The constants calibration does not measure, from the fitting configurations' on-policy rows (``speed.FITTED``),
+    each row's prediction at the machine's speed when it was measured: a push's fixed seconds (the median of the
+    measured sync less the predicted one: one step off, the measured sync also waits for the generation ahead), a
+    forward-only pass's (the same of the reference), and the controller's own seconds a step (the median of the
+    measured step less its measured phases: not the predicted ones, whose errors on the largest rows would swamp
+    it)."""
     rates.sync_s, rates.pass_s, rates.hop_s, rates.hop_sample_s = 0.0, 0.0, 0.0, 0.0
     on = [r for r in rows if not r["config"]["staleness"]]
 
-    def residual(key: str) -> float:
+    def residual(key: str) -> float:  # each prediction at the machine's speed when that row was measured
         return max(
-            statistics.median(r["measured"][key] - predict(r["config"], r["measured"], rates)[key] for r in on), 0.0
+            statistics.median(
+                r["measured"][key]
+                - predict(r["config"], r["measured"], rates)[key] / r["measured"].get("machine_speed", 1.0)
+                for r in on
+            ),
+            0.0,
         )
 
+    def unexplained(m: dict) -> float:  # on-policy the phases run one after another, the reward beside the reference
+        phases = m["generation"] + max(m["reward"], m["reference"]) + m["old policy"] + m["update"] + m["sync"]
+        return m["step"] - phases
+
     rates.sync_s, rates.pass_s = residual("sync"), residual("reference")
-    rates.hop_s = residual("step")
+    rates.hop_s = max(statistics.median(unexplained(r["measured"]) for r in on), 0.0)
     return {"sync_s": rates.sync_s, "pass_s": rates.pass_s, "hop_s": rates.hop_s, "hop_sample_s": 0.0}
 
 
@@ -176,6 +214,7 @@ def main() -> None:
     start = time.perf_counter()
     if args.rates:
         rates = speed.Rates.load(Path(args.rates))
+        rates.source += f" ({args.rates})"
     else:
         rates, _ = calibrate("cpu")
         rates.save(out / "rates.json")
@@ -192,7 +231,8 @@ def main() -> None:
             rows.append({k: earlier[i][k] for k in ("config", "measured", "seconds")})
         else:
             t = time.perf_counter()
-            measured = measure(c, args.warmup, args.steps)
+            speed_now = machine_speed(rates)
+            measured = {**measure(c, args.warmup, args.steps), "machine_speed": speed_now}
             rows.append({"config": c, "measured": measured, "seconds": time.perf_counter() - t})
         print(json.dumps(rows[-1]), flush=True)
         if i + 1 == args.fit:  # the model is fixed here: the held-out rows are predicted with these constants
@@ -212,6 +252,14 @@ def main() -> None:
         "errors_held_out": errors(held),
         "errors_fit": errors(rows[: args.fit]),
         "memory_errors_held_out": memory_errors([r["measured"] for r in held]),
+        "errors_held_out_at_machine_speed": errors(
+            [
+                {**r, "predicted": {k: v / r["measured"]["machine_speed"] for k, v in r["predicted"].items()}}
+                for r in held
+            ]
+        )
+        if all("machine_speed" in r["measured"] for r in held)
+        else {},
         "rows": rows,
         "fit": args.fit,
     }
@@ -229,7 +277,9 @@ def markdown(report: dict) -> str:
         "",
         f"`{report['command']}`",
         "",
-        f"Rates: {report['rates_source']} (calibration took {report['calibration_s']:.0f} s). Fitted on the first "
+        f"Rates: {report['rates_source']}"
+        + (f" (calibration took {report['calibration_s']:.0f} s)" if report["calibration_s"] > 1 else "")
+        + f". Fitted on the first "
         f"{report['fit']} configurations: a push's {report['fitted']['sync_s'] * 1e3:.1f} ms, a forward-only pass's "
         f"{report['fitted'].get('pass_s', 0.0) * 1e3:.1f} ms, the controller's {report['fitted']['hop_s'] * 1e3:.1f} ms "
         "a step.",
@@ -239,12 +289,22 @@ def markdown(report: dict) -> str:
         "least 5 ms (the sync over on-policy rows: one step off, its measured time also waits for the generation "
         "ahead):",
         "",
-        "| phase | MAPE held out | median | rows | MAPE fitting set |",
-        "| --- | --- | --- | --- | --- |",
+        "| phase | MAPE held out | median | rows | MAPE fitting set | MAPE held out, at the machine's speed then |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
+    drift = report.get("errors_held_out_at_machine_speed", {})
     for key, v in e.items():
         fit_e = report["errors_fit"].get(key, {}).get("mape", math.nan)
-        lines.append(f"| {key} | {v['mape']:.1%} | {v['median']:.1%} | {v['n']} | {fit_e:.1%} |")
+        at = drift.get(key, {}).get("mape", math.nan)
+        lines.append(f"| {key} | {v['mape']:.1%} | {v['median']:.1%} | {v['n']} | {fit_e:.1%} | {at:.1%} |")
+    if drift:
+        speeds = [r["measured"]["machine_speed"] for r in held]
+        lines += [
+            "",
+            f"The machine's speed before each held-out configuration (a {CANARY[0]} x {CANARY[1]} fp32 matmul against "
+            f"calibration's rate for it): {min(speeds):.2f}-{max(speeds):.2f} (median {statistics.median(speeds):.2f});"
+            " the last column divides each prediction by it.",
+        ]
     mem = report.get("memory_errors_held_out", {})
     if mem:
         lines += [
@@ -262,15 +322,15 @@ def markdown(report: dict) -> str:
     lines += [
         "",
         "| # | model | prompts x group | response | staleness | shared | ranks | micro | step measured | predicted | "
-        "error |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "error | machine speed |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for i, r in enumerate(held, 1):
         c, me, pr = r["config"], r["measured"], r["predicted"]
         lines.append(
             f"| {i} | {c['model']} | {c['prompts']} x {c['group']} | {c['response']} | {c['staleness']} | "
             f"{c['shared']} | {c['ranks']} | {c['micro']} | {me['step']:.3f} s | {pr['step']:.3f} s | "
-            f"{(pr['step'] - me['step']) / me['step']:+.0%} |"
+            f"{(pr['step'] - me['step']) / me['step']:+.0%} | {me.get('machine_speed', math.nan):.2f} |"
         )
     return "\n".join(lines) + "\n"
 

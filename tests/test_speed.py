@@ -152,6 +152,7 @@ def test_calibration_writes_the_rates_that_plan_then_reads(tmp_path):
     assert t.train_call[0] + t.train_call[1] > t.forward_call[0] + t.forward_call[1] > 0
     assert rates.collective[1] > 1e6 and rates.transport > 1e6  # gloo moves megabytes a second at least
     assert rates.engine["step_s"] + rates.engine["step_layer_s"] > 0 and rates.engine["reload_bps"] > 0
+    assert rates.engine["prefill_scale"] > 0 and rates.reward_sample_s > 0  # measured, not FITTED's defaults
     again = run_cli("plan", "recipes/tiny-cpu.yaml", env=env, timeout=300)
     assert again.returncode == 0 and f"({rates.source}):" in again.stdout, again.stdout
     assert re.search(r"step\s+[0-9.]+ s", again.stdout)
