@@ -15,13 +15,15 @@ model writes. The first choice passes when its measured step is within 10% of th
 
 Each run also reads the peak resident memory of the learner's and the reference's actors (``perf/peak_rss_gb/*``)
 and compares it with ``grpo_ray.fit``'s estimate at the step's longest sequence (``benchmarks/memory.py``'s
-comparison, here over every measured layout). Writes suggest.json and suggest.md to --out.
+comparison, here over every measured layout). Writes suggest.json and suggest.md to --out. With --rank-only and
+--reuse, the planner as it is now ranks again against an earlier run's measurements, measuring nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import statistics
 import sys
@@ -82,9 +84,11 @@ def neighbours(ranked: list, first: list[str]) -> list[int]:
     return [i for i, s in enumerate(ranked) if sum(a != b for a, b in zip(s.overrides, first)) == 1]
 
 
-def twin(recipe: str, others: int, warmup: int, steps: int, seed: int, earlier: dict) -> dict:
+def twin(recipe: str, others: int, warmup: int, steps: int, seed: int, earlier: dict, rank_only: bool) -> dict:
     def measure(overrides: list[str], rank: int, predicted: float) -> dict:
         key = json.dumps([recipe, overrides])
+        if rank_only and key not in earlier:
+            return {"overrides": overrides, "rank": rank, "predicted_s": predicted, "step_s": math.nan, "memory": {}}
         m = earlier.get(key) or run(recipe, overrides, warmup, steps)
         m = {**m, "rank": rank, "predicted_s": predicted}
         print(json.dumps({"recipe": recipe, **m}), flush=True)
@@ -97,8 +101,10 @@ def twin(recipe: str, others: int, warmup: int, steps: int, seed: int, earlier: 
     rest = list(range(3, len(ranked)))
     picks = list(range(min(3, len(ranked)))) + sorted(rng.sample(rest, min(others, len(rest))))
     picks += [i for i in neighbours(ranked, ranked[0].overrides) if i not in picks]
+    if rank_only:  # and every layout the earlier run measured: the best measured is over all of them
+        picks += [i for i, x in enumerate(ranked) if json.dumps([recipe, x.overrides]) in earlier and i not in picks]
     measured = [measure(ranked[i].overrides, i + 1, ranked[i].prediction.step) for i in picks]
-    best = min([*measured, as_is], key=lambda m: m["step_s"])
+    best = min([m for m in [*measured, as_is] if not math.isnan(m["step_s"])], key=lambda m: m["step_s"])
     first = measured[0]
     return {
         "recipe": recipe,
@@ -169,18 +175,31 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", nargs="*", help="twins to run (default: TWINS)")
-    ap.add_argument("--reuse", help="a log of an earlier run (its JSON lines): its measurements of the same layouts")
+    ap.add_argument(
+        "--reuse", help="an earlier run's suggest.json or log (its JSON lines): its measurements of the same layouts"
+    )
+    ap.add_argument(
+        "--rank-only",
+        action="store_true",
+        help="rank with today's model against --reuse's measurements, measuring nothing (a layout it lacks: nan)",
+    )
     ap.add_argument("--out", default="benchmarks/results/suggest")
     args = ap.parse_args()
     from benchmarks.bench import machine, memory_errors
 
     earlier = {}
-    if args.reuse:
+    if args.reuse and args.reuse.endswith(".json"):  # an earlier suggest.json
+        for t in json.loads(Path(args.reuse).read_text())["twins"]:
+            for m in [*t["measured"], t["as_is"]]:
+                earlier[json.dumps([t["recipe"], m["overrides"]])] = m
+    elif args.reuse:  # an earlier run's log
         for line in Path(args.reuse).read_text().splitlines():
             if line.startswith("{"):
                 m = json.loads(line)
                 earlier[json.dumps([m.pop("recipe"), m["overrides"]])] = m
-    twins = [twin(t, args.others, args.warmup, args.steps, args.seed, earlier) for t in (args.only or TWINS)]
+    twins = [
+        twin(t, args.others, args.warmup, args.steps, args.seed, earlier, args.rank_only) for t in (args.only or TWINS)
+    ]
     report = {
         "machine": machine(),
         "command": "python benchmarks/suggest.py " + " ".join(sys.argv[1:]),
