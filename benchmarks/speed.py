@@ -154,15 +154,12 @@ def fit(rows: list[dict], rates) -> dict:
     rates.sync_s, rates.pass_s, rates.hop_s, rates.hop_sample_s = 0.0, 0.0, 0.0, 0.0
     on = [r for r in rows if not r["config"]["staleness"]]
 
-    def residual(key: str) -> float:  # each prediction at the machine's speed when that row was measured
-        return max(
-            statistics.median(
-                r["measured"][key]
-                - predict(r["config"], r["measured"], rates)[key] / r["measured"].get("machine_speed", 1.0)
-                for r in on
-            ),
-            0.0,
-        )
+    # each prediction at the machine's speed when that row was measured (the two constants set here touch neither)
+    predicted = [predict(r["config"], r["measured"], rates) for r in on]
+
+    def residual(key: str) -> float:
+        speeds = [r["measured"].get("machine_speed", 1.0) for r in on]
+        return max(statistics.median(r["measured"][key] - p[key] / v for r, p, v in zip(on, predicted, speeds)), 0.0)
 
     def unexplained(m: dict) -> float:  # on-policy the phases run one after another, the reward beside the reference
         phases = m["generation"] + max(m["reward"], m["reference"]) + m["old policy"] + m["update"] + m["sync"]
