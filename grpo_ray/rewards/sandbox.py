@@ -1,8 +1,9 @@
 """Reward functions run in a child process of the reward actor, under limits.
 
-``RewardChild`` keeps one child process and hands it one sample at a time over a pipe:
+``RewardChild`` keeps one child process and hands it samples over a pipe, one (``run``) or a batch at once
+(``run_many``: the child answers each as it is scored, so a sample costs no round trip of its own):
 
-- time: the parent waits ``timeout_s`` for the answer; past it the child is killed and a new one started;
+- time: the parent waits ``timeout_s`` for each answer; past it the child is killed and a new one started;
 - exit: a child that dies (``os._exit``, a crash, the kernel's OOM killer) is seen at once (the pipe
   closes) and replaced;
 - memory: the child's address space is capped (``RLIMIT_AS``), so a huge allocation raises MemoryError
@@ -82,10 +83,11 @@ def child_main(conn, memory_mb: int, sandbox: bool, network: bool, sources: dict
             task = conn.recv()
         except EOFError:
             return
-        try:
-            conn.send(score_one(*task))
-        except MemoryError:  # past the limit outside the reward function's own try (e.g. sending a huge result)
-            conn.send(MEMORY_ERROR)
+        for one in task if isinstance(task, list) else [task]:  # a batch (run_many) is answered sample by sample
+            try:
+                conn.send(score_one(*one))
+            except MemoryError:  # past the limit outside the reward function's own try (e.g. sending a huge result)
+                conn.send(MEMORY_ERROR)
 
 
 class RewardChild:
@@ -132,6 +134,28 @@ class RewardChild:
             outcome = "died"
         self.restart()
         return outcome, None
+
+    def run_many(self, tasks: list[tuple], timeout_s: float) -> list[tuple[str, object]]:
+        """``run`` of each of `tasks`, sent at once: each answer is waited for `timeout_s`; after anything but "ok"
+        the child is replaced and the tasks after that one are sent again."""
+        out: list[tuple[str, object]] = []
+        while len(out) < len(tasks):
+            try:
+                self.conn.send(tasks[len(out) :])
+                while len(out) < len(tasks):
+                    if not self.conn.poll(timeout_s):
+                        out.append(("timeout", None))
+                        break
+                    result = self.conn.recv()
+                    if result == MEMORY_ERROR or result[2]:
+                        out.append(("memory", None))
+                        break
+                    out.append(("ok", result))
+            except (EOFError, BrokenPipeError, ConnectionResetError):
+                out.append(("died", None))
+            if out[-1][0] != "ok":
+                self.restart()
+        return out
 
     def close(self) -> None:
         self.proc.kill()

@@ -74,15 +74,21 @@ class RewardWorker(RoleActor):
         zeros = {name: 0.0 for name, _ in self.functions}
         components = {name: [] for name, _ in self.weights}
         totals, errors, timeouts, first, extras = [], 0, 0, {}, []
-        for p, c in samples(rollouts, spans):
-            extra = {"data_source": p.data_source, "extra_info": p.extra_info}
+        pairs = list(samples(rollouts, spans))
+        tasks = [
             # a trajectory's answer is its last turn (after the response prefix only when it is the first)
-            answer = self.prefix + c.text if not c.episode or len(c.episode.turns) == 1 else c.episode.turns[-1]
-            outcome, result = (
-                self.child.run((self.functions, answer, p.ground_truth, extra), self.timeout_s)
-                if self.functions
-                else ("ok", ({}, 0, False, {}))
+            (
+                self.functions,
+                self.prefix + c.text if not c.episode or len(c.episode.turns) == 1 else c.episode.turns[-1],
+                p.ground_truth,
+                {"data_source": p.data_source, "extra_info": p.extra_info},
             )
+            for p, c in pairs
+        ]
+        outcomes = (
+            self.child.run_many(tasks, self.timeout_s) if self.functions else [("ok", ({}, 0, False, {}))] * len(tasks)
+        )
+        for (p, c), (outcome, result) in zip(pairs, outcomes):
             comp, failed, failures = (
                 (result[0], result[1], result[3])
                 if outcome == "ok"
@@ -110,7 +116,7 @@ class RewardWorker(RoleActor):
             time.perf_counter() - start,
             first,
             {k: [e.get(k, math.nan) for e in extras] for k in named},
-            [p.style for p, _ in samples(rollouts, spans)] if self.styles else [],
+            [p.style for p, _ in pairs] if self.styles else [],
         )
 
     def shutdown(self) -> None:
