@@ -24,9 +24,10 @@ matmuls and memory, and its own fixed cost. The phases:
     hops        the controller's own time in a step (Ray calls, object transfers)
 
 The step under the recipe's schedule: on-policy, generation + max(reward, frozen pools) + old policy + update + sync
-+ hops. One step off (algorithm.max_staleness >= 1), the next batch is generated and scored while the learner
-trains: max(generation + its scoring, old policy + update) + sync + hops; on CPU the two chains share the node's
-cores, each phase going slower while the phases running ask for more threads than there are cores.
++ hops. One step off (algorithm.max_staleness >= 1), the next batch is generated while the learner trains, and
+scored from the generation's end: max(generation, its scoring left over + old policy + update) + sync + hops (the
+scoring that runs past the step's end opens the next); on CPU the phases running at once share the node's cores,
+each going slower while they ask for more threads than there are cores.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -586,57 +588,70 @@ def sync_phase(s: StepInputs) -> Phase:
 
 
 def schedule_step(s: StepInputs, phases: dict[str, Phase]) -> tuple[float, str]:
-    """The step's seconds under the schedule, and how they add up. One step off, two chains run at once: the next
-    batch's generation then its scoring, and this batch's old policy then update. On CPU they share the node's
-    cores (``shared_cores``), and each phase's seconds become what it takes there (its Phase is changed here)."""
+    """The step's seconds under the schedule, and how they add up.
+
+    One step off, as the controller runs it: the step launches the next batch's generation, whose scoring starts as
+    it ends, while the learner waits for what is left of this batch's scoring (started in the step before), then
+    runs the old policy and the update; the sync waits for both. Scoring past the step's end goes on through the
+    sync and the hops, and what is left of it then opens the next step. Steps are simulated one after another from
+    a first with nothing left over, the step the mean of the last four (where the learner's chain is the longer,
+    what is left over alternates). On CPU the phases running at once share the node's cores (``shared_cores``),
+    and each phase's seconds become what it takes there (its Phase is changed here)."""
     sec = {k: p.seconds for k, p in phases.items()}
     scoring = max(sec["reward"], sec.get("reference", 0.0), sec.get("teacher", 0.0))
-    learn, after = sec["old policy"] + sec["update"], sec["sync"] + sec["hops"]
+    after = sec["sync"] + sec["hops"]
     if not s.r.algorithm.max_staleness:
-        step = sec["generation"] + scoring + learn + after
+        step = sec["generation"] + scoring + sec["old policy"] + sec["update"] + after
         return step, "on-policy: generation + max(reward, reference) + old policy + update + sync + hops"
-    if s.r.cluster.device != "cpu":
-        return max(sec["generation"] + scoring, learn) + after, (
-            "one step off: max(generation + scoring, old policy + update) + sync + hops"
-        )
     frozen = [k for k in ("reference", "teacher") if k in sec]
     scorers = {"reward": s.plans["reward"].actors, **{k: s.plans[k].actors * s.threads[k] for k in frozen}}
+    # scoring's pools run at once, each busy its own share of the time: their threads on average
+    scoring_threads = sum(n * sec[k] for k, n in scorers.items()) / scoring if scoring else 0.0
     threads = {
         "generation": s.plans["generator"].actors * s.threads["generator"],
-        # scoring's pools run at once, each busy its own share of the time: their threads on average
-        "scoring": sum(n * sec[k] for k, n in scorers.items()) / scoring if scoring else 0.0,
+        "scoring": scoring_threads,
+        "scoring left": scoring_threads,
         "old policy": s.r.learner.world_size * s.threads["learner"],
         "update": s.r.learner.world_size * s.threads["learner"],
     }
-    chains = [
-        [("generation", sec["generation"]), ("scoring", scoring)],
-        [("old policy", sec["old policy"]), ("update", sec["update"])],
-    ]
-    took, end = shared_cores(chains, threads, s.cores)
+    cores = s.cores if s.r.cluster.device == "cpu" else math.inf
+    left, steps = 0.0, []
+    for _ in range(6):
+        chains = [
+            [("generation", sec["generation"]), ("scoring", scoring)],
+            [("scoring left", left), ("old policy", sec["old policy"]), ("update", sec["update"])],
+        ]
+        took, ended = shared_cores(chains, threads, cores)
+        step = max(ended["generation"], ended["update"]) + after
+        left = max(0.0, ended["scoring"] - step)
+        steps.append(step)
     for name, seconds in took.items():
-        for phase in ["reward", *frozen] if name == "scoring" else [name]:
+        for phase in ["reward", *frozen] if name == "scoring" else [] if name == "scoring left" else [name]:
             p = phases[phase]
             stretch = seconds / scoring if name == "scoring" and scoring else seconds / p.seconds if p.seconds else 1
             if stretch > 1.001:
                 p.seconds *= stretch
                 p.busy = {k: v * stretch for k, v in p.busy.items()}
                 p.detail += f"; x{stretch:.2f} sharing {s.cores} cores"
-    return end + after, "one step off: the two chains sharing the cores (generation, scoring | old policy, update) " + (
-        "+ sync + hops"
+    return statistics.fmean(steps[-4:]), (
+        "one step off: max(generation, scoring left over + old policy + update) + sync + hops, the next batch's "
+        "scoring from the generation's end" + (", sharing the cores" if math.isfinite(cores) else "")
     )
 
 
-def shared_cores(chains: list[list[tuple[str, float]]], threads: dict[str, int], cores: int):
+def shared_cores(chains: list[list[tuple[str, float]]], threads: dict[str, float], cores: float):
     """Phases in chains, the chains at once on `cores` cores: a phase alone would take its seconds with its
     `threads`; while the running phases ask for more threads than there are cores, each goes that much slower. The
-    seconds each phase took, and when the last chain ended."""
+    seconds each phase took, and when each ended."""
     left = [list(c) for c in chains]
     took: dict[str, float] = {}
+    ended: dict[str, float] = {}
     now = 0.0
     while any(left):
         running = [c[0] for c in left if c]
         slow = max(1.0, sum(threads[name] for name, _ in running) / cores)
         dt = min(rest for _, rest in running) * slow  # until the first running phase ends
+        now += dt
         for c in left:
             if c:
                 name, rest = c[0]
@@ -645,8 +660,8 @@ def shared_cores(chains: list[list[tuple[str, float]]], threads: dict[str, int],
                 c[0] = (name, rest)
                 if rest <= 1e-12:
                     c.pop(0)
-        now += dt
-    return took, now
+                    ended[name] = now
+    return took, ended
 
 
 def default_shape(r: Recipe, prompt_tokens: int = 0, response_tokens: int = 0) -> Shape:

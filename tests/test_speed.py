@@ -113,10 +113,38 @@ def test_shared_prompts_and_one_step_off_compose_as_the_schedule_runs():
     off = speed.predict(tiny_recipe("algorithm.max_staleness=1"), DIMS, rates, speed.Shape(3, 2), node_cpus=2)
     ph = {k: v.seconds for k, v in off.phases.items()}
     assert ph["old policy"] > 0  # one step off, the old policy is recomputed
-    overlapped = max(ph["generation"] + max(ph["reward"], ph["reference"]), ph["old policy"] + ph["update"])
-    assert off.step >= overlapped + ph["sync"] + ph["hops"] - 1e-12
+    assert off.step >= max(ph["generation"], ph["old policy"] + ph["update"]) + ph["sync"] + ph["hops"] - 1e-12
     on = speed.predict(tiny_recipe(), DIMS, rates, speed.Shape(3, 2), node_cpus=2)
     assert off.step < on.step + ph["old policy"]  # generation no longer waits for the update
+
+
+@pytest.mark.parametrize(
+    "gen, scoring, learn, step",
+    [
+        # the generation the longer: scoring's 0.5 s runs through the sync and hops (0.15 s), the 0.35 s left
+        # opens the next step beside the generation: max(1.0, 0.35 + 0.5) + 0.15
+        (1.0, 0.5, 0.5, 1.15),
+        # the learner the longer: 0.2 s of scoring is left after one step (max(0.5, 0.8) + 0.1 = 0.9, scoring ends
+        # at 1.1), none after the next (max(0.5, 0.2 + 0.8) + 0.1 = 1.1, scoring ends at 1.1): 0.9 and 1.1 by turns
+        (0.5, 0.6, 0.8, 1.0),
+    ],
+)
+def test_one_step_off_hides_scoring_as_the_controller_runs_it(gen, scoring, learn, step):
+    """One step off (on a GPU: no cores shared), the next batch's scoring starts as its generation ends and what
+    runs past the step's end opens the next, before the learner's old policy and update."""
+    recipe = ROOT / "recipes" / "qwen2.5-1.5b-gsm8k-1node.yaml"  # one step off
+    r = load_recipe(recipe)
+    plans = {p: dataclasses.replace(plan, actors=1) for p, plan in speed.placement.plan(r).items()}
+    s = speed.StepInputs(
+        r, DIMS, known_rates(), speed.shape_pairs(r, speed.Shape(3, 2)), plans, dict.fromkeys(plans, 1), 1
+    )
+    after = 0.15 if gen == 1.0 else 0.1
+    seconds = {"generation": gen, "reward": 0.01, "reference": scoring, "old policy": 0.0, "update": learn}
+    phases = {k: speed.Phase(v, "") for k, v in {**seconds, "sync": after / 2, "hops": after / 2}.items()}
+    got, how = speed.schedule_step(s, phases)
+    assert got == pytest.approx(step) and how.startswith("one step off")
+    on = speed.schedule_step(dataclasses.replace(s, r=load_recipe(recipe, ["algorithm.max_staleness=0"])), phases)
+    assert on[0] == pytest.approx(gen + scoring + learn + after)  # on-policy: one after the other
 
 
 def test_attention_past_the_grids_head_dim_grows_with_it():
