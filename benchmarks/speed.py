@@ -8,8 +8,9 @@ configuration (a tiny model of 0.3M-51M parameters, prompts x group samples, res
 their end-of-sequence token so every response has its length, one step off or not, shared prompts or packed, one or
 two learner ranks, a micro batch size) trains the synthetic task for --warmup steps, then --steps timed ones
 (``bench.timed_steps``: the real pools on a local Ray cluster); the measured time of a phase is the median of its
-``timing_s/*`` metric. The first --fit configurations (drawn from --seed) fit the three constants calibration does
-not measure, a push's and a forward-only pass's fixed seconds and the controller's own seconds per step
+``timing_s/*`` metric. The first --fit configurations (drawn from --seed) fit the four constants calibration does
+not measure, a push's, a forward-only pass's and an update's fixed seconds (each the constant that minimises the
+rows' squared relative errors: a fixed cost shows on the small rows) and the controller's own seconds per step
 (``speed.FITTED``); the --held-out configurations after them (from --held-out-seed, drawn once the model is fixed)
 are predicted with those constants and compared. Each held-out run's peak memory of the learner's and reference's
 actors is compared with ``grpo_ray.fit``'s estimate too. Writes speed.json, speed.md and speed.png (predicted against
@@ -146,44 +147,52 @@ def predict(c: dict, measured: dict, rates) -> dict:
 
 def fit(rows: list[dict], rates) -> dict:
     """The constants calibration does not measure, from the fitting configurations' on-policy rows (``speed.FITTED``),
-    each row's prediction at the machine's speed when it was measured: a push's fixed seconds (the median of the
-    measured sync less the predicted one: one step off, the measured sync also waits for the generation ahead), a
-    forward-only pass's (the same of the reference), and the controller's own seconds a step (the median of the
-    measured step less its measured phases: not the predicted ones, whose errors on the largest rows would swamp
-    it)."""
-    rates.sync_s, rates.pass_s, rates.hop_s, rates.hop_sample_s = 0.0, 0.0, 0.0, 0.0
+    each row's prediction at the machine's speed when it was measured: a push's fixed seconds (what the measured
+    sync takes beyond the predicted one, weighing the rows by their relative error; on-policy: one step off, the
+    measured sync also waits for the generation ahead), a forward-only pass's (the same of the reference), an
+    update's (the same of the update), and the controller's own seconds a step (the median of the measured step less
+    its measured phases: not the predicted ones, whose errors on the largest rows would swamp it)."""
+    rates.sync_s, rates.pass_s, rates.update_s, rates.hop_s, rates.hop_sample_s = 0.0, 0.0, 0.0, 0.0, 0.0
     on = [r for r in rows if not r["config"]["staleness"]]
 
-    # each prediction at the machine's speed when that row was measured (the two constants set here touch neither)
+    # each prediction at the machine's speed when that row was measured (the constants set here are zero meanwhile)
     predicted = [predict(r["config"], r["measured"], rates) for r in on]
 
-    def residual(key: str) -> float:
+    def residual(key: str) -> float:  # the constant that minimises the squared relative errors of the rows
         speeds = [r["measured"].get("machine_speed", 1.0) for r in on]
-        return max(statistics.median(r["measured"][key] - p[key] / v for r, p, v in zip(on, predicted, speeds)), 0.0)
+        pairs = [(r["measured"][key], p[key] / v) for r, p, v in zip(on, predicted, speeds) if r["measured"][key] > 0]
+        return max(sum((m - p) / m**2 for m, p in pairs) / sum(1 / m**2 for m, _ in pairs), 0.0)
 
     def unexplained(m: dict) -> float:  # on-policy the phases run one after another, the reward beside the reference
         phases = m["generation"] + max(m["reward"], m["reference"]) + m["old policy"] + m["update"] + m["sync"]
         return m["step"] - phases
 
-    rates.sync_s, rates.pass_s = residual("sync"), residual("reference")
+    rates.sync_s, rates.pass_s, rates.update_s = residual("sync"), residual("reference"), residual("update")
     rates.hop_s = max(statistics.median(unexplained(r["measured"]) for r in on), 0.0)
-    return {"sync_s": rates.sync_s, "pass_s": rates.pass_s, "hop_s": rates.hop_s, "hop_sample_s": 0.0}
+    keys = ("sync_s", "pass_s", "update_s", "hop_s", "hop_sample_s")
+    return {k: getattr(rates, k) for k in keys}
 
 
 def errors(rows: list[dict]) -> dict:
     """The step's and each phase's absolute percentage errors, their mean (MAPE) and median, over the rows where the
-    phase took at least 5 ms measured (a phase that is not there, or takes a few ms, has no meaningful percentage);
-    the sync over on-policy rows only (one step off, its measured time also waits for the generation ahead)."""
+    phase took at least 5 ms measured (a phase that is not there, or takes a few ms, has no meaningful percentage),
+    and the mean absolute error in seconds over every row; the sync over on-policy rows only (one step off, its
+    measured time also waits for the generation ahead)."""
     out = {}
     for key in ["step", *PHASES]:
-        pairs = [
-            (r["predicted"][key], r["measured"][key])
-            for r in rows
-            if r["measured"][key] >= 0.005 and not (key == "sync" and r["config"]["staleness"])
+        every = [
+            (r["predicted"][key], r["measured"][key]) for r in rows if not (key == "sync" and r["config"]["staleness"])
         ]
-        if pairs:
-            e = [abs(p - m) / m for p, m in pairs]
-            out[key] = {"mape": statistics.fmean(e), "median": statistics.median(e), "n": len(pairs)}
+        pairs = [(p, m) for p, m in every if m >= 0.005]
+        e = [abs(p - m) / m for p, m in pairs]
+        out[key] = {
+            "mape": statistics.fmean(e) if e else math.nan,
+            "median": statistics.median(e) if e else math.nan,
+            "n": len(pairs),
+            "abs_s": statistics.fmean(abs(p - m) for p, m in every),
+            "largest_s": max(m for _, m in every),
+            "n_all": len(every),
+        }
     return out
 
 
@@ -278,7 +287,8 @@ def markdown(report: dict) -> str:
         + (f" (calibration took {report['calibration_s']:.0f} s)" if report["calibration_s"] > 1 else "")
         + f". Fitted on the first "
         f"{report['fit']} configurations: a push's {report['fitted']['sync_s'] * 1e3:.1f} ms, a forward-only pass's "
-        f"{report['fitted'].get('pass_s', 0.0) * 1e3:.1f} ms, the controller's {report['fitted']['hop_s'] * 1e3:.1f} ms "
+        f"{report['fitted'].get('pass_s', 0.0) * 1e3:.1f} ms, an update's "
+        f"{report['fitted'].get('update_s', 0.0) * 1e3:.1f} ms, the controller's {report['fitted']['hop_s'] * 1e3:.1f} ms "
         "a step.",
         "",
         f"**Held out ({len(held)} configurations): the step's time predicted with {e['step']['mape']:.1%} mean "
@@ -286,14 +296,16 @@ def markdown(report: dict) -> str:
         "least 5 ms (the sync over on-policy rows: one step off, its measured time also waits for the generation "
         "ahead):",
         "",
-        "| phase | MAPE held out | median | rows | MAPE fitting set | MAPE held out, at the machine's speed then |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| phase | MAPE held out | median | rows | MAPE fitting set | MAPE held out, at the machine's speed then | "
+        "every held-out row: mean absolute error, the longest measured |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     drift = report.get("errors_held_out_at_machine_speed", {})
     for key, v in e.items():
         fit_e = report["errors_fit"].get(key, {}).get("mape", math.nan)
         at = drift.get(key, {}).get("mape", math.nan)
-        lines.append(f"| {key} | {v['mape']:.1%} | {v['median']:.1%} | {v['n']} | {fit_e:.1%} | {at:.1%} |")
+        every = f"{v['abs_s'] * 1e3:.1f} ms, {v['largest_s'] * 1e3:.1f} ms" if "abs_s" in v else ""
+        lines.append(f"| {key} | {v['mape']:.1%} | {v['median']:.1%} | {v['n']} | {fit_e:.1%} | {at:.1%} | {every} |")
     if drift:
         speeds = [r["measured"]["machine_speed"] for r in held]
         lines += [

@@ -161,6 +161,9 @@ class Rates:
     pass_s: float = 0.0
     """A forward-only pass's fixed seconds in a running job beyond what calibration measures of the call alone (the
     reference's and the old policy's: fitted)."""
+    update_s: float = 0.0
+    """An update's fixed seconds in a running job beyond what calibration measures of its calls alone (the batch
+    handed to the ranks, their metrics gathered: fitted)."""
 
     def at(self, threads: int) -> Throughput:
         """The throughput of an actor with `threads` compute threads: the nearest count measured."""
@@ -195,6 +198,7 @@ FITTED = {
     "hop_sample_s": 0.0,
     "sync_s": 0.0,
     "pass_s": 0.0,
+    "update_s": 0.0,
     "reward_call_s": 0.0,
 }
 """Defaults of what calibration does not measure (``fitted`` gives the committed table's): the controller's own
@@ -549,7 +553,7 @@ def learner_phases(s: StepInputs) -> dict[str, Phase]:
         train += w.calls * t.forward_call[1] * d.layers + t.forward_scale * (dense + attention)
     train += group_seconds(d, s.rates, W, w.calls, True, dtype)
     trained = d.lora_params(m.lora.rank, m.lora.target_modules) if m.lora.rank else d.params
-    update = a.ppo_epochs * minis * (train + t.optimizer[0] + t.optimizer[1] * trained / W)
+    update = s.rates.update_s + a.ppo_epochs * minis * (train + t.optimizer[0] + t.optimizer[1] * trained / W)
     recomputed = not a.rollout_correction.bypass_mode and (a.ppo_epochs > 1 or minis > 1 or a.max_staleness > 0)
     old = 0.0
     if recomputed:
@@ -738,7 +742,7 @@ def fitted() -> dict[str, float]:
     a sample), a push's fixed seconds (they run on the CPU nodes whatever the devices) and a reward actor's seconds
     per sample where no reward worker runs; ``FITTED``'s defaults without a table."""
     cpu = json.loads(TABLE.read_text()).get("cpu", {}) if TABLE.is_file() else {}
-    keys = ("hop_s", "hop_sample_s", "sync_s", "pass_s", "reward_sample_s", "reward_call_s")
+    keys = ("hop_s", "hop_sample_s", "sync_s", "pass_s", "update_s", "reward_sample_s", "reward_call_s")
     return {k: cpu.get(k, FITTED[k]) for k in keys}
 
 
