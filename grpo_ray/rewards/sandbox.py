@@ -80,10 +80,10 @@ def child_main(conn, memory_mb: int, sandbox: bool, network: bool, sources: dict
     conn.send(isolation)
     while True:
         try:
-            task = conn.recv()
+            tasks = conn.recv()
         except EOFError:
             return
-        for one in task if isinstance(task, list) else [task]:  # a batch (run_many) is answered sample by sample
+        for one in tasks:  # a batch (run_many) is answered sample by sample
             try:
                 conn.send(score_one(*one))
             except MemoryError:  # past the limit outside the reward function's own try (e.g. sending a huge result)
@@ -121,19 +121,7 @@ class RewardChild:
     def run(self, task: tuple, timeout_s: float) -> tuple[str, object]:
         """("ok", result) | ("timeout", None) | ("died", None) | ("memory", None); the child is replaced after
         anything but "ok"."""
-        try:
-            self.conn.send(task)
-            if not self.conn.poll(timeout_s):
-                outcome = "timeout"
-            else:
-                result = self.conn.recv()
-                if result != MEMORY_ERROR and not result[2]:
-                    return "ok", result
-                outcome = "memory"
-        except (EOFError, BrokenPipeError, ConnectionResetError):
-            outcome = "died"
-        self.restart()
-        return outcome, None
+        return self.run_many([task], timeout_s)[0]
 
     def run_many(self, tasks: list[tuple], timeout_s: float) -> list[tuple[str, object]]:
         """``run`` of each of `tasks`, sent at once: each answer is waited for `timeout_s`; after anything but "ok"
