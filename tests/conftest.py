@@ -4,9 +4,30 @@ from pathlib import Path
 
 import pytest
 
+from tests.watchdog import Watchdog
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
 TINY = "tiny://{arch}?layers=2&hidden=64&heads=2&kv_heads=1&intermediate=128&seed=0"
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--full",
+        action="store_true",
+        help="the full suite: every test, the end-to-end runs of every feature included, with no session limit "
+        "(the default is CI's tier: pyproject's -m 'not slow or smoke' under its session_timeout)",
+    )
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-timeout has set its session limit
+def pytest_configure(config):
+    if config.getoption("full"):
+        from pytest_timeout import SESSION_EXPIRE_KEY
+
+        config.option.markexpr = ""
+        config.stash[SESSION_EXPIRE_KEY] = 0  # no session limit
+    config.pluginmanager.register(Watchdog(config), "watchdog")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -25,15 +25,24 @@ def runs(resumed_runs):
     return resumed_runs
 
 
+@pytest.mark.smoke
 def test_next_batch_is_generated_while_this_one_trains(runs):
-    """From the engines' and the learner's clocks: batch k+1's generation starts before step k's update ends,
-    except after a checkpoint (step 2's), which the next batch waits for. Once generated, its reference
-    logprobs are computed during that update too (collected ahead), so they are ready when step k+1 starts."""
+    """From the engines' and the learner's clocks: batch k+1's generation starts before step k's update ends (it is
+    sent before the update is), except after a checkpoint (step 2's), which the next batch waits for."""
     off = rows(runs[0])
     assert [r["perf/gen_ahead_s"] > 0 for r in off[1:]] == [True, False, True]
-    assert [r["perf/frozen_overlap_s"] > 0 for r in off] == [False, True, False, True]
 
 
+def test_the_reference_scores_the_next_batch_during_the_update(runs):
+    """Once generated, batch k+1's reference logprobs are computed during step k's update (collected ahead), never
+    across a checkpoint. Whether a given step's generation ends before its update does depends on the machine's
+    load, so of the two steps that may overlap, one must."""
+    off = rows(runs[0])
+    overlaps = [r["perf/frozen_overlap_s"] > 0 for r in off]
+    assert overlaps[0::2] == [False, False] and any(overlaps[1::2])
+
+
+@pytest.mark.smoke
 def test_no_sample_is_older_than_the_bound(runs):
     off = rows(runs[0])
     assert [r["rollout/staleness"] for r in off] == [0, 1, 0, 1]
@@ -48,6 +57,7 @@ def test_no_sample_is_older_than_the_bound(runs):
         assert {sample["policy_version"] for sample in dump} == {version}
 
 
+@pytest.mark.smoke
 def test_async_dump_of_the_first_step_replays(runs):
     out = runs[0]
     res = run_cli(
@@ -63,6 +73,7 @@ def test_async_dump_of_the_first_step_replays(runs):
         assert replayed[key] == pytest.approx(rows(out)[0][key], rel=1e-4, abs=1e-7), key
 
 
+@pytest.mark.smoke
 def test_async_resume_after_sigkill_repeats_the_uninterrupted_run(runs):
     """Before a scheduled checkpoint the next batch waits for the step's weights, so the run resumed from it
     generates that batch with the same seeds and the same version as the uninterrupted run did."""

@@ -84,6 +84,7 @@ def runs(resumed_runs):
     return resumed_runs
 
 
+@pytest.mark.smoke
 def test_resume_after_sigkill_repeats_the_uninterrupted_run(runs):
     whole, killed = runs
     assert_same_metrics(whole, killed)
@@ -115,6 +116,7 @@ def test_resume_into_another_learner_world_size(runs, tmp_path):
         assert step3[key] == pytest.approx(metrics(whole)[2][key], rel=1e-4, abs=1e-6), key
 
 
+@pytest.mark.smoke
 def test_half_written_and_corrupted_checkpoints_are_refused(runs, tmp_path):
     _, killed = runs
     out = tmp_path / "run"
@@ -139,6 +141,7 @@ def test_half_written_and_corrupted_checkpoints_are_refused(runs, tmp_path):
     assert res.returncode == 2 and "Traceback" not in res.stderr and shard.name in res.stderr
 
 
+@pytest.mark.smoke
 def test_export_matches_the_learner_and_loads_in_vllm(runs, tmp_path, ray_local):
     import torch
     from transformers import AutoModelForCausalLM
@@ -179,6 +182,7 @@ def test_export_matches_the_learner_and_loads_in_vllm(runs, tmp_path, ray_local)
     assert gen.returncode == 0 and "RESULT " in gen.stdout, gen.stderr[-3000:]
 
 
+@pytest.mark.smoke
 def test_eval_takes_a_checkpoint(runs, tmp_path):
     from grpo_ray.data import load_rows
 

@@ -15,7 +15,7 @@ from grpo_ray.dumps import read_samples
 from tests.conftest import ROOT, run_cli
 from tests.test_recipes import check_twin_run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.smoke]  # distillation, in CI's tier
 RECIPE = ROOT / "recipes" / "tiny-qwen2.5-1.5b-gsm8k-distill.yaml"
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.smoke]  # `ray job submit`, in CI's tier
 BIN = Path(sys.executable).parent
 
 

@@ -184,7 +184,7 @@ def test_export_of_a_warm_started_lora_run_never_trains(runs, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["adapters", "merged"])
+@pytest.mark.parametrize("mode", [pytest.param("adapters", marks=pytest.mark.smoke), "merged"])
 def test_engine_takes_each_update_of_the_adapters(ray_local, tmp_path, mode):
     """The anchors' silent no-op (an adapter sync that never reaches the engine) cannot pass here: after a LoRA
     step the engine's logprobs differ from the learner's until the push, and match them after it; a push sends

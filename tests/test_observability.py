@@ -8,7 +8,7 @@ import pytest
 from grpo_ray.dumps import read_samples
 from tests.conftest import run_cli
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.smoke]  # the quick start on-policy, in CI's tier
 
 STEP_KEYS = [
     "critic/score/mean",

@@ -71,11 +71,15 @@ def test_twin_has_the_recipes_structure(name):
 # a twin whose recipe is another's plus LoRA trains for both: the layout and the full-weight path are the other
 # twins' (each twin's structure is checked above); the distillation, reward-model and judge twins train in
 # tests/test_distill.py, tests/test_reward_model.py and tests/test_judge.py, which check this and more on their runs
+SMOKE_TWIN = "qwen2.5-7b-gsm8k-agent"
+"""The twin that trains in CI's tier: an agent with a tool (the calculator), one step off, on 2 engines."""
 TRAINED = [name for name in SCALE if f"{name}-lora" not in SCALE and not name.endswith(("-distill", "-rm", "-judge"))]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", TRAINED)
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=[pytest.mark.smoke] if n == SMOKE_TWIN else []) for n in TRAINED]
+)
 def test_twin_trains_to_completion(name, tmp_path):
     recipe_path = RECIPES / f"tiny-{name}.yaml"
     out = run_cli("train", str(recipe_path), f"trainer.output_dir={tmp_path}", timeout=900)

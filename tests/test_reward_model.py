@@ -103,6 +103,7 @@ def run(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.smoke
 def test_the_twin_trains_with_a_reward_model_pool_of_two(run):
     from tests.test_recipes import check_twin_run
 
@@ -127,6 +128,7 @@ def test_the_twin_trains_with_a_reward_model_pool_of_two(run):
 
 
 @pytest.mark.slow
+@pytest.mark.smoke
 def test_the_pool_scores_as_a_bare_forward_of_the_classifier(run):
     """The last step's scores, standardised back: those of AutoModelForSequenceClassification on each dumped
     sample's question and answer rendered in the classifier's own chat template (a Llama one: not the policy's)."""
@@ -159,6 +161,7 @@ def test_the_pool_scores_as_a_bare_forward_of_the_classifier(run):
 
 
 @pytest.mark.slow
+@pytest.mark.smoke
 def test_the_reward_worker_hands_back_each_rows_style(ray_local):
     """With reward_model.by_style the reward actors return each completion's row style for the controller to choose
     by (``with_model``); without it, none."""

@@ -3,12 +3,13 @@ export, metrics and TensorBoard. (Learning itself, loss down and pass@1 up, is c
 recipe in tests/test_showcase.py.)"""
 
 import json
+from pathlib import Path
 
 import pytest
 
 from grpo_ray.config import load_recipe
 from grpo_ray.models import recipe_key
-from tests.conftest import run_cli
+from tests.conftest import ROOT, run_cli
 
 RECIPE = "recipes/tiny-cpu-reasoning-sft.yaml"
 SHORT = [
@@ -40,6 +41,50 @@ def test_sft_trains_exports_and_resumes(tmp_path):
     assert "resuming from" in res.stdout and "step_3" in res.stdout
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.slow
+@pytest.mark.smoke
+def test_grpo_starts_from_the_model_its_sft_warm_start_made(tmp_path):
+    """SFT then GRPO as recipes/tiny-cpu-reasoning.yaml runs them, cut short: `model.path: sft://RECIPE` trains the
+    SFT recipe once, in the cache, and GRPO trains the model that SFT exported; the next run finds it there. (That
+    SFT and GRPO learn: tests/test_showcase.py, with --full.)"""
+    import yaml
+
+    from grpo_ray.sft import warm_start
+
+    sft = yaml.safe_load((ROOT / RECIPE).read_text())
+    sft["data"]["train_files"] = ["synthetic://reasoning?size=64&seed=0&answer_only=0.5"]
+    sft["data"]["train_batch_size"] = 16
+    sft["learner"].update(mini_batch_size=8, micro_batch_size=4)
+    sft["trainer"].update(total_steps=2, test_freq=0, val_before_train=False)
+    recipe = tmp_path / "warm-start.yaml"
+    recipe.write_text(yaml.safe_dump(sft))
+    out = tmp_path / "grpo"
+    res = run_cli(
+        "train",
+        "recipes/tiny-cpu-reasoning.yaml",
+        f"model.path=sft://{recipe}",
+        "data.train_batch_size=4",
+        "learner.mini_batch_size=64",
+        "learner.micro_batch_size=32",
+        "trainer.total_steps=2",
+        "trainer.save_freq=2",
+        "trainer.test_freq=0",
+        "trainer.val_before_train=false",
+        f"trainer.output_dir={out}",
+        timeout=900,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "SFT warm start: training" in res.stdout  # the first run trains it
+    model = Path(res.stdout.split("SFT warm start: model at ")[1].split()[0])
+    sft_rows = [json.loads(line) for line in (model.parent / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in sft_rows] == [1, 2] and all(r["sft/loss"] > 0 for r in sft_rows)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and max(r["sync/logprob_diff"] for r in rows) < 1e-3
+    info = json.loads((out / "checkpoints" / "step_2" / "training_info.json").read_text())
+    assert info["model_path"] == str(model)  # GRPO's base: the model SFT exported
+    assert warm_start(str(recipe)) == str(model)  # found in the cache: no second SFT run
 
 
 def test_recipe_key_follows_what_makes_the_model():

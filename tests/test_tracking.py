@@ -16,7 +16,6 @@ from grpo_ray import checkpoint
 from tests.conftest import ROOT, run_cli
 from tests.helpers import wandb_offline
 
-pytestmark = pytest.mark.slow
 SECRETS = {
     "WANDB_API_KEY": "wandb-secret-4f2a9c81e7d3b6",
     "MLFLOW_TRACKING_TOKEN": "mlflow-secret-9d1e8b7c6a5f4",
@@ -111,6 +110,7 @@ def tracked(tmp_path_factory):
         stop(server)
 
 
+@pytest.mark.slow
 def test_wandb_offline_run_holds_the_config_every_step_once_and_the_rollout_tables(tracked):
     out, _, ids, _, _ = tracked
     files = wandb_offline.run_files(out / "wandb", ids["wandb"]["id"])
@@ -128,6 +128,7 @@ def test_wandb_offline_run_holds_the_config_every_step_once_and_the_rollout_tabl
     assert cfg["algorithm"]["group_size"] == 16 and "torch" in cfg["versions"]
 
 
+@pytest.mark.slow
 def test_mlflow_run_holds_params_every_step_once_tables_and_artifacts(tracked):
     out, uri, ids, _, _ = tracked
     from mlflow.tracking import MlflowClient
@@ -153,6 +154,7 @@ def test_mlflow_run_holds_params_every_step_once_tables_and_artifacts(tracked):
     assert len(client.search_runs([run.info.experiment_id])) == 1  # resumed, not a second run
 
 
+@pytest.mark.slow
 def test_no_secret_reaches_either_tracker(tracked):
     out, _, _, console, tmp = tracked
     stores = [p for p in (out / "wandb").rglob("*") if p.is_file()]
@@ -166,6 +168,7 @@ def test_no_secret_reaches_either_tracker(tracked):
     assert not any(v in console for v in SECRETS.values())
 
 
+@pytest.mark.slow
 def test_early_stop_keeps_the_best_and_a_server_lost_mid_run_leaves_training_going(tmp_path):
     """One run, two behaviours. It cannot improve (a learning rate of 1e-12): pass@1 is the same at every
     validation (steps 2, 4, 6), so with a patience of 2 it stops after step 6, keeps step 2's checkpoint as the
@@ -216,6 +219,7 @@ def test_early_stop_keeps_the_best_and_a_server_lost_mid_run_leaves_training_goi
     assert "mlflow:" in console and "not received" in console  # and what it never got, at the end
 
 
+@pytest.mark.slow
 def test_a_tracker_that_cannot_start_is_one_line_or_a_stop(tmp_path):
     """MLflow pointed at a port where nothing listens: left out with one line, the others kept; with
     trainer.tracker_required the run stops before any actor starts."""
