@@ -68,6 +68,7 @@ def run_learner(ray, path, world_size, overrides, rollouts, ref_lps, advantages,
     ],
     ids=["on-policy", "seq-mean-token-mean", "seq-mean-token-sum+gspo", "seq-mean-token-sum-norm+cispo"],
 )
+@pytest.mark.smoke  # the FSDP2 learner over ranks, in CI's tier
 def test_two_gloo_ranks_match_one_process(ray_local, overrides):
     path = models.resolve(TINY.format(arch="qwen2"))
     rollouts = tiny_rollouts(vocab=300, prompts=4, group=4)

@@ -111,6 +111,7 @@ def tracked(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.smoke
 def test_wandb_offline_run_holds_the_config_every_step_once_and_the_rollout_tables(tracked):
     out, _, ids, _, _ = tracked
     files = wandb_offline.run_files(out / "wandb", ids["wandb"]["id"])
@@ -129,6 +130,7 @@ def test_wandb_offline_run_holds_the_config_every_step_once_and_the_rollout_tabl
 
 
 @pytest.mark.slow
+@pytest.mark.smoke
 def test_mlflow_run_holds_params_every_step_once_tables_and_artifacts(tracked):
     out, uri, ids, _, _ = tracked
     from mlflow.tracking import MlflowClient
@@ -155,6 +157,7 @@ def test_mlflow_run_holds_params_every_step_once_tables_and_artifacts(tracked):
 
 
 @pytest.mark.slow
+@pytest.mark.smoke
 def test_no_secret_reaches_either_tracker(tracked):
     out, _, _, console, tmp = tracked
     stores = [p for p in (out / "wandb").rglob("*") if p.is_file()]
