@@ -10,6 +10,9 @@ job does not fail again. Nothing else is faked: the processes really exit, the l
     exit_mid_checkpoint@N the driver exits after the learners wrote step N's shards, before the commit
     exit_reward_model@N   the last reward-model actor exits at its N-th scoring call
     hang_judge@N          the first judge actor hangs at its N-th call (past reward_model.judge.timeout_s)
+    ray_start_timeout@N   the driver's N-th try to start a local Ray cluster fails as Ray's does when its raylet
+                          gives up on a slow dashboard agent (the one fault raised here, not met for real: Ray's
+                          15 s wait cannot be made to pass on demand)
 """
 
 from __future__ import annotations

@@ -10,10 +10,15 @@ import ray
 
 from grpo_ray.config import Recipe
 from grpo_ray.controller import Controller
+from grpo_ray.faults import fault_at
 from grpo_ray.metrics import since_start
+from grpo_ray.placement import local_markers
 from grpo_ray.setup_run import RunInputs
 
 __all__ = ["connect", "train", "replay"]
+
+PRESTART_OFF = ("RAY_enable_worker_prestart", "RAY_prestart_worker_first_driver")
+"""Ray's settings (read by the raylet a new local cluster starts) that start idle workers ahead of any task."""
 
 
 def connect(recipe: Recipe) -> None:
@@ -25,8 +30,11 @@ def connect(recipe: Recipe) -> None:
         else:
             # Ray 2.60 turns token auth on for a new local cluster and warns that it did: nothing to act on here
             logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
-            markers = {m: 1000.0 for m in recipe.cluster.node_resources.values()}
-            ray.init(address="local", include_dashboard=False, resources=markers or None)
+            # no idle workers started ahead: every pool's actor has a runtime env of its own and starts its own
+            # worker, so those would only take CPU from the actors' imports while they start (a second here)
+            for var in PRESTART_OFF:
+                os.environ.setdefault(var, "0")
+            start_local(local_markers(recipe))
         nodes, has = [n for n in ray.nodes() if n["Alive"]], ray.cluster_resources()
         where = f"joined {os.environ['RAY_ADDRESS']}" if os.environ.get("RAY_ADDRESS") else "a local cluster"
         print(
@@ -34,6 +42,29 @@ def connect(recipe: Recipe) -> None:
             f"{has.get('GPU', 0):g} GPUs",
             flush=True,
         )
+
+
+STARTUP_TIMEOUT = "timed out during startup"
+"""Ray's words when its raylet did not register in time: on a busy machine its dashboard agent can take longer than
+the 15 s the raylet waits for it (ray-project/ray#65983), and the raylet exits."""
+
+
+def start_local(markers: dict[str, float], tries: int = 3) -> None:
+    """Start a local Ray cluster; a start that timed out (a busy machine) is tried again, said in one line."""
+    for attempt in range(1, tries + 1):
+        try:
+            if fault_at("ray_start_timeout", attempt):
+                raise RuntimeError(f"fault injected: the current node {STARTUP_TIMEOUT}")
+            ray.init(address="local", include_dashboard=False, resources=markers or None)
+            return
+        except Exception as e:  # Ray raises a bare Exception here
+            if STARTUP_TIMEOUT not in str(e) or attempt == tries:
+                raise
+            print(
+                f"{since_start()} Ray's local start timed out (its raylet gave up waiting for its dashboard agent: "
+                f"a busy machine, ray-project/ray#65983); starting it again ({attempt + 1} of {tries})",
+                flush=True,
+            )
 
 
 def train(recipe: Recipe, inputs: RunInputs) -> None:

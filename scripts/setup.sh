@@ -18,7 +18,8 @@ stamp=".venv/.grpo-ray-installed"
 want="$(sha256sum pyproject.toml | cut -c1-16) $extras"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "installing grpo-ray[$extras] into .venv (log: .venv/install.log) ..."
-  if ! .venv/bin/pip install -e ".[$extras]" > .venv/install.log 2>&1; then
+  # --no-compile: Python compiles each module the first time it is imported, not all 30k files of the stack here
+  if ! .venv/bin/pip install --no-compile -e ".[$extras]" > .venv/install.log 2>&1; then
     grep -v "is ignored: it is neither" .venv/install.log | tail -40
     exit 1
   fi
@@ -33,6 +34,6 @@ fi
 # the training stack's pyarrow and cachetools)
 if [ "${1:-}" = "--test" ] && [ ! -x .venv-mlflow/bin/mlflow ]; then
   echo "installing an MLflow server into .venv-mlflow (log: .venv-mlflow.log) ..."
-  { "$python" -m venv .venv-mlflow && .venv-mlflow/bin/pip install "mlflow>=2.15"; } > .venv-mlflow.log 2>&1 || {
+  { "$python" -m venv .venv-mlflow && .venv-mlflow/bin/pip install --no-compile "mlflow>=2.15"; } > .venv-mlflow.log 2>&1 || {
     tail -20 .venv-mlflow.log; exit 1; }
 fi

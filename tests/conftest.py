@@ -69,6 +69,10 @@ def ray_local():
     """A local Ray cluster for one test module (logical CPUs: actors here are mostly idle)."""
     import ray
 
+    from grpo_ray.launch import PRESTART_OFF
+
+    for var in PRESTART_OFF:  # as a run's own local cluster: no idle workers started ahead of the actors
+        os.environ.setdefault(var, "0")
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
@@ -95,12 +99,15 @@ def tiny_rollouts(vocab: int, prompts: int = 4, group: int = 4, seed: int = 0, s
 
 
 ONE_STEP_OFF = ["algorithm.max_staleness=1", "algorithm.rollout_correction.rollout_is=token"]
+RESUMED = [*ONE_STEP_OFF, "trainer.dump_freq=1"]
+"""resumed_runs' overrides beside tests/test_checkpoint.py's COMMON (tests/test_sync.py repeats its run on storage)."""
 
 
 @pytest.fixture(scope="session")
 def resumed_runs(tmp_path_factory):
     """One step off, with dumps: an uninterrupted 4-step run and the same run SIGKILLed after step 2's checkpoint,
-    then resumed (tests/test_checkpoint.py's whole_and_resumed); shared by test_checkpoint and test_async."""
+    then resumed (tests/test_checkpoint.py's whole_and_resumed); shared by test_checkpoint, test_async and test_sync
+    (the uninterrupted run is the collective transport's side of the storage transport's comparison)."""
     from tests.test_checkpoint import whole_and_resumed
 
-    return whole_and_resumed(tmp_path_factory, [*ONE_STEP_OFF, "trainer.dump_freq=1"])
+    return whole_and_resumed(tmp_path_factory, RESUMED)
