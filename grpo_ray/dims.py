@@ -112,7 +112,7 @@ def model_dims(name: str, key: str = "model.path") -> ModelDims:
     built, its name's shape (the vocabulary asked for). Raises ModelNameError (naming the recipe's `key`) when none
     of them knows it."""
     if models.is_sft(name):  # fine-tuning keeps the shape
-        return model_dims(models.sft_base(name), key)
+        name = models.sft_base(name)
     if models.is_tiny(name):
         built = models.tiny_dir(name)
         if not (built / "config.json").is_file():

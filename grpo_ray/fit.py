@@ -55,9 +55,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpo_ray import placement
-from grpo_ray.config import GPU_MEMORY_GB, Recipe, RecipeError
+from grpo_ray.config import GPU_MEMORY_GB, Recipe, RecipeError, engine_rank
 from grpo_ray.dims import ModelDims, model_dims
-from grpo_ray.lora import engine_rank
 from grpo_ray.placement import Node, describe, layout
 
 GB = 1e9

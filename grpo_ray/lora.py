@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from grpo_ray.config import ENGINE_LORA_RANKS, LoraConfig
+from grpo_ray.config import LoraConfig
 
 PREFIX = "base_model.model."
 """What peft puts before the wrapped model's parameter names."""
@@ -100,11 +100,6 @@ def _merged(weight, module, local: Callable) -> Callable[[], torch.Tensor]:
             return local(weight) + module.scaling["default"] * (local(b) @ full_a)
 
     return rows
-
-
-def engine_rank(rank: int) -> int:
-    """The max_lora_rank an engine needs for adapters of `rank` (vLLM takes a few values only)."""
-    return next(r for r in ENGINE_LORA_RANKS if r >= rank)
 
 
 def write_adapter(directory: str, tensors: dict[str, torch.Tensor], alpha: float) -> None:

@@ -138,8 +138,18 @@ def is_sft(name: str) -> bool:
 
 
 def sft_base(name: str) -> str:
-    """The model.path of the SFT recipe behind an ``sft://`` name (the warm start's shape and tokenizer)."""
-    return _sft_recipe(name).model.path
+    """The model an ``sft://`` name is trained from, through SFT recipes that warm-start from others (the warm
+    start's shape and tokenizer); ModelNameError when they name each other in a circle."""
+    chain = [Path(name.removeprefix(SFT_SCHEME)).resolve()]
+    while is_sft(name):
+        name = _sft_recipe(name).model.path
+        if is_sft(name):
+            path = Path(name.removeprefix(SFT_SCHEME)).resolve()
+            if path in chain:
+                cycle = " -> ".join(str(p) for p in [*chain[chain.index(path) :], path])
+                raise ModelNameError(f"model.path={name!r}: the SFT warm starts name each other in a circle ({cycle})")
+            chain.append(path)
+    return name
 
 
 def _sft_recipe(name: str):
@@ -215,7 +225,7 @@ def tiny_dir(name: str) -> Path:
 def base_of(name: str) -> str:
     """`name` resolved, or for an ``sft://`` name its SFT recipe's model resolved (the same tokenizer and shape:
     what the data is checked with before the warm start is trained)."""
-    return base_of(sft_base(name)) if is_sft(name) else resolve(name)
+    return resolve(sft_base(name) if is_sft(name) else name)
 
 
 # --- chat templates and special tokens, one per family ------------------------------------
@@ -224,13 +234,45 @@ PLAIN_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% if not loop.last %
 """``model.chat_template: plain``: the messages' text one after another, for base models."""
 
 
-def load_tokenizer(model_path: str, model):
-    """The tokenizer of `model_path` with `model` (the recipe's ModelConfig) chat template in place of its own
-    when set; ModelNameError when it cannot be loaded or has no chat template at all."""
+GENERIC_TOKENIZERS = ("TokenizersBackend", "PreTrainedTokenizerFast")
+"""tokenizer_config.json's class names for a tokenizer that is its tokenizer.json alone (the tiny models' and many
+hub models'): loaded by that class itself, without the Auto classes' import of every model's code (5 s here)."""
+
+
+def tokenizer_class(model_path: str, trust_remote_code: bool = False):
+    """The class that loads `model_path`'s tokenizer: transformers' generic fast tokenizer when the checkpoint names
+    it and has its tokenizer.json, else AutoTokenizer (a model's own class, remote code, a slow tokenizer)."""
+    if _generic(model_path, trust_remote_code):
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast
     from transformers import AutoTokenizer
 
+    return AutoTokenizer
+
+
+def _generic(model_path: str, trust_remote_code: bool) -> bool:
+    """Whether `model_path`'s tokenizer is transformers' generic fast one (``tokenizer_class``)."""
+    folder = Path(model_path)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=model.trust_remote_code)
+        named = json.loads((folder / "tokenizer_config.json").read_text()).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        named = None
+    return not trust_remote_code and named in GENERIC_TOKENIZERS and (folder / "tokenizer.json").is_file()
+
+
+def load_tokenizer(model_path: str, model, lazy: bool = False):
+    """The tokenizer of `model_path` with `model` (the recipe's ModelConfig) chat template in place of its own
+    when set; ModelNameError when it cannot be loaded or has no chat template at all. `lazy`: a LazyTokenizer where
+    the checkpoint's files say its template, so a caller that finds what it needs elsewhere (rows checked by an
+    earlier run) never imports transformers."""
+    if lazy:
+        template = chat_template_text(model.chat_template) if model.chat_template else _own_template(model_path, model)
+        if template:
+            return LazyTokenizer(model_path, model, template)
+    try:
+        cls = tokenizer_class(model_path, model.trust_remote_code)
+        tokenizer = cls.from_pretrained(model_path, trust_remote_code=model.trust_remote_code)
     except (OSError, ValueError) as e:
         raise ModelNameError(f"model.path={model.path!r}: cannot load a tokenizer ({str(e).splitlines()[0]})") from None
     if model.chat_template:
@@ -243,19 +285,74 @@ def load_tokenizer(model_path: str, model):
     return tokenizer
 
 
+def _own_template(model_path: str, model) -> str:
+    """The chat template a checkpoint loaded by transformers' generic fast class has, where its files say it without
+    doubt (one plain template in tokenizer_config.json or chat_template.jinja, not both); else ''."""
+    folder = Path(model_path)
+    if not _generic(model_path, model.trust_remote_code):
+        return ""
+    if (folder / "chat_template.json").exists():
+        return ""
+    try:
+        inline = json.loads((folder / "tokenizer_config.json").read_text()).get("chat_template")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return "" if inline is not None else jinja.read_text()
+    return inline if isinstance(inline, str) else ""
+
+
+class LazyTokenizer:
+    """A checkpoint's tokenizer that loads (transformers with it) at its first use; its folder (`name_or_path`) and
+    chat template are known without it."""
+
+    def __init__(self, model_path: str, model, chat_template: str):
+        self.name_or_path, self.chat_template, self._model, self._loaded = model_path, chat_template, model, None
+
+    def loaded(self):
+        if self._loaded is None:
+            self._loaded = load_tokenizer(self.name_or_path, self._model)
+            self._loaded.chat_template = self.chat_template
+        return self._loaded
+
+    def __getattr__(self, name: str):  # anything else is the tokenizer's own
+        return getattr(self.loaded(), name)
+
+    def __call__(self, *args, **kwargs):
+        return self.loaded()(*args, **kwargs)
+
+
 def chat_template_text(value: str) -> str:
-    """model.chat_template as Jinja text: ``plain``, a file's text, or the text itself."""
+    """model.chat_template as Jinja text: ``plain``, a file's text (a ``.json`` file: its ``chat_template``, as
+    Hugging Face's chat_template.json and tokenizer_config.json hold it), or the text itself; ModelNameError when
+    the file cannot be read or the text is not a Jinja template that compiles."""
     if value == "plain":
         return PLAIN_TEMPLATE
-    if value.endswith((".jinja", ".j2")) or "{" not in value:
+    text, where = value, f"model.chat_template={value!r}"
+    if value.endswith((".jinja", ".j2", ".json")) or "{" not in value:
         try:
-            return Path(value).expanduser().read_text()
+            text = Path(value).expanduser().read_text()
         except OSError as e:
             raise ModelNameError(
-                f"model.chat_template={value!r}: cannot read the file ({e.strerror or e}); give Jinja "
-                "text, a .jinja file, or plain"
+                f"{where}: cannot read the file ({e.strerror or e}); give Jinja text, a .jinja file, or plain"
             ) from None
-    return value
+        if value.endswith(".json"):
+            try:
+                text = json.loads(text)["chat_template"]
+            except (ValueError, KeyError, TypeError):
+                raise ModelNameError(f'{where}: a .json file must hold a "chat_template" string') from None
+    import jinja2
+
+    if "{{" not in text and "{%" not in text:
+        raise ModelNameError(
+            f"{where}: no Jinja in it ({{{{ ... }}}} or {{% ... %}}); give Jinja text, a file, or plain"
+        )
+    try:
+        jinja2.Environment().parse(text)
+    except jinja2.TemplateSyntaxError as e:
+        raise ModelNameError(f"{where}: not a valid Jinja template (line {e.lineno}: {e.message})") from None
+    return text
 
 
 _FAMILY = {

@@ -457,3 +457,46 @@ def test_sft_traces_of_a_wrong_shape_name_the_file_and_row(tmp_path):
     tok = AutoTokenizer.from_pretrained(models.resolve(TINY_BYTES))
     with pytest.raises(DataError, match=r"traces.jsonl row 1: sft.target_key='extra_info.messages' holds messages: "):
         usable_rows([str(p)], tok, recipe, {}, "sft")
+
+
+def test_checked_rows_are_kept_and_found_again_only_for_the_same_bytes_tokenizer_and_limits(tmp_path, monkeypatch):
+    """A second check of the same file with the same model and limits reads the kept rows (equal to a fresh check,
+    drops counted the same); changed bytes, another limit, a damaged entry or another chat template check afresh."""
+    from grpo_ray import models
+    from grpo_ray.config import load_recipe
+    from grpo_ray.data import checked
+    from grpo_ray.setup_run import usable_rows
+    from tests.conftest import ROOT, TINY
+
+    monkeypatch.setenv("GRPO_RAY_CACHE", str(tmp_path / "cache"))
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"prompt": "x " * n, "answer": str(n)}) + "\n" for n in (3, 60, 5)))
+    model = TINY.format(arch="qwen2")
+    keys = [f"model.path={model}", "data.prompt_key=prompt", "data.answer_key=answer"]
+    recipe = lambda *o: load_recipe(ROOT / "recipes/tiny-cpu.yaml", [*keys, *o])  # noqa: E731
+    tokenizer = models.load_tokenizer(models.resolve(model), recipe().model)
+
+    def check(r, fresh: bool):
+        reads = []
+        monkeypatch.setattr("grpo_ray.setup_run.load_rows", lambda *a: reads.append(a) or load_rows(*a))
+        dropped, first = {}, []
+        rows = usable_rows([str(data)], tokenizer, r, dropped, "train", first)
+        assert bool(reads) == fresh
+        return rows, dropped, first
+
+    short = recipe("data.max_prompt_length=40")
+    first_check = check(short, fresh=True)
+    assert [r["answer"] for r in first_check[0]] == ["3", "5"] and first_check[1] == {str(data): 1}
+    assert "rows.jsonl row 1 is over data.max_prompt_length=40" in first_check[2][0]
+    assert check(short, fresh=False) == first_check  # the kept rows: the same rows, ids, drops and reason
+    assert len(list(checked.folder().glob("*.json"))) == 1
+    check(recipe("data.max_prompt_length=96"), fresh=True)  # another limit
+    check(recipe("data.max_prompt_length=40", "data.system_prompt='Think.'"), fresh=True)  # another rendering
+    data.write_text(data.read_text().replace('"5"', '"6"'))  # the same size, other bytes
+    assert [r["answer"] for r in check(short, fresh=True)[0]] == ["3", "6"]
+    for entry in checked.folder().glob("*.json"):
+        entry.write_text(entry.read_text()[:100])  # cut short: not trusted, made again
+    assert [r["answer"] for r in check(short, fresh=True)[0]] == ["3", "6"]
+    templated = models.load_tokenizer(models.resolve(model), recipe("model.chat_template=plain").model)
+    assert checked.key(str(data), templated, short, "train") != checked.key(str(data), tokenizer, short, "train")
+    assert checked.key(str(data), tokenizer, short, "sft") is None  # SFT rows carry more of the recipe: not kept

@@ -53,6 +53,65 @@ def test_tiny_checkpoint_reloads_in_transformers(built, arch):
     assert out.shape[1] > ids.shape[1]
 
 
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_the_driver_tokenizes_as_the_pools_do(built, arch, tmp_path):
+    """The driver loads a tokenizer.json-only checkpoint with transformers' generic fast class (no Auto import of
+    every model's code); the engines, learner and reference load it with AutoTokenizer: the same templated text
+    and the same ids on every training row, special tokens included. A checkpoint naming its own class gets that."""
+    import shutil
+
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from grpo_ray.config import ModelConfig
+    from grpo_ray.data import load_rows, prompt_text
+
+    cls = models.tokenizer_class(built[arch])
+    assert cls is PreTrainedTokenizerFast
+    ours, theirs = (
+        models.load_tokenizer(built[arch], ModelConfig(path=built[arch])),
+        AutoTokenizer.from_pretrained(built[arch]),
+    )
+    rows = load_rows("synthetic://reasoning?size=300&seed=3", "prompt", "answer")
+    rows += [{"prompt": [{"role": "user", "content": "ünïcödé 汉字 🙂  \t\n x <|im_end|>"}]}]
+    texts = [prompt_text(ours, row) for row in rows]
+    assert texts == [prompt_text(theirs, row) for row in rows]
+    assert ours(texts, add_special_tokens=False)["input_ids"] == theirs(texts, add_special_tokens=False)["input_ids"]
+    assert ours(texts)["input_ids"] == theirs(texts)["input_ids"]
+    assert (ours.eos_token_id, ours.pad_token_id, ours.bos_token_id, ours.all_special_ids) == (
+        theirs.eos_token_id,
+        theirs.pad_token_id,
+        theirs.bos_token_id,
+        theirs.all_special_ids,
+    )
+    lazy = models.load_tokenizer(built[arch], ModelConfig(path=built[arch]), lazy=True)  # what setup_run holds
+    assert isinstance(lazy, models.LazyTokenizer) and lazy.chat_template == theirs.chat_template
+    assert lazy._loaded is None and [prompt_text(lazy, row) for row in rows[:5]] == texts[:5]
+    own = tmp_path / "own"
+    shutil.copytree(built[arch], own)
+    config = json.loads((own / "tokenizer_config.json").read_text())
+    (own / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "Qwen2Tokenizer"}))
+    assert models.tokenizer_class(str(own)) is AutoTokenizer
+    assert models.tokenizer_class(built[arch], trust_remote_code=True) is AutoTokenizer
+
+
+def test_rows_kept_by_an_earlier_run_are_checked_without_transformers(tmp_path):
+    """The driver's data check of a train run imports transformers only when it has rows to tokenize: a second run
+    over the same files reads the first one's checked rows and scores its reward check without it."""
+    code = (
+        "import sys; from grpo_ray.config import load_recipe; from grpo_ray.setup_run import setup_run; "
+        "inputs = setup_run(load_recipe('recipes/tiny-cpu.yaml', ['trainer.output_dir=' + sys.argv[1]])); "
+        "print(len(inputs.train_rows), 'transformers' in sys.modules)"
+    )
+    said = []
+    for run in ("first", "second"):
+        res = subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path / run)], capture_output=True, text=True, cwd=ROOT
+        )
+        assert res.returncode == 0, res.stderr[-3000:]
+        said.append(res.stdout.split()[-2:])
+    assert said[1] == [said[0][0], "False"] and int(said[0][0]) > 1000
+
+
 def test_same_name_same_weights_other_seed_other_weights(tmp_path):
     from safetensors.torch import load_file
 

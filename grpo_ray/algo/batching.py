@@ -6,10 +6,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from grpo_ray.types import Completion, Prompt, Rollout, RolloutStats, Scores
+
+if TYPE_CHECKING:  # torch is imported where tensors are made: a reward actor and the driver cut batches without it
+    import torch
 
 Span = tuple[int, int]
 """[start, end) of a rollout's completions."""
@@ -143,6 +145,8 @@ def collate(
 ) -> Sequences:
     """The pairs right-padded to the longest; with `capacity` (tokens a row holds, at least the longest pair),
     packed too (``pack_rows``); with `shared`, laid out to run each distinct prompt once (``share_prompts``)."""
+    import torch
+
     length = max(len(p) + len(r) for p, r in pairs)
     ids = torch.full((len(pairs), length), pad_id, dtype=torch.long)
     attn = torch.zeros((len(pairs), length), dtype=torch.long)
@@ -176,6 +180,8 @@ def collate(
 def share_prompts(pairs: list[tuple[list[int], list[int]]], pad_id: int, length: int) -> Shared:
     """The ``Shared`` layout of `pairs` (padded to `length` tokens): distinct prompts in order of appearance; each
     one's responses packed first fit, longest first, into rows as long as the longest response."""
+    import torch
+
     prompts: dict[tuple[int, ...], int] = {}
     of = [prompts.setdefault(tuple(p), len(prompts)) for p, _ in pairs]
     width = max([len(r) for _, r in pairs] + [1])
@@ -388,6 +394,8 @@ def response_values(per_position: torch.Tensor, mask: torch.Tensor) -> list[list
 def place_values(values: list, mask: torch.Tensor) -> torch.Tensor:
     """Inverse of response_values: a tensor shaped like `mask` with each sample's values (a list of floats or
     a 1-D tensor per sample) at its response positions, on the mask's device."""
+    import torch
+
     out = torch.zeros_like(mask, dtype=torch.float32)
     if values and isinstance(values[0], torch.Tensor):
         flat = torch.cat(values)

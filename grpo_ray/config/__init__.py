@@ -19,6 +19,7 @@ from grpo_ray.config.checks import (
     GPU_MEMORY_GB,
     LOGGERS,
     RANGES,
+    engine_rank,
     loss_aggregation,
     notices,
     validate,
@@ -55,6 +56,7 @@ from grpo_ray.config.schema import (
 __all__ = [
     "CHOICES",
     "ENGINE_LORA_RANKS",
+    "engine_rank",
     "FREE_TEXT",
     "FUNCTION_KEYS",
     "FUNCTION_NAME",

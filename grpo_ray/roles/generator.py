@@ -15,10 +15,9 @@ import tempfile
 import threading
 import time
 
-from grpo_ray.config import Recipe, SamplingConfig
+from grpo_ray.config import Recipe, SamplingConfig, engine_rank
 from grpo_ray.device import Device
 from grpo_ray.fit import max_model_len
-from grpo_ray.lora import engine_rank
 from grpo_ray.roles import RoleActor, log_to_file, trim_heap
 from grpo_ray.roles.vllm_ext import bound_cpu_gemm_caches
 from grpo_ray.rollout import episode_values
@@ -134,6 +133,7 @@ class Generator(RoleActor):
             response_lengths=[len(c.token_ids) for c in completions],
             truncated=sum(c.finish_reason == "length" for c in completions),
             env=episode_values(completions) if self.episodes else {},
+            failures=self.episodes.new_failures() if self.episodes else {},
         )
         return Rollout(prompts, completions, self.version), stats
 
