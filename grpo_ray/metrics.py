@@ -96,12 +96,18 @@ def rollout_metrics(stats: list[RolloutStats], scores: list[Scores]) -> dict[str
     }
     out.update(env_metrics([s.env for s in stats if s.env]))
     for name in scores[0].components:
-        out[f"reward/{name}/mean"] = statistics.fmean(v for s in scores for v in s.components[name])
+        out[f"reward/{reward_label(name)}/mean"] = statistics.fmean(v for s in scores for v in s.components[name])
     for key in sorted({k for s in scores for k in s.extras}):  # a verl dict's other numbers, where they came
         values = [v for s in scores for v in s.extras.get(key, []) if math.isfinite(v)]
         if values:
-            out[f"reward/{key}/mean"] = statistics.fmean(values)
+            out[f"reward/{reward_label(key)}/mean"] = statistics.fmean(values)
     return out
+
+
+def reward_label(name: str) -> str:
+    """A reward function's name in metrics: a file's by its stem (``my_reward:score``), never the machine's path."""
+    path, _, attr = name.rpartition(":")
+    return f"{Path(path).stem}:{attr}" if path.endswith(".py") else name
 
 
 def env_metrics(values: list[dict[str, list[float]]]) -> dict[str, float]:

@@ -324,6 +324,19 @@ def test_equal_logprobs_give_ratio_one_and_zero_kl():
     assert sums["corr_masked_tokens"] == 0 and keep.tolist() == [[1.0, 1.0], [1.0, 0.0]]
 
 
+def test_mismatch_metrics_are_verls_unclamped_definitions_past_20_and_88():
+    """verl's compute_offpolicy_metrics: kl = mean(sampler - old), k3_kl = mean(exp(d) - d - 1) with d = old - sampler,
+    no clamp; float32 inputs with gaps of 30, -25, 95 and -100 against the same sums in float64."""
+    old = [[-1.0, -30.0, 0.0, -100.0, 7.0]]
+    sampler = [[-31.0, -5.0, -95.0, 0.0, 0.0]]  # gaps 30, -25, 95, -100; the last position is padding
+    mask = [[1.0, 1.0, 1.0, 1.0, 0.0]]
+    _, _, sums, _ = _correction(old, sampler, mask)
+    gaps = [o - s for o, s, m in zip(old[0], sampler[0], mask[0]) if m]
+    assert sums["corr_kl_sum"] == pytest.approx(sum(-g for g in gaps), rel=1e-12)
+    k3 = sum(math.exp(g) - g - 1 for g in gaps)  # exp(95) ~ 1.8e41: past float32's range
+    assert math.isfinite(sums["corr_k3_sum"]) and sums["corr_k3_sum"] == pytest.approx(k3, rel=1e-9)
+
+
 @pytest.mark.parametrize(
     "mode, lower, kept",
     [
@@ -716,3 +729,11 @@ def test_the_loss_keeps_every_tensor_on_the_logprobs_device(kl_coef):
     x = LossInputs(z(), z(), torch.zeros(2, device=meta), torch.ones(2, 3, device=meta), None, ref, None, None)
     loss, counted, sums, _, _ = micro_batch_loss(x, a, 3)
     assert {loss.device, counted.device, sums.device} == {meta}
+
+
+def test_reward_metric_names_carry_a_files_stem_never_its_path():
+    from grpo_ray.metrics import reward_label
+
+    assert reward_label("/home/u/proj/my_reward.py:compute_score") == "my_reward:compute_score"
+    assert reward_label("/home/u/proj/my_reward.py:compute_score/acc") == "my_reward:compute_score/acc"  # verl's dict
+    assert reward_label("pkg.mod:fn") == "pkg.mod:fn" and reward_label("gsm8k") == "gsm8k"

@@ -19,7 +19,10 @@ would call it exact. The comparison is made in log space, so nothing overflows.
 Metrics, named as verl's ``rollout_corr/*`` (sums here; the learner divides them):
 
     kl         KL(sampler || old) from the sampled tokens, k1: mean of -d_t
-    k3_kl      the same, k3: mean of ratio_t - d_t - 1 (>= 0, lower variance)
+    k3_kl      the same, k3: mean of exp(d_t) - d_t - 1 (>= 0, lower variance)
+
+Both use the unclamped d_t, as verl's ``compute_offpolicy_metrics`` does, with the exponential taken in float64 (exact
+past a gap of 88, where float32's would overflow); they are metrics only, never in the loss.
     rollout_is_mean / _max       the token ratio before any cap
     rollout_rs_masked_fraction / rollout_rs_seq_masked_fraction    tokens / samples masked
 """
@@ -71,16 +74,17 @@ def rollout_correction(
         lower = rs_lower or 1 / rs_upper
         keep_seq = ((log_r >= math.log(lower)) & (log_r <= math.log(rs_upper))).to(dtype)
     keep = m * keep_seq.unsqueeze(1)
+    raw64 = raw.double()  # 0 off the mask, where exp(0) - 0 - 1 = 0
     sums = torch.stack(
         [
-            m.sum(),
-            (-d * m).sum(),
-            ((ratio - d - 1) * m).sum(),
-            (ratio * m).sum(),
-            (m - keep).sum(),
-            ((1 - keep_seq) * has_tokens).sum(),
-            has_tokens.sum(),
+            m.sum().double(),
+            -raw64.sum(),
+            (raw64.exp() - raw64 - 1).sum(),
+            (ratio * m).sum().double(),
+            (m - keep).sum().double(),
+            ((1 - keep_seq) * has_tokens).sum().double(),
+            has_tokens.sum().double(),
         ]
-    ).double()
+    )
     largest = (ratio * m).amax() if m.numel() else torch.zeros((), device=m.device)  # ratios are > 0
     return weights.detach(), keep, sums.detach(), largest.detach().double()
