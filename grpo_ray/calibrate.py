@@ -27,7 +27,7 @@ import socket
 import statistics
 import tempfile
 import time
-from datetime import date
+from datetime import date, datetime
 from pathlib import Path
 
 from grpo_ray import models, speed
@@ -40,6 +40,10 @@ GRID = {
 }
 """Matmul tokens and widths measured per device: a GPU's models are wider, its micro batches longer."""
 DTYPES = ["float32", "bfloat16"]
+LONGEST_MATMUL_S = 0.5
+"""A grid point whose matmul would take longer than this, at the rate measured on its width with fewer tokens (else
+at the last point's), is not run and takes that rate: bf16 on a CPU without bf16 units (AMD EPYC here: 0.3 GFLOP/s,
+fp32's 80) would spend 30 s a call, minutes a calibration, on a dtype no recipe there trains in."""
 CALL_MODEL = "tiny://qwen2?layers={layers}&hidden=64&heads=2&kv_heads=1&intermediate=128&vocab=128&bytes=0&seed=0"
 ENGINE_MODELS = {
     1: "tiny://qwen2?layers=1&hidden=64&heads=2&kv_heads=1&intermediate=128&vocab=128&bytes=0&seed=0",
@@ -78,6 +82,10 @@ def _timed_collective(fn, calls: int, sync=lambda: None) -> float:
     return (time.perf_counter() - start) / calls
 
 
+LOG_VAR = "GRPO_RAY_CALIBRATION_LOG"
+"""Where the parts' processes write what they print (set by ``calibrate``; unset: the console)."""
+
+
 def _child(target, args: tuple, env: dict[str, str]):
     """Run `target(*args)` in a fresh process with `env` set before anything imports torch; its return value."""
     ctx = mp.get_context("spawn")
@@ -95,6 +103,8 @@ def _child(target, args: tuple, env: dict[str, str]):
                 os.environ[k] = v
     ok, value = _answer(queue, [proc], target.__name__)
     proc.join()
+    queue.close()
+    queue.join_thread()
     if not ok:
         raise RuntimeError(f"calibration part {target.__name__} failed:\n{value}")
     return value
@@ -113,9 +123,19 @@ def _answer(queue, procs: list, name: str):
                 raise RuntimeError(f"calibration part {name} ended without an answer (exit codes {codes})") from None
 
 
+def _to_log() -> None:
+    """A part's own output (weight-loading bars, vLLM's lines, torch's warnings) to the log, not the console."""
+    log = os.environ.get(LOG_VAR)
+    if log:
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+
+
 def _call(queue, target, args):
     import traceback
 
+    _to_log()
     try:
         queue.put((True, target(*args)))
     except BaseException:  # the parent shows it
@@ -134,13 +154,18 @@ def gemm_part(device: str, threads: int) -> dict:
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     gemm = {}
     for dtype in DTYPES:
-        points = []
+        points, rate = [], {}  # rate: per width, that of its most tokens measured so far
         for t in GRID[device][0]:
             for w in GRID[device][1]:
+                flops = 2 * t * w * w
+                known = (rate.get(w) or points[-1][2]) if points else None
+                if known and flops / known > LONGEST_MATMUL_S:  # a dtype this device computes slowly: not run
+                    points.append([t, w, known])
+                    continue
                 a = torch.randn(t, w, dtype=getattr(torch, dtype), device=dev)
                 b = torch.randn(w, w, dtype=getattr(torch, dtype), device=dev)
-                seconds = _timed(lambda a=a, b=b: a @ b, sync=sync)
-                points.append([t, w, 2 * t * w * w / seconds])
+                rate[w] = flops / _timed(lambda a=a, b=b: a @ b, sync=sync)
+                points.append([t, w, rate[w]])
         gemm[dtype] = points
     x = torch.ones(1 << 25, device=dev)  # 128 MB: past every cache
     y = torch.empty_like(x)
@@ -391,6 +416,7 @@ def reward_part() -> tuple[float, float]:
 
 def collective_part(device: str, rank: int, port: int, queue) -> None:
     """Rank `rank` of a two-process group: all-gather of 1 KB and 32 MB, broadcast of 32 MB (rank 0 reports)."""
+    _to_log()
     import torch
     import torch.distributed as dist
 
@@ -468,6 +494,13 @@ def _line_fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return max(ys[0] - slope * xs[0], 0.0), max(slope, 0.0)
 
 
+def has_gpu() -> bool:
+    """Whether this machine has a GPU torch can use (asked before a GPU calibration starts)."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def _has_vllm() -> bool:
     import importlib.util
 
@@ -475,7 +508,20 @@ def _has_vllm() -> bool:
 
 
 def calibrate(device: str = "cpu", say=print) -> tuple[Rates, Path]:
-    """Measure every part on this machine's `device` (cpu or cuda), write the rates, and return them and where."""
+    """Measure every part on this machine's `device` (cpu or cuda), write the rates, and return them and where. What
+    the parts' processes print goes to ``calibration/calibrate.log`` beside the rates, not the console."""
+    log = rates_path(device).with_name("calibrate.log")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("")
+    say(f"  the parts' own output: {log}")
+    os.environ[LOG_VAR] = str(log)
+    try:
+        return _calibrate(device, say)
+    finally:
+        os.environ.pop(LOG_VAR, None)
+
+
+def _calibrate(device: str, say) -> tuple[Rates, Path]:
     start = time.perf_counter()
     cores = len(os.sched_getaffinity(0))
     counts = sorted({1, cores}) if device == "cpu" else [1]
@@ -512,6 +558,11 @@ def calibrate(device: str = "cpu", say=print) -> tuple[Rates, Path]:
         pass_s=fitted["pass_s"],
     )
     path = rates_path(rates.device)
+    if path.exists():  # an earlier calibration is kept, renamed aside with its own time
+        stamp = datetime.fromtimestamp(path.stat().st_mtime).strftime("%Y%m%d-%H%M%S")
+        aside = path.with_name(f"{path.stem}-{stamp}{path.suffix}")
+        path.rename(aside)
+        say(f"  the earlier calibration is kept as {aside}")
     rates.save(path)
     return rates, path
 
@@ -574,6 +625,8 @@ def _collective(device: str) -> dict:
     out = _answer(queue, procs, "collective_part")
     for p in procs:
         p.join()
+    queue.close()
+    queue.join_thread()
     latency, per_byte = _line_fit(
         [out["gather_small_bytes"], out["gather_large_bytes"]], [out["gather_small"], out["gather_large"]]
     )

@@ -9,12 +9,13 @@
                          resolved (an ``sft://`` warm start's cached directory), which a LoRA export loads
     config.yaml          the resolved recipe (secrets redacted)
     tokenizer files      copied from the model, so the checkpoint exports on its own
-    manifest.json        every file above with its size, written last
+    manifest.json        every file above with its size and SHA-256, written last
 
 A checkpoint is written into ``.tmp_step_{N}`` and renamed when complete: a crash mid-save
-leaves a ``.tmp_`` directory that is never taken for a checkpoint. Before loading, the manifest
-is checked against the files (missing or truncated shards, missing metadata); ``auto`` falls
-back to the newest checkpoint that passes and says so, an explicit path fails naming the file.
+leaves a ``.tmp_`` directory that is never taken for a checkpoint. Before loading or exporting, the
+manifest is checked against the files (missing, truncated or damaged shards, by size and contents,
+and missing metadata); ``auto`` falls back to the newest checkpoint that passes and says so, an
+explicit path fails naming the file.
 
 Sampling needs no saved RNG state: every prompt at every step is sampled with its own seed,
 a hash of (trainer.seed, step, prompt), and the data order is a function of (seed, epoch).
@@ -87,7 +88,11 @@ def commit(
         (tmp / "chat_template.jinja").write_text(chat_template)
     if config:
         (tmp / "config.json").write_text(config)
-    files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
+    files = {
+        str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": sha256(p)}
+        for p in sorted(tmp.rglob("*"))
+        if p.is_file()
+    }
     (tmp / "manifest.json").write_text(json.dumps({"step": state["step"], "files": files}, indent=1))
     final = tmp.parent / f"step_{state['step']}"
     shutil.rmtree(final, ignore_errors=True)
@@ -104,8 +109,21 @@ def complete_steps(root: Path) -> list[int]:
     return sorted(int(m.group(1)) for p in root.iterdir() if p.is_dir() and (m := STEP_DIR.match(p.name)))
 
 
+def sha256(path: Path) -> str:
+    """The SHA-256 of a file's contents, read in 8 MiB pieces."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def problems(ckpt: Path) -> list[str]:
-    """What is missing or truncated in a checkpoint directory; empty when it is whole."""
+    """What is missing, truncated or damaged (its contents not the ones written: the manifest's SHA-256) in a
+    checkpoint directory; empty when it is whole. A manifest of sizes alone (written before checksums) is checked
+    by size."""
     manifest = ckpt / "manifest.json"
     if not manifest.is_file():
         return [f"{manifest} is missing"]
@@ -114,12 +132,15 @@ def problems(ckpt: Path) -> list[str]:
     except (ValueError, KeyError) as e:
         return [f"{manifest} is unreadable ({e})"]
     out = []
-    for name, size in files.items():
+    for name, entry in files.items():
         path = ckpt / name
+        size, digest = (entry, None) if isinstance(entry, int) else (entry.get("size"), entry.get("sha256"))
         if not path.is_file():
             out.append(f"{path} is missing")
         elif path.stat().st_size != size:
             out.append(f"{path} is truncated ({path.stat().st_size} of {size} bytes)")
+        elif digest and sha256(path) != digest:
+            out.append(f"{path} is damaged (its contents are not the ones written: SHA-256 differs)")
     if not any(name.startswith("learner/") and name.endswith(".metadata") for name in files):
         out.append(f"{ckpt / 'learner' / '.metadata'} is not in the manifest")
     return out
@@ -177,6 +198,21 @@ def export_hf(ckpt: Path, out: Path, max_shard_size: str = "5GB", overwrite: boo
     return out
 
 
+EXPORTED = ".grpo-ray-export"
+"""The file an export leaves in its directory (the checkpoint it came from): what marks the directory as ours."""
+
+
+def run_export(ckpt: Path, output_dir: Path, say=print) -> Path:
+    """A job's own export of `ckpt` to <output_dir>/model, replacing an earlier export of the project's; a folder
+    there that is not one (a model the user put there) is renamed aside first, said in one line."""
+    out = Path(output_dir) / "model"
+    if out.exists() and any(out.iterdir()) and not (out / EXPORTED).is_file():
+        aside = next(p for n in range(1, 10_000) if not (p := out.with_name(f"model.user-{n}")).exists())
+        out.rename(aside)
+        say(f"{out} held files this run did not write: moved to {aside} before the export")
+    return export_hf(ckpt, out, overwrite=True, say=say)
+
+
 def _export_into(ckpt: Path, out: Path, max_shard_size: str, say) -> None:
     """``export_hf``'s work, into the empty directory `out`."""
     import tempfile
@@ -229,6 +265,7 @@ def _export_into(ckpt: Path, out: Path, max_shard_size: str, say) -> None:
     AutoTokenizer.from_pretrained(ckpt).save_pretrained(out)
     if (ckpt / "generation_config.json").is_file():
         shutil.copy(ckpt / "generation_config.json", out / "generation_config.json")
+    (out / EXPORTED).write_text(f"{ckpt.resolve()}\n")
 
 
 def model_class(config):

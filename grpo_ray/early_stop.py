@@ -78,7 +78,7 @@ def export(best: Best, trainer, output_dir: Path, step: int, say: Callable[[str]
 
     root = checkpoint.checkpoints_dir(output_dir)
     ckpt = root / f"step_{best.step if trainer.keep_best else step}"
-    model = checkpoint.export_hf(ckpt, output_dir / "model", overwrite=True)  # this run's own export
+    model = checkpoint.run_export(ckpt, output_dir, say)
     say(
         f"early stop after step {step}: {trainer.early_stop.metric} has not improved by "
         f"{trainer.early_stop.min_delta:g} in {best.patience} validations; {best.line()} "

@@ -39,6 +39,7 @@ class RMController(Runner):
     """Runs reward-model steps on the learner pool; validation scores the held-out rows there too."""
 
     save_at_end = True
+    job = "rm"
     roles = {"learner": RewardLearner}
 
     def pools_needed(self) -> tuple[str, ...]:
@@ -71,4 +72,4 @@ def run_rm(recipe: Recipe, inputs: RunInputs) -> Path:
     connect(recipe)
     RMController(recipe, inputs).run()
     last = checkpoint.find_resume(inputs.output_dir, "auto")
-    return checkpoint.export_hf(last, inputs.output_dir / "model", overwrite=True)  # this run's own export
+    return checkpoint.run_export(last, inputs.output_dir)

@@ -36,6 +36,10 @@ RUN_FILES = (
     "config.yaml",
     "model",
     "replay",
+    "trackers.json",  # the trackers' run ids: a run started afresh gets new tracker runs
+    "wandb",
+    "mlflow.db",
+    "mlartifacts",
 )
 """What a run writes in its output_dir (trainer.overwrite removes these, and nothing else)."""
 
@@ -55,17 +59,19 @@ def run_files(output_dir: Path) -> list[str]:
     return found
 
 
-def prepare(output_dir: Path, trainer, config_text: str, say: Callable[[str], None] = print) -> Path | None:
-    """The checkpoint to resume from (None: a fresh start), after making `output_dir` ready for the run whose
-    resolved recipe is `config_text`; raises RecipeError when what is there would be lost, or when the checkpoint
-    holds another model than the recipe's."""
+def prepare(
+    output_dir: Path, trainer, config_text: str, say: Callable[[str], None] = print, job: str = "train"
+) -> Path | None:
+    """The checkpoint to resume from (None: a fresh start), after making `output_dir` ready for the `job` (train,
+    sft, rm) whose resolved recipe is `config_text`; raises RecipeError when what is there would be lost, or when
+    the checkpoint is another job's or holds another model than the recipe's."""
     if trainer.resume not in ("auto", "disable"):
-        return same_model(checkpoint.find_resume(output_dir, trainer.resume), config_text)
+        return same_model(checkpoint.find_resume(output_dir, trainer.resume), config_text, job)
     root = checkpoint.checkpoints_dir(output_dir)
     if trainer.resume == "auto":
         ckpt = checkpoint.find_resume(output_dir, "auto", say)
         if ckpt:
-            return same_model(ckpt, config_text)
+            return same_model(ckpt, config_text, job)
         steps = checkpoint.complete_steps(root)
         if steps and not (trainer.overwrite or trainer.set_aside):
             raise RecipeError(
@@ -106,20 +112,40 @@ def prepare(output_dir: Path, trainer, config_text: str, say: Callable[[str], No
     )
 
 
-def same_model(ckpt: Path, config_text: str) -> Path:
-    """`ckpt`, when it holds the model the recipe trains (model.path and LoRA rank alike); else RecipeError, before
-    anything starts rather than when the learner fails to load it."""
+SAME_ON_RESUME = ("model.path", "model.lora.rank", "reward_model.model", "reward_model.judge.template", "teacher.model")
+"""Keys a resumed run must share with the checkpoint's: the model it trains, and the models whose signals it trained
+on (a run that went on with another reward model or teacher is another experiment, and its config.yaml would name
+only the new one)."""
+
+
+def same_model(ckpt: Path, config_text: str, job: str = "train") -> Path:
+    """`ckpt`, when the recipe's `job` resumes what it holds (the same job, ``SAME_ON_RESUME`` alike); else
+    RecipeError, before anything starts rather than when the learner fails to load it."""
     import yaml
 
-    theirs = (yaml.safe_load((ckpt / "config.yaml").read_text()) or {}).get("model", {})
-    ours = (yaml.safe_load(config_text) or {}).get("model", {})
-    for key, of in (("path", lambda m: m.get("path")), ("lora.rank", lambda m: (m.get("lora") or {}).get("rank", 0))):
-        if of(theirs) != of(ours):
+    wrote = checkpoint.load_state(ckpt).get("job", job)  # checkpoints before the record: taken as the job's own
+    if wrote != job:
+        raise RecipeError(
+            f"{ckpt} is a checkpoint of grpo-ray {wrote}, not of grpo-ray {job}; nothing was changed. Choose another "
+            "trainer.output_dir (or trainer.resume=disable with trainer.set_aside=true to keep that run aside)"
+        )
+    theirs = yaml.safe_load((ckpt / "config.yaml").read_text()) or {}
+    ours = yaml.safe_load(config_text) or {}
+    defaults = {"model.lora.rank": 0}
+    for key in SAME_ON_RESUME:
+        was, now = (_dotted(d, key, defaults.get(key)) for d in (theirs, ours))
+        if (was or None) != (now or None):  # an empty value and an absent key are the same
             raise RecipeError(
-                f"{ckpt} holds model.{key}={of(theirs)!r}, the recipe trains model.{key}={of(ours)!r}: "
-                "resume with the recipe that wrote it, or start afresh in another trainer.output_dir"
+                f"{ckpt} holds a run with {key}={was!r}, the recipe has {key}={now!r}: resume with the recipe "
+                "that wrote it, or start afresh in another trainer.output_dir"
             )
     return ckpt
+
+
+def _dotted(d: dict, key: str, default=None):
+    for part in key.split("."):
+        d = d.get(part) if isinstance(d, dict) else None
+    return default if d is None else d
 
 
 def writable_dir(path: str, key: str) -> Path:

@@ -31,6 +31,7 @@ class SFTController(Runner):
     """Runs SFT steps on the learner pool; starts generators and rewards only to validate."""
 
     save_at_end = True
+    job = "sft"
 
     def pools_needed(self) -> tuple[str, ...]:
         validating = self.inputs.val_rows and (self.r.trainer.test_freq or self.r.trainer.val_before_train)
@@ -72,7 +73,7 @@ def run_sft(recipe: Recipe, inputs: RunInputs) -> Path:
     connect(recipe)
     SFTController(recipe, inputs).run()
     last = checkpoint.find_resume(inputs.output_dir, "auto")
-    return checkpoint.export_hf(last, inputs.output_dir / "model", overwrite=True)  # this run's own export
+    return checkpoint.run_export(last, inputs.output_dir)
 
 
 def warm_start(recipe_path: str) -> str:

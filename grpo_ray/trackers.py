@@ -23,6 +23,7 @@ writes them anywhere: the config sent is the redacted one, and values are redact
 from __future__ import annotations
 
 import json
+import logging
 import os
 import queue
 import threading
@@ -78,7 +79,7 @@ class Wandb:
             name=run_name,
             id=known,
             resume="allow",
-            dir=str(output_dir),
+            dir=None if os.environ.get("WANDB_DIR") else str(output_dir),  # W&B's own variable wins, as in W&B
             config=config,
             mode=mode or None,
             settings=wandb.Settings(init_timeout=60, console="off", silent=True),
@@ -106,7 +107,8 @@ class Wandb:
 
 class Mlflow:
     """MLflow through the ``mlflow`` client: an experiment named trainer.project_name, a run named
-    trainer.experiment_name, at trainer.mlflow_tracking_uri (or ``MLFLOW_TRACKING_URI``, or a folder beside the run)."""
+    trainer.experiment_name, at trainer.mlflow_tracking_uri (or ``MLFLOW_TRACKING_URI``, or else a SQLite store
+    beside the run: ``<output_dir>/mlflow.db``, its artifacts in ``<output_dir>/mlartifacts``)."""
 
     name = "mlflow"
 
@@ -115,26 +117,48 @@ class Mlflow:
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
         from mlflow.tracking import MlflowClient
 
-        self.client = MlflowClient(
-            uri or os.environ.get("MLFLOW_TRACKING_URI") or (Path(output_dir) / "mlruns").as_uri()
-        )
+        uri = uri or os.environ.get("MLFLOW_TRACKING_URI")
+        artifacts = None
+        if not uri:  # a store of its own beside the run: SQLite (mlflow 3 refuses a plain folder store by default)
+            uri, artifacts = f"sqlite:///{Path(output_dir).resolve() / 'mlflow.db'}", Path(output_dir) / "mlartifacts"
+            for noisy in ("mlflow.store.db.utils", "alembic"):  # its tables' creation, a line each, not the console's
+                logging.getLogger(noisy).setLevel(logging.WARNING)
+        self.client = MlflowClient(uri)
         known = ids.get(self.name).get("run_id")
         if known:
             self.run_id = known
             self.client.update_run(known, status="RUNNING")
         else:
             experiment = self.client.get_experiment_by_name(project)
-            experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(project)
+            experiment_id = (
+                experiment.experiment_id
+                if experiment
+                else self.client.create_experiment(
+                    project, artifact_location=artifacts and artifacts.resolve().as_uri()
+                )
+            )
             self.run_id = self.client.create_run(experiment_id, run_name=run_name).info.run_id
             ids.update(self.name, run_id=self.run_id)
             self._params(config)
 
     def _params(self, config: dict) -> None:
         from mlflow.entities import Param
+        from mlflow.exceptions import MlflowException
 
         params = [Param(k, str(v)[:6000]) for k, v in flatten(config).items()]
         for i in range(0, len(params), 100):  # MLflow takes at most 100 params a call
-            self.client.log_batch(self.run_id, params=params[i : i + 100])
+            batch = params[i : i + 100]
+            try:
+                self.client.log_batch(self.run_id, params=batch)
+            except MlflowException:
+                # a slow server: the client's retry of a call whose first try was stored is refused (a param is
+                # written once); the same values already there are what was asked, log only what is missing
+                have = self.client.get_run(self.run_id).data.params
+                if any(have.get(p.key, p.value) != p.value for p in batch):
+                    raise
+                missing = [p for p in batch if p.key not in have]
+                if missing:
+                    self.client.log_batch(self.run_id, params=missing)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         from mlflow.entities import Metric

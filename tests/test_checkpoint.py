@@ -36,38 +36,46 @@ def metrics(out):
     return [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def whole_and_resumed(tmp_path_factory, extra=(), recipe="recipes/tiny-cpu.yaml"):
-    """An uninterrupted 4-step run, and the same run SIGKILLed after step 2's checkpoint, then restarted."""
+def whole_and_resumed(tmp_path_factory, extra=(), recipe="recipes/tiny-cpu.yaml", kill=True):
+    """An uninterrupted 4-step run, and the same run SIGKILLed after step 2's checkpoint, then restarted.
+
+    `kill=False` (where what is checked is the resume, not the kill: each SIGKILL start costs a run's start-up,
+    and this pair already kills for real): a copy of the uninterrupted run as that kill leaves it, its step 2
+    checkpoint, metrics and dumps up to step 3, and nothing later, is restarted instead."""
     whole, killed = tmp_path_factory.mktemp("whole"), tmp_path_factory.mktemp("killed")
     res = run_cli("train", recipe, *COMMON, *extra, f"trainer.output_dir={whole}", timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
-    cmd = [
-        sys.executable,
-        "-m",
-        "grpo_ray",
-        "train",
-        recipe,
-        *COMMON,
-        *extra,
-        f"trainer.output_dir={killed}",
-    ]
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True
-    )
-    try:
-        deadline = time.time() + 600
-        for line in proc.stdout:
-            if line.startswith("step:3 ") or time.time() > deadline:
-                break
-        assert line.startswith("step:3 ")
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the driver, its local Ray cluster and every actor
-        proc.wait()
+    if kill:
+        sigkill_after_step_3(recipe, extra, killed)
+    else:
+        shutil.copytree(whole, killed, dirs_exist_ok=True)
+        shutil.rmtree(killed / "checkpoints" / "step_4")
+        (killed / "rollouts" / "train_data_step4.jsonl").unlink(missing_ok=True)
+        kept = [line for line in (killed / "metrics.jsonl").read_text().splitlines() if json.loads(line)["step"] <= 3]
+        (killed / "metrics.jsonl").write_text("".join(line + "\n" for line in kept))
     assert checkpoint.complete_steps(killed / "checkpoints") == [2]
     resumed = run_cli("train", recipe, *COMMON, *extra, f"trainer.output_dir={killed}", timeout=900)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from" in resumed.stdout and "(step 2)" in resumed.stdout
     return whole, killed
+
+
+def sigkill_after_step_3(recipe, extra, out):
+    """Run into `out` and SIGKILL the driver, its local Ray cluster and every actor once step 3 is logged."""
+    cmd = [sys.executable, "-m", "grpo_ray", "train", recipe, *COMMON, *extra, f"trainer.output_dir={out}"]
+    errors = out.parent / f"{out.name}.stderr"
+    with errors.open("w") as err:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)
+    try:
+        deadline, said = time.time() + 600, []
+        for line in proc.stdout:
+            said.append(line)
+            if line.startswith("step:3 ") or time.time() > deadline:
+                break
+        assert said and said[-1].startswith("step:3 "), "".join(said)[-2000:] + errors.read_text()[-3000:]
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def assert_same_metrics(whole, killed):

@@ -21,6 +21,7 @@ def a_run(out, steps=3):
     (out / "tensorboard").mkdir(exist_ok=True)
     (out / "tensorboard" / "events.out.tfevents.1").write_bytes(b"x")
     (out / "config.yaml").write_text("old: recipe\n")
+    (out / "trackers.json").write_text('{"mlflow": {"run_id": "the-old-run"}}')
     return {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
 
 
@@ -48,7 +49,7 @@ def test_a_rerun_without_a_checkpoint_is_refused_and_touches_nothing(tmp_path):
     before = a_run(out)
     with pytest.raises(
         RecipeError,
-        match=r"already holds a run \(metrics.jsonl, tensorboard, rollouts\) and no "
+        match=r"already holds a run \(metrics.jsonl, tensorboard, rollouts, trackers.json\) and no "
         r"whole checkpoint to resume; nothing was changed",
     ):
         rundir.prepare(out, TrainerConfig(), "new: recipe\n")
@@ -80,7 +81,7 @@ def test_overwrite_removes_the_run_files_only(tmp_path):
     said = []
     assert rundir.prepare(out, TrainerConfig(resume="disable", overwrite=True), CONFIG, said.append) is None
     assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "notes.txt"]  # config.yaml: rewritten at start
-    assert "removed (trainer.overwrite)" in said[0]
+    assert "removed (trainer.overwrite)" in said[0] and "trackers.json" in said[0]  # new tracker runs, not the old
 
 
 def test_set_aside_keeps_each_previous_run_under_a_new_name(tmp_path):
@@ -110,10 +111,27 @@ def test_a_checkpoint_of_another_model_is_refused_before_anything_starts(tmp_pat
     out = tmp_path / "run"
     ckpt = a_checkpoint(out, 2)
     other = CONFIG.replace("layers=1", "layers=2")
-    with pytest.raises(RecipeError, match=r"holds model.path='tiny://qwen2\?layers=1', the recipe trains"):
+    with pytest.raises(RecipeError, match=r"with model.path='tiny://qwen2\?layers=1', the recipe has model.path="):
         rundir.prepare(out, TrainerConfig(), other, lambda _: None)
-    with pytest.raises(RecipeError, match="model.lora.rank=0, the recipe trains model.lora.rank=8"):
+    with pytest.raises(RecipeError, match="model.lora.rank=0, the recipe has model.lora.rank=8"):
         rundir.prepare(tmp_path / "elsewhere", TrainerConfig(resume=str(ckpt)), CONFIG.replace("rank: 0", "rank: 8"))
+
+
+@pytest.mark.parametrize("key", ["reward_model.model", "teacher.model", "reward_model.judge.template"])
+def test_a_resume_with_another_scorer_is_refused(tmp_path, key):
+    """A run that trained on one reward model's (or teacher's, or judge's) signal, resumed with another, would be
+    another experiment whose config.yaml names only the new one: refused before anything starts. An empty value
+    and an absent key are the same."""
+    import yaml
+
+    section, _, rest = key.partition(".")
+    nested = {section: {rest: "x"}} if "." not in rest else {section: {"judge": {"template": "x"}}}
+    out = tmp_path / "run"
+    a_checkpoint(out, 2)
+    with pytest.raises(RecipeError, match=rf"with {key}=None, the recipe has {key}='x'"):
+        rundir.prepare(out, TrainerConfig(), CONFIG + yaml.safe_dump(nested), lambda _: None)
+    blank = {section: {rest: ""}} if "." not in rest else {section: {"judge": {"template": ""}}}
+    assert rundir.prepare(out, TrainerConfig(), CONFIG + yaml.safe_dump(blank), lambda _: None).name == "step_2"
 
 
 def test_checkpoints_none_of_them_whole_are_never_silently_started_over(tmp_path):
@@ -209,3 +227,19 @@ def test_yaml_tags_never_execute(tmp_path, capsys):
     assert main(["train", str(bad), f"trainer.output_dir={tmp_path / 'run'}"]) == 2
     assert not marker.exists()
     assert "grpo-ray: error:" in capsys.readouterr().err
+
+
+def test_a_checkpoint_of_another_command_is_refused_and_touches_nothing(tmp_path):
+    """grpo-ray rm pointed at an SFT run's directory replaced its config.yaml and then died loading the SFT
+    checkpoint: each checkpoint says which command wrote it, and another command's is refused before start."""
+    out = tmp_path / "run"
+    ckpt = a_checkpoint(out, 2)
+    (ckpt / "trainer_state.json").write_text(json.dumps({"step": 2, "job": "sft"}))
+    listed = json.loads((ckpt / "manifest.json").read_text())
+    listed["files"]["trainer_state.json"] = (ckpt / "trainer_state.json").stat().st_size
+    (ckpt / "manifest.json").write_text(json.dumps(listed))
+    before = files(out)
+    with pytest.raises(RecipeError, match="is a checkpoint of grpo-ray sft, not of grpo-ray rm; nothing was changed"):
+        rundir.prepare(out, TrainerConfig(), CONFIG, lambda _: None, job="rm")
+    assert files(out) == before
+    assert rundir.prepare(out, TrainerConfig(), CONFIG, lambda _: None, job="sft") == ckpt

@@ -168,11 +168,19 @@ def test_gemm_rates_are_interpolated_on_the_grid_in_log_space():
 @pytest.mark.slow
 def test_calibration_writes_the_rates_that_plan_then_reads(tmp_path):
     """plan --calibrate measures this machine (matmuls, memory, the learner's calls, gloo, vLLM engines), writes the
-    rates under the cache, and plan predicts with them from then on."""
+    rates under the cache, and plan predicts with them from then on. An earlier calibration is kept aside, and the
+    console holds the command's own lines (the parts' loading bars and engine lines go to calibrate.log)."""
     env = {"GRPO_RAY_CACHE": str(tmp_path)}
+    path = tmp_path / "calibration" / "cpu.json"
+    path.parent.mkdir()
+    path.write_text('{"an": "earlier calibration"}')
     first = run_cli("plan", "recipes/tiny-cpu.yaml", "--calibrate", env=env, timeout=900)
     assert first.returncode == 0, first.stderr[-3000:]
-    path = tmp_path / "calibration" / "cpu.json"
+    kept = [p for p in path.parent.glob("cpu-*.json")]
+    assert len(kept) == 1 and kept[0].read_text() == '{"an": "earlier calibration"}'
+    console = first.stdout + first.stderr
+    assert "%|" not in console and "Loading" not in console and "leaked" not in console, console[-3000:]
+    assert (path.parent / "calibrate.log").stat().st_size > 0
     rates = speed.Rates.load(path)
     assert "calibrated on" in rates.source and set(rates.threads) >= {"1"}
     t = rates.at(1)

@@ -29,6 +29,8 @@ COMMON = [
     "trainer.project_name=grpo-tests",
     "trainer.experiment_name=tracked",
     "trainer.wandb_mode=offline",
+    "algorithm.kl_coef=0",  # no reference actor, one learner rank: two actors' start-up less a run (the trackers'
+    "learner.world_size=1",  # subject is what the driver logs)
 ]
 
 
@@ -278,3 +280,40 @@ def test_best_counts_validations_without_an_improvement_by_hand():
         1, {"val/a/pass@1": 0.2, "val/b/pass@1": 0.4, "val/a/pass@4": 0.9}
     ) and mean.value == pytest.approx(0.3)
     assert not mean.stop  # no metric named: never stops
+
+
+def test_the_default_mlflow_store_works_with_todays_mlflow_and_wandb_dir_wins(tmp_path, monkeypatch):
+    """No tracking URI anywhere: MLflow's store is a SQLite file beside the run (mlflow 3 refuses a folder store),
+    metrics, tables and files read back through its client, nothing written in the working directory; with
+    WANDB_DIR set, W&B's files go there, not under the run (W&B's own rule: the variable wins)."""
+    import wandb
+    from mlflow.tracking import MlflowClient
+
+    from grpo_ray import trackers
+    from grpo_ray.config import load_recipe
+
+    wandb.teardown()  # W&B reads WANDB_DIR when its process-wide setup starts: an earlier test's would be kept
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-home"))
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "run"
+    out.mkdir()
+    recipe = load_recipe(
+        ROOT / "recipes" / "tiny-cpu.yaml", ["trainer.loggers=[console,wandb,mlflow]", "trainer.wandb_mode=offline"]
+    )
+    said = []
+    workers = trackers.start(recipe, out, said.append)
+    try:
+        assert [w.tracker.name for w in workers] == ["wandb", "mlflow"] and not said, said
+        for w in workers:
+            w.tracker.log(1, {"critic/score/mean": 0.25})
+            w.tracker.table(1, [{"prompt": "p", "response": "r", "reward": 1.0}])
+    finally:
+        for w in workers:
+            w.close()
+    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    run_id = json.loads((out / "trackers.json").read_text())["mlflow"]["run_id"]
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "critic/score/mean")] == [(1, 0.25)]
+    assert client.get_run(run_id).data.params["trainer.project_name"] == recipe.trainer.project_name
+    assert (out / "mlartifacts").is_dir() and not (tmp_path / "mlruns").exists()
+    assert list((tmp_path / "wandb-home").rglob("*.wandb")) and not (out / "wandb").exists()

@@ -1,6 +1,6 @@
 """The storage weight transport (``trainer.weight_transport: storage``): learner rank 0 writes each bucket of a
-push as a safetensors file, ``<trainer.weight_dir>/v<version>/bucket_<k>.safetensors`` (written aside, then
-renamed: a reader never sees half a file), and every engine worker loads the buckets in order as they appear,
+push as a safetensors file, ``<trainer.weight_dir>/grpo-ray-v<version>/bucket_<k>.safetensors`` (written aside,
+then renamed: a reader never sees half a file), and every engine worker loads the buckets in order as they appear,
 waiting at most ``trainer.sync_timeout_s`` for each. A directory every node sees (a shared filesystem) is all it
 needs: no collective path between the learner's nodes and the engines'. The driver removes a version's files
 once every engine has loaded it (``done``), and any older ones left by a push that failed.
@@ -13,7 +13,6 @@ of it as of the collective's buckets.
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +25,9 @@ from grpo_ray.sync import plan_buckets, unflatten
 from grpo_ray.transports.base import Bucket, Transport
 
 POLL_S = 0.005
+PREFIX = "grpo-ray-v"
+"""A push's folder in trainer.weight_dir, ``grpo-ray-v<version>``: the only folders the transport removes (and
+only the bucket files it wrote in them), so a weight_dir holding folders of the user's loses nothing."""
 
 
 class Storage(Transport):
@@ -59,7 +61,7 @@ class Storage(Transport):
             )
 
     def path(self, version: int, k: int) -> Path:
-        return self.dir / f"v{version}" / f"bucket_{k:05d}.safetensors"
+        return self.dir / f"{PREFIX}{version}" / f"bucket_{k:05d}.safetensors"
 
     def send(self, metas, fill, bucket_bytes, phases, device, version) -> int:
         sent = 0
@@ -93,9 +95,17 @@ class Storage(Transport):
             yield out
 
     def done(self, version: int) -> None:
-        for old in self.dir.glob("v*"):
-            if old.name[1:].isdigit() and int(old.name[1:]) <= version:
-                shutil.rmtree(old, ignore_errors=True)
+        for old in self.dir.glob(f"{PREFIX}*"):
+            n = old.name.removeprefix(PREFIX)
+            if not (n.isdigit() and int(n) <= version):
+                continue
+            for f in old.glob("bucket_*"):
+                if f.suffix in (".safetensors", ".tmp"):  # only the files a push writes
+                    f.unlink(missing_ok=True)
+            try:
+                old.rmdir()  # empty now, unless someone else's files are in it: those stay, with the folder
+            except OSError:
+                pass
 
 
 TRANSPORT = Storage
