@@ -325,6 +325,17 @@ class Controller(Runner):
                 "reward_model/judge_unread": 0.0 if timed_out else unread / len(values),
                 "reward_model/judge_timeouts": float(timed_out),
             }
+            if unread and not timed_out:
+                self.show_first(
+                    "the judge",
+                    "counted in reward_model/judge_unread",
+                    "reward_model",
+                    f"{unread} of {len(values)} replies had no score matching reward_model.judge.pattern="
+                    f"{judge.pattern!r} (or left no room to reply), scored reward_model.judge.default={judge.default:g}"
+                    "; the first such reply is in the log",
+                )
+            if counted:
+                self.count_failing("the judge", judged["reward_model/judge_unread"], "the judge")
         scores, metrics = with_model(scores, values, rm.weight, rm.normalize, rules, rm.sigmoid)
         return scores, {**metrics, **judged, "timing_s/reward_model": max(w.seconds for w in work)}, work
 
@@ -346,6 +357,7 @@ class Controller(Runner):
         if isinstance(batch, Collected):
             return batch
         rollouts, stats = self.engines.collect(batch, recover)
+        self.check_environment(stats)  # its first failures said, a run of failing steps stops the run
         samples, dapo = Samples.of(stats), self.r.algorithm.filter_groups.enable
         frozen = {} if dapo else self.frozen_logprobs(rollouts, samples)  # DAPO: after its groups are chosen
         return Collected(rollouts, stats, self.send_rewards(rollouts, samples), frozen, batch.version)

@@ -77,6 +77,8 @@ class Episodes:
         self.children = [EnvChild(e.memory_mb, e.sandbox, (e.name, dict(e.options))) for _ in range(e.workers)]
         self.pool = ThreadPoolExecutor(max_workers=2 * e.workers, thread_name_prefix="env")
         self.reported: set[str] = set()
+        self.unsent: dict[str, str] = {}
+        """The first failure of each kind (its traceback or what happened) not yet handed to the driver."""
 
     def run(self, prompts: list[Prompt], n: int, seeds: list[int], sampling, lora_request=None) -> list[Completion]:
         """`n` trajectories of each prompt (prompt i's seeded from seeds[i]), group after group; `sampling` is each
@@ -225,8 +227,14 @@ class Episodes:
         t.episode.failure = t.episode.ended = "error" if outcome in ("lost", "died", "memory") else outcome
         if outcome not in self.reported:
             self.reported.add(outcome)
+            self.unsent[outcome] = f"in trajectory {t.key}:\n{text}"
             print(f"environment {self.env.name} failed ({outcome}) in trajectory {t.key}:\n{text}", file=sys.stderr)
         return False
+
+    def new_failures(self) -> dict[str, str]:
+        """The first failures of each kind not yet handed over (``RolloutStats.failures``), by kind."""
+        out, self.unsent = self.unsent, {}
+        return out
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)

@@ -43,6 +43,8 @@ class Runner:
 
     save_at_end = False
     """Save a checkpoint after the last step even when trainer.save_freq is 0."""
+    job = "train"
+    """The command whose checkpoints this runner writes and resumes (train, sft, rm): another's is refused."""
     roles: dict = {}
     """Actor classes that replace a pool's own (``pools.ROLES``): a reward model's run trains a classifier."""
 
@@ -63,9 +65,12 @@ class Runner:
         self.log: MetricsLog | None = None
         self.best = early_stop.Best.of(recipe.trainer)
         """The best validation so far (early stopping, keep_best)."""
-        self.reward_failures: dict[str, str] = {}
-        """The first failure of each reward function (shown once), and the steps in a row over the limit."""
-        self.failing_steps = 0
+        self.first_failures: dict[str, str] = {}
+        """The first failure of each user function (a reward function, the environment by kind, the judge), shown
+        once on the console, by what failed."""
+        self.failing_steps: dict[str, int] = {}
+        """Per kind of user code (reward functions, the environment, the judge), the steps in a row over
+        reward.max_error_share."""
 
     def step(self, step: int) -> dict[str, float]:
         """One training step; its metrics."""
@@ -181,6 +186,7 @@ class Runner:
         prompts = [Prompt.from_row(i, row) for i, row in enumerate(self.inputs.val_rows)]
         sampling = dataclasses.replace(g.sampling, temperature=g.val_temperature)
         rollouts, stats = self.engines.generate(prompts, g.val_n, step, sampling)
+        self.check_environment(stats, counted=False)
         scores, out = self.pass_rates(step, "val_data", prompts, rollouts, stats, g.val_n)
         if self.log and self.log.trackers:  # a few samples of the first engine's share, as a table
             self.log.table(step, sample_table(self.call(rollouts[0], "validation samples"), scores[0].totals))
@@ -202,25 +208,54 @@ class Runner:
         """`scores`, after showing the first failure of each reward function once; a training batch (`counted`)
         whose functions failed on more than reward.max_error_share of its samples max_error_steps times in a row
         stops the run with the failure."""
-        for name, text in ((n, t) for s in scores for n, t in s.failures.items() if n not in self.reward_failures):
-            self.reward_failures[name] = text
-            self.say(
-                f"reward {name} failed; its first failure (the next are counted in reward/errors and "
-                f"reward/timeouts, logs in {self.pools.log_dir()}/reward-*.log):\n{text.rstrip()}"
-            )
-        if not counted:
-            return scores
-        w, n = self.r.reward, sum(len(s.totals) for s in scores)
-        share = sum(s.errors + s.timeouts for s in scores) / n
-        self.failing_steps = self.failing_steps + 1 if share > w.max_error_share else 0
-        if w.max_error_steps and self.failing_steps >= w.max_error_steps:
-            last = next(reversed(self.reward_failures.values()), "")
-            raise RunError(
-                f"reward functions failed on {share:.0%} of the samples, over reward.max_error_share="
-                f"{w.max_error_share:g} for {self.failing_steps} steps in a row (reward.max_error_steps): "
-                f"fix the function, or raise the limits. Its failure:\n{last.rstrip()}"
-            )
+        counts = "counted in reward/errors and reward/timeouts"
+        for name, text in ((n, t) for s in scores for n, t in s.failures.items()):
+            self.show_first(f"reward {name}", counts, "reward", text)
+        if counted:
+            share = sum(s.errors + s.timeouts for s in scores) / sum(len(s.totals) for s in scores)
+            self.count_failing("reward functions", share, "reward ")
         return scores
+
+    def check_environment(self, stats: list, counted: bool = True) -> None:
+        """Multi-turn rollouts: the environment's first failure of each kind shown once; a training batch
+        (`counted`) whose trajectories failed (an error, a timeout, a lost process) over reward.max_error_share
+        max_error_steps times in a row stops the run, as failing reward functions do."""
+        env = self.r.environment.name
+        for s in stats:
+            for kind, text in s.failures.items():
+                self.show_first(
+                    f"environment {env} ({kind})", "counted in env/errors and env/timeouts", "generator", text
+                )
+        values = [s.env for s in stats if s.env]
+        if counted and values:
+            failed = sum(sum(v["errors"]) + sum(v["timeouts"]) for v in values)
+            self.count_failing(
+                f"environment {env}", failed / sum(sum(v["trajectories"]) for v in values), "environment "
+            )
+
+    def show_first(self, what: str, counted: str, pool: str, text: str) -> None:
+        """Say `what` failed with its first failure `text`, once a run; the next are `counted` in metrics and kept
+        in the `pool`'s logs."""
+        if what in self.first_failures:
+            return
+        self.first_failures[what] = text
+        self.say(
+            f"{what} failed; its first failure (the next are {counted}, logs in "
+            f"{self.pools.log_dir()}/{pool}-*.log):\n{text.rstrip()}"
+        )
+
+    def count_failing(self, what: str, share: float, prefix: str) -> None:
+        """One more step in a row where `what` (user code) failed on over reward.max_error_share of the samples, or
+        none; reward.max_error_steps of them stop the run with the last first failure whose key starts `prefix`."""
+        w = self.r.reward
+        n = self.failing_steps[what] = self.failing_steps.get(what, 0) + 1 if share > w.max_error_share else 0
+        if w.max_error_steps and n >= w.max_error_steps:
+            last = next((t for k, t in reversed(self.first_failures.items()) if k.startswith(prefix)), "")
+            raise RunError(
+                f"{what} failed on {share:.0%} of the samples, over reward.max_error_share={w.max_error_share:g} for "
+                f"{n} steps in a row (reward.max_error_steps): fix it, or raise the limits. Its failure:\n"
+                f"{last.rstrip()}"
+            )
 
     def spread(self, pool: str, rollouts: list, samples: Samples, by_tokens: bool) -> list[tuple]:
         """The step's samples cut into contiguous shares of near-equal tokens (or samples) over every actor of
@@ -268,6 +303,7 @@ class Runner:
             "data": dataclasses.asdict(self.stream.position),
             "scheduler": saved["scheduler"],
             "best": self.best.state(),
+            "job": self.job,
         }
         info = {"step": step, "consumed_samples": step * self.r.data.train_batch_size, "last_val_score": last_val}
         keep = frozenset([self.best.step] if self.r.trainer.keep_best and self.best.step else [])

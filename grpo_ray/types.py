@@ -103,6 +103,9 @@ class RolloutStats:
     """Wall-clock start and end of the generation (time.time() in the actor): what overlapped what."""
     env: dict[str, list[float]] = field(default_factory=dict)
     """Multi-turn rollouts: the env/* metrics' values per trajectory (``grpo_ray.rollout.episode_values``)."""
+    failures: dict[str, str] = field(default_factory=dict)
+    """Multi-turn rollouts: the environment's first failure of each kind on this engine (error, timeout, ...), its
+    traceback or what happened, when it is new since the engine's last answer."""
 
 
 @dataclass

@@ -9,6 +9,8 @@ are data parallel with no group between them: each engine holds the whole judge 
 
 from __future__ import annotations
 
+import math
+import sys
 import time
 
 from grpo_ray.config import Recipe
@@ -30,6 +32,7 @@ class Judge(RoleActor):
         self.cfg = recipe.reward_model.judge
         self.prefix = recipe.data.response_prefix
         self.calls = 0
+        self.shown_unread = False
         self.context = judge_context(recipe)
 
     def address(self) -> tuple[str, int]:
@@ -70,6 +73,10 @@ class Judge(RoleActor):
         start, started = time.perf_counter(), time.time()
         replies = self.replies([judge_prompt(self.cfg.template, p, self.prefix + c.text) for p, c in pairs])
         out = [read_score(reply, self.cfg.pattern) if reply is not None else float("nan") for reply in replies]
+        unread = next((r for r, v in zip(replies, out) if r is not None and math.isnan(v)), None)
+        if unread is not None and not self.shown_unread:  # the driver says how many; the log shows one
+            self.shown_unread = True
+            print(f"a judge reply without a score matching {self.cfg.pattern!r}:\n{unread[:2000]}", file=sys.stderr)
         return out, Work(time.perf_counter() - start, len(pairs), (started, time.time()))
 
     def replies(self, rubrics: list[str]) -> list[str | None]:

@@ -2,10 +2,13 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,10 @@ FAST = [
     "trainer.val_before_train=false",
     "trainer.loggers=[console,jsonl]",
     "trainer.dump_freq=1",
+    # no KL term, no reference actor, one learner rank: two actors' start-up less a run (none of these faults is
+    # the reference's; the one of a learner rank's asks for two ranks)
+    "algorithm.kl_coef=0",
+    "learner.world_size=1",
 ]
 
 SCHEDULES = {
@@ -90,3 +97,40 @@ def faults_env(tmp_path):
     markers = tmp_path / "fault-markers"
     markers.mkdir()
     return {"GRPO_RAY_FAULTS_DIR": str(markers)}
+
+
+SECRETS = {
+    "HF_TOKEN": "hf_planted-fake-token-0123456789",
+    "WANDB_API_KEY": "wandb-planted-key-9876543210",
+    "MY_SERVICE_PASSWORD": "planted-password-42",
+}
+"""Tokens planted in the environment of `nan_run` (tests/faults/test_secrets.py looks for them in every output)."""
+
+
+@pytest.fixture(scope="session")
+def nan_run(tmp_path_factory) -> Iterator[tuple[Path, str, Path]]:
+    """One step off, 4 steps, a NaN loss injected at step 2 (tests/faults/test_nonfinite.py), with tokens planted
+    in its environment that the recipe passes on to vLLM as a user with a gated model would, and every file logger
+    on (tests/faults/test_secrets.py): its folder, its console and the Ray session's folder it ran in."""
+    base = tmp_path_factory.mktemp("nan")
+    markers = base / "fault-markers"
+    markers.mkdir()
+    out = base / "run"
+    # Ray's folders under one of its own (short: Ray's unix socket paths), so that the session read back is this
+    # run's, whatever runs beside it
+    ray_tmp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))
+    env = {**SECRETS, "GRPO_RAY_FAULTS_DIR": str(markers), "GRPO_RAY_FAULTS": "nan_loss@2", "RAY_TMPDIR": str(ray_tmp)}
+    run = Run(
+        out,
+        [
+            "trainer.total_steps=4",
+            "trainer.save_freq=4",  # a checkpoint at the end only: the steps' schedule is the one tested
+            *SCHEDULES["one-step-off"],
+            "trainer.loggers=[console,jsonl,tensorboard]",
+            "+generator.vllm_kwargs.hf_token=${oc.env:HF_TOKEN}",
+        ],
+        env,
+    )
+    assert run.wait() == 0, run.output()[-3000:]
+    yield out, run.output(), (ray_tmp / "ray" / "session_latest").resolve()
+    shutil.rmtree(ray_tmp, ignore_errors=True)

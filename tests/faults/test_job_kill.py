@@ -61,7 +61,7 @@ def test_learner_rank_lost_stops_the_run_at_once_and_the_rerun_resumes(tmp_path)
     import signal
 
     out = tmp_path / "run"
-    run = Run(out, ["trainer.total_steps=40", "trainer.save_freq=2"])
+    run = Run(out, ["trainer.total_steps=40", "trainer.save_freq=2", "learner.world_size=2"])
     wait_for_step(out, 3)
     rank1 = json.loads((out / "placement.json").read_text())["learner"][1]["pid"]
     os.kill(rank1, signal.SIGKILL)  # rank 0 is left blocked in a collective with it
@@ -71,6 +71,8 @@ def test_learner_rank_lost_stops_the_run_at_once_and_the_rerun_resumes(tmp_path)
     assert "an actor died" in run.output() and "Traceback" not in run.output().split("grpo-ray: run stopped")[-1]
     saved = checkpoint.find_resume(out, "auto")
     assert saved is not None
-    again = Run(out, [f"trainer.total_steps={int(saved.name.split('_')[1]) + 2}", "trainer.save_freq=2"])
+    again = Run(
+        out, [f"trainer.total_steps={int(saved.name.split('_')[1]) + 2}", "trainer.save_freq=2", "learner.world_size=2"]
+    )
     assert again.wait() == 0, again.output()[-3000:]
     assert f"resuming from {saved}" in again.output()

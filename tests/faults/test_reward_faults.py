@@ -122,3 +122,60 @@ def test_a_reward_failing_on_most_samples_is_shown_once_and_stops_the_run(tmp_pa
     assert frame in (tmp_path / "run" / "logs" / "reward-0.log").read_text()
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in steps] == [1] and steps[0]["reward/errors"] > 0.5 * 256
+
+
+@pytest.mark.parametrize(
+    "recipe, overrides, first, stopped, log",
+    [
+        (
+            "tiny-cpu.yaml",
+            [  # turns ended by common letters and digits: most reach step (a turn cut at max_tokens does not)
+                "environment.name=tests.helpers.envs:Raise",
+                "environment.max_tokens=64",
+                "environment.stop=[a,e,i,o,u,s,t,0,1,2,3,4,5,6,7,8,9]",
+                "generator.sampling.max_tokens=8",
+            ],
+            "ValueError: the tool broke",
+            "run stopped: environment tests.helpers.envs:Raise failed on",
+            "generator-0.log",
+        ),
+        (
+            "tiny-qwen2.5-1.5b-gsm8k-judge.yaml",
+            [  # one engine, one judge, one learner rank: the pools' sizes are tests/test_judge.py's
+                "reward_model.judge.pattern=(NEVER-IN-A-REPLY)",
+                "algorithm.max_staleness=0",
+                "generator.num_engines=1",
+                "reward_model.num_actors=1",
+                "learner.world_size=1",
+            ],
+            "replies had no score matching reward_model.judge.pattern='(NEVER-IN-A-REPLY)'",
+            "run stopped: the judge failed on 100% of the samples",
+            "reward_model-0.log",
+        ),
+    ],
+    ids=["environment", "judge"],
+)
+def test_an_environment_or_judge_failing_on_most_samples_is_said_once_and_stops_the_run(
+    recipe, overrides, first, stopped, log, tmp_path
+):
+    """As failing reward functions: the first failure on the console once (not only in the actor's log), the run
+    stopped after reward.max_error_steps steps over reward.max_error_share, exit code 1."""
+    from tests.conftest import ROOT, run_cli
+
+    res = run_cli(
+        "train",
+        str(ROOT / "recipes" / recipe),
+        f"trainer.output_dir={tmp_path / 'run'}",
+        "reward.max_error_steps=2",
+        "trainer.total_steps=6",
+        "trainer.test_freq=0",
+        "trainer.val_before_train=false",
+        *overrides,
+        timeout=900,
+    )
+    assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-3000:]
+    assert res.stdout.count("failed; its first failure") == 1 and res.stdout.count(first) == 1, res.stdout[-3000:]
+    assert stopped in res.stderr and "for 2 steps in a row" in res.stderr, res.stderr[-3000:]
+    assert (tmp_path / "run" / "logs" / log).read_text()  # and the actor's own log has it
+    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in steps] == [1]

@@ -68,3 +68,10 @@ class Probe(Echo):
         except OSError as e:
             net = type(e).__name__
         return Step(f"{wrote} {net}")
+
+
+class NoStep(Environment):
+    """Forgets to write step: refused before start."""
+
+    def reset(self, row):
+        self.turns = 0
