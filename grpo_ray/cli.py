@@ -7,6 +7,8 @@ without a traceback; anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import difflib
+import re
 import sys
 import time
 from pathlib import Path
@@ -27,6 +29,15 @@ def cmd_train(args) -> int:
         raise UserError(
             f"{args.recipe}: the recipe does not fit its cluster (grpo-ray plan {args.recipe} shows "
             "the whole estimate):\n" + "\n".join(f"  - {p}" for p in report.problems)
+        )
+    from grpo_ray.placement import local_problems
+
+    short = local_problems(recipe)
+    if short:
+        raise UserError(
+            f"{args.recipe}: the local Ray cluster a run starts here (this machine) cannot hold the recipe's pools; "
+            "lower their num_cpus (grpo-ray plan lists each pool's) or submit the job to a larger cluster:\n"
+            + "\n".join(f"  - {p}" for p in short)
         )
     from grpo_ray.metrics import since_start
 
@@ -119,16 +130,34 @@ def _run(job, done: str) -> int:
 
 
 def cmd_plan(args) -> int:
+    from grpo_ray.calibrate import has_gpu
     from grpo_ray.config import load_recipe
 
+    counts = {"--nodes": args.nodes, "--prompt-tokens": args.prompt_tokens, "--response-tokens": args.response_tokens}
+    for flag, value in counts.items():
+        if value is not None and value < 1:
+            raise UserError(f"plan {flag} {value}: must be 1 or more")
     flags = list(args.overrides)
     if args.gpu == "cpu":
         flags += ["cluster.device=cpu", "cluster.devices_per_node=0", "cluster.gpu=''"]
     elif args.gpu:
         flags += ["cluster.device=cuda", f"cluster.gpu={args.gpu}", "cluster.device_memory_gb=0"]
-    if args.nodes:
+    if args.nodes is not None:
         flags.append(f"cluster.nodes={args.nodes}")
     recipe = load_recipe(args.recipe, flags, command=args.job)
+    if args.calibrate and recipe.cluster.device == "cuda" and not has_gpu():
+        raise UserError(
+            f"plan --calibrate measures this machine's {recipe.cluster.device}, and it has no GPU: calibrate on one of "
+            "the GPU machines, or plan with --gpu cpu"
+        )
+    from grpo_ray.fit import response_budget
+
+    for flag, value, limit, key in (
+        ("--prompt-tokens", args.prompt_tokens, recipe.data.max_prompt_length, "data.max_prompt_length"),
+        ("--response-tokens", args.response_tokens, response_budget(recipe), "response budget"),
+    ):
+        if value and value > limit:
+            raise UserError(f"plan {flag} {value}: over the recipe's {key} ({limit}); the run never sees one that long")
     c = recipe.cluster
     kind = f"{c.devices_per_node} x {c.gpu or 'GPU'}" if c.device == "cuda" else "CPU"
     print(f"{args.recipe}: {recipe.model.path} on {c.nodes} node(s) of {kind}")
@@ -154,7 +183,8 @@ def _plan_speed(recipe, dims, args, flags: list[str]) -> str:
         from grpo_ray.calibrate import calibrate
 
         device = recipe.cluster.device
-        print(f"calibrating this machine's {device} (a minute or two) ...")
+        how_long = "about 3 minutes on 2 CPU cores" if device == "cpu" else "a few minutes"
+        print(f"calibrating this machine's {device} ({how_long}) ...")
         _, path = calibrate(device)
         print(f"  rates written to {path}")
     rates = speed.rates_for(recipe)
@@ -164,7 +194,7 @@ def _plan_speed(recipe, dims, args, flags: list[str]) -> str:
             "--calibrate on one of its machines, or name a GPU of the published table: "
             f"{', '.join(speed.published())})"
         )
-    shape = speed.default_shape(recipe, args.prompt_tokens, args.response_tokens)
+    shape = speed.default_shape(recipe, args.prompt_tokens or 0, args.response_tokens or 0)
     now = speed.predict(recipe, dims, rates, shape)
     if not args.suggest:
         return now.text()
@@ -302,7 +332,7 @@ def parser() -> argparse.ArgumentParser:
         here = version("grpo-ray")
     except PackageNotFoundError:
         here = "unknown (not installed)"
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="grpo-ray",
         description="GRPO post-training on Ray. Overrides may come before "
         "or after options: a.b=c sets a key (a mapping value such as cluster.node_resources={} "
@@ -344,7 +374,7 @@ def parser() -> argparse.ArgumentParser:
     )
     pn.add_argument("recipe", help="recipe YAML file")
     pn.add_argument("--gpu", choices=[*GPU_MEMORY_GB, "cpu"], help="plan for these devices instead")
-    pn.add_argument("--nodes", type=int, default=0, help="plan for this many nodes instead")
+    pn.add_argument("--nodes", type=int, help="plan for this many nodes instead of cluster.nodes")
     pn.add_argument("--job", choices=["train", "sft", "rm"], default="train", help="the command to plan for")
     pn.add_argument(
         "--calibrate",
@@ -360,8 +390,8 @@ def parser() -> argparse.ArgumentParser:
         metavar="DEVICES",
         help="the three fastest layouts that fit on DEVICES devices (default: the recipe's), as overrides",
     )
-    pn.add_argument("--prompt-tokens", type=int, default=0, help="a prompt's tokens (default: data.max_prompt_length)")
-    pn.add_argument("--response-tokens", type=int, default=0, help="a response's tokens (default: the response budget)")
+    pn.add_argument("--prompt-tokens", type=int, help="a prompt's tokens (default: data.max_prompt_length)")
+    pn.add_argument("--response-tokens", type=int, help="a response's tokens (default: the response budget)")
     pn.add_argument("overrides", nargs="*", help="dotted overrides, e.g. generator.tensor_parallel_size=4")
     pn.set_defaults(func=cmd_plan)
 
@@ -432,10 +462,20 @@ def parser() -> argparse.ArgumentParser:
 
 
 class Parser(argparse.ArgumentParser):
-    """A subcommand's parser: defaults shown in --help."""
+    """A parser whose defaults show in --help and whose errors are one line (no usage block), a wrong choice
+    answered with the choices it is closest to."""
 
     def __init__(self, **kwargs):
         super().__init__(formatter_class=argparse.ArgumentDefaultsHelpFormatter, **kwargs)
+
+    def error(self, message: str):
+        wrong = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if wrong:
+            given, choices = wrong[1], re.findall(r"'([^']*)'", wrong[2])
+            close = [c for c in choices if c.startswith(given)] or difflib.get_close_matches(given, choices, n=2)
+            if close:
+                message += f"; did you mean {' or '.join(close)}?"
+        self.exit(2, f"grpo-ray: error: {self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

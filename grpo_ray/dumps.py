@@ -18,6 +18,7 @@ import itertools
 import json
 from pathlib import Path
 
+from grpo_ray.errors import UserError
 from grpo_ray.types import Completion, Episode, Prompt, Rollout, Scores
 
 
@@ -74,10 +75,16 @@ def write_dump(path: str, step: int, scores: list[Scores], advantages: list[floa
 def read_samples(path: str | Path) -> list[dict]:
     """A dump as one dict per sample, in order: the sample's fields with its prompt's (step, uid, prompt, ...)."""
     out = []
-    for line in Path(path).read_text().splitlines():
-        group = json.loads(line)
-        samples = group.pop("samples")
-        out += [{**group, **sample} for sample in samples]
+    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
+        try:
+            group = json.loads(line)
+            samples = group.pop("samples")
+            out += [{**group, **sample} for sample in samples]
+        except (json.JSONDecodeError, AttributeError, KeyError, TypeError):
+            raise UserError(
+                f"{path} line {i}: not a rollout dump's line (a JSON object of a prompt and its samples, as "
+                "trainer.dump_freq writes to rollouts/train_data_stepN.jsonl)"
+            ) from None
     return out
 
 
@@ -92,9 +99,20 @@ def load_dump(path: str | Path) -> tuple[list[Rollout], list[float]]:
     completions: list[Completion] = []
     advantages: list[float] = []
     version = 0
-    for d in read_samples(path):
+    if not Path(path).is_file():
+        raise UserError(f"{path}: no such file (a dump is rollouts/train_data_stepN.jsonl of a run)")
+    samples = read_samples(path)
+    need = ("uid", "prompt_ids", "ground_truth", "data_source", "prompt", "response_ids", "response")
+    need += ("sampler_logprobs", "finish_reason", "advantage", "policy_version")
+    for i, d in enumerate(samples):
+        missing = [k for k in need if k not in d]
+        if missing:
+            raise UserError(f"{path} sample {i}: no {', '.join(missing)}: not a training dump of this grpo-ray")
+    if not samples:
+        raise UserError(f"{path}: no samples to replay")
+    for d in samples:
         if d["advantage"] is None:
-            raise ValueError(f"{path}: a validation dump has no advantages to replay")
+            raise UserError(f"{path}: a validation dump has no advantages to replay")
         if not prompts or prompts[-1].uid != d["uid"] or prompts[-1].ids != d["prompt_ids"]:
             prompts.append(Prompt(d["prompt_ids"], d["ground_truth"], d["data_source"], {}, d["uid"], d["prompt"]))
         episode = d.get("episode")

@@ -45,22 +45,30 @@ def eval_rows(data: str, limit: int = 0) -> list[dict]:
         records = source_splits(data, None).get("test")
     if records is None:
         raise DataError(f"{data}: no test split found")
-    rows = []
+    rows, refused = [], []
     for i, (_, raw) in enumerate(records):
         if raw is None:
+            refused.append(f"row {i}: not a JSON object")
             continue
         if "reward_model" in raw:
-            row = raw if row_problem(raw) is None else None
+            why = row_problem(raw)
+            row = raw if why is None else None
         elif "question" in raw:
-            row, _ = gsm8k_row(raw, "test", i)
+            row, why = gsm8k_row(raw, "test", i)
         else:
-            row, _ = math500_row(raw, "test", i)
+            row, why = math500_row(raw, "test", i)
         if row is not None:
             rows.append(row)
+        else:
+            refused.append(f"row {i}: {why}")
         if limit and len(rows) >= limit:
             break
     if not rows:
-        raise DataError(f"{data}: no usable rows")
+        first = f"; {refused[0]}" + (f" (and {len(refused) - 1} more)" if len(refused) > 1 else "") if refused else ""
+        raise DataError(
+            f"{data}: no usable rows{first}; a row needs our schema (prompt, reward_model.ground_truth), "
+            "GSM8K's (question, answer) or MATH's (problem, solution)"
+        )
     return rows
 
 

@@ -16,6 +16,7 @@ gives up with a message instead of waiting forever.
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,6 +140,21 @@ def problems(recipe: Recipe, nodes: list[dict[str, float]], pools: tuple[str, ..
         if have < v - 1e-9:
             out.append(f"the pools ask for {v:g} {k} in all, the cluster has {have:g}")
     return out
+
+
+def local_problems(recipe: Recipe, pools: tuple[str, ...] = POOLS) -> list[str]:
+    """Before start: why the local cluster a run starts (no RAY_ADDRESS: one node, this machine's cores and each
+    node marker) cannot hold the recipe's pools on CPU; empty when it can, or when the run joins a cluster or uses
+    GPUs (Ray counts those when it starts)."""
+    if os.environ.get("RAY_ADDRESS") or recipe.cluster.device != "cpu":
+        return []
+    cores = float(os.cpu_count() or 1)  # what Ray counts at most (a container's quota can make it fewer)
+    return problems(recipe, [{"CPU": cores, **local_markers(recipe)}], pools)
+
+
+def local_markers(recipe: Recipe) -> dict[str, float]:
+    """The node markers a local cluster carries so that it stands in for every node group of the recipe."""
+    return {m: 1000.0 for m in recipe.cluster.node_resources.values()}
 
 
 def _fmt(resources: dict[str, float]) -> str:

@@ -29,7 +29,20 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
         from grpo_ray.errors import UserError
 
         raise UserError(f"{run_dir}: no metrics.jsonl here (is it a run's trainer.output_dir?)")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = path.read_text().splitlines()
+    rows = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i < len(lines):
+                from grpo_ray.errors import UserError
+
+                raise UserError(f"{path} line {i}: not a JSON object ({line[:60]!r}); the file is damaged") from None
+            print(f"{path} line {i}: cut short (the run stopped while writing it); plotted without it")
+    return rows
 
 
 def plot_runs(run_dirs: list[str], out: str | Path) -> Path:

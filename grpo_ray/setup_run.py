@@ -12,7 +12,7 @@ from pathlib import Path
 
 from grpo_ray import models, rewards, rundir, transports
 from grpo_ray.config import Recipe, RecipeError, dump_recipe, recipe_yaml
-from grpo_ray.data import DataError, dotted, load_rows, prompt_text
+from grpo_ray.data import DataError, checked, dotted, load_rows, prompt_text
 from grpo_ray.dims import ModelDims, model_dims
 from grpo_ray.envs.template import trace_ids
 from grpo_ray.rewards.learned import STYLED, render
@@ -44,40 +44,59 @@ class RunInputs:
     """The reward model, loadable by transformers (reward_model.model built by now); empty without."""
 
 
-def usable_rows(files: list[str], tokenizer, recipe: Recipe, dropped: dict[str, int], command: str = "") -> list[dict]:
+def usable_rows(
+    files: list[str],
+    tokenizer,
+    recipe: Recipe,
+    dropped: dict[str, int],
+    command: str = "",
+    first_dropped: list[str] | None = None,
+) -> list[dict]:
     """Rows whose prompt fits data.max_prompt_length, with 'prompt_ids' and 'prompt_text' added; for `command` sft
     also 'target_ids' (and 'target_mask' for a multi-turn trace: ``target_tokens``), dropping targets over
     sft.max_target_length; for rm the rendered conversations (``rm_tokens``), dropping those over rm.max_length.
-    A row without what its command needs is a DataError naming the file and row."""
+    A row without what its command needs is a DataError naming the file and row; the first row dropped for its
+    length is said in `first_dropped`."""
     rows, pieces = [], {}  # pieces: each observation role's template pieces, read once (multi-turn SFT traces)
-    answer_key = "" if command == "rm" else recipe.data.answer_key  # a reward model's rows need no ground truth
     for spec in files:
-        n, loaded = 0, load_rows(spec, recipe.data.prompt_key, answer_key)
-        texts = [
-            prompt_text(
-                tokenizer,
-                row,
-                recipe.data.response_prefix,
-                recipe.model.chat_template_kwargs,
-                recipe.data.system_prompt,
-            )
-            for row in loaded
-        ]
-        prompts = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []  # one call: batched
-        for i, (row, text, ids) in enumerate(zip(loaded, texts, prompts)):
-            extra, where = {"prompt_ids": ids, "prompt_text": text}, f"{spec} row {i}"
-            if command == "sft":
-                extra.update(target_tokens(row, recipe, tokenizer, where, pieces))
-            if command == "rm":
-                extra.update(rm_tokens(row, recipe, tokenizer, where))
-            if len(ids) > recipe.data.max_prompt_length or _over(extra, recipe):
-                n += 1
-                continue
-            rows.append({**row, **extra})
-        dropped[spec] = n
-        if n and not rows:
+        name = checked.key(spec, tokenizer, recipe, command)
+        got = checked.load(name)  # read and tokenized by an earlier run: the same bytes, tokenizer, keys and limits
+        if got is None:
+            got = _rows_of(spec, tokenizer, recipe, command, pieces)
+            checked.save(name, *got)
+        some, dropped[spec], first = got
+        rows += some
+        if first and first_dropped is not None and not first_dropped:
+            first_dropped.append(first)
+        if dropped[spec] and not rows:
             raise DataError(f"{spec}: every prompt is longer than {_limits(recipe, command)}")
     return rows
+
+
+def _rows_of(spec: str, tokenizer, recipe: Recipe, command: str, pieces: dict) -> tuple[list[dict], int, str]:
+    """``usable_rows`` of one file: its usable rows, how many were dropped, and the first dropped's reason."""
+    answer_key = "" if command == "rm" else recipe.data.answer_key  # a reward model's rows need no ground truth
+    loaded = load_rows(spec, recipe.data.prompt_key, answer_key)
+    texts = [
+        prompt_text(
+            tokenizer, row, recipe.data.response_prefix, recipe.model.chat_template_kwargs, recipe.data.system_prompt
+        )
+        for row in loaded
+    ]
+    prompts = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []  # one call: batched
+    rows, n, first = [], 0, ""
+    for i, (row, text, ids) in enumerate(zip(loaded, texts, prompts)):
+        extra, where = {"prompt_ids": ids, "prompt_text": text}, f"{spec} row {i}"
+        if command == "sft":
+            extra.update(target_tokens(row, recipe, tokenizer, where, pieces))
+        if command == "rm":
+            extra.update(rm_tokens(row, recipe, tokenizer, where))
+        if len(ids) > recipe.data.max_prompt_length or _over(extra, recipe):
+            n += 1
+            first = first or f"{where} is over {_limits(recipe, command)}"
+            continue
+        rows.append({**row, **extra})
+    return rows, n, first
 
 
 def _over(extra: dict, recipe: Recipe) -> bool:
@@ -204,17 +223,25 @@ def check_algorithm(recipe: Recipe) -> None:
                 raise RecipeError(f"algorithm.{key}={value!r}: {e}") from None
 
 
-def try_rewards(recipe: Recipe, row: dict, where: str) -> None:
-    """Score `row`'s ground truth as if it were a response with every reward function, in a reward child under the
-    recipe's sandbox and limits, as the reward actors will: a function that cannot be called so (a signature
-    mismatch, an import that fails in the sandbox, an answer that is not a number) is one line now, not a run
-    of zeros."""
+def reward_child(recipe: Recipe):
+    """A reward child under the recipe's sandbox and limits, as the reward actors have, spawned but not waited for
+    (it starts while the tokenizer and rows load); for try_rewards."""
     from grpo_ray.rewards.sandbox import RewardChild
+
+    w = recipe.reward
+    return RewardChild(w.memory_mb, w.sandbox, w.network, rewards.shipped([f.name for f in w.functions])[0], wait=False)
+
+
+def try_rewards(recipe: Recipe, row: dict, where: str, child=None) -> None:
+    """Score `row`'s ground truth as if it were a response with every reward function, in a reward child (`child`,
+    from reward_child, or a new one; closed here), as the reward actors will: a function that cannot be called so
+    (a signature mismatch, an import that fails in the sandbox, an answer that is not a number) is one line now,
+    not a run of zeros."""
     from grpo_ray.types import Prompt
 
     w, p = recipe.reward, Prompt.from_row(0, {**row, "prompt_ids": []})
     functions = [(f.name, f.weight) for f in w.functions]
-    child = RewardChild(w.memory_mb, w.sandbox, w.network, rewards.shipped([f.name for f in w.functions])[0])
+    child = child or reward_child(recipe)
     try:
         extra = {"data_source": p.data_source, "extra_info": p.extra_info}
         outcome, result = child.run(
@@ -275,12 +302,24 @@ def try_environment(recipe: Recipe, tokenizer, row: dict) -> None:
 def teacher_base(recipe: Recipe, tokenizer) -> str:
     """teacher.model resolved (an ``sft://`` one: its base, whose tokenizer it keeps), after checking that it
     tokenizes as the policy does: the teacher scores the policy's token ids, so a token must mean the same to both."""
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig
 
     name = recipe.teacher.model
     path = models.base_of(name)
     try:
-        theirs = AutoTokenizer.from_pretrained(path, trust_remote_code=recipe.model.trust_remote_code).get_vocab()
+        kind = (
+            AutoConfig.from_pretrained(path, trust_remote_code=recipe.model.trust_remote_code).architectures or [""]
+        )[0]
+    except (OSError, ValueError) as e:
+        raise RecipeError(f"teacher.model={name!r}: cannot load its config ({str(e).splitlines()[0]})") from None
+    if kind and not kind.endswith("ForCausalLM"):
+        raise RecipeError(
+            f"teacher.model={name!r}: a {kind}, not a language model (ForCausalLM): a teacher gives a logprob of each "
+            "of the policy's tokens (a classifier belongs in reward_model.model)"
+        )
+    try:
+        trust = recipe.model.trust_remote_code
+        theirs = models.tokenizer_class(path, trust).from_pretrained(path, trust_remote_code=trust).get_vocab()
     except (OSError, ValueError) as e:
         raise RecipeError(f"teacher.model={name!r}: cannot load a tokenizer ({str(e).splitlines()[0]})") from None
     ours = tokenizer.get_vocab()
@@ -329,7 +368,39 @@ def reward_model_path(recipe: Recipe) -> str:
             f"reward_model.head={head}: reward_model.model={name!r} has {outputs} output{'s' * (outputs > 1)} "
             f"(0 to {outputs - 1})"
         )
+    if judge:
+        check_judge_context(recipe, path)
     return path
+
+
+def check_judge_context(recipe: Recipe, path: str) -> None:
+    """The judge's context holds its rubric (the template without what fills it, in the judge's chat template) and
+    a reply, and its model has that many positions."""
+    from grpo_ray.fit import judge_context
+    from grpo_ray.rewards.learned import PLACEHOLDER
+
+    j, name = recipe.reward_model.judge, recipe.reward_model.model
+    context, positions = judge_context(recipe), model_dims(path, "reward_model.model").max_positions
+    how = f"reward_model.judge.max_model_len={j.max_model_len}" if j.max_model_len else "its default"
+    if positions and context > positions:
+        raise RecipeError(
+            f"the judge's context ({context} tokens, {how}) is over reward_model.model={name!r}'s "
+            f"max_position_embeddings ({positions}); set reward_model.judge.max_model_len to at most that"
+        )
+    trust = recipe.model.trust_remote_code
+    tokenizer = models.tokenizer_class(path, trust).from_pretrained(path, trust_remote_code=trust)
+    turn = [{"role": "user", "content": PLACEHOLDER.sub("", j.template)}]
+    rubric = len(
+        tokenizer.apply_chat_template(turn, add_generation_prompt=True, tokenize=True, return_dict=False)
+        if tokenizer.chat_template
+        else tokenizer(turn[0]["content"])["input_ids"]
+    )
+    if rubric + j.max_tokens >= context:
+        raise RecipeError(
+            f"reward_model.judge.template: the rubric alone is {rubric} tokens, and with a reply of "
+            f"reward_model.judge.max_tokens={j.max_tokens} it fills the judge's context ({context} tokens, {how}), "
+            "leaving no room for the prompt and response; raise reward_model.judge.max_model_len or shorten the rubric"
+        )
 
 
 def check_styles(rows: list[dict]) -> None:
@@ -359,18 +430,30 @@ def setup_run(
     load_rewards(recipe, recipe_dir)  # also puts the working directory and the recipe's folder on the import path
     if command == "train":
         check_algorithm(recipe)
+    child = reward_child(recipe) if command == "train" and recipe.reward.functions else None
+    try:
+        return _setup_run(recipe, command, output_dir, warm_start, child)
+    finally:
+        if child:  # closed by try_rewards unless a check before it failed
+            child.close()
+
+
+def _setup_run(recipe: Recipe, command: str, output_dir: Path, warm_start, child) -> RunInputs:
     model_path = models.base_of(recipe.model.path)
-    tokenizer = models.load_tokenizer(model_path, recipe.model)
+    tokenizer = models.load_tokenizer(model_path, recipe.model, lazy=True)  # rows checked before need none
     dropped: dict[str, int] = {}
-    train_rows = usable_rows(recipe.data.train_files, tokenizer, recipe, dropped, command)
+    first_dropped: list[str] = []
+    train_rows = usable_rows(recipe.data.train_files, tokenizer, recipe, dropped, command, first_dropped)
     val_rows = usable_rows(recipe.data.val_files, tokenizer, recipe, dropped, "rm" if command == "rm" else "")
     if len(train_rows) < recipe.data.train_batch_size:
+        n = sum(dropped.get(f, 0) for f in recipe.data.train_files)
+        why = f"; {n} dropped, the first: {first_dropped[0]}" if first_dropped else ""
         raise DataError(
             f"data.train_files give {len(train_rows)} usable rows, fewer than "
-            f"data.train_batch_size={recipe.data.train_batch_size}"
+            f"data.train_batch_size={recipe.data.train_batch_size}{why}"
         )
     if command == "train" and recipe.reward.functions:
-        try_rewards(recipe, train_rows[0], "the first training row")
+        try_rewards(recipe, train_rows[0], "the first training row", child)
     if command == "train" and recipe.environment.name:
         try_environment(recipe, tokenizer, train_rows[0])
     teacher_path = teacher_base(recipe, tokenizer) if command == "train" and recipe.teacher.model else ""
@@ -387,7 +470,9 @@ def setup_run(
             f"trainer.early_stop.metric={metric!r}: validation reports {', '.join(offered) or 'nothing'} "
             f"for data.val_files"
         )
-    resume = rundir.prepare(output_dir, recipe.trainer, recipe_yaml(recipe))  # refuses to lose a run's files
+    resume = rundir.prepare(
+        output_dir, recipe.trainer, recipe_yaml(recipe), job=command
+    )  # refuses to lose a run's files
 
     def trained(name: str) -> str:  # an sft:// model, made by the warm start (or found in the cache)
         return warm_start(name.removeprefix(models.SFT_SCHEME)) if warm_start else models.resolve(name)

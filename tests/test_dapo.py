@@ -21,6 +21,8 @@ SMALL = [
     "trainer.loggers=[jsonl]",
     "trainer.total_steps=3",
     "trainer.dump_freq=1",
+    "algorithm.kl_coef=0",  # no reference actor, one learner rank: the groups' filter is the controller's
+    "learner.world_size=1",
 ]
 
 

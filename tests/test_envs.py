@@ -391,11 +391,11 @@ AGENT_RUN = [
 @pytest.fixture(scope="module")
 def agent_runs(tmp_path_factory):
     """The agent recipe's tiny twin one step off with multi-turn trajectories (its layout and schedule, another
-    environment: tests/test_recipes.py trains it as it is): 4 steps uninterrupted, and the same run SIGKILLed after
-    step 2's checkpoint, then resumed (tests/test_checkpoint.py's whole_and_resumed)."""
+    environment): 4 steps uninterrupted, and the same run resumed from step 2's checkpoint as a SIGKILL after step
+    3 leaves it (tests/test_checkpoint.py's whole_and_resumed, kill=False)."""
     from tests.test_checkpoint import whole_and_resumed
 
-    return whole_and_resumed(tmp_path_factory, AGENT_RUN, AGENT)
+    return whole_and_resumed(tmp_path_factory, AGENT_RUN, AGENT, kill=False)
 
 
 def _metrics(out):
@@ -404,7 +404,7 @@ def _metrics(out):
 
 @pytest.mark.slow
 def test_multi_turn_run_resumes_exactly_one_step_off(agent_runs):
-    """The run resumed after SIGKILL samples the same trajectories (seeded per prompt, sample and turn) with the
+    """The run resumed from step 2 samples the same trajectories (seeded per prompt, sample and turn) with the
     same versions, and trains to the same metrics, turn counts and tool calls included."""
     from tests.test_checkpoint import assert_same_metrics
 
@@ -484,3 +484,27 @@ def test_a_trajectory_is_scored_on_its_last_turn_beside_its_environments_reward(
         worker.shutdown()
     assert scores.components == {"gsm8k": [1.0, 1.0, 0.0], "environment": [0.5, 0.0, 0.25]}
     assert scores.totals == [1.5, 1.0, 0.25] and scores.errors == 0
+
+
+def test_an_import_failure_names_the_version_conflict_not_a_missing_package(tmp_path, monkeypatch):
+    """A library that is installed but whose dependency is at a version another package pinned (verifiers' mcp
+    beside openenv-core's fastmcp) is said as that conflict, with both versions; a missing one as missing.
+    Installed distributions are made here as metadata on the import path, as pip lays them out."""
+    from grpo_ray.envs.base import import_trouble
+
+    def dist(name, version, *requires):
+        info = tmp_path / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir()
+        lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+        (info / "METADATA").write_text("\n".join(lines + [f"Requires-Dist: {r}" for r in requires]) + "\n")
+
+    dist("env-lib", "0.3.0", "fast-tools>=2")
+    dist("fast-tools", "2.1.0", "proto-lib<1.10,>=1.8")
+    dist("proto-lib", "1.12.0")  # pinned by another package
+    monkeypatch.syspath_prepend(str(tmp_path))
+    said = import_trouble("env-lib", ImportError("cannot import name 'Tool' from 'proto_lib'"))
+    assert said == (
+        "env-lib 0.3.0 is installed, but proto-lib 1.12.0 is, where fast-tools needs proto-lib<1.10,>=1.8: a version "
+        "another package pinned (pip check names both)"
+    )
+    assert "env-lib-missing is not installed" in import_trouble("env-lib-missing", ImportError("x"))

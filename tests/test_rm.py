@@ -160,7 +160,7 @@ def test_pointwise_labels_train(tmp_path):
         (["rm.max_length=5000"], "rm.max_length=5000 is over the model's max_position_embeddings (1024)"),
         (["rm.chosen_key=better"], "row 0: rm.chosen_key='better' holds nothing; expected the response as text"),
         (
-            ["rm.label_key=chosen", "rm.response_key=chosen"],
+            ["rm.label_key=chosen", "rm.response_key=rejected"],
             "row 0: rm.label_key='chosen' holds '#### 2'; expected a number from 0 (bad) to 1",
         ),
         (["trainer.early_stop.metric=val/select/pass@1"], "validation reports val/rm/accuracy, val/rm/loss"),

@@ -99,20 +99,27 @@ def overlong_penalty(lengths: torch.Tensor, max_tokens: int, buffer_len: int, fa
 
 
 def check(name: str) -> None:
-    """Try estimator `name` on two groups of four rewards (FunctionError when it cannot be called as the registered
-    ones are, or does not give one finite advantage per reward)."""
-    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 1.0, 0.0], dtype=torch.float64)
+    """Try estimator `name` on three groups of four rewards, the last one of equal rewards (a group without signal,
+    where a standard deviation is 0: the most common group of a hard task); FunctionError when it cannot be called
+    as the registered ones are, or does not give one finite advantage per reward."""
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0], dtype=torch.float64)
     try:
         out = advantages(name, rewards, 4, torch.full_like(rewards, 5.0))
     except FunctionError:
         raise
     except Exception as e:
         raise FunctionError(
-            f"called as estimators are, fn(rewards [P, G], lengths [P, G], norm_by_std), on 2 "
+            f"called as estimators are, fn(rewards [P, G], lengths [P, G], norm_by_std), on 3 "
             f"groups of 4 it raised {type(e).__name__}: {e}"
         ) from None
-    if out.shape != rewards.shape or not torch.isfinite(out).all():
+    if out.shape != rewards.shape:
         raise FunctionError(
-            f"on 2 groups of 4 rewards it gave {list(out.shape)} values ({out.tolist()[:8]}): "
-            "expected 8 finite advantages, one per reward"
+            f"on 3 groups of 4 rewards it gave {list(out.shape)} values ({out.tolist()[:12]}): "
+            "expected 12 finite advantages, one per reward"
+        )
+    if not torch.isfinite(out).all():
+        equal = not torch.isfinite(out[8:]).all() and torch.isfinite(out[:8]).all()
+        raise FunctionError(
+            f"on 3 groups of 4 rewards it gave {out.tolist()}: expected 12 finite advantages, one per reward"
+            + ("; the non-finite ones are the group of equal rewards (a standard deviation of 0?)" if equal else "")
         )

@@ -237,6 +237,11 @@ ZERO_IS_NEVER = {
 """Keys where 0 turns the thing off, as -1 does in verl."""
 
 
+def engine_rank(rank: int) -> int:
+    """The max_lora_rank an engine needs for adapters of `rank` (vLLM takes a few values only)."""
+    return next(r for r in ENGINE_LORA_RANKS if r >= rank)
+
+
 def range_problems(r: Recipe) -> list[str]:
     """A message for every numeric field outside its range: 'key=value: must be ...'."""
     p = []
@@ -296,6 +301,10 @@ def validate(r: Recipe, command: str = "train") -> list[str]:
             "packs under checkpointing)"
         )
     lo = r.model.lora
+    joined = next((t for t in lo.target_modules if re.search(r"[,\s]", t)), None)
+    if lo.rank and joined:
+        names = ", ".join(n for n in re.split(r"[,\s]+", joined) if n)
+        p.append(f"model.lora.target_modules: {joined!r} is one name; a list of modules is written [{names}]")
     if lo.rank and not lo.target_modules:
         p.append("model.lora.target_modules is empty: name modules (q_proj, v_proj, ...) or [all-linear]")
     if lo.rank > ENGINE_LORA_RANKS[-1] and lo.sync == "adapters":
@@ -303,6 +312,14 @@ def validate(r: Recipe, command: str = "train") -> list[str]:
             f"model.lora.rank={lo.rank}: vLLM serves adapters up to rank {ENGINE_LORA_RANKS[-1]}; lower it, "
             "or set model.lora.sync=merged"
         )
+    m = r.rm
+    if command == "rm" and not m.label_key and m.chosen_key == m.rejected_key:
+        p.append(
+            f"rm.chosen_key and rm.rejected_key are both {m.chosen_key!r}: every pair would compare a response with "
+            "itself; name the rejected response's key"
+        )
+    if command == "rm" and m.label_key and m.label_key == m.response_key:
+        p.append(f"rm.label_key and rm.response_key are both {m.label_key!r}: the label and the response are two keys")
     if command == "rm" and lo.rank:
         p.append(f"model.lora.rank={lo.rank}: grpo-ray rm trains every weight of the classifier; set it to 0")
     p += _cluster_problems(r)
@@ -340,6 +357,12 @@ def _judge_problems(j) -> list[str]:
         p.append(
             "reward_model.judge.template has no {response}: the judge would grade without seeing the response "
             "(placeholders: {prompt}, {response}, {ground_truth})"
+        )
+    unknown = sorted(set(re.findall(r"\{([A-Za-z_]\w*)\}", j.template)) - {"prompt", "response", "ground_truth"})
+    if unknown:
+        p.append(
+            f"reward_model.judge.template has {', '.join('{' + u + '}' for u in unknown)}, which nothing fills: the "
+            "placeholders are {prompt}, {response} and {ground_truth} (other braces must hold more than a name)"
         )
     try:
         if re.compile(j.pattern).groups < 1:
@@ -396,6 +419,12 @@ def _tracker_problems(r: Recipe) -> list[str]:
     for name in ("wandb", "mlflow"):
         if name in t.loggers and importlib.util.find_spec(name) is None:
             p.append(f"trainer.loggers: {name} needs the {name} package: pip install 'grpo-ray[tracking]'")
+    uri = t.mlflow_tracking_uri
+    if "mlflow" in t.loggers and uri and not _mlflow_uri(uri):
+        p.append(
+            f"trainer.mlflow_tracking_uri={uri!r}: not a URI MLflow takes; expected a server (http://host:5000), "
+            "a database (sqlite:///path/mlflow.db, postgresql://...) or databricks"
+        )
     e = t.early_stop
     if e.metric and not e.metric.startswith("val/"):
         p.append(f"trainer.early_stop.metric={e.metric!r}: a validation metric is expected, e.g. val/gsm8k/pass@1")
@@ -403,6 +432,24 @@ def _tracker_problems(r: Recipe) -> list[str]:
         what = "trainer.early_stop.metric" if e.metric else "trainer.keep_best"
         p.append(f"{what} needs validation: set data.val_files and trainer.test_freq")
     return p
+
+
+MLFLOW_SCHEMES = ("http", "https", "sqlite", "postgresql", "mysql", "mssql", "file", "databricks")
+"""The tracking URI schemes MLflow's client takes (a database's with a driver suffix too: postgresql+psycopg2)."""
+
+
+def _mlflow_uri(uri: str) -> bool:
+    from urllib.parse import urlparse
+
+    u = urlparse(uri)
+    scheme = u.scheme.split("+")[0]
+    if scheme not in MLFLOW_SCHEMES:
+        return False
+    return bool(u.netloc) if scheme in ("http", "https") else scheme == "databricks" or bool(u.path or u.netloc)
+
+
+MAX_STALENESS = 16
+"""The most versions a sample may lag the learner (algorithm.max_staleness): twice the field's largest."""
 
 
 def _schedule_problems(r: Recipe) -> list[str]:
@@ -417,6 +464,19 @@ def _schedule_problems(r: Recipe) -> list[str]:
         p.append(
             "algorithm.rollout_correction.bypass_mode=true takes the sampler's logprobs as the old policy, so "
             "there is no mismatch to correct: set rollout_is and rollout_rs to null, or bypass_mode=false"
+        )
+    k = a.max_staleness
+    if k > MAX_STALENESS:
+        p.append(
+            f"algorithm.max_staleness={k}: samples up to {k} versions older than the learner, weights pushed every "
+            f"{k} steps and {k + 1} versions kept by each learner rank; the field uses 1 to 8 (verl, NeMo RL's "
+            f"max_trajectory_age_steps, AReaL's max_head_offpolicyness), past {MAX_STALENESS} the importance ratio no "
+            "longer corrects the gap: lower it"
+        )
+    elif k and r.trainer.total_steps and k >= r.trainer.total_steps:
+        p.append(
+            f"algorithm.max_staleness={k} with trainer.total_steps={r.trainer.total_steps}: weights are pushed every "
+            f"{k} steps, so the generators would never get the trained weights; lower it"
         )
     shared = next((g for g in r.cluster.colocate if "generator" in g and "learner" in g), None)
     if a.max_staleness and shared:

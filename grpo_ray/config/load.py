@@ -8,7 +8,8 @@ import os
 import re
 from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import Any, get_args, get_origin, get_type_hints
+from types import UnionType
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -40,6 +41,13 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] = (), command: str
         if "=" not in item:
             raise RecipeError(
                 f"override {item!r}: expected key=value (or ~key for its default), e.g. trainer.total_steps=10"
+            )
+        into_list = re.search(r"\[\d+\]|(^|\.)\d+(\.|$)", item.split("=", 1)[0])
+        if into_list:
+            whole = re.split(r"\[\d+\]|\.\d+", item.removeprefix("+").split("=", 1)[0])[0]
+            raise RecipeError(
+                f"override {item!r}: reaches into an element of the list {whole}; set the whole list instead, "
+                f"e.g. {whole}=[...] (grpo-ray config shows its current value)"
             )
         try:
             one = OmegaConf.from_dotlist([item.removeprefix("+")])  # Hydra's "+" for new keys is accepted
@@ -235,6 +243,10 @@ def check_keys(node: Any, schema: type, origin: str, prefix: str = "") -> list[s
             continue
         tp = valid[key]
         child = node._get_node(key)
+        wrong = _wrong_shape(child, tp, prefix + str(key))
+        if wrong:
+            problems.append(f"{origin}: {wrong}")
+            continue
         if is_dataclass(tp) and not isinstance(child, DictConfig) and child._value() is not None:
             some = ", ".join(f"{prefix}{key}.{k}" for k in list(_valid_keys(tp))[:3])
             problems.append(f"{origin}: {prefix + str(key)!r} is a section, not a value: set its keys ({some}, ...)")
@@ -255,6 +267,50 @@ def check_keys(node: Any, schema: type, origin: str, prefix: str = "") -> list[s
                 for i, item in enumerate(child):
                     problems += check_keys(item, item_tp, origin, prefix + f"{key}[{i}].")
     return problems
+
+
+def _shape_of(tp: Any, many: bool = False) -> str:
+    """What a value of type `tp` looks like in YAML, as a user reads it (`many`: in the plural)."""
+    tp = next((a for a in get_args(tp) if a is not type(None)), tp) if get_origin(tp) in (Union, UnionType) else tp
+    if is_dataclass(tp):
+        keys = ", ".join(list(_valid_keys(tp))[:3])
+        return f"{'mappings' if many else 'a mapping'} of keys ({keys}, ...)"
+    if get_origin(tp) is list:
+        return f"{'lists' if many else 'a list'} of {_shape_of(get_args(tp)[0], many=True)}"
+    if get_origin(tp) is dict:
+        return "mappings (name: value)" if many else "a mapping (name: value)"
+    return "values" if many else "a value"
+
+
+def _wrong_shape(child: Any, tp: Any, key: str, item: bool = False) -> str | None:
+    """A message when `child` is a mapping where `tp` wants a list or a value, a list where it wants a mapping or a
+    value, or a list item of the wrong shape (`item`: a list's element, which is never made a list of one); None
+    when the shape fits (the types are checked later)."""
+    if get_origin(tp) in (Union, UnionType):
+        tp = next((a for a in get_args(tp) if a is not type(None)), tp)
+    if tp is Any or child._is_none():
+        return None
+    got = "a mapping" if isinstance(child, DictConfig) else "a list" if isinstance(child, ListConfig) else "a value"
+    shown = f" ({str(OmegaConf.to_container(child) if got != 'a value' else child._value())[:60]})"
+    wants = "list" if get_origin(tp) is list else "mapping" if is_dataclass(tp) or get_origin(tp) is dict else "value"
+    if wants == "list" and isinstance(child, ListConfig):
+        (item_tp,) = get_args(tp)
+        for i in range(len(child)):
+            wrong = _wrong_shape(child._get_node(i), item_tp, f"{key}[{i}]", item=True)
+            if wrong:
+                return f"{key} is {_shape_of(tp)}; {wrong}"
+        return None
+    if get_origin(tp) is dict and isinstance(child, DictConfig):
+        for name in child.keys():
+            wrong = _wrong_shape(child._get_node(name), get_args(tp)[1], f"{key}.{name}", item=True)
+            if wrong:
+                return wrong
+        return None
+    if wants == "list" and got == "a value" and not item:
+        return None  # one value where a list is expected: check_keys makes a list of it
+    if got.endswith(wants) or (wants == "mapping" and got == "a value" and not item):
+        return None  # a value where a section is: check_keys says so, with the section's keys
+    return f"{key}: expected {_shape_of(tp)}, got {got}{shown}"
 
 
 def _hint(node: DictConfig, key: str, valid: dict, prefix: str) -> str:

@@ -309,7 +309,8 @@ class RewardConfig:
     """Let sandboxed reward code reach the network (a judge API, a code runner); the filesystem stays read-only."""
     max_error_share: float = 0.5
     """Stop the run when reward functions fail (raise, hang, return no number) on more than this share of a step's
-    samples for max_error_steps steps in a row."""
+    samples for max_error_steps steps in a row; the same for an environment's trajectories (a step that raises,
+    hangs or answers no Step) and a judge's replies (no score matching its pattern), each counted on its own."""
     max_error_steps: int = 3
     """Steps in a row over max_error_share that stop the run (0: never stop; failures are still shown and counted)."""
     num_cpus: float = 0.25
@@ -555,8 +556,8 @@ class TrainerConfig:
     """W&B's mode: online, offline (files under output_dir/wandb, for `wandb sync` later) or disabled; empty:
     WANDB_MODE, else online. The API key comes from WANDB_API_KEY (never from the recipe)."""
     mlflow_tracking_uri: str = ""
-    """The MLflow server (http://host:5000) or store; empty: MLFLOW_TRACKING_URI, else output_dir/mlruns. A token
-    comes from MLFLOW_TRACKING_TOKEN (never from the recipe)."""
+    """The MLflow server (http://host:5000) or store (sqlite:///path.db, file:///dir); empty: MLFLOW_TRACKING_URI,
+    else a SQLite store, output_dir/mlflow.db. A token comes from MLFLOW_TRACKING_TOKEN (never from the recipe)."""
     tracker_required: bool = False
     """Stop before training when a tracker named in loggers cannot start; otherwise it is said and the run goes on
     without it. A tracker lost mid-run never stops training either way."""

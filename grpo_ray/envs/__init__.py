@@ -65,8 +65,11 @@ def load(name: str) -> type[Environment]:
             f"environment.name={name!r}: {e}; a module of your own is found in the working directory or the "
             "recipe's folder"
         ) from None
-    if not (callable(getattr(cls, "step", None)) and callable(getattr(cls, "reset", None))):
-        raise EnvironmentLoadError(f"environment.name={name!r}: {cls.__name__} has no reset(row) and step(turn)")
+    missing = [f"{m}({arg})" for m, arg in (("reset", "row"), ("step", "turn")) if not callable(getattr(cls, m, None))]
+    if getattr(cls, "step", None) is Environment.step:
+        missing.append("step(turn) of its own (Environment's only raises)")
+    if missing:
+        raise EnvironmentLoadError(f"environment.name={name!r}: {cls.__name__} has no {' and no '.join(missing)}")
     return cls
 
 

@@ -56,3 +56,39 @@ def import_class(name: str) -> type:
     if not isinstance(cls, type):
         raise ValueError(f"{module_name!r} has no class {attr!r}")
     return cls
+
+
+def import_trouble(dist: str, error: ImportError) -> str:
+    """Why `dist` (a distribution, e.g. openenv-core) does not import, as the user can act on it: not installed,
+    or installed beside a dependency whose version does not satisfy what `dist` or its own dependencies require
+    (another package pinned it), or else the import's own error."""
+    from importlib.metadata import PackageNotFoundError, requires, version
+
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    try:
+        have = version(dist)
+    except PackageNotFoundError:
+        return f"{dist} is not installed (pip install 'grpo-ray[envs]')"
+    seen, todo = {dist}, [dist]
+    while todo:  # its dependencies, breadth first: the first one installed at a version its dependent does not take
+        name = todo.pop(0)
+        for text in requires(name) or []:
+            try:
+                req = Requirement(text)
+            except InvalidRequirement:
+                continue
+            if req.marker and not req.marker.evaluate({"extra": ""}) or req.name in seen:
+                continue
+            seen.add(req.name)
+            try:
+                installed = version(req.name)
+            except PackageNotFoundError:
+                return f"{dist} {have} is installed, but its dependency {req.name} is not (needed by {name}: {req})"
+            if req.specifier and not req.specifier.contains(installed, prereleases=True):
+                return (
+                    f"{dist} {have} is installed, but {req.name} {installed} is, where {name} needs {req}: a version "
+                    "another package pinned (pip check names both)"
+                )
+            todo.append(req.name)
+    return f"{dist} {have} is installed, and importing it failed: {type(error).__name__}: {error}"

@@ -30,7 +30,7 @@ import typing
 
 import pydantic
 
-from grpo_ray.envs.base import Environment, Step, import_class
+from grpo_ray.envs.base import Environment, Step, import_class, import_trouble
 
 RESERVED = {"done", "reward", "metadata"}
 
@@ -77,7 +77,7 @@ class OpenEnv(Environment):
                 from openenv.core.env_server.types import Action
             except ImportError as e:
                 raise ValueError(
-                    f"the openenv adapter needs openenv-core (pip install 'grpo-ray[envs]'): {e}"
+                    f"the openenv adapter needs openenv-core: {import_trouble('openenv-core', e)}"
                 ) from None
 
             cls = import_class(self.env)

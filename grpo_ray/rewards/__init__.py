@@ -72,6 +72,13 @@ def load(name: str, source: str | None = None) -> RewardFn:
     try:
         module = _from_file(module_name, source) if is_file(name) else importlib.import_module(module_name)
     except ImportError as e:
+        missing = getattr(e, "name", None) or ""
+        if is_file(name) or not (module_name == missing or module_name.startswith(missing + ".")):
+            # the file or module was found, and its own import of something else failed: say that, not where
+            # modules are looked for
+            raise RewardLoadError(
+                f"reward {name!r}: {module_name} was found, and its own import failed: {type(e).__name__}: {e}"
+            ) from None
         raise RewardLoadError(
             f"reward {name!r}: cannot import module {module_name!r} ({e}); a module of your own "
             "is found in the working directory or the recipe's folder"

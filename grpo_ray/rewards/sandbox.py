@@ -96,27 +96,37 @@ class RewardChild:
     main = staticmethod(child_main)
     """What the child runs: (its end of the pipe, memory_mb, sandbox, network, sources)."""
 
-    def __init__(self, memory_mb: int, sandbox: bool = True, network: bool = False, sources: dict | None = None):
+    def __init__(
+        self, memory_mb: int, sandbox: bool = True, network: bool = False, sources: dict | None = None, wait=True
+    ):
+        """`wait=False`: return once the child is spawned; its start (an interpreter and its imports) goes on
+        while the caller works, and the first task waits for it."""
         self.memory_mb, self.sandbox, self.network, self.sources = memory_mb, sandbox, network, sources or {}
-        self.isolation = ""
-        self._start()
+        self._spawn()
+        if wait:
+            self._ready()
 
-    def _start(self) -> None:
+    def _spawn(self) -> None:
         ctx = mp.get_context("spawn")
         self.conn, theirs = ctx.Pipe()
         args = (theirs, self.memory_mb, self.sandbox, self.network, self.sources)
         self.proc = ctx.Process(target=self.main, args=args, daemon=True)
         self.proc.start()
         theirs.close()
-        if not self.conn.poll(60):
-            raise RuntimeError(f"{type(self).__name__} did not start within 60 s")
-        self.isolation = self.conn.recv()
+        self.isolation: str | None = None  # what the child says once it has started
+
+    def _ready(self) -> None:
+        if self.isolation is None:
+            if not self.conn.poll(60):
+                raise RuntimeError(f"{type(self).__name__} did not start within 60 s")
+            self.isolation = self.conn.recv()
 
     def restart(self) -> None:
         self.proc.kill()
         self.proc.join()
         self.conn.close()
-        self._start()
+        self._spawn()
+        self._ready()
 
     def run(self, task: tuple, timeout_s: float) -> tuple[str, object]:
         """("ok", result) | ("timeout", None) | ("died", None) | ("memory", None); the child is replaced after
@@ -126,6 +136,7 @@ class RewardChild:
     def run_many(self, tasks: list[tuple], timeout_s: float) -> list[tuple[str, object]]:
         """``run`` of each of `tasks`, sent at once: each answer is waited for `timeout_s`; after anything but "ok"
         the child is replaced and the tasks after that one are sent again."""
+        self._ready()
         out: list[tuple[str, object]] = []
         while len(out) < len(tasks):
             try:

@@ -13,6 +13,7 @@ from tests.conftest import ROOT, TINY, run_cli
 
 RECIPE = "recipes/tiny-cpu.yaml"
 THREE_HEADS = "tiny://qwen2?layers=1&hidden=64&heads=2&kv_heads=1&score=3"  # a multi-objective reward model's shape
+ROOM = "learner.num_cpus=0.25"  # a fifth pool beside the quick start's fits 2 cores (else refused for its CPUs first)
 
 
 def _files(tmp_path):
@@ -47,6 +48,18 @@ def _files(tmp_path):
     (tmp_path / "mismatch.py").write_text("def score(solution, truth, source):\n    return 1.0\n")
     (tmp_path / "no_number.py").write_text("def score(response, ground_truth, **extra):\n    return 'yes'\n")
     (tmp_path / "plain.jsonl").write_text(json.dumps({"question": "Tom has 3 pens.", "answer": 3}) + "\n")
+    # the fourth round (issue 52): shapes, cycles, rows, templates, URIs, imports that fail inside a found file
+    sft = "trainer: {total_steps: 1}\ndata: {train_files: ['synthetic://select?size=8']}\n"
+    sft += "learner: {mini_batch_size: 16, micro_batch_size: 16, world_size: 1}\n"
+    (tmp_path / "self_sft.yaml").write_text(f"model: {{path: 'sft://{tmp_path}/self_sft.yaml'}}\n{sft}")
+    (tmp_path / "sft_a.yaml").write_text(f"model: {{path: 'sft://{tmp_path}/sft_b.yaml'}}\n{sft}")
+    (tmp_path / "sft_b.yaml").write_text(f"model: {{path: 'sft://{tmp_path}/sft_a.yaml'}}\n{sft}")
+    long_row = {**good, "prompt": [{"role": "user", "content": "Tom has 3 pens. " * 60}]}
+    (tmp_path / "one_long.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [good, good, long_row, good]))
+    (tmp_path / "template.txt").write_text("the prompt, with no Jinja in it\n")
+    (tmp_path / "template.json").write_text(json.dumps({"bos_token": "<s>"}))
+    (tmp_path / "needs_dep.py").write_text("import no_such_dependency_of_a_file\n\ndef score(r, t):\n    return 0.0\n")
+    (tmp_path / "shapes.yaml").write_text("model: {path: x}\ndata: {train_files: {a: 1}}\n")
 
 
 CASES = {  # name: (recipe, overrides, what the message must say)
@@ -218,7 +231,7 @@ CASES = {  # name: (recipe, overrides, what the message must say)
     "an estimator giving one value a group": (
         RECIPE,
         ["algorithm.adv_estimator=tests.helpers.my_algo:one_per_group"],
-        "gave [2] values ([0.5, 0.5]): expected 8 finite advantages, one per reward",
+        "gave [3] values ([0.5, 0.5, 1.0]): expected 12 finite advantages, one per reward",
     ),
     "an estimator that is no function": (
         RECIPE,
@@ -269,7 +282,7 @@ CASES = {  # name: (recipe, overrides, what the message must say)
     ),
     "a teacher with another tokenizer": (
         RECIPE,
-        ["teacher.model=tiny://llama?layers=2&hidden=64&heads=2&kv_heads=1&vocab=128&bytes=0"],
+        ["teacher.model=tiny://llama?layers=2&hidden=64&heads=2&kv_heads=1&vocab=128&bytes=0", ROOM],
         "teacher.model='tiny://llama?layers=2&hidden=64&heads=2&kv_heads=1&vocab=128&bytes=0': its tokenizer is "
         "not model.path's",
     ),
@@ -280,19 +293,19 @@ CASES = {  # name: (recipe, overrides, what the message must say)
     ),
     "a reward model that is a language model": (
         RECIPE,
-        ["reward_model.model=tiny://qwen2?layers=1&hidden=64&heads=2&kv_heads=1"],
+        ["reward_model.model=tiny://qwen2?layers=1&hidden=64&heads=2&kv_heads=1", ROOM],
         "reward_model.model='tiny://qwen2?layers=1&hidden=64&heads=2&kv_heads=1': a Qwen2ForCausalLM, not a sequence "
         "classifier",
     ),
     "a reward model of three outputs, none chosen": (
         RECIPE,
-        [f"reward_model.model={THREE_HEADS}"],
+        [f"reward_model.model={THREE_HEADS}", ROOM],
         f"reward_model.model='{THREE_HEADS}': its classifier has 3 outputs; set reward_model.head to the one that "
         "is the score (0 to 2)",
     ),
     "a reward model's head that it does not have": (
         RECIPE,
-        [f"reward_model.model={THREE_HEADS}", "reward_model.head=3"],
+        [f"reward_model.model={THREE_HEADS}", "reward_model.head=3", ROOM],
         f"reward_model.head=3: reward_model.model='{THREE_HEADS}' has 3 outputs (0 to 2)",
     ),
     "ignore_eos with an environment": (
@@ -314,6 +327,140 @@ CASES = {  # name: (recipe, overrides, what the message must say)
         RECIPE,
         ["~trainer.dump_rollouts"],
         "an earlier grpo-ray's trainer.dump_rollouts is trainer.dump_freq",
+    ),
+    # the fourth round (issue 52)
+    "LoRA modules as one string": (
+        RECIPE,
+        ["model.lora.rank=4", "model.lora.target_modules='q_proj, v_proj'"],
+        "model.lora.target_modules: 'q_proj, v_proj' is one name; a list of modules is written [q_proj, v_proj]",
+    ),
+    "a staleness far beyond any use": (
+        RECIPE,
+        ["algorithm.max_staleness=1000"],
+        "algorithm.max_staleness=1000: samples up to 1000 versions older than the learner",
+    ),
+    "a staleness that never pushes": (
+        RECIPE,
+        ["algorithm.max_staleness=8", "trainer.total_steps=8"],
+        "so the generators would never get the trained weights",
+    ),
+    "pools that ask for more CPUs than the local cluster has": (  # more than any machine this runs on has
+        RECIPE,
+        ["learner.num_cpus=4096"],
+        "the local Ray cluster a run starts here (this machine) cannot hold the recipe's pools",
+    ),
+    "an environment class without step": (
+        RECIPE,
+        ["environment.name=tests.helpers.envs:NoStep", "environment.max_tokens=64"],
+        "NoStep has no step(turn) of its own",
+    ),
+    "a judge's context shorter than its rubric": (
+        "recipes/tiny-qwen2.5-1.5b-gsm8k-judge.yaml",
+        ["reward_model.judge.max_model_len=40"],
+        "reward_model.judge.template: the rubric alone is",
+    ),
+    "a judge's context past its model's positions": (
+        "recipes/tiny-qwen2.5-1.5b-gsm8k-judge.yaml",
+        ["reward_model.judge.max_model_len=4096"],
+        "the judge's context (4096 tokens, reward_model.judge.max_model_len=4096) is over",
+    ),
+    "a teacher that is a sequence classifier": (
+        RECIPE,
+        ["teacher.model=tiny://qwen2?layers=1&hidden=64&heads=2&kv_heads=1&vocab=128&bytes=0&score=1", ROOM],
+        "a Qwen2ForSequenceClassification, not a language model (ForCausalLM): a teacher gives a logprob",
+    ),
+    "an estimator that divides a group of equal rewards by 0": (
+        RECIPE,
+        ["algorithm.adv_estimator=tests.helpers.my_algo:std_without_epsilon"],
+        "the non-finite ones are the group of equal rewards",
+    ),
+    "a mapping where a list is expected, in a recipe": (
+        "{tmp}/shapes.yaml",
+        [],
+        "{tmp}/shapes.yaml: data.train_files: expected a list of values, got a mapping ({'a': 1})",
+    ),
+    "a list where a mapping is expected": (
+        RECIPE,
+        ["cluster.node_resources=[generator]"],
+        "override 'cluster.node_resources=[generator]': cluster.node_resources: expected a mapping (name: value), "
+        "got a list",
+    ),
+    "a list where a value is expected": (RECIPE, ["trainer.total_steps=[1]"], "expected a value, got a list ([1])"),
+    "a flat list for a list of groups": (
+        RECIPE,
+        ["cluster.colocate=[generator,learner]"],
+        "cluster.colocate is a list of lists of values; cluster.colocate[0]: expected a list of values, got a value",
+    ),
+    "a name where a reward's mapping is expected": (
+        RECIPE,
+        ["reward.functions=[gsm8k]"],
+        "reward.functions[0]: expected a mapping of keys (name, weight, ...), got a value (gsm8k)",
+    ),
+    "a dotted override into a list element": (
+        RECIPE,
+        ["reward.functions.0.weight=2"],
+        "reaches into an element of the list reward.functions; set the whole list instead",
+    ),
+    "an indexed override into a list element": (
+        RECIPE,
+        ["reward.functions[0].weight=2"],
+        "reaches into an element of the list reward.functions",
+    ),
+    "an SFT warm start that names itself": (
+        RECIPE,
+        ["model.path=sft://{tmp}/self_sft.yaml"],
+        "the SFT warm starts name each other in a circle ({tmp}/self_sft.yaml -> {tmp}/self_sft.yaml)",
+    ),
+    "SFT warm starts that name each other": (
+        RECIPE,
+        ["model.path=sft://{tmp}/sft_a.yaml"],
+        "in a circle ({tmp}/sft_a.yaml -> {tmp}/sft_b.yaml -> {tmp}/sft_a.yaml)",
+    ),
+    "one row too long among good ones": (
+        RECIPE,
+        [
+            "data.train_files={tmp}/one_long.jsonl",
+            "data.train_batch_size=4",
+            "learner.mini_batch_size=64",
+            "learner.micro_batch_size=32",
+        ],
+        "1 dropped, the first: {tmp}/one_long.jsonl row 2 is over data.max_prompt_length=96",
+    ),
+    "a chat template file with no Jinja": (
+        RECIPE,
+        ["model.chat_template={tmp}/template.txt"],
+        "model.chat_template='{tmp}/template.txt': no Jinja in it",
+    ),
+    "a chat template JSON file without one": (
+        RECIPE,
+        ["model.chat_template={tmp}/template.json"],
+        'a .json file must hold a "chat_template" string',
+    ),
+    "a chat template that does not compile": (
+        RECIPE,
+        ["model.chat_template='{% for m in messages %}{{ m.content }}'"],
+        "not a valid Jinja template (line 1: Unexpected end of template",
+    ),
+    "a judge template with a placeholder nothing fills": (
+        RECIPE,
+        ["reward_model.judge.template='Question: {question} Answer: {response}'"],
+        "reward_model.judge.template has {question}, which nothing fills",
+    ),
+    "an MLflow tracking URI that is not a URI": (
+        RECIPE,
+        ["trainer.loggers=[console,mlflow]", "trainer.mlflow_tracking_uri=localhost:5000"],
+        "trainer.mlflow_tracking_uri='localhost:5000': not a URI MLflow takes",
+    ),
+    "a reward module whose own import fails": (
+        RECIPE,
+        ["reward.functions=[{name: 'tests.helpers.reward_imports_missing:score'}]"],
+        "tests.helpers.reward_imports_missing was found, and its own import failed: ModuleNotFoundError: No module "
+        "named 'no_such_dependency_of_a_reward'",
+    ),
+    "a reward file whose own import fails": (
+        RECIPE,
+        ["reward.functions=[{name: '{tmp}/needs_dep.py:score'}]"],
+        "needs_dep.py was found, and its own import failed: ModuleNotFoundError",
     ),
 }
 
@@ -441,3 +588,113 @@ def test_sweep_out_of_range_is_refused_before_anything_starts(key, override, exp
 
 def test_sweep_size():
     assert len(SWEEP) >= 100  # said in the README's bad-input count
+
+
+# --- commands other than train: one line, no traceback, nothing started --------------------------------------
+
+
+PLAN_CASES = {  # name: (arguments after `plan RECIPE`, what the one line must say)
+    "a GPU name that is a prefix": (["--gpu", "a100"], "invalid choice: 'a100'"),
+    "zero nodes": (["--nodes", "0"], "plan --nodes 0: must be 1 or more"),
+    "a prompt past the recipe's limit": (["--prompt-tokens", "4096"], "over the recipe's data.max_prompt_length (96)"),
+    "a response past the budget": (["--response-tokens", "64"], "over the recipe's response budget (1)"),
+    "a GPU calibration on a CPU machine": (
+        ["--gpu", "h100", "--calibrate", "cluster.devices_per_node=1"],
+        "it has no GPU",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", PLAN_CASES)
+def test_plan_mistakes_are_one_line(case, capsys):
+    import ray
+
+    from grpo_ray.cli import main
+
+    more, expected = PLAN_CASES[case]
+    try:
+        rc = main(["plan", RECIPE, *more])
+    except SystemExit as e:  # argparse's own refusals exit
+        rc = e.code
+    out = capsys.readouterr()
+    assert rc == 2, out
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("grpo-ray: error: ") and expected in lines[0], out.err
+    assert "usage:" not in out.err and "Traceback" not in out.err
+    assert not ray.is_initialized()
+
+
+def test_a_wrong_choice_is_answered_with_the_close_ones(capsys):
+    from grpo_ray.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["plan", RECIPE, "--gpu", "a100"])
+    assert "did you mean a100-80gb or a100-40gb?" in capsys.readouterr().err
+
+
+def test_plot_skips_a_torn_last_line_and_refuses_a_damaged_middle(tmp_path, capsys):
+    """A run killed while writing its metrics leaves half a line: plotted without it, said once; a damaged line
+    before the end is a damaged file, refused in one line."""
+    from grpo_ray.cli import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [json.dumps({"step": s, "critic/score/mean": s / 10}) for s in (1, 2, 3)]
+    (run / "metrics.jsonl").write_text("\n".join(rows) + '\n{"step": 4, "critic/sco')
+    assert main(["plot", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "line 4: cut short" in out and (run / "plot.png").stat().st_size > 0
+    (run / "metrics.jsonl").write_text(rows[0] + "\nnot json\n" + rows[1] + "\n")
+    assert main(["plot", str(run), "--out", str(tmp_path / "p.png")]) == 2
+    assert "metrics.jsonl line 2: not a JSON object" in capsys.readouterr().err
+    assert not (tmp_path / "p.png").exists()
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ('{"step": 1}\n', "line 1: not a rollout dump's line"),
+        ("not json at all\n", "line 1: not a rollout dump's line"),
+        ('{"uid": 0, "samples": [{"response": "4"}]}\n', "sample 0: no prompt_ids"),
+        ("", "no samples to replay"),
+    ],
+)
+def test_replay_of_a_file_that_is_not_a_dump_is_one_line(text, expected, tmp_path, capsys):
+    import ray
+
+    from grpo_ray.cli import main
+
+    dump = tmp_path / "dump.jsonl"
+    dump.write_text(text)
+    assert main(["replay", RECIPE, str(dump), f"trainer.output_dir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not ray.is_initialized()
+
+
+def test_eval_rows_refused_say_why(tmp_path):
+    from grpo_ray.errors import UserError
+    from grpo_ray.evaluate import eval_rows
+
+    rows = tmp_path / "test.jsonl"
+    rows.write_text(json.dumps({"question": "Tom has 3 pens."}) + "\n" + json.dumps({"question": "", "answer": 1}))
+    with pytest.raises(UserError, match=r"no usable rows; row 0: missing answer \(and 1 more\)"):
+        eval_rows(str(rows))
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["rm.rejected_key=chosen"], "rm.chosen_key and rm.rejected_key are both 'chosen'"),
+        (["rm.label_key=text", "rm.response_key=text"], "rm.label_key and rm.response_key are both 'text'"),
+    ],
+)
+def test_reward_model_training_keys_that_cannot_work_are_refused(overrides, expected, tmp_path, capsys):
+    import ray
+
+    from grpo_ray.cli import main
+
+    rc = main(["rm", "recipes/tiny-cpu-rm.yaml", f"trainer.output_dir={tmp_path / 'run'}", *overrides])
+    err = capsys.readouterr().err
+    assert rc == 2 and expected in err and "Traceback" not in err, err
+    assert not ray.is_initialized()
