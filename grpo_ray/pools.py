@@ -28,7 +28,7 @@ from grpo_ray.config import POOLS, Recipe
 from grpo_ray.device import Device
 from grpo_ray.dims import ModelDims
 from grpo_ray.errors import RunError
-from grpo_ray.fit import cpu_kv_cache_bytes
+from grpo_ray.lengths import cpu_kv_cache_bytes
 from grpo_ray.metrics import since_start
 from grpo_ray.roles import LOG_FILE_ENV
 from grpo_ray.roles.generator import Generator

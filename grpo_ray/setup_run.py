@@ -376,7 +376,7 @@ def reward_model_path(recipe: Recipe) -> str:
 def check_judge_context(recipe: Recipe, path: str) -> None:
     """The judge's context holds its rubric (the template without what fills it, in the judge's chat template) and
     a reply, and its model has that many positions."""
-    from grpo_ray.fit import judge_context
+    from grpo_ray.lengths import judge_context
     from grpo_ray.rewards.learned import PLACEHOLDER
 
     j, name = recipe.reward_model.judge, recipe.reward_model.model

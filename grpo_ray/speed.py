@@ -43,7 +43,7 @@ from grpo_ray import models, placement
 from grpo_ray.algo.batching import forward_work, micro_batches, pack_rows, shared_shape, use_shared
 from grpo_ray.config import Recipe
 from grpo_ray.dims import ModelDims, model_dims
-from grpo_ray.fit import dtype_bytes, response_budget, wire_dtype
+from grpo_ray.lengths import dtype_bytes, response_budget, wire_dtype
 
 
 @dataclass

