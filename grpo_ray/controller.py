@@ -19,8 +19,8 @@ step s+1 starts:
 
 An engine runs its calls in the order they were sent, so a batch is generated with the
 weights of the last push sent before it (``Batch.version``) and the push waits for the
-generation ahead of it. Weights are pushed when the next batch would otherwise be more than
-k versions older than the learner when trained, and before validation and checkpoints.
+generation ahead of it. When a batch is launched ahead, when weights are pushed and when the
+old policy is recomputed are ``grpo_ray.schedule``'s rules, which ``plan`` simulates too.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from typing import NamedTuple
 import ray
 import torch
 
+from grpo_ray import schedule
 from grpo_ray.algo.advantage import advantages as estimate
 from grpo_ray.algo.advantage import overlong_penalty
 from grpo_ray.algo.batching import Samples, select_groups, signal_groups, take_groups
@@ -152,18 +153,13 @@ class Controller(Runner):
         return out
 
     def overlaps(self, step: int) -> bool:
-        """Whether the next batch is launched during this step. Not before a scheduled checkpoint: the next
-        batch then waits for this step's weights, as it will in a run resumed from that checkpoint."""
-        return self.r.algorithm.max_staleness > 0 and step < self.total_steps() and not self.saving(step)
+        """Whether the next batch is launched during this step (``schedule.launches_ahead``)."""
+        return schedule.launches_ahead(self.r.algorithm, step, self.total_steps(), self.saving(step))
 
     def push_due(self, step: int) -> bool:
-        """Whether to push the learner's weights now: when the next batch launched would otherwise be more than
-        max_staleness versions behind the learner when it trains (at 0: after every update), and before
-        validation and checkpoints."""
+        """Whether to push the learner's weights now (``schedule.push_due``)."""
         behind = self.version - self.engines.version
-        return behind > 0 and (
-            behind + 1 > self.r.algorithm.max_staleness or self.validating(step) or self.saving(step)
-        )
+        return schedule.push_due(self.r.algorithm, behind, self.validating(step), self.saving(step))
 
     def check_staleness(self, stats: list) -> dict[str, float]:
         """The batch's age against the learner's weights (a sample older than max_staleness is never trained on),

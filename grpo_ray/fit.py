@@ -54,7 +54,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpo_ray import placement
+from grpo_ray import placement, schedule
 from grpo_ray.config import GPU_MEMORY_GB, Recipe, RecipeError, engine_rank
 from grpo_ray.dims import ModelDims, model_dims
 from grpo_ray.lengths import (
@@ -217,7 +217,7 @@ def snapshot_count(r: Recipe) -> int:
     """Versions of the weights a learner rank keeps besides training (max_staleness >= 1, learner old policy): the
     one being trained and those that generated the batches not yet trained."""
     a = r.algorithm
-    return 0 if not a.max_staleness or a.rollout_correction.bypass_mode else a.max_staleness + 1
+    return a.max_staleness + 1 if schedule.keeps_older_weights(a) else 0
 
 
 def job_learner_memory(d: ModelDims, r: Recipe, job: str) -> PoolMemory:

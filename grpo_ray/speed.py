@@ -39,7 +39,7 @@ import statistics
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from grpo_ray import models, placement
+from grpo_ray import models, placement, schedule
 from grpo_ray.algo.batching import forward_work, micro_batches, pack_rows, shared_shape, use_shared
 from grpo_ray.config import Recipe
 from grpo_ray.dims import ModelDims, model_dims
@@ -469,7 +469,7 @@ def predict(r: Recipe, d: ModelDims, rates: Rates, shape: Shape, node_cpus: int 
             rates.hop_s + rates.hop_sample_s * len(s.pairs), "the controller's own time (Ray calls, transfers, metrics)"
         ),
     }
-    step, schedule = schedule_step(s, phases)
+    step, how = schedule_step(s, phases)
     busy: dict[str, float] = {}
     for p in phases.values():
         for pool, secs in p.busy.items():
@@ -479,7 +479,7 @@ def predict(r: Recipe, d: ModelDims, rates: Rates, shape: Shape, node_cpus: int 
     }
     devices = sum(p.actors * (p.cpus if cpu else p.gpus) for p in plans.values())
     tokens = len(s.pairs) * (shape.prompt_tokens + shape.response_tokens)
-    return Prediction(phases, step, schedule, tokens / step / max(devices, 1e-9), idle, rates.source, shape)
+    return Prediction(phases, step, how, tokens / step / max(devices, 1e-9), idle, rates.source, shape)
 
 
 def generation_phase(s: StepInputs, shape: Shape) -> Phase:
@@ -554,12 +554,13 @@ def learner_phases(s: StepInputs) -> dict[str, Phase]:
     train += group_seconds(d, s.rates, W, w.calls, True, dtype)
     trained = d.lora_params(m.lora.rank, m.lora.target_modules) if m.lora.rank else d.params
     update = s.rates.update_s + a.ppo_epochs * minis * (train + t.optimizer[0] + t.optimizer[1] * trained / W)
-    recomputed = not a.rollout_correction.bypass_mode and (a.ppo_epochs > 1 or minis > 1 or a.max_staleness > 0)
+    # in a steady run one step off or more, every batch is of older weights (schedule.push_due)
+    recomputed = schedule.recomputes_old_policy(a, minis, stale=schedule.overlapping(a))
     old = 0.0
     if recomputed:
         forward = call_seconds(d, t, dtype, w.slots, w.rows, w.logits, False, w.calls) + t.forward_sample * len(share)
         old = s.rates.pass_s + minis * (forward + group_seconds(d, s.rates, W, w.calls, False, dtype))
-        if a.max_staleness:  # the snapshot of the older weights copied in, the current ones back: read and written
+        if schedule.keeps_older_weights(a):  # the older weights' snapshot copied in, the current ones back
             old += 2 * 2 * d.params / W * dtype_bytes(dtype) / t.bandwidth
     how = f"{W} rank(s) x {minis} mini batch(es), forward only" if recomputed else "not recomputed (one update)"
     return {
@@ -604,7 +605,7 @@ def schedule_step(s: StepInputs, phases: dict[str, Phase]) -> tuple[float, str]:
     sec = {k: p.seconds for k, p in phases.items()}
     scoring = max(sec["reward"], sec.get("reference", 0.0), sec.get("teacher", 0.0))
     after = sec["sync"] + sec["hops"]
-    if not s.r.algorithm.max_staleness:
+    if not schedule.overlapping(s.r.algorithm):
         step = sec["generation"] + scoring + sec["old policy"] + sec["update"] + after
         return step, "on-policy: generation + max(reward, reference) + old policy + update + sync + hops"
     frozen = [k for k in ("reference", "teacher") if k in sec]

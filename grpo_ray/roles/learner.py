@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from grpo_ray import lora, sync
+from grpo_ray import lora, schedule, sync
 from grpo_ray.algo.batching import (
     collate,
     flatten,
@@ -346,12 +346,10 @@ class Learner(RoleActor):
         versions = [r.policy_version for r in rollouts for _ in r.completions]
         minis = [rank_slice(list(range(b, b + m)), self.rank, self.world_size) for b in range(0, len(pairs), m)]
         mine = [i for mini in minis for i in mini]
-        if a.max_staleness and not a.rollout_correction.bypass_mode:
+        if schedule.keeps_older_weights(a):
             self._snapshot(min(versions + ([] if keep_from is None else [keep_from])))
         start = time.perf_counter()
-        # one update on samples of the weights being trained: the old policy is logp.detach(), no extra forward
-        on_policy = a.ppo_epochs == 1 and len(minis) == 1 and set(versions) == {self.version}
-        recompute = not (on_policy or a.rollout_correction.bypass_mode)
+        recompute = schedule.recomputes_old_policy(a, len(minis), stale=set(versions) != {self.version})
         old = self._old_logprobs(pairs, mine, versions) if recompute else None
         old_seconds = time.perf_counter() - start if recompute else 0.0
         ref_seconds = 0.0
