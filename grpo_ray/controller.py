@@ -18,7 +18,7 @@ step s+1 starts:
     learner   │ train s ·················│    │ train s+1 ················│    │
 
 An engine runs its calls in the order they were sent, so a batch is generated with the
-weights of the last push sent before it (``Batch.version``) and the push waits for the
+weights of the last push sent before it (``Launched.version``) and the push waits for the
 generation ahead of it. When a batch is launched ahead, when weights are pushed and when the
 old policy is recomputed are ``grpo_ray.schedule``'s rules, which ``plan`` simulates too.
 """
@@ -38,7 +38,7 @@ from grpo_ray.algo.advantage import advantages as estimate
 from grpo_ray.algo.advantage import overlong_penalty
 from grpo_ray.algo.batching import Samples, select_groups, signal_groups, take_groups
 from grpo_ray.config import Recipe
-from grpo_ray.engines import Batch, split
+from grpo_ray.engines import Launched, split
 from grpo_ray.errors import Preempted, RunError
 from grpo_ray.lengths import response_budget
 from grpo_ray.metrics import perf_metrics, pool_metrics, rollout_metrics
@@ -70,7 +70,7 @@ class Collected(NamedTuple):
     rewards: Rewards
     frozen: dict[str, list]
     version: int
-    """The weights that generated it (``Batch.version``)."""
+    """The weights that generated it (``Launched.version``)."""
 
 
 class Controller(Runner):
@@ -78,7 +78,7 @@ class Controller(Runner):
 
     def __init__(self, recipe: Recipe, inputs: RunInputs):
         super().__init__(recipe, inputs)
-        self.inflight: dict[int, Batch | Collected] = {}
+        self.inflight: dict[int, Launched | Collected] = {}
         """Batches launched (then collected) ahead of their step (max_staleness >= 1)."""
         self.learner_probe: list[float] | None = None
         """The learner's probe logprobs at its weights now (its last update computed them), for the sync's check."""
@@ -246,7 +246,7 @@ class Controller(Runner):
 
     # --- hops --------------------------------------------------------------------------
 
-    def launch(self, step: int) -> Batch:
+    def launch(self, step: int) -> Launched:
         """Send the stream's next prompts to the engines."""
         return self.engines.launch(step, [Prompt.from_row(uid, row) for uid, row in self.stream.next_batch()])
 
@@ -347,7 +347,7 @@ class Controller(Runner):
             ]
         return out
 
-    def collect(self, batch: Batch | Collected, recover: bool = True) -> Collected:
+    def collect(self, batch: Launched | Collected, recover: bool = True) -> Collected:
         """The batch's rollouts from the engines (replacing an engine that failed, if `recover`), its rewards and
         frozen logprobs sent: a batch collected ahead as it is."""
         if isinstance(batch, Collected):
@@ -358,7 +358,7 @@ class Controller(Runner):
         frozen = {} if dapo else self.frozen_logprobs(rollouts, samples)  # DAPO: after its groups are chosen
         return Collected(rollouts, stats, self.send_rewards(rollouts, samples), frozen, batch.version)
 
-    def collect_ahead(self, batch: Batch) -> Batch | Collected:
+    def collect_ahead(self, batch: Launched) -> Launched | Collected:
         """`collect` while the learner trains: the engines have the batch soon after the update ends anyway (the
         push waits for it). If an engine failed, the batch as it was: it is replaced in the next step, after
         the update, so that its new weights are the learner's of a finished update."""

@@ -1,7 +1,7 @@
 """The generator side of a step, for the controller: batches out to the engines, weights in, lost engines replaced.
 
 An engine runs its calls in the order they were sent, so a batch is generated with the weights of the last push
-sent before it (``Batch.version``), and a push waits for the generation queued ahead of it.
+sent before it (``Launched.version``), and a push waits for the generation queued ahead of it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from grpo_ray.types import Prompt
 
 
 @dataclasses.dataclass
-class Batch:
+class Launched:
     """One step's generation, launched and not yet collected."""
 
     step: int
@@ -49,15 +49,15 @@ class Engines:
         """Engines replaced that have not answered a generate call yet: their first one may hold one-time warm-up
         (kernel selection, allocator growth), so its deadline is twice generator.timeout_s."""
 
-    def launch(self, step: int, prompts: list[Prompt], n: int = 0, sampling=None) -> Batch:
+    def launch(self, step: int, prompts: list[Prompt], n: int = 0, sampling=None) -> Launched:
         """Send `prompts` to the engines, cut evenly over them, `n` samples each (default: the group size)."""
-        batch = Batch(step, prompts, self.version, n or self.r.algorithm.group_size, sampling, {})
+        batch = Launched(step, prompts, self.version, n or self.r.algorithm.group_size, sampling, {})
         for i, shard in enumerate(split(prompts, len(self.pools.actors["generator"]))):
             if shard:
                 batch.calls[i] = self._generate_on(i, shard, batch.n, step, sampling)
         return batch
 
-    def collect(self, batch: Batch, recover: bool = True) -> tuple[list, list]:
+    def collect(self, batch: Launched, recover: bool = True) -> tuple[list, list]:
         """The batch's rollout refs (for the pools) and stats (for the controller). An engine that dies or misses
         generator.timeout_s is replaced (unless that happened already, e.g. in a push) and its share alone is
         generated again, with the seeds it had and the weights the engines hold now (a new engine's first answer

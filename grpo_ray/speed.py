@@ -373,7 +373,7 @@ def shape_pairs(r: Recipe, shape: Shape) -> list[tuple[list[int], list[int]]]:
 
 
 @dataclass
-class Work:
+class ForwardWork:
     """The forwards of one actor over its share, as its micro batches lay them out."""
 
     calls: int
@@ -383,13 +383,13 @@ class Work:
     logits: int
 
 
-def share_work(pairs: list, size: int, packing: bool, shared: bool) -> Work:
+def share_work(pairs: list, size: int, packing: bool, shared: bool) -> ForwardWork:
     """The model calls, token slots, attention rows and head positions of `pairs` in micro batches of `size`, as
     collate lays them out: padded, each sequence a row as long as the micro batch's longest; packed, each row as
     wide as the fullest (its attention computed over the whole row, masked); shared prompts, each distinct prompt
     padded to the longest, then rows of responses as wide as the longest, each attending to its prompt's keys."""
     micros, capacity = micro_batches(list(range(len(pairs))), pairs, size, packing, shared)
-    w = Work(0, 0, [], 0)
+    w = ForwardWork(0, 0, [], 0)
     for micro in micros:
         batch = [pairs[i] for i in micro]
         w.logits += forward_work(batch, shared)[1]

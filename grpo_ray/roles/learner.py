@@ -55,7 +55,7 @@ from grpo_ray.types import Update
 
 
 @dataclass
-class Batch:
+class RankShare:
     """One step's samples as this rank trains on them (``Learner._batch``); each list is indexed by sample."""
 
     pairs: list
@@ -336,7 +336,7 @@ class Learner(RoleActor):
 
     def _batch(
         self, rollouts: list, ref_lps: list | None, advantages: list[float], keep_from: int | None, teacher_lps=None
-    ) -> Batch:
+    ) -> RankShare:
         """The step's samples cut into this rank's share of each mini batch, with what the loss needs beside the
         learner's own logprobs: the old policy's logprobs where they are not the trained weights' (one on-policy
         update, or bypass mode: none), and with LoRA the reference's (this model, adapters off)."""
@@ -364,9 +364,9 @@ class Learner(RoleActor):
         adv = torch.tensor(advantages, dtype=torch.float32)
         multi_turn = any(c.mask is not None for r in rollouts for c in r.completions)
         masks = masks if multi_turn else None
-        return Batch(pairs, minis, sampler, adv, masks, old, ref_lps, teacher_lps, old_seconds, ref_seconds)
+        return RankShare(pairs, minis, sampler, adv, masks, old, ref_lps, teacher_lps, old_seconds, ref_seconds)
 
-    def _backward(self, batch: Batch, mine: list[int], sums: StepSums, first_epoch: bool) -> float:
+    def _backward(self, batch: RankShare, mine: list[int], sums: StepSums, first_epoch: bool) -> float:
         """Forward and backward of this rank's micro batches of one mini batch (gradients accumulated, each micro
         batch's loss unnormalised); the count the loss kept over every rank (the mini batch's normaliser), its sums
         added to `sums` (the correction's in the first epoch only)."""
