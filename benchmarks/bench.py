@@ -379,7 +379,7 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
         learn_s = []
         for _ in range(reps):  # the learner hop alone (no reference pass: the raw loop has none either)
             start = time.perf_counter()
-            update = ray.get([l.train.remote(rollouts, None, advantages, c.version) for l in c.pools.actors["learner"]])
+            update = ray.get([l.train.remote(rollouts, advantages, c.version) for l in c.pools.actors["learner"]])
             learn_s.append(time.perf_counter() - start)
         flops = update[0].metrics["actor/flops"]  # in the layout the learner ran (the raw loop runs the same)
         sync_s = []

@@ -148,10 +148,10 @@ def step_row(learner, dims, args, micro: int, peak_tflops: float | None, distill
             if args.device == "cuda":
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
-            teacher = [r - 0.02 for r in refs] if distill else None
+            signals = {"reference": refs, **({"teacher": [r - 0.02 for r in refs]} if distill else {})}
             start = time.perf_counter()
             # its .item() reads wait for the device
-            metrics = learner.update(rollouts, refs, adv, version=0, teacher_lps=teacher).metrics
+            metrics = learner.update(rollouts, adv, version=0, signals=signals).metrics
             elapsed = time.perf_counter() - start
             if k >= args.warmup:
                 seconds.append(elapsed)
@@ -213,7 +213,7 @@ def profile(learner, dims, args, micro: int, samples: int) -> None:
     rollouts, refs, adv = batch(dims.vocab, samples, args.seq, seed=99)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
     with torch_profile(activities=activities) as prof:
-        learner.update(rollouts, refs, adv, version=0)
+        learner.update(rollouts, adv, version=0, signals={"reference": refs})
     table = prof.key_averages()
     text = table.table(sort_by="self_cpu_time_total", row_limit=30)
     if args.device == "cuda":

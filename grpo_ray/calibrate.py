@@ -305,7 +305,7 @@ def _calls(device: str, threads: int, layers: int) -> dict:
     for name, samples, micro in runs:
         advantages = [0.5 - (i % 2) for i in range(samples)]
         learner.recipe = recipe(samples, micro)
-        call = lambda r=rollouts[samples], a=advantages: learner.update([r], None, a, 0)  # noqa: E731
+        call = lambda r=rollouts[samples], a=advantages: learner.update([r], a, 0)  # noqa: E731
         out[f"update_{name}"] = _timed(call, 0.2, 5, sync)
     learner.shutdown()  # the process's group: the reference makes its own
     for name, samples, micro in runs:
@@ -387,7 +387,7 @@ def _work(device: str, threads: int) -> dict:
     rollout = Rollout([prompt], completions, 0)
     pairs = [(prompt.ids, c.token_ids) for c in completions]
     advantages = [0.5 - (i % 2) for i in range(w["samples"])]
-    out = {"update": _timed(lambda: learner.update([rollout], None, advantages, 0), 0.2, 3, sync)}
+    out = {"update": _timed(lambda: learner.update([rollout], advantages, 0), 0.2, 3, sync)}
     learner.shutdown()
     reference = _reference(path, recipe, threads)
     out["forward"] = _timed(lambda: reference.score(pairs), 0.2, 3, sync)

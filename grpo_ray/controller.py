@@ -376,12 +376,11 @@ class Controller(Runner):
     def send_update(self, rollouts: list, advantages: list[float], frozen: dict[str, list]) -> list:
         """Start one learner step on the rollouts behind the refs, with the reference's logprobs when there is a
         KL term and the teacher's when distilling (refs: the learner waits for them); its refs."""
-        ref_lps = [lp for lp, _ in frozen.get("reference", [])] or None
-        teacher_lps = [lp for lp, _ in frozen.get("teacher", [])] or None
+        signals = {pool: [lp for lp, _ in refs] for pool, refs in frozen.items() if refs}
         keep_from = min([self.engines.version] + [b.version for b in self.inflight.values()])
         probe = self.inputs.probe_ids if self.pools.actors["generator"] else None
         return [
-            l.train.remote(rollouts, ref_lps, advantages, self.version, keep_from, probe, teacher_lps)
+            l.train.remote(rollouts, advantages, self.version, signals, keep_from, probe)
             for l in self.pools.actors["learner"]
         ]
 

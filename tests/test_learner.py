@@ -19,11 +19,12 @@ def run_learner(ray, path, world_size, overrides, rollouts, ref_lps, advantages,
     host, port = ray.get(actors[0].address.remote())
     ray.get([a.setup.remote(host, port) for a in actors])
     refs = [ray.put(r) for r in rollouts]
-    ref_refs = [ray.put(x) for x in ref_lps] if ref_lps else None
+    signals = {"reference": [ray.put(x) for x in ref_lps]} if ref_lps else {}
     probe = [t for c in rollouts[0].prompts for t in c.ids]  # the weights, seen through the sync probe's path
     before = ray.get([a.probe_logprobs.remote(probe) for a in actors])[0]
-    teacher = [ray.put(x) for x in teacher_lps] if teacher_lps else None
-    updates = ray.get([a.train.remote(refs, ref_refs, advantages, 0, None, probe, teacher) for a in actors])
+    if teacher_lps:
+        signals["teacher"] = [ray.put(x) for x in teacher_lps]
+    updates = ray.get([a.train.remote(refs, advantages, 0, signals, None, probe) for a in actors])
     after = ray.get([a.probe_logprobs.remote(probe) for a in actors])[0]
     for u in updates:  # the update's own probe, which the controller's sync checks the engines against
         assert u.probe == pytest.approx(after, abs=1e-6)
@@ -229,10 +230,10 @@ def test_stale_samples_take_the_old_policy_from_the_version_that_generated_them(
             sample_with_the_learner(r)
         refs = [ray_local.put(r) for r in rollouts]
         advantages = torch.linspace(-1.5, 1.5, 16).tolist()
-        first = ray_local.get([a.train.remote(refs, None, advantages, 0) for a in actors])[0].metrics
+        first = ray_local.get([a.train.remote(refs, advantages, 0) for a in actors])[0].metrics
         assert first["actor/old_log_prob_recomputed"] == 0  # on policy: logp.detach() is the old policy
         assert abs(first["rollout_corr/kl"]) < 1e-6 and first["rollout_corr/rollout_is_max"] < 1 + 1e-5
-        second = ray_local.get([a.train.remote(refs, None, advantages, 1) for a in actors])[0].metrics
+        second = ray_local.get([a.train.remote(refs, advantages, 1) for a in actors])[0].metrics
         assert second["actor/old_log_prob_recomputed"] == 1 and second["actor/policy_version"] == 1
         assert abs(second["rollout_corr/kl"]) < 1e-6 and second["rollout_corr/rollout_is_max"] < 1 + 1e-5
         # mixed versions: rank 0's samples are of version 2 (the learner's now), rank 1's of version 0 (a
@@ -240,17 +241,20 @@ def test_stale_samples_take_the_old_policy_from_the_version_that_generated_them(
         sample_with_the_learner(rollouts[0])
         mixed = [Rollout(rollouts[0].prompts, rollouts[0].completions, 2), rollouts[1]]
         third = ray_local.get(
-            [a.train.remote([ray_local.put(r) for r in mixed], None, advantages, 2, 1) for a in actors]
+            [a.train.remote([ray_local.put(r) for r in mixed], advantages, 2, None, 1) for a in actors]
         )[0].metrics
         assert abs(third["rollout_corr/kl"]) < 1e-6 and third["rollout_corr/rollout_is_max"] < 1 + 1e-5
         # the same batch claimed by version 1's weights: their logprobs are not version 0's
         refs = [ray_local.put(Rollout(r.prompts, r.completions, 3)) for r in rollouts]
-        moved = ray_local.get([a.train.remote(refs, None, advantages, 3) for a in actors])[0].metrics
+        moved = ray_local.get([a.train.remote(refs, advantages, 3) for a in actors])[0].metrics
         assert moved["rollout_corr/k3_kl"] > 1e-4 and moved["rollout_corr/rollout_is_max"] > 1.01
         # a version with no snapshot left (dropped once no batch can need it) is refused, not guessed
         refs = [ray_local.put(Rollout(r.prompts, r.completions, 0)) for r in rollouts]
         with pytest.raises(ray_local.exceptions.RayTaskError, match="no weights of it here"):
-            ray_local.get([a.train.remote(refs, None, advantages, 4, 4) for a in actors])
+            ray_local.get([a.train.remote(refs, advantages, 4, None, 4) for a in actors])
+        # a signal the learner does not read is refused by name, before any forward (not silently dropped)
+        with pytest.raises(ray_local.exceptions.RayTaskError, match=r"reads no signal named \['critic'\]"):
+            ray_local.get([a.train.remote(refs, advantages, 4, {"critic": []}) for a in actors])
     finally:
         for a in actors:
             ray_local.kill(a)

@@ -219,7 +219,7 @@ def test_engine_takes_each_update_of_the_adapters(ray_local, tmp_path, mode):
             ]
             ray_local.get(
                 [
-                    l.train.remote(rollouts, None, torch.linspace(-2, 2, 12).tolist(), version - 1)
+                    l.train.remote(rollouts, torch.linspace(-2, 2, 12).tolist(), version - 1)
                     for l in c.pools.actors["learner"]
                 ]
             )

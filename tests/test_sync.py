@@ -67,7 +67,7 @@ def test_sync_round_trip_through_the_pools(ray_local, tmp_path):
         assert c.engines.probe() < 1e-5  # the same checkpoint on both sides
         rollouts = [ray_local.put(r) for r in tiny_rollouts(vocab=300, prompts=6, group=2)]
         ray_local.get(
-            [l.train.remote(rollouts, None, torch.linspace(-2, 2, 12).tolist(), 0) for l in c.pools.actors["learner"]]
+            [l.train.remote(rollouts, torch.linspace(-2, 2, 12).tolist(), 0) for l in c.pools.actors["learner"]]
         )
         before = c.engines.probe()
         assert before > 1e-3  # the learner moved, the generator did not yet

@@ -53,6 +53,12 @@ from grpo_ray.perf import device_peak_tflops, forward_flops, measure_cpu_peak_tf
 from grpo_ray.roles import RoleActor, fsdp, log_to_file
 from grpo_ray.types import Update
 
+SIGNALS = {
+    "reference": "per-token logprobs of the frozen reference: the KL term's",
+    "teacher": "per-token logprobs of the distillation teacher: each token's advantage takes its log ratio",
+}
+"""The frozen scorers' per-token signals the learner reads, by the scorer pool's name (``Learner.update``)."""
+
 
 @dataclass
 class RankShare:
@@ -267,43 +273,44 @@ class Learner(RoleActor):
     def train(
         self,
         rollout_refs: list,
-        ref_logprob_refs: list | None,
         advantages: list[float],
         version: int,
+        signals: dict[str, list] | None = None,
         keep_from: int | None = None,
         probe_ids: list[int] | None = None,
-        teacher_logprob_refs: list | None = None,
     ) -> Update:
         """One GRPO step over all samples of `rollout_refs` (Ray object refs, fetched here, not by the controller)
-        with the weights of `version`: ``update`` on what they hold."""
+        with the weights of `version`: ``update`` on what they hold. `signals`: each frozen scorer's refs to its
+        chunks of per-token logprobs, by the scorer's name (SIGNALS)."""
         import ray
 
-        def fetched(refs):
-            return [lp for chunk in ray.get(refs) for lp in chunk] if refs else None
-
         rollouts = ray.get(rollout_refs)
-        ref_lps, teacher_lps = fetched(ref_logprob_refs), fetched(teacher_logprob_refs)
-        return self.update(rollouts, ref_lps, advantages, version, keep_from, probe_ids, teacher_lps)
+        fetched = {name: [lp for chunk in ray.get(refs) for lp in chunk] for name, refs in (signals or {}).items()}
+        return self.update(rollouts, advantages, version, fetched, keep_from, probe_ids)
 
     def update(
         self,
         rollouts: list,
-        ref_lps: list | None,
         advantages: list[float],
         version: int,
+        signals: dict[str, list] | None = None,
         keep_from: int | None = None,
         probe_ids: list[int] | None = None,
-        teacher_lps: list | None = None,
     ) -> Update:
         """One GRPO step over all samples of `rollouts` with the weights of `version` (no Ray: benchmarks/gpu.py
         calls it directly): PPO epochs over mini batches, an optimizer step each. The old policy of each sample
         is the learner at the version that generated it (snapshots of versions >= `keep_from` are kept for later
         batches), or the sampler's in bypass mode. With `probe_ids`, the updated weights' ``probe_logprobs`` too
-        (``Update.probe``), for the sync that pushes them: no call of its own then. With `teacher_lps` (the
-        distillation teacher's logprobs of every sample) each token's advantage takes the teacher's signal."""
+        (``Update.probe``), for the sync that pushes them: no call of its own then. `signals`: the frozen
+        scorers' per-token logprobs of every sample, by name (SIGNALS): the reference's for the KL term, the
+        distillation teacher's for each token's advantage."""
         a = self.recipe.algorithm
         self.version, self.flops = version, 0.0
-        batch = self._batch(rollouts, ref_lps, advantages, keep_from, teacher_lps)
+        unknown = sorted(set(signals or {}) - set(SIGNALS))
+        if unknown:
+            raise ValueError(f"the learner reads no signal named {unknown}: it reads {', '.join(SIGNALS)}")
+        signals = signals or {}
+        batch = self._batch(rollouts, advantages, keep_from, signals.get("reference"), signals.get("teacher"))
         sums = StepSums.zeros(self.device)
         norms, empty = [], 0
         self.model.train()
@@ -335,7 +342,7 @@ class Learner(RoleActor):
         return Update(metrics, (started, time.time()), self.probe_logprobs(probe_ids) if probe_ids else None)
 
     def _batch(
-        self, rollouts: list, ref_lps: list | None, advantages: list[float], keep_from: int | None, teacher_lps=None
+        self, rollouts: list, advantages: list[float], keep_from: int | None, ref_lps: list | None, teacher_lps=None
     ) -> RankShare:
         """The step's samples cut into this rank's share of each mini batch, with what the loss needs beside the
         learner's own logprobs: the old policy's logprobs where they are not the trained weights' (one on-policy
