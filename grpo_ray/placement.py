@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grpo_ray.config import POOLS, Recipe
+from grpo_ray.config import KINDS, POOLS, Recipe
 from grpo_ray.errors import UserError
 
 MARKER = 0.001  # how much of a node-marker resource one actor takes: any node with the marker has room for many
@@ -45,32 +45,7 @@ class PoolPlan:
 
 def plan(recipe: Recipe, pools: tuple[str, ...] = POOLS) -> dict[str, PoolPlan]:
     """What each pool asks for, from the recipe alone (pools not in `pools` ask for no actors)."""
-    cuda = recipe.cluster.device == "cuda"
-    g, l, f, r = recipe.generator, recipe.learner, recipe.reference, recipe.reward
-    plans = {
-        "generator": PoolPlan("generator", g.num_engines, g.num_cpus, g.tensor_parallel_size if cuda else 0),
-        "learner": PoolPlan("learner", l.world_size, l.num_cpus, 1 if cuda else 0),
-        # no KL term: no reference; LoRA: the learner is its own reference (the adapters switched off)
-        "reference": PoolPlan(
-            "reference",
-            f.num_actors if recipe.algorithm.kl_coef > 0 and not recipe.model.lora.rank else 0,
-            f.num_cpus,
-            1 if cuda else 0,
-        ),
-        "teacher": PoolPlan(
-            "teacher",
-            recipe.teacher.num_actors if recipe.teacher.model else 0,
-            recipe.teacher.num_cpus,
-            1 if cuda else 0,
-        ),
-        "reward_model": PoolPlan(
-            "reward_model",
-            recipe.reward_model.num_actors if recipe.reward_model.model else 0,
-            recipe.reward_model.num_cpus,
-            1 if cuda else 0,
-        ),
-        "reward": PoolPlan("reward", r.num_actors, r.num_cpus, 0),
-    }
+    plans = {name: PoolPlan(name, k.count(recipe), k.cpus(recipe), k.gpus(recipe)) for name, k in KINDS.items()}
     for pool, resource in recipe.cluster.node_resources.items():
         plans[pool].resources[resource] = MARKER
     for pool in set(POOLS) - set(pools):

@@ -41,7 +41,7 @@ from pathlib import Path
 
 from grpo_ray import models, placement, schedule
 from grpo_ray.algo.batching import forward_work, micro_batches, pack_rows, shared_shape, use_shared
-from grpo_ray.config import Recipe
+from grpo_ray.config import KINDS, Recipe
 from grpo_ray.dims import ModelDims, model_dims
 from grpo_ray.lengths import dtype_bytes, response_budget, wire_dtype
 
@@ -235,6 +235,8 @@ class Prediction:
     idle: dict[str, float]
     rates: str
     shape: Shape
+    unmodelled: tuple[str, ...] = ()
+    """Pools the recipe starts whose time this model does not hold (their KINDS row has no time): said, not left out."""
 
     def text(self) -> str:
         s = self.shape
@@ -244,6 +246,8 @@ class Prediction:
         ]
         for name, p in self.phases.items():
             lines.append(f"  {name:<11} {p.seconds:9.3f} s  {p.detail}")
+        for pool in self.unmodelled:
+            lines.append(f"  {pool:<11} {'-':>9}    not modelled: its actors' time is not in the step below")
         lines.append(f"  {'step':<11} {self.step:9.3f} s  {self.schedule}")
         idle = ", ".join(f"{k} {v:.2f}" for k, v in self.idle.items())
         lines.append(f"  tokens/s per device {self.tokens_per_s_per_device:.4g}; idle share: {idle}")
@@ -479,7 +483,8 @@ def predict(r: Recipe, d: ModelDims, rates: Rates, shape: Shape, node_cpus: int 
     }
     devices = sum(p.actors * (p.cpus if cpu else p.gpus) for p in plans.values())
     tokens = len(s.pairs) * (shape.prompt_tokens + shape.response_tokens)
-    return Prediction(phases, step, how, tokens / step / max(devices, 1e-9), idle, rates.source, shape)
+    unmodelled = tuple(p for p, plan in plans.items() if plan.actors and KINDS[p].time is None)
+    return Prediction(phases, step, how, tokens / step / max(devices, 1e-9), idle, rates.source, shape, unmodelled)
 
 
 def generation_phase(s: StepInputs, shape: Shape) -> Phase:

@@ -25,8 +25,8 @@ from grpo_ray.config.checks import (
     validate,
 )
 from grpo_ray.config.load import SECRET_KEY, dump_recipe, load_recipe, recipe_dict, recipe_yaml, redact
+from grpo_ray.config.pools import KINDS, POOLS, PoolKind
 from grpo_ray.config.schema import (
-    POOLS,
     AlgorithmConfig,
     ClusterConfig,
     DataConfig,
@@ -63,6 +63,8 @@ __all__ = [
     "GPU_MEMORY_GB",
     "LOGGERS",
     "POOLS",
+    "KINDS",
+    "PoolKind",
     "RANGES",
     "SECRET_KEY",
     "AlgorithmConfig",

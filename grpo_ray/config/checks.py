@@ -7,7 +7,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_ray.config.schema import POOLS, AlgorithmConfig, Recipe
+from grpo_ray.config.pools import POOLS
+from grpo_ray.config.schema import AlgorithmConfig, Recipe
 
 FUNCTION_KEYS = ("algorithm.adv_estimator", "algorithm.loss_mode")
 """Keys that take one of their CHOICES or a user's ``module:function`` (grpo_ray.algo.registry)."""

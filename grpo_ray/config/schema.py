@@ -10,8 +10,6 @@ from omegaconf import MISSING
 
 from grpo_ray.errors import UserError
 
-POOLS = ("generator", "learner", "reference", "teacher", "reward_model", "reward")
-
 
 class RecipeError(UserError):
     """A recipe that cannot run, with a message saying what to change."""
