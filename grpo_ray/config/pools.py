@@ -40,6 +40,23 @@ def _on_gpu(n: int) -> Callable[[Recipe], int]:
     return lambda r: n if r.cluster.device == "cuda" else 0
 
 
+def _frozen_scorer(name: str, count: Callable[[Recipe], int], signal: str) -> PoolKind:
+    """A frozen model scoring every sampled token: one FSDP2 group over its actors, the reference's memory model on
+    its own shape, a phase of its own in the time model; a lost actor stops the run (its shard is gone)."""
+    return PoolKind(
+        name,
+        name,
+        count=count,
+        cpus=lambda r: getattr(r, name).num_cpus,
+        gpus=_on_gpu(1),
+        group="fsdp",
+        lost="the run stops; a rerun resumes from the last checkpoint",
+        signal=signal,
+        memory=("reference_memory",),
+        time=name,
+    )
+
+
 KINDS: dict[str, PoolKind] = {
     k.name: k
     for k in (
@@ -67,29 +84,16 @@ KINDS: dict[str, PoolKind] = {
             memory=("learner_memory", "job_learner_memory"),
             time="update",
         ),
-        PoolKind(  # no KL term: no reference; LoRA: the learner is its own reference (the adapters switched off)
+        # no KL term: no reference; LoRA: the learner is its own reference (the adapters switched off)
+        _frozen_scorer(
             "reference",
-            "reference",
-            count=lambda r: r.reference.num_actors if r.algorithm.kl_coef > 0 and not r.model.lora.rank else 0,
-            cpus=lambda r: r.reference.num_cpus,
-            gpus=_on_gpu(1),
-            group="fsdp",
-            lost="the run stops; a rerun resumes from the last checkpoint",
-            signal="per token: the frozen policy's logprobs (the KL term)",
-            memory=("reference_memory",),
-            time="reference",
+            lambda r: r.reference.num_actors if r.algorithm.kl_coef > 0 and not r.model.lora.rank else 0,
+            "per token: the frozen policy's logprobs (the KL term)",
         ),
-        PoolKind(
+        _frozen_scorer(
             "teacher",
-            "teacher",
-            count=lambda r: r.teacher.num_actors if r.teacher.model else 0,
-            cpus=lambda r: r.teacher.num_cpus,
-            gpus=_on_gpu(1),
-            group="fsdp",
-            lost="the run stops; a rerun resumes from the last checkpoint",
-            signal="per token: the teacher's logprobs (distillation)",
-            memory=("reference_memory",),
-            time="teacher",
+            lambda r: r.teacher.num_actors if r.teacher.model else 0,
+            "per token: the teacher's logprobs (distillation)",
         ),
         PoolKind(
             "reward_model",
