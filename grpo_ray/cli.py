@@ -150,7 +150,7 @@ def cmd_plan(args) -> int:
             f"plan --calibrate measures this machine's {recipe.cluster.device}, and it has no GPU: calibrate on one of "
             "the GPU machines, or plan with --gpu cpu"
         )
-    from grpo_ray.fit import response_budget
+    from grpo_ray.lengths import response_budget
 
     for flag, value, limit, key in (
         ("--prompt-tokens", args.prompt_tokens, recipe.data.max_prompt_length, "data.max_prompt_length"),

@@ -10,16 +10,13 @@ from grpo_ray import fit, placement
 from grpo_ray.config import KINDS, POOLS, load_recipe
 from tests.conftest import ROOT
 
-GROUPS = {"fsdp", "engines", "workers"}
-
 
 def test_every_kind_names_its_models_and_they_exist():
     assert tuple(KINDS) == POOLS
     r = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml")
     for name, k in KINDS.items():
-        assert hasattr(r, k.section), f"{name}: no recipe section {k.section!r}"
-        assert k.group in GROUPS and k.lost and k.signal, name
-        assert all(hasattr(fit, m) for m in k.memory), f"{name}: grpo_ray.fit has no {k.memory}"
+        assert hasattr(r, name), f"{name}: no recipe section of its name"
+        assert k.memory and all(hasattr(fit, m) for m in k.memory), f"{name}: grpo_ray.fit has no {k.memory}"
         assert k.time is None or k.time in {"generation", "reward", "reference", "teacher", "update"}, name
 
 
