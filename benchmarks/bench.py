@@ -110,7 +110,7 @@ def raw_vllm_spec(r, model_path: str, prompts: list, reps: int) -> dict:
     step 0's seeds), trimming the heap after each call as the generator does."""
     from grpo_ray.dims import model_dims
     from grpo_ray.engines import sample_seed
-    from grpo_ray.fit import cpu_kv_cache_bytes, max_model_len
+    from grpo_ray.lengths import cpu_kv_cache_bytes, max_model_len
 
     g = r.generator
     return {
@@ -283,18 +283,18 @@ def memory_against_fit(r, rows: list[dict]) -> dict:
     """The peak resident memory of the learner's and the reference's actors over `rows` (``perf/peak_rss_gb/*``)
     against ``grpo_ray.fit``'s estimate for recipe `r` at the steps' longest sequence (``benchmarks/memory.py``'s
     comparison)."""
-    from grpo_ray import fit
     from grpo_ray.dims import model_dims
+    from grpo_ray.planner import memory
 
     d = model_dims(r.model.path)
     seq = max(int(m["global_seqlen/max"]) for m in rows)
-    memory = {}
-    for pool, estimate in (("learner", fit.learner_memory), ("reference", fit.reference_memory)):
+    out = {}
+    for pool, estimate in (("learner", memory.learner_memory), ("reference", memory.reference_memory)):
         key = f"perf/peak_rss_gb/{pool}"
         if any(key in m for m in rows):
             measured = max(m[key] for m in rows if key in m)
-            memory[pool] = {"predicted_gb": estimate(d, r, seq).total, "measured_gb": measured, "seq": seq}
-    return memory
+            out[pool] = {"predicted_gb": estimate(d, r, seq).total, "measured_gb": measured, "seq": seq}
+    return out
 
 
 def memory_errors(runs: list[dict]) -> dict:

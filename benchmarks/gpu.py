@@ -134,11 +134,12 @@ def batch(vocab: int, samples: int, seq: int, seed: int, turns: int = 1):
 def step_row(learner, dims, args, micro: int, peak_tflops: float | None, distill: bool = False) -> dict:
     """Warm-up then timed updates at micro batch `micro`; tokens/s, MFU, peak memory against plan. With `distill`,
     each update also takes a teacher's logprobs (the sampler's less 0.02, as a stand-in)."""
-    from grpo_ray import fit, perf
+    from grpo_ray import perf
+    from grpo_ray.planner import memory
 
     recipe = recipe_for(Path(learner.model_path), args, micro, args.gpu)
     learner.recipe = recipe
-    plan = fit.learner_memory(dims, recipe, args.seq)
+    plan = memory.learner_memory(dims, recipe, args.seq)
     planned = plan.total - plan.parts["runtime"]
     samples = micro * args.micro_batches
     seconds, peak_alloc, peak_reserved = [], 0.0, 0.0

@@ -161,7 +161,8 @@ def scoring(path: Path, args) -> dict:
 
 def training(path: Path, dims, args, peak: float | None) -> list[dict]:
     """``RewardLearner.rm_train`` at each micro batch: tokens/s, MFU and peak memory against plan."""
-    from grpo_ray import fit, perf
+    from grpo_ray import perf
+    from grpo_ray.planner import memory
     from grpo_ray.roles.reward_learner import RewardLearner
     from grpo_ray.sync import free_port
 
@@ -175,7 +176,7 @@ def training(path: Path, dims, args, peak: float | None) -> list[dict]:
         learner.recipe = recipe
         pairs = micro * args.micro_batches
         seqs = [2 * args.seq] * pairs
-        plan = fit.learner_memory(dims, recipe_twice(recipe), args.seq)
+        plan = memory.learner_memory(dims, recipe_twice(recipe), args.seq)
         planned = plan.total - plan.parts["runtime"]
         calls = [
             [[[rng.randrange(3, args.vocab) for _ in range(args.seq)] for _ in range(2)] for _ in range(pairs)]

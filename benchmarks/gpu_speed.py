@@ -64,7 +64,7 @@ def main() -> None:
     import torch
 
     from benchmarks.gpu import TINY, build_model, recipe_for, step_row
-    from grpo_ray import calibrate, speed
+    from grpo_ray.planner import calibrate, rates, speed
     from grpo_ray.roles.learner import Learner
     from grpo_ray.sync import free_port
 
@@ -73,13 +73,13 @@ def main() -> None:
     measured = calibrate.torch_rates(args.device, threads)
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     args.gpu = next((g for g in ("b200", "h200", "h100") if g in name.lower()), "h100")
-    rates = speed.Rates(
+    rates = rates.Rates(
         device=args.gpu if args.device == "cuda" else "cpu",
         source=f"matmuls, memory and the learner's calls measured on one {name} ({date.today()}, "
         "benchmarks/gpu_speed.py); collectives, transport and engine: datasheet and assumed figures",
         threads={"1": measured},
-        reward_sample_s=speed.FITTED["reward_sample_s"],
-        hop_s=speed.FITTED["hop_s"],
+        reward_sample_s=rates.FITTED["reward_sample_s"],
+        hop_s=rates.FITTED["hop_s"],
         **PUBLISHED_REST,
     )
     print(f"rates measured in {time.perf_counter() - start:.0f}s", flush=True)

@@ -41,9 +41,9 @@ CONFIGS = {
 
 
 def measure(name: str, overrides: list[str], work: Path) -> dict:
-    from grpo_ray import fit
     from grpo_ray.config import load_recipe
     from grpo_ray.dims import model_dims
+    from grpo_ray.planner import memory
 
     out = work / name.split()[0]
     flags = [
@@ -70,8 +70,8 @@ def measure(name: str, overrides: list[str], work: Path) -> dict:
     seq = max(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows)
     recipe = load_recipe(RECIPE, flags)
     dims = model_dims(recipe.model.path)
-    est = fit.learner_memory(dims, recipe, seq)
-    ref = fit.reference_memory(dims, recipe, seq)
+    est = memory.learner_memory(dims, recipe, seq)
+    ref = memory.reference_memory(dims, recipe, seq)
     return {
         "config": name,
         "parameters": dims.params,

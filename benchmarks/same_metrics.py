@@ -1,16 +1,46 @@
-"""Do two runs write the same metrics? Compares two metrics.jsonl files value by value, timings and speeds aside
-(a behaviour-preserving change must leave every other value bit for bit the same on a fixed seed in fp32).
+"""Do two checkouts write the same metrics? ``run`` trains the quick start and the reward-model, judge, distillation
+and agent twins (fixed seeds, fp32: the recipes' own) into a folder; ``compare`` reads two such folders (or two
+metrics.jsonl files) value by value, timings and speeds aside: a behaviour-preserving change leaves every other value
+bit for bit the same.
 
-    python benchmarks/same_metrics.py BEFORE/metrics.jsonl AFTER/metrics.jsonl [--out RESULT.md]
+    python benchmarks/same_metrics.py run OUT            # in each checkout (PYTHONPATH=<checkout> for another)
+    python benchmarks/same_metrics.py compare BEFORE AFTER [--out RESULT.md]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 TIMED = ("timing_s/", "perf/", "time", "sync/seconds", "sync/GBps", "sync/gather_s", "sync/cast_s", "sync/load_s")
+
+JOBS = {
+    "quick-start": ["recipes/tiny-cpu.yaml", "trainer.total_steps=20", "trainer.test_freq=0"],
+    "reward-model": ["recipes/tiny-qwen2.5-1.5b-gsm8k-rm.yaml"],
+    "judge": ["recipes/tiny-qwen2.5-1.5b-gsm8k-judge.yaml"],
+    "distill": ["recipes/tiny-qwen2.5-1.5b-gsm8k-distill.yaml"],
+    "agent": ["recipes/tiny-qwen2.5-7b-gsm8k-agent.yaml"],
+}
+"""Each job's recipe and overrides; every one also gets trainer.loggers=[jsonl] and its own output folder."""
+
+
+def run(out: Path, jobs: list[str]) -> None:
+    for name in jobs:
+        recipe, *overrides = JOBS[name]
+        folder = (out / name).resolve()
+        if folder.exists():
+            raise SystemExit(f"{folder} exists: give a new folder (runs are never overwritten)")
+        cmd = [sys.executable, "-m", "grpo_ray", "train", recipe, *overrides, "trainer.loggers=[jsonl]"]
+        start = time.perf_counter()
+        done = subprocess.run([*cmd, f"trainer.output_dir={folder}"], capture_output=True, text=True, env=os.environ)
+        print(f"{name}: exit {done.returncode} after {time.perf_counter() - start:.0f}s", flush=True)
+        if done.returncode:
+            raise SystemExit(done.stdout[-3000:] + done.stderr[-3000:])
 
 
 def compare(before: Path, after: Path) -> tuple[int, list[str]]:
@@ -29,14 +59,35 @@ def compare(before: Path, after: Path) -> tuple[int, list[str]]:
     return compared, differ
 
 
+def compare_runs(before: Path, after: Path) -> str:
+    """One line per job (or for the one file given), then the values that differ."""
+    if before.is_file():
+        pairs = {"": (before, after)}
+    else:
+        pairs = {p.name: (p / "metrics.jsonl", after / p.name / "metrics.jsonl") for p in sorted(before.iterdir())}
+    lines, differ = [], []
+    for name, (x, y) in pairs.items():
+        n, d = compare(x, y)
+        lines.append(f"{name + ': ' if name else ''}{n} values compared, {len(d)} differ")
+        differ += [f"{name} {line}" for line in d]
+    return "\n".join(lines) + "".join(f"\n- {d}" for d in differ[:50])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("before", type=Path)
-    ap.add_argument("after", type=Path)
-    ap.add_argument("--out", type=Path)
+    sub = ap.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("out", type=Path)
+    r.add_argument("--jobs", nargs="+", default=list(JOBS), choices=list(JOBS))
+    c = sub.add_parser("compare")
+    c.add_argument("before", type=Path)
+    c.add_argument("after", type=Path)
+    c.add_argument("--out", type=Path)
     args = ap.parse_args()
-    compared, differ = compare(args.before, args.after)
-    text = f"{compared} values compared, {len(differ)} differ" + "".join(f"\n- {d}" for d in differ[:50])
+    if args.command == "run":
+        run(args.out, args.jobs)
+        return
+    text = compare_runs(args.before, args.after)
     print(text)
     if args.out:
         args.out.write_text(text + "\n")

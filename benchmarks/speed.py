@@ -104,7 +104,7 @@ def machine_speed(rates) -> float:
 
     import torch
 
-    from grpo_ray.calibrate import _timed
+    from grpo_ray.planner.measure import _timed
 
     tokens, width = CANARY
     threads = len(os.sched_getaffinity(0))
@@ -133,9 +133,9 @@ def measure(c: dict, warmup: int, steps: int) -> dict:
 
 
 def predict(c: dict, measured: dict, rates) -> dict:
-    from grpo_ray import speed
     from grpo_ray.config import load_recipe
     from grpo_ray.dims import model_dims
+    from grpo_ray.planner import rates, speed
 
     r = load_recipe(ROOT / "recipes/tiny-cpu.yaml", overrides(c))
     shape = speed.Shape(round(measured["prompt_tokens"]), c["response"], "the data's mean prompt")
@@ -212,14 +212,14 @@ def main() -> None:
     args = ap.parse_args()
 
     from benchmarks.bench import machine, memory_errors
-    from grpo_ray import speed
-    from grpo_ray.calibrate import calibrate
+    from grpo_ray.planner import rates
+    from grpo_ray.planner.calibrate import calibrate
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     if args.rates:
-        rates = speed.Rates.load(Path(args.rates))
+        rates = rates.Rates.load(Path(args.rates))
         rates.source += f" ({args.rates})"
     else:
         rates, _ = calibrate("cpu")

@@ -49,14 +49,14 @@ WITHIN = 0.10
 def considered(recipe: str, prompt_tokens: int) -> tuple[list, object]:
     """What ``plan --suggest --prompt-tokens`` ranks for `recipe` (all of it, fastest first), and the recipe's own
     prediction."""
-    from grpo_ray import speed
     from grpo_ray.config import load_recipe
     from grpo_ray.dims import model_dims
+    from grpo_ray.planner import rates, speed, suggest
 
     r = load_recipe(ROOT / recipe, FLAGS)
-    d, rates = model_dims(r.model.path), speed.rates_for(r)
+    d, rates = model_dims(r.model.path), rates.rates_for(r)
     shape = speed.default_shape(r, prompt_tokens)
-    ranked = speed.suggest(lambda more: load_recipe(ROOT / recipe, FLAGS + more), r, d, rates, shape, 0, top=None)
+    ranked = suggest.suggest(lambda more: load_recipe(ROOT / recipe, FLAGS + more), r, d, rates, shape, 0, top=None)
     return ranked, speed.predict(r, d, rates, shape)
 
 

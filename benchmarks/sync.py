@@ -98,13 +98,13 @@ def measure(model: str, bucket_mb: int, reps: int) -> dict:
     raw = run_child(
         "broadcast", {"world": 1 + r.generator.num_engines, "bytes": nbytes, "reps": reps}, {"OMP_NUM_THREADS": "1"}
     )
-    from grpo_ray import fit
     from grpo_ray.dims import model_dims
+    from grpo_ray.planner import memory
 
     dims = model_dims(inputs.model_path)
     plan = {
-        "learner": 2 * fit.bucket_bytes(dims, r) / 1e9,
-        "engine": fit.generator_memory(dims, r, 0.0)[0].parts["sync_buffers"],
+        "learner": 2 * memory.bucket_bytes(dims, r) / 1e9,
+        "engine": memory.generator_memory(dims, r, 0.0).parts["sync_buffers"],
     }
     med = lambda f: statistics.median(f(row) for row in rows)  # noqa: E731
     push_s = med(lambda row: row["push_s"])

@@ -19,7 +19,7 @@ from grpo_ray.errors import UserError
 def cmd_train(args) -> int:
     from grpo_ray.config import load_recipe
     from grpo_ray.dims import model_dims
-    from grpo_ray.fit import check, model_limits
+    from grpo_ray.planner.fit import check, model_limits
 
     recipe = load_recipe(args.recipe, args.overrides)
     dims = model_dims(recipe.model.path)  # the shape its name gives (a tiny model is built later, in setup_run)
@@ -57,7 +57,7 @@ def cmd_train(args) -> int:
 
 def cmd_sft(args) -> int:
     from grpo_ray.config import load_recipe
-    from grpo_ray.fit import model_limits
+    from grpo_ray.planner.fit import model_limits
     from grpo_ray.sft import run_sft
 
     recipe = load_recipe(args.recipe, args.overrides, command="sft")
@@ -70,7 +70,7 @@ def cmd_sft(args) -> int:
 
 def cmd_rm(args) -> int:
     from grpo_ray.config import load_recipe
-    from grpo_ray.fit import model_limits
+    from grpo_ray.planner.fit import model_limits
     from grpo_ray.rm import run_rm
 
     recipe = load_recipe(args.recipe, args.overrides, command="rm")
@@ -130,8 +130,8 @@ def _run(job, done: str) -> int:
 
 
 def cmd_plan(args) -> int:
-    from grpo_ray.calibrate import has_gpu
     from grpo_ray.config import load_recipe
+    from grpo_ray.planner.calibrate import has_gpu
 
     counts = {"--nodes": args.nodes, "--prompt-tokens": args.prompt_tokens, "--response-tokens": args.response_tokens}
     for flag, value in counts.items():
@@ -162,7 +162,7 @@ def cmd_plan(args) -> int:
     kind = f"{c.devices_per_node} x {c.gpu or 'GPU'}" if c.device == "cuda" else "CPU"
     print(f"{args.recipe}: {recipe.model.path} on {c.nodes} node(s) of {kind}")
     from grpo_ray.dims import model_dims
-    from grpo_ray.fit import check, model_limits
+    from grpo_ray.planner.fit import check, model_limits
 
     dims = model_dims(recipe.model.path)
     model_limits(recipe, args.job, dims)
@@ -174,25 +174,25 @@ def cmd_plan(args) -> int:
 
 
 def _plan_speed(recipe, dims, args, flags: list[str]) -> str:
-    """The predicted step time (``grpo_ray.speed``), on rates calibrated now (--calibrate), earlier, or published;
-    with --suggest, the fastest layouts that fit."""
-    from grpo_ray import speed
+    """The predicted step time (``grpo_ray.planner.speed``), on rates calibrated now (--calibrate), earlier, or
+    published; with --suggest, the fastest layouts that fit."""
     from grpo_ray.config import load_recipe
+    from grpo_ray.planner import rates, speed, suggest
 
     if args.calibrate:
-        from grpo_ray.calibrate import calibrate
+        from grpo_ray.planner.calibrate import calibrate
 
         device = recipe.cluster.device
         how_long = "about 3 minutes on 2 CPU cores" if device == "cpu" else "a few minutes"
         print(f"calibrating this machine's {device} ({how_long}) ...")
         _, path = calibrate(device)
         print(f"  rates written to {path}")
-    rates = speed.rates_for(recipe)
+    rates = rates.rates_for(recipe)
     if rates is None:
         return (
             f"no time prediction: no rates for {recipe.cluster.gpu or recipe.cluster.device} (run grpo-ray plan "
             "--calibrate on one of its machines, or name a GPU of the published table: "
-            f"{', '.join(speed.published())})"
+            f"{', '.join(rates.published())})"
         )
     shape = speed.default_shape(recipe, args.prompt_tokens or 0, args.response_tokens or 0)
     now = speed.predict(recipe, dims, rates, shape)
@@ -200,8 +200,8 @@ def _plan_speed(recipe, dims, args, flags: list[str]) -> str:
         return now.text()
     c = recipe.cluster
     devices = args.suggest if args.suggest > 0 else (c.nodes * c.devices_per_node if c.device == "cuda" else 0)
-    found = speed.suggest(lambda more: load_recipe(args.recipe, flags + more), recipe, dims, rates, shape, devices)
-    return now.text() + "\n" + speed.suggestions_text(now, found)
+    found = suggest.suggest(lambda more: load_recipe(args.recipe, flags + more), recipe, dims, rates, shape, devices)
+    return now.text() + "\n" + suggest.suggestions_text(now, found)
 
 
 def cmd_prepare_data(args) -> int:
@@ -266,7 +266,7 @@ def cmd_eval(args) -> int:
     from grpo_ray.config import load_recipe
     from grpo_ray.dims import model_dims
     from grpo_ray.evaluate import DEFAULT_RECIPE, device_overrides, evaluate
-    from grpo_ray.fit import model_limits
+    from grpo_ray.planner.fit import model_limits
 
     out = Path(args.out)
     if (out / "eval.json").exists() and not args.overwrite:

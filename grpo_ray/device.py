@@ -1,6 +1,6 @@
 """The run's device: one value, built from the recipe's ``cluster.device`` and handed to the roles, the
 transports and the model loader, so that no module asks the machine what it runs on. What differs between CPU
-and GPU at run time is here; the memory model (how much fits) is ``grpo_ray.fit``'s."""
+and GPU at run time is here; the memory model (how much fits) is ``grpo_ray.planner``'s."""
 
 from __future__ import annotations
 

@@ -125,7 +125,7 @@ def test_environment_keys_are_checked_in_the_recipe():
         ROOT / "recipes" / "tiny-cpu.yaml",
         [*base, "environment.name=guess", "environment.max_tokens=40", "reward.functions=[]"],
     )
-    from grpo_ray.fit import seq_len
+    from grpo_ray.lengths import seq_len
 
     assert seq_len(r) == r.data.max_prompt_length + 40  # the learner's sequences hold a whole trajectory
     with pytest.raises(RecipeError, match="reward.functions is empty"):

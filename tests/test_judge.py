@@ -9,9 +9,9 @@ import math
 
 import pytest
 
-from grpo_ray import fit
 from grpo_ray.config import load_recipe
 from grpo_ray.dims import model_dims
+from grpo_ray.planner import memory
 from grpo_ray.rewards.learned import fill_unread, judge_prompt, read_score
 from grpo_ray.types import Prompt
 from tests.conftest import ROOT, run_cli
@@ -115,7 +115,7 @@ def test_a_judge_pool_of_two_engines_scores_and_a_hung_judge_scores_the_default(
     assert plot.returncode == 0 and matplotlib.image.imread(out / "curves.png").shape[:2] == (840, 1280), plot.stderr
     r = load_recipe(RECIPE)
     measured = max(m["perf/peak_rss_gb/reward_model"] for m in (steps[0], steps[2]))
-    predicted = fit.judge_memory(model_dims(r.reward_model.model), r, 0.0)  # plan's judge: engine, KV, runtime
+    predicted = memory.judge_memory(model_dims(r.reward_model.model), r, 0.0)  # plan's judge: engine, KV, runtime
     assert 0.75 <= predicted.total / measured <= 1.25, (predicted, measured)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpo_ray import fit
+from grpo_ray import placement
 from grpo_ray.config import SECRET_KEY, load_recipe
 from grpo_ray.placement import node_markers
 from tests.conftest import ROOT
@@ -129,7 +129,7 @@ def test_slurm_script_parses_and_marks_the_nodes_plan_lays_out():
     assert "placement import node_markers" in script.read_text()
     for path in sorted((ROOT / "recipes").glob("*.yaml")):
         r = load_recipe(path, command="rm" if "\nrm:" in path.read_text() else "train")  # grpo-ray rm's own
-        nodes, _ = fit.layout(r)
+        nodes, _ = placement.layout(r)
         marked = node_markers(r)
         assert [n.markers for n in nodes[: len(marked)]] == [(m,) for m in marked], path
         assert sum(r.cluster.node_markers.values()) == len(marked) <= r.cluster.nodes, path

@@ -45,7 +45,7 @@ def test_merged_weights_are_peft_merge_under_the_base_names():
 
 
 def test_plan_counts_adapters_only_and_no_reference():
-    from grpo_ray.fit import check
+    from grpo_ray.planner.fit import check
 
     full = load_recipe(ROOT / "recipes" / "llama3.1-8b-math-4node.yaml")
     adapted = load_recipe(ROOT / "recipes" / "llama3.1-8b-math-4node.yaml", ["model.lora.rank=32"])

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from grpo_ray import fit, placement
+from grpo_ray import placement
 from grpo_ray.config import KINDS, POOLS, load_recipe
+from grpo_ray.planner import memory, speed
 from tests.conftest import ROOT
 
 
@@ -16,8 +17,8 @@ def test_every_kind_names_its_models_and_they_exist():
     r = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml")
     for name, k in KINDS.items():
         assert hasattr(r, name), f"{name}: no recipe section of its name"
-        assert k.memory and all(hasattr(fit, m) for m in k.memory), f"{name}: grpo_ray.fit has no {k.memory}"
-        assert k.time is None or k.time in {"generation", "reward", "reference", "teacher", "update"}, name
+        assert callable(getattr(memory, k.memory, None)), f"{name}: grpo_ray.planner.memory has no {k.memory}"
+        assert k.time is None or k.time in {"generation", "reward", "reference", "teacher", "reward_model", "update"}
 
 
 @pytest.mark.parametrize(
@@ -60,3 +61,10 @@ def test_plan_accounts_for_every_pool_the_run_starts(plan_file: Path):
         assert re.search(rf"^  {said}\s", text, re.M), f"{plan_file.name}: {pool} ({said}) is not in the prediction"
         if not k.time:
             assert re.search(rf"^  {pool}\s+-\s+not modelled", text, re.M), plan_file.name
+
+
+def test_a_pool_whose_time_is_not_modelled_is_said_so():
+    """A row with no time model (none today) is printed as such, never left out of the prediction."""
+    shape = speed.Shape(8, 8, "as given")
+    p = speed.Prediction({}, 1.0, "on-policy", 1.0, {}, "by hand", shape, unmodelled=("process_reward",))
+    assert re.search(r"^  process_reward\s+-\s+not modelled", p.text(), re.M)

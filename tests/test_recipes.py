@@ -5,10 +5,11 @@ import re
 
 import pytest
 
-from grpo_ray import fit, placement
+from grpo_ray import lengths, placement
 from grpo_ray.config import load_recipe
 from grpo_ray.dims import model_dims
 from grpo_ray.dumps import read_samples
+from grpo_ray.planner import fit, memory
 from tests.conftest import ROOT, run_cli
 
 RECIPES = ROOT / "recipes"
@@ -110,7 +111,7 @@ def check_twin_run(recipe_path, tmp_path, faulted: tuple[int, ...] = ()):
     assert {p: len(a) for p, a in placed.items()} == {p: plan.actors for p, plan in placement.plan(r).items()}
     # the fit check's learner estimate, at this step's longest sequence, against the measured peak
     seq = max(len(row["prompt_ids"]) + len(row["response_ids"]) for row in dump)
-    predicted = fit.learner_memory(model_dims(r.model.path), r, seq).total
+    predicted = memory.learner_memory(model_dims(r.model.path), r, seq).total
     measured = max(m["perf/peak_rss_gb/learner"] for m in metrics if m["step"])
     assert 0.75 <= predicted / measured <= 1.25, (predicted, measured)
 
@@ -194,11 +195,11 @@ def test_cpu_kv_cache_is_sized_from_the_recipe_not_the_host():
     d = model_dims(r.model.path)
     # 16 prompts x 16 samples on 1 engine; 96 + 1 tokens -> one 128-token block; 2 layers x 2 kv heads x 32 x 4 B x 2
     per_token = 2 * d.layers * d.kv_heads * d.head_dim * 4
-    assert fit.cpu_kv_cache_bytes(d, r) == int(1.25 * 256 * 128 * per_token)
+    assert lengths.cpu_kv_cache_bytes(d, r) == int(1.25 * 256 * 128 * per_token)
     small = load_recipe(RECIPES / "tiny-cpu.yaml", ["cluster.node_memory_gb=12.7"])
     large = load_recipe(RECIPES / "tiny-cpu.yaml", ["cluster.node_memory_gb=128"])
     kv = [fit.check(x).memory[0].parts["kv_cache"] for x in (small, large)]
-    assert kv[0] == kv[1] == fit.cpu_kv_cache_bytes(d, r) / 1e9
+    assert kv[0] == kv[1] == lengths.cpu_kv_cache_bytes(d, r) / 1e9
 
 
 def test_cpu_kv_cache_over_the_free_numa_memory_is_refused_before_anything_starts():

@@ -70,15 +70,15 @@ def test_a_reward_model_trains_validates_and_exports(trained):
 def test_plan_for_rm_places_the_learner_alone_and_predicts_its_memory(trained):
     """`grpo-ray plan --job rm`: the learner pool alone, its memory the classifier's (no logits over the vocabulary,
     a pair's two conversations in one forward) within 25% of the run's measured peak."""
-    from grpo_ray import fit
     from grpo_ray.dims import model_dims
+    from grpo_ray.planner import memory
 
     out, _ = trained
     plan = run_cli("plan", RECIPE, "--job", "rm")
     assert plan.returncode == 0 and "node 0: learner x2\n" in plan.stdout, plan.stdout + plan.stderr
     assert "generator" not in plan.stdout and "reward" not in plan.stdout.split("memory per device")[1]
     r = load_recipe(RECIPE, SHORT, command="rm")
-    predicted = fit.job_learner_memory(model_dims(r.model.path), r, "rm").total
+    predicted = memory.job_learner_memory(model_dims(r.model.path), r, "rm").total
     measured = max(row["perf/peak_rss_gb/learner"] for row in metrics(out) if row["step"])
     assert 0.75 <= predicted / measured <= 1.25, (predicted, measured)
 

@@ -64,7 +64,7 @@ def test_the_old_policy_is_recomputed_only_where_the_trained_forward_cannot_give
 def test_the_planner_counts_the_old_policy_where_the_learner_runs_it():
     """plan's old-policy phase is zero exactly where the schedule says the learner does not recompute: on-policy
     with one mini batch, or in bypass mode; one step off it is there."""
-    from grpo_ray import speed
+    from grpo_ray.planner import speed
     from tests.test_speed import DIMS, known_rates, tiny_recipe
 
     def old_policy(*overrides):

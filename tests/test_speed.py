@@ -1,4 +1,4 @@
-"""plan's time model (grpo_ray.speed): phase times worked by hand from known rates, the schedule's composition,
+"""plan's time model (grpo_ray.planner.speed): phase times worked by hand from known rates, the schedule's composition,
 calibration written and read back, and --suggest's layouts loading and fitting."""
 
 import dataclasses
@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from grpo_ray import speed
 from grpo_ray.config import load_recipe
-from grpo_ray.dims import ModelDims
+from grpo_ray.dims import ModelDims, model_dims
+from grpo_ray.planner import fit, rates, speed, suggest, work
 from tests.conftest import ROOT, run_cli
 
 # 1 layer, hidden 4, 1 head of 4, 1 kv head, MLP 2, vocabulary 6, tied: the linear layers' fan-in x fan-out sum to
@@ -18,8 +18,8 @@ DIMS = ModelDims(layers=1, hidden=4, heads=1, kv_heads=1, head_dim=4, intermedia
 R = 1e6  # FLOP/s of every matmul shape
 
 
-def known_rates() -> speed.Rates:
-    flat = speed.Throughput(
+def known_rates() -> rates.Rates:
+    flat = rates.Throughput(
         gemm={"float32": [[1, 1, R], [1, 4096, R], [4096, 1, R], [4096, 4096, R]]},
         bandwidth=float("inf"),  # no memory terms
         forward_call=[0.01, 0.001],
@@ -37,9 +37,9 @@ def known_rates() -> speed.Rates:
         "reload_layer_s": 0.004,
         "reload_bps": 448.0,
     }
-    rates = speed.Rates("cpu", "by hand", {"1": flat, "2": flat}, [1e-4, 1e9], 448.0, engine, 0.002, 0.05)
-    rates.reward_call_s, rates.pass_s, rates.update_s = 0.003, 0.004, 0.006
-    return rates
+    known = rates.Rates("cpu", "by hand", {"1": flat, "2": flat}, [1e-4, 1e9], 448.0, engine, 0.002, 0.05)
+    known.reward_call_s, known.pass_s, known.update_s = 0.003, 0.004, 0.006
+    return known
 
 
 def tiny_recipe(*more):
@@ -149,7 +149,7 @@ def test_one_step_off_hides_scoring_as_the_controller_runs_it(gen, scoring, lear
 
 def test_attention_past_the_grids_head_dim_grows_with_it():
     grid = [[k, hd, 1e-9 * hd / 32] for k in (64, 1024) for hd in (32, 128)]
-    t = speed.Throughput({"float32": [[1, 1, R]]}, 1e9, [0, 0], [0, 0], [0, 0], attention={"forward": grid})
+    t = rates.Throughput({"float32": [[1, 1, R]]}, 1e9, [0, 0], [0, 0], [0, 0], attention={"forward": grid})
     at = {hd: t.attention_seconds("float32", [(10, 100)], 2, hd, False) for hd in (64, 128, 256)}
     assert at[128] == pytest.approx(10 * 100 * 2 * 4e-9)
     assert at[64] == pytest.approx(at[128] / 2)  # on the grid, interpolated in log space
@@ -157,7 +157,7 @@ def test_attention_past_the_grids_head_dim_grows_with_it():
 
 
 def test_gemm_rates_are_interpolated_on_the_grid_in_log_space():
-    t = speed.Throughput(
+    t = rates.Throughput(
         {"float32": [[1, 16, 1e9], [1, 256, 4e9], [64, 16, 4e9], [64, 256, 16e9]]}, 1e9, [0, 0], [0, 0], [0, 0]
     )
     assert 2 * 8 * 64 * 64 / t.gemm_seconds("float32", 8, 64, 64) == pytest.approx(4e9)  # the middle of both axes
@@ -181,23 +181,22 @@ def test_calibration_writes_the_rates_that_plan_then_reads(tmp_path):
     console = first.stdout + first.stderr
     assert "%|" not in console and "Loading" not in console and "leaked" not in console, console[-3000:]
     assert (path.parent / "calibrate.log").stat().st_size > 0
-    rates = speed.Rates.load(path)
-    assert "calibrated on" in rates.source and set(rates.threads) >= {"1"}
-    t = rates.at(1)
+    got = rates.Rates.load(path)
+    assert "calibrated on" in got.source and set(got.threads) >= {"1"}
+    t = got.at(1)
     assert t.gemm_seconds("float32", 1024, 512, 512) / (1024 * 512 * 512) < t.gemm_seconds("float32", 1, 32, 32) / 1024
     assert t.train_call[0] + t.train_call[1] > t.forward_call[0] + t.forward_call[1] > 0
-    assert rates.collective[1] > 1e6 and rates.transport > 1e6  # gloo moves megabytes a second at least
-    assert rates.engine["step_s"] + rates.engine["step_layer_s"] > 0 and rates.engine["reload_bps"] > 0
-    assert rates.engine["prefill_scale"] > 0 and rates.reward_sample_s > 0  # measured, not FITTED's defaults
+    assert got.collective[1] > 1e6 and got.transport > 1e6  # gloo moves megabytes a second at least
+    assert got.engine["step_s"] + got.engine["step_layer_s"] > 0 and got.engine["reload_bps"] > 0
+    assert got.engine["prefill_scale"] > 0 and got.reward_sample_s > 0  # measured, not FITTED's defaults
     again = run_cli("plan", "recipes/tiny-cpu.yaml", env=env, timeout=300)
-    assert again.returncode == 0 and f"({rates.source}):" in again.stdout, again.stdout
+    assert again.returncode == 0 and f"({got.source}):" in again.stdout, again.stdout
     assert re.search(r"step\s+[0-9.]+ s", again.stdout)
 
 
 def test_suggest_gives_overrides_that_load_and_fit(capsys):
     """--suggest on a tiny twin, with the published table's rates: three layouts, fastest first, each a list of
     overrides that loads and passes the fit check."""
-    from grpo_ray import fit
     from grpo_ray.cli import main
     from grpo_ray.dims import model_dims
 
@@ -223,27 +222,27 @@ def test_suggest_on_cpu_leaves_out_layouts_the_nodes_cannot_place():
 
     path = ROOT / "recipes/tiny-cpu.yaml"
     r = load_recipe(path)
-    d, rates, shape = model_dims(r.model.path), speed.rates_for(r), speed.default_shape(r)
+    d, known, shape = model_dims(r.model.path), rates.rates_for(r), speed.default_shape(r)
     node = [{"CPU": 2.0}]
-    refused = [o for o in speed.layouts(r, 0) if placement.problems(load_recipe(path, o), node)]
+    refused = [o for o in suggest.layouts(r, 0) if placement.problems(load_recipe(path, o), node)]
     assert refused  # the case exists: some layout the recipe allows does not fit 2 cores
-    ranked = speed.suggest(lambda more: load_recipe(path, more), r, d, rates, shape, 0, top=None, node_cpus=2)
+    ranked = suggest.suggest(lambda more: load_recipe(path, more), r, d, known, shape, 0, top=None, node_cpus=2)
     assert ranked
     assert all(not placement.problems(load_recipe(path, s.overrides), node) for s in ranked)
     assert not {tuple(o) for o in refused} & {tuple(s.overrides) for s in ranked}
 
 
 def test_published_table_scales_a_measured_gpu_by_datasheets():
-    table = speed.published()
+    table = rates.published()
     assert "cpu" in table
-    gpus = [g for g in speed.DATASHEET if g in json.loads(speed.TABLE.read_text())]
+    gpus = [g for g in rates.DATASHEET if g in json.loads(rates.TABLE.read_text())]
     if not gpus:
         pytest.skip("no GPU measured in the committed table yet")
     base = table[gpus[0]]
-    for gpu, (peak, _) in speed.DATASHEET.items():
+    for gpu, (peak, _) in rates.DATASHEET.items():
         if gpu in gpus:
             continue
-        ratio = peak / speed.DATASHEET[gpus[0]][0]
+        ratio = peak / rates.DATASHEET[gpus[0]][0]
         a, b = table[gpu].at(1), base.at(1)
         assert a.gemm_seconds("bfloat16", 512, 1024, 1024) == pytest.approx(
             b.gemm_seconds("bfloat16", 512, 1024, 1024) / ratio
@@ -287,3 +286,33 @@ def test_ignore_eos_makes_every_response_max_tokens_long():
     lengths = json.loads(out.stdout.strip().splitlines()[-1])
     assert lengths["True"] == [24] * 64
     assert min(lengths["False"]) < 24  # some responses end at their end-of-sequence token without it
+
+
+def test_the_reward_model_and_the_judge_score_beside_the_frozen_pools():
+    """A classifier: a forward over each actor's share on its own shape, one output a row (no vocabulary head); a
+    judge: its engines generate a verdict of up to judge.max_tokens for each sample of their share, the rubric's
+    characters / 4 added to the prompt. Either scores beside the reward actors and the reference, so the on-policy
+    step counts the longest of them."""
+    known, policy = known_rates(), load_recipe(ROOT / "recipes" / "tiny-cpu.yaml").model.path
+    scorer = [f"reward_model.model={policy}&score=1", "reward_model.shard=false"]
+    classifier = tiny_recipe(*scorer, "reward_model.num_actors=2")
+    p = speed.predict(classifier, DIMS, known, speed.Shape(3, 2), node_cpus=2)
+    ph = {k: v.seconds for k, v in p.phases.items()}
+    assert ph["reward_model"] > 0 and "2 actor(s)" in p.phases["reward_model"].detail
+    scoring = max(ph["reward"], ph["reference"], ph["reward_model"])
+    assert p.step == pytest.approx(ph["generation"] + scoring + ph["old policy"] + ph["update"] + ph["sync"] + 0.05)
+    alone = speed.predict(
+        tiny_recipe(*scorer, "reward_model.num_actors=1"), DIMS, known, speed.Shape(3, 2), node_cpus=2
+    )
+    assert alone.phases["reward_model"].seconds > ph["reward_model"]  # one actor scores all 4 samples, not 2
+    template = "Grade {prompt} -> {response}. " * 4
+    judge = tiny_recipe(
+        f"reward_model.model={policy}",
+        f"reward_model.judge.template={template!r}",
+        "reward_model.judge.max_tokens=6",
+        "reward_model.num_actors=2",
+    )
+    got = speed.predict(judge, DIMS, known, speed.Shape(3, 2), node_cpus=2).phases["reward_model"]
+    prompt = 3 + 2 + len(template) // 4
+    prefill, decode = work.generation_seconds(model_dims(policy), known.at(1), "float32", known.engine, 2, prompt, 6)
+    assert got.seconds == pytest.approx(prefill + decode) and "up to 6 tokens" in got.detail

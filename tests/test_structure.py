@@ -21,8 +21,7 @@ LAYERS = [  # bottom to top: a module imports modules of its own layer or below,
             "schedule",  # when batches launch, weights are pushed and the old policy recomputed
             "lengths",  # token budgets, contexts and engine caches a recipe implies: the runtime's and the planner's
             "placement",
-            "fit",
-            "speed",  # plan's time model: the recipe, a model's shape and measured rates
+            "planner",  # plan's memory and time models (its calibration is a job: below)
             "dumps",
             "metrics",
             "trackers",
@@ -37,8 +36,9 @@ LAYERS = [  # bottom to top: a module imports modules of its own layer or below,
     ("roles", ["roles"]),  # one Ray actor class per role
     ("pools", ["pools", "engines"]),  # the actors started, placed and called
     ("run", ["runner", "controller", "setup_run"]),  # one run's inputs and its step
-    ("job", ["launch", "sft", "rm", "evaluate", "calibrate"]),  # jobs made of runs (an sft:// warm start is trained
-    # here); plan --calibrate runs the roles' own code in processes of its own
+    # jobs made of runs (an sft:// warm start is trained here); plan --calibrate runs the roles' own code in processes
+    # of its own
+    ("job", ["launch", "sft", "rm", "evaluate", "planner.calibrate", "planner.measure"]),
     ("cli", ["cli", "__main__"]),
 ]
 
@@ -52,9 +52,11 @@ def modules() -> dict[str, Path]:
 
 
 def layer_of(module: str) -> int:
-    for i, (_, names) in enumerate(LAYERS):
-        if module.split(".")[0] in names:
-            return i
+    """The layer of the longest name in LAYERS that `module` is or lies under (planner.calibrate before planner)."""
+    named = {name: i for i, (_, names) in enumerate(LAYERS) for name in names}
+    for name in sorted(named, key=len, reverse=True):
+        if module == name or module.startswith(name + "."):
+            return named[name]
     raise AssertionError(f"grpo_ray.{module} is in no layer: add it to LAYERS in {__file__}")
 
 
@@ -116,7 +118,7 @@ def test_no_import_circle():
             raise AssertionError("import circle: " + " -> ".join(f"grpo_ray.{x}" for x in circle))
 
 
-PLANNER = {"fit", "speed", "calibrate"}
+PLANNER = "planner"
 """`grpo-ray plan`'s memory and time models and its calibration: read by the CLI before start, never by the runtime."""
 
 
@@ -130,7 +132,7 @@ def test_the_runtime_does_not_import_the_planner():
         for m, deps in sorted(graph.items())
         if m and layer_of(m) in runtime
         for d in sorted(deps)
-        if d.split(".")[0] in PLANNER
+        if d.split(".")[0] == PLANNER
     ]
     assert not found, "\n".join(found)
 
@@ -165,7 +167,7 @@ def test_the_device_is_one_value():
     for mod, path in modules().items():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr in ("is_available", "device_count"):
-                if ast.unparse(node.value).endswith("cuda") and mod not in ("evaluate", "calibrate"):
+                if ast.unparse(node.value).endswith("cuda") and mod not in ("evaluate", "planner.calibrate"):
                     asked.append(f"grpo_ray/{path.relative_to(ROOT / 'grpo_ray')}:{node.lineno}: {ast.unparse(node)}")
     assert not asked, "\n".join(asked)
 

