@@ -26,7 +26,6 @@ old policy is recomputed are ``grpo_ray.schedule``'s rules, which ``plan`` simul
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from typing import NamedTuple
 
@@ -37,7 +36,7 @@ from grpo_ray import schedule
 from grpo_ray.algo.advantage import advantages as estimate
 from grpo_ray.algo.advantage import overlong_penalty
 from grpo_ray.algo.batching import Samples, select_groups, signal_groups, take_groups
-from grpo_ray.config import Recipe
+from grpo_ray.config import KINDS, Recipe
 from grpo_ray.engines import Launched, split
 from grpo_ray.errors import Preempted, RunError
 from grpo_ray.lengths import response_budget
@@ -45,6 +44,7 @@ from grpo_ray.metrics import perf_metrics, pool_metrics, rollout_metrics
 from grpo_ray.pools import PoolFault
 from grpo_ray.rewards.learned import fill_unread, with_model
 from grpo_ray.runner import Runner
+from grpo_ray.scorers import Sent
 from grpo_ray.setup_run import RunInputs
 from grpo_ray.types import Prompt, Rollout, Work
 
@@ -53,22 +53,12 @@ __all__ = ["Controller", "RunError", "Preempted"]
 NO_SYNC = {"sync/seconds": 0.0, "timing_s/sync_weights": 0.0}
 
 
-class Rewards(NamedTuple):
-    """A batch's scoring, sent: the reward functions' refs and the reward model's, and what to send again."""
-
-    functions: list
-    model: list
-    rollouts: list
-    samples: Samples
-
-
 class Collected(NamedTuple):
-    """A batch taken from the engines, its rewards and frozen logprobs sent (refs, maybe not done yet)."""
+    """A batch taken from the engines and sent to the scorers (refs, maybe not done yet)."""
 
     rollouts: list
     stats: list
-    rewards: Rewards
-    frozen: dict[str, list]
+    sent: Sent
     version: int
     """The weights that generated it (``Launched.version``)."""
 
@@ -93,12 +83,12 @@ class Controller(Runner):
         batch = self.inflight.pop(step, None) or self.launch(step)  # launched (or collected) during the last step
         if self.overlaps(step):
             self.inflight[step + 1] = self.launch(step + 1)  # generated while this step trains
-        rollouts, stats, sent, frozen, _ = self.collect(batch)  # rewards and frozen logprobs sent, maybe done
+        rollouts, stats, sent, _ = self.collect(batch)  # sent to the scorers, maybe scored
         scores, learned, learned_work = self.rewards(sent)
-        kept = {}
+        frozen, kept = sent.tokens, {}
         if dapo:  # dynamic sampling: only groups whose rewards differ, more prompts until the batch is full
             rollouts, stats, scores, kept = self.keep_signal(step, rollouts, stats, scores)
-            frozen = self.frozen_logprobs(rollouts, Samples.of(stats))
+            frozen = self.scorers.send_tokens(rollouts, Samples.of(stats))
         staleness = self.check_staleness(stats)
         advantages, penalty = self.advantages(stats, scores)
         update = self.send_update(rollouts, advantages, frozen)
@@ -132,7 +122,7 @@ class Controller(Runner):
         work = {
             "generator": [Work(s.seconds + synced["sync/seconds"], len(s.response_lengths)) for s in stats],
             "learner": [Work(learner, len(samples.costs) // r.learner.world_size)] * r.learner.world_size,
-            **{pool: work.get(pool, []) for pool in ("reference", "teacher", "reward_model")},
+            **{k.name: work.get(k.name, []) for k in KINDS.values() if k.model and k.signal},  # the model scorers
             "reward": [Work(s.seconds, len(s.totals)) for s in scores],
         }
         out = {
@@ -143,8 +133,7 @@ class Controller(Runner):
             **perf_metrics(stats, trained, seconds, self.pools.facts, self.pools.devices(), r),
             **pool_metrics(work, {p: len(a) for p, a in self.pools.actors.items()}, seconds),
             **self.pools.memory(memory),
-            "fault/generator_restarts": self.pools.generator_restarts,
-            "fault/reward_model_restarts": self.pools.reward_model_restarts,
+            **{f"fault/{pool}_restarts": n for pool, n in self.pools.restarts.items()},
             "fault/skipped_steps": self.skipped["total"],
             "timing_s/step": seconds,
         }
@@ -194,7 +183,7 @@ class Controller(Runner):
             if len(kept) >= want or len(batches) >= cfg.max_num_gen_batches:
                 break
             rollouts, stats = self.engines.collect(self.launch(step))
-            scores = self.rewards(self.send_rewards(rollouts, Samples.of(stats)), counted=False)[0]
+            scores = self.rewards(self.scorers.send(rollouts, Samples.of(stats), tokens=False), counted=False)[0]
         chosen, cut = sorted((kept + dropped)[:want]), ray.remote(select_groups).options(num_cpus=0)
         taken = [
             (rollouts[i], groups, st, sc)
@@ -277,51 +266,24 @@ class Controller(Runner):
         self.say(f"teacher, greedy: {said} ({time.perf_counter() - start:.0f}s, transformers' generate)")
         return out
 
-    def send_rewards(self, rollouts: list, samples: Samples) -> Rewards:
-        """The reward functions' refs, one per reward actor, and the reward model's (scores ref, Work ref) per actor
-        (none without one), each an even share of the tokens: every actor is called, its forwards are collective."""
-        return Rewards(self.score(rollouts, samples), self.send_model(rollouts, samples), rollouts, samples)
-
-    def send_model(self, rollouts: list, samples: Samples) -> list:
-        if not self.pools.actors["reward_model"]:
-            return []
-        shares = {id(a): (refs, spans) for a, refs, spans in self.spread("reward_model", rollouts, samples, True)}
-        return [
-            a.score.options(num_returns=2).remote(*shares.get(id(a), ([], [])))
-            for a in self.pools.actors["reward_model"]
-        ]
-
-    def rewards(self, sent: Rewards, counted: bool = True) -> tuple[list, dict[str, float], list[Work]]:
-        """The scores of what `send_rewards` sent: the reward functions' (``check_rewards``: first failures shown, a
-        training batch's failing steps `counted`), the reward model's added as the component ``reward_model``
-        (``rewards.learned``); its metrics and work. A reward-model actor lost (or failing) restarts its whole pool,
-        and the batch is scored again, once: a second failure stops the run."""
-        scores = self.check_rewards(self.call(sent.functions, "reward"), counted)
-        if not sent.model:
-            return scores, {}, []
+    def rewards(self, sent: Sent, counted: bool = True) -> tuple[list, dict[str, float], list[Work]]:
+        """The scores of what was `sent`: the reward functions' (``check_rewards``: first failures shown, a training
+        batch's failing steps `counted`), the reward model's (``Scorers.learned``) added as the component
+        ``reward_model`` (``rewards.learned``); its metrics and work."""
+        scores = self.check_rewards(self.call(sent.rules, "reward"), counted)
         rm, rules = self.r.reward_model, [(f.name, f.weight) for f in self.r.reward.functions]
         judge = rm.judge if rm.judge.template else None
-        deadline, timed_out = judge.timeout_s if judge else None, False
-        try:
-            got = self.pools.call([ref for pair in sent.model for ref in pair], "reward model", deadline)
-        except PoolFault as e:  # an actor lost, or one whose collective it broke: the group is gone either way
-            self.pools.restart_reward_model()
-            if judge and e.timed_out:  # a judge past reward_model.judge.timeout_s: the step scores the default
-                self.say(f"{e} (reward_model.judge.timeout_s): this step's samples score the default")
-                got, timed_out = [[math.nan] * sum(len(s.totals) for s in scores), Work(deadline, 0)], True
-            else:
-                self.say(f"a reward-model actor was lost ({e}); started the pool again, scoring the batch again")
-                model = self.send_model(sent.rollouts, sent.samples)
-                got = self.pools.call([ref for pair in model for ref in pair], "reward model (again)", deadline)
-        values, work = [v for share in got[0::2] for v in share], got[1::2]
-        judged = {}
+        got = self.scorers.learned(sent, judge.timeout_s if judge else None)
+        if got is None:
+            return scores, {}, []
+        values, judged = got.values, {}
         if judge:  # a reply without a score, a conversation too long, a step past the deadline: the default
             values, unread = fill_unread(values, judge.default)
             judged = {
-                "reward_model/judge_unread": 0.0 if timed_out else unread / len(values),
-                "reward_model/judge_timeouts": float(timed_out),
+                "reward_model/judge_unread": 0.0 if got.timed_out else unread / len(values),
+                "reward_model/judge_timeouts": float(got.timed_out),
             }
-            if unread and not timed_out:
+            if unread and not got.timed_out:
                 self.show_first(
                     "the judge",
                     "counted in reward_model/judge_unread",
@@ -333,19 +295,7 @@ class Controller(Runner):
             if counted:
                 self.count_failing("the judge", judged["reward_model/judge_unread"], "the judge")
         scores, metrics = with_model(scores, values, rm.weight, rm.normalize, rules, rm.sigmoid)
-        return scores, {**metrics, **judged, "timing_s/reward_model": max(w.seconds for w in work)}, work
-
-    def frozen_logprobs(self, rollouts: list, samples: Samples) -> dict[str, list]:
-        """Per frozen pool (the reference: none without a KL term; the teacher: none without distillation), its
-        (logprobs ref, Work ref) per actor, each an even share of the tokens. Every actor of a pool is called, with
-        or without a share: their forwards are collective (one FSDP2 group)."""
-        out = {}
-        for pool in ("reference", "teacher"):
-            shares = {id(a): (refs, spans) for a, refs, spans in self.spread(pool, rollouts, samples, True)}
-            out[pool] = [
-                a.logprobs.options(num_returns=2).remote(*shares.get(id(a), ([], []))) for a in self.pools.actors[pool]
-            ]
-        return out
+        return scores, {**metrics, **judged, "timing_s/reward_model": max(w.seconds for w in got.work)}, got.work
 
     def collect(self, batch: Launched | Collected, recover: bool = True) -> Collected:
         """The batch's rollouts from the engines (replacing an engine that failed, if `recover`), its rewards and
@@ -354,9 +304,8 @@ class Controller(Runner):
             return batch
         rollouts, stats = self.engines.collect(batch, recover)
         self.check_environment(stats)  # its first failures said, a run of failing steps stops the run
-        samples, dapo = Samples.of(stats), self.r.algorithm.filter_groups.enable
-        frozen = {} if dapo else self.frozen_logprobs(rollouts, samples)  # DAPO: after its groups are chosen
-        return Collected(rollouts, stats, self.send_rewards(rollouts, samples), frozen, batch.version)
+        dapo = self.r.algorithm.filter_groups.enable  # DAPO: the token scorers after its groups are chosen
+        return Collected(rollouts, stats, self.scorers.send(rollouts, Samples.of(stats), not dapo), batch.version)
 
     def collect_ahead(self, batch: Launched) -> Launched | Collected:
         """`collect` while the learner trains: the engines have the batch soon after the update ends anyway (the
@@ -376,12 +325,11 @@ class Controller(Runner):
     def send_update(self, rollouts: list, advantages: list[float], frozen: dict[str, list]) -> list:
         """Start one learner step on the rollouts behind the refs, with the reference's logprobs when there is a
         KL term and the teacher's when distilling (refs: the learner waits for them); its refs."""
-        signals = {pool: [lp for lp, _ in refs] for pool, refs in frozen.items() if refs}
+        signals = self.scorers.signals(frozen)
         keep_from = min([self.engines.version] + [b.version for b in self.inflight.values()])
-        probe = self.inputs.probe_ids if self.pools.actors["generator"] else None
+        probe = self.inputs.probe_ids if self.pools.generators else None
         return [
-            l.train.remote(rollouts, advantages, self.version, signals, keep_from, probe)
-            for l in self.pools.actors["learner"]
+            l.train.remote(rollouts, advantages, self.version, signals, keep_from, probe) for l in self.pools.learners
         ]
 
     def wait_update(self, update: list, frozen: dict[str, list]) -> tuple[dict[str, float], dict[str, list[Work]]]:
@@ -389,7 +337,7 @@ class Controller(Runner):
         (``learner_probe``), for the sync that pushes them."""
         update, previous = self.call(update, "learner train")[0], self.last_update
         trained, self.last_update, self.learner_probe = update.metrics, update.window, update.probe
-        work = {pool: self.call([w for _, w in refs], pool) if refs else [] for pool, refs in frozen.items()}
+        work = self.scorers.token_work(frozen)
         windows = [w.window for done in work.values() for w in done if w.samples]
         if windows:  # one step off, the frozen pools score this batch while the learner trains the last one
             start, end = min(a for a, _ in windows), max(b for _, b in windows)
@@ -405,4 +353,4 @@ class Controller(Runner):
         the learner's metrics. Only the learner, reference and teacher pools need to run."""
         refs = [ray.put(r) for r in rollouts]
         self.version = self.engines.version = rollouts[0].policy_version
-        return self.train_on(refs, advantages, self.frozen_logprobs(refs, Samples.of_rollouts(rollouts)))[0]
+        return self.train_on(refs, advantages, self.scorers.send_tokens(refs, Samples.of_rollouts(rollouts)))[0]

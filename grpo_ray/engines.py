@@ -11,6 +11,7 @@ import hashlib
 import time
 from collections.abc import Callable
 
+from grpo_ray.config import GENERATOR
 from grpo_ray.errors import RunError
 from grpo_ray.pools import PoolFault, Pools
 from grpo_ray.types import Prompt
@@ -52,7 +53,7 @@ class Engines:
     def launch(self, step: int, prompts: list[Prompt], n: int = 0, sampling=None) -> Launched:
         """Send `prompts` to the engines, cut evenly over them, `n` samples each (default: the group size)."""
         batch = Launched(step, prompts, self.version, n or self.r.algorithm.group_size, sampling, {})
-        for i, shard in enumerate(split(prompts, len(self.pools.actors["generator"]))):
+        for i, shard in enumerate(split(prompts, len(self.pools.generators))):
             if shard:
                 batch.calls[i] = self._generate_on(i, shard, batch.n, step, sampling)
         return batch
@@ -63,7 +64,7 @@ class Engines:
         generated again, with the seeds it had and the weights the engines hold now (a new engine's first answer
         has twice the deadline). Not `recover`: its PoolFault is raised, `batch` unchanged."""
         g = self.r.generator
-        shards = split(batch.prompts, len(self.pools.actors["generator"]))
+        shards = split(batch.prompts, len(self.pools.generators))
         done = {}
         for i, call in batch.calls.items():
             for attempt in range(g.max_restarts + 1):
@@ -79,7 +80,7 @@ class Engines:
                         raise RunError(
                             f"{e}; engine {i} was replaced {g.max_restarts} times in this step (generator.max_restarts)"
                         ) from None
-                    if self.pools.actors["generator"][i] is call[2]:
+                    if self.pools.generators[i] is call[2]:
                         self.say(f"engine {i} lost ({e}); replacing it")
                         self.recover([i])
                     call = self._generate_on(i, shards[i], batch.n, batch.step, batch.sampling)
@@ -91,13 +92,13 @@ class Engines:
 
     def _generate_on(self, i: int, shard: list[Prompt], n: int, step: int, sampling) -> tuple:
         seeds = [sample_seed(self.r.trainer.seed, step, p.uid) for p in shard]
-        actor = self.pools.actors["generator"][i]
+        actor = self.pools.generators[i]
         return (*actor.generate.options(num_returns=2).remote(shard, n, seeds, sampling), actor)
 
     def probe(self) -> float:
         """Mean absolute difference of generator and learner logprobs on a fixed sequence (worst engine)."""
-        gens = [g.prompt_logprobs.remote(self.probe_ids) for g in self.pools.actors["generator"]]
-        learners = [l.probe_logprobs.remote(self.probe_ids) for l in self.pools.actors["learner"]]  # both at once
+        gens = [g.prompt_logprobs.remote(self.probe_ids) for g in self.pools.generators]
+        learners = [l.probe_logprobs.remote(self.probe_ids) for l in self.pools.learners]  # both at once
         gens = self.pools.call(gens, "generator probe", self.r.generator.timeout_s)
         return probe_diff(gens, self.pools.call(learners, "learner probe")[0])
 
@@ -109,11 +110,11 @@ class Engines:
         else asked for once its ranks have sent, so it runs while the engines still load. (Not inside the
         learner's push call: a rank whose send failed would leave the others alone in the probe's collective
         forward.)"""
-        bucket, metas, actors = self.r.trainer.bucket_mb << 20, self.pools.metas, self.pools.actors
-        sends = [l.push_weights.remote(metas, bucket, version) for l in actors["learner"]]
+        bucket, metas, learners = self.r.trainer.bucket_mb << 20, self.pools.metas, self.pools.learners
+        sends = [l.push_weights.remote(metas, bucket, version) for l in learners]
         receives = [
             g.receive_weights.remote(metas, bucket, version, self.probe_ids if probe else None)
-            for g in actors["generator"]
+            for g in self.pools.generators
         ]
         timeout = self.r.trainer.sync_timeout_s + self.r.generator.timeout_s
         try:
@@ -122,7 +123,7 @@ class Engines:
             if e.died:  # a learner rank is gone with its shard of the state: nothing to replace it with
                 raise RunError(f"{e}; resume from the last checkpoint") from None
             raise
-        asked = [l.probe_logprobs.remote(self.probe_ids) for l in actors["learner"]] if probe is True else []
+        asked = [l.probe_logprobs.remote(self.probe_ids) for l in learners] if probe is True else []
         received = self.pools.call(receives, "weight receive", timeout)
         if probe:
             pushed[0]["probe"] = self.pools.call(asked, "learner probe")[0] if asked else probe
@@ -167,7 +168,7 @@ class Engines:
         """Replace `engines`, connect the weight transport again over all engines, load the learner's weights into all
         (`probe`: as in push)."""
         for i in engines:
-            self.pools.replace_generator(i)
+            self.pools.recover(GENERATOR, i)
             self.fresh.add(i)
         self.pools.transport.connect(self.pools)
         return self.push(self.learner_version(), probe)

@@ -4,9 +4,10 @@ and, for generators, replaced when one is lost.
 ``Pools.start`` reserves the cluster (``placement.reserve``), starts one Ray actor per bundle and
 role, sets up the learners' torch.distributed group and connects the weight transport (learner rank 0
 and every engine worker: ``grpo_ray.transports``, chosen by ``trainer.weight_transport``).
-``replace_generator(i)`` kills engine i (dead or hung) and starts a new one in the same bundle; the transport
-then connects again over all engines (a collective group cannot take in a new member). The controller pushes
-the current weights before the new engine serves.
+``recover(pool, i)`` does what the pool's row says of a lost actor: an engine is killed (dead or hung) and a new one
+started in the same bundle (the transport then connects again over all engines: a collective group cannot take in
+a new member, and the controller pushes the current weights before the new engine serves); a reward model's whole
+group is started again.
 
 ``wait(refs, what, timeout)`` is the one way the controller waits on a pool: always with a deadline,
 and a lost actor or a deadline becomes a ``RunError`` that names the call (``PoolFault`` for calls
@@ -23,14 +24,13 @@ import ray
 from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from grpo_ray import envs, faults, placement, rewards, transports
-from grpo_ray.config import POOLS, Recipe
+from grpo_ray import faults, placement, transports
+from grpo_ray.config import GENERATOR, KINDS, LEARNER, POOLS, Recipe
 from grpo_ray.device import Device
 from grpo_ray.dims import ModelDims
 from grpo_ray.errors import RunError
-from grpo_ray.lengths import cpu_kv_cache_bytes
 from grpo_ray.metrics import since_start
-from grpo_ray.roles import LOG_FILE_ENV
+from grpo_ray.roles import LOG_FILE_ENV, Seat
 from grpo_ray.roles.generator import Generator
 from grpo_ray.roles.judge import Judge
 from grpo_ray.roles.learner import Learner
@@ -80,20 +80,12 @@ def wait(refs, what: str, timeout_s: float):
 
 
 class Pools:
-    def __init__(
-        self,
-        recipe: Recipe,
-        model_path: str,
-        dims: ModelDims,
-        teacher_path: str = "",
-        reward_model_path: str = "",
-        roles: dict | None = None,
-    ):
-        self.r, self.model_path, self.dims = recipe, model_path, dims
+    def __init__(self, recipe: Recipe, paths: dict[str, str], dims: ModelDims, roles: dict | None = None):
+        self.r, self.paths, self.dims = recipe, paths, dims
+        """`paths`: each model recipe key's resolved path (``RunInputs.paths``), what the rows' ``model`` names."""
         judge = {"reward_model": Judge} if recipe.reward_model.judge.template else {}
         self.roles = {**ROLES, **judge, **(roles or {})}
         """The actor class of each pool: ROLES, with a run's own where it trains another kind of model."""
-        self.teacher_path, self.reward_model_path = teacher_path, reward_model_path
         self.device = Device.of(recipe)
         self.plans = placement.plan(recipe)
         self.actors: dict[str, list] = {p: [] for p in POOLS}
@@ -104,13 +96,28 @@ class Pools:
         """Compute threads per actor of each pool (placement.threads), set when the pools start."""
         self.facts: dict = {}
         self.metas: list = []
-        self.generator_restarts = 0
-        self.reward_model_restarts = 0
+        self.restarts = {k.name: 0 for k in KINDS.values() if k.lost != "stop"}
+        """Per pool that recovers a lost actor, how many times it did (fault/<pool>_restarts)."""
+
+    @property
+    def generators(self) -> list:
+        """The engines' actors."""
+        return self.actors[GENERATOR]
+
+    @property
+    def learners(self) -> list:
+        """The learner group's actors, rank 0 first."""
+        return self.actors[LEARNER]
+
+    @property
+    def model_path(self) -> str:
+        """The policy's path (the learner's and the engines' model)."""
+        return self.paths["model.path"]
 
     def start(self, pools: tuple[str, ...] = POOLS, say=print) -> None:
-        """Reserve the cluster, start the pools, join the learner group and (with generators) the sync group;
-        `say` gets a line as each phase ends, with the seconds since the command began (the actors start at
-        once, so a phase's line says when it was ready, not how long it took alone)."""
+        """Reserve the cluster, start the pools, form each group's process group (the learner's first) and (with
+        generators) the sync group; `say` gets a line as each phase ends, with the seconds since the command began
+        (the actors start at once, so a phase's line says when it was ready, not how long it took alone)."""
         self.pgs = placement.reserve(self.r, pools)
         # Ray's CPUs are a count the cluster was given (tests give 4 on 2 cores): never more than the cores here
         node_cpus = min(
@@ -122,91 +129,78 @@ class Pools:
             count = self.plans[pool].actors if pool in pools else 0
             self.actors[pool] = [self._new(pool, i) for i in range(count)]
         say(f"{since_start()} {sum(len(a) for a in self.actors.values())} actors placed; loading the model in each")
-        self.facts = self._join("learner") or {}
-        if self.actors["learner"]:
-            say(f"{since_start()} learner ready: {len(self.actors['learner'])} FSDP2 rank(s)")
-        for pool in ("reference", "teacher", "reward_model"):
-            self._join(pool)
-            if self.actors[pool]:
-                say(f"{since_start()} {pool} ready: {len(self.actors[pool])} actor(s)")
-        if self.actors["generator"]:
-            self.call([g.where.remote() for g in self.actors["generator"]], "engines ready")
-            say(f"{since_start()} engines loaded: {len(self.actors['generator'])} vLLM engine(s)")
-        if self.actors["learner"] and self.actors["generator"]:
-            wire = self.call(self.actors["generator"][0].weight_dtype.remote(), "engine dtype")
-            self.metas = self.call(self.actors["learner"][0].weight_metas.remote(wire), "weight metadata")
+        self.facts = self._join(LEARNER) or {}
+        if self.learners:
+            say(f"{since_start()} learner ready: {len(self.learners)} FSDP2 rank(s)")
+        for kind in KINDS.values():
+            if kind.group == "fsdp" and kind.name != LEARNER and self.actors[kind.name]:
+                self._join(kind.name)
+                say(f"{since_start()} {kind.name} ready: {len(self.actors[kind.name])} actor(s)")
+        engines = self.generators
+        if engines:
+            self.call([g.where.remote() for g in engines], "engines ready")
+            say(f"{since_start()} engines loaded: {len(engines)} vLLM engine(s)")
+        if self.learners and engines:
+            wire = self.call(engines[0].weight_dtype.remote(), "engine dtype")
+            self.metas = self.call(self.learners[0].weight_metas.remote(wire), "weight metadata")
             self.transport.connect(self)
             say(f"{since_start()} weight transport connected ({self.transport.name})")
 
     def _new(self, pool: str, i: int):
-        """Actor i of `pool`, in bundle i of the pool's placement group."""
-        r = self.r
+        """Actor i of `pool`, in bundle i of the pool's placement group, as its role starts it (``start_args``)."""
         pg, gpus = self.pgs[pool]
-        cpus, threads = self.plans[pool].cpus, self.threads[pool]
+        role, threads, kind = self.roles[pool], self.threads[pool], KINDS[pool]
         env = {"OMP_NUM_THREADS": str(threads)}
         env.update({k: os.environ[k] for k in (faults.ENV, faults.DIR_ENV) if k in os.environ})
-        if r.trainer.log_level == "info":  # the actor's own output to a file, not the console
+        if self.r.trainer.log_level == "info":  # the actor's own output to a file, not the console
             env[LOG_FILE_ENV] = str(self.log_dir() / f"{pool}-{i}.log")
-        if pool == "generator" or self.roles[pool] is Judge:  # a vLLM engine in the actor's process
+        if role.ENGINE:  # a vLLM engine in the actor's process
             env.update(self.device.engine_env(threads))
-        options = dict(
-            num_cpus=cpus,
+        actor = ray.remote(role).options(
+            num_cpus=self.plans[pool].cpus,
             num_gpus=gpus,
             resources=self.plans[pool].resources or None,
             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
             runtime_env={"env_vars": env},
+            max_concurrency=role.CONCURRENCY,
         )
-        if self.roles[pool] is Judge:  # a step's memory ask is answered while a judge grades (or hangs: its deadline)
-            options["max_concurrency"] = 2
-        actor = ray.remote(self.roles[pool]).options(**options)
-        if pool == "generator":
-            kv = 0 if self.device.gpu else cpu_kv_cache_bytes(self.dims, r)  # on GPU: gpu_memory_utilization
-            env_dirs = rewards.shipped(envs.modules(r.environment))[1]
-            return actor.remote(self.model_path, r, kv, r.trainer.seed + i, env_dirs)
-        if pool == "learner":
-            return actor.remote(self.model_path, r, i, r.learner.world_size, threads, self.dims)
-        if pool in ("reference", "teacher"):
-            path = self.teacher_path if pool == "teacher" else self.model_path
-            return actor.remote(path, r, i, self.plans[pool].actors, threads, pool)
-        if pool == "reward_model":
-            return actor.remote(self.reward_model_path, r, i, self.plans[pool].actors, threads)
-        code = rewards.shipped([f.name for f in r.reward.functions])
-        styles = r.reward_model.by_style and bool(r.reward_model.model)
-        return actor.remote(r.reward, r.data.response_prefix, code, bool(r.environment.name), styles)
+        path = self.paths.get(kind.model, "") if kind.model else ""
+        seat = Seat(pool, i, self.plans[pool].actors, threads, path, self.r, self.dims)
+        return actor.remote(*role.start_args(seat))
 
     def log_dir(self) -> Path:
         """Where actors write their output at trainer.log_level=info."""
         return Path(self.r.trainer.output_dir).resolve() / "logs"
 
     def _join(self, pool: str):
-        """Form `pool`'s FSDP2 group (learner, reference, teacher or reward model) and shard the model over it; rank
-        0's answer."""
+        """Form `pool`'s group (its row's ``group`` is fsdp: every actor sets up together and shards its model over
+        the group); rank 0's answer."""
         actors = self.actors[pool]
         if not actors:  # evaluation runs generators and rewards only; kl_coef 0 drops the reference
             return None
         host, port = self.call(actors[0].address.remote(), f"{pool} address")
         return self.call([a.setup.remote(host, port) for a in actors], f"{pool} setup")[0]
 
-    def replace_generator(self, i: int) -> None:
-        """Kill engine i (dead, or hung past its deadline) and start a new one in its bundle."""
-        ray.kill(self.actors["generator"][i])
-        self.actors["generator"][i] = self._new("generator", i)
-        self.generator_restarts += 1
-
-    def restart_reward_model(self) -> None:
-        """Kill every reward-model actor and start the pool again in its bundles: one actor lost leaves the others in
-        a process group that cannot take in a new member."""
-        for a in self.actors["reward_model"]:
-            ray.kill(a)
-        self.actors["reward_model"] = [self._new("reward_model", i) for i in range(len(self.actors["reward_model"]))]
-        self._join("reward_model")
-        self.reward_model_restarts += 1
+    def recover(self, pool: str, i: int = 0) -> None:
+        """Recover `pool` from losing actor i (dead, or hung past its deadline), as its row says: a new actor in its
+        bundle, or the whole pool started again in its bundles (one actor lost leaves the others in a process group
+        that cannot take in a new member)."""
+        lost = KINDS[pool].lost
+        if lost == "stop":
+            raise RunError(f"{pool} cannot recover a lost actor")
+        actors = self.actors[pool]
+        for j in [i] if lost == "replace" else range(len(actors)):
+            ray.kill(actors[j])
+            actors[j] = self._new(pool, j)
+        if lost == "restart" and KINDS[pool].group == "fsdp":
+            self._join(pool)
+        self.restarts[pool] += 1
 
     def unresponsive_generators(self) -> list[int]:
         """Engines that are dead or do not answer within the sync timeout (they may still be leaving a failed
         collective)."""
         lost = []
-        for i, gen in enumerate(self.actors["generator"]):
+        for i, gen in enumerate(self.generators):
             try:
                 self.call(gen.where.remote(), f"engine {i} ping", self.r.trainer.sync_timeout_s + 10)
             except PoolFault:

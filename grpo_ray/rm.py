@@ -49,7 +49,7 @@ class RMController(Runner):
         start = time.perf_counter()
         rows = [row for _, row in self.stream.next_batch()]
         batch = ray.put(rm_rows(rows, self.r))  # one object for all ranks
-        learners = self.pools.actors["learner"]
+        learners = self.pools.learners
         trained = self.call([l.rm_train.remote(batch) for l in learners], "learner rm")[0]
         self.version += 1
         tokens = sum(len(row[k]) for row in rows for k in RM_IDS if k in row)
@@ -63,7 +63,7 @@ class RMController(Runner):
 
     def validate(self, step: int) -> dict[str, float]:
         batch = ray.put(rm_rows(self.inputs.val_rows, self.r))
-        learners = self.pools.actors["learner"]
+        learners = self.pools.learners
         return self.call([l.rm_validate.remote(batch) for l in learners], "reward model validation")[0]
 
 

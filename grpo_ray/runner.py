@@ -21,7 +21,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from grpo_ray import checkpoint, early_stop, trackers
-from grpo_ray.algo.batching import Samples, balanced_ranges, spans_of
+from grpo_ray.algo.batching import Samples
 from grpo_ray.config import POOLS, Recipe
 from grpo_ray.data.stream import Position, PromptStream
 from grpo_ray.dumps import write_dump
@@ -31,6 +31,7 @@ from grpo_ray.faults import fault_at
 from grpo_ray.metrics import MetricsLog, sample_table, since_start, validation_metrics, validation_totals
 from grpo_ray.models import chat_template_text
 from grpo_ray.pools import Pools
+from grpo_ray.scorers import Scorers
 from grpo_ray.setup_run import RunInputs
 from grpo_ray.types import Prompt
 
@@ -55,11 +56,11 @@ class Runner:
         )
         self.version = 0
         """The learner's weights: updates that changed them."""
-        self.pools = Pools(
-            recipe, inputs.model_path, inputs.dims, inputs.teacher_path, inputs.reward_model_path, self.roles
-        )
+        self.pools = Pools(recipe, inputs.paths, inputs.dims, self.roles)
         self.engines = Engines(recipe, self.pools, inputs.probe_ids, lambda: self.version, self.say)
         """The generator side: batches out, weights in (engines.version: the weights they hold)."""
+        self.scorers = Scorers(recipe, self.pools, self.say)
+        """The scorer side: batches out, scores and per-token signals back."""
         self.pending_dumps: list = []
         self.preempted_at: float | None = None
         self.log: MetricsLog | None = None
@@ -136,7 +137,7 @@ class Runner:
             )
         if ckpt:
             self.say(f"resuming from {ckpt} (step {self.restore(ckpt)})")
-        if self.pools.actors["generator"]:
+        if self.pools.generators:
             diff = self.engines.probe()
             self.say(
                 f"{since_start()} first probe: sync/logprob_diff {diff:.3g} (the engines' logprobs against "
@@ -197,7 +198,7 @@ class Runner:
         rollouts/<name>_step<step>.jsonl when dumps are on, and pass@1 (and pass@n) per data source: the reward
         functions decide, a reward model never does."""
         scores = self.check_rewards(
-            self.call(self.score(rollouts, Samples.of(stats)), f"validation reward ({name})"), False
+            self.call(self.scorers.rules(rollouts, Samples.of(stats)), f"validation reward ({name})"), False
         )
         if self.r.trainer.dump_freq:
             self.dump(f"{name}_step{step}", step, rollouts, scores, None)
@@ -257,22 +258,6 @@ class Runner:
                 f"{last.rstrip()}"
             )
 
-    def spread(self, pool: str, rollouts: list, samples: Samples, by_tokens: bool) -> list[tuple]:
-        """The step's samples cut into contiguous shares of near-equal tokens (or samples) over every actor of
-        `pool`: (actor, rollout refs, spans) per actor with a share, in sample order."""
-        actors = self.pools.actors[pool]
-        costs = samples.costs if by_tokens else [1] * len(samples.costs)
-        shares = [spans_of(samples.counts, share) for share in balanced_ranges(costs, len(actors))]
-        return [
-            (actor, [rollouts[i] for i, _, _ in pieces], [(a, b) for _, a, b in pieces])
-            for actor, pieces in zip(actors, shares)
-            if pieces
-        ]
-
-    def score(self, rollouts: list, samples: Samples) -> list:
-        """Scores refs, one per reward actor: every actor scores an even share of the samples."""
-        return [a.score.remote(refs, spans) for a, refs, spans in self.spread("reward", rollouts, samples, False)]
-
     def dump(self, name: str, step: int, rollouts: list, scores: list, advantages: list[float] | None) -> None:
         """Write rollouts/<name>.jsonl from a task on the driver's node (the rollouts never pass through here)."""
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
@@ -293,7 +278,7 @@ class Runner:
     def save(self, step: int, last_val: float | None) -> Path:
         """Learner shards (every rank), then trainer state, tokenizer and manifest; committed by a rename."""
         tmp = checkpoint.staging_dir(self.inputs.output_dir, step)
-        learners = self.pools.actors["learner"]
+        learners = self.pools.learners
         saved = self.call([l.save.remote(str(tmp / "learner")) for l in learners], "checkpoint save")[0]
         if fault_at("exit_mid_checkpoint", step):
             os._exit(1)  # fault test: the job dies with the shards written and the checkpoint not committed
@@ -325,7 +310,7 @@ class Runner:
         state = checkpoint.load_state(ckpt)
         self.best = early_stop.Best.of(self.r.trainer, state.get("best"))
         self.call(
-            [l.load.remote(str(ckpt / "learner"), state["scheduler"]) for l in self.pools.actors["learner"]],
+            [l.load.remote(str(ckpt / "learner"), state["scheduler"]) for l in self.pools.learners],
             "checkpoint load",
         )
         self.stream = PromptStream(
@@ -336,7 +321,7 @@ class Runner:
             Position(**state["data"]),
         )
         self.version = self.engines.version = state["version"]
-        if self.pools.actors["generator"]:
+        if self.pools.generators:
             self.engines.push(self.version)  # before the first rollout
         return state["step"]
 

@@ -43,6 +43,15 @@ class RunInputs:
     reward_model_path: str = ""
     """The reward model, loadable by transformers (reward_model.model built by now); empty without."""
 
+    @property
+    def paths(self) -> dict[str, str]:
+        """Each model's path by its recipe key, as the pool kinds name their model (``KINDS[pool].model``)."""
+        return {
+            "model.path": self.model_path,
+            "teacher.model": self.teacher_path,
+            "reward_model.model": self.reward_model_path,
+        }
+
 
 def usable_rows(
     files: list[str],

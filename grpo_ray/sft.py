@@ -43,7 +43,7 @@ class SFTController(Runner):
         pairs = ray.put([(row["prompt_ids"], row["target_ids"]) for row in rows])  # one small object for all ranks
         traced = any("target_mask" in row for row in rows)  # multi-turn traces: observations are not trained on
         masks = ray.put([row.get("target_mask") or [1] * len(row["target_ids"]) for row in rows]) if traced else None
-        learners = self.pools.actors["learner"]
+        learners = self.pools.learners
         trained = self.call([l.sft_train.remote(pairs, masks) for l in learners], "learner sft")[0]
         self.version += 1
         seconds = time.perf_counter() - start

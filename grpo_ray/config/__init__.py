@@ -25,7 +25,7 @@ from grpo_ray.config.checks import (
     validate,
 )
 from grpo_ray.config.load import SECRET_KEY, dump_recipe, load_recipe, recipe_dict, recipe_yaml, redact
-from grpo_ray.config.pools import KINDS, POOLS, PoolKind
+from grpo_ray.config.pools import GENERATOR, KINDS, LEARNER, POOLS, PoolKind
 from grpo_ray.config.schema import (
     AlgorithmConfig,
     ClusterConfig,
@@ -54,6 +54,8 @@ from grpo_ray.config.schema import (
 )
 
 __all__ = [
+    "GENERATOR",
+    "LEARNER",
     "CHOICES",
     "ENGINE_LORA_RANKS",
     "engine_rank",

@@ -1,13 +1,15 @@
 """The pool kinds, one row each (a pool's recipe section is its name): how many actors it runs (0: off) and what each
-asks for, and the names of the planner's memory and time models for it (no time: not modelled, and ``plan`` says
-so). Placement reads its counts and resources from here and ``plan`` its time model's phase; a row gains a field
-when a reader of it moves here (start-up, metrics and fault handling still name pools: issue 54).
+asks for, the model it loads, how its actors work together, what losing one costs, what it gives the learner, and
+the names of the planner's memory and time models for it (no time: not modelled, and ``plan`` says so). Placement,
+start-up (``Pools``), fault handling, the scorers' calls and metrics, the fit check and ``plan`` loop over these rows;
+the actor class of each is the role map's (``pools.ROLES``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from grpo_ray.config.schema import Recipe
 
@@ -25,16 +27,28 @@ class PoolKind:
     """The fit check's function for one actor's memory (``grpo_ray.planner.memory``; every pool's is modelled)."""
     time: str | None
     """The time model's phase for its work (``grpo_ray.planner.speed``), or None: not modelled."""
+    model: str | None = None
+    """The recipe key of the model its actors load (resolved before start), or None."""
+    group: Literal["fsdp", "engine"] | None = None
+    """How its actors work together: one FSDP2 group (formed at start, every actor in every call), each a vLLM
+    engine of its own, or none (independent workers)."""
+    lost: Literal["replace", "restart", "stop"] = "stop"
+    """What losing an actor does: a new one in its place (an engine), the whole pool started again (a group that
+    cannot take in a new member), or the run stops."""
+    signal: Literal["token", "sequence"] | None = None
+    """What a scorer gives each sample: a logprob per token (to the learner), a score per sequence (to the
+    advantages), or nothing (not a scorer)."""
 
 
 def _on_gpu(n: int) -> Callable[[Recipe], int]:
     return lambda r: n if r.cluster.device == "cuda" else 0
 
 
-def _frozen_scorer(name: str, count: Callable[[Recipe], int]) -> PoolKind:
+def _frozen_scorer(name: str, model: str, count: Callable[[Recipe], int]) -> PoolKind:
     """A frozen model scoring every sampled token (one FSDP2 group): the reference's memory model on its own shape,
     a phase of its own in the time model."""
-    return PoolKind(name, count, lambda r: getattr(r, name).num_cpus, _on_gpu(1), f"{name}_pool", name)
+    cpus = lambda r: getattr(r, name).num_cpus  # noqa: E731
+    return PoolKind(name, count, cpus, _on_gpu(1), f"{name}_pool", name, model, "fsdp", "stop", "token")
 
 
 KINDS: dict[str, PoolKind] = {
@@ -47,6 +61,9 @@ KINDS: dict[str, PoolKind] = {
             gpus=lambda r: r.generator.tensor_parallel_size if r.cluster.device == "cuda" else 0,
             memory="generator_pool",
             time="generation",
+            model="model.path",
+            group="engine",
+            lost="replace",
         ),
         PoolKind(
             "learner",
@@ -55,19 +72,27 @@ KINDS: dict[str, PoolKind] = {
             gpus=_on_gpu(1),
             memory="learner_pool",
             time="update",
+            model="model.path",
+            group="fsdp",
         ),
         # no KL term: no reference; LoRA: the learner is its own reference (the adapters switched off)
         _frozen_scorer(
-            "reference", lambda r: r.reference.num_actors if r.algorithm.kl_coef > 0 and not r.model.lora.rank else 0
+            "reference",
+            "model.path",
+            lambda r: r.reference.num_actors if r.algorithm.kl_coef > 0 and not r.model.lora.rank else 0,
         ),
-        _frozen_scorer("teacher", lambda r: r.teacher.num_actors if r.teacher.model else 0),
-        PoolKind(  # a classifier (the reference's memory model) or a judge's engines
+        _frozen_scorer("teacher", "teacher.model", lambda r: r.teacher.num_actors if r.teacher.model else 0),
+        PoolKind(  # a classifier (one FSDP2 group: a lost actor restarts the pool) or a judge's engines
             "reward_model",
             count=lambda r: r.reward_model.num_actors if r.reward_model.model else 0,
             cpus=lambda r: r.reward_model.num_cpus,
             gpus=_on_gpu(1),
             memory="reward_model_pool",
             time="reward_model",
+            model="reward_model.model",
+            group="fsdp",
+            lost="restart",
+            signal="sequence",
         ),
         PoolKind(
             "reward",
@@ -76,6 +101,7 @@ KINDS: dict[str, PoolKind] = {
             gpus=lambda r: 0,  # rule rewards run on CPUs everywhere
             memory="reward_pool",
             time="reward",
+            signal="sequence",
         ),
     )
 }
@@ -83,3 +109,7 @@ KINDS: dict[str, PoolKind] = {
 
 POOLS = tuple(KINDS)
 """The pool names, in KINDS' order."""
+
+GENERATOR, LEARNER = "generator", "learner"
+"""The two pools a step is built around (the engines that sample, the group that trains), named where code means
+them; every other pool is reached through its row."""

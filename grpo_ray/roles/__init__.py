@@ -1,6 +1,7 @@
-"""One Ray actor class per role: Generator, Learner, Reference, RewardWorker.
+"""One Ray actor class per role: Generator, Learner, Reference (and the teacher), RewardModel, Judge, RewardWorker.
 
-They share only ``RoleActor``: where the actor runs and how much memory it has used, and
+They share ``RoleActor``: what an actor is started with (``start_args`` of its ``Seat``), where it runs and how much
+memory it has used, and
 ``log_to_file``: at ``trainer.log_level: info`` each actor's process writes its output (vLLM's,
 transformers' and Ray's worker lines included) to ``<output_dir>/logs/<pool>-<i>.log`` instead of the
 console; at ``debug`` Ray forwards it to the console as it comes.
@@ -11,8 +12,11 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from dataclasses import dataclass
 
+from grpo_ray.config import Recipe
 from grpo_ray.device import Device
+from grpo_ray.dims import ModelDims
 
 LOG_FILE_ENV = "GRPO_RAY_LOG_FILE"
 
@@ -34,9 +38,36 @@ def log_to_file() -> None:
     os.close(fd)
 
 
+@dataclass(frozen=True)
+class Seat:
+    """An actor's place in its pool, what ``Pools`` starts it with: each role reads what it needs (``start_args``)."""
+
+    pool: str
+    rank: int
+    """Its index in the pool (its bundle, its rank in the pool's group)."""
+    count: int
+    """The pool's actors."""
+    threads: int
+    """Its compute threads (``placement.threads``)."""
+    model_path: str
+    """Its model, loadable by transformers and vLLM (the row's ``model``), or empty."""
+    recipe: Recipe
+    dims: ModelDims
+    """The policy's shape."""
+
+
 class RoleActor:
     run_on: Device = Device()
     """The run's device (``cluster.device``): what this actor's memory is reported as."""
+    ENGINE = False
+    """A vLLM engine runs in the actor's process (started with the device's engine environment)."""
+    CONCURRENCY = 1
+    """Calls the actor runs at once."""
+
+    @classmethod
+    def start_args(cls, seat: Seat) -> tuple:
+        """The constructor's arguments for the actor at `seat`: a frozen scorer's, by default."""
+        return (seat.model_path, seat.recipe, seat.rank, seat.count, seat.threads)
 
     def where(self) -> dict:
         """Node id, pid and compute threads (torch's, when loaded) of this actor, for placement.json."""

@@ -15,10 +15,11 @@ import tempfile
 import threading
 import time
 
+from grpo_ray import envs, rewards
 from grpo_ray.config import Recipe, SamplingConfig, engine_rank
 from grpo_ray.device import Device
-from grpo_ray.lengths import max_model_len
-from grpo_ray.roles import RoleActor, log_to_file, trim_heap
+from grpo_ray.lengths import cpu_kv_cache_bytes, max_model_len
+from grpo_ray.roles import RoleActor, Seat, log_to_file, trim_heap
 from grpo_ray.roles.vllm_ext import bound_cpu_gemm_caches
 from grpo_ray.rollout import episode_values
 from grpo_ray.types import Completion, Prompt, Rollout, RolloutStats
@@ -27,6 +28,16 @@ EXTENSION = "grpo_ray.roles.vllm_ext.WeightSyncExtension"
 
 
 class Generator(RoleActor):
+    ENGINE = True
+
+    @classmethod
+    def start_args(cls, seat: Seat) -> tuple:
+        """Its KV cache on CPU sized from the recipe (on GPU: gpu_memory_utilization), the run's seed plus its index,
+        and where a ``module:Class`` environment's module was found."""
+        r = seat.recipe
+        kv = 0 if Device.of(r).gpu else cpu_kv_cache_bytes(seat.dims, r)
+        return (seat.model_path, r, kv, r.trainer.seed + seat.rank, rewards.shipped(envs.modules(r.environment))[1])
+
     def __init__(
         self,
         model_path: str,

@@ -25,6 +25,9 @@ from grpo_ray.types import Work
 
 
 class Judge(RoleActor):
+    ENGINE = True
+    CONCURRENCY = 2  # a step's memory ask is answered while a judge grades (or hangs: its deadline)
+
     def __init__(self, model_path: str, recipe: Recipe, rank: int = 0, world_size: int = 1, threads: int = 1):
         log_to_file()
         self.model_path, self.recipe, self.rank, self.world_size = model_path, recipe, rank, world_size

@@ -50,7 +50,7 @@ from grpo_ray.faults import fault_at
 from grpo_ray.lengths import response_budget
 from grpo_ray.models import load_causal_lm, pad_id
 from grpo_ray.perf import device_peak_tflops, forward_flops, measure_cpu_peak_tflops
-from grpo_ray.roles import RoleActor, fsdp, log_to_file
+from grpo_ray.roles import RoleActor, Seat, fsdp, log_to_file
 from grpo_ray.types import Update
 
 SIGNALS = {
@@ -90,6 +90,10 @@ def _placed(values, micro: list[int], mask: torch.Tensor) -> torch.Tensor | None
 
 
 class Learner(RoleActor):
+    @classmethod
+    def start_args(cls, seat: Seat) -> tuple:
+        return (seat.model_path, seat.recipe, seat.rank, seat.count, seat.threads, seat.dims)
+
     def __init__(
         self,
         model_path: str,

@@ -30,11 +30,16 @@ from grpo_ray.algo.logprobs import sequence_logprobs
 from grpo_ray.config import Recipe
 from grpo_ray.device import Device
 from grpo_ray.models import load_causal_lm, pad_id
-from grpo_ray.roles import RoleActor, fsdp, log_to_file
+from grpo_ray.roles import RoleActor, Seat, fsdp, log_to_file
 from grpo_ray.types import Completion, Prompt, Rollout, RolloutStats, Work
 
 
 class Reference(RoleActor):
+    @classmethod
+    def start_args(cls, seat: Seat) -> tuple:
+        """A frozen scorer's, and its pool: the reference or the teacher, on its own model."""
+        return (*super().start_args(seat), seat.pool)
+
     def __init__(
         self,
         model_path: str,

@@ -18,11 +18,12 @@ import math
 import sys
 import time
 
+from grpo_ray import rewards
 from grpo_ray.algo.batching import Span, samples
 from grpo_ray.config import RewardConfig
 from grpo_ray.rewards import search_here, weighted_sum
 from grpo_ray.rewards.sandbox import RewardChild
-from grpo_ray.roles import RoleActor, log_to_file
+from grpo_ray.roles import RoleActor, Seat, log_to_file
 from grpo_ray.types import Scores
 
 ENVIRONMENT = "environment"
@@ -35,6 +36,15 @@ LOST = {
 
 
 class RewardWorker(RoleActor):
+    @classmethod
+    def start_args(cls, seat: Seat) -> tuple:
+        """The reward functions and the code they are imported from; whether samples are an environment's
+        trajectories, and whether a reward model's row styles are handed on."""
+        r = seat.recipe
+        code = rewards.shipped([f.name for f in r.reward.functions])
+        styles = r.reward_model.by_style and bool(r.reward_model.model)
+        return (r.reward, r.data.response_prefix, code, bool(r.environment.name), styles)
+
     def __init__(
         self,
         reward: RewardConfig,

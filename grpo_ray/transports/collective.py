@@ -35,7 +35,7 @@ class Collective(Transport):
         self.group: SyncGroup | None = None
 
     def connect(self, pools) -> None:
-        learner, gens = pools.actors["learner"][0], pools.actors["generator"]
+        learner, gens = pools.learners[0], pools.generators
         world = 1 + len(gens) * self.tp
         # every engine up first (a replaced one starts vLLM, within the deadline of any start): the group's store
         # waits for all its members, and a member that joins early waits for the others only trainer.sync_timeout_s

@@ -45,10 +45,10 @@ class Storage(Transport):
 
     def connect(self, pools) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        gens = pools.actors["generator"]
+        gens = pools.generators
         pools.call([g.where.remote() for g in gens], "engines ready")
         pools.call(
-            [a.join_transport.remote(self, {}) for a in [pools.actors["learner"][0], *gens]],
+            [a.join_transport.remote(self, {}) for a in [pools.learners[0], *gens]],
             "weight transport",
             self.timeout_s,
         )

@@ -40,7 +40,7 @@ def hit_mid_step(c: Controller, step: int, sig: int, after_s: float = 0.3, on_re
     import ray
 
     pid = ray.get(c.pools.actors["generator"][0].where.remote(), timeout=60)["pid"]
-    restarts = c.pools.generator_restarts
+    restarts = c.pools.restarts["generator"]
     out: dict = {}
     thread = threading.Thread(target=lambda: out.update(c.step(step)))
     start = time.monotonic()
@@ -48,7 +48,7 @@ def hit_mid_step(c: Controller, step: int, sig: int, after_s: float = 0.3, on_re
     time.sleep(after_s)
     os.kill(pid, sig)
     while thread.is_alive() and time.monotonic() - start < 600:
-        if on_replace and c.pools.generator_restarts > restarts:
+        if on_replace and c.pools.restarts["generator"] > restarts:
             on_replace()
             on_replace = None
         thread.join(timeout=0.05)

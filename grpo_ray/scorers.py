@@ -1,0 +1,124 @@
+"""The scorer side: every pool whose row gives a signal (``config.pools.KINDS``), called from one place.
+
+    send(rollouts, samples)   a batch to every scorer at once, each actor an even share (every actor of a group is
+                              called, with or without a share: their forwards are collective); refs back
+    scores(sent)              the sequence scorers' scores, waited for: the rule rewards' (a ``Scores`` per reward
+                              actor) and the reward model's (a value per sample), the latter under its row's fault
+                              policy: a lost or failing actor starts the pool again and the batch is scored again,
+                              once; a judge past its deadline scores the default
+    signals(tokens)           the token scorers' (reference, teacher) logprob refs, by pool, for the learner
+    token_work(tokens)        their work, waited for (for metrics)
+
+The controller reports what a scorer's users should see (the first failure of a reward function, a judge's unread
+replies) and joins the reward model's score to the rule rewards' (``rewards.learned.with_model``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from grpo_ray.algo.batching import Samples, balanced_ranges, spans_of
+from grpo_ray.config import KINDS, Recipe
+from grpo_ray.pools import PoolFault, Pools
+from grpo_ray.types import Work
+
+RULES = "reward"
+"""The rule rewards' pool (the reward functions, in sandboxed children)."""
+LEARNED = "reward_model"
+"""The learned reward's pool (a classifier or a judge)."""
+
+
+@dataclass
+class Sent:
+    """A batch sent to the scorers: their refs, and what to send again."""
+
+    rollouts: list
+    samples: Samples
+    rules: list = field(default_factory=list)
+    """A ``Scores`` ref per reward actor with a share."""
+    learned: list = field(default_factory=list)
+    """(values ref, Work ref) per reward-model actor."""
+    tokens: dict[str, list] = field(default_factory=dict)
+    """Per token scorer, (logprobs ref, Work ref) per actor."""
+
+
+@dataclass
+class Learned:
+    """The reward model's values for a batch, one per sample (NaN: no score), and its work."""
+
+    values: list[float]
+    work: list[Work]
+    timed_out: bool = False
+    """A judge missed reward_model.judge.timeout_s: every value is NaN (the default is the caller's)."""
+
+
+class Scorers:
+    def __init__(self, recipe: Recipe, pools: Pools, say=print):
+        self.r, self.pools, self.say = recipe, pools, say
+        self.token_pools = [k.name for k in KINDS.values() if k.signal == "token"]
+        """The pools that score every sampled token (reference, teacher), in the table's order."""
+
+    def spread(self, pool: str, rollouts: list, samples: Samples, by_tokens: bool) -> list[tuple]:
+        """The step's samples cut into contiguous shares of near-equal tokens (or samples) over every actor of
+        `pool`: (actor, rollout refs, spans) per actor with a share, in sample order."""
+        actors = self.pools.actors[pool]
+        costs = samples.costs if by_tokens else [1] * len(samples.costs)
+        shares = [spans_of(samples.counts, share) for share in balanced_ranges(costs, len(actors))]
+        return [
+            (actor, [rollouts[i] for i, _, _ in pieces], [(a, b) for _, a, b in pieces])
+            for actor, pieces in zip(actors, shares)
+            if pieces
+        ]
+
+    def _every_actor(self, pool: str, rollouts: list, samples: Samples, method: str) -> list:
+        """(result ref, Work ref) from every actor of `pool`'s group, each with its share of the tokens (or none)."""
+        shares = {id(a): (refs, spans) for a, refs, spans in self.spread(pool, rollouts, samples, True)}
+        return [
+            getattr(a, method).options(num_returns=2).remote(*shares.get(id(a), ([], [])))
+            for a in self.pools.actors[pool]
+        ]
+
+    def send(self, rollouts: list, samples: Samples, tokens: bool = True) -> Sent:
+        """Send the batch to the sequence scorers and, with `tokens`, to the token scorers."""
+        sent = Sent(rollouts, samples, self.rules(rollouts, samples))
+        sent.learned = self._every_actor(LEARNED, rollouts, samples, "score")
+        if tokens:
+            sent.tokens = self.send_tokens(rollouts, samples)
+        return sent
+
+    def rules(self, rollouts: list, samples: Samples) -> list:
+        """Scores refs, one per reward actor: every actor scores an even share of the samples."""
+        return [a.score.remote(refs, spans) for a, refs, spans in self.spread(RULES, rollouts, samples, False)]
+
+    def send_tokens(self, rollouts: list, samples: Samples) -> dict[str, list]:
+        """Per token scorer (none without a KL term, none without distillation), its (logprobs ref, Work ref) per
+        actor."""
+        return {pool: self._every_actor(pool, rollouts, samples, "logprobs") for pool in self.token_pools}
+
+    def learned(self, sent: Sent, deadline: float | None) -> Learned | None:
+        """The reward model's values for `sent` (None without one), under its row's fault policy: an actor lost, or
+        one whose collective it broke (the group is gone either way), starts the pool again and the batch is scored
+        again, once (a second failure stops the run); a judge past `deadline` (its timeout) scores NaN."""
+        if not sent.learned:
+            return None
+        try:
+            got = self.pools.call([ref for pair in sent.learned for ref in pair], "reward model", deadline)
+        except PoolFault as e:
+            self.pools.recover(LEARNED)
+            if deadline is not None and e.timed_out:
+                self.say(f"{e} (reward_model.judge.timeout_s): this step's samples score the default")
+                return Learned([math.nan] * len(sent.samples.costs), [Work(deadline, 0)], timed_out=True)
+            self.say(f"a reward-model actor was lost ({e}); started the pool again, scoring the batch again")
+            again = self._every_actor(LEARNED, sent.rollouts, sent.samples, "score")
+            got = self.pools.call([ref for pair in again for ref in pair], "reward model (again)", deadline)
+        return Learned([v for share in got[0::2] for v in share], got[1::2])
+
+    @staticmethod
+    def signals(tokens: dict[str, list]) -> dict[str, list]:
+        """The token scorers' logprob refs by pool, of what ``send_tokens`` sent (the learner waits for them)."""
+        return {pool: [lp for lp, _ in refs] for pool, refs in tokens.items() if refs}
+
+    def token_work(self, tokens: dict[str, list]) -> dict[str, list[Work]]:
+        """The token scorers' work, of what ``send_tokens`` sent, waited for."""
+        return {pool: self.pools.call([w for _, w in refs], pool) if refs else [] for pool, refs in tokens.items()}
