@@ -32,7 +32,7 @@ from typing import NamedTuple
 import ray
 import torch
 
-from grpo_ray import schedule
+from grpo_ray import schedules
 from grpo_ray.algo.advantage import advantages as estimate
 from grpo_ray.algo.advantage import overlong_penalty
 from grpo_ray.algo.batching import Samples, select_groups, signal_groups, take_groups
@@ -75,6 +75,8 @@ class Controller(Runner):
         self.last_update: tuple[float, float] = (0.0, 0.0)
         """Wall-clock window of the last learner update, to measure what generation overlapped it."""
         self.skipped = {"in_a_row": 0, "total": 0}
+        self.schedule = schedules.of(recipe.algorithm)
+        """When batches launch and weights are pushed (``algorithm.schedule``)."""
 
     # --- one step ----------------------------------------------------------------------
 
@@ -142,13 +144,13 @@ class Controller(Runner):
         return out
 
     def overlaps(self, step: int) -> bool:
-        """Whether the next batch is launched during this step (``schedule.launches_ahead``)."""
-        return schedule.launches_ahead(self.r.algorithm, step, self.total_steps(), self.saving(step))
+        """Whether the next batch is launched during this step (the schedule's ``launches_ahead``)."""
+        return self.schedule.launches_ahead(step, self.total_steps(), self.saving(step))
 
     def push_due(self, step: int) -> bool:
-        """Whether to push the learner's weights now (``schedule.push_due``)."""
+        """Whether to push the learner's weights now (the schedule's ``push_due``)."""
         behind = self.version - self.engines.version
-        return schedule.push_due(self.r.algorithm, behind, self.validating(step), self.saving(step))
+        return self.schedule.push_due(behind, self.validating(step), self.saving(step))
 
     def check_staleness(self, stats: list) -> dict[str, float]:
         """The batch's age against the learner's weights (a sample older than max_staleness is never trained on),

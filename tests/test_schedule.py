@@ -1,9 +1,10 @@
-"""The schedule's rules (grpo_ray/schedule.py), run as the controller runs them: each step's batch is generated with
-the weights of the last push sent before it was launched, so the rules alone say how stale every batch is."""
+"""The batched schedule's rules (grpo_ray/schedules/batched.py), run as the controller runs them: each step's batch
+is generated with the weights of the last push sent before it was launched, so the rules alone say how stale every
+batch is."""
 
 import pytest
 
-from grpo_ray import schedule
+from grpo_ray import schedules
 from grpo_ray.config import load_recipe
 
 RECIPE = "recipes/tiny-cpu.yaml"
@@ -11,7 +12,7 @@ RECIPE = "recipes/tiny-cpu.yaml"
 
 def staleness(k: int, steps: int, save_freq: int = 0, test_freq: int = 0) -> tuple[list[int], list[bool]]:
     """Each step's staleness (the learner's version less its batch's) and whether weights were pushed after it."""
-    a = load_recipe(RECIPE, [f"algorithm.max_staleness={k}"]).algorithm
+    schedule = schedules.of(load_recipe(RECIPE, [f"algorithm.max_staleness={k}"]).algorithm)
     learner = engines = 0
     ahead: dict[int, int] = {}  # step -> the engines' version its batch was launched with
     out, pushed = [], []
@@ -19,11 +20,11 @@ def staleness(k: int, steps: int, save_freq: int = 0, test_freq: int = 0) -> tup
         saving = bool(save_freq and (step % save_freq == 0 or step == steps))
         validating = bool(test_freq and (step % test_freq == 0 or step == steps))
         generated = ahead.pop(step, engines)
-        if schedule.launches_ahead(a, step, steps, saving):
+        if schedule.launches_ahead(step, steps, saving):
             ahead[step + 1] = engines  # sent before this step's push, so generated with the weights before it
         out.append(learner - generated)
         learner += 1
-        pushed.append(schedule.push_due(a, learner - engines, validating, saving))
+        pushed.append(schedule.push_due(learner - engines, validating, saving))
         if pushed[-1]:
             engines = learner
     return out, pushed
@@ -53,12 +54,12 @@ def test_validation_and_checkpoints_get_the_current_weights():
 
 
 def test_the_old_policy_is_recomputed_only_where_the_trained_forward_cannot_give_it():
-    a = load_recipe(RECIPE, []).algorithm
-    assert not schedule.recomputes_old_policy(a, mini_batches=1, stale=False)  # one update on its own samples
-    assert schedule.recomputes_old_policy(a, mini_batches=2, stale=False)
-    assert schedule.recomputes_old_policy(a, mini_batches=1, stale=True)
-    bypass = load_recipe(RECIPE, ["algorithm.rollout_correction.bypass_mode=true"]).algorithm
-    assert not schedule.recomputes_old_policy(bypass, mini_batches=2, stale=True)
+    schedule = schedules.of(load_recipe(RECIPE, []).algorithm)
+    assert not schedule.recomputes_old_policy(mini_batches=1, stale=False)  # one update on its own samples
+    assert schedule.recomputes_old_policy(mini_batches=2, stale=False)
+    assert schedule.recomputes_old_policy(mini_batches=1, stale=True)
+    bypass = schedules.of(load_recipe(RECIPE, ["algorithm.rollout_correction.bypass_mode=true"]).algorithm)
+    assert not bypass.recomputes_old_policy(mini_batches=2, stale=True)
 
 
 def test_the_planner_counts_the_old_policy_where_the_learner_runs_it():
@@ -74,3 +75,36 @@ def test_the_planner_counts_the_old_policy_where_the_learner_runs_it():
     assert old_policy() == 0.0
     assert old_policy("algorithm.max_staleness=1") > 0
     assert old_policy("algorithm.max_staleness=1", "algorithm.rollout_correction.bypass_mode=true") == 0.0
+
+
+class EveryOther(schedules.Schedule):
+    """A user's own schedule (this module is importable as tests.test_schedule): on-policy, weights pushed every
+    second step only (so odd steps train samples one version old), the old policy always recomputed."""
+
+    def overlapping(self):
+        return False
+
+    def launches_ahead(self, step, last_step, saving):
+        return False
+
+    def push_due(self, behind, validating, saving):
+        return behind >= 2 or validating or saving
+
+    def recomputes_old_policy(self, mini_batches, stale):
+        return True
+
+    def keeps_older_weights(self):
+        return True
+
+
+def test_a_schedule_is_a_recipe_value_and_a_users_own_is_one_class(tmp_path):
+    """algorithm.schedule names a schedule or a user's module:Class; one that is not a Schedule is refused before
+    start with one line."""
+    from grpo_ray.cli import main
+
+    own = schedules.of(load_recipe(RECIPE, ["algorithm.schedule=tests.test_schedule:EveryOther"]).algorithm)
+    assert isinstance(own, EveryOther) and own.push_due(2, False, False) and not own.push_due(1, False, False)
+    assert isinstance(schedules.of(load_recipe(RECIPE, []).algorithm), schedules.SCHEDULES["batched"])
+    out = tmp_path / "run"
+    code = main(["train", RECIPE, "algorithm.schedule=tests.test_schedule:staleness", f"trainer.output_dir={out}"])
+    assert code == 2 and not out.exists()

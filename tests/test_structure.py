@@ -18,7 +18,7 @@ LAYERS = [  # bottom to top: a module imports modules of its own layer or below,
             "models",
             "dims",
             "lora",
-            "schedule",  # when batches launch, weights are pushed and the old policy recomputed
+            "schedules",  # when batches launch, weights are pushed and the old policy recomputed
             "lengths",  # token budgets, contexts and engine caches a recipe implies: the runtime's and the planner's
             "placement",
             "planner",  # plan's memory and time models (its calibration is a job: below)

@@ -10,7 +10,7 @@ from typing import Any
 from grpo_ray.config.pools import POOLS
 from grpo_ray.config.schema import AlgorithmConfig, Recipe
 
-FUNCTION_KEYS = ("algorithm.adv_estimator", "algorithm.loss_mode")
+FUNCTION_KEYS = ("algorithm.adv_estimator", "algorithm.loss_mode", "algorithm.schedule")
 """Keys that take one of their CHOICES or a user's ``module:function`` (grpo_ray.algo.registry)."""
 FUNCTION_NAME = r"[A-Za-z_][\w.]*:[A-Za-z_]\w*"
 
@@ -27,6 +27,7 @@ CHOICES = {
     ),
     "algorithm.adv_estimator": ("grpo", "rloo", "reinforce_plus_plus_baseline"),
     "algorithm.loss_mode": ("vanilla", "gspo", "cispo"),
+    "algorithm.schedule": ("batched",),
     "algorithm.rollout_correction.rollout_is": (None, "token"),
     "algorithm.rollout_correction.rollout_rs": (None, "sequence", "geometric"),
     "cluster.device": ("cpu", "cuda"),

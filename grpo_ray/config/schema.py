@@ -434,6 +434,10 @@ class AlgorithmConfig:
     sequence-level objective, as verl forces), token-mean otherwise (``loss_aggregation``)."""
     ppo_epochs: int = 1
     """Passes over each step's samples."""
+    schedule: str = "batched"
+    """When batches are launched, weights pushed and the old policy recomputed (``grpo_ray.schedules``): batched (a
+    batch a step, generated, scored and trained whole; max_staleness says how far ahead the next is launched), or a
+    user's own as module:Class (a subclass of grpo_ray.schedules.Schedule)."""
     max_staleness: int = 0
     """How many versions older than the learner's a trained sample's weights may be (NeMo RL's
     max_trajectory_age_steps). 0: on-policy, each batch is generated with the weights of the step before.

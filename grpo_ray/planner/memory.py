@@ -49,7 +49,7 @@ import copy
 import dataclasses
 from dataclasses import dataclass
 
-from grpo_ray import schedule
+from grpo_ray import schedules
 from grpo_ray.config import Recipe, engine_rank
 from grpo_ray.dims import ModelDims, model_dims
 from grpo_ray.lengths import (
@@ -158,7 +158,7 @@ def snapshot_count(r: Recipe) -> int:
     """Versions of the weights a learner rank keeps besides training (max_staleness >= 1, learner old policy): the
     one being trained and those that generated the batches not yet trained."""
     a = r.algorithm
-    return a.max_staleness + 1 if schedule.keeps_older_weights(a) else 0
+    return a.max_staleness + 1 if schedules.of(a).keeps_older_weights() else 0
 
 
 def job_learner_memory(d: ModelDims, r: Recipe, job: str) -> PoolMemory:

@@ -40,7 +40,7 @@ import os
 import statistics
 from dataclasses import dataclass, field, replace
 
-from grpo_ray import placement, schedule
+from grpo_ray import placement, schedules
 from grpo_ray.algo.batching import use_shared
 from grpo_ray.config import KINDS, Recipe
 from grpo_ray.dims import ModelDims, model_dims
@@ -127,6 +127,11 @@ class StepInputs:
     plans: dict
     threads: dict[str, int]
     cores: int
+
+    @property
+    def schedule(self) -> schedules.Schedule:
+        """The recipe's schedule: the rules the controller runs, simulated here."""
+        return schedules.of(self.r.algorithm)
 
     def at(self, pool: str) -> Throughput:
         return self.rates.at(self.threads[pool])
@@ -273,13 +278,13 @@ def learner_phases(s: StepInputs) -> dict[str, Phase]:
     train += group_seconds(d, s.rates, W, w.calls, True, dtype)
     trained = d.lora_params(m.lora.rank, m.lora.target_modules) if m.lora.rank else d.params
     update = s.rates.update_s + a.ppo_epochs * minis * (train + t.optimizer[0] + t.optimizer[1] * trained / W)
-    # in a steady run one step off or more, every batch is of older weights (schedule.push_due)
-    recomputed = schedule.recomputes_old_policy(a, minis, stale=schedule.overlapping(a))
+    # in a steady run one step off or more, every batch is of older weights (the schedule's push_due)
+    recomputed = s.schedule.recomputes_old_policy(minis, stale=s.schedule.overlapping())
     old = 0.0
     if recomputed:
         forward = call_seconds(d, t, dtype, w.slots, w.rows, w.logits, False, w.calls) + t.forward_sample * len(share)
         old = s.rates.pass_s + minis * (forward + group_seconds(d, s.rates, W, w.calls, False, dtype))
-        if schedule.keeps_older_weights(a):  # the older weights' snapshot copied in, the current ones back
+        if s.schedule.keeps_older_weights():  # the older weights' snapshot copied in, the current ones back
             old += 2 * 2 * d.params / W * dtype_bytes(dtype) / t.bandwidth
     how = f"{W} rank(s) x {minis} mini batch(es), forward only" if recomputed else "not recomputed (one update)"
     return {
@@ -325,7 +330,7 @@ def schedule_step(s: StepInputs, phases: dict[str, Phase]) -> tuple[float, str]:
     frozen = [k for k in ("reference", "teacher", "reward_model") if k in sec]
     scoring = max([sec["reward"], *(sec[k] for k in frozen)])
     after = sec["sync"] + sec["hops"]
-    if not schedule.overlapping(s.r.algorithm):
+    if not s.schedule.overlapping():
         step = sec["generation"] + scoring + sec["old policy"] + sec["update"] + after
         return step, "on-policy: generation + max(reward, frozen pools) + old policy + update + sync + hops"
     scorers = {"reward": s.plans["reward"].actors, **{k: s.plans[k].actors * s.threads[k] for k in frozen}}

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from grpo_ray import lora, schedule, sync
+from grpo_ray import lora, schedules, sync
 from grpo_ray.algo.batching import (
     collate,
     flatten,
@@ -357,10 +357,10 @@ class Learner(RoleActor):
         versions = [r.policy_version for r in rollouts for _ in r.completions]
         minis = [rank_slice(list(range(b, b + m)), self.rank, self.world_size) for b in range(0, len(pairs), m)]
         mine = [i for mini in minis for i in mini]
-        if schedule.keeps_older_weights(a):
+        if schedules.of(a).keeps_older_weights():
             self._snapshot(min(versions + ([] if keep_from is None else [keep_from])))
         start = time.perf_counter()
-        recompute = schedule.recomputes_old_policy(a, len(minis), stale=set(versions) != {self.version})
+        recompute = schedules.of(a).recomputes_old_policy(len(minis), stale=set(versions) != {self.version})
         old = self._old_logprobs(pairs, mine, versions) if recompute else None
         old_seconds = time.perf_counter() - start if recompute else 0.0
         ref_seconds = 0.0
