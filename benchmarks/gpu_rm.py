@@ -238,16 +238,16 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--out", required=True)
     args = p.parse_args()
-    from grpo_ray import models
     from grpo_ray.dims import model_dims
     from grpo_ray.perf import device_peak_tflops
+    from grpo_ray.tiny import build_tiny, parse_tiny
 
     name = "tiny" if args.tiny else args.model
     gpu_name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     args.gpu = next((g for g in ("b200", "h200", "h100") if g in gpu_name.lower()), "h100")
     path = Path(tempfile.mkdtemp(prefix="grpo-gpu-rm-")) / "classifier"
     start = time.perf_counter()
-    models.build_tiny(models.parse_tiny(SHAPES[name]), path)
+    build_tiny(parse_tiny(SHAPES[name]), path)
     args.vocab = model_dims(str(path), "reward_model.model").vocab
     dims = dataclasses.replace(model_dims(str(path), "reward_model.model"), vocab=1)  # the head: one output
     params = sum(math.prod(t.get_shape()) for t in _tensors(path))

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import yaml
 
+from grpo_ray.config import LEARNER
 from grpo_ray.errors import UserError
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -142,7 +143,7 @@ def problems(ckpt: Path) -> list[str]:
         elif digest and sha256(path) != digest:
             out.append(f"{path} is damaged (its contents are not the ones written: SHA-256 differs)")
     if not any(name.startswith("learner/") and name.endswith(".metadata") for name in files):
-        out.append(f"{ckpt / 'learner' / '.metadata'} is not in the manifest")
+        out.append(f"{ckpt / LEARNER / '.metadata'} is not in the manifest")
     return out
 
 
@@ -227,7 +228,7 @@ def _export_into(ckpt: Path, out: Path, max_shard_size: str, say) -> None:
 
     hf_logging.disable_progress_bar()  # one shard of a small model: a bar would only clutter the output
     with tempfile.TemporaryDirectory() as tmp:
-        dcp_to_torch_save(ckpt / "learner", Path(tmp) / "full.pt")  # every shard, consolidated in this process
+        dcp_to_torch_save(ckpt / LEARNER, Path(tmp) / "full.pt")  # every shard, consolidated in this process
         weights = torch.load(Path(tmp) / "full.pt", weights_only=False)["model"]
     config = AutoConfig.from_pretrained(ckpt)
     recipe = yaml.safe_load((ckpt / "config.yaml").read_text())["model"]

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from grpo_ray.errors import UserError
+from grpo_ray.planner.command import plan_command
 
 
 def cmd_train(args) -> int:
@@ -127,81 +128,6 @@ def _run(job, done: str) -> int:
         return 1
     print(done)
     return 0
-
-
-def cmd_plan(args) -> int:
-    from grpo_ray.config import load_recipe
-    from grpo_ray.planner.calibrate import has_gpu
-
-    counts = {"--nodes": args.nodes, "--prompt-tokens": args.prompt_tokens, "--response-tokens": args.response_tokens}
-    for flag, value in counts.items():
-        if value is not None and value < 1:
-            raise UserError(f"plan {flag} {value}: must be 1 or more")
-    flags = list(args.overrides)
-    if args.gpu == "cpu":
-        flags += ["cluster.device=cpu", "cluster.devices_per_node=0", "cluster.gpu=''"]
-    elif args.gpu:
-        flags += ["cluster.device=cuda", f"cluster.gpu={args.gpu}", "cluster.device_memory_gb=0"]
-    if args.nodes is not None:
-        flags.append(f"cluster.nodes={args.nodes}")
-    recipe = load_recipe(args.recipe, flags, command=args.job)
-    if args.calibrate and recipe.cluster.device == "cuda" and not has_gpu():
-        raise UserError(
-            f"plan --calibrate measures this machine's {recipe.cluster.device}, and it has no GPU: calibrate on one of "
-            "the GPU machines, or plan with --gpu cpu"
-        )
-    from grpo_ray.lengths import response_budget
-
-    for flag, value, limit, key in (
-        ("--prompt-tokens", args.prompt_tokens, recipe.data.max_prompt_length, "data.max_prompt_length"),
-        ("--response-tokens", args.response_tokens, response_budget(recipe), "response budget"),
-    ):
-        if value and value > limit:
-            raise UserError(f"plan {flag} {value}: over the recipe's {key} ({limit}); the run never sees one that long")
-    c = recipe.cluster
-    kind = f"{c.devices_per_node} x {c.gpu or 'GPU'}" if c.device == "cuda" else "CPU"
-    print(f"{args.recipe}: {recipe.model.path} on {c.nodes} node(s) of {kind}")
-    from grpo_ray.dims import model_dims
-    from grpo_ray.planner.fit import check, model_limits
-
-    dims = model_dims(recipe.model.path)
-    model_limits(recipe, args.job, dims)
-    report = check(recipe, dims, args.job)
-    print(report.text())
-    if args.job == "train":
-        print(_plan_speed(recipe, dims, args, flags))
-    return 0 if report.fits else 1
-
-
-def _plan_speed(recipe, dims, args, flags: list[str]) -> str:
-    """The predicted step time (``grpo_ray.planner.speed``), on rates calibrated now (--calibrate), earlier, or
-    published; with --suggest, the fastest layouts that fit."""
-    from grpo_ray.config import load_recipe
-    from grpo_ray.planner import rates, speed, suggest
-
-    if args.calibrate:
-        from grpo_ray.planner.calibrate import calibrate
-
-        device = recipe.cluster.device
-        how_long = "about 3 minutes on 2 CPU cores" if device == "cpu" else "a few minutes"
-        print(f"calibrating this machine's {device} ({how_long}) ...")
-        _, path = calibrate(device)
-        print(f"  rates written to {path}")
-    rates = rates.rates_for(recipe)
-    if rates is None:
-        return (
-            f"no time prediction: no rates for {recipe.cluster.gpu or recipe.cluster.device} (run grpo-ray plan "
-            "--calibrate on one of its machines, or name a GPU of the published table: "
-            f"{', '.join(rates.published())})"
-        )
-    shape = speed.default_shape(recipe, args.prompt_tokens or 0, args.response_tokens or 0)
-    now = speed.predict(recipe, dims, rates, shape)
-    if not args.suggest:
-        return now.text()
-    c = recipe.cluster
-    devices = args.suggest if args.suggest > 0 else (c.nodes * c.devices_per_node if c.device == "cuda" else 0)
-    found = suggest.suggest(lambda more: load_recipe(args.recipe, flags + more), recipe, dims, rates, shape, devices)
-    return now.text() + "\n" + suggest.suggestions_text(now, found)
 
 
 def cmd_prepare_data(args) -> int:
@@ -393,7 +319,7 @@ def parser() -> argparse.ArgumentParser:
     pn.add_argument("--prompt-tokens", type=int, help="a prompt's tokens (default: data.max_prompt_length)")
     pn.add_argument("--response-tokens", type=int, help="a response's tokens (default: the response budget)")
     pn.add_argument("overrides", nargs="*", help="dotted overrides, e.g. generator.tensor_parallel_size=4")
-    pn.set_defaults(func=cmd_plan)
+    pn.set_defaults(func=plan_command)
 
     d = sub.add_parser(
         "prepare-data", help="GSM8K, MATH-500 or data of yours (custom) to train/test parquet in the verl schema"

@@ -35,8 +35,9 @@ import torch
 from grpo_ray import schedules
 from grpo_ray.algo.advantage import advantages as estimate
 from grpo_ray.algo.advantage import overlong_penalty
-from grpo_ray.algo.batching import Samples, select_groups, signal_groups, take_groups
-from grpo_ray.config import KINDS, Recipe
+from grpo_ray.algo.batching import Samples
+from grpo_ray.algo.groups import select_groups, signal_groups, take_groups
+from grpo_ray.config import GENERATOR, KINDS, LEARNER, REFERENCE, TEACHER, Recipe
 from grpo_ray.engines import Launched, split
 from grpo_ray.errors import Preempted, RunError
 from grpo_ray.lengths import response_budget
@@ -44,13 +45,15 @@ from grpo_ray.metrics import perf_metrics, pool_metrics, rollout_metrics
 from grpo_ray.pools import PoolFault
 from grpo_ray.rewards.learned import fill_unread, with_model
 from grpo_ray.runner import Runner
-from grpo_ray.scorers import Sent
+from grpo_ray.scorers import LEARNED, RULES, Sent
 from grpo_ray.setup_run import RunInputs
 from grpo_ray.types import Prompt, Rollout, Work
 
 __all__ = ["Controller", "RunError", "Preempted"]
 
 NO_SYNC = {"sync/seconds": 0.0, "timing_s/sync_weights": 0.0}
+TIMINGS = {REFERENCE: "timing_s/ref"}
+"""A token scorer's seconds a step under verl's name for it (the others: timing_s/<pool>)."""
 
 
 class Collected(NamedTuple):
@@ -103,7 +106,7 @@ class Controller(Runner):
         if self.r.trainer.dump_freq and (step % self.r.trainer.dump_freq == 0 or step == self.total_steps()):
             self.dump(f"train_data_step{step}", step, rollouts, scores, advantages)
         extra = {**staleness, **kept, **learned, "reward/overlong_penalty/mean": penalty}
-        work["reward_model"] = learned_work
+        work[LEARNED] = learned_work
         return self.metrics(time.perf_counter() - start, stats, scores, trained, synced, work, memory, extra)
 
     def advantages(self, stats: list, scores: list) -> tuple[list[float], float]:
@@ -122,10 +125,10 @@ class Controller(Runner):
         r, samples = self.r, Samples.of(stats)
         learner = trained["timing_s/update_actor"] + trained["timing_s/old_log_prob"] + synced["sync/seconds"]
         work = {
-            "generator": [Work(s.seconds + synced["sync/seconds"], len(s.response_lengths)) for s in stats],
-            "learner": [Work(learner, len(samples.costs) // r.learner.world_size)] * r.learner.world_size,
+            GENERATOR: [Work(s.seconds + synced["sync/seconds"], len(s.response_lengths)) for s in stats],
+            LEARNER: [Work(learner, len(samples.costs) // r.learner.world_size)] * r.learner.world_size,
             **{k.name: work.get(k.name, []) for k in KINDS.values() if k.model and k.signal},  # the model scorers
-            "reward": [Work(s.seconds, len(s.totals)) for s in scores],
+            RULES: [Work(s.seconds, len(s.totals)) for s in scores],
         }
         out = {
             **rollout_metrics(stats, scores),
@@ -251,12 +254,12 @@ class Controller(Runner):
         the teacher pool (each actor an even share) and scored by the reward pool, dumped as
         rollouts/val_teacher_step0.jsonl; none without a teacher, with teacher.validate off, or with an environment
         (its episodes run in the engines)."""
-        if not self.pools.actors["teacher"] or not self.r.teacher.validate:
+        if not self.pools.actors[TEACHER] or not self.r.teacher.validate:
             return {}
         if self.r.environment.name:
             self.say("teacher validation skipped: multi-turn episodes run only in the engines")
             return {}
-        start, actors = time.perf_counter(), self.pools.actors["teacher"]
+        start, actors = time.perf_counter(), self.pools.actors[TEACHER]
         prompts = [Prompt.from_row(i, row) for i, row in enumerate(self.inputs.val_rows)]
         calls = [
             a.rollout.options(num_returns=2).remote(share, self.r.generator.sampling.max_tokens)
@@ -272,7 +275,7 @@ class Controller(Runner):
         """The scores of what was `sent`: the reward functions' (``check_rewards``: first failures shown, a training
         batch's failing steps `counted`), the reward model's (``Scorers.learned``) added as the component
         ``reward_model`` (``rewards.learned``); its metrics and work."""
-        scores = self.check_rewards(self.call(sent.rules, "reward"), counted)
+        scores = self.check_rewards(self.call(sent.rules, RULES), counted)
         rm, rules = self.r.reward_model, [(f.name, f.weight) for f in self.r.reward.functions]
         judge = rm.judge if rm.judge.template else None
         got = self.scorers.learned(sent, judge.timeout_s if judge else None)
@@ -289,7 +292,7 @@ class Controller(Runner):
                 self.show_first(
                     "the judge",
                     "counted in reward_model/judge_unread",
-                    "reward_model",
+                    LEARNED,
                     f"{unread} of {len(values)} replies had no score matching reward_model.judge.pattern="
                     f"{judge.pattern!r} (or left no room to reply), scored reward_model.judge.default={judge.default:g}"
                     "; the first such reply is in the log",
@@ -344,10 +347,9 @@ class Controller(Runner):
         if windows:  # one step off, the frozen pools score this batch while the learner trains the last one
             start, end = min(a for a, _ in windows), max(b for _, b in windows)
             trained["perf/frozen_overlap_s"] = max(0.0, min(end, previous[1]) - max(start, previous[0]))
-        if work.get("reference"):  # with LoRA the learner scores the reference itself (timing_s/ref is its own)
-            trained["timing_s/ref"] = max(w.seconds for w in work["reference"])
-        if work.get("teacher"):
-            trained["timing_s/teacher"] = max(w.seconds for w in work["teacher"])
+        for pool, done in work.items():  # with LoRA the learner scores the reference itself (timing_s/ref its own)
+            if done:
+                trained[TIMINGS.get(pool, f"timing_s/{pool}")] = max(w.seconds for w in done)
         return trained, work
 
     def replay(self, rollouts: list[Rollout], advantages: list[float]) -> dict[str, float]:

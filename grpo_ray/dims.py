@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from grpo_ray import models
+from grpo_ray import models, tiny
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ def model_dims(name: str, key: str = "model.path") -> ModelDims:
     if models.is_tiny(name):
         built = models.tiny_dir(name)
         if not (built / "config.json").is_file():
-            return tiny_dims(models.parse_tiny(name))
+            return tiny_dims(tiny.parse_tiny(name))
         name = str(built)
     if name in KNOWN_DIMS:
         return KNOWN_DIMS[name]
@@ -160,7 +160,7 @@ def model_dims(name: str, key: str = "model.path") -> ModelDims:
     )
 
 
-def tiny_dims(spec: models.TinySpec) -> ModelDims:
+def tiny_dims(spec: tiny.TinySpec) -> ModelDims:
     """The shape a tiny model of `spec` is built with (its vocabulary as asked: the trained one can be smaller)."""
     return ModelDims(
         spec.layers,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from grpo_ray.config import Recipe
+from grpo_ray.config import GENERATOR, RULES, Recipe
 from grpo_ray.data import DataError, row_problem
 from grpo_ray.data.prepare import DATASETS, gsm8k_row, math500_row, source_splits
 from grpo_ray.rewards.builtin import AUTO_SOURCES, reward_for_source
@@ -99,7 +99,7 @@ def evaluate(recipe: Recipe, data: str, out: Path, limit: int = 0) -> dict:
     connect(recipe)
     c = Runner(recipe, RunInputs(model_path, model_dims(model_path), [], rows, dropped, out, []))
     try:
-        c.start(pools=("generator", "reward"))
+        c.start(pools=(GENERATOR, RULES))
         metrics = c.validate(0)
         c.flush_dumps()
     finally:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import ray
 
-from grpo_ray.config import Recipe
+from grpo_ray.config import LEARNER, REFERENCE, TEACHER, Recipe
 from grpo_ray.controller import Controller
 from grpo_ray.faults import fault_at
 from grpo_ray.metrics import since_start
@@ -91,7 +91,7 @@ def replay(recipe: Recipe, dump_path: str) -> dict[str, float]:
     teacher = models.resolve(recipe.teacher.model) if recipe.teacher.model else ""
     c = Controller(recipe, RunInputs(model, model_dims(model), [], [], {}, out, [], teacher_path=teacher))
     try:
-        c.start(pools=("learner", "reference", "teacher"))
+        c.start(pools=(LEARNER, REFERENCE, TEACHER))
         return c.replay(rollouts, advantages)
     finally:
         c.shutdown()

@@ -61,7 +61,7 @@ def threads(recipe: Recipe, plans: dict[str, PoolPlan], node_cpus: float) -> dic
     if mode == "auto":
         mode = "node" if c.device == "cpu" and c.nodes == 1 and recipe.algorithm.max_staleness == 0 else "reserved"
     return {
-        pool: max(1, int(node_cpus // max(1, p.actors)) if mode == "node" and pool != "reward" else round(p.cpus))
+        pool: max(1, int(node_cpus // max(1, p.actors)) if mode == "node" and KINDS[pool].model else round(p.cpus))
         for pool, p in plans.items()
     }
 
@@ -242,7 +242,7 @@ def describe(nodes: list[Node], r: Recipe) -> list[str]:
         tag = f" [{', '.join(n.markers)}]" if n.markers and r.cluster.node_markers else ""
         room = f" {used:g}/{r.cluster.devices_per_node} GPUs:" if gpu else ":"
         lines.append(f"node {n.index}{tag}{room} {what or 'idle'}")
-    if gpu:
-        rw = plan(r)["reward"]
-        lines.append(f"reward x{rw.actors} ({rw.cpus:g} CPU each): no GPU, on any node with free CPUs")
+    for name, p in plan(r).items() if gpu else ():  # pools of CPU actors only (the rule rewards)
+        if p.actors and not p.gpus:
+            lines.append(f"{name} x{p.actors} ({p.cpus:g} CPU each): no GPU, on any node with free CPUs")
     return lines

@@ -25,7 +25,7 @@ from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from grpo_ray import faults, placement, transports
-from grpo_ray.config import GENERATOR, KINDS, LEARNER, POOLS, Recipe
+from grpo_ray.config import GENERATOR, KINDS, LEARNER, POOLS, REFERENCE, REWARD_MODEL, RULES, TEACHER, Recipe
 from grpo_ray.device import Device
 from grpo_ray.dims import ModelDims
 from grpo_ray.errors import RunError
@@ -39,12 +39,12 @@ from grpo_ray.roles.reward import RewardWorker
 from grpo_ray.roles.reward_model import RewardModel
 
 ROLES = {
-    "generator": Generator,
-    "learner": Learner,
-    "reference": Reference,
-    "teacher": Reference,  # the same role on the teacher's model
-    "reward_model": RewardModel,
-    "reward": RewardWorker,
+    GENERATOR: Generator,
+    LEARNER: Learner,
+    REFERENCE: Reference,
+    TEACHER: Reference,  # the same role on the teacher's model
+    REWARD_MODEL: RewardModel,  # a judge's role where reward_model.judge.template is set
+    RULES: RewardWorker,
 }
 """The actor class of each pool: each takes the model and the recipe and reads what it needs."""
 
@@ -83,7 +83,7 @@ class Pools:
     def __init__(self, recipe: Recipe, paths: dict[str, str], dims: ModelDims, roles: dict | None = None):
         self.r, self.paths, self.dims = recipe, paths, dims
         """`paths`: each model recipe key's resolved path (``RunInputs.paths``), what the rows' ``model`` names."""
-        judge = {"reward_model": Judge} if recipe.reward_model.judge.template else {}
+        judge = {REWARD_MODEL: Judge} if recipe.reward_model.judge.template else {}
         self.roles = {**ROLES, **judge, **(roles or {})}
         """The actor class of each pool: ROLES, with a run's own where it trains another kind of model."""
         self.device = Device.of(recipe)

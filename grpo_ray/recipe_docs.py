@@ -15,7 +15,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from grpo_ray import config
-from grpo_ray.config import schema
+from grpo_ray.config import jobs, schema, scorers
 
 
 @dataclass
@@ -28,10 +28,11 @@ class Key:
 
 @cache
 def field_docs() -> dict[tuple[str, str], str]:
-    """(class name, field name) -> the docstring written under the field in grpo_ray/config/schema.py."""
-    tree = ast.parse(inspect.getsource(schema))
+    """(class name, field name) -> the docstring written under the field in grpo_ray/config/ (schema.py, scorers.py,
+    jobs.py)."""
     docs = {}
-    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+    trees = [ast.parse(inspect.getsource(m)) for m in (schema, scorers, jobs)]
+    for cls in (n for tree in trees for n in tree.body if isinstance(n, ast.ClassDef)):
         body = cls.body
         for a, b in itertools.pairwise(body):
             if (
@@ -70,7 +71,8 @@ def keys(schema: type = config.Recipe, prefix: str = "") -> list[Key]:
     hints, docs, out = typing.get_type_hints(schema), field_docs(), []
     for f in fields(schema):
         tp = hints[f.name]
-        out.append(Key(prefix + f.name, type_name(tp), default_of(f), docs.get((schema.__name__, f.name), "")))
+        doc = next((docs[(c.__name__, f.name)] for c in schema.__mro__ if (c.__name__, f.name) in docs), "")
+        out.append(Key(prefix + f.name, type_name(tp), default_of(f), doc))
         item = typing.get_args(tp)[0] if typing.get_origin(tp) is list and typing.get_args(tp) else None
         if is_dataclass(tp):
             out += keys(tp, prefix + f.name + ".")

@@ -20,7 +20,7 @@ from pathlib import Path
 import ray
 
 from grpo_ray import checkpoint, perf
-from grpo_ray.config import Recipe
+from grpo_ray.config import LEARNER, Recipe
 from grpo_ray.launch import connect
 from grpo_ray.roles.reward_learner import RewardLearner
 from grpo_ray.runner import Runner
@@ -40,10 +40,10 @@ class RMController(Runner):
 
     save_at_end = True
     job = "rm"
-    roles = {"learner": RewardLearner}
+    roles = {LEARNER: RewardLearner}
 
     def pools_needed(self) -> tuple[str, ...]:
-        return ("learner",)
+        return (LEARNER,)
 
     def step(self, step: int) -> dict[str, float]:
         start = time.perf_counter()

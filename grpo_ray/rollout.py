@@ -83,9 +83,6 @@ class Episodes:
     def run(self, prompts: list[Prompt], n: int, seeds: list[int], sampling, lora_request=None) -> list[Completion]:
         """`n` trajectories of each prompt (prompt i's seeded from seeds[i]), group after group; `sampling` is each
         turn's (a SamplingConfig)."""
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
         engine, budget, max_turns = self.llm.llm_engine, self.env.max_tokens, self.env.max_turns
         trajectories = [
             Trajectory(i, seeds[i], f"{i}/{j}", self.children[(i * n + j) % len(self.children)])
@@ -97,18 +94,7 @@ class Episodes:
 
         def submit(t: Trajectory) -> None:
             turn = len(t.episode.turns) // 2
-            params = SamplingParams(
-                n=1,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                top_k=sampling.top_k,
-                max_tokens=min(sampling.max_tokens, budget - len(t.ids)),
-                logprobs=0,
-                stop=list(self.env.stop) or None,
-                include_stop_str_in_output=True,
-                seed=turn_seed(t.seed, int(t.key.split("/")[1]), turn),
-                output_kind=RequestOutputKind.FINAL_ONLY,
-            )
+            params = self._turn_params(t, turn, sampling, budget)
             request = f"{t.key}/{turn}"
             running[request] = t
             engine.add_request(
@@ -136,17 +122,28 @@ class Episodes:
             elif pending:
                 wait(list(pending), return_when=FIRST_COMPLETED)
         return [
-            Completion(
-                t.prompt,
-                t.ids,
-                "".join(t.texts),
-                t.logprobs,
-                t.finish_reason,
-                t.mask,
-                t.episode,
-            )
+            Completion(t.prompt, t.ids, "".join(t.texts), t.logprobs, t.finish_reason, t.mask, t.episode)
             for t in trajectories
         ]
+
+    def _turn_params(self, t: Trajectory, turn: int, sampling, budget: int):
+        """vLLM's sampling parameters for `turn` of trajectory `t`: the recipe's sampling, at most what is left of
+        the trajectory's token budget, the environment's stop strings, a seed of its own."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return SamplingParams(
+            n=1,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            max_tokens=min(sampling.max_tokens, budget - len(t.ids)),
+            logprobs=0,
+            stop=list(self.env.stop) or None,
+            include_stop_str_in_output=True,
+            seed=turn_seed(t.seed, int(t.key.split("/")[1]), turn),
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
 
     def _add_turn(self, t: Trajectory, out) -> bool:
         """Append a model turn; whether the trajectory ends with it (cut at sampling.max_tokens)."""

@@ -22,7 +22,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from grpo_ray import checkpoint, early_stop, trackers
 from grpo_ray.algo.batching import Samples
-from grpo_ray.config import POOLS, Recipe
+from grpo_ray.config import GENERATOR, LEARNER, POOLS, RULES, Recipe
 from grpo_ray.data.stream import Position, PromptStream
 from grpo_ray.dumps import write_dump
 from grpo_ray.engines import Engines
@@ -211,7 +211,7 @@ class Runner:
         stops the run with the failure."""
         counts = "counted in reward/errors and reward/timeouts"
         for name, text in ((n, t) for s in scores for n, t in s.failures.items()):
-            self.show_first(f"reward {name}", counts, "reward", text)
+            self.show_first(f"reward {name}", counts, RULES, text)
         if counted:
             share = sum(s.errors + s.timeouts for s in scores) / sum(len(s.totals) for s in scores)
             self.count_failing("reward functions", share, "reward ")
@@ -225,7 +225,7 @@ class Runner:
         for s in stats:
             for kind, text in s.failures.items():
                 self.show_first(
-                    f"environment {env} ({kind})", "counted in env/errors and env/timeouts", "generator", text
+                    f"environment {env} ({kind})", "counted in env/errors and env/timeouts", GENERATOR, text
                 )
         values = [s.env for s in stats if s.env]
         if counted and values:
@@ -279,7 +279,7 @@ class Runner:
         """Learner shards (every rank), then trainer state, tokenizer and manifest; committed by a rename."""
         tmp = checkpoint.staging_dir(self.inputs.output_dir, step)
         learners = self.pools.learners
-        saved = self.call([l.save.remote(str(tmp / "learner")) for l in learners], "checkpoint save")[0]
+        saved = self.call([l.save.remote(str(tmp / LEARNER)) for l in learners], "checkpoint save")[0]
         if fault_at("exit_mid_checkpoint", step):
             os._exit(1)  # fault test: the job dies with the shards written and the checkpoint not committed
         state = {
@@ -310,7 +310,7 @@ class Runner:
         state = checkpoint.load_state(ckpt)
         self.best = early_stop.Best.of(self.r.trainer, state.get("best"))
         self.call(
-            [l.load.remote(str(ckpt / "learner"), state["scheduler"]) for l in self.pools.learners],
+            [l.load.remote(str(ckpt / LEARNER), state["scheduler"]) for l in self.pools.learners],
             "checkpoint load",
         )
         self.stream = PromptStream(

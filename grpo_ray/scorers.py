@@ -19,14 +19,12 @@ import math
 from dataclasses import dataclass, field
 
 from grpo_ray.algo.batching import Samples, balanced_ranges, spans_of
-from grpo_ray.config import KINDS, Recipe
+from grpo_ray.config import KINDS, REWARD_MODEL, RULES, Recipe
 from grpo_ray.pools import PoolFault, Pools
 from grpo_ray.types import Work
 
-RULES = "reward"
-"""The rule rewards' pool (the reward functions, in sandboxed children)."""
-LEARNED = "reward_model"
-"""The learned reward's pool (a classifier or a judge)."""
+LEARNED = REWARD_MODEL
+"""The learned reward's pool (a classifier or a judge); the rule rewards' is RULES."""
 
 
 @dataclass

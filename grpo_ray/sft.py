@@ -21,7 +21,7 @@ from pathlib import Path
 import ray
 
 from grpo_ray import checkpoint, models, perf
-from grpo_ray.config import Recipe, load_recipe
+from grpo_ray.config import GENERATOR, LEARNER, RULES, Recipe, load_recipe
 from grpo_ray.launch import connect
 from grpo_ray.runner import Runner
 from grpo_ray.setup_run import RunInputs, setup_run
@@ -35,7 +35,7 @@ class SFTController(Runner):
 
     def pools_needed(self) -> tuple[str, ...]:
         validating = self.inputs.val_rows and (self.r.trainer.test_freq or self.r.trainer.val_before_train)
-        return ("learner", "generator", "reward") if validating else ("learner",)
+        return (LEARNER, GENERATOR, RULES) if validating else (LEARNER,)
 
     def step(self, step: int) -> dict[str, float]:
         start = time.perf_counter()

@@ -499,7 +499,7 @@ def test_overlong_penalty_by_hand():
 
 
 def test_select_groups_keeps_the_picked_groups_in_order():
-    from grpo_ray.algo.batching import select_groups
+    from grpo_ray.algo.groups import select_groups
     from grpo_ray.types import Completion, Prompt, Rollout
 
     prompts = [Prompt([p], str(p), "x") for p in (1, 2, 3)]
@@ -515,7 +515,7 @@ def test_select_groups_keeps_the_picked_groups_in_order():
 
 
 def test_signal_groups_and_take_groups_by_hand():
-    from grpo_ray.algo.batching import signal_groups, take_groups
+    from grpo_ray.algo.groups import signal_groups, take_groups
     from grpo_ray.types import RolloutStats, Scores
 
     # two rollouts of groups of 2: rollout 0 holds groups [1, 0] and [0, 0]; rollout 1 holds [1, 1]
@@ -546,7 +546,7 @@ def test_signal_groups_and_take_groups_by_hand():
 def test_dynamic_sampling_keeps_the_env_metrics_of_the_trajectories_it_keeps():
     """DAPO's group filter on multi-turn rollouts: the env/* metrics are those of the kept trajectories alone
     (their turns, tool calls, masked tokens), not the whole generated batch's."""
-    from grpo_ray.algo.batching import take_groups
+    from grpo_ray.algo.groups import take_groups
     from grpo_ray.metrics import env_metrics
     from grpo_ray.rollout import episode_values
     from grpo_ray.types import Completion, Episode, RolloutStats, Scores

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from grpo_ray import models
-from grpo_ray.config import load_recipe
+from grpo_ray.config import KINDS, load_recipe
 from grpo_ray.dims import model_dims
 from grpo_ray.dumps import read_samples
 from grpo_ray.planner import memory
@@ -47,7 +47,7 @@ def test_the_twin_trains_with_its_teacher_on_two_actors(run):
     rewarded = any(row["advantage"] for row in dump)  # the last step's: the reward moved some advantages
     assert (metrics[-1]["distill/advantage_share"] < 1) == rewarded
     measured = max(m["perf/peak_rss_gb/teacher"] for m in steps)
-    predicted = memory.reference_memory(model_dims(r.teacher.model), r, pool="teacher").total
+    predicted = memory.reference_memory(model_dims(r.teacher.model), r, kind=KINDS["teacher"]).total
     assert 0.75 <= predicted / measured <= 1.25, (predicted, measured)
 
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from grpo_ray import models
+from grpo_ray import models, tiny
 from grpo_ray.config import RecipeError, load_recipe
 from grpo_ray.envs import EnvironmentLoadError, Step, load, options
 from grpo_ray.envs.builtin import arithmetic
@@ -23,7 +23,7 @@ TEXTS = ["Mia has 7 pears. <calc>12*34</calc> <result>408</result> higher lower 
 
 @pytest.fixture(scope="module")
 def tokenizers():
-    return {arch: models.train_tokenizer(arch, TEXTS, 400) for arch in ARCHS}
+    return {arch: tiny.train_tokenizer(arch, TEXTS, 400) for arch in ARCHS}
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_ray import models
+from grpo_ray import models, tiny
 from tests.conftest import ROOT, TINY
 
 ARCHS = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "gemma3": "Gemma3ForCausalLM"}
@@ -19,15 +19,15 @@ def built():
 
 
 def test_parse_tiny_names_and_errors():
-    spec = models.parse_tiny("tiny://llama?layers=4&hidden=256&heads=8&kv_heads=2")
+    spec = tiny.parse_tiny("tiny://llama?layers=4&hidden=256&heads=8&kv_heads=2")
     assert (spec.arch, spec.layers, spec.hidden, spec.head_dim, spec.kv_heads) == ("llama", 4, 256, 32, 2)
-    assert models.parse_tiny(spec.canonical()) == spec
+    assert tiny.parse_tiny(spec.canonical()) == spec
     with pytest.raises(models.ModelNameError, match="unknown tiny architecture 'mistral'"):
-        models.parse_tiny("tiny://mistral?layers=2")
+        tiny.parse_tiny("tiny://mistral?layers=2")
     with pytest.raises(models.ModelNameError, match="unknown key 'layer'"):
-        models.parse_tiny("tiny://qwen2?layer=2")
+        tiny.parse_tiny("tiny://qwen2?layer=2")
     with pytest.raises(models.ModelNameError, match="hidden=100 must be divisible by heads=3"):
-        models.parse_tiny("tiny://qwen2?hidden=100&heads=3")
+        tiny.parse_tiny("tiny://qwen2?hidden=100&heads=3")
     assert models.resolve("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"
 
 
@@ -116,9 +116,9 @@ def test_same_name_same_weights_other_seed_other_weights(tmp_path):
     from safetensors.torch import load_file
 
     name = "tiny://qwen2?layers=1&hidden=64&heads=2&kv_heads=1&seed=3"
-    a = models.build_tiny(models.parse_tiny(name), tmp_path / "a")
-    b = models.build_tiny(models.parse_tiny(name), tmp_path / "b")
-    c = models.build_tiny(models.parse_tiny(name.replace("seed=3", "seed=4")), tmp_path / "c")
+    a = tiny.build_tiny(tiny.parse_tiny(name), tmp_path / "a")
+    b = tiny.build_tiny(tiny.parse_tiny(name), tmp_path / "b")
+    c = tiny.build_tiny(tiny.parse_tiny(name.replace("seed=3", "seed=4")), tmp_path / "c")
     wa, wb, wc = (load_file(p / "model.safetensors") for p in (a, b, c))
     key = "model.layers.0.self_attn.q_proj.weight"
     assert torch.equal(wa[key], wb[key]) and not torch.equal(wa[key], wc[key])

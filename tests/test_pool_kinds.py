@@ -8,7 +8,8 @@ import pytest
 
 from grpo_ray import placement
 from grpo_ray.config import KINDS, POOLS, load_recipe
-from grpo_ray.planner import memory, speed
+from grpo_ray.dims import model_dims
+from grpo_ray.planner import memory, rates, speed
 from tests.conftest import ROOT
 
 
@@ -18,7 +19,7 @@ def test_every_kind_names_its_models_and_they_exist():
     for name, k in KINDS.items():
         assert hasattr(r, name), f"{name}: no recipe section of its name"
         assert callable(getattr(memory, k.memory, None)), f"{name}: grpo_ray.planner.memory has no {k.memory}"
-        assert k.time is None or k.time in {"generation", "reward", "reference", "teacher", "reward_model", "update"}
+        assert k.time is None or k.time in speed.TIME_MODELS, f"{name}: no time model {k.time!r}"
 
 
 @pytest.mark.parametrize(
@@ -50,17 +51,16 @@ def test_on_gpus_each_row_asks_for_its_devices():
 
 @pytest.mark.parametrize("plan_file", sorted((ROOT / "recipes" / "plans").glob("*.txt")), ids=lambda p: p.stem)
 def test_plan_accounts_for_every_pool_the_run_starts(plan_file: Path):
-    """Each pool the recipe starts has its phase in the committed `plan` output (kept current by
-    tests/test_recipes.py), or a line saying its time is not modelled: none is left out silently."""
-    plans = placement.plan(load_recipe(ROOT / "recipes" / f"{plan_file.stem}.yaml"))
-    started = [p for p, plan in plans.items() if plan.actors]
+    """Each pool the recipe starts is busy in a phase of the prediction, or said to be not modelled; the committed
+    `plan` output (kept current by tests/test_recipes.py) prints every phase."""
+    r = load_recipe(ROOT / "recipes" / f"{plan_file.stem}.yaml")
+    started = [p for p, plan in placement.plan(r).items() if plan.actors]
+    p = speed.predict(r, model_dims(r.model.path), rates.rates_for(r), speed.default_shape(r))
+    busy = {pool for phase in p.phases.values() for pool in phase.busy}
+    assert set(started) == busy | set(p.unmodelled), plan_file.name
     text = plan_file.read_text().split("predicted step time", 1)[1]
-    for pool in started:
-        k = KINDS[pool]
-        said = k.time if k.time else pool
-        assert re.search(rf"^  {said}\s", text, re.M), f"{plan_file.name}: {pool} ({said}) is not in the prediction"
-        if not k.time:
-            assert re.search(rf"^  {pool}\s+-\s+not modelled", text, re.M), plan_file.name
+    for name in [*p.phases, *p.unmodelled]:
+        assert re.search(rf"^  {name}\s", text, re.M), f"{plan_file.name}: {name} is not in the prediction"
 
 
 def test_a_pool_whose_time_is_not_modelled_is_said_so():

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from grpo_ray import models
-from grpo_ray.config import load_recipe
+from grpo_ray.config import KINDS, load_recipe
 from grpo_ray.data import load_rows
 from grpo_ray.dims import model_dims
 from grpo_ray.dumps import read_samples
@@ -121,7 +121,9 @@ def test_the_twin_trains_with_a_reward_model_pool_of_two(run):
         assert m["reward/reward_model/mean"] == pytest.approx(0, abs=1e-9)  # standardised over the step
     r = load_recipe(RECIPE, [f"trainer.output_dir={out}"])
     measured = max(m.get("perf/peak_rss_gb/reward_model", 0) for m in steps)  # none the step its actor was lost
-    predicted = memory.reference_memory(model_dims(r.reward_model.model), r, r.reward_model.max_length, "reward_model")
+    predicted = memory.reference_memory(
+        model_dims(r.reward_model.model), r, r.reward_model.max_length, KINDS["reward_model"]
+    )
     assert 0.75 <= predicted.total / measured <= 1.25, (predicted, measured)
     dump = read_samples(out / "rollouts" / "train_data_step3.jsonl")
     for row in dump:  # the total: the rule reward + 1 x the standardised model score

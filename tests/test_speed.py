@@ -135,9 +135,8 @@ def test_one_step_off_hides_scoring_as_the_controller_runs_it(gen, scoring, lear
     recipe = ROOT / "recipes" / "qwen2.5-1.5b-gsm8k-1node.yaml"  # one step off
     r = load_recipe(recipe)
     plans = {p: dataclasses.replace(plan, actors=1) for p, plan in speed.placement.plan(r).items()}
-    s = speed.StepInputs(
-        r, DIMS, known_rates(), speed.shape_pairs(r, speed.Shape(3, 2)), plans, dict.fromkeys(plans, 1), 1
-    )
+    shape = speed.Shape(3, 2)
+    s = speed.StepInputs(r, DIMS, known_rates(), shape, speed.shape_pairs(r, shape), plans, dict.fromkeys(plans, 1), 1)
     after = 0.15 if gen == 1.0 else 0.1
     seconds = {"generation": gen, "reward": 0.01, "reference": scoring, "old policy": 0.0, "update": learn}
     phases = {k: speed.Phase(v, "") for k, v in {**seconds, "sync": after / 2, "hops": after / 2}.items()}
@@ -316,3 +315,13 @@ def test_the_reward_model_and_the_judge_score_beside_the_frozen_pools():
     prompt = 3 + 2 + len(template) // 4
     prefill, decode = work.generation_seconds(model_dims(policy), known.at(1), "float32", known.engine, 2, prompt, 6)
     assert got.seconds == pytest.approx(prefill + decode) and "up to 6 tokens" in got.detail
+
+
+def test_plan_without_rates_for_the_gpu_says_so_and_names_the_table(capsys):
+    """A GPU with a memory size but neither a calibration nor a datasheet line (the A10G): the fit check runs, and
+    the time prediction is one line naming the GPUs plan has rates for."""
+    from grpo_ray.cli import main
+
+    assert main(["plan", "recipes/qwen2.5-0.5b-gsm8k-1gpu.yaml", "--gpu", "a10g"]) == 0
+    out = capsys.readouterr().out
+    assert "FITS" in out and "no time prediction: no rates for a10g" in out and "h100" in out.splitlines()[-1]

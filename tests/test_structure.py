@@ -16,6 +16,7 @@ LAYERS = [  # bottom to top: a module imports modules of its own layer or below,
             "data",
             "rewards",
             "models",
+            "tiny",  # tiny checkpoints built offline from a name
             "dims",
             "lora",
             "schedules",  # when batches launch, weights are pushed and the old policy recomputed
@@ -38,7 +39,7 @@ LAYERS = [  # bottom to top: a module imports modules of its own layer or below,
     ("run", ["runner", "controller", "setup_run"]),  # one run's inputs and its step
     # jobs made of runs (an sft:// warm start is trained here); plan --calibrate runs the roles' own code in processes
     # of its own
-    ("job", ["launch", "sft", "rm", "evaluate", "planner.calibrate", "planner.measure"]),
+    ("job", ["launch", "sft", "rm", "evaluate", "planner.calibrate", "planner.measure", "planner.command"]),
     ("cli", ["cli", "__main__"]),
 ]
 
@@ -210,3 +211,66 @@ def test_the_readme_is_a_guide_of_at_most_250_lines():
     feature's essay grows its page there, not the README."""
     lines = (ROOT / "README.md").read_text().splitlines()
     assert len(lines) <= 250, f"README.md has {len(lines)} lines: move what a feature's page can hold into docs/"
+
+
+def test_no_package_file_or_function_grows_past_its_budget():
+    """No file of the package over 500 lines; no function over 60, but the CLI's argument table: a junction that
+    keeps growing is the sign a seam is missing (split it where its parts are, as the planner's files are)."""
+    big_files = [
+        f"{p.relative_to(ROOT)}: {n}" for p in modules().values() if (n := len(p.read_text().splitlines())) > 500
+    ]
+    assert not big_files, "over 500 lines: " + ", ".join(big_files)
+    long = []
+    for mod, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and (mod, node.name) != ("cli", "parser"):
+                if (n := node.end_lineno - node.lineno + 1) > 60:
+                    long.append(f"grpo_ray.{mod}.{node.name}: {n} lines")
+    assert not long, "\n".join(long)
+
+
+OTHER_MEANINGS = {
+    "reward_model": ("data", "types", "setup_run", "evaluate", "rewards.learned"),  # verl's row field, a component
+    "reward": ("envs", "rollout", "metrics", "trackers"),  # an environment's reward, a table's column
+}
+"""Modules where a pool kind's name is a word of another meaning, not a pool: verl's data rows carry a reward_model
+field (the reward component of the reward model is named after it), and an environment's step returns a reward."""
+
+
+def pool_name_literals() -> list[str]:
+    """String constants equal to a pool kind's name, outside the table (config.pools) and the role map
+    (pools.ROLES), and outside the modules where the word means something else (OTHER_MEANINGS)."""
+    from grpo_ray.config import POOLS
+
+    found = []
+    for mod, path in modules().items():
+        if mod == "config.pools":
+            continue
+        tree = ast.parse(path.read_text())
+        roles = [n.value for n in tree.body if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "ROLES"]
+        skip = {id(c) for r in roles for c in ast.walk(r)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and node.value in POOLS and id(node) not in skip:
+                other = OTHER_MEANINGS.get(node.value, ())
+                if not any(mod == m or mod.startswith(m + ".") for m in other):
+                    found.append(f"grpo_ray/{path.relative_to(ROOT / 'grpo_ray')}:{node.lineno}: {node.value!r}")
+    return found
+
+
+def test_pools_are_named_in_the_table_not_in_the_code():
+    """A pool's facts are its row: code that does something for every pool loops over KINDS, and code that means one
+    pool names it by the table's constant (GENERATOR, LEARNER, ...), so a pool's name is written once. (Issue 54
+    found 217 pool-name literals in 28 files and set a budget of 40; none is left.)"""
+    found = pool_name_literals()
+    assert not found, f"{len(found)} pools named by a literal (use the constant from grpo_ray.config):\n" + "\n".join(
+        found
+    )
+
+
+def test_the_literal_count_sees_a_pool_named_in_code(monkeypatch):
+    """The counter finds a literal pool name written in a step's code (and not in the table)."""
+    path = ROOT / "grpo_ray" / "engines.py"
+    text = path.read_text() + '\n\ndef _f(pools):\n    return pools.actors["teacher"]\n'
+    real_read = Path.read_text
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: text if self == path else real_read(self, *a, **k))
+    assert any(f.endswith("'teacher'") and "engines.py" in f for f in pool_name_literals())

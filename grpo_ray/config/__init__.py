@@ -18,14 +18,15 @@ from grpo_ray.config.checks import (
     FUNCTION_NAME,
     GPU_MEMORY_GB,
     LOGGERS,
-    RANGES,
     engine_rank,
     loss_aggregation,
     notices,
     validate,
 )
+from grpo_ray.config.jobs import RMConfig, SFTConfig
 from grpo_ray.config.load import SECRET_KEY, dump_recipe, load_recipe, recipe_dict, recipe_yaml, redact
-from grpo_ray.config.pools import GENERATOR, KINDS, LEARNER, POOLS, PoolKind
+from grpo_ray.config.pools import GENERATOR, KINDS, LEARNER, POOLS, REFERENCE, REWARD_MODEL, RULES, TEACHER, PoolKind
+from grpo_ray.config.ranges import RANGES
 from grpo_ray.config.schema import (
     AlgorithmConfig,
     ClusterConfig,
@@ -41,21 +42,29 @@ from grpo_ray.config.schema import (
     OverlongBufferConfig,
     Recipe,
     RecipeError,
+    RolloutCorrectionConfig,
+    SamplingConfig,
+    TrainerConfig,
+)
+from grpo_ray.config.scorers import (
+    JudgeConfig,
     ReferenceConfig,
     RewardConfig,
     RewardFnConfig,
     RewardModelConfig,
-    RMConfig,
-    RolloutCorrectionConfig,
-    SamplingConfig,
-    SFTConfig,
+    ScorerConfig,
     TeacherConfig,
-    TrainerConfig,
 )
 
 __all__ = [
+    "JudgeConfig",
+    "ScorerConfig",
     "GENERATOR",
     "LEARNER",
+    "REFERENCE",
+    "REWARD_MODEL",
+    "RULES",
+    "TEACHER",
     "CHOICES",
     "ENGINE_LORA_RANKS",
     "engine_rank",

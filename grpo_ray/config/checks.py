@@ -4,10 +4,9 @@ arithmetic between sections. Each problem is one line that names the key and wha
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Any
 
-from grpo_ray.config.pools import POOLS
+from grpo_ray.config.pools import GENERATOR, LEARNER, POOLS
+from grpo_ray.config.ranges import get_key, range_problems
 from grpo_ray.config.schema import AlgorithmConfig, Recipe
 
 FUNCTION_KEYS = ("algorithm.adv_estimator", "algorithm.loss_mode", "algorithm.schedule")
@@ -55,145 +54,6 @@ GPU_MEMORY_GB = {
 """Memory of one GPU of each known model (as the datasheets give it)."""
 
 
-@dataclass(frozen=True)
-class Range:
-    """The values a numeric recipe field may take (NaN and infinities never)."""
-
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False
-    """`low` itself is not allowed."""
-    high_open: bool = False
-    """`high` itself is not allowed."""
-    why: str = ""
-    """Said after the range when a value is outside it."""
-
-    def holds(self, v: float) -> bool:
-        if v != v or v in (float("inf"), float("-inf")):
-            return False
-        if self.low is not None and (v < self.low or (self.low_open and v == self.low)):
-            return False
-        return self.high is None or (v < self.high or (not self.high_open and v == self.high))
-
-    def text(self) -> str:
-        if self.high is None:
-            if self.low == 0:
-                return "must be positive" if self.low_open else "must be >= 0"
-            return (
-                f"must be {'>' if self.low_open else '>='} {self.low:g}" if self.low is not None else "must be finite"
-            )
-        left = "(" if self.low_open else "["
-        right = ")" if self.high_open else "]"
-        return f"must be in {left}{self.low:g}, {self.high:g}{right}"
-
-
-POSITIVE, NON_NEGATIVE, FINITE = Range(0, low_open=True), Range(0), Range()
-SHARE = Range(0, 1, low_open=True, high_open=True)
-RANGES: dict[str, Range] = {
-    "model.lora.rank": NON_NEGATIVE,
-    "model.lora.alpha": POSITIVE,
-    "model.lora.dropout": Range(0, 1, high_open=True),
-    "data.train_batch_size": POSITIVE,
-    "data.max_prompt_length": POSITIVE,
-    "generator.num_engines": POSITIVE,
-    "generator.tensor_parallel_size": POSITIVE,
-    "generator.gpu_memory_utilization": SHARE,
-    "generator.max_model_len": NON_NEGATIVE,
-    "generator.num_cpus": POSITIVE,
-    "generator.val_temperature": NON_NEGATIVE,
-    "generator.val_n": POSITIVE,
-    "generator.timeout_s": POSITIVE,
-    "generator.max_restarts": NON_NEGATIVE,
-    "generator.sampling.temperature": Range(
-        0, low_open=True, why="the learner divides logits by it; 0 (greedy) samples a group of identical responses"
-    ),
-    "generator.sampling.top_p": Range(0, 1, low_open=True),
-    "generator.sampling.top_k": Range(-1, why="-1 turns it off"),
-    "generator.sampling.max_tokens": POSITIVE,
-    "learner.world_size": POSITIVE,
-    "learner.mini_batch_size": POSITIVE,
-    "learner.micro_batch_size": POSITIVE,
-    "learner.num_cpus": POSITIVE,
-    "learner.optim.lr": POSITIVE,
-    "learner.optim.betas": Range(0, 1, high_open=True),
-    "learner.optim.eps": POSITIVE,
-    "learner.optim.weight_decay": NON_NEGATIVE,
-    "learner.optim.warmup_steps": NON_NEGATIVE,
-    "learner.optim.grad_clip": NON_NEGATIVE,
-    "reference.num_actors": POSITIVE,
-    "reference.micro_batch_size": POSITIVE,
-    "reference.num_cpus": POSITIVE,
-    "teacher.kl_coef": POSITIVE,
-    "teacher.reward_weight": NON_NEGATIVE,
-    "teacher.num_actors": POSITIVE,
-    "teacher.micro_batch_size": POSITIVE,
-    "teacher.num_cpus": POSITIVE,
-    "reward_model.weight": FINITE,
-    "reward_model.max_length": NON_NEGATIVE,
-    "reward_model.num_actors": POSITIVE,
-    "reward_model.micro_batch_size": POSITIVE,
-    "reward_model.num_cpus": POSITIVE,
-    "reward_model.judge.default": FINITE,
-    "reward_model.judge.max_tokens": POSITIVE,
-    "reward_model.judge.temperature": NON_NEGATIVE,
-    "reward_model.judge.timeout_s": POSITIVE,
-    "reward_model.judge.max_model_len": NON_NEGATIVE,
-    "reward_model.judge.gpu_memory_utilization": Range(0, 1, low_open=True),
-    "reward.functions.weight": FINITE,
-    "reward.num_actors": POSITIVE,
-    "reward.timeout_s": POSITIVE,
-    "reward.memory_mb": Range(64, why="the child process needs room for Python"),
-    "reward.num_cpus": POSITIVE,
-    "reward.max_error_share": Range(0, 1),
-    "reward.max_error_steps": NON_NEGATIVE,
-    "environment.max_turns": POSITIVE,
-    "environment.max_tokens": POSITIVE,
-    "environment.timeout_s": POSITIVE,
-    "environment.memory_mb": Range(64, why="the child process needs room for Python"),
-    "environment.workers": POSITIVE,
-    "environment.max_observation_chars": POSITIVE,
-    "algorithm.group_size": Range(2, why="GRPO compares samples of one prompt"),
-    "algorithm.clip_ratio_low": Range(0, 1, high_open=True),
-    "algorithm.clip_ratio_high": NON_NEGATIVE,
-    "algorithm.kl_coef": NON_NEGATIVE,
-    "algorithm.ppo_epochs": POSITIVE,
-    "algorithm.max_staleness": NON_NEGATIVE,
-    "algorithm.entropy_coeff": NON_NEGATIVE,
-    "algorithm.overlong_buffer.len": NON_NEGATIVE,
-    "algorithm.filter_groups.max_num_gen_batches": POSITIVE,
-    "algorithm.overlong_buffer.penalty_factor": NON_NEGATIVE,
-    "algorithm.rollout_correction.rollout_is_threshold": Range(
-        1, low_open=True, why="a cap of the weights at 1 or below would down-weight every token"
-    ),
-    "algorithm.rollout_correction.rollout_rs_threshold": Range(1, low_open=True),
-    "algorithm.rollout_correction.rollout_rs_threshold_lower": Range(
-        0, 1, high_open=True, why="0 means 1 / the upper threshold"
-    ),
-    "cluster.nodes": POSITIVE,
-    "cluster.devices_per_node": NON_NEGATIVE,
-    "cluster.device_memory_gb": NON_NEGATIVE,
-    "cluster.node_memory_gb": NON_NEGATIVE,
-    "cluster.peak_tflops": NON_NEGATIVE,
-    "trainer.total_steps": NON_NEGATIVE,
-    "trainer.total_epochs": NON_NEGATIVE,
-    "trainer.save_freq": NON_NEGATIVE,
-    "trainer.keep_last": NON_NEGATIVE,
-    "trainer.test_freq": NON_NEGATIVE,
-    "trainer.dump_freq": NON_NEGATIVE,
-    "trainer.seed": NON_NEGATIVE,
-    "trainer.max_sync_logprob_diff": POSITIVE,
-    "trainer.call_timeout_s": POSITIVE,
-    "trainer.bucket_mb": POSITIVE,
-    "trainer.sync_timeout_s": POSITIVE,
-    "trainer.max_skipped_steps": POSITIVE,
-    "reward_model.head": Range(-1, why="-1: the classifier's only output"),
-    "trainer.preemption_grace_s": NON_NEGATIVE,
-    "sft.max_target_length": POSITIVE,
-    "rm.max_length": POSITIVE,
-    "trainer.early_stop.patience": POSITIVE,
-    "trainer.early_stop.min_delta": NON_NEGATIVE,
-}
-"""Every numeric field of the recipe and its range, checked before anything starts (a test keeps this complete)."""
 FREE_TEXT = {
     "model.path",
     "teacher.model",
@@ -227,52 +87,47 @@ FREE_TEXT = {
 weight transport by grpo_ray.transports before start)."""
 
 
-ZERO_IS_NEVER = {
-    "trainer.save_freq",
-    "trainer.test_freq",
-    "trainer.dump_freq",
-    "trainer.total_steps",
-    "trainer.total_epochs",
-    "generator.max_model_len",
-    "learner.optim.grad_clip",
-}
-"""Keys where 0 turns the thing off, as -1 does in verl."""
-
-
 def engine_rank(rank: int) -> int:
     """The max_lora_rank an engine needs for adapters of `rank` (vLLM takes a few values only)."""
     return next(r for r in ENGINE_LORA_RANKS if r >= rank)
 
 
-def range_problems(r: Recipe) -> list[str]:
-    """A message for every numeric field outside its range: 'key=value: must be ...'."""
-    p = []
-    for key, rng in RANGES.items():
-        head, _, last = key.rpartition(".")
-        parent = _get(r, head)
-        items = parent if isinstance(parent, list) else [parent]  # reward.functions: each item's field
-        for i, item in enumerate(items):
-            values = getattr(item, last)
-            name = f"{head}[{i}].{last}" if isinstance(parent, list) else key
-            for v in values if isinstance(values, list) else [values]:
-                if not rng.holds(v):
-                    never = " (0 means never here, where verl writes -1)" if v == -1 and key in ZERO_IS_NEVER else ""
-                    p.append(f"{name}={v}: {rng.text()}" + (f" ({rng.why})" if rng.why else "") + never)
-    return p
-
-
 def validate(r: Recipe, command: str = "train") -> list[str]:
-    """Every problem of a type-correct recipe for `command`, as messages naming the numbers that clash."""
-    p: list[str] = []
-    for key, choices in CHOICES.items():
-        value = _get(r, key)
-        if value not in choices and not (key in FUNCTION_KEYS and re.fullmatch(FUNCTION_NAME, str(value))):
-            shown = ("null" if c is None else str(c).lower() if isinstance(c, bool) else c for c in choices)
-            p.append(f"{key}={value!r}: expected one of {', '.join(shown)}")
+    """Every problem of a type-correct recipe for `command` (train, sft, rm: each job's own checks are
+    ``JOB_CHECKS``), as messages naming the numbers that clash."""
+    p = _choice_problems(r)
     out_of_range = range_problems(r)
     if out_of_range:
         return p + out_of_range  # the arithmetic below assumes sizes in range
+    p += _batch_problems(r, command)
+    for check in (
+        _run_problems,
+        _tracker_problems,
+        _lora_problems,
+        _cluster_problems,
+        _schedule_problems,
+        _generator_problems,
+        _environment_problems,
+    ):
+        p += check(r)
+    for check in JOB_CHECKS.get(command, ()):
+        p += check(r)
+    return p + _judge_problems(r.reward_model.judge)
 
+
+def _choice_problems(r: Recipe) -> list[str]:
+    p = []
+    for key, choices in CHOICES.items():
+        value = get_key(r, key)
+        if value not in choices and not (key in FUNCTION_KEYS and re.fullmatch(FUNCTION_NAME, str(value))):
+            shown = ("null" if c is None else str(c).lower() if isinstance(c, bool) else c for c in choices)
+            p.append(f"{key}={value!r}: expected one of {', '.join(shown)}")
+    return p
+
+
+def _batch_problems(r: Recipe, command: str) -> list[str]:
+    """A step's samples cut into mini batches, and those into micro batches over the ranks."""
+    p = []
     g = r.algorithm.group_size if command == "train" else 1
     samples = r.data.train_batch_size * g
     if samples % r.learner.mini_batch_size:
@@ -287,22 +142,26 @@ def validate(r: Recipe, command: str = "train") -> list[str]:
             f"learner.mini_batch_size ({r.learner.mini_batch_size}) is not divisible by learner.micro_batch_size "
             f"({r.learner.micro_batch_size}) x learner.world_size ({r.learner.world_size}) = {per_pass}"
         )
-    for bad in set(r.trainer.loggers) - set(LOGGERS):
-        p.append(f"trainer.loggers: unknown logger {bad!r}; expected any of {', '.join(LOGGERS)}")
-    p += _tracker_problems(r)
+    return p
+
+
+def _run_problems(r: Recipe) -> list[str]:
+    p = []
     if r.trainer.total_steps == 0 and r.trainer.total_epochs == 0:
         p.append("trainer.total_steps or trainer.total_epochs must be positive")
     if not r.data.train_files:
         p.append("data.train_files is empty: name parquet/JSONL files or synthetic://select?size=N")
-    if command != "rm" and not r.reward.functions and not r.environment.name:
-        p.append("reward.functions is empty: name at least one reward function (or an environment.name)")
     if r.model.shared_prompt is True and r.learner.gradient_checkpointing:
         p.append(
             "model.shared_prompt=true with learner.gradient_checkpointing=true: a checkpointed forward keeps no "
             "keys and values of the prompt for its responses; set one of them false (or shared_prompt auto, which "
             "packs under checkpointing)"
         )
-    lo = r.model.lora
+    return p
+
+
+def _lora_problems(r: Recipe) -> list[str]:
+    p, lo = [], r.model.lora
     joined = next((t for t in lo.target_modules if re.search(r"[,\s]", t)), None)
     if lo.rank and joined:
         names = ", ".join(n for n in re.split(r"[,\s]+", joined) if n)
@@ -314,19 +173,11 @@ def validate(r: Recipe, command: str = "train") -> list[str]:
             f"model.lora.rank={lo.rank}: vLLM serves adapters up to rank {ENGINE_LORA_RANKS[-1]}; lower it, "
             "or set model.lora.sync=merged"
         )
-    m = r.rm
-    if command == "rm" and not m.label_key and m.chosen_key == m.rejected_key:
-        p.append(
-            f"rm.chosen_key and rm.rejected_key are both {m.chosen_key!r}: every pair would compare a response with "
-            "itself; name the rejected response's key"
-        )
-    if command == "rm" and m.label_key and m.label_key == m.response_key:
-        p.append(f"rm.label_key and rm.response_key are both {m.label_key!r}: the label and the response are two keys")
-    if command == "rm" and lo.rank:
-        p.append(f"model.lora.rank={lo.rank}: grpo-ray rm trains every weight of the classifier; set it to 0")
-    p += _cluster_problems(r)
-    p += _schedule_problems(r)
-    p += _generator_problems(r)
+    return p
+
+
+def _environment_problems(r: Recipe) -> list[str]:
+    p = []
     if r.environment.name and r.generator.sampling.ignore_eos:
         p.append(
             "generator.sampling.ignore_eos=true with environment.name: a turn ends at its end-of-sequence token; "
@@ -337,14 +188,44 @@ def validate(r: Recipe, command: str = "train") -> list[str]:
             f"environment.max_tokens ({r.environment.max_tokens}) is below generator.sampling.max_tokens "
             f"({r.generator.sampling.max_tokens}): a trajectory's budget holds at least one whole turn"
         )
-    p += _judge_problems(r.reward_model.judge)
+    return p
+
+
+def _reward_problems(r: Recipe) -> list[str]:
+    """A job that scores samples (train, and sft's validation) needs a reward."""
+    if not r.reward.functions and not r.environment.name:
+        return ["reward.functions is empty: name at least one reward function (or an environment.name)"]
+    return []
+
+
+def _weight_problems(r: Recipe) -> list[str]:
+    """GRPO's advantages need rewards that can tell responses apart."""
     learned = r.reward_model.model and r.reward_model.weight  # a reward model alone tells responses apart
-    if command == "train" and r.reward.functions and not learned and not any(f.weight > 0 for f in r.reward.functions):
-        p.append(
+    if r.reward.functions and not learned and not any(f.weight > 0 for f in r.reward.functions):
+        return [
             "reward.functions: no function has a positive weight, so no response can be told from another; "
             "give at least one a weight above 0 (or name a reward_model.model)"
+        ]
+    return []
+
+
+def _rm_problems(r: Recipe) -> list[str]:
+    """Reward-model training's rows and model."""
+    p, m, lo = [], r.rm, r.model.lora
+    if not m.label_key and m.chosen_key == m.rejected_key:
+        p.append(
+            f"rm.chosen_key and rm.rejected_key are both {m.chosen_key!r}: every pair would compare a response with "
+            "itself; name the rejected response's key"
         )
+    if m.label_key and m.label_key == m.response_key:
+        p.append(f"rm.label_key and rm.response_key are both {m.label_key!r}: the label and the response are two keys")
+    if lo.rank:
+        p.append(f"model.lora.rank={lo.rank}: grpo-ray rm trains every weight of the classifier; set it to 0")
     return p
+
+
+JOB_CHECKS = {"train": (_reward_problems, _weight_problems), "sft": (_reward_problems,), "rm": (_rm_problems,)}
+"""Each job's own checks (``validate``'s command)."""
 
 
 def _judge_problems(j) -> list[str]:
@@ -417,7 +298,11 @@ def _generator_problems(r: Recipe) -> list[str]:
 def _tracker_problems(r: Recipe) -> list[str]:
     import importlib.util
 
-    t, p = r.trainer, []
+    t = r.trainer
+    p = [
+        f"trainer.loggers: unknown logger {bad!r}; expected any of {', '.join(LOGGERS)}"
+        for bad in set(t.loggers) - set(LOGGERS)
+    ]
     for name in ("wandb", "mlflow"):
         if name in t.loggers and importlib.util.find_spec(name) is None:
             p.append(f"trainer.loggers: {name} needs the {name} package: pip install 'grpo-ray[tracking]'")
@@ -480,7 +365,7 @@ def _schedule_problems(r: Recipe) -> list[str]:
             f"algorithm.max_staleness={k} with trainer.total_steps={r.trainer.total_steps}: weights are pushed every "
             f"{k} steps, so the generators would never get the trained weights; lower it"
         )
-    shared = next((g for g in r.cluster.colocate if "generator" in g and "learner" in g), None)
+    shared = next((g for g in r.cluster.colocate if GENERATOR in g and LEARNER in g), None)
     if a.max_staleness and shared:
         p.append(
             f"algorithm.max_staleness={a.max_staleness}: the generator shares devices with the learner "
@@ -556,9 +441,3 @@ def _gspo_notices(a: AlgorithmConfig) -> list[str]:
             "every sequence the same (seq-mean-token-mean)"
         ]
     return []
-
-
-def _get(obj: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        obj = getattr(obj, part)
-    return obj

@@ -35,38 +35,7 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] = (), command: str
     _take_aliases(user)
     problems = check_keys(user, Recipe, origin=str(path))
     for item in overrides:
-        if item.startswith("~") and "=" not in item:  # Hydra's deletion: back to the default
-            problems += _reset(user, item[1:], origin=f"override {item!r}")
-            continue
-        if "=" not in item:
-            raise RecipeError(
-                f"override {item!r}: expected key=value (or ~key for its default), e.g. trainer.total_steps=10"
-            )
-        into_list = re.search(r"\[\d+\]|(^|\.)\d+(\.|$)", item.split("=", 1)[0])
-        if into_list:
-            whole = re.split(r"\[\d+\]|\.\d+", item.removeprefix("+").split("=", 1)[0])[0]
-            raise RecipeError(
-                f"override {item!r}: reaches into an element of the list {whole}; set the whole list instead, "
-                f"e.g. {whole}=[...] (grpo-ray config shows its current value)"
-            )
-        try:
-            one = OmegaConf.from_dotlist([item.removeprefix("+")])  # Hydra's "+" for new keys is accepted
-        except OmegaConfBaseException as e:
-            raise RecipeError(f"override {item!r}: {e}") from None
-        except Exception as e:  # yaml's errors: the value is not valid YAML (an unclosed list, a stray quote)
-            why = getattr(e, "problem", None) or str(e).splitlines()[0]
-            raise RecipeError(
-                f"override {item!r}: the value is not valid YAML ({why}); quote it, or close its brackets"
-            ) from None
-        _take_aliases(one)
-        found = check_keys(one, Recipe, origin=f"override {item!r}")
-        problems += found
-        if not found:
-            key = _renamed(item.removeprefix("+").split("=", 1)[0])
-            if get_origin(_field_type(key)) is dict:  # a mapping value replaces the recipe's, not merged into it
-                OmegaConf.update(user, key, OmegaConf.select(one, key), merge=False)
-            else:
-                user = OmegaConf.merge(user, one)
+        user = _override(user, item, problems)
     if problems:
         raise RecipeError(
             problems[0]
@@ -84,6 +53,43 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] = (), command: str
     if problems:
         raise RecipeError(f"{path}: the recipe cannot run:\n" + "\n".join(f"  - {p}" for p in problems))
     return recipe
+
+
+def _override(user: DictConfig, item: str, problems: list[str]) -> DictConfig:
+    """`user` with one ``key=value`` override applied (``~key``: back to its default); an override that names a key
+    the schema lacks adds its problem to `problems`; one that cannot be read raises RecipeError."""
+    if item.startswith("~") and "=" not in item:  # Hydra's deletion: back to the default
+        problems += _reset(user, item[1:], origin=f"override {item!r}")
+        return user
+    if "=" not in item:
+        raise RecipeError(
+            f"override {item!r}: expected key=value (or ~key for its default), e.g. trainer.total_steps=10"
+        )
+    if re.search(r"\[\d+\]|(^|\.)\d+(\.|$)", item.split("=", 1)[0]):
+        whole = re.split(r"\[\d+\]|\.\d+", item.removeprefix("+").split("=", 1)[0])[0]
+        raise RecipeError(
+            f"override {item!r}: reaches into an element of the list {whole}; set the whole list instead, "
+            f"e.g. {whole}=[...] (grpo-ray config shows its current value)"
+        )
+    try:
+        one = OmegaConf.from_dotlist([item.removeprefix("+")])  # Hydra's "+" for new keys is accepted
+    except OmegaConfBaseException as e:
+        raise RecipeError(f"override {item!r}: {e}") from None
+    except Exception as e:  # yaml's errors: the value is not valid YAML (an unclosed list, a stray quote)
+        why = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise RecipeError(
+            f"override {item!r}: the value is not valid YAML ({why}); quote it, or close its brackets"
+        ) from None
+    _take_aliases(one)
+    found = check_keys(one, Recipe, origin=f"override {item!r}")
+    problems += found
+    if found:
+        return user
+    key = _renamed(item.removeprefix("+").split("=", 1)[0])
+    if get_origin(_field_type(key)) is dict:  # a mapping value replaces the recipe's, not merged into it
+        OmegaConf.update(user, key, OmegaConf.select(one, key), merge=False)
+        return user
+    return OmegaConf.merge(user, one)
 
 
 def _type_message(e: OmegaConfBaseException) -> str:

@@ -26,7 +26,7 @@ class PoolKind:
     memory: str
     """The fit check's function for one actor's memory (``grpo_ray.planner.memory``; every pool's is modelled)."""
     time: str | None
-    """The time model's phase for its work (``grpo_ray.planner.speed``), or None: not modelled."""
+    """The time model of its work (``grpo_ray.planner.speed.TIME_MODELS``), or None: not modelled."""
     model: str | None = None
     """The recipe key of the model its actors load (resolved before start), or None."""
     group: Literal["fsdp", "engine"] | None = None
@@ -38,6 +38,26 @@ class PoolKind:
     signal: Literal["token", "sequence"] | None = None
     """What a scorer gives each sample: a logprob per token (to the learner), a score per sequence (to the
     advantages), or nothing (not a scorer)."""
+    cpu_runtime_gb: float = 0.55
+    """Resident memory of one actor's process on CPU before any model: Python, torch, transformers, Ray (measured
+    on this project's CPU machine; the fit check's runtime part)."""
+
+    def model_name(self, r: Recipe) -> str:
+        """Its model as the recipe names it (the value at its ``model`` key), or empty."""
+        section, _, key = (self.model or "").partition(".")
+        return getattr(getattr(r, section), key) if self.model else ""
+
+
+GENERATOR, LEARNER, REFERENCE, TEACHER, REWARD_MODEL, RULES = (
+    "generator",
+    "learner",
+    "reference",
+    "teacher",
+    "reward_model",
+    "reward",
+)
+"""The pool kinds' names (each its recipe section), for code that means one pool: a job that starts some, the
+learner's reading of a signal by its meaning. Code that does the same for every pool loops over KINDS."""
 
 
 def _on_gpu(n: int) -> Callable[[Recipe], int]:
@@ -48,14 +68,14 @@ def _frozen_scorer(name: str, model: str, count: Callable[[Recipe], int]) -> Poo
     """A frozen model scoring every sampled token (one FSDP2 group): the reference's memory model on its own shape,
     a phase of its own in the time model."""
     cpus = lambda r: getattr(r, name).num_cpus  # noqa: E731
-    return PoolKind(name, count, cpus, _on_gpu(1), f"{name}_pool", name, model, "fsdp", "stop", "token")
+    return PoolKind(name, count, cpus, _on_gpu(1), "frozen_pool", "frozen", model, "fsdp", "stop", "token")
 
 
 KINDS: dict[str, PoolKind] = {
     k.name: k
     for k in (
         PoolKind(
-            "generator",
+            GENERATOR,
             count=lambda r: r.generator.num_engines,
             cpus=lambda r: r.generator.num_cpus,
             gpus=lambda r: r.generator.tensor_parallel_size if r.cluster.device == "cuda" else 0,
@@ -64,9 +84,10 @@ KINDS: dict[str, PoolKind] = {
             model="model.path",
             group="engine",
             lost="replace",
+            cpu_runtime_gb=1.9,
         ),
         PoolKind(
-            "learner",
+            LEARNER,
             count=lambda r: r.learner.world_size,
             cpus=lambda r: r.learner.num_cpus,
             gpus=_on_gpu(1),
@@ -74,34 +95,36 @@ KINDS: dict[str, PoolKind] = {
             time="update",
             model="model.path",
             group="fsdp",
+            cpu_runtime_gb=0.60,
         ),
         # no KL term: no reference; LoRA: the learner is its own reference (the adapters switched off)
         _frozen_scorer(
-            "reference",
+            REFERENCE,
             "model.path",
             lambda r: r.reference.num_actors if r.algorithm.kl_coef > 0 and not r.model.lora.rank else 0,
         ),
-        _frozen_scorer("teacher", "teacher.model", lambda r: r.teacher.num_actors if r.teacher.model else 0),
+        _frozen_scorer(TEACHER, "teacher.model", lambda r: r.teacher.num_actors if r.teacher.model else 0),
         PoolKind(  # a classifier (one FSDP2 group: a lost actor restarts the pool) or a judge's engines
-            "reward_model",
+            REWARD_MODEL,
             count=lambda r: r.reward_model.num_actors if r.reward_model.model else 0,
             cpus=lambda r: r.reward_model.num_cpus,
             gpus=_on_gpu(1),
             memory="reward_model_pool",
-            time="reward_model",
+            time="learned_reward",
             model="reward_model.model",
             group="fsdp",
             lost="restart",
             signal="sequence",
         ),
         PoolKind(
-            "reward",
+            RULES,
             count=lambda r: r.reward.num_actors,
             cpus=lambda r: r.reward.num_cpus,
             gpus=lambda r: 0,  # rule rewards run on CPUs everywhere
             memory="reward_pool",
-            time="reward",
+            time="rule_reward",
             signal="sequence",
+            cpu_runtime_gb=0.35,
         ),
     )
 }
@@ -109,7 +132,3 @@ KINDS: dict[str, PoolKind] = {
 
 POOLS = tuple(KINDS)
 """The pool names, in KINDS' order."""
-
-GENERATOR, LEARNER = "generator", "learner"
-"""The two pools a step is built around (the engines that sample, the group that trains), named where code means
-them; every other pool is reached through its row."""

@@ -188,6 +188,28 @@ def source_splits(
     return {split: ((f"{source}[{split}] row {i}", dict(r)) for i, r in enumerate(ds)) for split, ds in loaded.items()}
 
 
+def _split_rows(split, records, build, own, tokenizer, max_prompt_tokens, chat_template_kwargs):
+    """One split's rows built from its records, and its report: each row dropped is counted by its reason (not UTF-8
+    JSON, what the data set's builder refused, a prompt over `max_prompt_tokens`), the first five named."""
+    from grpo_ray.data import prompt_token_ids
+
+    report, rows = SplitReport(split), []
+    for where, raw in records:
+        report.read += 1
+        row, why = (None, "not UTF-8 JSON") if raw is None else build(raw, split, report.read - 1, **own)
+        if row is not None and max_prompt_tokens and tokenizer is not None:
+            if len(prompt_token_ids(tokenizer, row, "", chat_template_kwargs)) > max_prompt_tokens:
+                row, why = None, f"prompt over {max_prompt_tokens} tokens"
+        if row is None:
+            report.dropped[why] += 1
+            if len(report.examples) < 5:
+                report.examples.append(f"{where}: {why}")
+            continue
+        rows.append(row)
+    report.kept = len(rows)
+    return report, rows
+
+
 def prepare(
     name: str,
     source: str | None,
@@ -210,8 +232,6 @@ def prepare(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from grpo_ray.data import prompt_token_ids
-
     if name == "custom":
         if not source:
             raise PrepareError("custom data needs --source: a hub name, a directory or a file")
@@ -225,20 +245,7 @@ def prepare(
     splits = source_splits(source or default_source, hub_config, file_split)
     reports, tables = [], {}
     for split, records in splits.items():
-        report, rows = SplitReport(split), []
-        for where, raw in records:
-            report.read += 1
-            row, why = (None, "not UTF-8 JSON") if raw is None else build(raw, split, report.read - 1, **own)
-            if row is not None and max_prompt_tokens and tokenizer is not None:
-                if len(prompt_token_ids(tokenizer, row, "", chat_template_kwargs)) > max_prompt_tokens:
-                    row, why = None, f"prompt over {max_prompt_tokens} tokens"
-            if row is None:
-                report.dropped[why] += 1
-                if len(report.examples) < 5:
-                    report.examples.append(f"{where}: {why}")
-                continue
-            rows.append(row)
-        report.kept = len(rows)
+        report, rows = _split_rows(split, records, build, own, tokenizer, max_prompt_tokens, chat_template_kwargs)
         bad = report.read - report.kept
         if report.read == 0 or bad > max_bad_fraction * report.read:
             raise PrepareError(

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpo_ray import placement
-from grpo_ray.config import GPU_MEMORY_GB, KINDS, Recipe, RecipeError
+from grpo_ray.config import GENERATOR, GPU_MEMORY_GB, KINDS, LEARNER, Recipe, RecipeError
 from grpo_ray.dims import ModelDims, model_dims
 from grpo_ray.lengths import (
     budget_key,
@@ -122,7 +122,7 @@ def model_limits(r: Recipe, command: str = "train", d: ModelDims | None = None) 
         raise RecipeError(f"model.path={r.model.path!r}: " + "; ".join(p))
 
 
-JOB_POOLS = {"train": placement.POOLS, "sft": ("learner",), "rm": ("learner",)}
+JOB_POOLS = {"train": placement.POOLS, "sft": (LEARNER,), "rm": (LEARNER,)}
 """The pools each command starts: sft and rm train on the learner pool alone."""
 
 
@@ -135,7 +135,7 @@ def check(r: Recipe, d: ModelDims | None = None, job: str = "train") -> FitRepor
     plans = placement.plan(r, JOB_POOLS[job])
     pools: dict[str, PoolMemory] = {}
     for kind in KINDS.values():
-        if plans[kind.name].actors and (got := getattr(memory, kind.memory)(d, r, mem, job)):
+        if plans[kind.name].actors and (got := getattr(memory, kind.memory)(kind, d, r, mem, job)):
             pools[kind.name] = got
     if r.cluster.device == "cuda" and mem <= 0:
         problems.append(
@@ -144,8 +144,8 @@ def check(r: Recipe, d: ModelDims | None = None, job: str = "train") -> FitRepor
     elif r.cluster.device == "cuda":
         problems += _gpu_problems(d, r, pools, mem)
     devices = _device_lines(r, pools, mem, nodes, plans, problems)
-    if "generator" in pools and r.cluster.device == "cpu" and not r.cluster.node_memory_gb:
-        kv, numa = pools["generator"].parts["kv_cache"], numa_free_gb()
+    if GENERATOR in pools and r.cluster.device == "cpu" and not r.cluster.node_memory_gb:
+        kv, numa = pools[GENERATOR].parts["kv_cache"], numa_free_gb()
         if kv > numa:
             problems.append(
                 f"generator: its KV cache ({kv:.2f} GB per engine: {r.data.train_batch_size} prompts x "
@@ -153,10 +153,10 @@ def check(r: Recipe, d: ModelDims | None = None, job: str = "train") -> FitRepor
                 f"tokens) is over the {numa:.2f} GB free on this machine's smallest NUMA node; lower "
                 "data.train_batch_size, algorithm.group_size or the sequence length, or add engines"
             )
-    if "generator" in pools and pools["generator"].holds < 1:
+    if GENERATOR in pools and pools[GENERATOR].holds < 1:
         length = max_model_len(r)
         problems.append(
-            f"generator: the KV cache budget ({pools['generator'].parts['kv_cache']:.2f} GB per device) cannot hold "
+            f"generator: the KV cache budget ({pools[GENERATOR].parts['kv_cache']:.2f} GB per device) cannot hold "
             f"one sequence of {length} tokens ({kv_bytes_per_token(d, r) * length / GB:.2f} GB); raise "
             "generator.gpu_memory_utilization or generator.tensor_parallel_size, or lower the sequence length"
         )
@@ -164,10 +164,10 @@ def check(r: Recipe, d: ModelDims | None = None, job: str = "train") -> FitRepor
 
 
 def _gpu_problems(d: ModelDims, r: Recipe, pools: dict[str, PoolMemory], mem: float) -> list[str]:
-    if "generator" not in pools:
+    if GENERATOR not in pools:
         return []
     g = r.generator
-    gen = pools["generator"]
+    gen = pools[GENERATOR]
     need = gen.parts["weights"] + gen.parts["vllm_activations"]
     reserved = g.gpu_memory_utilization * mem
     if need <= reserved:
@@ -194,13 +194,13 @@ def _device_lines(
             members = [p for p in group if p in pools and plans[p].actors]
             if not members:
                 continue
-            if "generator" in members and len(members) > 1:  # vLLM keeps its share; the rest must fit beside it
-                others = sum(pools[p].total for p in members if p != "generator")
-                sync = pools["generator"].parts["sync_buffers"]
+            if GENERATOR in members and len(members) > 1:  # vLLM keeps its share; the rest must fit beside it
+                others = sum(pools[p].total for p in members if p != GENERATOR)
+                sync = pools[GENERATOR].parts["sync_buffers"]
                 total = r.generator.gpu_memory_utilization * mem + sync + others
                 detail = (
                     f"generator {r.generator.gpu_memory_utilization:g} x {mem:g} + sync {sync:.1f} + "
-                    + " + ".join(f"{p} {pools[p].total:.1f}" for p in members if p != "generator")
+                    + " + ".join(f"{p} {pools[p].total:.1f}" for p in members if p != GENERATOR)
                 )
             else:
                 total = sum(_device_total(pools[p], r, mem) for p in members)
@@ -233,7 +233,7 @@ def _device_lines(
 
 
 def _device_total(p: PoolMemory, r: Recipe, mem: float) -> float:
-    if p.pool == "generator" and r.cluster.device == "cuda":  # vLLM takes its share whatever the estimate
+    if p.pool == GENERATOR and r.cluster.device == "cuda":  # vLLM takes its share whatever the estimate
         return max(p.total, r.generator.gpu_memory_utilization * mem + p.parts["sync_buffers"])
     return p.total
 
@@ -243,16 +243,16 @@ def _advice(pool: str, part: str, cpu: bool = False) -> str:
         return "lower the batch, group size or sequence length, or use more engines"
     if cpu and part == "runtime":
         return "run fewer actors on the node (fewer engines, ranks or reference actors) or give it more memory"
-    if pool == "generator":
-        return "lower generator.gpu_memory_utilization or raise tensor_parallel_size"
+    kind = KINDS[pool]
+    if kind.group == "engine":
+        return f"lower {pool}.gpu_memory_utilization or raise tensor_parallel_size"
     if part in ("params", "grads", "optimizer"):
-        return "raise learner.world_size (more ranks share the model state)"
-    if part in ("activations", "logits"):
-        return "lower learner.micro_batch_size or set learner.gradient_checkpointing"
-    if pool == "reference":
-        return "give the reference pool devices of its own (drop it from cluster.colocate) or set algorithm.kl_coef=0"
-    if pool == "teacher":
-        return "raise teacher.num_actors (more actors share the teacher) or lower teacher.micro_batch_size"
-    if pool == "reward_model":
-        return "raise reward_model.num_actors (more actors share the model) or lower reward_model.micro_batch_size"
+        return f"raise {pool}.world_size (more ranks share the model state)"
+    if part in ("activations", "logits") and not kind.signal:
+        return f"lower {pool}.micro_batch_size or set {pool}.gradient_checkpointing"
+    if kind.signal and kind.group == "fsdp":  # a frozen model's pool
+        return (
+            f"raise {pool}.num_actors (more actors share the model) or lower {pool}.micro_batch_size, or give it "
+            "devices of its own (drop it from cluster.colocate)"
+        )
     return "give this pool more devices"

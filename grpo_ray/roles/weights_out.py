@@ -1,0 +1,100 @@
+"""What the learner does with its weights outside a step: checkpoints (torch.distributed.checkpoint, every rank its
+shard) and pushes to the engines (every rank gathers its shards into rank 0's buckets, which go out through the
+weight transport). A part of ``Learner``: it reads the learner's model, optimizer, scheduler, rank and transport."""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import torch
+
+from grpo_ray import sync
+from grpo_ray.roles import fsdp
+
+
+class WeightsOut:
+    # --- checkpoints -----------------------------------------------------------------
+
+    def _state_options(self):
+        """What a checkpoint holds of the model: every weight, or with LoRA the adapters (the base is frozen)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        # with LoRA, dcp.load fails on a missing adapter; the frozen base is not in the checkpoint, so not strict
+        return StateDictOptions(ignore_frozen_params=self.lora, strict=not self.lora)
+
+    def save(self, path: str) -> dict:
+        """Model and optimizer into `path` with torch.distributed.checkpoint (every rank writes its shard)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._state_options())
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
+        return {"scheduler": self.scheduler.state_dict()}
+
+    def load(self, path: str, scheduler_state: dict) -> None:
+        """Model and optimizer from `path`; DCP reshards when the checkpoint had another world size."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import (
+            get_state_dict,
+            set_state_dict,
+        )
+
+        options = self._state_options()
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=options)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=path)
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+            options=options,
+        )
+        self.scheduler.load_state_dict(scheduler_state)
+
+    # --- weight sync -----------------------------------------------------------------
+
+    def weight_metas(self, wire_dtype: str) -> list[sync.WeightMeta]:
+        """What a push sends, in the order it sends it, cast to `wire_dtype` (the engine's)."""
+        return [sync.WeightMeta(name, tuple(shape), wire_dtype) for name, (shape, _) in self.engine_weights.items()]
+
+    def join_transport(self, transport, where: dict) -> None:
+        """Rank 0 takes its side of the weight transport (``grpo_ray.transports``); other ranks only gather."""
+        transport.join(where)
+        self.transport = transport
+
+    def push_weights(self, metas: list[sync.WeightMeta], bucket_bytes: int, version: int = 0) -> dict[str, float]:
+        """Stream the full weights to the engines, bucket by bucket: every rank sends its shards of the bucket to
+        rank 0 (cast to the wire dtype), which sends the bucket through the weight transport while the next one is
+        assembled. No rank unshards anything. Returns rank 0's seconds per phase (gather, cast, wire), in all, and
+        the bytes sent."""
+        start, phases = time.perf_counter(), sync.Phases()
+        fsdp.reshard(self.model)
+        rows_of, buckets = (
+            {n: rows for n, (_, rows) in self.engine_weights.items()},
+            sync.plan_buckets(metas, bucket_bytes),
+        )
+        filled = []
+
+        def fill(bucket: list[int], flat: torch.Tensor) -> None:
+            fsdp.gather_bucket(rows_of, metas, bucket, flat, phases)
+            filled.append(bucket)
+
+        if self.rank == 0:
+            try:
+                sent = self.transport.send(metas, fill, bucket_bytes, phases, self.device, version)
+            except Exception:
+                # a receiver is gone (or the transport failed): close our side now (the driver connects again);
+                # take the other ranks' remaining shards, so that none waits on us in the gather
+                self.transport.close()
+                gc.collect()
+                for bucket in buckets[len(filled) :]:
+                    numel = sum(metas[i].numel for i in bucket)
+                    fill(bucket, torch.empty(numel, dtype=metas[bucket[0]].torch_dtype, device=self.device))
+                raise
+        else:
+            sent = 0
+            for bucket in buckets:
+                fsdp.gather_bucket(rows_of, metas, bucket, None, phases)
+        return {"seconds": time.perf_counter() - start, "bytes": float(sent), **dict(phases.seconds)}

@@ -1,0 +1,248 @@
+"""Tiny Hugging Face checkpoints built offline from a ``tiny://ARCH?key=value&...`` name: its shape (``TinySpec``,
+``parse_tiny``), a byte-level BPE tokenizer trained here on the synthetic task's text (``train_tokenizer``) with the
+family's chat template and special tokens, and random weights from the name's ``seed`` (``build_tiny``).
+``models.resolve`` builds one into the cache the first time its name is asked for."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass, fields
+from pathlib import Path
+from urllib.parse import parse_qsl, urlsplit
+
+from grpo_ray.errors import UserError
+
+TINY_SCHEME = "tiny://"
+ARCHS = ("qwen2", "llama", "gemma3")
+
+
+class ModelNameError(UserError):
+    """A ``tiny://`` name that cannot be built."""
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    """The shape of a tiny model; each field is a query key of a ``tiny://`` name."""
+
+    arch: str
+    layers: int = 2
+    """Number of transformer blocks."""
+    hidden: int = 128
+    """Hidden size."""
+    heads: int = 4
+    """Attention heads; hidden / heads is the head size (vLLM on CPU wants 32, 64, 80, 96, 112, 128, ...)."""
+    kv_heads: int = 2
+    """Key/value heads (grouped-query attention)."""
+    intermediate: int = 0
+    """MLP width; 0 means 4 x hidden."""
+    vocab: int = 384
+    """Tokenizer vocabulary size: the base symbols, the family's special tokens and learned merges."""
+    bytes: int = 1
+    """1: all 256 byte symbols are in the vocabulary, so any text encodes. 0: only the characters of the
+    training text, for a vocabulary small enough that a random-init model hits a one-token answer by chance
+    (text with other characters loses them)."""
+    max_len: int = 1024
+    """Longest sequence (max_position_embeddings)."""
+    tie: int = 1
+    """1 ties input and output embeddings (as small Qwen2 / Gemma3 / Llama-3.2 do)."""
+    seed: int = 0
+    """Seed of the random weights."""
+    text: str = "select"
+    """The synthetic task whose text trains the tokenizer: select or reasoning (grpo_ray.data.synthetic)."""
+    score: int = 0
+    """N > 0: a sequence classifier with N outputs (a reward model: ``reward_model.model``; of several, as a
+    multi-objective one has, ``reward_model.head`` picks the score), not a language model."""
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def mlp_width(self) -> int:
+        """The MLP's width as built: `intermediate`, or 4 x hidden when it is 0."""
+        return self.intermediate or 4 * self.hidden
+
+    def canonical(self) -> str:
+        shown = [f.name for f in fields(self) if f.name != "arch" and (f.name != "score" or self.score)]
+        query = "&".join(f"{name}={getattr(self, name)}" for name in shown)
+        return f"{TINY_SCHEME}{self.arch}?{query}"
+
+
+def parse_tiny(name: str) -> TinySpec:
+    """Parse ``tiny://ARCH?k=v&...`` into a spec; errors name the bad part."""
+    parts = urlsplit(name)
+    arch = parts.netloc or parts.path.strip("/")
+    if arch not in ARCHS:
+        raise ModelNameError(f"{name!r}: unknown tiny architecture {arch!r}; expected one of {', '.join(ARCHS)}")
+    known = {f.name for f in fields(TinySpec)} - {"arch"}
+    values: dict[str, int | str] = {}
+    for key, raw in parse_qsl(parts.query, keep_blank_values=True):
+        if key not in known:
+            raise ModelNameError(f"{name!r}: unknown key {key!r}; expected one of {', '.join(sorted(known))}")
+        if key == "text":
+            values[key] = raw
+            continue
+        try:
+            values[key] = int(raw)
+        except ValueError:
+            raise ModelNameError(f"{name!r}: {key}={raw!r} is not an integer") from None
+    spec = TinySpec(arch=arch, **values)
+    from grpo_ray.data.synthetic import TASKS
+
+    if spec.text not in TASKS:
+        raise ModelNameError(f"{name!r}: text={spec.text!r}; expected one of {', '.join(TASKS)}")
+    if spec.hidden % spec.heads or spec.heads % spec.kv_heads:
+        raise ModelNameError(
+            f"{name!r}: hidden={spec.hidden} must be divisible by heads={spec.heads}, "
+            f"and heads by kv_heads={spec.kv_heads}"
+        )
+    if min(spec.layers, spec.hidden, spec.heads, spec.kv_heads, spec.max_len, spec.vocab) <= 0:
+        raise ModelNameError(f"{name!r}: sizes must be positive")
+    if spec.bytes and spec.vocab <= 300:
+        raise ModelNameError(
+            f"{name!r}: vocab={spec.vocab} is too small for the 256 byte symbols; use vocab > 300 or bytes=0"
+        )
+    return spec
+
+
+_FAMILY = {
+    "qwen2": {
+        "specials": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        "bos": None,
+        "eos": "<|im_end|>",
+        "pad": "<|endoftext|>",
+        "template": (
+            "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+        ),
+    },
+    "llama": {
+        "specials": ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+        "bos": "<|begin_of_text|>",
+        "eos": "<|eot_id|>",
+        "pad": "<|end_of_text|>",
+        "template": (
+            "<|begin_of_text|>{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+            "{{ m['content'] }}<|eot_id|>{% endfor %}"
+            "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+        ),
+    },
+    "gemma3": {
+        "specials": ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"],
+        "bos": "<bos>",
+        "eos": "<end_of_turn>",
+        "pad": "<pad>",
+        "template": (
+            "<bos>{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+            "{{ m['content'] }}<end_of_turn>\n{% endfor %}"
+            "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+        ),
+    },
+}
+
+
+def train_tokenizer(arch: str, texts: list[str], vocab_size: int, all_bytes: bool = True):
+    """A byte-level BPE tokenizer for `arch`, trained offline on `texts`; digits stay single tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    family = _FAMILY[arch]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=family["specials"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet() if all_bytes else [],
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=family["bos"],
+        eos_token=family["eos"],
+        pad_token=family["pad"],
+    )
+    fast.chat_template = family["template"]
+    return fast
+
+
+def _config(spec: TinySpec, vocab_size: int, tokenizer):
+    from transformers import Gemma3TextConfig, LlamaConfig, Qwen2Config
+
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=spec.hidden,
+        intermediate_size=spec.mlp_width,
+        num_hidden_layers=spec.layers,
+        num_attention_heads=spec.heads,
+        num_key_value_heads=spec.kv_heads,
+        head_dim=spec.head_dim,
+        max_position_embeddings=spec.max_len,
+        tie_word_embeddings=bool(spec.tie),
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        dtype="float32",
+    )
+    if spec.arch == "qwen2":
+        cfg = Qwen2Config(**common)
+    elif spec.arch == "llama":
+        cfg = LlamaConfig(**common)
+    else:
+        cfg = Gemma3TextConfig(**common, sliding_window=min(512, spec.max_len), query_pre_attn_scalar=spec.head_dim)
+    cfg.architectures = [
+        {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "gemma3": "Gemma3ForCausalLM"}[spec.arch]
+    ]
+    if spec.score:  # scores from the last token (transformers finds it by the pad id)
+        cfg.num_labels = spec.score
+        cfg.architectures = [cfg.architectures[0].replace("ForCausalLM", "ForSequenceClassification")]
+    return cfg
+
+
+def build_tiny(spec: TinySpec, out: Path, extra_texts: list[str] | None = None) -> Path:
+    """Write a randomly initialised checkpoint of `spec` to `out` (atomically: built aside, then renamed)."""
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a tiny build is instant; keep the CLI's output to its own lines
+
+    from grpo_ray.data import synthetic
+
+    texts = synthetic.corpus(spec.text) + list(extra_texts or [])
+    tokenizer = train_tokenizer(spec.arch, texts, spec.vocab, all_bytes=bool(spec.bytes))
+    vocab_size = len(tokenizer)
+    config = _config(spec, vocab_size, tokenizer)
+    torch.manual_seed(spec.seed)
+    if spec.score:
+        from transformers import AutoModelForSequenceClassification
+
+        model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
+    else:
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        GenerationConfig(
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+        ).save_pretrained(tmp)
+        (tmp / "tiny_spec.json").write_text(json.dumps({"name": spec.canonical()}, indent=1))
+        try:
+            tmp.rename(out)
+        except OSError:  # another process built it first: theirs is as good as ours
+            if not (out / "config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
