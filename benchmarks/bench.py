@@ -249,7 +249,7 @@ def timed_steps(
     import ray
 
     from grpo_ray.config import load_recipe
-    from grpo_ray.controller import Controller
+    from grpo_ray.controller import GRPOController
     from grpo_ray.launch import connect
     from grpo_ray.setup_run import setup_run
 
@@ -266,7 +266,7 @@ def timed_steps(
         ],
     )
     connect(r)
-    c = Controller(r, setup_run(r))
+    c = GRPOController(r, setup_run(r))
     try:
         c.start()
         for k in range(1, warmup + 1):
@@ -334,7 +334,7 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
     from grpo_ray import perf
     from grpo_ray.algo.batching import flatten, use_shared
     from grpo_ray.config import load_recipe
-    from grpo_ray.controller import Controller
+    from grpo_ray.controller import GRPOController
     from grpo_ray.device import Device
     from grpo_ray.launch import connect
     from grpo_ray.setup_run import setup_run
@@ -358,7 +358,7 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
     )
     inputs = setup_run(r)
     connect(r)
-    c = Controller(r, inputs)
+    c = GRPOController(r, inputs)
     G = r.algorithm.group_size
     result: dict = {"overrides": overrides}
     try:

@@ -39,7 +39,7 @@ def measure(model: str, bucket_mb: int, reps: int) -> dict:
     from benchmarks.bench import run_child
     from grpo_ray import sync
     from grpo_ray.config import load_recipe
-    from grpo_ray.controller import Controller
+    from grpo_ray.controller import GRPOController
     from grpo_ray.engines import probe_diff
     from grpo_ray.launch import connect
     from grpo_ray.roles import fsdp, mark_rss, peak_rss_since_mark
@@ -60,7 +60,7 @@ def measure(model: str, bucket_mb: int, reps: int) -> dict:
     )
     inputs = setup_run(r)
     connect(r)
-    c = Controller(r, inputs)
+    c = GRPOController(r, inputs)
     rows = []
     try:
         c.start(("learner", "generator"))

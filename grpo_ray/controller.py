@@ -49,7 +49,7 @@ from grpo_ray.scorers import LEARNED, RULES, Sent
 from grpo_ray.setup_run import RunInputs
 from grpo_ray.types import Prompt, Rollout, Work
 
-__all__ = ["Controller", "RunError", "Preempted"]
+__all__ = ["GRPOController", "RunError", "Preempted"]
 
 NO_SYNC = {"sync/seconds": 0.0, "timing_s/sync_weights": 0.0}
 TIMINGS = {REFERENCE: "timing_s/ref"}
@@ -66,7 +66,7 @@ class Collected(NamedTuple):
     """The weights that generated it (``Launched.version``)."""
 
 
-class Controller(Runner):
+class GRPOController(Runner):
     """GRPO: generate, score, reference logprobs, advantages, learner update, push; on the schedule above."""
 
     def __init__(self, recipe: Recipe, inputs: RunInputs):

@@ -9,7 +9,7 @@ from pathlib import Path
 import ray
 
 from grpo_ray.config import LEARNER, REFERENCE, TEACHER, Recipe
-from grpo_ray.controller import Controller
+from grpo_ray.controller import GRPOController
 from grpo_ray.faults import fault_at
 from grpo_ray.metrics import since_start
 from grpo_ray.placement import local_markers
@@ -69,7 +69,7 @@ def start_local(markers: dict[str, float], tries: int = 3) -> None:
 
 def train(recipe: Recipe, inputs: RunInputs) -> None:
     connect(recipe)
-    Controller(recipe, inputs).run()
+    GRPOController(recipe, inputs).run()
 
 
 def replay(recipe: Recipe, dump_path: str) -> dict[str, float]:
@@ -88,8 +88,8 @@ def replay(recipe: Recipe, dump_path: str) -> dict[str, float]:
     out.mkdir(parents=True, exist_ok=True)
     connect(recipe)
     model = models.resolve(recipe.model.path)
-    teacher = models.resolve(recipe.teacher.model) if recipe.teacher.model else ""
-    c = Controller(recipe, RunInputs(model, model_dims(model), [], [], {}, out, [], teacher_path=teacher))
+    teacher = {"teacher.model": models.resolve(recipe.teacher.model)} if recipe.teacher.model else {}
+    c = GRPOController(recipe, RunInputs(model, model_dims(model), [], [], {}, out, [], scorer_models=teacher))
     try:
         c.start(pools=(LEARNER, REFERENCE, TEACHER))
         return c.replay(rollouts, advantages)

@@ -21,10 +21,11 @@ import ray
 
 from grpo_ray import checkpoint, perf
 from grpo_ray.config import LEARNER, Recipe
+from grpo_ray.data.targets import RM_IDS
 from grpo_ray.launch import connect
 from grpo_ray.roles.reward_learner import RewardLearner
 from grpo_ray.runner import Runner
-from grpo_ray.setup_run import RM_IDS, RunInputs
+from grpo_ray.setup_run import RunInputs
 
 
 def rm_rows(rows: list[dict], recipe: Recipe) -> list[tuple]:

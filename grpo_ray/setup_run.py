@@ -7,15 +7,15 @@ are found here, on the driver, so a mistake costs seconds, not a cluster start.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from grpo_ray import models, rewards, rundir, transports
-from grpo_ray.config import Recipe, RecipeError, dump_recipe, recipe_yaml
-from grpo_ray.data import DataError, checked, dotted, load_rows, prompt_text
+from grpo_ray.config import KINDS, REWARD_MODEL, TEACHER, Recipe, RecipeError, dump_recipe, recipe_yaml
+from grpo_ray.data import DataError, checked, load_rows, prompt_text
+from grpo_ray.data.targets import RM_IDS, rm_tokens, target_tokens
 from grpo_ray.dims import ModelDims, model_dims
-from grpo_ray.envs.template import trace_ids
-from grpo_ray.rewards.learned import STYLED, render
+from grpo_ray.rewards.learned import STYLED
 
 
 @dataclass
@@ -38,19 +38,64 @@ class RunInputs:
     """A fixed token sequence scored by a generator and the learner after each weight sync."""
     resume: Path | None = None
     """The checkpoint the run continues from (grpo_ray.rundir), or None for a fresh start."""
-    teacher_path: str = ""
-    """The distillation teacher, loadable by transformers (teacher.model built or trained by now); empty without."""
-    reward_model_path: str = ""
-    """The reward model, loadable by transformers (reward_model.model built by now); empty without."""
+    scorer_models: dict[str, str] = field(default_factory=dict)
+    """The scorers' own models by their recipe key (teacher.model, reward_model.model), each checked as its pool
+    needs it and loadable by transformers (built or trained by now); none for a pool that is off."""
 
     @property
     def paths(self) -> dict[str, str]:
         """Each model's path by its recipe key, as the pool kinds name their model (``KINDS[pool].model``)."""
-        return {
-            "model.path": self.model_path,
-            "teacher.model": self.teacher_path,
-            "reward_model.model": self.reward_model_path,
-        }
+        return {"model.path": self.model_path, **self.scorer_models}
+
+
+def _pass_rates(recipe: Recipe, val_rows: list[dict]) -> list[str]:
+    n = recipe.generator.val_n
+    return sorted({f"val/{row['data_source']}/pass@{k}" for row in val_rows for k in {1, n}})
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a command's run checks and builds before start (``JOBS``): a job's own, not a branch on its name."""
+
+    rows: Callable | None = None
+    """What its training rows carry beyond the prompt, from a row (``data.targets``): SFT's target, a reward model's
+    conversations."""
+    over: Callable[[dict, Recipe], bool] = lambda extra, r: False
+    """Whether what `rows` made is over its limit (the row is dropped and counted)."""
+    limit: Callable[[Recipe], str] = lambda r: ""
+    """That limit, as a user reads it."""
+    answers: bool = True
+    """Its rows need a ground truth."""
+    samples: bool = False
+    """It samples and scores (GRPO): the algorithm, the rewards and the environment are tried on the first row, and
+    its scorers' own models checked and resolved, before start."""
+    validation: Callable[[Recipe, list[dict]], list[str]] = _pass_rates
+    """The metrics its validation reports on these rows (what trainer.early_stop.metric may name)."""
+    validation_rows: str = ""
+    """The job whose rows its validation rows are (``JOBS``): plain prompts, or a reward model's conversations."""
+
+
+RM_VALIDATION = ("val/rm/accuracy", "val/rm/loss")
+"""What a reward model's validation reports (``grpo_ray.rm``)."""
+
+JOBS = {
+    "": Job(),  # validation rows: a prompt and its answer
+    "train": Job(samples=True),
+    "sft": Job(
+        rows=target_tokens,
+        over=lambda extra, r: len(extra["target_ids"]) > r.sft.max_target_length,
+        limit=lambda r: f" or its target than sft.max_target_length={r.sft.max_target_length}",
+    ),
+    "rm": Job(
+        rows=rm_tokens,
+        over=lambda extra, r: max(len(extra[k]) for k in RM_IDS if k in extra) > r.rm.max_length,
+        limit=lambda r: f" or its conversation than rm.max_length={r.rm.max_length}",
+        answers=False,  # a reward model's rows need no ground truth
+        validation=lambda r, rows: list(RM_VALIDATION) if rows else [],
+        validation_rows="rm",
+    ),
+}
+"""Each command's job; usable_rows' command "" reads validation rows."""
 
 
 def usable_rows(
@@ -84,7 +129,8 @@ def usable_rows(
 
 def _rows_of(spec: str, tokenizer, recipe: Recipe, command: str, pieces: dict) -> tuple[list[dict], int, str]:
     """``usable_rows`` of one file: its usable rows, how many were dropped, and the first dropped's reason."""
-    answer_key = "" if command == "rm" else recipe.data.answer_key  # a reward model's rows need no ground truth
+    job = JOBS[command]
+    answer_key = recipe.data.answer_key if job.answers else ""
     loaded = load_rows(spec, recipe.data.prompt_key, answer_key)
     texts = [
         prompt_text(
@@ -96,11 +142,9 @@ def _rows_of(spec: str, tokenizer, recipe: Recipe, command: str, pieces: dict) -
     rows, n, first = [], 0, ""
     for i, (row, text, ids) in enumerate(zip(loaded, texts, prompts)):
         extra, where = {"prompt_ids": ids, "prompt_text": text}, f"{spec} row {i}"
-        if command == "sft":
-            extra.update(target_tokens(row, recipe, tokenizer, where, pieces))
-        if command == "rm":
-            extra.update(rm_tokens(row, recipe, tokenizer, where))
-        if len(ids) > recipe.data.max_prompt_length or _over(extra, recipe):
+        if job.rows:
+            extra.update(job.rows(row, recipe, tokenizer, where, pieces))
+        if len(ids) > recipe.data.max_prompt_length or job.over(extra, recipe):
             n += 1
             first = first or f"{where} is over {_limits(recipe, command)}"
             continue
@@ -108,92 +152,9 @@ def _rows_of(spec: str, tokenizer, recipe: Recipe, command: str, pieces: dict) -
     return rows, n, first
 
 
-def _over(extra: dict, recipe: Recipe) -> bool:
-    """Whether a row's target (SFT) or rendered conversation (reward model) is over its limit."""
-    rendered = max((len(extra[k]) for k in RM_IDS if k in extra), default=0)
-    return len(extra.get("target_ids", ())) > recipe.sft.max_target_length or rendered > recipe.rm.max_length
-
-
 def _limits(recipe: Recipe, command: str) -> str:
     """The limits a row of `command` is measured against, as a user reads them."""
-    limits = f"data.max_prompt_length={recipe.data.max_prompt_length}"
-    if command == "sft":
-        limits += f" or its target than sft.max_target_length={recipe.sft.max_target_length}"
-    if command == "rm":
-        limits += f" or its conversation than rm.max_length={recipe.rm.max_length}"
-    return limits
-
-
-RM_VALIDATION = ("val/rm/accuracy", "val/rm/loss")
-"""What a reward model's validation reports (``grpo_ray.rm``)."""
-RM_IDS = ("chosen_ids", "rejected_ids", "response_ids")
-"""A reward-model row's rendered conversations: a preference pair's two, or a pointwise row's one."""
-
-
-def rm_tokens(row: dict, recipe: Recipe, tokenizer, where: str) -> dict:
-    """A reward-model row as the classifier reads it, each response after the prompt's messages in the model's chat
-    template (``rewards.learned.render``, as the reward-model pool renders rollouts): 'chosen_ids' and
-    'rejected_ids' of a preference pair, or 'response_ids' and 'label' of a pointwise row (rm.label_key). A response
-    is text, or messages whose last is the assistant's answer. DataError naming `where` when one is missing."""
-    c = recipe.rm
-    keys = (
-        {"response_ids": "response_key"}
-        if c.label_key
-        else {"chosen_ids": "chosen_key", "rejected_ids": "rejected_key"}
-    )
-    out = {}
-    for name, field in keys.items():
-        key = getattr(c, field)
-        value = dotted(row, key)
-        if isinstance(value, list) and value and isinstance(value[-1], dict) and value[-1].get("role") == "assistant":
-            value = value[-1].get("content")
-        if not isinstance(value, str) or not value.strip():
-            raise DataError(
-                f"{where}: rm.{field}={key!r} holds {_shown(value)}; expected the response as text, or messages "
-                "ending with the assistant's"
-            )
-        out[name] = tokenizer(render(tokenizer, row["prompt"], value), add_special_tokens=False)["input_ids"]
-    if c.label_key:
-        label = dotted(row, c.label_key)
-        if isinstance(label, bool) or not isinstance(label, (int, float)) or not 0 <= label <= 1:
-            raise DataError(
-                f"{where}: rm.label_key={c.label_key!r} holds {_shown(label)}; expected a number from 0 (bad) to 1 "
-                "(good)"
-            )
-        out["label"] = float(label)
-    return out
-
-
-def _shown(value) -> str:
-    """A row's value in an error line: short."""
-    return "nothing" if value is None else repr(value)[:60]
-
-
-def target_tokens(row: dict, recipe: Recipe, tokenizer, where: str, pieces: dict | None = None) -> dict:
-    """The SFT target of `row` at sft.target_key: 'target_ids' (its text, then end of sequence), or for a list of
-    messages (a multi-turn tool-use trace) the trajectory a rollout would make of it, with 'target_mask' (1 on the
-    assistant's tokens: the observations are not trained on). DataError naming `where` when there is none."""
-    key = recipe.sft.target_key
-    value = dotted(row, key)
-    if isinstance(value, list):
-        try:
-            ids, mask = trace_ids(tokenizer, value, recipe.model.chat_template_kwargs, pieces)
-        except ValueError as e:
-            raise DataError(f"{where}: sft.target_key={key!r} holds messages: {e}") from None
-        return {"target_ids": ids, "target_mask": mask}
-    target = target_text(row, key, recipe.data.response_prefix)
-    if target is None:
-        raise DataError(f"{where}: no text or messages at sft.target_key={key!r}")
-    return {"target_ids": tokenizer(target, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]}
-
-
-def target_text(row: dict, key: str, response_prefix: str = "") -> str | None:
-    """The SFT target of `row` at dotted `key` (``extra_info.answer``) without the response prefix the prompt
-    already ends with; None when missing or empty."""
-    value = dotted(row, key)
-    if not isinstance(value, str) or not value.strip():
-        return None
-    return value.removeprefix(response_prefix) if response_prefix else value
+    return f"data.max_prompt_length={recipe.data.max_prompt_length}" + JOBS[command].limit(recipe)
 
 
 def load_rewards(recipe: Recipe, recipe_dir: Path | None) -> None:
@@ -412,6 +373,19 @@ def check_judge_context(recipe: Recipe, path: str) -> None:
         )
 
 
+def _resolved(recipe: Recipe, tokenizer, kind) -> str:
+    """A scorer's own model found or built (a ``tiny://`` one), not checked further."""
+    return models.resolve(kind.model_name(recipe))
+
+
+SCORER_MODELS = {
+    TEACHER: lambda recipe, tokenizer, kind: teacher_base(recipe, tokenizer),
+    REWARD_MODEL: lambda recipe, tokenizer, kind: reward_model_path(recipe),
+}
+"""How a scorer pool with a model of its own checks it before start (with the policy's tokenizer) and resolves it;
+one not named here has it resolved (``_resolved``)."""
+
+
 def check_styles(rows: list[dict]) -> None:
     """With reward_model.by_style, every training row's reward_model.style must name its reward."""
     for i, row in enumerate(rows):
@@ -437,9 +411,9 @@ def setup_run(
     output_dir = rundir.writable_dir(recipe.trainer.output_dir, "trainer.output_dir")
     transports.check(recipe)  # the weight transport exists and has what it needs (the storage one: its directory)
     load_rewards(recipe, recipe_dir)  # also puts the working directory and the recipe's folder on the import path
-    if command == "train":
+    if JOBS[command].samples:
         check_algorithm(recipe)
-    child = reward_child(recipe) if command == "train" and recipe.reward.functions else None
+    child = reward_child(recipe) if JOBS[command].samples and recipe.reward.functions else None
     try:
         return _setup_run(recipe, command, output_dir, warm_start, child)
     finally:
@@ -453,7 +427,7 @@ def _setup_run(recipe: Recipe, command: str, output_dir: Path, warm_start, child
     dropped: dict[str, int] = {}
     first_dropped: list[str] = []
     train_rows = usable_rows(recipe.data.train_files, tokenizer, recipe, dropped, command, first_dropped)
-    val_rows = usable_rows(recipe.data.val_files, tokenizer, recipe, dropped, "rm" if command == "rm" else "")
+    val_rows = usable_rows(recipe.data.val_files, tokenizer, recipe, dropped, JOBS[command].validation_rows)
     if len(train_rows) < recipe.data.train_batch_size:
         n = sum(dropped.get(f, 0) for f in recipe.data.train_files)
         why = f"; {n} dropped, the first: {first_dropped[0]}" if first_dropped else ""
@@ -461,19 +435,19 @@ def _setup_run(recipe: Recipe, command: str, output_dir: Path, warm_start, child
             f"data.train_files give {len(train_rows)} usable rows, fewer than "
             f"data.train_batch_size={recipe.data.train_batch_size}{why}"
         )
-    if command == "train" and recipe.reward.functions:
+    job = JOBS[command]
+    if job.samples and recipe.reward.functions:
         try_rewards(recipe, train_rows[0], "the first training row", child)
-    if command == "train" and recipe.environment.name:
+    if job.samples and recipe.environment.name:
         try_environment(recipe, tokenizer, train_rows[0])
-    teacher_path = teacher_base(recipe, tokenizer) if command == "train" and recipe.teacher.model else ""
-    scorer = reward_model_path(recipe) if command == "train" and recipe.reward_model.model else ""
-    if scorer and recipe.reward_model.by_style:
+    scorers = {  # each scorer's own model, checked as its pool needs it (resolved, by default)
+        k.model: SCORER_MODELS.get(k.name, _resolved)(recipe, tokenizer, k)
+        for k in KINDS.values()
+        if job.samples and k.model and k.model != "model.path" and k.count(recipe)
+    }
+    if scorers.get(KINDS[REWARD_MODEL].model) and recipe.reward_model.by_style:
         check_styles(train_rows)
-    metric = recipe.trainer.early_stop.metric
-    n = recipe.generator.val_n
-    offered = sorted({f"val/{row['data_source']}/pass@{k}" for row in val_rows for k in {1, n}})
-    if command == "rm":  # grpo_ray.rm: a reward model is validated on held-out rows
-        offered = list(RM_VALIDATION) if val_rows else []
+    metric, offered = recipe.trainer.early_stop.metric, job.validation(recipe, val_rows)
     if metric and metric not in offered:
         raise RecipeError(
             f"trainer.early_stop.metric={metric!r}: validation reports {', '.join(offered) or 'nothing'} "
@@ -488,9 +462,10 @@ def _setup_run(recipe: Recipe, command: str, output_dir: Path, warm_start, child
 
     if models.is_sft(recipe.model.path):
         model_path = trained(recipe.model.path)
-    if teacher_path and models.is_sft(recipe.teacher.model):
-        teacher_path = trained(recipe.teacher.model)
+    for k in KINDS.values():  # an sft:// teacher: checked on its base, trained now
+        if k.model in scorers and models.is_sft(k.model_name(recipe)):
+            scorers[k.model] = trained(k.model_name(recipe))
     dump_recipe(recipe, output_dir / "config.yaml")
     dims = model_dims(model_path)  # once, from the model as built or trained
     first = train_rows[0]["prompt_ids"]
-    return RunInputs(model_path, dims, train_rows, val_rows, dropped, output_dir, first, resume, teacher_path, scorer)
+    return RunInputs(model_path, dims, train_rows, val_rows, dropped, output_dir, first, resume, scorers)

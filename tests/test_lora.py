@@ -189,7 +189,7 @@ def test_engine_takes_each_update_of_the_adapters(ray_local, tmp_path, mode):
     """The anchors' silent no-op (an adapter sync that never reaches the engine) cannot pass here: after a LoRA
     step the engine's logprobs differ from the learner's until the push, and match them after it; a push sends
     the adapters alone (a small share of the model), or the whole model merged."""
-    from grpo_ray.controller import Controller
+    from grpo_ray.controller import GRPOController
     from grpo_ray.setup_run import setup_run
     from tests.conftest import tiny_rollouts
 
@@ -207,7 +207,7 @@ def test_engine_takes_each_update_of_the_adapters(ray_local, tmp_path, mode):
             "trainer.bucket_mb=1",
         ],
     )
-    c = Controller(recipe, setup_run(recipe))
+    c = GRPOController(recipe, setup_run(recipe))
     try:
         c.start()
         assert not c.pools.actors["reference"]

@@ -6,7 +6,7 @@ import pytest
 
 from grpo_ray import placement
 from grpo_ray.config import load_recipe
-from grpo_ray.controller import Controller
+from grpo_ray.controller import GRPOController
 from grpo_ray.setup_run import setup_run
 from tests.conftest import ROOT, TINY
 
@@ -41,7 +41,7 @@ def test_generators_land_only_on_generator_nodes(tmp_path):
                 "data.max_prompt_length=200",
             ],
         )
-        c = Controller(r, setup_run(r))
+        c = GRPOController(r, setup_run(r))
         try:
             c.start()
             plan = json.loads((tmp_path / "placement.json").read_text())

@@ -4,7 +4,7 @@ import pytest
 
 from grpo_ray import placement
 from grpo_ray.config import load_recipe
-from grpo_ray.controller import Controller
+from grpo_ray.controller import GRPOController
 from grpo_ray.setup_run import setup_run
 from tests.conftest import ROOT, TINY
 
@@ -75,7 +75,7 @@ def test_a_cluster_too_small_fails_before_any_actor_starts(ray_local, tmp_path):
     r = load_recipe(
         TINY_RECIPE, [f"model.path={TINY.format(arch='qwen2')}", f"trainer.output_dir={tmp_path}", "learner.num_cpus=3"]
     )
-    c = Controller(r, setup_run(r))
+    c = GRPOController(r, setup_run(r))
     with pytest.raises(placement.ClusterError, match=r"the pools ask for 7\.?\d* CPU in all, the cluster has 4"):
         c.start()
     assert ray_local.util.list_named_actors() == [] and c.pools.actors["learner"] == []

@@ -8,7 +8,7 @@ import torch
 
 from grpo_ray import sync
 from grpo_ray.config import load_recipe
-from grpo_ray.controller import Controller
+from grpo_ray.controller import GRPOController
 from grpo_ray.device import Device
 from grpo_ray.roles import fsdp, mark_rss, peak_rss_since_mark
 from grpo_ray.setup_run import setup_run
@@ -61,7 +61,7 @@ def test_sync_round_trip_through_the_pools(ray_local, tmp_path):
             "learner.micro_batch_size=4",
         ],
     )
-    c = Controller(recipe, setup_run(recipe))
+    c = GRPOController(recipe, setup_run(recipe))
     try:
         c.start()
         assert c.engines.probe() < 1e-5  # the same checkpoint on both sides
@@ -178,7 +178,7 @@ def test_push_memory_streams_on_both_sides(ray_local, tmp_path):
             "learner.micro_batch_size=16",
         ],
     )
-    c = Controller(recipe, setup_run(recipe))
+    c = GRPOController(recipe, setup_run(recipe))
     try:
         c.start(("learner", "generator"))
         learner, engine = c.pools.actors["learner"][0], c.pools.actors["generator"][0]

@@ -6,7 +6,8 @@ machinery (FSDP2 group, optimizer and schedule, checkpoints, resume).
     rm_validate(rows)           loss, accuracy and margin over held-out rows, no gradients
 
 A row is the token ids of a preference pair's two rendered conversations (chosen, rejected), or of a pointwise
-row's one and its label (rm.label_key: ``grpo_ray.setup_run.rm_tokens``); the loss is ``algo.loss.reward_model_loss``.
+row's one and its label (rm.label_key: ``grpo_ray.data.targets.rm_tokens``); the loss is
+``algo.loss.reward_model_loss``.
 The model is model.path with a sequence-classification head of one output (a causal LM's new head starts at
 random, as in TRL's and OpenRLHF's reward trainers); its config, with the pad id it reads scores at, is what a
 checkpoint exports, so the reward-model pool loads the export as it is.

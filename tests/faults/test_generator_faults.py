@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 from grpo_ray.config import load_recipe
-from grpo_ray.controller import Controller
+from grpo_ray.controller import GRPOController
 from grpo_ray.dumps import read_samples
 from grpo_ray.setup_run import setup_run
 from tests.conftest import ROOT, TINY
@@ -34,7 +34,7 @@ LONG = [
 ]
 
 
-def hit_mid_step(c: Controller, step: int, sig: int, after_s: float = 0.3, on_replace=None) -> tuple[dict, float]:
+def hit_mid_step(c: GRPOController, step: int, sig: int, after_s: float = 0.3, on_replace=None) -> tuple[dict, float]:
     """Run step `step` in a thread and send `sig` to engine 0 `after_s` into it; the step's metrics and seconds.
     `on_replace` is called as soon as the pool counts engine 0's replacement (before the new engine's first call)."""
     import ray
@@ -56,7 +56,7 @@ def hit_mid_step(c: Controller, step: int, sig: int, after_s: float = 0.3, on_re
     return out, time.monotonic() - start
 
 
-def check_step(c: Controller, step: int, version: int) -> None:
+def check_step(c: GRPOController, step: int, version: int) -> None:
     """Every prompt of the step got exactly group_size samples, all from weights of `version`."""
 
     c.flush_dumps()
@@ -75,7 +75,7 @@ def test_lost_engine_is_replaced_mid_rollout(ray_local, tmp_path, capsys):
     15 s for step 3, put back to the default as its replacement is counted (a new engine's first answer, twice the
     deadline, can pass 30 s on a loaded machine, and would be counted as a second loss)."""
     r = load_recipe(RECIPE, [*LONG, f"trainer.output_dir={tmp_path}"])
-    c = Controller(r, setup_run(r))
+    c = GRPOController(r, setup_run(r))
     default = r.generator.timeout_s
 
     def deadline(seconds: float):
@@ -110,7 +110,7 @@ def test_engine_lost_while_generating_ahead_is_replaced_once(ray_local, tmp_path
     r = load_recipe(
         RECIPE, [*LONG, f"trainer.output_dir={tmp_path}", "algorithm.max_staleness=1", "trainer.total_steps=4"]
     )
-    c = Controller(r, setup_run(r))
+    c = GRPOController(r, setup_run(r))
     try:
         c.start()
         c.step(1)  # batch 2 was launched with version 0 at the start of step 1
