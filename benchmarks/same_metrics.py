@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 TIMED = ("timing_s/", "perf/", "time", "sync/GBps", "sync/gather_s", "sync/cast_s", "sync/load_s")
-"""Metrics that are wall-clock times or speeds (keys that start so, or end in /seconds): not compared."""
+"""Metrics that are wall-clock times or speeds (keys that start so, or end in /seconds or _s): not compared."""
 
 JOBS = {
     "quick-start": ["recipes/tiny-cpu.yaml", "trainer.total_steps=20", "trainer.test_freq=0"],
@@ -52,7 +52,7 @@ def compare(before: Path, after: Path) -> tuple[int, list[str]]:
     compared, differ = 0, []
     for x, y in zip(*rows):
         for key in sorted(set(x) | set(y)):
-            if key.startswith(TIMED) or key.endswith("/seconds"):
+            if key.startswith(TIMED) or key.endswith(("/seconds", "_s")):
                 continue
             compared += 1
             if x.get(key) != y.get(key):

@@ -18,6 +18,7 @@ import time
 from grpo_ray import envs, rewards
 from grpo_ray.config import Recipe, SamplingConfig, engine_rank
 from grpo_ray.device import Device
+from grpo_ray.faults import fault_at
 from grpo_ray.lengths import cpu_kv_cache_bytes, max_model_len
 from grpo_ray.roles import RoleActor, Seat, log_to_file, trim_heap
 from grpo_ray.roles.vllm_ext import bound_cpu_gemm_caches
@@ -177,7 +178,9 @@ class Generator(RoleActor):
     def receive_weights(self, metas: list, bucket_bytes: int, version: int, probe_ids: list[int] | None = None) -> dict:
         """Receive a push of the learner's weights and load it, bucket by bucket; the slowest worker's
         seconds in all, waiting on the wire and loading. With `probe_ids`, then the probe's logprobs under the new
-        weights ("probe"), in the same call: no round trip of its own after a push."""
+        weights ("probe") and the fresh-rollout check (``fresh_after_push``), in the same call: no round trip of its
+        own after a push."""
+        cached = self._cache_probe(probe_ids, skip_cache=False) if probe_ids else None  # its prefix, pre-push
         start = time.perf_counter()
         timings = self.llm.collective_rpc("grpo_receive_weights", args=(metas, bucket_bytes, version, self.adapter))
         if self.adapter:  # the new adapters replace the old under one id (remove + add: any vLLM version; a
@@ -190,7 +193,52 @@ class Generator(RoleActor):
             self.llm.llm_engine.remove_lora(1)
             self.llm.llm_engine.add_lora(self.lora_request)
             timings = [{**t, "load": t["load"] + time.perf_counter() - added} for t in timings]
-        self.llm.reset_prefix_cache()
+        if not fault_at("stale_prefix_cache", version):
+            self.llm.reset_prefix_cache()
         self.version = version
         received = {**max(timings, key=lambda t: t["seconds"]), "seconds": time.perf_counter() - start}
-        return {**received, "probe": self.prompt_logprobs(probe_ids)} if probe_ids else received
+        if not probe_ids:
+            return received
+        fresh = self.fresh_after_push(probe_ids, cached)  # first: the cache holds nothing computed since the reset
+        return {**received, "probe": self.prompt_logprobs(probe_ids), "fresh": fresh}
+
+    def cache_probe_ids(self, probe_ids: list[int]) -> list[int] | None:
+        """The probe's tokens repeated past one block of the prefix cache (a block is cached only when full, and a
+        request reuses blocks before its last token): the prefix the fresh-rollout check serves before a push and
+        asks for after it. None when the engine's context cannot hold one (no request can then reuse a block)."""
+        block = self.llm.llm_engine.vllm_config.cache_config.block_size
+        length = block + 2
+        if not probe_ids or length + 1 > self.llm.llm_engine.vllm_config.model_config.max_model_len:
+            return None
+        return (probe_ids * (length // len(probe_ids) + 1))[:length]
+
+    def _cache_probe(self, probe_ids: list[int], skip_cache: bool) -> tuple[int, dict[int, float], float] | None:
+        """One request on the cache probe's tokens (``cache_probe_ids``), read through the prefix cache as a rollout
+        is, or skipping it: how many of its prompt tokens the cache served, its next token's top logprobs, and its
+        seconds."""
+        from vllm import SamplingParams
+
+        ids = self.cache_probe_ids(probe_ids)
+        if ids is None:
+            return None
+        start = time.perf_counter()
+        params = SamplingParams(max_tokens=1, temperature=1.0, seed=0, logprobs=5, skip_reading_prefix_cache=skip_cache)
+        out = self.llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False, lora_request=self.lora_request)[0]
+        logprobs = {t: lp.logprob for t, lp in out.outputs[0].logprobs[0].items()}
+        return out.num_cached_tokens or 0, logprobs, time.perf_counter() - start
+
+    def fresh_after_push(self, probe_ids: list[int], before) -> dict[str, float]:
+        """The fresh-rollout check after a push: a request sharing its prefix with one served before the push (the
+        cache probe, `before`) must be given no key or value of that prefix computed under the older weights: the
+        cache must serve it no token (it holds nothing from before the reset that follows every load). "stale_tokens":
+        the prompt tokens it served; "diff", when it served some, how far they moved the next token's logprobs from
+        the new weights' (the same request skipping the cache); "seconds": the check's, both requests."""
+        if before is None:
+            return {"stale_tokens": 0.0, "diff": 0.0, "seconds": 0.0}
+        start = time.perf_counter()
+        stale, through, _ = self._cache_probe(probe_ids, False)
+        diff = 0.0  # nothing served from the cache: the request computed its prefix under the new weights
+        if stale:  # how far the old keys and values moved its logprobs, for the message
+            fresh = self._cache_probe(probe_ids, True)[1]
+            diff = max(abs(through[t] - fresh[t]) for t in through.keys() & fresh.keys())
+        return {"stale_tokens": float(stale), "diff": diff, "seconds": time.perf_counter() - start + before[2]}

@@ -54,3 +54,22 @@ def test_sync_that_leaves_engines_disagreeing_stops_the_run(tmp_path):
     assert "Traceback" not in run.output()
     # version k is pushed at the end of step k: the steps before it were trained and logged, that one and none after
     assert [m["step"] for m in metrics(out)] == list(range(1, int(said[0][0])))
+
+
+def test_keys_and_values_from_before_a_push_stop_the_run(tmp_path, faults_env):
+    """The fresh-rollout check (issue 55, item 4): an engine that keeps its prefix cache across a push (the fault)
+    serves a request sharing a prefix with one served before the push the old weights' keys and values; the check
+    after the push sees the cached tokens and the logprobs that differ, and the run stops there with one line."""
+    out = tmp_path / "run"
+    args = ["trainer.total_steps=3", "generator.max_model_len=256"]  # a context that holds a CPU block: 128 tokens
+    run = Run(out, args, {**faults_env, "GRPO_RAY_FAULTS": "stale_prefix_cache@2"})
+    assert run.wait() == 1, run.output()[-3000:]
+    said = re.findall(
+        r"weight sync to version 2: engine 0 served (\d+) prompt tokens from its prefix cache whose keys and values "
+        r"were computed under the weights before the push \(the next token's logprobs after them differ from the new "
+        r"weights' by ([0-9.e-]+)\)",
+        run.output(),
+    )
+    assert len(said) == 1 and int(said[0][0]) >= 128 and float(said[0][1]) > 0, run.output()[-3000:]
+    assert "Traceback" not in run.output()
+    assert [m["step"] for m in metrics(out)] == [1]  # version 1's push was checked and passed: step 1 logged
