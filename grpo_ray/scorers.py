@@ -23,6 +23,9 @@ from grpo_ray.config import KINDS, REWARD_MODEL, RULES, Recipe
 from grpo_ray.pools import PoolFault, Pools
 from grpo_ray.types import Work
 
+CALLS = {"token": "logprobs", "sequence": "score"}
+"""A model scorer's call by the signal it gives: (rollout refs, spans) in, (its signal, Work) out, every actor of its
+group called (``roles.frozen``)."""
 LEARNED = REWARD_MODEL
 """The learned reward's pool (a classifier or a judge); the rule rewards' is RULES."""
 
@@ -69,18 +72,20 @@ class Scorers:
             if pieces
         ]
 
-    def _every_actor(self, pool: str, rollouts: list, samples: Samples, method: str) -> list:
-        """(result ref, Work ref) from every actor of `pool`'s group, each with its share of the tokens (or none)."""
+    def _every_actor(self, pool: str, rollouts: list, samples: Samples) -> list:
+        """(signal ref, Work ref) from every actor of `pool`'s group, each with its share of the tokens (or none),
+        through the call its signal names (``CALLS``)."""
         shares = {id(a): (refs, spans) for a, refs, spans in self.spread(pool, rollouts, samples, True)}
+        call = CALLS[KINDS[pool].signal]
         return [
-            getattr(a, method).options(num_returns=2).remote(*shares.get(id(a), ([], [])))
+            getattr(a, call).options(num_returns=2).remote(*shares.get(id(a), ([], [])))
             for a in self.pools.actors[pool]
         ]
 
     def send(self, rollouts: list, samples: Samples, tokens: bool = True) -> Sent:
         """Send the batch to the sequence scorers and, with `tokens`, to the token scorers."""
         sent = Sent(rollouts, samples, self.rules(rollouts, samples))
-        sent.learned = self._every_actor(LEARNED, rollouts, samples, "score")
+        sent.learned = self._every_actor(LEARNED, rollouts, samples)
         if tokens:
             sent.tokens = self.send_tokens(rollouts, samples)
         return sent
@@ -92,7 +97,7 @@ class Scorers:
     def send_tokens(self, rollouts: list, samples: Samples) -> dict[str, list]:
         """Per token scorer (none without a KL term, none without distillation), its (logprobs ref, Work ref) per
         actor."""
-        return {pool: self._every_actor(pool, rollouts, samples, "logprobs") for pool in self.token_pools}
+        return {pool: self._every_actor(pool, rollouts, samples) for pool in self.token_pools}
 
     def learned(self, sent: Sent, deadline: float | None) -> Learned | None:
         """The reward model's values for `sent` (None without one), under its row's fault policy: an actor lost, or
@@ -108,7 +113,7 @@ class Scorers:
                 self.say(f"{e} (reward_model.judge.timeout_s): this step's samples score the default")
                 return Learned([math.nan] * len(sent.samples.costs), [Work(deadline, 0)], timed_out=True)
             self.say(f"a reward-model actor was lost ({e}); started the pool again, scoring the batch again")
-            again = self._every_actor(LEARNED, sent.rollouts, sent.samples, "score")
+            again = self._every_actor(LEARNED, sent.rollouts, sent.samples)
             got = self.pools.call([ref for pair in again for ref in pair], "reward model (again)", deadline)
         return Learned([v for share in got[0::2] for v in share], got[1::2])
 

@@ -15,7 +15,6 @@ import time
 import torch
 import torch.distributed as dist
 
-from grpo_ray import sync
 from grpo_ray.algo.batching import (
     LayoutWork,
     Span,
@@ -28,13 +27,13 @@ from grpo_ray.algo.batching import (
 )
 from grpo_ray.algo.logprobs import sequence_logprobs
 from grpo_ray.config import REFERENCE, Recipe
-from grpo_ray.device import Device
 from grpo_ray.models import load_causal_lm, pad_id
-from grpo_ray.roles import RoleActor, Seat, fsdp, log_to_file
+from grpo_ray.roles import Seat, fsdp
+from grpo_ray.roles.frozen import FrozenModel
 from grpo_ray.types import Completion, Prompt, Rollout, RolloutStats, Work
 
 
-class Reference(RoleActor):
+class Reference(FrozenModel):
     @classmethod
     def start_args(cls, seat: Seat) -> tuple:
         """A frozen scorer's, and its pool: the reference or the teacher, on its own model."""
@@ -49,23 +48,13 @@ class Reference(RoleActor):
         threads: int = 1,
         pool: str = REFERENCE,
     ):
-        log_to_file()
-        torch.set_num_threads(max(1, threads))
-        self.run_on = Device.of(recipe)
-        self.device = self.run_on.torch
-        self.model_path, self.trust_remote_code = model_path, recipe.model.trust_remote_code
-        self.dtype = getattr(torch, recipe.learner.dtype)  # the learner's compute dtype: both score alike
-        self.rank, self.world_size = rank, world_size
+        super().__init__(model_path, recipe, rank, world_size, threads)
         self.micro_batch_size, self.temperature = (
             getattr(recipe, pool).micro_batch_size,
             recipe.generator.sampling.temperature,
         )
         self.packing, self.shared = recipe.model.sequence_packing, recipe.model.shared_prompt
         self.pool = pool
-
-    def address(self) -> tuple[str, int]:
-        """A free address on this actor's node (rank 0 hosts the group's store)."""
-        return sync.free_address()
 
     def setup(self, host: str, port: int) -> None:
         """Join the reference group; load the model in the learner's compute dtype (so both score with the same

@@ -17,35 +17,24 @@ import time
 import torch
 import torch.distributed as dist
 
-from grpo_ray import sync
 from grpo_ray.algo.batching import Span, samples
 from grpo_ray.config import Recipe
-from grpo_ray.device import Device
 from grpo_ray.faults import fault_at
 from grpo_ray.rewards.learned import render
-from grpo_ray.roles import RoleActor, fsdp, log_to_file
+from grpo_ray.roles import fsdp
+from grpo_ray.roles.frozen import FrozenModel
 from grpo_ray.types import Work
 
 
-class RewardModel(RoleActor):
+class RewardModel(FrozenModel):
     def __init__(self, model_path: str, recipe: Recipe, rank: int = 0, world_size: int = 1, threads: int = 1):
-        log_to_file()
-        torch.set_num_threads(max(1, threads))
-        self.run_on = Device.of(recipe)
-        self.device = self.run_on.torch
-        self.model_path, self.trust_remote_code = model_path, recipe.model.trust_remote_code
-        self.dtype = getattr(torch, recipe.learner.dtype)
-        self.rank, self.world_size = rank, world_size
+        super().__init__(model_path, recipe, rank, world_size, threads)
         cfg = recipe.reward_model
         self.sharded = cfg.shard and world_size > 1  # a group of one would hold the whole model anyway
         self.micro_batch_size, self.max_length = cfg.micro_batch_size, cfg.max_length
         self.head = max(cfg.head, 0)  # the output that is the score
         self.prefix = recipe.data.response_prefix
         self.calls = 0
-
-    def address(self) -> tuple[str, int]:
-        """A free address on this actor's node (rank 0 hosts the group's store)."""
-        return sync.free_address()
 
     def setup(self, host: str, port: int) -> None:
         """Join the group; load the classifier and its tokenizer, and shard the classifier (replicated, with
