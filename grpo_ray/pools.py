@@ -109,11 +109,6 @@ class Pools:
         """The learner group's actors, rank 0 first."""
         return self.actors[LEARNER]
 
-    @property
-    def model_path(self) -> str:
-        """The policy's path (the learner's and the engines' model)."""
-        return self.paths["model.path"]
-
     def start(self, pools: tuple[str, ...] = POOLS, say=print) -> None:
         """Reserve the cluster, start the pools, form each group's process group (the learner's first) and (with
         generators) the sync group; `say` gets a line as each phase ends, with the seconds since the command began

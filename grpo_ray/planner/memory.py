@@ -265,15 +265,19 @@ def learner_pool(kind: PoolKind, d: ModelDims, r: Recipe, memory_gb: float, job:
     return job_learner_memory(d, r, job)
 
 
+def dims_of(kind: PoolKind, r: Recipe, d: ModelDims) -> ModelDims:
+    """The shape of the model `kind`'s row names: the policy's (`d`), or its own, read from its recipe key."""
+    return d if kind.model == "model.path" else model_dims(kind.model_name(r), kind.model)
+
+
 def frozen_pool(kind: PoolKind, d: ModelDims, r: Recipe, memory_gb: float, job: str) -> PoolMemory:
     """The reference's on the policy's shape, the teacher's on its own."""
-    own = d if kind.model == "model.path" else model_dims(kind.model_name(r), kind.model)
-    return reference_memory(own, r, kind=kind)
+    return reference_memory(dims_of(kind, r, d), r, kind=kind)
 
 
 def reward_model_pool(kind: PoolKind, d: ModelDims, r: Recipe, memory_gb: float, job: str) -> PoolMemory:
     """A judge's engine, or a classifier's forward at reward_model.max_length (else the policy's sequence)."""
-    rm, rd = r.reward_model, model_dims(kind.model_name(r), kind.model)
+    rm, rd = r.reward_model, dims_of(kind, r, d)
     if rm.judge.template:
         return judge_memory(rd, r, memory_gb, kind.name)
     return reference_memory(rd, r, rm.max_length or seq_len(r), kind)

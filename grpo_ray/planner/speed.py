@@ -43,8 +43,9 @@ from dataclasses import dataclass, field, replace
 from grpo_ray import placement, schedules
 from grpo_ray.algo.batching import use_shared
 from grpo_ray.config import GENERATOR, KINDS, LEARNER, PoolKind, Recipe
-from grpo_ray.dims import ModelDims, model_dims
+from grpo_ray.dims import ModelDims
 from grpo_ray.lengths import dtype_bytes, response_budget, wire_dtype
+from grpo_ray.planner.memory import dims_of
 from grpo_ray.planner.rates import Rates, Throughput
 from grpo_ray.planner.work import call_seconds, generation_seconds, group_seconds, share_work, work_parts
 
@@ -131,7 +132,7 @@ class StepInputs:
 
     def model_of(self, kind: PoolKind) -> ModelDims:
         """The shape of the model `kind`'s row names: the policy's, or its own (read from its recipe key)."""
-        return self.d if kind.model == "model.path" else model_dims(kind.model_name(self.r), kind.model)
+        return dims_of(kind, self.r, self.d)
 
     @property
     def schedule(self) -> schedules.Schedule:
