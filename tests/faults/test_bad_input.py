@@ -233,6 +233,17 @@ CASES = {  # name: (recipe, overrides, what the message must say)
         ["algorithm.adv_estimator=tests.helpers.my_algo:one_per_group"],
         "gave [3] values ([0.5, 0.5, 1.0]): expected 12 finite advantages, one per reward",
     ),
+    "a schedule that does not exist": (
+        RECIPE,
+        ["algorithm.schedule=stream"],
+        "algorithm.schedule='stream': expected one of batched",
+    ),
+    "a schedule that is no Schedule": (
+        RECIPE,
+        ["algorithm.schedule=tests.helpers.my_algo:one_per_group"],
+        "algorithm.schedule='tests.helpers.my_algo:one_per_group': a function, not a subclass of "
+        "grpo_ray.schedules.Schedule",
+    ),
     "an estimator that is no function": (
         RECIPE,
         ["algorithm.adv_estimator=tests.helpers.my_algo:NOT_A_FUNCTION"],
