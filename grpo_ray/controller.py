@@ -40,6 +40,7 @@ from grpo_ray.algo.groups import select_groups, signal_groups, take_groups
 from grpo_ray.config import GENERATOR, KINDS, LEARNER, REFERENCE, TEACHER, Recipe
 from grpo_ray.engines import Launched, split
 from grpo_ray.errors import Preempted, RunError
+from grpo_ray.feed import Feed
 from grpo_ray.lengths import response_budget
 from grpo_ray.metrics import perf_metrics, pool_metrics, rollout_metrics
 from grpo_ray.pools import PoolFault
@@ -80,14 +81,16 @@ class GRPOController(Runner):
         self.skipped = {"in_a_row": 0, "total": 0}
         self.schedule = schedules.of(recipe.algorithm)
         """When batches launch and weights are pushed (``algorithm.schedule``)."""
+        self.feed = None
+        """Streaming: prompts sent ahead to the engines, groups taken as they finish (``grpo_ray.feed``)."""
+        if self.schedule.streams:
+            self.feed = Feed(recipe, self.engines, self.next_prompts, self.schedule.policy, self.say)
 
     # --- one step ----------------------------------------------------------------------
 
     def step(self, step: int) -> dict[str, float]:
         start, dapo = time.perf_counter(), self.r.algorithm.filter_groups.enable
-        batch = self.inflight.pop(step, None) or self.launch(step)  # launched (or collected) during the last step
-        if self.overlaps(step):
-            self.inflight[step + 1] = self.launch(step + 1)  # generated while this step trains
+        batch, flow = self.next_batch(step)
         rollouts, stats, sent, _ = self.collect(batch)  # sent to the scorers, maybe scored
         scores, learned, learned_work = self.rewards(sent)
         frozen, kept = sent.tokens, {}
@@ -105,9 +108,23 @@ class GRPOController(Runner):
         synced = self.engines.sync(self.learner_probe) if self.push_due(step) else NO_SYNC  # waits for generation ahead
         if self.r.trainer.dump_freq and (step % self.r.trainer.dump_freq == 0 or step == self.total_steps()):
             self.dump(f"train_data_step{step}", step, rollouts, scores, advantages)
-        extra = {**staleness, **kept, **learned, "reward/overlong_penalty/mean": penalty}
+        extra = {**staleness, **kept, **learned, **flow, "reward/overlong_penalty/mean": penalty}
         work[LEARNED] = learned_work
-        return self.metrics(time.perf_counter() - start, stats, scores, trained, synced, work, memory, extra)
+        out = self.metrics(time.perf_counter() - start, stats, scores, trained, synced, work, memory, extra)
+        if flow:  # the learner's side waiting on the engines' groups
+            out["perf/learner_idle_share"] = flow["timing_s/take"] / out["timing_s/step"]
+        return out
+
+    def next_batch(self, step: int) -> tuple[Launched | Collected, dict[str, float]]:
+        """This step's batch: streaming, the first groups to finish (the stream's metrics with it); else the batch
+        launched during the last step or now, the next one launched ahead when the schedule says."""
+        if self.feed:
+            rollouts, stats, flow = self.feed.take(step, self.total_steps(), self.version)
+            return self.sent(rollouts, stats, min(s.policy_version for s in stats)), flow
+        batch = self.inflight.pop(step, None) or self.launch(step)  # launched (or collected) during the last step
+        if self.overlaps(step):
+            self.inflight[step + 1] = self.launch(step + 1)  # generated while this step trains
+        return batch, {}
 
     def advantages(self, stats: list, scores: list) -> tuple[list[float], float]:
         """Each sample's advantage from its group's rewards (less DAPO's overlong penalty), and the mean penalty."""
@@ -159,8 +176,17 @@ class GRPOController(Runner):
         """The batch's age against the learner's weights (a sample older than max_staleness is never trained on),
         and from the engines' clocks, how much of its generation overlapped the last update and how long before
         that update ended it started (negative: after)."""
-        oldest = min(s.policy_version for s in stats)
-        if self.version - oldest > self.r.algorithm.max_staleness:
+        oldest, k = min(s.policy_version for s in stats), self.r.algorithm.max_staleness
+        ages = [self.version - v for s in stats for v, _ in s.versions] or [self.version - oldest]
+        spans = [n for s in stats for _, n in s.versions] or [1]
+        flow = {
+            "rollout/staleness/mean": sum(ages) / len(ages),
+            "rollout/staleness/max": float(max(ages)),
+            "rollout/over_max_staleness": float(sum(a > k for a in ages)),
+            "rollout/versions_per_trajectory/mean": sum(spans) / len(spans),
+            "rollout/versions_per_trajectory/max": float(max(spans)),
+        }
+        if self.version - oldest > k and not self.schedule.streams:  # streaming: the staleness policy's to say
             raise RunError(
                 f"samples of version {oldest} reached a learner at version {self.version}: older than "
                 f"algorithm.max_staleness={self.r.algorithm.max_staleness}"
@@ -168,6 +194,7 @@ class GRPOController(Runner):
         start, end = min(s.window[0] for s in stats), max(s.window[1] for s in stats)
         overlap = max(0.0, min(end, self.last_update[1]) - max(start, self.last_update[0]))
         return {
+            **flow,
             "rollout/staleness": float(self.version - oldest),
             "perf/gen_overlap_s": overlap,
             "perf/gen_ahead_s": self.last_update[1] - start if self.last_update[1] else 0.0,
@@ -242,7 +269,7 @@ class GRPOController(Runner):
 
     def launch(self, step: int) -> Launched:
         """Send the stream's next prompts to the engines."""
-        return self.engines.launch(step, [Prompt.from_row(uid, row) for uid, row in self.stream.next_batch()])
+        return self.engines.launch(step, self.next_prompts())
 
     def validate(self, step: int) -> dict[str, float]:
         """The policy's validation; before training, the teacher's too (``validate_teacher``)."""
@@ -308,9 +335,25 @@ class GRPOController(Runner):
         if isinstance(batch, Collected):
             return batch
         rollouts, stats = self.engines.collect(batch, recover)
+        return self.sent(rollouts, stats, batch.version)
+
+    def sent(self, rollouts: list, stats: list, version: int) -> Collected:
+        """Rollouts from the engines, sent to the scorers."""
         self.check_environment(stats)  # its first failures said, a run of failing steps stops the run
         dapo = self.r.algorithm.filter_groups.enable  # DAPO: the token scorers after its groups are chosen
-        return Collected(rollouts, stats, self.scorers.send(rollouts, Samples.of(stats), not dapo), batch.version)
+        return Collected(rollouts, stats, self.scorers.send(rollouts, Samples.of(stats), not dapo), version)
+
+    def next_prompts(self) -> list[Prompt]:
+        """The stream's next batch of prompts."""
+        return [Prompt.from_row(uid, row) for uid, row in self.stream.next_batch()]
+
+    def held_state(self) -> dict:
+        """Streaming: the prompts in flight, for a checkpoint (``Feed.state``)."""
+        return {"feed": self.feed.state()} if self.feed else {}
+
+    def restore_held(self, state: dict) -> None:
+        if self.feed and "feed" in state:
+            self.feed.restore(state["feed"], lambda uid: Prompt.from_row(uid, self.inputs.train_rows[uid]))
 
     def collect_ahead(self, batch: Launched) -> Launched | Collected:
         """`collect` while the learner trains: the engines have the batch soon after the update ends anyway (the

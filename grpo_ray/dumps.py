@@ -48,6 +48,7 @@ def write_dump(path: str, step: int, scores: list[Scores], advantages: list[floa
                             "finish_reason": c.finish_reason,
                             "response_ids": c.token_ids,
                             "sampler_logprobs": c.sampler_logprobs,
+                            **({"versions": c.versions} if c.versions else {}),
                             **(episode_record(c) if c.episode else {}),
                         }
                     )

@@ -170,6 +170,7 @@ class Engines:
             "sync/GBps": sent["bytes"] / seconds / 1e9,
             **{f"sync/{phase}_s": sent.get(phase, 0.0) for phase in ("gather", "cast")},
             "sync/load_s": slowest["load"],
+            "sync/pause_s": slowest.get("pause", 0.0),
             "sync/fresh_check_s": max(f["seconds"] for f in fresh),
             "timing_s/sync_weights": time.perf_counter() - start,
         }

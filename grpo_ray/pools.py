@@ -157,7 +157,7 @@ class Pools:
             resources=self.plans[pool].resources or None,
             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
             runtime_env={"env_vars": env},
-            max_concurrency=role.CONCURRENCY,
+            max_concurrency=role.concurrency(self.r),
         )
         path = self.paths.get(kind.model, "") if kind.model else ""
         seat = Seat(pool, i, self.plans[pool].actors, threads, path, self.r, self.dims)

@@ -289,6 +289,7 @@ class Runner:
             "scheduler": saved["scheduler"],
             "best": self.best.state(),
             "job": self.job,
+            **self.held_state(),
         }
         info = {"step": step, "consumed_samples": step * self.r.data.train_batch_size, "last_val_score": last_val}
         keep = frozenset([self.best.step] if self.r.trainer.keep_best and self.best.step else [])
@@ -321,9 +322,17 @@ class Runner:
             Position(**state["data"]),
         )
         self.version = self.engines.version = state["version"]
+        self.restore_held(state)
         if self.pools.generators:
             self.engines.push(self.version)  # before the first rollout
         return state["step"]
+
+    def held_state(self) -> dict:
+        """What a checkpoint keeps of the work in flight (none here)."""
+        return {}
+
+    def restore_held(self, state: dict) -> None:
+        """Take back what ``held_state`` kept."""
 
     # --- pools -------------------------------------------------------------------------
 

@@ -55,6 +55,9 @@ class Completion:
     template's (None: a single turn, every token the model's)."""
     episode: Episode | None = None
     """A multi-turn trajectory's turns and what its environment said (None: a single turn)."""
+    versions: list[int] | None = None
+    """The version of the weights that sampled each token (a trajectory in flight at a push spans two); None where
+    the engine did not label them (multi-turn)."""
 
 
 @dataclass
@@ -76,6 +79,17 @@ class Episode:
     (environment.max_tokens), "length" (a turn cut at sampling.max_tokens) or the failure."""
     seconds: float = 0.0
     """Time spent in the environment's calls."""
+
+
+@dataclass
+class Group:
+    """Streaming: one prompt's group sent to an engine and not yet taken (``Generator.submit``)."""
+
+    prompt: Prompt
+    seed: int
+    n: int
+    sent: object
+    """The future of its vLLM request."""
 
 
 @dataclass
@@ -106,6 +120,16 @@ class RolloutStats:
     failures: dict[str, str] = field(default_factory=dict)
     """Multi-turn rollouts: the environment's first failure of each kind on this engine (error, timeout, ...), its
     traceback or what happened, when it is new since the engine's last answer."""
+    versions: list[tuple[int, int]] = field(default_factory=list)
+    """Per completion with labelled tokens: (its oldest token's version, how many versions its tokens span)."""
+    uids: list[int] = field(default_factory=list)
+    """Its prompts' ``Prompt.uid``, in order."""
+    discarded: int = 0
+    """Streaming: tokens generated and not handed on (groups the staleness policy dropped, generated again)."""
+    engine_idle: float = 0.0
+    """Streaming: seconds the engine had nothing to run since its last take."""
+    ready: int = 0
+    """Streaming: groups finished and waiting in the engine after this take (its share of the buffer)."""
 
 
 @dataclass

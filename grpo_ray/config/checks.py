@@ -9,7 +9,7 @@ from grpo_ray.config.pools import GENERATOR, LEARNER, POOLS
 from grpo_ray.config.ranges import get_key, range_problems
 from grpo_ray.config.schema import AlgorithmConfig, Recipe
 
-FUNCTION_KEYS = ("algorithm.adv_estimator", "algorithm.loss_mode", "algorithm.schedule")
+FUNCTION_KEYS = ("algorithm.adv_estimator", "algorithm.loss_mode", "algorithm.schedule", "algorithm.staleness")
 """Keys that take one of their CHOICES or a user's ``module:function`` (grpo_ray.algo.registry)."""
 FUNCTION_NAME = r"[A-Za-z_][\w.]*:[A-Za-z_]\w*"
 
@@ -26,7 +26,8 @@ CHOICES = {
     ),
     "algorithm.adv_estimator": ("grpo", "rloo", "reinforce_plus_plus_baseline"),
     "algorithm.loss_mode": ("vanilla", "gspo", "cispo"),
-    "algorithm.schedule": ("batched",),
+    "algorithm.schedule": ("batched", "streaming"),
+    "algorithm.staleness": ("keep", "drop"),
     "algorithm.rollout_correction.rollout_is": (None, "token"),
     "algorithm.rollout_correction.rollout_rs": (None, "sequence", "geometric"),
     "cluster.device": ("cpu", "cuda"),
@@ -364,6 +365,17 @@ def _schedule_problems(r: Recipe) -> list[str]:
         p.append(
             f"algorithm.max_staleness={k} with trainer.total_steps={r.trainer.total_steps}: weights are pushed every "
             f"{k} steps, so the generators would never get the trained weights; lower it"
+        )
+    if a.schedule == "streaming" and not k:
+        p.append(
+            "algorithm.schedule=streaming with algorithm.max_staleness=0: the engines could only generate a batch "
+            "after the last push, as the batched schedule does; set max_staleness to 1 or more (how many steps ahead "
+            "prompts are sent)"
+        )
+    if a.schedule == "streaming" and r.environment.name:
+        p.append(
+            f"algorithm.schedule=streaming with environment.name={r.environment.name!r}: multi-turn episodes do not "
+            "stream yet (their turns run in LLM.generate, not in the engine's loop); use algorithm.schedule=batched"
         )
     shared = next((g for g in r.cluster.colocate if GENERATOR in g and LEARNER in g), None)
     if a.max_staleness and shared:

@@ -304,8 +304,14 @@ class AlgorithmConfig:
     """Passes over each step's samples."""
     schedule: str = "batched"
     """When batches are launched, weights pushed and the old policy recomputed (``grpo_ray.schedules``): batched (a
-    batch a step, generated, scored and trained whole; max_staleness says how far ahead the next is launched), or a
-    user's own as module:Class (a subclass of grpo_ray.schedules.Schedule)."""
+    batch a step, generated, scored and trained whole; max_staleness says how far ahead the next is launched),
+    streaming (the engines never wait: prompts sent max_staleness steps ahead, groups trained as they finish, weights
+    pushed into the generation in flight), or a user's own as module:Class (a subclass of
+    grpo_ray.schedules.Schedule)."""
+    staleness: str = "keep"
+    """Streaming: what a group older than max_staleness versions gets (``grpo_ray.schedules.staleness``): keep
+    (trained, corrected by rollout_correction's token weights; goodput 1), drop (generated again), or a user's own
+    as module:Class (a subclass of grpo_ray.schedules.Staleness)."""
     max_staleness: int = 0
     """How many versions older than the learner's a trained sample's weights may be (NeMo RL's
     max_trajectory_age_steps). 0: on-policy, each batch is generated with the weights of the step before.

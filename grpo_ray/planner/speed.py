@@ -352,16 +352,37 @@ def schedule_step(s: StepInputs, phases: dict[str, Phase]) -> tuple[float, str]:
         "update": s.r.learner.world_size * s.threads[LEARNER],
     }
     cores = s.cores if s.r.cluster.device == "cpu" else math.inf
+    if s.schedule.streams:  # the engines never wait: the learner's chain against generation, each step
+        chains = [[("generation", sec["generation"])], [("scoring", scoring), *((k, sec[k]) for k in LEARNING)]]
+        took, ended = shared_cores(chains, threads, cores)
+        stretch_shared(s, phases, took, scorers, scoring)
+        return max(ended["generation"] + sec["sync"], ended["update"] + after), (
+            "streaming: max(generation + the push's pause, scoring + old policy + update + sync + hops), each "
+            "engine generating through the learner's step" + (", sharing the cores" if math.isfinite(cores) else "")
+        )
     left, steps = 0.0, []
     for _ in range(6):
         chains = [
             [("generation", sec["generation"]), ("scoring", scoring)],
-            [("scoring left", left), ("old policy", sec["old policy"]), ("update", sec["update"])],
+            [("scoring left", left), *((k, sec[k]) for k in LEARNING)],
         ]
         took, ended = shared_cores(chains, threads, cores)
         step = max(ended["generation"], ended["update"]) + after
         left = max(0.0, ended["scoring"] - step)
         steps.append(step)
+    stretch_shared(s, phases, took, scorers, scoring)
+    return statistics.fmean(steps[-4:]), (
+        "one step off: max(generation, scoring left over + old policy + update) + sync + hops, the next batch's "
+        "scoring from the generation's end" + (", sharing the cores" if math.isfinite(cores) else "")
+    )
+
+
+LEARNING = ("old policy", "update")
+"""The learner's phases of a step, in order."""
+
+
+def stretch_shared(s: StepInputs, phases: dict[str, Phase], took: dict, scorers: list[str], scoring: float) -> None:
+    """Each phase's seconds become what it took sharing the cores (``shared_cores``), said in its detail."""
     for name, seconds in took.items():
         for phase in scorers if name == "scoring" else [] if name == "scoring left" else [name]:
             p = phases[phase]
@@ -370,10 +391,6 @@ def schedule_step(s: StepInputs, phases: dict[str, Phase]) -> tuple[float, str]:
                 p.seconds *= stretch
                 p.busy = {k: v * stretch for k, v in p.busy.items()}
                 p.detail += f"; x{stretch:.2f} sharing {s.cores} cores"
-    return statistics.fmean(steps[-4:]), (
-        "one step off: max(generation, scoring left over + old policy + update) + sync + hops, the next batch's "
-        "scoring from the generation's end" + (", sharing the cores" if math.isfinite(cores) else "")
-    )
 
 
 def shared_cores(chains: list[list[tuple[str, float]]], threads: dict[str, float], cores: float):

@@ -65,6 +65,11 @@ class RoleActor:
     """Calls the actor runs at once."""
 
     @classmethod
+    def concurrency(cls, recipe: Recipe) -> int:
+        """Calls the actor runs at once in a run of `recipe`."""
+        return cls.CONCURRENCY
+
+    @classmethod
     def start_args(cls, seat: Seat) -> tuple:
         """The constructor's arguments for the actor at `seat`: a frozen scorer's, by default."""
         return (seat.model_path, seat.recipe, seat.rank, seat.count, seat.threads)

@@ -11,11 +11,12 @@ the last push, and loads each push's adapters through vLLM's LoRA support.
 
 from __future__ import annotations
 
+import os
 import tempfile
 import threading
 import time
 
-from grpo_ray import envs, rewards
+from grpo_ray import envs, rewards, schedules
 from grpo_ray.config import Recipe, SamplingConfig, engine_rank
 from grpo_ray.device import Device
 from grpo_ray.faults import fault_at
@@ -23,13 +24,18 @@ from grpo_ray.lengths import cpu_kv_cache_bytes, max_model_len
 from grpo_ray.roles import RoleActor, Seat, log_to_file, trim_heap
 from grpo_ray.roles.vllm_ext import bound_cpu_gemm_caches
 from grpo_ray.rollout import episode_values
-from grpo_ray.types import Completion, Prompt, Rollout, RolloutStats
+from grpo_ray.types import Completion, Group, Prompt, Rollout, RolloutStats
 
 EXTENSION = "grpo_ray.roles.vllm_ext.WeightSyncExtension"
 
 
 class Generator(RoleActor):
     ENGINE = True
+
+    @classmethod
+    def concurrency(cls, recipe: Recipe) -> int:
+        """Streaming: a push and a submit run while a take waits (the engine's own thread serialises them)."""
+        return 4 if schedules.of(recipe.algorithm).streams else 1
 
     @classmethod
     def start_args(cls, seat: Seat) -> tuple:
@@ -92,6 +98,19 @@ class Generator(RoleActor):
             from grpo_ray.rollout import Episodes
 
             self.episodes = Episodes(self.llm, recipe, code_dirs)
+        self._start_loop(recipe)
+
+    def _start_loop(self, recipe: Recipe) -> None:
+        """Label every output token with its weights' version; streaming, start the engine's loop."""
+        self.loop, self.groups, self.last_take = None, [], (0.0, 0.0)
+        """Streaming (``engine_loop``): the thread that owns the engine, the groups sent and not yet taken, and when
+        the last take ended (with the loop's idle seconds then)."""
+        self.llm.llm_engine.set_weight_version(str(self.version))
+        if schedules.of(recipe.algorithm).streams:
+            from grpo_ray.roles.engine_loop import EngineLoop
+
+            self.loop = EngineLoop(self.llm.llm_engine)
+            self.loop.salt = str(self.version)
 
     def generate(
         self, prompts: list[Prompt], group_size: int, seeds: list[int], sampling: SamplingConfig | None = None
@@ -102,78 +121,118 @@ class Generator(RoleActor):
         Prompt i is sampled with its own seed, seeds[i], so what a prompt gets at a step does not depend
         on what the engine sampled before (a resumed run samples what the uninterrupted one did).
         """
-        from vllm import SamplingParams
-
         start, started = time.perf_counter(), time.time()
         s = sampling or self.cfg.sampling
         if self.episodes:
             completions = self.episodes.run(prompts, group_size, seeds, s, self.lora_request)
             return self._answer(prompts, completions, start, started)
-        params = [
-            SamplingParams(
-                n=group_size,
-                temperature=s.temperature,
-                top_p=s.top_p,
-                top_k=s.top_k,
-                max_tokens=s.max_tokens,
-                ignore_eos=s.ignore_eos,
-                logprobs=0,
-                seed=seed,
-            )
-            for seed in seeds
-        ]
-        outputs = self.llm.generate(
-            [{"prompt_token_ids": p.ids} for p in prompts], params, use_tqdm=False, lora_request=self.lora_request
-        )
-        completions = []
-        for i, out in enumerate(outputs):
-            for c in out.outputs:
-                ids = list(c.token_ids)
-                logprobs = [lp[t].logprob for t, lp in zip(ids, c.logprobs)]
-                completions.append(Completion(i, ids, c.text, logprobs, str(c.finish_reason)))
+        params = [self._params(s, group_size, seed) for seed in seeds]
+        outputs = self._generate([{"prompt_token_ids": p.ids} for p in prompts], params)
+        completions = [c for i, out in enumerate(outputs) for c in completions_of(i, out)]
         return self._answer(prompts, completions, start, started)
+
+    def _generate(self, prompts: list[dict], params) -> list:
+        """vLLM's outputs for `prompts` (one SamplingParams, or one each), served with the last push's adapters:
+        by ``LLM.generate``, or streaming through the engine's loop beside the groups in flight."""
+        if self.loop is None:
+            return self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora_request)
+        each = params if isinstance(params, list) else [params] * len(prompts)
+        sent = [self.loop.submit(p, q.clone(), self.lora_request) for p, q in zip(prompts, each)]
+        return [f.result() for f in sent]
+
+    def submit(self, prompts: list[Prompt], group_size: int, seeds: list[int]) -> None:
+        """Streaming: start a group of `group_size` samples of each prompt (seeds[i] its seed) and return at
+        once; ``take`` hands on the groups as they finish."""
+        for prompt, seed in zip(prompts, seeds):
+            params = self._params(self.cfg.sampling, group_size, seed)
+            sent = self.loop.submit({"prompt_token_ids": prompt.ids}, params, self.lora_request)
+            self.groups.append(Group(prompt, seed, group_size, sent))
+
+    def take(self, n: int, oldest_kept: int | None) -> tuple[Rollout, RolloutStats]:
+        """Streaming: the first `n` groups to finish (in the order they were sent, among those finished), as
+        ``generate`` answers (``num_returns=2``), each token labelled with the version of the weights that sampled
+        it. A group with a token older than `oldest_kept` (the staleness policy's) is dropped, its tokens counted
+        in the stats' ``discarded``, and generated again under the weights now (seed + 1)."""
+        from concurrent.futures import FIRST_COMPLETED, wait
+
+        if fault_at("exit_mid_stream", self.version):  # fault test: the engine dies with groups in flight
+            os._exit(1)
+        start, started, taken, discarded = time.perf_counter(), time.time(), [], 0
+        while len(taken) < n:
+            wait([g.sent for g in self.groups[: max(n, 1) * 4]], return_when=FIRST_COMPLETED)
+            for g in [g for g in self.groups if g.sent.done()]:
+                if len(taken) == n:
+                    break
+                self.groups.remove(g)
+                out = completions_of(len(taken), g.sent.result())
+                oldest = min((min(c.versions) for c in out if c.versions), default=self.version)
+                if oldest_kept is not None and oldest < oldest_kept:
+                    discarded += sum(len(c.token_ids) for c in out)
+                    self.submit([g.prompt], g.n, [g.seed + 1])
+                    continue
+                taken.append((g.prompt, out))
+        prompts = [p for p, _ in taken]
+        rollout, stats = self._answer(prompts, [c for _, out in taken for c in out], start, started)
+        (last, idle), now = self.last_take, time.perf_counter()
+        stats.discarded, stats.engine_idle = discarded, self.loop.idle - idle
+        stats.seconds = now - (last or start) - stats.engine_idle  # the engine's busy time since its last take
+        stats.ready, self.last_take = sum(g.sent.done() for g in self.groups), (now, self.loop.idle)
+        return rollout, stats
+
+    def _params(self, s: SamplingConfig, n: int, seed: int):
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            n=n,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            max_tokens=s.max_tokens,
+            ignore_eos=s.ignore_eos,
+            logprobs=0,
+            seed=seed,
+        )
 
     def _answer(self, prompts: list[Prompt], completions: list, start: float, started: float):
         """The rollout and its stats."""
         if self.on_cpu:  # in a thread: the call returns at once, the trim runs while the other pools work
             threading.Thread(target=trim_heap, daemon=True).start()
+        versions = [(min(c.versions), len(set(c.versions))) for c in completions if c.versions]
+        oldest = min((v for v, _ in versions), default=self.version)  # a trajectory's age: its oldest token's
         stats = RolloutStats(
             seconds=time.perf_counter() - start,
             window=(started, time.time()),
-            policy_version=self.version,
+            policy_version=oldest,
             prompt_lengths=[len(prompts[c.prompt].ids) for c in completions],
             response_lengths=[len(c.token_ids) for c in completions],
             truncated=sum(c.finish_reason == "length" for c in completions),
             env=episode_values(completions) if self.episodes else {},
             failures=self.episodes.new_failures() if self.episodes else {},
+            versions=versions,
+            uids=[p.uid for p in prompts],
         )
-        return Rollout(prompts, completions, self.version), stats
+        return Rollout(prompts, completions, oldest), stats
 
     def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
         """log p(x_t | x_<t) for t >= 1 of a fixed sequence, as the engine computes it (temperature 1)."""
         from vllm import SamplingParams
 
-        out = self.llm.generate(
-            [{"prompt_token_ids": token_ids}],
-            SamplingParams(max_tokens=1, prompt_logprobs=0),
-            use_tqdm=False,
-            lora_request=self.lora_request,
-        )[0]
+        out = self._generate([{"prompt_token_ids": token_ids}], SamplingParams(max_tokens=1, prompt_logprobs=0))[0]
         return [lp[t].logprob for t, lp in zip(token_ids[1:], out.prompt_logprobs[1:])]
 
     def join_transport(self, transport, where: dict) -> None:
         """Each worker of this engine takes its side of the weight transport (``grpo_ray.transports``)."""
-        self.llm.collective_rpc("grpo_join_transport", args=(transport, where))
+        self._rpc("grpo_join_transport", (transport, where))
 
     def peak_memory_gb(self) -> tuple[str, float]:
         """The engine's peak memory, its largest worker's (``grpo_peak_memory_gb``): on GPU the engine runs in
         worker processes of its own, which this actor's numbers would miss."""
-        got = self.llm.collective_rpc("grpo_peak_memory_gb")
+        got = self._rpc("grpo_peak_memory_gb")
         return got[0][0], max(gb for _, gb in got)
 
     def weight_dtype(self) -> str:
         """The dtype the engine holds its weights in (what ``generator.dtype: auto`` resolved to)."""
-        return self.llm.collective_rpc("grpo_weight_dtype")[0]
+        return self._rpc("grpo_weight_dtype")[0]
 
     def receive_weights(self, metas: list, bucket_bytes: int, version: int, probe_ids: list[int] | None = None) -> dict:
         """Receive a push of the learner's weights and load it, bucket by bucket; the slowest worker's
@@ -182,6 +241,20 @@ class Generator(RoleActor):
         own after a push."""
         cached = self._cache_probe(probe_ids, skip_cache=False) if probe_ids else None  # its prefix, pre-push
         start = time.perf_counter()
+        load = lambda _: self._load(metas, bucket_bytes, version)  # noqa: E731
+        timings = self.loop.call(load) if self.loop else load(None)  # streaming: at a token boundary
+        pause = time.perf_counter() - start  # what the requests in flight waited (streaming)
+        received = {**max(timings, key=lambda t: t["seconds"]), "seconds": time.perf_counter() - start}
+        received["pause"] = pause if self.loop else 0.0
+        if not probe_ids:
+            return received
+        fresh = self.fresh_after_push(probe_ids, cached)  # first: the cache holds nothing computed since the reset
+        return {**received, "probe": self.prompt_logprobs(probe_ids), "fresh": fresh}
+
+    def _load(self, metas: list, bucket_bytes: int, version: int) -> list[dict]:
+        """Receive and load the push of `version` (on the engine's thread, between two steps, when streaming), and
+        keep what older weights cached from any request after it: the prefix cache is reset, or, with requests in
+        flight (streaming), salted by version; the workers' timings."""
         timings = self.llm.collective_rpc("grpo_receive_weights", args=(metas, bucket_bytes, version, self.adapter))
         if self.adapter:  # the new adapters replace the old under one id (remove + add: any vLLM version; a
             # request carrying load_inplace would reload the files at every engine step); the prefix cache below
@@ -194,13 +267,19 @@ class Generator(RoleActor):
             self.llm.llm_engine.add_lora(self.lora_request)
             timings = [{**t, "load": t["load"] + time.perf_counter() - added} for t in timings]
         if not fault_at("stale_prefix_cache", version):
-            self.llm.reset_prefix_cache()
+            if self.loop:  # blocks of requests in flight cannot be dropped: later requests get their own
+                self.loop.salt = str(version)
+            else:
+                self.llm.reset_prefix_cache()
+        self.llm.llm_engine.set_weight_version(str(version))
         self.version = version
-        received = {**max(timings, key=lambda t: t["seconds"]), "seconds": time.perf_counter() - start}
-        if not probe_ids:
-            return received
-        fresh = self.fresh_after_push(probe_ids, cached)  # first: the cache holds nothing computed since the reset
-        return {**received, "probe": self.prompt_logprobs(probe_ids), "fresh": fresh}
+        return timings
+
+    def _rpc(self, method: str, args: tuple = ()) -> list:
+        """Each worker's answer to `method` (on the engine's thread when streaming)."""
+        if self.loop:
+            return self.loop.call(lambda e: e.collective_rpc(method, args=args))
+        return self.llm.collective_rpc(method, args=args)
 
     def cache_probe_ids(self, probe_ids: list[int]) -> list[int] | None:
         """The probe's tokens repeated past one block of the prefix cache (a block is cached only when full, and a
@@ -223,7 +302,7 @@ class Generator(RoleActor):
             return None
         start = time.perf_counter()
         params = SamplingParams(max_tokens=1, temperature=1.0, seed=0, logprobs=5, skip_reading_prefix_cache=skip_cache)
-        out = self.llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False, lora_request=self.lora_request)[0]
+        out = self._generate([{"prompt_token_ids": ids}], params)[0]
         logprobs = {t: lp.logprob for t, lp in out.outputs[0].logprobs[0].items()}
         return out.num_cached_tokens or 0, logprobs, time.perf_counter() - start
 
@@ -242,3 +321,15 @@ class Generator(RoleActor):
             fresh = self._cache_probe(probe_ids, True)[1]
             diff = max(abs(through[t] - fresh[t]) for t in through.keys() & fresh.keys())
         return {"stale_tokens": float(stale), "diff": diff, "seconds": time.perf_counter() - start + before[2]}
+
+
+def completions_of(i: int, out) -> list[Completion]:
+    """The completions of vLLM's output `out` for prompt i: tokens, the sampler's logprobs, and each token's weight
+    version (vLLM's spans, labelled by ``set_weight_version``)."""
+    done = []
+    for c in out.outputs:
+        ids = list(c.token_ids)
+        logprobs = [lp[t].logprob for t, lp in zip(ids, c.logprobs)]
+        versions = [int(span.version) for span in c.weight_versions or [] for _ in range(span.start, span.end)]
+        done.append(Completion(i, ids, c.text, logprobs, str(c.finish_reason), versions=versions or None))
+    return done

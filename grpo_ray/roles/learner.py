@@ -354,14 +354,15 @@ class Learner(WeightsOut, RoleActor):
         a, m = self.recipe.algorithm, self.recipe.learner.mini_batch_size
         pairs = flatten(rollouts)
         self._layout(pairs)
-        versions = [r.policy_version for r in rollouts for _ in r.completions]
+        schedule, versions = schedules.of(a), [r.policy_version for r in rollouts for _ in r.completions]
         minis = [rank_slice(list(range(b, b + m)), self.rank, self.world_size) for b in range(0, len(pairs), m)]
         mine = [i for mini in minis for i in mini]
-        if schedules.of(a).keeps_older_weights():
+        if schedule.keeps_older_weights():
             self._snapshot(min(versions + ([] if keep_from is None else [keep_from])))
         start = time.perf_counter()
-        recompute = schedules.of(a).recomputes_old_policy(len(minis), stale=set(versions) != {self.version})
-        old = self._old_logprobs(pairs, mine, versions) if recompute else None
+        recompute = schedule.recomputes_old_policy(len(minis), stale=set(versions) != {self.version})
+        olds = [schedule.old_policy_version(v, self.version) for v in versions]  # streaming: the proximal policy
+        old = self._old_logprobs(pairs, mine, olds) if recompute else None
         old_seconds = time.perf_counter() - start if recompute else 0.0
         ref_seconds = 0.0
         if self.lora and a.kl_coef > 0 and ref_lps is None:  # the reference: this model with the adapters off

@@ -6,35 +6,29 @@ step (``controller.py``), the learner applies ``recomputes_old_policy`` to each 
 A schedule is one file here and one name in the recipe (``algorithm.schedule``; a user's own as ``module:Class``, a
 subclass of ``Schedule``, checked before start):
 
-    batched   a batch a step, generated, scored and trained whole; at algorithm.max_staleness k >= 1 the next batch
-              is launched ahead, generated while this one trains (``batched.py``)
+    batched    a batch a step, generated, scored and trained whole; at algorithm.max_staleness k >= 1 the next batch
+               is launched ahead, generated while this one trains (``batched.py``)
+    streaming  the engines generate without a break, fed prompts up to max_staleness steps ahead; a step trains the
+               first groups to finish, and weights are pushed into the generation in flight (``streaming.py``),
+               groups older than max_staleness getting what ``algorithm.staleness`` says (``staleness.py``)
 """
 
 from __future__ import annotations
 
-from grpo_ray.algo.registry import FunctionError, imported
-from grpo_ray.config import AlgorithmConfig, RecipeError
-from grpo_ray.schedules.base import Schedule
+from grpo_ray.config import AlgorithmConfig
+from grpo_ray.schedules.base import Schedule, named
 from grpo_ray.schedules.batched import Batched
+from grpo_ray.schedules.staleness import POLICIES, Staleness
+from grpo_ray.schedules.streaming import Streaming
 
-SCHEDULES = {"batched": Batched}
+SCHEDULES = {"batched": Batched, "streaming": Streaming}
 """The schedules by name."""
 
 
 def of(a: AlgorithmConfig) -> Schedule:
     """The schedule ``algorithm.schedule`` names, for `a`; RecipeError when a ``module:Class`` cannot be imported or
     is not a Schedule (the planner asks first, so before anything starts)."""
-    if a.schedule in SCHEDULES:
-        return SCHEDULES[a.schedule](a)
-    try:
-        cls = imported(a.schedule, tuple(SCHEDULES))
-    except FunctionError as e:
-        raise RecipeError(f"algorithm.schedule={a.schedule!r}: {e}") from None
-    if not (isinstance(cls, type) and issubclass(cls, Schedule)):
-        raise RecipeError(
-            f"algorithm.schedule={a.schedule!r}: a {type(cls).__name__}, not a subclass of grpo_ray.schedules.Schedule"
-        )
-    return cls(a)
+    return named("algorithm.schedule", a.schedule, SCHEDULES, Schedule)(a)
 
 
-__all__ = ["SCHEDULES", "Schedule", "of"]
+__all__ = ["POLICIES", "SCHEDULES", "Schedule", "Staleness", "of"]

@@ -3,9 +3,11 @@ with generator and learner disagreeing stops the run."""
 
 import re
 import time
+from collections import Counter
 
 import pytest
 
+from grpo_ray.dumps import read_samples
 from tests.faults.conftest import SCHEDULES, Run, metrics
 
 pytestmark = pytest.mark.slow
@@ -73,3 +75,27 @@ def test_keys_and_values_from_before_a_push_stop_the_run(tmp_path, faults_env):
     assert len(said) == 1 and int(said[0][0]) >= 128 and float(said[0][1]) > 0, run.output()[-3000:]
     assert "Traceback" not in run.output()
     assert [m["step"] for m in metrics(out)] == [1]  # version 1's push was checked and passed: step 1 logged
+
+
+def test_an_engine_lost_mid_stream_is_replaced_and_what_it_held_sent_again(tmp_path, faults_env):
+    """Streaming (issue 55, item 5): an engine that dies holding groups in flight is replaced, gets the weights, and
+    is sent again every prompt it held: each prompt of the four batches is trained once, none lost or twice."""
+    out = tmp_path / "run"
+    streaming = [
+        "algorithm.schedule=streaming",
+        "algorithm.max_staleness=2",
+        "algorithm.rollout_correction.rollout_is=token",
+    ]
+    run = Run(
+        out,
+        ["trainer.total_steps=4", "generator.num_engines=2", "generator.num_cpus=0.25", *streaming],
+        {**faults_env, "GRPO_RAY_FAULTS": "exit_mid_stream@2"},
+    )
+    assert run.wait() == 0, run.output()[-3000:]
+    m = {row["step"]: row for row in metrics(out)}
+    assert [m[s]["fault/generator_restarts"] for s in (1, 2, 3, 4)] == [0, 0, 1, 1]
+    assert "replacing it, sending again its" in run.output()
+    uids = Counter(
+        s["uid"] for step in (1, 2, 3, 4) for s in read_samples(out / "rollouts" / f"train_data_step{step}.jsonl")
+    )
+    assert len(uids) == 16 and set(uids.values()) == {4}
