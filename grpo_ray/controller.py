@@ -84,7 +84,9 @@ class GRPOController(Runner):
         self.feed = None
         """Streaming: prompts sent ahead to the engines, groups taken as they finish (``grpo_ray.feed``)."""
         if self.schedule.streams:
-            self.feed = Feed(recipe, self.engines, self.next_prompts, self.schedule.policy, self.say)
+            self.feed = Feed(recipe, self.engines, self.next_prompts, self.schedule, self.say)
+        self.flows: dict[int, dict[str, float]] = {}
+        """Streaming: the stream's metrics of a step's take (taken during the step before, or at its start)."""
 
     # --- one step ----------------------------------------------------------------------
 
@@ -100,7 +102,9 @@ class GRPOController(Runner):
         staleness = self.check_staleness(stats)
         advantages, penalty = self.advantages(stats, scores)
         update = self.send_update(rollouts, advantages, frozen)
-        if step + 1 in self.inflight:  # the next batch's rewards and frozen logprobs while the learner trains
+        if self.feed and self.overlaps(step):  # streaming: the next step's groups taken and scored meanwhile
+            self.take_ahead(step + 1)
+        elif step + 1 in self.inflight:  # the next batch's rewards and frozen logprobs while the learner trains
             self.inflight[step + 1] = self.collect_ahead(self.inflight[step + 1])
         trained, work = self.wait_update(update, frozen)
         self.version += self.updated(trained)
@@ -112,15 +116,32 @@ class GRPOController(Runner):
         work[LEARNED] = learned_work
         out = self.metrics(time.perf_counter() - start, stats, scores, trained, synced, work, memory, extra)
         if flow:  # the learner's side waiting on the engines' groups
-            out["perf/learner_idle_share"] = flow["timing_s/take"] / out["timing_s/step"]
+            out["perf/learner_idle_share"] = flow["timing_s/learner_wait"] / out["timing_s/step"]
         return out
+
+    def take(self, step: int, learner_version: int, recover: bool = True) -> Collected:
+        """Streaming: the step's groups for a learner at `learner_version` (``Feed.take``), sent to the scorers; the
+        stream's metrics kept for the step."""
+        rollouts, stats, self.flows[step] = self.feed.take(step, self.total_steps(), learner_version, recover)
+        return self.sent(rollouts, stats, min(s.policy_version for s in stats))
+
+    def take_ahead(self, step: int) -> None:
+        """Streaming: `step`'s groups taken while the learner trains (for its next version); an engine lost then is
+        replaced when `step` starts, after the update, so that it gets the weights of a finished one."""
+        try:
+            self.inflight[step] = self.take(step, self.version + 1, recover=False)
+        except PoolFault as e:
+            self.say(f"{e}; the engine is replaced after the update")
 
     def next_batch(self, step: int) -> tuple[Launched | Collected, dict[str, float]]:
         """This step's batch: streaming, the first groups to finish (the stream's metrics with it); else the batch
         launched during the last step or now, the next one launched ahead when the schedule says."""
-        if self.feed:
-            rollouts, stats, flow = self.feed.take(step, self.total_steps(), self.version)
-            return self.sent(rollouts, stats, min(s.policy_version for s in stats)), flow
+        if self.feed:  # taken during the last step (the learner waited only past its update's end), or now
+            batch = self.inflight.pop(step, None) or self.take(step, self.version)
+            flow = self.flows.pop(step)
+            started, ended = flow.pop("take_window")
+            flow["timing_s/learner_wait"] = max(0.0, ended - max(started, self.last_update[1]))
+            return batch, flow
         batch = self.inflight.pop(step, None) or self.launch(step)  # launched (or collected) during the last step
         if self.overlaps(step):
             self.inflight[step + 1] = self.launch(step + 1)  # generated while this step trains

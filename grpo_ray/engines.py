@@ -63,28 +63,37 @@ class Engines:
         generator.timeout_s is replaced (unless that happened already, e.g. in a push) and its share alone is
         generated again, with the seeds it had and the weights the engines hold now (a new engine's first answer
         has twice the deadline). Not `recover`: its PoolFault is raised, `batch` unchanged."""
-        g = self.r.generator
         shards = split(batch.prompts, len(self.pools.generators))
-        done = {}
-        for i, call in batch.calls.items():
-            for attempt in range(g.max_restarts + 1):
-                try:
-                    deadline = g.timeout_s * (2 if i in self.fresh else 1)
-                    done[i] = call[0], self.pools.call(call[1], f"generate on engine {i}", deadline)
-                    self.fresh.discard(i)
-                    break
-                except PoolFault as e:
-                    if not recover:
-                        raise
-                    if attempt == g.max_restarts:
-                        raise RunError(
-                            f"{e}; engine {i} was replaced {g.max_restarts} times in this step (generator.max_restarts)"
-                        ) from None
-                    if self.pools.generators[i] is call[2]:
-                        self.say(f"engine {i} lost ({e}); replacing it")
-                        self.recover([i])
-                    call = self._generate_on(i, shards[i], batch.n, batch.step, batch.sampling)
+
+        def again(i: int, call: tuple, e: PoolFault) -> tuple:
+            if self.pools.generators[i] is call[2]:
+                self.say(f"engine {i} lost ({e}); replacing it")
+                self.recover([i])
+            return self._generate_on(i, shards[i], batch.n, batch.step, batch.sampling)
+
+        done = {i: self.answer(i, call, "generate", recover, again) for i, call in batch.calls.items()}
         return [done[i][0] for i in sorted(done)], [done[i][1] for i in sorted(done)]
+
+    def answer(self, i: int, call: tuple, what: str, recover: bool, again: Callable[[int, tuple, PoolFault], tuple]):
+        """Engine i's answer to `call` (rollout ref, stats ref, the actor called): the rollout ref and the stats. An
+        engine lost (dead, or past generator.timeout_s; twice that for a new engine's first answer) is replaced by
+        `again`, which sends the call anew, generator.max_restarts times a step. Not `recover`: its PoolFault."""
+        g = self.r.generator
+        for attempt in range(g.max_restarts + 1):
+            try:
+                deadline = g.timeout_s * (2 if i in self.fresh else 1)
+                got = call[0], self.pools.call(call[1], f"{what} on engine {i}", deadline)
+                self.fresh.discard(i)
+                return got
+            except PoolFault as e:
+                if not recover:
+                    raise
+                if attempt == g.max_restarts:
+                    raise RunError(
+                        f"{e}; engine {i} was replaced {g.max_restarts} times in this step (generator.max_restarts)"
+                    ) from None
+                call = again(i, call, e)
+        raise AssertionError("unreachable")
 
     def generate(self, prompts: list[Prompt], n: int, step: int, sampling=None) -> tuple[list, list]:
         """Generate `n` samples of each prompt now, and wait for them (validation)."""

@@ -1,9 +1,9 @@
 """The generator side of the streaming schedule, for the controller: prompts sent ahead, groups taken as they finish.
 
 Each step's prompts are cut over the engines as a batched step's are (engine i gets share i). An engine is sent the
-prompts of the steps up to ``algorithm.max_staleness`` ahead of the one being trained, and a step takes its share
-of the first groups to finish (``Generator.take``): every step sends share i and takes share i, so what an engine
-holds stays the same. What each engine holds is kept here (prompt and the step it was sent for, whose seed it has):
+prompts of the steps up to ``steps_sent_ahead`` past the one taken (``schedules/streaming.py``), and a step takes
+its share of the first groups to finish (``Generator.take``): every step sends share i and takes share i, so what an
+engine holds stays the same. What each engine holds is kept here (a prompt and the step it was sent for: its seed):
 
     an engine lost   is replaced, gets the weights, and is sent again what it held (none lost, none twice)
     a checkpoint     keeps the prompts sent and not yet taken; the resumed run sends them first, under the
@@ -16,29 +16,43 @@ import time
 from collections.abc import Callable
 
 from grpo_ray.engines import Engines, sample_seed, split
-from grpo_ray.errors import RunError
 from grpo_ray.pools import PoolFault
 from grpo_ray.types import Prompt
 
 
 class Feed:
-    def __init__(self, recipe, engines: Engines, next_prompts: Callable[[], list[Prompt]], policy, say):
-        self.r, self.engines, self.next_prompts, self.policy, self.say = recipe, engines, next_prompts, policy, say
+    def __init__(self, recipe, engines: Engines, next_prompts: Callable[[], list[Prompt]], schedule, say):
+        self.r, self.engines, self.next_prompts, self.say = recipe, engines, next_prompts, say
+        self.policy, self.ahead = schedule.policy, schedule.steps_sent_ahead()
         self.held: list[list[tuple[Prompt, int]]] = []
         """Per engine, the prompts it was sent and has not handed back, with the step each was sent for."""
         self.sent_through = 0
         """The last step whose prompts were sent."""
+        self.sent_to: dict[int, object] = {}
+        """Per engine, the actor last sent prompts: one replaced since (by a push that lost it) is sent again what
+        its predecessor held."""
+        self.taken: dict[int, tuple] = {}
+        """Shares taken by a take that lost an engine without replacing it, for the next take."""
         self.resend: list[tuple[Prompt, int]] = []
         """Prompts a checkpoint held in flight, sent first by a resumed run."""
         self.tokens = {"generated": 0, "handed": 0}
         """Response tokens generated so far, and those handed on to be trained (goodput: their ratio)."""
 
-    def take(self, step: int, last_step: int, learner_version: int) -> tuple[list, list, dict[str, float]]:
-        """This step's groups: the rollout refs and stats of each engine's share, first sending the prompts of the
-        steps up to max_staleness ahead; the stream's metrics."""
+    def take(
+        self, step: int, last_step: int, learner_version: int, recover: bool = True
+    ) -> tuple[list, list, dict[str, float]]:
+        """This step's groups, for a learner at `learner_version`: the rollout refs and stats of each engine's share,
+        first sending the prompts of the steps up to the schedule's ``steps_sent_ahead``; the stream's metrics. Not
+        `recover` (a take while the learner trains, whose weights a new engine could not be given yet): a lost
+        engine's PoolFault is raised, and the shares already taken wait for the next take, which replaces it."""
         engines = self.engines.pools.generators
         if len(self.held) != len(engines):
             self.held = [[] for _ in engines]
+        for i, actor in enumerate(engines):  # replaced since (a push that lost it): sent again what it held
+            if self.sent_to.get(i) not in (None, actor):
+                held, self.held[i] = self.held[i], []
+                self.say(f"engine {i} was replaced: sending again the {len(held)} groups it held")
+                self._send_to(i, held)
         shares = [len(s) for s in split(list(range(self.r.data.train_batch_size)), len(engines))]
         if self.resend:  # steps' worth each: engine i gets share i of every step held
             at = 0
@@ -47,17 +61,25 @@ class Feed:
                 self._send_to(i, self.resend[at : at + n])
                 at += n
             self.resend = []
-        while self.sent_through < min(step + self.r.algorithm.max_staleness, last_step):
+        while self.sent_through < min(step + self.ahead, last_step):
             self.sent_through += 1
             prompts = self.next_prompts()
             self._send(prompts, [self.sent_through] * len(prompts))
-        start, oldest = time.perf_counter(), self.policy.oldest_kept(learner_version)
-        calls = {i: self._take_on(i, n, oldest) for i, n in enumerate(shares) if n}
-        done = {i: self._wait(i, call, shares[i], oldest) for i, call in calls.items()}
-        rollouts, stats = [done[i][0] for i in sorted(done)], [done[i][1] for i in sorted(done)]
-        for i, (_, st) in done.items():
-            for uid in st.uids:  # the first of that prompt it held (a prompt sent twice, two epochs in flight)
+        start, started, oldest = time.perf_counter(), time.time(), self.policy.oldest_kept(learner_version)
+        done, self.taken, lost = self.taken, {}, None
+        calls = {i: self._take_on(i, n, oldest) for i, n in enumerate(shares) if n and i not in done}
+        for i, call in calls.items():
+            try:
+                done[i] = self._wait(i, call, shares[i], oldest, recover)
+            except PoolFault as e:  # not recovering: the other engines' shares are still taken, and kept
+                lost = lost or e
+                continue
+            for uid in done[i][1].uids:  # the first of that prompt it held (a prompt sent twice, two epochs apart)
                 self.held[i].remove(next(h for h in self.held[i] if h[0].uid == uid))
+        if lost:
+            self.taken = done
+            raise lost
+        rollouts, stats = [done[i][0] for i in sorted(done)], [done[i][1] for i in sorted(done)]
         now, tokens = time.perf_counter(), sum(sum(st.response_lengths) for st in stats)
         discarded = sum(st.discarded for st in stats)
         self.tokens["generated"] += tokens + discarded
@@ -69,6 +91,7 @@ class Feed:
             stats,
             {
                 "timing_s/take": now - start,
+                "take_window": (started, time.time()),
                 "rollout/discarded_tokens/stale": float(discarded),
                 "rollout/goodput": self.tokens["handed"] / max(self.tokens["generated"], 1),
                 "rollout/buffer_groups": float(sum(st.ready for st in stats)),
@@ -87,30 +110,25 @@ class Feed:
             return
         self.held[i].extend(held)
         seeds = [sample_seed(self.r.trainer.seed, s, p.uid) for p, s in held]
-        self.engines.pools.generators[i].submit.remote([p for p, _ in held], self.r.algorithm.group_size, seeds)
+        self.sent_to[i] = self.engines.pools.generators[i]
+        self.sent_to[i].submit.remote([p for p, _ in held], self.r.algorithm.group_size, seeds)
 
     def _take_on(self, i: int, n: int, oldest: int | None) -> tuple:
         actor = self.engines.pools.generators[i]
         return (*actor.take.options(num_returns=2).remote(n, oldest), actor)
 
-    def _wait(self, i: int, call: tuple, n: int, oldest: int | None) -> tuple:
-        """Engine i's take; an engine lost (dead, or past generator.timeout_s) is replaced, sent again what it
-        held, and asked again (generator.max_restarts times a step)."""
-        g = self.r.generator
-        for attempt in range(g.max_restarts + 1):
-            try:
-                return call[0], self.engines.pools.call(call[1], f"take on engine {i}", g.timeout_s)
-            except PoolFault as e:
-                if attempt == g.max_restarts:
-                    raise RunError(
-                        f"{e}; engine {i} was replaced {g.max_restarts} times in this step (generator.max_restarts)"
-                    ) from None
-                self.say(f"engine {i} lost ({e}); replacing it, sending again its {len(self.held[i])} groups")
-                self.engines.recover([i])
-                held, self.held[i] = self.held[i], []
-                self._send_to(i, held)
-                call = self._take_on(i, n, oldest)
-        raise AssertionError("unreachable")
+    def _wait(self, i: int, call: tuple, n: int, oldest: int | None, recover: bool) -> tuple:
+        """Engine i's take; an engine lost is replaced, sent again what it held, and asked again
+        (``Engines.answer``)."""
+
+        def again(i: int, call: tuple, e) -> tuple:
+            self.say(f"engine {i} lost ({e}); replacing it, sending again the {len(self.held[i])} groups it held")
+            self.engines.recover([i])
+            held, self.held[i] = self.held[i], []
+            self._send_to(i, held)
+            return self._take_on(i, n, oldest)
+
+        return self.engines.answer(i, call, "take", recover, again)
 
     def state(self) -> dict:
         """What a checkpoint keeps: the prompts sent and not yet taken (their uid and step), and how far the

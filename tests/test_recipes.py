@@ -18,7 +18,7 @@ FAMILY = {"Qwen/": "qwen2", "meta-llama/": "llama", "google/gemma-3": "gemma3"}
 
 
 def test_every_scale_recipe_has_a_twin_and_a_committed_plan():
-    assert len(SCALE) == 14, SCALE
+    assert len(SCALE) == 15, SCALE
     for name in SCALE:
         assert (RECIPES / f"tiny-{name}.yaml").is_file(), name
         assert (RECIPES / "plans" / f"{name}.txt").is_file(), name
@@ -47,7 +47,12 @@ def _structure(path):
         "algorithm": (r.algorithm.kl_coef, r.algorithm.kl_estimator, r.algorithm.clip_ratio_high, r.algorithm.loss_agg),
         "distillation": (bool(r.teacher.model), r.teacher.kl_coef, r.teacher.reward_weight),
         "reward model": (bool(r.reward_model.model), r.reward_model.weight, r.reward_model.normalize),
-        "schedule": (r.algorithm.max_staleness, r.algorithm.rollout_correction.rollout_is),
+        "schedule": (
+            r.algorithm.schedule,
+            r.algorithm.max_staleness,
+            r.algorithm.staleness,
+            r.algorithm.rollout_correction.rollout_is,
+        ),
         "optimizer steps per step": r.data.train_batch_size * r.algorithm.group_size // r.learner.mini_batch_size,
         "gradient checkpointing": r.learner.gradient_checkpointing,
         "tied embeddings": dims.tied,

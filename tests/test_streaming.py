@@ -138,6 +138,7 @@ def test_a_policy_of_ones_own_drops_stale_groups_and_regenerates_them(tmp_path):
         *STREAMING,
         *LONGER,
         "algorithm.staleness=fresh_only:Fresh",
+        "algorithm.max_staleness=1",  # groups taken after the push: the learner's weights are the engines'
         "trainer.save_freq=0",
         f"trainer.output_dir={out}",
         env={"PYTHONPATH": f"{tmp_path}:{ROOT}"},

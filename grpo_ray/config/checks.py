@@ -361,7 +361,9 @@ def _schedule_problems(r: Recipe) -> list[str]:
             f"max_trajectory_age_steps, AReaL's max_head_offpolicyness), past {MAX_STALENESS} the importance ratio no "
             "longer corrects the gap: lower it"
         )
-    elif k and r.trainer.total_steps and k >= r.trainer.total_steps:
+    elif (
+        k and r.trainer.total_steps and k >= r.trainer.total_steps and a.schedule != "streaming"
+    ):  # it pushes every step
         p.append(
             f"algorithm.max_staleness={k} with trainer.total_steps={r.trainer.total_steps}: weights are pushed every "
             f"{k} steps, so the generators would never get the trained weights; lower it"

@@ -352,14 +352,8 @@ def schedule_step(s: StepInputs, phases: dict[str, Phase]) -> tuple[float, str]:
         "update": s.r.learner.world_size * s.threads[LEARNER],
     }
     cores = s.cores if s.r.cluster.device == "cpu" else math.inf
-    if s.schedule.streams:  # the engines never wait: the learner's chain against generation, each step
-        chains = [[("generation", sec["generation"])], [("scoring", scoring), *((k, sec[k]) for k in LEARNING)]]
-        took, ended = shared_cores(chains, threads, cores)
-        stretch_shared(s, phases, took, scorers, scoring)
-        return max(ended["generation"] + sec["sync"], ended["update"] + after), (
-            "streaming: max(generation + the push's pause, scoring + old policy + update + sync + hops), each "
-            "engine generating through the learner's step" + (", sharing the cores" if math.isfinite(cores) else "")
-        )
+    if s.schedule.streams:
+        return streaming_step(s, phases, sec, threads, cores)
     left, steps = 0.0, []
     for _ in range(6):
         chains = [
@@ -374,6 +368,31 @@ def schedule_step(s: StepInputs, phases: dict[str, Phase]) -> tuple[float, str]:
     return statistics.fmean(steps[-4:]), (
         "one step off: max(generation, scoring left over + old policy + update) + sync + hops, the next batch's "
         "scoring from the generation's end" + (", sharing the cores" if math.isfinite(cores) else "")
+    )
+
+
+def streaming_step(
+    s: StepInputs, phases: dict[str, Phase], sec: dict, threads: dict, cores: float
+) -> tuple[float, str]:
+    """The streaming schedule's step: the engines never wait, so generation (and each push's pause) runs against the
+    learner's chain; at max_staleness >= 2 the next step's groups are scored during the update (``launches_ahead``)."""
+    scorers = [k.name for k in KINDS.values() if k.signal and k.name in sec]
+    scoring, after = max([0.0, *(sec[k] for k in scorers)]), sec["sync"] + sec["hops"]
+    learning = [(k, sec[k]) for k in LEARNING]
+    ahead = s.schedule.launches_ahead(1, 2, False)
+    scoring_chain = [[("scoring", scoring)], learning] if ahead else [[("scoring", scoring), *learning]]
+    took, ended = shared_cores([[("generation", sec["generation"])], *scoring_chain], threads, cores)
+    stretch_shared(s, phases, took, scorers, scoring)
+    step = max(ended["generation"] + sec["sync"], ended["scoring"], ended["update"] + after)
+    return step, (
+        "streaming: max(generation + the push's pause, "
+        + (
+            "scoring of the next step's groups, old policy + update + sync + hops"
+            if ahead
+            else "scoring + old policy + update + sync + hops"
+        )
+        + "), each engine generating through the learner's step"
+        + (", sharing the cores" if math.isfinite(cores) else "")
     )
 
 

@@ -152,13 +152,16 @@ class Generator(RoleActor):
         """Streaming: the first `n` groups to finish (in the order they were sent, among those finished), as
         ``generate`` answers (``num_returns=2``), each token labelled with the version of the weights that sampled
         it. A group with a token older than `oldest_kept` (the staleness policy's) is dropped, its tokens counted
-        in the stats' ``discarded``, and generated again under the weights now (seed + 1)."""
+        in the stats' ``discarded``, and generated again under the weights now (seed + 1); a group wholly of the
+        weights this engine holds is always kept (none fresher can come)."""
         from concurrent.futures import FIRST_COMPLETED, wait
 
         if fault_at("exit_mid_stream", self.version):  # fault test: the engine dies with groups in flight
             os._exit(1)
         start, started, taken, discarded = time.perf_counter(), time.time(), [], 0
         while len(taken) < n:
+            if not self.groups:
+                raise RuntimeError(f"asked for {n} groups, and {len(taken)} was all this engine held")
             wait([g.sent for g in self.groups[: max(n, 1) * 4]], return_when=FIRST_COMPLETED)
             for g in [g for g in self.groups if g.sent.done()]:
                 if len(taken) == n:
@@ -166,7 +169,7 @@ class Generator(RoleActor):
                 self.groups.remove(g)
                 out = completions_of(len(taken), g.sent.result())
                 oldest = min((min(c.versions) for c in out if c.versions), default=self.version)
-                if oldest_kept is not None and oldest < oldest_kept:
+                if oldest_kept is not None and oldest < min(oldest_kept, self.version):  # this engine's now: kept
                     discarded += sum(len(c.token_ids) for c in out)
                     self.submit([g.prompt], g.n, [g.seed + 1])
                     continue

@@ -8,7 +8,8 @@ one class per policy, a user's own as ``module:Class`` (a subclass of ``Stalenes
     drop  a group whose oldest token is older than max_staleness versions is dropped when it finishes (its tokens
           counted in ``rollout/discarded_tokens/stale``) and its prompt generated again under the weights then.
 
-A policy answers one question, asked by the engines when they hand on finished groups.
+A policy answers one question, asked by the engines when they hand on finished groups. A group wholly of the weights
+its engine holds is kept whatever the answer: nothing fresher can be generated, so a policy can never stall a step.
 """
 
 from __future__ import annotations

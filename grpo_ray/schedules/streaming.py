@@ -3,13 +3,14 @@
 Each engine runs its own loop (``roles/engine_loop.py``) and is sent the prompts of the next
 ``algorithm.max_staleness`` steps ahead of the step that trains them; a step takes, from each engine, its share of
 the first groups to finish, whichever step they were sent for (a long group is trained at a later step, the short
-ones behind it are not held up). Weights are pushed after every update *into* the generation in flight: each engine
+ones behind it are not held up); at max_staleness >= 2 the next step's groups are taken and scored while the
+learner trains (``launches_ahead``). Weights are pushed after every update *into* the generation in flight: each engine
 pauses between two of its steps (a token boundary), loads, and goes on; a trajectory in flight then has tokens of
 two versions, each labelled (``Completion.versions``), and its staleness counts from its oldest token.
 
     engines   │ gen ····························│p│ gen ·························│p│ gen ···
-    learner   │ take s │ score │ train s ······│   take s+1 │ score │ train s+1 │
-                                               push (in flight)
+    learner   │ train s ······················│   │ train s+1 ··················│   │
+    controller  take s+1, score it               push s (in flight)   take s+2, score it
 
 The old policy is the learner's weights before the update (decoupled PPO's proximal policy), not those that
 sampled each token: the gap to the sampler's logprobs, of whatever versions, is what ``rollout_correction``'s token
@@ -37,9 +38,15 @@ class Streaming(Schedule):
         return True
 
     def launches_ahead(self, step: int, last_step: int, saving: bool) -> bool:
-        """Batches are not launched: prompts are sent ahead as the engines' queues need them (the controller's
-        ``Feed``)."""
-        return False
+        """At max_staleness >= 2, the next step's groups are taken, and scored, while the learner trains this one
+        (not at the last step, nor before a checkpoint): taken before this step's push, they are one version older
+        when trained, so it costs a step of the bound (``steps_sent_ahead``)."""
+        return self.a.max_staleness >= 2 and step < last_step and not saving
+
+    def steps_sent_ahead(self) -> int:
+        """How many steps past the one taken the engines hold prompts of: max_staleness, less the one a take ahead
+        costs. A group's oldest token is then at most max_staleness versions older than the learner that trains it."""
+        return self.a.max_staleness - (self.a.max_staleness >= 2)
 
     def push_due(self, behind: int, validating: bool, saving: bool) -> bool:
         """After every update that changed the weights: the push goes into the generation in flight."""

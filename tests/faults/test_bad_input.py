@@ -244,6 +244,27 @@ CASES = {  # name: (recipe, overrides, what the message must say)
         "algorithm.schedule='tests.helpers.my_algo:one_per_group': a function, not a subclass of "
         "grpo_ray.schedules.Schedule",
     ),
+    "streaming with nothing sent ahead": (
+        RECIPE,
+        ["algorithm.schedule=streaming"],
+        "algorithm.schedule=streaming with algorithm.max_staleness=0: the engines could only generate a batch after "
+        "the last push",
+    ),
+    "a staleness policy that is no Staleness": (
+        RECIPE,
+        [
+            "algorithm.schedule=streaming",
+            "algorithm.max_staleness=1",
+            "algorithm.staleness=tests.helpers.my_algo:one_per_group",
+        ],
+        "algorithm.staleness='tests.helpers.my_algo:one_per_group': a function, not a subclass of "
+        "grpo_ray.schedules.Staleness",
+    ),
+    "streaming multi-turn episodes": (
+        RECIPE,
+        ["algorithm.schedule=streaming", "algorithm.max_staleness=1", "environment.name=guess"],
+        "algorithm.schedule=streaming with environment.name='guess': multi-turn episodes do not stream yet",
+    ),
     "an estimator that is no function": (
         RECIPE,
         ["algorithm.adv_estimator=tests.helpers.my_algo:NOT_A_FUNCTION"],
