@@ -368,9 +368,9 @@ class GRPOController(Runner):
         """The stream's next batch of prompts."""
         return [Prompt.from_row(uid, row) for uid, row in self.stream.next_batch()]
 
-    def held_state(self) -> dict:
-        """Streaming: the prompts in flight, for a checkpoint (``Feed.state``)."""
-        return {"feed": self.feed.state()} if self.feed else {}
+    def held_state(self, step: int) -> dict:
+        """Streaming: the prompts in flight after `step`, for a checkpoint (``Feed.state``)."""
+        return {"feed": self.feed.state(step)} if self.feed else {}
 
     def restore_held(self, state: dict) -> None:
         if self.feed and "feed" in state:

@@ -31,6 +31,9 @@ class Feed:
         self.sent_to: dict[int, object] = {}
         """Per engine, the actor last sent prompts: one replaced since (by a push that lost it) is sent again what
         its predecessor held."""
+        self.handed: dict[int, list[tuple[Prompt, int]]] = {}
+        """Per step taken for, the prompts handed to it (and the step each was sent for): a checkpoint keeps those of
+        a step not yet trained."""
         self.taken: dict[int, tuple] = {}
         """Shares taken by a take that lost an engine without replacing it, for the next take."""
         self.resend: list[tuple[Prompt, int]] = []
@@ -67,6 +70,7 @@ class Feed:
             self._send(prompts, [self.sent_through] * len(prompts))
         start, started, oldest = time.perf_counter(), time.time(), self.policy.oldest_kept(learner_version)
         done, self.taken, lost = self.taken, {}, None
+        self.handed = {k: v for k, v in self.handed.items() if k >= step - 1}
         calls = {i: self._take_on(i, n, oldest) for i, n in enumerate(shares) if n and i not in done}
         for i, call in calls.items():
             try:
@@ -75,7 +79,8 @@ class Feed:
                 lost = lost or e
                 continue
             for uid in done[i][1].uids:  # the first of that prompt it held (a prompt sent twice, two epochs apart)
-                self.held[i].remove(next(h for h in self.held[i] if h[0].uid == uid))
+                self.held[i].remove(handed := next(h for h in self.held[i] if h[0].uid == uid))
+                self.handed.setdefault(step, []).append(handed)
         if lost:
             self.taken = done
             raise lost
@@ -130,10 +135,13 @@ class Feed:
 
         return self.engines.answer(i, call, "take", recover, again)
 
-    def state(self) -> dict:
-        """What a checkpoint keeps: the prompts sent and not yet taken (their uid and step), and how far the
-        stream was sent."""
-        return {"sent_through": self.sent_through, "held": [[p.uid, s] for held in self.held for p, s in held]}
+    def state(self, trained: int) -> dict:
+        """What a checkpoint after step `trained` keeps: the prompts sent and not yet trained (their uid and the step
+        each was sent for: those the engines hold, and those taken for a later step), and how far the stream was
+        sent."""
+        later = [h for step, handed in self.handed.items() if step > trained for h in handed]
+        held = [h for held in self.held for h in held] + later
+        return {"sent_through": self.sent_through, "held": [[p.uid, s] for p, s in held]}
 
     def restore(self, state: dict, prompt_of: Callable[[int], Prompt]) -> None:
         """A resumed run's feed: what the checkpoint held is sent again first."""

@@ -289,7 +289,7 @@ class Runner:
             "scheduler": saved["scheduler"],
             "best": self.best.state(),
             "job": self.job,
-            **self.held_state(),
+            **self.held_state(step),
         }
         info = {"step": step, "consumed_samples": step * self.r.data.train_batch_size, "last_val_score": last_val}
         keep = frozenset([self.best.step] if self.r.trainer.keep_best and self.best.step else [])
@@ -327,8 +327,8 @@ class Runner:
             self.engines.push(self.version)  # before the first rollout
         return state["step"]
 
-    def held_state(self) -> dict:
-        """What a checkpoint keeps of the work in flight (none here)."""
+    def held_state(self, step: int) -> dict:
+        """What a checkpoint after `step` keeps of the work in flight (none here)."""
         return {}
 
     def restore_held(self, state: dict) -> None:
