@@ -57,13 +57,7 @@ class Feed:
                 self.say(f"engine {i} was replaced: sending again the {len(held)} groups it held")
                 self._send_to(i, held)
         shares = [len(s) for s in split(list(range(self.r.data.train_batch_size)), len(engines))]
-        if self.resend:  # steps' worth each: engine i gets share i of every step held
-            at = 0
-            for i, share in enumerate(shares):
-                n = share * len(self.resend) // self.r.data.train_batch_size
-                self._send_to(i, self.resend[at : at + n])
-                at += n
-            self.resend = []
+        self._resend(shares)
         while self.sent_through < min(step + self.ahead, last_step):
             self.sent_through += 1
             prompts = self.next_prompts()
@@ -103,6 +97,15 @@ class Feed:
                 "perf/engine_idle_share": idle / (busy + idle) if busy + idle else 0.0,
             },
         )
+
+    def _resend(self, shares: list[int]) -> None:
+        """What a checkpoint held, sent again: steps' worth, engine i getting share i of every step held."""
+        at = 0
+        for i, share in enumerate(shares):
+            n = share * len(self.resend) // self.r.data.train_batch_size
+            self._send_to(i, self.resend[at : at + n])
+            at += n
+        self.resend = []
 
     def _send(self, prompts: list[Prompt], steps: list[int]) -> None:
         """Cut `prompts` (each sent for its step in `steps`) over the engines and send each its share."""

@@ -2,8 +2,8 @@
 in flight, each token labelled with the weights that sampled it, every prompt sent trained once, across a resume.
 
 The engine's side runs alone first (tests/helpers/engine_loop_push.py: a push between two tokens of one request);
-then one 4-step run with 8-token answers, so that answers are in flight at a push (in the slow tier: that run
-resumed from its step-2 checkpoint, and a policy of one's own that drops stale groups)."""
+then, in the slow tier (CI's time is spent), one 4-step run with 8-token answers, so that answers are in flight at
+a push, that run resumed from its step-2 checkpoint, and a policy of one's own that drops stale groups."""
 
 import collections
 import json
@@ -80,6 +80,7 @@ def trained_uids(out):
     )
 
 
+@pytest.mark.slow
 def test_every_prompt_sent_is_trained_once(streamed):
     """Groups are trained as they finish, not in the order sent; still every prompt of the first four batches of
     the stream is trained exactly once by the last step, its whole group."""
@@ -98,6 +99,7 @@ def test_every_prompt_sent_is_trained_once_across_a_resume(tmp_path_factory):
     assert whole == resumed
 
 
+@pytest.mark.slow
 def test_answers_span_pushes_and_the_learner_corrects_them(streamed):
     """Pushes land in generation in flight: some answers carry two versions, each token's no newer than the
     weights that trained it; nothing is thrown away under the default policy (keep); the old policy is the
