@@ -25,7 +25,15 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.bench import machine, rows_of, run_curves, val_table, write_report  # noqa: E402
 
 RECIPE = "recipes/tiny-cpu-agent.yaml"
-RUNS = {"with-tool": [], "without-tool": ["~environment.name"]}
+RUNS = {
+    "with-tool": [],
+    "without-tool": ["~environment.name"],
+    "with-tool-streaming": [  # the streaming schedule (--runs with-tool,with-tool-streaming: the two side by side)
+        "algorithm.schedule=streaming",
+        "algorithm.max_staleness=2",
+        "algorithm.rollout_correction.rollout_is=token",
+    ],
+}
 KEY = "val/synthetic/products/pass@1"
 
 
@@ -87,10 +95,11 @@ def markdown(report: dict) -> str:
     lines = [
         f"# Tool-use showcase ({m['date']}, {m['cpu']}, {m['cores']} cores)",
         "",
-        f"`python benchmarks/agent_showcase.py --steps {report['steps']}`: **{report['seconds'] / 60:.1f} min in "
+        f"`python benchmarks/agent_showcase.py --steps {report['steps']} --runs {','.join(r['name'] for r in runs)}`: **{report['seconds'] / 60:.1f} min in "
         "all**, the warm start included. `recipes/tiny-cpu-agent.yaml` from its SFT warm start "
-        "(`recipes/tiny-cpu-agent-sft.yaml`), with the calculator tool and without it (`~environment.name`); the "
-        "same seed, data and budget. Greedy pass@1 on 256 held-out problems (products of two 2-digit numbers in "
+        "(`recipes/tiny-cpu-agent-sft.yaml`), each run from the same warm start, seed, data and budget: "
+        + "; ".join(f"{r['name']} ({' '.join(r['overrides']) or 'the recipe as it is'})" for r in runs)
+        + ". Greedy pass@1 on 256 held-out problems (products of two 2-digit numbers in "
         "word problems), validated with the tool in the run that has it.",
         "",
         f"Warm start: {sft['steps']} SFT steps of 64 traces, loss {sft['loss_first10']:.2f} over the first 10 steps "
@@ -115,6 +124,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--test-freq", type=int, default=2)
+    ap.add_argument("--runs", default="with-tool,without-tool", help=f"of {', '.join(RUNS)}")
     ap.add_argument("--out", default="benchmarks/results/agent-showcase")
     ap.add_argument("--work", default="runs/agent-showcase", help="runs and the fresh model cache go here")
     args = ap.parse_args()
@@ -123,7 +133,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "GRPO_RAY_CACHE": str(work / "cache")}
     start = time.perf_counter()
-    runs = [run(name, overrides, args, work, env) for name, overrides in RUNS.items()]
+    runs = [run(name, RUNS[name], args, work, env) for name in args.runs.split(",")]
     seconds = time.perf_counter() - start
     sft_rows = rows_of(Path(runs[0]["warm_start"]).parent / "metrics.jsonl")
     losses = [r["sft/loss"] for r in sft_rows if "sft/loss" in r]

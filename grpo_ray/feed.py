@@ -31,6 +31,9 @@ class Feed:
         self.sent_to: dict[int, object] = {}
         """Per engine, the actor last sent prompts: one replaced since (by a push that lost it) is sent again what
         its predecessor held."""
+        self.sends: dict[int, int] = {}
+        """Per engine, the sends to that actor so far: its take waits until it has them all (an actor's calls may
+        start out of order: it serves several at a time)."""
         self.handed: dict[int, list[tuple[Prompt, int]]] = {}
         """Per step taken for, the prompts handed to it (and the step each was sent for): a checkpoint keeps those of
         a step not yet trained."""
@@ -118,12 +121,15 @@ class Feed:
             return
         self.held[i].extend(held)
         seeds = [sample_seed(self.r.trainer.seed, s, p.uid) for p, s in held]
-        self.sent_to[i] = self.engines.pools.generators[i]
-        self.sent_to[i].submit.remote([p for p, _ in held], self.r.algorithm.group_size, seeds)
+        actor = self.engines.pools.generators[i]
+        self.sends[i] = self.sends.get(i, 0) * (self.sent_to.get(i) is actor) + 1
+        self.sent_to[i] = actor
+        actor.submit.remote([p for p, _ in held], self.r.algorithm.group_size, seeds)
 
     def _take_on(self, i: int, n: int, oldest: int | None) -> tuple:
         actor = self.engines.pools.generators[i]
-        return (*actor.take.options(num_returns=2).remote(n, oldest), actor)
+        sends = self.sends.get(i, 0) if self.sent_to.get(i) is actor else 0
+        return (*actor.take.options(num_returns=2).remote(n, oldest, sends), actor)
 
     def _wait(self, i: int, call: tuple, n: int, oldest: int | None, recover: bool) -> tuple:
         """Engine i's take; an engine lost is replaced, sent again what it held, and asked again

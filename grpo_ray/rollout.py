@@ -19,12 +19,16 @@ memory, answers garbage or floods): that trajectory alone, counted, with the rew
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import itertools
 import sys
+import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from grpo_ray.engine_loop import EngineLoop
 from grpo_ray.envs.child import EnvChild
 from grpo_ray.envs.template import Observations
 from grpo_ray.rewards import search_here
@@ -51,11 +55,25 @@ class Trajectory:
     """Tokens after the prompt."""
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    """The version of the weights that sampled each token (an observation's: its turn's last token's)."""
     texts: list[str] = field(default_factory=list)
     episode: Episode = field(default_factory=lambda: Episode([], 0.0))
     finish_reason: str = "stop"
     closed: bool = True
     """Its last turn ended with the end-of-turn token (not with a stop string)."""
+
+    def completion(self) -> Completion:
+        return Completion(
+            self.prompt,
+            self.ids,
+            "".join(self.texts),
+            self.logprobs,
+            self.finish_reason,
+            self.mask,
+            self.episode,
+            self.versions or None,
+        )
 
 
 def turn_seed(seed: int, sample: int, turn: int) -> int:
@@ -77,54 +95,73 @@ class Episodes:
         self.children = [EnvChild(e.memory_mb, e.sandbox, (e.name, dict(e.options))) for _ in range(e.workers)]
         self.pool = ThreadPoolExecutor(max_workers=2 * e.workers, thread_name_prefix="env")
         self.reported: set[str] = set()
+        self.keys = itertools.count()
+        """Each group's key (its trajectories' are key/sample, their turns' requests key/sample/turn)."""
         self.unsent: dict[str, str] = {}
         """The first failure of each kind (its traceback or what happened) not yet handed to the driver."""
 
-    def run(self, prompts: list[Prompt], n: int, seeds: list[int], sampling, lora_request=None) -> list[Completion]:
+    def run(self, prompts: list[Prompt], n: int, seeds: list[int], sampling, lora_request=None, loop=None):
         """`n` trajectories of each prompt (prompt i's seeded from seeds[i]), group after group; `sampling` is each
-        turn's (a SamplingConfig)."""
-        engine, budget, max_turns = self.llm.llm_engine, self.env.max_tokens, self.env.max_turns
-        trajectories = [
-            Trajectory(i, seeds[i], f"{i}/{j}", self.children[(i * n + j) % len(self.children)])
-            for i in range(len(prompts))
-            for j in range(n)
-        ]
-        pending: dict[Future, Trajectory] = {}
-        running: dict[str, Trajectory] = {}
+        turn's (a SamplingConfig). On `loop` (the engine's, streaming), or on a loop of its own until they have
+        ended."""
+        own = loop is None
+        loop = loop or EngineLoop(self.llm.llm_engine)
+        try:
+            groups = [self.start(p, n, seed, sampling, loop, lambda: lora_request) for p, seed in zip(prompts, seeds)]
+            return [dataclasses.replace(c, prompt=i) for i, g in enumerate(groups) for c in g.result()]
+        finally:
+            if own:
+                loop.stop()
 
-        def submit(t: Trajectory) -> None:
-            turn = len(t.episode.turns) // 2
-            params = self._turn_params(t, turn, sampling, budget)
-            request = f"{t.key}/{turn}"
-            running[request] = t
-            engine.add_request(
-                request, {"prompt_token_ids": prompts[t.prompt].ids + t.ids}, params, lora_request=lora_request
-            )
+    def start(self, prompt: Prompt, n: int, seed: int, sampling, loop: EngineLoop, lora=lambda: None) -> Future:
+        """Start `n` trajectories of `prompt` (seeded from `seed`) on `loop`, each turn a request of its own served
+        with the adapters `lora()` names as it is sent. The future gives the trajectories (prompt index 0) once each
+        has ended. A trajectory goes from turn to turn in callbacks: an answered turn hands its environment call to
+        the pool, an answered call sends the next turn; the engine meanwhile serves the others."""
+        key, budget, max_turns = next(self.keys), self.env.max_tokens, self.env.max_turns
+        group: Future = Future()
+        ts = [Trajectory(0, seed, f"{key}/{j}", self.children[(key * n + j) % len(self.children)]) for j in range(n)]
+        left, lock = [n], threading.Lock()
 
-        for t in trajectories:
-            pending[self.pool.submit(self._reset, t, prompts[t.prompt])] = t
-        while pending or running:
-            for future in [f for f in pending if f.done()]:
-                t = pending.pop(future)
-                answer = future.result()
-                if answer is None and not t.ids:  # its reset failed: the first turn is still generated (a
-                    submit(t)  # trajectory has at least one token), and the trajectory ends after it
-                elif answer is not None and self._goes_on(t, answer, budget, max_turns):
-                    submit(t)
-            if engine.has_unfinished_requests():
-                for out in engine.step():
-                    if not out.finished:
-                        continue
-                    t = running.pop(out.request_id)
-                    done = self._add_turn(t, out.outputs[0])
-                    if not done and not t.episode.failure:
-                        pending[self.pool.submit(self._step, t, t.episode.turns[-1])] = t
-            elif pending:
-                wait(list(pending), return_when=FIRST_COMPLETED)
-        return [
-            Completion(t.prompt, t.ids, "".join(t.texts), t.logprobs, t.finish_reason, t.mask, t.episode)
-            for t in trajectories
-        ]
+        def guarded(fn):  # an error in a callback fails the group (the caller's result raises it), never lost
+            def run(t, future):
+                try:
+                    fn(t, future.result())
+                except BaseException as e:
+                    with lock:
+                        if not group.done():
+                            group.set_exception(e)
+
+            return lambda t: lambda future: run(t, future)
+
+        @guarded
+        def answered(t: Trajectory, answer: dict | None) -> None:  # the environment's, after reset or a turn
+            if (answer is None and not t.ids) or (answer is not None and self._goes_on(t, answer, budget, max_turns)):
+                turn = len(t.episode.turns) // 2  # a failed reset still generates the first turn (a trajectory
+                params = self._turn_params(t, turn, sampling, budget)  # has at least one token), then ends
+                sent = loop.submit({"prompt_token_ids": prompt.ids + t.ids}, params, lora(), f"{t.key}/{turn}")
+                sent.add_done_callback(generated(t))
+            else:
+                ended(t)
+
+        @guarded
+        def generated(t: Trajectory, out) -> None:
+            if self._add_turn(t, out.outputs[0]) or t.episode.failure:
+                ended(t)
+            else:
+                self.pool.submit(self._step, t, t.episode.turns[-1]).add_done_callback(answered(t))
+
+        def ended(t: Trajectory) -> None:
+            if not t.episode.failure and t.episode.ended != "done":  # its environment still holds the episode
+                self.pool.submit(t.child.run, ("drop", t.key), self.env.timeout_s)
+            with lock:
+                left[0] -= 1
+                if left[0] == 0 and not group.done():
+                    group.set_result([t.completion() for t in ts])
+
+        for t in ts:
+            self.pool.submit(self._reset, t, prompt).add_done_callback(answered(t))
+        return group
 
     def _turn_params(self, t: Trajectory, turn: int, sampling, budget: int):
         """vLLM's sampling parameters for `turn` of trajectory `t`: the recipe's sampling, at most what is left of
@@ -151,6 +188,7 @@ class Episodes:
         t.ids += ids
         t.mask += [1] * len(ids)
         t.logprobs += [lp[tok].logprob for tok, lp in zip(ids, out.logprobs)]
+        t.versions += [int(span.version) for span in out.weight_versions or [] for _ in range(span.start, span.end)]
         text = self.decode(ids)
         t.texts.append(text)
         t.episode.turns.append(text)
@@ -186,6 +224,7 @@ class Episodes:
             t.ids += ids
             t.mask += [0] * len(ids)
             t.logprobs += [0.0] * len(ids)
+            t.versions += t.versions[-1:] * len(ids)
             text = self.decode(ids)
             t.texts.append(text)
             e.turns.append(step["observation"])

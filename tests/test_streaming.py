@@ -149,3 +149,40 @@ def test_a_policy_of_ones_own_drops_stale_groups_and_regenerates_them(tmp_path):
     metrics = rows(out)
     assert sum(m["rollout/discarded_tokens/stale"] for m in metrics) > 0 and metrics[-1]["rollout/goodput"] < 1
     assert all(m["rollout/staleness/max"] == 0 for m in metrics)
+
+
+@pytest.mark.slow
+def test_multi_turn_episodes_stream_and_span_pushes(tmp_path):
+    """Multi-turn episodes on the engine's loop: a trajectory's turns go to the engine one by one as its environment
+    answers (tests.helpers.envs:Echo, turns ended by stop strings), pushes land between them and inside them, and
+    the trajectory goes on under the new weights; each token keeps the version that sampled it (an observation's, its
+    turn's), the loss mask covers the model's tokens only, and every prompt is trained once."""
+    out = tmp_path / "run"
+    res = run_cli(
+        "train",
+        "recipes/tiny-cpu.yaml",
+        *COMMON,
+        *STREAMING,
+        "generator.sampling.max_tokens=8",
+        "+generator.vllm_kwargs.max_num_seqs=8",
+        "trainer.dump_freq=1",
+        "trainer.save_freq=0",
+        "environment.name=tests.helpers.envs:Echo",
+        "environment.stop=[e,a]",
+        "environment.max_turns=3",
+        "environment.max_tokens=64",
+        f"trainer.output_dir={out}",
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    metrics = rows(out)
+    assert all(m["rollout/goodput"] == 1.0 for m in metrics) and metrics[-1]["env/turns/mean"] > 1
+    spanning, samples = 0, []
+    for step in range(1, 5):
+        for s in read_samples(out / "rollouts" / f"train_data_step{step}.jsonl"):
+            v, mask = s["versions"], s["loss_mask"]
+            assert len(v) == len(mask) == len(s["response_ids"]) and v == sorted(v) and v[-1] <= step - 1
+            spanning += len(set(v)) > 1 and len(s["episode"]["turns"]) > 1
+            samples.append(s["uid"])
+    assert spanning > 0  # some episode went on across a push
+    counts = collections.Counter(samples)
+    assert len(counts) == 4 * 16 and set(counts.values()) == {16}

@@ -31,6 +31,7 @@ LAYERS = [  # bottom to top: a module imports modules of its own layer or below,
             "rundir",
             "early_stop",
             "envs",
+            "engine_loop",  # a vLLM engine stepped on a thread of its own
             "rollout",  # multi-turn rollouts on an engine it is given
         ],
     ),  # no Ray actors started, no training

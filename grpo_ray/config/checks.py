@@ -374,11 +374,6 @@ def _schedule_problems(r: Recipe) -> list[str]:
             "after the last push, as the batched schedule does; set max_staleness to 1 or more (how many steps ahead "
             "prompts are sent)"
         )
-    if a.schedule == "streaming" and r.environment.name:
-        p.append(
-            f"algorithm.schedule=streaming with environment.name={r.environment.name!r}: multi-turn episodes do not "
-            "stream yet (their turns run in LLM.generate, not in the engine's loop); use algorithm.schedule=batched"
-        )
     shared = next((g for g in r.cluster.colocate if GENERATOR in g and LEARNER in g), None)
     if a.max_staleness and shared:
         p.append(

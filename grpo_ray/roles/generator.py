@@ -11,6 +11,7 @@ the last push, and loads each push's adapters through vLLM's LoRA support.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 import threading
@@ -105,9 +106,11 @@ class Generator(RoleActor):
         self.loop, self.groups, self.last_take = None, [], (0.0, 0.0)
         """Streaming (``engine_loop``): the thread that owns the engine, the groups sent and not yet taken, and when
         the last take ended (with the loop's idle seconds then)."""
+        self.sends, self.send_error, self.sent = 0, None, threading.Condition()
+        """Streaming: the sends received so far (a take waits for those sent before it), the first that failed."""
         self.llm.llm_engine.set_weight_version(str(self.version))
         if schedules.of(recipe.algorithm).streams:
-            from grpo_ray.roles.engine_loop import EngineLoop
+            from grpo_ray.engine_loop import EngineLoop
 
             self.loop = EngineLoop(self.llm.llm_engine)
             self.loop.salt = str(self.version)
@@ -124,7 +127,7 @@ class Generator(RoleActor):
         start, started = time.perf_counter(), time.time()
         s = sampling or self.cfg.sampling
         if self.episodes:
-            completions = self.episodes.run(prompts, group_size, seeds, s, self.lora_request)
+            completions = self.episodes.run(prompts, group_size, seeds, s, self.lora_request, self.loop)
             return self._answer(prompts, completions, start, started)
         params = [self._params(s, group_size, seed) for seed in seeds]
         outputs = self._generate([{"prompt_token_ids": p.ids} for p in prompts], params)
@@ -143,19 +146,42 @@ class Generator(RoleActor):
     def submit(self, prompts: list[Prompt], group_size: int, seeds: list[int]) -> None:
         """Streaming: start a group of `group_size` samples of each prompt (seeds[i] its seed) and return at
         once; ``take`` hands on the groups as they finish."""
+        try:
+            self._submit(prompts, group_size, seeds)
+        except BaseException as e:  # told by the next take: nobody waits on this call
+            self.send_error = self.send_error or e
+            raise
+        finally:
+            with self.sent:
+                self.sends += 1
+                self.sent.notify_all()
+
+    def _submit(self, prompts: list[Prompt], group_size: int, seeds: list[int]) -> None:
         for prompt, seed in zip(prompts, seeds):
-            params = self._params(self.cfg.sampling, group_size, seed)
-            sent = self.loop.submit({"prompt_token_ids": prompt.ids}, params, self.lora_request)
+            if self.episodes:  # a trajectory's turns sent one by one, the environment answering between them
+                sent = self.episodes.start(prompt, group_size, seed, self.cfg.sampling, self.loop, self._lora)
+            else:
+                params = self._params(self.cfg.sampling, group_size, seed)
+                sent = self.loop.submit({"prompt_token_ids": prompt.ids}, params, self.lora_request)
             self.groups.append(Group(prompt, seed, group_size, sent))
 
-    def take(self, n: int, oldest_kept: int | None) -> tuple[Rollout, RolloutStats]:
+    def _lora(self):
+        """The adapters a request sent now is served with (the last push's)."""
+        return self.lora_request
+
+    def take(self, n: int, oldest_kept: int | None, sends: int = 0) -> tuple[Rollout, RolloutStats]:
         """Streaming: the first `n` groups to finish (in the order they were sent, among those finished), as
         ``generate`` answers (``num_returns=2``), each token labelled with the version of the weights that sampled
         it. A group with a token older than `oldest_kept` (the staleness policy's) is dropped, its tokens counted
         in the stats' ``discarded``, and generated again under the weights now (seed + 1); a group wholly of the
-        weights this engine holds is always kept (none fresher can come)."""
+        weights this engine holds is always kept (none fresher can come). It first waits for the `sends` sent
+        before it."""
         from concurrent.futures import FIRST_COMPLETED, wait
 
+        with self.sent:
+            self.sent.wait_for(lambda: self.sends >= sends)
+        if self.send_error:
+            raise RuntimeError(f"sending groups to this engine failed: {self.send_error!r}") from self.send_error
         if fault_at("exit_mid_stream", self.version):  # fault test: the engine dies with groups in flight
             os._exit(1)
         start, started, taken, discarded = time.perf_counter(), time.time(), [], 0
@@ -167,7 +193,7 @@ class Generator(RoleActor):
                 if len(taken) == n:
                     break
                 self.groups.remove(g)
-                out = completions_of(len(taken), g.sent.result())
+                out = completions_of(len(taken), g.sent.result())  # a multi-turn group's: its trajectories
                 oldest = min((min(c.versions) for c in out if c.versions), default=self.version)
                 if oldest_kept is not None and oldest < min(oldest_kept, self.version):  # this engine's now: kept
                     discarded += sum(len(c.token_ids) for c in out)
@@ -328,7 +354,10 @@ class Generator(RoleActor):
 
 def completions_of(i: int, out) -> list[Completion]:
     """The completions of vLLM's output `out` for prompt i: tokens, the sampler's logprobs, and each token's weight
-    version (vLLM's spans, labelled by ``set_weight_version``)."""
+    version (vLLM's spans, labelled by ``set_weight_version``); or a multi-turn group's trajectories (`out` a list,
+    ``grpo_ray.rollout``) given index i."""
+    if isinstance(out, list):
+        return [dataclasses.replace(c, prompt=i) for c in out]
     done = []
     for c in out.outputs:
         ids = list(c.token_ids)

@@ -1,6 +1,6 @@
 """The streaming schedule (``algorithm.schedule: streaming``): the engines never wait for a step boundary.
 
-Each engine runs its own loop (``roles/engine_loop.py``) and is sent the prompts of the next
+Each engine runs its own loop (``engine_loop.py``) and is sent the prompts of the next
 ``algorithm.max_staleness`` steps ahead of the step that trains them; a step takes, from each engine, its share of
 the first groups to finish, whichever step they were sent for (a long group is trained at a later step, the short
 ones behind it are not held up); at max_staleness >= 2 the next step's groups are taken and scored while the

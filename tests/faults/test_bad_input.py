@@ -260,11 +260,6 @@ CASES = {  # name: (recipe, overrides, what the message must say)
         "algorithm.staleness='tests.helpers.my_algo:one_per_group': a function, not a subclass of "
         "grpo_ray.schedules.Staleness",
     ),
-    "streaming multi-turn episodes": (
-        RECIPE,
-        ["algorithm.schedule=streaming", "algorithm.max_staleness=1", "environment.name=guess"],
-        "algorithm.schedule=streaming with environment.name='guess': multi-turn episodes do not stream yet",
-    ),
     "an estimator that is no function": (
         RECIPE,
         ["algorithm.adv_estimator=tests.helpers.my_algo:NOT_A_FUNCTION"],

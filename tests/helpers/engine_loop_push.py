@@ -1,4 +1,4 @@
-"""A push into generation in flight, on vLLM's engine loop (``grpo_ray.roles.engine_loop``): prints one JSON line.
+"""A push into generation in flight, on vLLM's engine loop (``grpo_ray.engine_loop``): prints one JSON line.
 
 Run as a script (vLLM's engine start needs the __main__ guard): ``engine_loop_push.py MODEL_PATH``, with
 VLLM_ENABLE_V1_MULTIPROCESSING=0 (the engine in this process, as in a generator actor). One long request is started;
@@ -15,7 +15,7 @@ if __name__ == "__main__":
     import torch
     from vllm import LLM, SamplingParams
 
-    from grpo_ray.roles.engine_loop import EngineLoop
+    from grpo_ray.engine_loop import EngineLoop
     from grpo_ray.roles.vllm_ext import reload_in_place
 
     def zero_head(worker):

@@ -49,6 +49,7 @@ if __name__ == "__main__":
                 enable_chunked_prefill=False,
             )
         llm = engines[arch]
+        llm.llm_engine.set_weight_version("0")  # as a generator labels its weights
         turns, step = [], type(llm.llm_engine).step
 
         def recording_step(engine, step=step, turns=turns):

@@ -1,4 +1,5 @@
-"""A vLLM engine run step by step on a thread of its own, for the streaming schedule (``grpo_ray.schedules.streaming``).
+"""A vLLM engine run step by step on a thread of its own: the streaming schedule's engines
+(``grpo_ray.schedules.streaming``), and multi-turn rollouts' turns (``grpo_ray.rollout``).
 
 vLLM's ``LLM.generate`` runs the engine until every request it holds has finished, so a batch waits for its slowest
 sample and nothing can join it. Here one thread owns the engine (``LLMEngine``, in this process) and loops:
@@ -24,8 +25,6 @@ import time
 from collections import deque
 from concurrent.futures import Future
 
-from vllm.sampling_params import RequestOutputKind
-
 
 class EngineLoop:
     """The thread that owns `engine` (a vLLM ``LLMEngine``)."""
@@ -46,16 +45,26 @@ class EngineLoop:
         reads keys and values cached under other weights); set by a call."""
         self.idle = 0.0
         """Seconds the loop has waited with nothing to run (the engine idle)."""
-        threading.Thread(target=self._run, name="engine-loop", daemon=True).start()
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self.thread.start()
 
-    def submit(self, prompt: dict, params, lora=None) -> Future:
-        """Queue one request; its future gives its RequestOutput once it has finished."""
+    def submit(self, prompt: dict, params, lora=None, request_id: str | None = None) -> Future:
+        """Queue one request (its id `request_id`, unique among those in flight, or a number); its future gives its
+        RequestOutput once it has finished."""
         done: Future = Future()
         with self.cond:
             self._check()
-            self.adds.append((prompt, params, lora, done))
+            self.adds.append((prompt, params, lora, request_id, done))
             self.cond.notify()
         return done
+
+    def stop(self) -> None:
+        """End the thread once nothing is queued or in flight, and wait for it: the engine is the caller's again."""
+        with self.cond:
+            self.stopping = True
+            self.cond.notify()
+        self.thread.join()
 
     def call(self, fn):
         """Run `fn(engine)` on the loop's thread between two steps and return what it returns (its error raised
@@ -77,14 +86,18 @@ class EngineLoop:
             raise RuntimeError(f"the engine's loop stopped: {self.error!r}") from self.error
 
     def _run(self) -> None:
+        from vllm.sampling_params import RequestOutputKind
+
         try:
             while True:
                 with self.cond:
                     if not (self.calls or self.adds or self.waiting):
                         start = time.perf_counter()
-                        while not (self.calls or self.adds or self.waiting):
+                        while not (self.calls or self.adds or self.waiting or self.stopping):
                             self.cond.wait()
                         self.idle += time.perf_counter() - start
+                        if self.stopping and not (self.calls or self.adds or self.waiting):
+                            return
                     calls, adds = list(self.calls), list(self.adds)
                     self.calls.clear()
                     self.adds.clear()
@@ -93,8 +106,8 @@ class EngineLoop:
                         done.set_result(fn(self.engine))
                     except BaseException as e:  # the caller's error, raised in its thread
                         done.set_exception(e)
-                for prompt, params, lora, done in adds:
-                    rid = str(next(self.ids))
+                for prompt, params, lora, rid, done in adds:
+                    rid = rid or str(next(self.ids))
                     params.output_kind = RequestOutputKind.FINAL_ONLY  # one output a request, when it ends
                     if self.salt is not None:
                         prompt = {**prompt, "cache_salt": self.salt}
