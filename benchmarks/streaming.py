@@ -27,13 +27,13 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.bench import machine, step_parser, timed_steps, write_report  # noqa: E402
 
 MODEL = "tiny://qwen2?layers=4&hidden=256&heads=4&kv_heads=2&intermediate=512&vocab=128&bytes=0&seed=0"
+MODEL_122M = "tiny://qwen2?layers=8&hidden=1024&heads=8&kv_heads=2&vocab=8000&tie=0&seed=0"
+"""--model 122m: the shape benchmarks/sync.py pushes (the pause per push at that size, and its share of a step)."""
 COMMON = [
-    f"model.path={MODEL}",
     "data.train_batch_size=16",
     "algorithm.group_size=4",
     "data.response_prefix=''",
     "data.max_prompt_length=96",
-    "generator.sampling.max_tokens=320",
     "generator.num_cpus=1",
     "learner.world_size=1",
     "learner.num_cpus=0.99",
@@ -57,8 +57,9 @@ SCHEDULES = {
 }
 
 
-def run(name: str, overrides: list[str], warmup: int, steps: int) -> dict:
-    rows, wall = timed_steps([*COMMON, *overrides], warmup, steps)
+def run(name: str, overrides: list[str], warmup: int, steps: int, model: str, max_tokens: int) -> dict:
+    shape = [f"model.path={model}", f"generator.sampling.max_tokens={max_tokens}"]
+    rows, wall = timed_steps([*shape, *COMMON, *overrides], warmup, steps)
     mean = lambda key, default=0.0: statistics.fmean(r.get(key, default) for r in rows)  # noqa: E731
     tokens = sum(r["response_length/mean"] for r in rows) * SAMPLES
     streams = "algorithm.schedule=streaming" in overrides
@@ -91,24 +92,23 @@ def markdown(report: dict) -> str:
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gb']} GB; torch {m['torch']}, vLLM {m['vllm']}, "
         f"Ray {m['ray']}; {m['date']}. `python benchmarks/streaming.py --steps {report['steps']} "
-        f"--warmup {report['warmup']}`: {report['params'] / 1e6:.1f}M parameters, 16 prompts x 4 samples a step, "
-        "answers up to 320 tokens (random weights: roughly geometric lengths, a few cut at 320 in nearly every "
-        "batch); generator on 1 core, learner (1 rank, bf16) on the other (`cluster.cpu_threads: reserved`); no KL.",
+        f"--warmup {report['warmup']}{report['flags']}`: {report['params'] / 1e6:.1f}M parameters, 16 prompts x 4 "
+        f"samples a step, answers up to {report['max_tokens']} tokens (random weights: roughly geometric lengths, a "
+        "few cut at the limit in nearly every batch); generator on 1 core, learner (1 rank, bf16) on the other (`cluster.cpu_threads: reserved`); no KL.",
         "",
         "| schedule | trained tokens/s | vs on-policy | vs one step off | steps/s | engine idle | learner waits "
         "| goodput | staleness mean / max | versions per answer, max | pause per push (s) | mismatch KL |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
+    on, off = base.get("on-policy"), base.get("one step off")
     for r in runs:
-        on, off = base.get("on-policy"), base.get("one step off")
+        tps = r["trained_tokens_per_s"]
         lines.append(
-            f"| {r['schedule']} | {r['trained_tokens_per_s']:.0f} "
-            f"| {r['trained_tokens_per_s'] / on:.2f}x | {r['trained_tokens_per_s'] / off:.2f}x "
+            f"| {r['schedule']} | {tps:.0f} | {f'{tps / on:.2f}x' if on else ''} | {f'{tps / off:.2f}x' if off else ''} "
             f"| {r['steps_per_s']:.3f} | {r['engine_idle']:.2f} | {r['learner_wait_share']:.2f} | {r['goodput']:.3f} "
             f"| {r['staleness_mean']:.2f} / {r['staleness_max']:.0f} | {r['versions_per_trajectory_max']:.0f} "
-            f"| {r['pause_s']:.3f} | {r['mismatch_kl']:.1e} |"
-            if on and off
-            else f"| {r['schedule']} | {r['trained_tokens_per_s']:.0f} | | | {r['steps_per_s']:.3f} | | | | | | | |"
+            f"| {r['pause_s']:.3f} ({r['pause_s'] / r['step_s']:.1%} of a {r['step_s']:.2f} s step) "
+            f"| {r['mismatch_kl']:.1e} |"
         )
     lines += [
         "",
@@ -124,17 +124,31 @@ def markdown(report: dict) -> str:
 def main() -> None:
     ap = step_parser(10, 2, "benchmarks/results")
     ap.add_argument("--only", nargs="*", help="schedules to run (default: all)")
+    ap.add_argument("--model", choices=["2.4m", "122m"], default="2.4m")
+    ap.add_argument("--max-tokens", type=int, default=320)
     args = ap.parse_args()
     from grpo_ray.dims import model_dims
 
+    model = MODEL_122M if args.model == "122m" else MODEL
     runs = [
-        run(name, o, args.warmup, args.steps) for name, o in SCHEDULES.items() if not args.only or name in args.only
+        run(name, o, args.warmup, args.steps, model, args.max_tokens)
+        for name, o in SCHEDULES.items()
+        if not args.only or name in args.only
     ]
+    flags = "".join(
+        [
+            f" --model {args.model}" if args.model != "2.4m" else "",
+            f" --max-tokens {args.max_tokens}" if args.max_tokens != 320 else "",
+            " --only " + " ".join(f"'{o}'" for o in args.only) if args.only else "",
+        ]
+    )
     report = {
         "machine": machine(),
         "steps": args.steps,
         "warmup": args.warmup,
-        "params": model_dims(MODEL).params,
+        "flags": flags,
+        "max_tokens": args.max_tokens,
+        "params": model_dims(model).params,
         "runs": runs,
     }
     write_report(args.out, "streaming", report, markdown(report))

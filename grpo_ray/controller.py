@@ -235,7 +235,7 @@ class GRPOController(Runner):
             batches.append((rollouts, stats, scores))
             if len(kept) >= want or len(batches) >= cfg.max_num_gen_batches:
                 break
-            rollouts, stats = self.engines.collect(self.launch(step))
+            rollouts, stats = self.more(step)
             scores = self.rewards(self.scorers.send(rollouts, Samples.of(stats), tokens=False), counted=False)[0]
         chosen, cut = sorted((kept + dropped)[:want]), ray.remote(select_groups).options(num_cpus=0)
         taken = [
@@ -261,6 +261,15 @@ class GRPOController(Runner):
                 "filter_groups/filled_groups": max(0, want - len(kept)),
             },
         )
+
+    def more(self, step: int) -> tuple[list, list]:
+        """DAPO's next batch for `step`: streaming, one more batch of prompts sent into the stream and the first
+        groups to finish taken; else a batch launched and collected."""
+        if not self.feed:
+            return self.engines.collect(self.launch(step))
+        self.feed.send_more(step)
+        rollouts, stats, _ = self.feed.take(step, self.total_steps(), self.version)
+        return rollouts, stats
 
     def updated(self, trained: dict[str, float]) -> bool:
         """Whether the learner's weights changed; a step whose every update was skipped (non-finite loss or

@@ -126,6 +126,12 @@ class Feed:
         self.sent_to[i] = actor
         actor.submit.remote([p for p, _ in held], self.r.algorithm.group_size, seeds)
 
+    def send_more(self, step: int) -> None:
+        """DAPO's dynamic sampling: one more batch of the stream's prompts sent for `step` (a take for it follows, so
+        what the engines hold stays the same)."""
+        prompts = self.next_prompts()
+        self._send(prompts, [step] * len(prompts))
+
     def _take_on(self, i: int, n: int, oldest: int | None) -> tuple:
         actor = self.engines.pools.generators[i]
         sends = self.sends.get(i, 0) if self.sent_to.get(i) is actor else 0

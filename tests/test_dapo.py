@@ -26,12 +26,18 @@ SMALL = [
 ]
 
 
-def test_dynamic_sampling_trains_on_groups_with_signal(tmp_path):
+@pytest.mark.parametrize("schedule", ["batched", "streaming"])
+def test_dynamic_sampling_trains_on_groups_with_signal(tmp_path, schedule):
+    """Batched, more batches are launched; streaming, more prompts are sent into the stream and as many groups taken
+    from it as they finish."""
     # from random init the select task scores about 1 in 100: most groups are all 0, so batches run short
+    streaming = ["algorithm.max_staleness=2", "algorithm.rollout_correction.rollout_is=token"]
     res = run_cli(
         "train",
         "recipes/tiny-cpu.yaml",
         *SMALL,
+        f"algorithm.schedule={schedule}",
+        *(streaming if schedule == "streaming" else []),
         f"trainer.output_dir={tmp_path}",
         "algorithm.filter_groups.enable=true",
         "algorithm.filter_groups.max_num_gen_batches=3",
