@@ -204,6 +204,7 @@ class GRPOController(Runner):
             "rollout/staleness/mean": sum(ages) / len(ages),
             "rollout/staleness/max": float(max(ages)),
             "rollout/over_max_staleness": float(sum(a > k for a in ages)),
+            **{f"rollout/staleness/share_{a}": sum(x == a for x in ages) / len(ages) for a in range(k + 1)},
             "rollout/versions_per_trajectory/mean": sum(spans) / len(spans),
             "rollout/versions_per_trajectory/max": float(max(spans)),
         }

@@ -109,6 +109,10 @@ def test_answers_span_pushes_and_the_learner_corrects_them(streamed):
     assert all(m["rollout/goodput"] == 1.0 and m["rollout/discarded_tokens/stale"] == 0 for m in metrics)
     assert all(m["actor/old_log_prob_recomputed"] == 1 and m["sync/pause_s"] > 0 for m in metrics)
     assert max(m["rollout/staleness/max"] for m in metrics) >= 1
+    for m in metrics:  # the histogram: each sample's age counted once (none past the bound here)
+        shares = [m[f"rollout/staleness/share_{a}"] for a in range(3)]
+        assert m["rollout/over_max_staleness"] > 0 or abs(sum(shares) - 1) < 1e-9
+        assert shares[0] < 1 or m["rollout/staleness/max"] == 0
     for step in range(1, len(metrics) + 1):
         for s in read_samples(streamed / "rollouts" / f"train_data_step{step}.jsonl"):
             v = s["versions"]
