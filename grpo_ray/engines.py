@@ -11,6 +11,8 @@ import hashlib
 import time
 from collections.abc import Callable
 
+import ray
+
 from grpo_ray.config import GENERATOR
 from grpo_ray.errors import RunError
 from grpo_ray.pools import PoolFault, Pools
@@ -49,6 +51,8 @@ class Engines:
         self.fresh: set[int] = set()
         """Engines replaced that have not answered a generate call yet: their first one may hold one-time warm-up
         (kernel selection, allocator growth), so its deadline is twice generator.timeout_s."""
+        self.receives: list = []
+        """The engines' receive calls of the last push (``failed_receives``)."""
 
     def launch(self, step: int, prompts: list[Prompt], n: int = 0, sampling=None) -> Launched:
         """Send `prompts` to the engines, cut evenly over them, `n` samples each (default: the group size)."""
@@ -121,7 +125,7 @@ class Engines:
         forward.)"""
         bucket, metas, learners = self.r.trainer.bucket_mb << 20, self.pools.metas, self.pools.learners
         sends = [l.push_weights.remote(metas, bucket, version) for l in learners]
-        receives = [
+        receives = self.receives = [
             g.receive_weights.remote(metas, bucket, version, self.probe_ids if probe else None)
             for g in self.pools.generators
         ]
@@ -152,6 +156,7 @@ class Engines:
             pushed, received = self.push(version, learner_probe or True)
         except PoolFault as e:
             lost = self.pools.unresponsive_generators()
+            lost += [i for i in self.failed_receives() if i not in lost]
             self.say(f"weight sync to version {version} failed ({e}); replacing engines {lost}")
             pushed, received = self.recover(lost, learner_probe or True)
         diff = probe_diff([r.pop("probe") for r in received], pushed[0].pop("probe"))
@@ -177,12 +182,24 @@ class Engines:
             "sync/seconds": seconds,
             "sync/bytes": sent["bytes"],
             "sync/GBps": sent["bytes"] / seconds / 1e9,
-            **{f"sync/{phase}_s": sent.get(phase, 0.0) for phase in ("gather", "cast")},
+            **{f"sync/{phase}_s": sent.get(phase, 0.0) for phase in ("gather", "cast", "delta")},
+            **delta_metrics(sent),
             "sync/load_s": slowest["load"],
             "sync/pause_s": slowest.get("pause", 0.0),
             "sync/fresh_check_s": max(f["seconds"] for f in fresh),
             "timing_s/sync_weights": time.perf_counter() - start,
         }
+
+    def failed_receives(self) -> list[int]:
+        """The engines whose receive of the push that failed raised: they may hold a load left half done (vLLM's
+        in-place reload does not take a second push after a failed one), so they are replaced too."""
+        failed = []
+        for i, ref in enumerate(self.receives):
+            try:
+                ray.get(ref, timeout=self.r.trainer.sync_timeout_s + 10)
+            except Exception:  # raised, lost, or still hung past the sync timeout
+                failed.append(i)
+        return failed
 
     def recover(self, engines: list[int], probe: bool | list[float] = False) -> tuple[list[dict], list[dict]]:
         """Replace `engines`, connect the weight transport again over all engines, load the learner's weights into all
@@ -192,6 +209,18 @@ class Engines:
             self.fresh.add(i)
         self.pools.transport.connect(self.pools)
         return self.push(self.learner_version(), probe)
+
+
+def delta_metrics(sent: dict) -> dict[str, float]:
+    """A delta push's (``transports/delta.py``): its bytes against a whole push's, the elements and tensors it
+    changed; nothing for other transports."""
+    if "dense_bytes" not in sent:
+        return {}
+    return {
+        "sync/bytes_share": sent["bytes"] / max(sent["dense_bytes"], 1),
+        "sync/changed_share": sent["changed"] / max(sent["elements"], 1),
+        "sync/tensors_touched": float(sent["tensors_touched"]),
+    }
 
 
 def probe_diff(engines: list[list[float]], learner: list[float]) -> float:

@@ -432,8 +432,9 @@ class TrainerConfig:
     weight_transport: str = "collective"
     """How weights reach the engines (grpo_ray.transports): collective (a process group over learner rank 0 and
     every engine worker, nccl on GPUs, gloo on CPU) or storage (safetensors buckets in trainer.weight_dir, for node
-    pools that share a filesystem but no collective path; slime's and prime-rl's filesystem mode): the name of a
-    module of grpo_ray/transports, or a user's ``module:Class``."""
+    pools that share a filesystem but no collective path; slime's and prime-rl's filesystem mode), delta (the
+    collective's group, each bucket sent as the elements that changed since the last push, checked by a checksum;
+    verl's and NeMo RL's delta sync): the name of a module of grpo_ray/transports, or a user's ``module:Class``."""
     weight_dir: str = ""
     """The storage transport's directory, seen by every node; empty: <output_dir>/weights. Each push's files are
     removed once every engine has loaded them."""

@@ -14,7 +14,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("schedule", ["one-step-off"])  # on-policy's push is the same path without a batch in flight
-def test_receiver_killed_mid_broadcast_is_replaced(tmp_path, faults_env, schedule):
+@pytest.mark.parametrize("transport", ["collective", "delta"])  # delta: both sides forget the last push, whole again
+def test_receiver_killed_mid_broadcast_is_replaced(tmp_path, faults_env, schedule, transport):
     out = tmp_path / "run"
     # 1 MiB buckets: the 1.4 MB model goes in two, and engine 0 or 1 exits after receiving the first (one step
     # off: after generating the batch sent before the push, which must then still be trained on)
@@ -26,6 +27,7 @@ def test_receiver_killed_mid_broadcast_is_replaced(tmp_path, faults_env, schedul
             "generator.num_cpus=0.25",
             "trainer.bucket_mb=1",
             "trainer.sync_timeout_s=15",
+            f"trainer.weight_transport={transport}",
             *SCHEDULES[schedule],
         ],
         {**faults_env, "GRPO_RAY_FAULTS": "exit_mid_sync@2"},
@@ -33,7 +35,11 @@ def test_receiver_killed_mid_broadcast_is_replaced(tmp_path, faults_env, schedul
     start = time.monotonic()
     assert run.wait() == 0, run.output()[-3000:]
     m = {row["step"]: row for row in metrics(out)}
-    assert [m[s]["fault/generator_restarts"] for s in (1, 2, 3, 4)] == [0, 1, 1, 1]
+    # engine 0 replaced, at step 2 and never again; engine 1 too when its own receive failed mid-load (vLLM takes no
+    # second push after a failed one): whether the sender failed before or after its last bucket reached engine 1
+    restarts = [m[s]["fault/generator_restarts"] for s in (1, 2, 3, 4)]
+    assert restarts == [0, *[restarts[1]] * 3] and restarts[1] in (1, 2)
+    assert re.search(r"replacing engines \[0(, 1)?\]", run.output())
     assert all(m[s]["sync/logprob_diff"] < 1e-4 for s in (1, 2, 3, 4))  # the new engine holds version 2
     assert m[2]["timing_s/step"] < 2 * 15 + 120  # within the bound: the timeout, the ping, a new engine
     assert "weight sync to version 2 failed" in run.output()

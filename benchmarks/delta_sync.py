@@ -1,0 +1,130 @@
+"""Delta pushes against whole ones, at the 122M shape, in one run (issue 56's targets).
+
+    python benchmarks/delta_sync.py --steps 6 --out benchmarks/results/delta-sync
+
+The same GRPO run twice, each pool on a core of its own: a 122M-parameter Qwen2-shaped model, bf16 engine, one
+learner rank with float32 master weights, AdamW at the recipes' lr 1e-6 (4 prompts x 4 samples of 16 tokens a step:
+a small step, so that the pushes show), pushed with ``trainer.weight_transport=collective`` and ``=delta``. Per
+push after the first (which is whole either way): the bytes against a whole push's, the elements and tensors that
+changed, the push's seconds as the engine sees it (sync/seconds), its load and the learner's share (gather, cast,
+finding the changes). The engines' weights are bit-identical when every sample and training metric of the two runs
+is (same seeds: any weight that differed would change the sampled answers or the losses). Writes delta-sync.json and
+delta-sync.md to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.bench import machine, timed_steps, write_report  # noqa: E402
+
+MODEL = "tiny://qwen2?layers=8&hidden=1024&heads=8&kv_heads=2&vocab=8000&tie=0&seed=0"
+COMMON = [
+    f"model.path={MODEL}",
+    "data.train_batch_size=4",
+    "algorithm.group_size=4",
+    "data.response_prefix=''",
+    "data.max_prompt_length=96",
+    "generator.sampling.max_tokens=16",
+    "generator.dtype=bfloat16",
+    "generator.num_cpus=1",
+    "learner.world_size=1",
+    "learner.num_cpus=0.99",
+    "learner.mini_batch_size=16",
+    "learner.micro_batch_size=16",
+    "learner.optim.lr=1e-6",
+    "algorithm.kl_coef=0",
+    "reward.num_cpus=0.01",
+    "cluster.cpu_threads=reserved",
+    "trainer.max_sync_logprob_diff=0.05",
+    "trainer.bucket_mb=32",
+]
+SAME = ("critic/", "actor/", "response_length/", "rollout_corr/")
+"""Metrics that differ if any engine weight did."""
+
+
+def run(transport: str, steps: int) -> dict:
+    rows, wall = timed_steps([*COMMON, f"trainer.weight_transport={transport}"], 0, steps)
+    later = rows[1:]  # the first push is whole for both
+    mean = lambda key: statistics.fmean(r.get(key, 0.0) for r in later)  # noqa: E731
+    return {
+        "transport": transport,
+        "rows": rows,
+        "wall_s": wall,
+        "push_s": mean("sync/seconds"),
+        "load_s": mean("sync/load_s"),
+        "gather_s": mean("sync/gather_s"),
+        "cast_s": mean("sync/cast_s"),
+        "delta_s": mean("sync/delta_s"),
+        "bytes": mean("sync/bytes"),
+        "bytes_share": mean("sync/bytes_share") if transport == "delta" else 1.0,
+        "changed_share": mean("sync/changed_share") if transport == "delta" else 1.0,
+        "tensors_touched": mean("sync/tensors_touched") if transport == "delta" else 0.0,
+        "first_push_s": rows[0]["sync/seconds"],
+    }
+
+
+def identical(a: list[dict], b: list[dict]) -> tuple[int, list[str]]:
+    """How many training values the two runs share, and the keys of those that differ."""
+    keys = [k for r in a for k in r if k.startswith(SAME)]
+    differ = sorted({k for ra, rb in zip(a, b) for k in ra if k.startswith(SAME) and ra[k] != rb.get(k)})
+    return len(keys), differ
+
+
+def markdown(report: dict) -> str:
+    m, (whole, delta) = report["machine"], report["runs"]
+    lines = [
+        "# Delta pushes against whole ones, 122M parameters, bf16 engine",
+        "",
+        f"Machine: {m['cpu']}, {m['cores']} cores; torch {m['torch']}, vLLM {m['vllm']}, Ray {m['ray']}; {m['date']}. "
+        f"`python benchmarks/delta_sync.py --steps {report['steps']}`: the same GRPO run with each transport, "
+        "AdamW lr 1e-6 on float32 master weights, one learner rank and the engine on a core each; means over the "
+        "pushes after the first.",
+        "",
+        "| transport | bytes a push | of a whole push | elements changed | tensors touched | push (s) | engine load (s) "
+        "| learner gather + cast + changes (s) | first push (s) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in (whole, delta):
+        lines.append(
+            f"| {r['transport']} | {r['bytes'] / 1e6:.1f} MB | {r['bytes_share']:.1%} | {r['changed_share']:.2%} "
+            f"| {r['tensors_touched']:.0f} | {r['push_s']:.3f} | {r['load_s']:.3f} "
+            f"| {r['gather_s']:.3f} + {r['cast_s']:.3f} + {r['delta_s']:.3f} | {r['first_push_s']:.3f} |"
+        )
+    n, differ = report["identical"]
+    lines += [
+        "",
+        f"Push {whole['push_s'] / delta['push_s']:.2f}x faster, {delta['bytes_share']:.1%} of the bytes. "
+        + (
+            f"Bit-identical: all {n} training values of the two runs are equal (sampled answers, losses, gradients)."
+            if not differ
+            else f"NOT identical: {len(differ)} keys differ ({', '.join(differ[:5])})."
+        ),
+        "",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--out", default="benchmarks/results/delta-sync")
+    args = ap.parse_args()
+    runs = [run(t, args.steps) for t in ("collective", "delta")]
+    report = {
+        "machine": machine(),
+        "steps": args.steps,
+        "runs": runs,
+        "identical": identical(runs[0]["rows"], runs[1]["rows"]),
+    }
+    write_report(args.out, "delta-sync", report, markdown(report))
+
+
+if __name__ == "__main__":
+    main()
