@@ -44,7 +44,16 @@ COMMON = [
     "cluster.cpu_threads=reserved",
     "trainer.max_sync_logprob_diff=0.05",
     "trainer.bucket_mb=32",
+    "reward.functions=[{name: 'benchmarks.delta_sync:distinct', weight: 1.0}]",  # random weights score 0 at the task
 ]
+
+
+def distinct(response: str, ground_truth: str = "", **extra) -> float:
+    """The share of distinct characters in the answer: a reward random weights' answers differ in, so that the
+    learner's gradients are not zero (the task's own scores 0 for all of them)."""
+    return len(set(response)) / max(len(response), 1)
+
+
 SAME = ("critic/", "actor/", "response_length/", "rollout_corr/")
 """Metrics that differ if any engine weight did."""
 

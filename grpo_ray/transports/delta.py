@@ -11,8 +11,8 @@ values, or whole when that would be larger. Each side keeps the last push, bucke
                      whole bucket to vLLM's in-place reload (the engine's load is the full push's: its weights are
                      bit-identical to a full push's when the copies are)
 
-The checksum is the sum of every element's bits as integers, over the whole bucket, computed by the learner on what
-it holds and by the engine on its copy after the changes: a delta lost, applied twice or to another base is a loud
+The checksum is the sum of the bucket's bytes as 64-bit words, computed by the learner on what it holds and by the
+engine on its copy after the changes: a delta lost, applied twice or to another base is a loud
 error naming the bucket, never a silent drift. A push is whole (every bucket dense) when either side has no last
 push: the first, and every push after ``connect`` (an engine replaced, or a push failed: the group is built again
 and both sides forget). The copies cost one model in the wire dtype on learner rank 0's device and on each engine
@@ -41,8 +41,11 @@ def bits(flat: torch.Tensor) -> torch.Tensor:
 
 
 def checksum(flat: torch.Tensor) -> int:
-    """The sum of every element's bits as integers."""
-    return int(bits(flat).sum(dtype=torch.int64))
+    """The sum, modulo 2^64, of the bucket's bytes read as 64-bit words (the last few bytes each a word of its own):
+    any one changed element changes it, whatever the order of the sum (1 ms for 32 MiB on one core here)."""
+    raw = flat.view(torch.uint8)
+    whole = raw.numel() // 8 * 8
+    return int(raw[:whole].view(torch.int64).sum()) + int(raw[whole:].to(torch.int64).sum())
 
 
 class Delta(Collective):
