@@ -13,6 +13,12 @@ from tests.faults.conftest import SCHEDULES, Run, metrics
 pytestmark = pytest.mark.slow
 
 
+def replaced_engines(output: str) -> list[int]:
+    """The engines a failed push replaced, as the run said ("replacing engines [1, 0]"); none if no push failed."""
+    said = re.search(r"replacing engines \[([\d, ]*)\]", output)
+    return [int(i) for i in said[1].split(",")] if said else []
+
+
 @pytest.mark.parametrize("schedule", ["one-step-off"])  # on-policy's push is the same path without a batch in flight
 @pytest.mark.parametrize("transport", ["collective", "delta"])  # delta: both sides forget the last push, whole again
 def test_receiver_killed_mid_broadcast_is_replaced(tmp_path, faults_env, schedule, transport):
@@ -35,11 +41,10 @@ def test_receiver_killed_mid_broadcast_is_replaced(tmp_path, faults_env, schedul
     start = time.monotonic()
     assert run.wait() == 0, run.output()[-3000:]
     m = {row["step"]: row for row in metrics(out)}
-    # engine 0 replaced, at step 2 and never again; engine 1 too when its own receive failed mid-load (vLLM takes no
-    # second push after a failed one): whether the sender failed before or after its last bucket reached engine 1
-    restarts = [m[s]["fault/generator_restarts"] for s in (1, 2, 3, 4)]
-    assert restarts == [0, *[restarts[1]] * 3] and restarts[1] in (1, 2)
-    assert re.search(r"replacing engines \[0(, 1)?\]", run.output())
+    # the engine that exited replaced at step 2 and never again; the other too when its own receive raised (a load
+    # left half done): whether the sender failed before or after its last bucket reached it
+    restarts, replaced = [m[s]["fault/generator_restarts"] for s in (1, 2, 3, 4)], replaced_engines(run.output())
+    assert restarts == [0, *[len(replaced)] * 3] and 1 <= len(replaced) <= 2
     assert all(m[s]["sync/logprob_diff"] < 1e-4 for s in (1, 2, 3, 4))  # the new engine holds version 2
     assert m[2]["timing_s/step"] < 2 * 15 + 120  # within the bound: the timeout, the ping, a new engine
     assert "weight sync to version 2 failed" in run.output()
@@ -99,7 +104,9 @@ def test_an_engine_lost_mid_stream_is_replaced_and_what_it_held_sent_again(tmp_p
     )
     assert run.wait() == 0, run.output()[-3000:]
     m = {row["step"]: row for row in metrics(out)}
-    assert [m[s]["fault/generator_restarts"] for s in (1, 2, 3, 4)] == [0, 0, 1, 1]
+    # the engine lost replaced at step 3 (and the other too if the push that found it lost failed its receive)
+    restarts, replaced = [m[s]["fault/generator_restarts"] for s in (1, 2, 3, 4)], replaced_engines(run.output())
+    assert restarts == [0, 0, max(1, len(replaced)), max(1, len(replaced))]
     assert "sending again the" in run.output()
     uids = Counter(
         s["uid"] for step in (1, 2, 3, 4) for s in read_samples(out / "rollouts" / f"train_data_step{step}.jsonl")
