@@ -191,8 +191,10 @@ class Engines:
         }
 
     def failed_receives(self) -> list[int]:
-        """The engines whose receive of the push that failed raised: they may hold a load left half done (vLLM's
-        in-place reload does not take a second push after a failed one), so they are replaced too."""
+        """The engines whose receive of the push that failed raised: replaced too, so that the push again starts from
+        engines in a known state. (With the delta transport a surviving engine's next receive was seen to fail with
+        the failed receive's error, its cause not found; vLLM's in-place reload itself takes a push after a failed
+        one: tried alone, the weights then load as on a fresh engine.)"""
         failed = []
         for i, ref in enumerate(self.receives):
             try:

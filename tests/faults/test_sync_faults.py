@@ -41,8 +41,8 @@ def test_receiver_killed_mid_broadcast_is_replaced(tmp_path, faults_env, schedul
     start = time.monotonic()
     assert run.wait() == 0, run.output()[-3000:]
     m = {row["step"]: row for row in metrics(out)}
-    # the engine that exited replaced at step 2 and never again; the other too when its own receive raised (a load
-    # left half done): whether the sender failed before or after its last bucket reached it
+    # the engine that exited replaced at step 2 and never again; the other too when its own receive raised, which
+    # depends on whether the sender failed before or after its last bucket reached it
     restarts, replaced = [m[s]["fault/generator_restarts"] for s in (1, 2, 3, 4)], replaced_engines(run.output())
     assert restarts == [0, *[len(replaced)] * 3] and 1 <= len(replaced) <= 2
     assert all(m[s]["sync/logprob_diff"] < 1e-4 for s in (1, 2, 3, 4))  # the new engine holds version 2
