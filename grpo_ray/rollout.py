@@ -167,7 +167,6 @@ class Episodes:
         """vLLM's sampling parameters for `turn` of trajectory `t`: the recipe's sampling, at most what is left of
         the trajectory's token budget, the environment's stop strings, a seed of its own."""
         from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
 
         return SamplingParams(
             n=1,
@@ -179,7 +178,6 @@ class Episodes:
             stop=list(self.env.stop) or None,
             include_stop_str_in_output=True,
             seed=turn_seed(t.seed, int(t.key.split("/")[1]), turn),
-            output_kind=RequestOutputKind.FINAL_ONLY,
         )
 
     def _add_turn(self, t: Trajectory, out) -> bool:
