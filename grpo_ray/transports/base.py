@@ -17,6 +17,9 @@ class Transport:
     side; the state a side builds there (a process group, a directory) lives in that process only."""
 
     name = ""
+    stats: dict = {}
+    """Learner rank 0: counts of its last send beyond its bytes (a delta push's: what changed), added to the push's
+    timings as they are (``WeightsOut.push_weights``); set, never mutated, by a transport that has any."""
 
     @classmethod
     def check(cls, recipe) -> None:
