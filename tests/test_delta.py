@@ -15,22 +15,35 @@ from grpo_ray import faults, sync
 from grpo_ray.sync import Phases, WeightMeta
 from grpo_ray.transports import delta
 from grpo_ray.transports.delta import Delta
+from grpo_ray.transports.delta_storage import DeltaStorage
 from tests.conftest import run_cli
 
 
-def pushes(dtype: str, steps: list[dict[str, torch.Tensor]], bucket_bytes: int = 20_000):
-    """Push each of `steps` (name -> weights) from a sender to a receiver over gloo; per push, what the receiver
-    holds afterwards, the bytes sent and the sender's counts; or the receiver's error."""
-    metas = [WeightMeta(n, tuple(t.shape), dtype) for n, t in steps[0].items()]
-    port, out, errors = sync.free_port(), [], []
+def sides(transport: str, tmp_path) -> tuple:
+    """A sender and a receiver of `transport`, joined: over a real gloo group of two (two threads), or a folder."""
+    if transport == "delta_storage":
+        sender, receiver = DeltaStorage.__new__(DeltaStorage), DeltaStorage.__new__(DeltaStorage)
+        for side in (sender, receiver):
+            side.__dict__.update(dir=tmp_path, timeout_s=60.0, copies=delta.Copies())
+            side.join({})
+        return sender, receiver
     sender, receiver = Delta.__new__(Delta), Delta.__new__(Delta)
     for side in (sender, receiver):
-        side.__dict__.update(backend="gloo", timeout_s=60.0, start_s=60.0, tp=1, group=None, last=None)
-    where = {"host": "127.0.0.1", "port": port, "world": 2}
+        side.__dict__.update(backend="gloo", timeout_s=60.0, start_s=60.0, tp=1, group=None, copies=delta.Copies())
+    where = {"host": "127.0.0.1", "port": sync.free_port(), "world": 2}
     joined = threading.Thread(target=sender.join, args=({**where, "rank": 0},))
     joined.start()
     receiver.join({**where, "rank": 1})
     joined.join()
+    return sender, receiver
+
+
+def pushes(transport: str, dtype: str, steps: list[dict[str, torch.Tensor]], tmp_path, bucket_bytes: int = 20_000):
+    """Push each of `steps` (name -> weights) from a sender to a receiver; per push, what the receiver holds
+    afterwards, the bytes sent and the sender's counts; or the receiver's error."""
+    metas = [WeightMeta(n, tuple(t.shape), dtype) for n, t in steps[0].items()]
+    out, errors = [], []
+    sender, receiver = sides(transport, tmp_path)
 
     def send(weights, version):
         def fill(bucket, flat):
@@ -73,10 +86,14 @@ def training(dtype: torch.dtype, steps: int, lr: float = 1e-3) -> list[dict[str,
     return out
 
 
+TRANSPORTS = ["delta", "delta_storage"]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_delta_pushes_leave_the_receiver_bit_identical_with_fewer_bytes(dtype):
+def test_delta_pushes_leave_the_receiver_bit_identical_with_fewer_bytes(transport, dtype, tmp_path):
     steps = training(getattr(torch, dtype), 4)
-    out, errors = pushes(dtype, steps)
+    out, errors = pushes(transport, dtype, steps, tmp_path)
     assert not errors
     whole = sum(t.numel() * t.element_size() for t in steps[0].values())
     for push, weights in zip(out, steps):
@@ -93,10 +110,11 @@ def test_delta_pushes_leave_the_receiver_bit_identical_with_fewer_bytes(dtype):
         assert 0 < push["stats"]["changed"] < push["stats"]["elements"] / 2
 
 
-def test_a_change_lost_on_the_way_is_caught_by_the_checksum(monkeypatch, tmp_path):
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_change_lost_on_the_way_is_caught_by_the_checksum(transport, monkeypatch, tmp_path):
     monkeypatch.setenv(faults.ENV, "corrupt_delta@3")
     monkeypatch.setenv(faults.DIR_ENV, str(tmp_path))
-    out, errors = pushes("bfloat16", training(torch.bfloat16, 4))
+    out, errors = pushes(transport, "bfloat16", training(torch.bfloat16, 4), tmp_path)
     assert len(out) == 3 and len(errors) == 1
     assert (
         "delta push of version 3: bucket" in errors[0] and "a change was lost or applied to another base" in errors[0]
@@ -124,11 +142,12 @@ SAME_RUN = [
 
 @pytest.mark.slow
 def test_a_run_with_delta_pushes_trains_as_the_run_with_whole_ones(tmp_path):
-    """The tiny quick start with bf16 engines, 3 steps, pushed whole and as deltas: the engines hold the same weights
+    """The tiny quick start with bf16 engines, 3 steps, pushed whole and as deltas (over the collective's group and
+    through storage): the engines hold the same weights
     after every push, so they sample the same answers and every training metric is the same, bit for bit; the
     delta pushes after the first send a share of the bytes."""
     rows = {}
-    for transport in ("collective", "delta"):
+    for transport in ("collective", "delta", "delta_storage"):
         out = tmp_path / transport
         res = run_cli(
             "train",
@@ -139,8 +158,9 @@ def test_a_run_with_delta_pushes_trains_as_the_run_with_whole_ones(tmp_path):
         )
         assert res.returncode == 0, res.stderr[-3000:]
         rows[transport] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    for whole, part in zip(rows["collective"], rows["delta"], strict=True):
-        same = [k for k in whole if k.startswith(("critic/", "actor/", "response_length/", "rollout_corr/"))]
-        assert same and all(whole[k] == part[k] for k in same), [k for k in same if whole[k] != part[k]]
-    first, *later = rows["delta"]  # the engines loaded the model from its files: the first push is whole
-    assert first["sync/bytes_share"] > 1 and all(m["sync/bytes_share"] < 0.75 for m in later)
+    for name in ("delta", "delta_storage"):
+        for whole, part in zip(rows["collective"], rows[name], strict=True):
+            same = [k for k in whole if k.startswith(("critic/", "actor/", "response_length/", "rollout_corr/"))]
+            assert same and all(whole[k] == part[k] for k in same), [k for k in same if whole[k] != part[k]]
+        first, *later = rows[name]  # the engines loaded the model from its files: the first push is whole
+        assert first["sync/bytes_share"] > 1 and all(m["sync/bytes_share"] < 0.75 for m in later)

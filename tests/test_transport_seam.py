@@ -30,7 +30,7 @@ def recipe(*flags):
 
 
 def test_a_transport_is_found_by_its_module_name_or_as_module_class(tmp_path):
-    assert transports.available() == ["collective", "delta", "storage"]
+    assert transports.available() == ["collective", "delta", "delta_storage", "storage"]
     assert transports.transport_class("collective") is Collective
     assert isinstance(transports.build(recipe(f"trainer.output_dir={tmp_path}")), Collective)
     assert isinstance(transports.build(recipe("trainer.weight_transport=storage")), Storage)
@@ -42,8 +42,12 @@ def test_a_transport_is_found_by_its_module_name_or_as_module_class(tmp_path):
 @pytest.mark.parametrize(
     "value, said",
     [
-        ("rdma", "trainer.weight_transport='rdma': expected one of collective, delta, storage (grpo_ray/transports/)"),
-        ("base", "trainer.weight_transport='base': expected one of collective, delta, storage"),
+        (
+            "rdma",
+            "trainer.weight_transport='rdma': expected one of collective, delta, delta_storage, storage "
+            "(grpo_ray/transports/)",
+        ),
+        ("base", "trainer.weight_transport='base': expected one of collective, delta, delta_storage, storage"),
         (f"{__name__}:recipe", "is not a grpo_ray.transports.base.Transport subclass"),
         ("no_such_module:Thing", "trainer.weight_transport='no_such_module:Thing': cannot import no_such_module"),
     ],

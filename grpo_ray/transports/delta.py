@@ -1,5 +1,6 @@
 """The delta weight transport (``trainer.weight_transport: delta``): the collective's process group, sending per bucket
-only the elements whose value in the wire dtype (the engine's) changed since the last push.
+only the elements whose value in the wire dtype (the engine's) changed since the last push. ``delta_storage`` sends
+the same through shared storage (``transports/delta_storage.py``); both keep their copies with ``Copies``.
 
 At a typical RL learning rate few bf16 values change a step (benchmarks/results/delta-probe: 2.7% at lr 1e-6 on a
 122M model, all but the norms' tensors touched), so a bucket goes as its changed elements' flat indices (int32) and
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 
 from grpo_ray.faults import fault_at
@@ -48,85 +50,120 @@ def checksum(flat: torch.Tensor) -> int:
     return int(raw[:whole].view(torch.int64).sum()) + int(raw[whole:].to(torch.int64).sum())
 
 
+class Copies:
+    """One side's copy of the last push, bucket by bucket, in the wire dtype, and how a bucket is told against it:
+    learner rank 0 ``encode``s what it sends, an engine worker ``decode``s what it receives."""
+
+    def __init__(self):
+        self.last: list[torch.Tensor] | None = None
+        """The last push, per bucket (learner rank 0: what it sent; an engine worker: what it holds); None before
+        the first push and after ``forget``."""
+        self.stats: dict = {}
+
+    def forget(self) -> None:
+        """A new group or set of engines: the next push is whole on both sides."""
+        self.last = None
+
+    def start(self, buckets: int) -> bool:
+        """A push of `buckets` buckets begins; whether it must be whole (this side has no last push)."""
+        whole = self.last is None
+        self.last = self.last or [None] * buckets
+        self.stats = {"changed": 0, "elements": 0, "tensors_touched": 0, "dense_bytes": 0}
+        return whole
+
+    def encode(self, k: int, flat: torch.Tensor, metas, bucket, version: int) -> tuple[torch.Tensor, list]:
+        """Learner rank 0: bucket `k` (`flat`, on the host) against the last push: its header [how it is sent, how
+        many elements, checksum] and payload (the whole bucket, the changes' int32 indices and values, or nothing).
+        Keeps `flat` as the last push and counts what changed. (numpy finds the changes 3x faster than torch's
+        ``nonzero`` on one core: 11 against 32 ms for 32 MiB of bf16 here.)"""
+        last = self.last[k]
+        changed = None if last is None else torch.from_numpy(np.flatnonzero(bits(flat).numpy() != bits(last).numpy()))
+        kind = sent_as(flat, changed)
+        count = flat.numel() if changed is None else changed.numel()
+        header = torch.tensor([kind, count, checksum(flat)])
+        payload = [flat] if kind == DENSE else [changed.to(torch.int32), flat[changed]] if kind == SPARSE else []
+        if kind == SPARSE and fault_at("corrupt_delta", version):  # fault test: a change lost on the way
+            payload[1] = payload[1].clone()
+            payload[1][0] = -payload[1][0] if payload[1][0] != 0 else 1.0
+        self.last[k] = flat
+        s = self.stats
+        s["changed"], s["elements"] = s["changed"] + count, s["elements"] + flat.numel()
+        s["dense_bytes"] += flat.nbytes
+        s["tensors_touched"] += touched(metas, bucket, changed)
+        return header, payload
+
+    def decode(self, k: int, header: list[int], payload: list, whole: bool, metas, bucket, version: int):
+        """An engine worker: bucket `k` from its header and payload, written into this side's copy and checked
+        against the learner's checksum; a loud error when it was sent as changes to a push this side never had or
+        when the sums differ (naming the bucket)."""
+        kind, _, expected = header
+        if whole and kind != DENSE:
+            raise RuntimeError(
+                f"delta push of version {version}: bucket {k} came as changes to a push this engine never had"
+            )
+        if kind == DENSE:
+            self.last[k] = payload[0] if payload[0].device.type == "cpu" else payload[0].cpu()
+        elif kind == SPARSE:
+            self.last[k][payload[0].long().cpu()] = payload[1].cpu()
+        got = checksum(self.last[k])
+        if got != expected:
+            raise RuntimeError(
+                f"delta push of version {version}: bucket {k} ({metas[bucket[0]].name} ... "
+                f"{metas[bucket[-1]].name}) holds other weights than the learner's after its changes (checksum "
+                f"{got} against {expected}): a change was lost or applied to another base"
+            )
+        return self.last[k]
+
+
+def payload_shapes(kind: int, count: int, numel: int, dtype: torch.dtype) -> list[tuple[int, torch.dtype]]:
+    """What follows a header: (elements, dtype) of each tensor."""
+    return {DENSE: [(numel, dtype)], SPARSE: [(count, torch.int32), (count, dtype)], SAME: []}[kind]
+
+
 class Delta(Collective):
     name = "delta"
 
     def __init__(self, recipe):
         super().__init__(recipe)
-        self.last: list[torch.Tensor] | None = None
-        """This side's copy of the last push, per bucket (learner rank 0: what it sent; an engine worker: what it
-        holds); None before the first push and after a new group."""
+        self.copies = Copies()
 
     def join(self, where: dict) -> None:
         super().join(where)
-        self.last = None  # a new group (an engine replaced, a push failed): the next push is whole
+        self.copies.forget()  # a new group (an engine replaced, a push failed): the next push is whole
 
     def send(self, metas, fill, bucket_bytes, phases, device, version) -> int:
-        sent, pushed, stats = 0, [], {"changed": 0, "elements": 0, "tensors_touched": 0, "dense_bytes": 0}
-        for k, bucket in enumerate(plan_buckets(metas, bucket_bytes)):
+        sent, buckets = 0, plan_buckets(metas, bucket_bytes)
+        self.copies.start(len(buckets))
+        for k, bucket in enumerate(buckets):
             wire = torch.empty(sum(metas[i].numel for i in bucket), dtype=metas[bucket[0]].torch_dtype, device=device)
             fill(bucket, wire)
-            with phases("delta"):
-                flat = wire.cpu()  # the copy is kept on the host (a view of `wire` on CPU)
-                last = self.last[k] if self.last else None
-                changed = None if last is None else (bits(flat) != bits(last)).nonzero().flatten()
-                kind = sent_as(flat, changed)
-                header = torch.tensor([kind, flat.numel() if changed is None else changed.numel(), checksum(flat)])
-                payload = (
-                    [wire] if kind == DENSE else [changed.to(torch.int32), flat[changed]] if kind == SPARSE else []
-                )
-                if kind == SPARSE and fault_at("corrupt_delta", version):  # fault test: a change lost on the way
-                    payload[1] = payload[1].clone()
-                    payload[1][0] = -payload[1][0] if payload[1][0] != 0 else 1.0
-            with phases("wire"):
-                for t in [header, *payload]:
+            with phases("delta"):  # the copy is kept on the host (a view of `wire` on CPU)
+                header, payload = self.copies.encode(k, wire.cpu(), metas, bucket, version)
+            with phases("wire"):  # a whole bucket goes from where it was filled
+                for t in [header, *([wire] if header[0] == DENSE else payload)]:
                     self.group.broadcast(t.to(device)).wait()
             sent += header.nbytes + sum(t.nbytes for t in payload)
-            stats["changed"] += flat.numel() if changed is None else changed.numel()
-            stats["elements"] += flat.numel()
-            stats["dense_bytes"] += flat.nbytes
-            stats["tensors_touched"] += touched(metas, bucket, changed)
-            pushed.append(flat)
-        self.last, self.stats = pushed, stats
+        self.stats = self.copies.stats
         return sent
 
     def receive(self, metas, bucket_bytes, device, phases, version) -> Iterator[Bucket]:
         buckets = plan_buckets(metas, bucket_bytes)
-        whole = self.last is None
-        self.last = self.last or [None] * len(buckets)
+        whole = self.copies.start(len(buckets))
         for k, bucket in enumerate(buckets):
             numel, dtype = sum(metas[i].numel for i in bucket), metas[bucket[0]].torch_dtype
             header = torch.empty(3, dtype=torch.int64, device=device)
             with phases("wire"):
                 self.group.broadcast(header).wait()
-            kind, n, expected = (int(x) for x in header.tolist())
-            if whole and kind != DENSE:
-                raise RuntimeError(
-                    f"delta push of version {version}: bucket {k} came as changes to a push this engine never had"
-                )
-            with phases("wire"):
-                got = [
-                    buffer(x, d, device)
-                    for x, d in {DENSE: [(numel, dtype)], SPARSE: [(n, torch.int32), (n, dtype)], SAME: []}[kind]
-                ]
-                for t in got:
+                header = header.tolist()
+                payload = [buffer(n, d, device) for n, d in payload_shapes(header[0], header[1], numel, dtype)]
+                for t in payload:
                     self.group.broadcast(t).wait()
             with phases("delta"):  # the copy is kept on the host
-                if kind == DENSE:
-                    self.last[k] = got[0] if got[0].device.type == "cpu" else got[0].cpu()
-                elif kind == SPARSE:
-                    self.last[k][got[0].long().cpu()] = got[1].cpu()
-                got = checksum(self.last[k])
-            if got != expected:
-                raise RuntimeError(
-                    f"delta push of version {version}: bucket {k} ({metas[bucket[0]].name} ... "
-                    f"{metas[bucket[-1]].name}) holds other weights than the learner's after its changes (checksum "
-                    f"{got} against {expected}): a change was lost or applied to another base"
-                )
-            yield unflatten(self.last[k], metas, bucket)
+                flat = self.copies.decode(k, header, payload, whole, metas, bucket, version)
+            yield unflatten(flat, metas, bucket)
 
     def __getstate__(self):  # the copies are this process's own: never pickled
-        return {**super().__getstate__(), "last": None}
+        return {**super().__getstate__(), "copies": Copies()}
 
 
 def sent_as(flat: torch.Tensor, changed: torch.Tensor | None) -> int:

@@ -63,33 +63,41 @@ class Storage(Transport):
     def path(self, version: int, k: int) -> Path:
         return self.dir / f"{PREFIX}{version}" / f"bucket_{k:05d}.safetensors"
 
+    def write(self, version: int, k: int, tensors: dict[str, torch.Tensor]) -> None:
+        """Learner rank 0: bucket `k`'s file of push `version` (written aside, then renamed)."""
+        final = self.path(version, k)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.with_suffix(".tmp")
+        save_file({n: t.cpu() for n, t in tensors.items()}, str(tmp))
+        os.replace(tmp, final)
+
+    def read(self, version: int, k: int, device) -> dict[str, torch.Tensor]:
+        """An engine worker: bucket `k`'s file of push `version` once it is there (at most trainer.sync_timeout_s
+        from now), loaded onto `device` as fresh tensors (views of them may be kept)."""
+        path = self.path(version, k)
+        deadline = time.monotonic() + self.timeout_s
+        while not path.is_file():
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"weight push {version}: {path} did not appear within trainer.sync_timeout_s={self.timeout_s:g}"
+                )
+            time.sleep(POLL_S)
+        return load_file(str(path), device=str(device))
+
     def send(self, metas, fill, bucket_bytes, phases, device, version) -> int:
         sent = 0
         for k, bucket in enumerate(plan_buckets(metas, bucket_bytes)):
             flat = torch.empty(sum(metas[i].numel for i in bucket), dtype=metas[bucket[0]].torch_dtype, device=device)
             fill(bucket, flat)
             with phases("wire"):
-                final = self.path(version, k)
-                final.parent.mkdir(parents=True, exist_ok=True)
-                tmp = final.with_suffix(".tmp")
-                save_file({"flat": flat.cpu()}, str(tmp))
-                os.replace(tmp, final)
+                self.write(version, k, {"flat": flat})
             sent += flat.numel() * flat.element_size()
         return sent
 
     def receive(self, metas, bucket_bytes, device, phases, version) -> Iterator[Bucket]:
         for k, bucket in enumerate(plan_buckets(metas, bucket_bytes)):
-            path = self.path(version, k)
             with phases("wire"):
-                deadline = time.monotonic() + self.timeout_s
-                while not path.is_file():
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(
-                            f"weight push {version}: {path} did not appear within "
-                            f"trainer.sync_timeout_s={self.timeout_s:g}"
-                        )
-                    time.sleep(POLL_S)
-                flat = load_file(str(path), device=str(device))["flat"]  # a fresh tensor: views of it may be kept
+                flat = self.read(version, k, device)["flat"]
             out = unflatten(flat, metas, bucket)
             del flat  # the views alone keep the buffer: it goes as soon as the engine drops them
             yield out

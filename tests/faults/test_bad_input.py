@@ -211,7 +211,7 @@ CASES = {  # name: (recipe, overrides, what the message must say)
     "a weight transport that does not exist": (
         RECIPE,
         ["trainer.weight_transport=rdma"],
-        "trainer.weight_transport='rdma': expected one of collective, delta, storage",
+        "trainer.weight_transport='rdma': expected one of collective, delta, delta_storage, storage",
     ),
     "a loss module that does not import": (
         RECIPE,

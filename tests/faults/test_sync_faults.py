@@ -20,7 +20,7 @@ def replaced_engines(output: str) -> list[int]:
 
 
 @pytest.mark.parametrize("schedule", ["one-step-off"])  # on-policy's push is the same path without a batch in flight
-@pytest.mark.parametrize("transport", ["collective", "delta"])  # delta: both sides forget the last push, whole again
+@pytest.mark.parametrize("transport", ["collective", "delta", "delta_storage"])  # delta: both sides forget, whole again
 def test_receiver_killed_mid_broadcast_is_replaced(tmp_path, faults_env, schedule, transport):
     out = tmp_path / "run"
     # 1 MiB buckets: the 1.4 MB model goes in two, and engine 0 or 1 exits after receiving the first (one step
