@@ -7,8 +7,11 @@ learner rank with float32 master weights, AdamW at the recipes' lr 1e-6 (4 promp
 a small step, so that the pushes show), pushed with ``trainer.weight_transport=collective`` and ``=delta``. Per
 push after the first (which is whole either way): the bytes against a whole push's, the elements and tensors that
 changed, the push's seconds as the engine sees it (sync/seconds), its load and the learner's share (gather, cast,
-finding the changes). The engines' weights are bit-identical when every sample and training metric of the two runs
-is (same seeds: any weight that differed would change the sampled answers or the losses). Writes delta-sync.json and
+finding the changes). The engines' weights are bit-identical when every sample and training metric of the runs
+is (same seeds: any weight that differed would change the sampled answers or the losses). ``delta_storage`` is the
+same changes through the storage transport's files. Each run's push is also predicted by ``grpo-ray plan``'s sync
+phase (with this machine's calibration when there is one: ``grpo-ray plan --calibrate``) and compared with the
+measured ``timing_s/sync_weights``, the time the planner's phase stands for. Writes delta-sync.json and
 delta-sync.md to --out.
 """
 
@@ -60,7 +63,7 @@ SAME = ("critic/", "actor/", "response_length/", "rollout_corr/")
 
 def run(transport: str, steps: int) -> dict:
     rows, wall = timed_steps([*COMMON, f"trainer.weight_transport={transport}"], 0, steps)
-    later = rows[1:]  # the first push is whole for both
+    later = rows[1:]  # the first push is whole for every transport
     mean = lambda key: statistics.fmean(r.get(key, 0.0) for r in later)  # noqa: E731
     return {
         "transport": transport,
@@ -72,11 +75,28 @@ def run(transport: str, steps: int) -> dict:
         "cast_s": mean("sync/cast_s"),
         "delta_s": mean("sync/delta_s"),
         "bytes": mean("sync/bytes"),
-        "bytes_share": mean("sync/bytes_share") if transport == "delta" else 1.0,
-        "changed_share": mean("sync/changed_share") if transport == "delta" else 1.0,
-        "tensors_touched": mean("sync/tensors_touched") if transport == "delta" else 0.0,
+        "bytes_share": mean("sync/bytes_share") if "delta" in transport else 1.0,
+        "changed_share": mean("sync/changed_share") if "delta" in transport else 1.0,
+        "tensors_touched": mean("sync/tensors_touched") if "delta" in transport else 0.0,
         "first_push_s": rows[0]["sync/seconds"],
+        "sync_s": mean("timing_s/sync_weights"),
+        **planned(transport, later),
     }
+
+
+def planned(transport: str, rows: list[dict]) -> dict:
+    """The plan's sync phase for the run's recipe at its measured lengths, and the rates' source."""
+    from grpo_ray.config import load_recipe
+    from grpo_ray.dims import model_dims
+    from grpo_ray.planner import speed
+    from grpo_ray.planner.rates import rates_for
+
+    r = load_recipe(ROOT / "recipes/tiny-cpu.yaml", [*COMMON, f"trainer.weight_transport={transport}"])
+    mean = lambda key: round(statistics.fmean(row[key] for row in rows))  # noqa: E731
+    shape = speed.Shape(mean("prompt_length/mean"), mean("response_length/mean"))
+    rates = rates_for(r)
+    phase = speed.predict(r, model_dims(r.model.path), rates, shape).phases["sync"]
+    return {"planned_s": phase.seconds, "planned": phase.detail, "rates": rates.source}
 
 
 def identical(a: list[dict], b: list[dict]) -> tuple[int, list[str]]:
@@ -87,7 +107,8 @@ def identical(a: list[dict], b: list[dict]) -> tuple[int, list[str]]:
 
 
 def markdown(report: dict) -> str:
-    m, (whole, delta) = report["machine"], report["runs"]
+    m, runs = report["machine"], report["runs"]
+    whole = runs[0]
     lines = [
         "# Delta pushes against whole ones, 122M parameters, bf16 engine",
         "",
@@ -97,26 +118,28 @@ def markdown(report: dict) -> str:
         "pushes after the first.",
         "",
         "| transport | bytes a push | of a whole push | elements changed | tensors touched | push (s) | engine load (s) "
-        "| learner gather + cast + changes (s) | first push (s) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| learner gather + cast + changes (s) | first push (s) | sync phase (s) | planned (s) | error |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for r in (whole, delta):
+    for r in runs:
         lines.append(
             f"| {r['transport']} | {r['bytes'] / 1e6:.1f} MB | {r['bytes_share']:.1%} | {r['changed_share']:.2%} "
             f"| {r['tensors_touched']:.0f} | {r['push_s']:.3f} | {r['load_s']:.3f} "
-            f"| {r['gather_s']:.3f} + {r['cast_s']:.3f} + {r['delta_s']:.3f} | {r['first_push_s']:.3f} |"
+            f"| {r['gather_s']:.3f} + {r['cast_s']:.3f} + {r['delta_s']:.3f} | {r['first_push_s']:.3f} "
+            f"| {r['sync_s']:.3f} | {r['planned_s']:.3f} | {r['planned_s'] / r['sync_s'] - 1:+.0%} |"
         )
-    n, differ = report["identical"]
-    lines += [
-        "",
-        f"Push {whole['push_s'] / delta['push_s']:.2f}x faster, {delta['bytes_share']:.1%} of the bytes. "
-        + (
-            f"Bit-identical: all {n} training values of the two runs are equal (sampled answers, losses, gradients)."
-            if not differ
-            else f"NOT identical: {len(differ)} keys differ ({', '.join(differ[:5])})."
-        ),
-        "",
-    ]
+    lines += ["", f"Planned with the rates {whole['rates']}."]
+    for r, (n, differ) in zip(runs[1:], report["identical"]):
+        lines.append(
+            f"{r['transport']}: push {whole['push_s'] / r['push_s']:.2f}x faster, {r['bytes_share']:.1%} of the bytes. "
+            + (
+                f"Bit-identical: all {n} training values equal the collective run's (sampled answers, losses, "
+                "gradients)."
+                if not differ
+                else f"NOT identical: {len(differ)} keys differ ({', '.join(differ[:5])})."
+            )
+        )
+    lines.append("")
     return "\n".join(lines) + "\n"
 
 
@@ -125,12 +148,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--out", default="benchmarks/results/delta-sync")
     args = ap.parse_args()
-    runs = [run(t, args.steps) for t in ("collective", "delta")]
+    runs = [run(t, args.steps) for t in ("collective", "delta", "delta_storage")]
     report = {
         "machine": machine(),
         "steps": args.steps,
         "runs": runs,
-        "identical": identical(runs[0]["rows"], runs[1]["rows"]),
+        "identical": [identical(runs[0]["rows"], r["rows"]) for r in runs[1:]],
     }
     write_report(args.out, "delta-sync", report, markdown(report))
 

@@ -41,6 +41,7 @@ from grpo_ray.planner.measure import (
     WORK,
     answer,
     calls_part,
+    changes_rate,
     child,
     collective_part,
     engine_part,
@@ -108,6 +109,7 @@ def _calibrate(device: str, say) -> tuple[Rates, Path]:
         hop_sample_s=table["hop_sample_s"],
         sync_s=table["sync_s"],
         pass_s=table["pass_s"],
+        changes_bps=changes_rate(),
     )
     path = rates_path(rates.device)
     if path.exists():  # an earlier calibration is kept, renamed aside with its own time

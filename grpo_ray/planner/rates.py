@@ -125,6 +125,9 @@ class Rates:
     """The controller's own seconds per sample of a step (fitted)."""
     sync_s: float = 0.0
     """A push's fixed seconds beyond its bytes and the reload: the Ray calls around it, the probe (fitted)."""
+    changes_bps: float = 1.6e9
+    """Bytes per second at which learner rank 0 finds a bucket's changes against the last push (a delta transport's;
+    numpy on one host core, whatever the device; the default: this project's 2-core AMD EPYC, 2026-11-29)."""
     reward_call_s: float = 0.0
     """A reward actor's fixed seconds a call (its sandboxed child's round trip), beside its seconds per sample."""
     pass_s: float = 0.0

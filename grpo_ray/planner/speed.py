@@ -40,12 +40,12 @@ import os
 import statistics
 from dataclasses import dataclass, field, replace
 
-from grpo_ray import placement, schedules
+from grpo_ray import placement, schedules, transports
 from grpo_ray.algo.batching import use_shared
 from grpo_ray.config import GENERATOR, KINDS, LEARNER, PoolKind, Recipe
 from grpo_ray.dims import ModelDims
 from grpo_ray.lengths import dtype_bytes, response_budget, wire_dtype
-from grpo_ray.planner.memory import dims_of
+from grpo_ray.planner.memory import bucket_bytes, dims_of
 from grpo_ray.planner.rates import Rates, Throughput
 from grpo_ray.planner.work import call_seconds, generation_seconds, group_seconds, share_work, work_parts
 
@@ -306,7 +306,10 @@ TIME_MODELS = {
 
 def sync_phase(s: StepInputs) -> Phase:
     """Rank 0 gathers the weights (or LoRA's adapters) from the ranks' shards and sends them over the transport; the
-    engines reload them; and a push's fixed cost."""
+    engines reload them; and a push's fixed cost. A transport that sends only what changed (``delta``) sends its
+    expected share of the bytes (``Transport.bytes_share``), after rank 0 finds the changes at ``changes_bps``: that
+    search of bucket k + 1 runs while the engines reload bucket k, so the longer of the two counts, and a bucket's
+    worth of the shorter."""
     engines = s.plans[GENERATOR].actors
     if not engines:
         return Phase(0.0, "no engines")
@@ -316,10 +319,15 @@ def sync_phase(s: StepInputs) -> Phase:
     nbytes = sent * dtype_bytes(wire_dtype(r))
     reload = e["reload_layer_s"] * d.layers + nbytes / e["reload_bps"]
     gather = nbytes * (W - 1) / W / s.rates.collective[1]
-    seconds = s.rates.sync_s + gather + nbytes / s.rates.transport + reload
+    transport = transports.transport_class(r.trainer.weight_transport)
+    wire, find = nbytes * transport.bytes_share(r), nbytes / s.rates.changes_bps if transport.finds_changes else 0.0
+    buckets = max(1, math.ceil(nbytes / bucket_bytes(d, r)))
+    seconds = s.rates.sync_s + gather + wire / s.rates.transport + max(find, reload) + min(find, reload) / buckets
     detail = (
-        f"{nbytes / 1e6:.4g} MB at {s.rates.transport / 1e9:.3g} GB/s, then the engines' reload {seconds_str(reload)}"
+        f"{wire / 1e6:.4g} MB at {s.rates.transport / 1e9:.3g} GB/s, then the engines' reload {seconds_str(reload)}"
     )
+    if transport.finds_changes:
+        detail = f"{transport.name}: finding changes {seconds_str(find)}, {wire / nbytes:.1%} of a whole push: " + detail
     return Phase(seconds, detail, {LEARNER: seconds * W, GENERATOR: seconds * engines})
 
 

@@ -21,6 +21,14 @@ class Transport:
     """Learner rank 0: counts of its last send beyond its bytes (a delta push's: what changed), added to the push's
     timings as they are (``WeightsOut.push_weights``); set, never mutated, by a transport that has any."""
 
+    finds_changes = False
+    """Learner rank 0 compares every bucket with the last push (the planner times it at ``Rates.changes_bps``)."""
+
+    @classmethod
+    def bytes_share(cls, recipe) -> float:
+        """The planner's expectation of a push's bytes (after the first) against a whole push's."""
+        return 1.0
+
     @classmethod
     def check(cls, recipe) -> None:
         """Before any actor starts: raise RecipeError naming the key when the recipe cannot work with this

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from grpo_ray.faults import fault_at
+from grpo_ray.lengths import dtype_bytes, wire_dtype
 from grpo_ray.sync import WeightMeta, buffer, plan_buckets, unflatten
 from grpo_ray.transports.base import Bucket
 from grpo_ray.transports.collective import Collective
@@ -35,6 +36,19 @@ from grpo_ray.transports.collective import Collective
 DENSE, SPARSE, SAME = 0, 1, 2
 """How a bucket is sent: whole, as (index, value) pairs, or not at all (nothing changed)."""
 BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+CHANGED_PER_LR = 2.66e4
+"""The share of bf16 elements a step changes per unit of learning rate, for the planner: 2.66% at AdamW lr 1e-6 on
+float32 master weights (benchmarks/results/delta-probe, 122M parameters, a mean over 5 steps). A 16-bit element
+changes when its update crosses half its last bit, about in proportion to the learning rate while few do; a 32-bit
+engine's elements change wherever Adam moves them: all."""
+
+
+def bytes_share(recipe) -> float:
+    """The planner's expected bytes of a delta push against a whole one: the changed share of the elements at
+    4 + b bytes each (index and value) over b, no more than whole."""
+    b = dtype_bytes(wire_dtype(recipe))
+    changed = min(1.0, CHANGED_PER_LR * recipe.learner.optim.lr) if b == 2 else 1.0
+    return min(1.0, changed * (4 + b) / b)
 
 
 def bits(flat: torch.Tensor) -> torch.Tensor:
@@ -122,6 +136,11 @@ def payload_shapes(kind: int, count: int, numel: int, dtype: torch.dtype) -> lis
 
 class Delta(Collective):
     name = "delta"
+    finds_changes = True
+
+    @classmethod
+    def bytes_share(cls, recipe) -> float:
+        return bytes_share(recipe)
 
     def __init__(self, recipe):
         super().__init__(recipe)

@@ -16,7 +16,7 @@ import torch
 
 from grpo_ray.sync import plan_buckets, unflatten
 from grpo_ray.transports.base import Bucket
-from grpo_ray.transports.delta import DENSE, SPARSE, Copies
+from grpo_ray.transports.delta import DENSE, SPARSE, Copies, bytes_share
 from grpo_ray.transports.storage import Storage
 
 NAMES = {DENSE: ["flat"], SPARSE: ["index", "value"]}
@@ -25,6 +25,11 @@ NAMES = {DENSE: ["flat"], SPARSE: ["index", "value"]}
 
 class DeltaStorage(Storage):
     name = "delta_storage"
+    finds_changes = True
+
+    @classmethod
+    def bytes_share(cls, recipe) -> float:
+        return bytes_share(recipe)
 
     def __init__(self, recipe):
         super().__init__(recipe)
