@@ -93,7 +93,7 @@ class WeightSyncExtension:
         are loaded. Returns this worker's seconds waiting on the wire ("wire") and loading ("load").
         LoRA adapters (`adapter`: the directory to write and alpha) are written as a peft adapter by worker 0,
         for the engine to load in place (``Generator.receive_weights``)."""
-        start, phases = time.perf_counter(), sync.Phases()
+        start, phases, arrived = time.perf_counter(), sync.Phases(), []
 
         def weights():
             # received on the worker's device (nccl takes no host tensors), whatever is done with them
@@ -101,13 +101,21 @@ class WeightSyncExtension:
             for k, bucket in enumerate(received):
                 if k == 0 and fault_at("exit_mid_sync", version):
                     os._exit(1)  # fault test: a receiver lost mid-broadcast (the first bucket arrived, the rest not)
+                arrived.append(k)
                 yield from bucket
 
-        if adapter:
-            tensors = {name: t.cpu() for name, t in weights()}
-            if self.rank == 0:
-                lora.write_adapter(adapter["dir"], tensors, adapter["alpha"])
-        else:
-            reload_in_place(self, weights())
+        try:
+            if adapter:
+                tensors = {name: t.cpu() for name, t in weights()}
+                if self.rank == 0:
+                    lora.write_adapter(adapter["dir"], tensors, adapter["alpha"])
+            else:
+                reload_in_place(self, weights())
+        except Exception as e:  # which side, which bucket: the driver says it with what it does about it
+            n = len(sync.plan_buckets(metas, bucket_bytes))
+            raise RuntimeError(
+                f"engine worker {self.rank} receiving version {version}: failed at bucket {len(arrived)} of {n} "
+                f"({type(e).__name__}: {e})"
+            ) from e
         total = time.perf_counter() - start
         return {"seconds": total, "wire": phases.seconds["wire"], "load": total - phases.seconds["wire"]}

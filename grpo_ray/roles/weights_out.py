@@ -84,15 +84,19 @@ class WeightsOut:
         if self.rank == 0:
             try:
                 sent = self.transport.send(metas, fill, bucket_bytes, phases, self.device, version)
-            except Exception:
+            except Exception as e:
                 # a receiver is gone (or the transport failed): close our side now (the driver connects again);
                 # take the other ranks' remaining shards, so that none waits on us in the gather
                 self.transport.close()
                 gc.collect()
-                for bucket in buckets[len(filled) :]:
+                failed_at = len(filled)
+                for bucket in buckets[failed_at:]:
                     numel = sum(metas[i].numel for i in bucket)
                     fill(bucket, torch.empty(numel, dtype=metas[bucket[0]].torch_dtype, device=self.device))
-                raise
+                raise RuntimeError(  # which side, which bucket: the driver says it with what it does about it
+                    f"learner rank 0 sending version {version}: failed at bucket {max(failed_at - 1, 0)} of "
+                    f"{len(buckets)} ({type(e).__name__}: {e})"
+                ) from e
         else:
             sent = 0
             for bucket in buckets:

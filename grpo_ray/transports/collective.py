@@ -78,8 +78,10 @@ class SyncGroup:
         prefix = dist.PrefixStore("grpo_ray_weight_sync", self.store)
         if backend == "gloo":
             self.pg = dist.ProcessGroupGloo(prefix, rank, world_size, timeout)
-        else:
-            self.pg = dist.ProcessGroupNCCL(prefix, rank, world_size)
+        else:  # the same deadline as gloo's (torch's own group helper sets it so)
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            self.pg = dist.ProcessGroupNCCL(prefix, rank, world_size, options)
 
     def broadcast(self, tensor: torch.Tensor):
         """Start a broadcast of `tensor` in place from rank 0; returns the work to wait on."""
