@@ -30,7 +30,7 @@ from datetime import date, datetime
 from pathlib import Path
 
 from grpo_ray.dims import model_dims
-from grpo_ray.planner import work
+from grpo_ray.planner import measure, work
 from grpo_ray.planner.measure import (
     CALL_MODEL,
     DEPTHS,
@@ -41,7 +41,6 @@ from grpo_ray.planner.measure import (
     WORK,
     answer,
     calls_part,
-    changes_rate,
     child,
     collective_part,
     engine_part,
@@ -227,6 +226,29 @@ def _engine_rates(runs: dict[int, dict], t: Throughput) -> dict[str, float]:
     extra = runs[big]["reload"] - engine["reload_layer_s"] * big
     engine["reload_bps"] = runs[big]["weight_bytes"] / extra if extra > 0 else math.inf
     return engine
+
+
+def changes_rate(share: float = 0.025) -> float:
+    """Bytes per second at which the delta transport's learner side finds what changed in a 32 MiB bf16 bucket
+    (``transports.delta.Copies.encode``: numpy on one host core) where `share` of its elements did."""
+    import torch
+
+    from grpo_ray.sync import WeightMeta
+    from grpo_ray.transports.delta import Copies
+
+    gen = torch.Generator().manual_seed(0)
+    last = torch.randn(1 << 24, generator=gen).to(torch.bfloat16)
+    flat = last.clone()
+    moved = torch.randperm(flat.numel(), generator=gen)[: int(share * flat.numel())]
+    flat[moved] = (flat[moved].float() * 1.01).to(torch.bfloat16)
+    copies = Copies()
+    copies.start(1)
+
+    def find():
+        copies.last[0] = last
+        copies.encode(0, flat, [WeightMeta("w", (flat.numel(),), "bfloat16")], [0], 0)
+
+    return flat.nbytes / measure._timed(find, 0.2)
 
 
 def _gpu_kind() -> str:

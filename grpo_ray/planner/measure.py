@@ -394,29 +394,6 @@ def reward_part() -> tuple[float, float]:
     return max(seconds[2] - 2 * per_sample, 0.0), per_sample
 
 
-def changes_rate(share: float = 0.025) -> float:
-    """Bytes per second at which the delta transport's learner side finds what changed in a 32 MiB bf16 bucket
-    (``transports.delta.Copies.encode``: numpy on one host core) where `share` of its elements did."""
-    import torch
-
-    from grpo_ray.sync import WeightMeta
-    from grpo_ray.transports.delta import Copies
-
-    gen = torch.Generator().manual_seed(0)
-    last = torch.randn(1 << 24, generator=gen).to(torch.bfloat16)
-    flat = last.clone()
-    moved = torch.randperm(flat.numel(), generator=gen)[: int(share * flat.numel())]
-    flat[moved] = (flat[moved].float() * 1.01).to(torch.bfloat16)
-    copies = Copies()
-    copies.start(1)
-
-    def find():
-        copies.last[0] = last
-        copies.encode(0, flat, [WeightMeta("w", (flat.numel(),), "bfloat16")], [0], 0)
-
-    return flat.nbytes / _timed(find, 0.2)
-
-
 def collective_part(device: str, rank: int, port: int, queue) -> None:
     """Rank `rank` of a two-process group: all-gather of 1 KB and 32 MB, broadcast of 32 MB (rank 0 reports)."""
     _to_log()

@@ -327,7 +327,9 @@ def sync_phase(s: StepInputs) -> Phase:
         f"{wire / 1e6:.4g} MB at {s.rates.transport / 1e9:.3g} GB/s, then the engines' reload {seconds_str(reload)}"
     )
     if transport.finds_changes:
-        detail = f"{transport.name}: finding changes {seconds_str(find)}, {wire / nbytes:.1%} of a whole push: " + detail
+        detail = (
+            f"{transport.name}: finding changes {seconds_str(find)}, {wire / nbytes:.1%} of a whole push: " + detail
+        )
     return Phase(seconds, detail, {LEARNER: seconds * W, GENERATOR: seconds * engines})
 
 
