@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 from pathlib import Path
 
 from grpo_ray.errors import UserError
@@ -43,7 +44,7 @@ def write_dump(path: str, step: int, scores: list[Scores], advantages: list[floa
                         {
                             "response": c.text,
                             "score": totals[i],
-                            "rewards": {k: v[i] for k, v in components.items()},
+                            "rewards": {k: v[i] for k, v in components.items() if not math.isnan(v[i])},
                             "advantage": None if advantages is None else advantages[i],
                             "finish_reason": c.finish_reason,
                             "response_ids": c.token_ids,

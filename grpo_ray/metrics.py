@@ -10,6 +10,7 @@ import sys
 import textwrap
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 from grpo_ray import perf
@@ -95,8 +96,10 @@ def rollout_metrics(stats: list[RolloutStats], scores: list[Scores]) -> dict[str
         "timing_s/reward": max(s.seconds for s in scores),
     }
     out.update(env_metrics([s.env for s in stats if s.env]))
-    for name in scores[0].components:
-        out[f"reward/{reward_label(name)}/mean"] = statistics.fmean(v for s in scores for v in s.components[name])
+    for name in scores[0].components:  # over the rows each function scores (NaN: a data source it does not)
+        values = [v for s in scores for v in s.components[name] if not math.isnan(v)]
+        if values:
+            out[f"reward/{reward_label(name)}/mean"] = statistics.fmean(values)
     for key in sorted({k for s in scores for k in s.extras}):  # a verl dict's other numbers, where they came
         values = [v for s in scores for v in s.extras.get(key, []) if math.isfinite(v)]
         if values:
@@ -175,22 +178,31 @@ def pool_metrics(work: dict[str, list[Work]], actors: dict[str, int], step_secon
     return out
 
 
-def validation_totals(scores: list[Scores], functions: list) -> tuple[list[float], float]:
-    """Each validation sample's reward and the reward a sample that passes has: the reward functions' weighted sum
-    and the sum of their positive weights; when no weight is positive (the functions are logged while a learned
-    reward trains), their plain sum and their count. A reward model's score never decides a pass."""
-    perfect = sum(f.weight for f in functions if f.weight > 0)
-    if perfect or not functions:
-        return [t for s in scores for t in s.totals], perfect
+def validation_totals(scores: list[Scores], functions: list) -> tuple[list[float], Callable[[str], float]]:
+    """Each validation sample's reward and the reward a sample of a data source that passes has: the reward
+    functions' weighted sum and the sum of the positive weights of those that score the source; when no weight is
+    positive (the functions are logged while a learned reward trains), their plain sum and their count. A reward
+    model's score never decides a pass."""
+    if any(f.weight > 0 for f in functions) or not functions:
+        return [t for s in scores for t in s.totals], lambda source: sum(
+            f.weight for f in functions if f.weight > 0 and f.scores(source)
+        )
     names = [f.name for f in functions]
-    return [sum(s.components[n][i] for n in names) for s in scores for i in range(len(s.totals))], float(len(names))
+    totals = [
+        sum(v for n in names if not math.isnan(v := s.components[n][i])) for s in scores for i in range(len(s.totals))
+    ]
+    return totals, lambda source: float(sum(f.scores(source) for f in functions))
 
 
-def validation_metrics(sources: list[str], totals: list[float], n: int, perfect: float) -> dict[str, float]:
-    """val/<data_source>/pass@1, and pass@n when n > 1; a sample passes with the full combined reward."""
+def validation_metrics(
+    sources: list[str], totals: list[float], n: int, perfect: float | Callable[[str], float]
+) -> dict[str, float]:
+    """val/<data_source>/pass@1, and pass@n when n > 1; a sample passes with the full combined reward (`perfect`:
+    the same for every source, or the source's)."""
     correct: dict[str, list[int]] = defaultdict(list)
     for i, source in enumerate(sources):
-        correct[source].append(sum(t >= perfect - 1e-9 for t in totals[i * n : (i + 1) * n]))
+        full = perfect(source) if callable(perfect) else perfect
+        correct[source].append(sum(t >= full - 1e-9 for t in totals[i * n : (i + 1) * n]))
     out = {}
     for source, counts in correct.items():
         out[f"val/{source}/pass@1"] = statistics.fmean(perf.pass_at_k(n, c, 1) for c in counts)

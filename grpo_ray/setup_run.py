@@ -210,12 +210,12 @@ def try_rewards(recipe: Recipe, row: dict, where: str, child=None) -> None:
     from grpo_ray.types import Prompt
 
     w, p = recipe.reward, Prompt.from_row(0, {**row, "prompt_ids": []})
-    functions = [(f.name, f.weight) for f in w.functions]
     child = child or reward_child(recipe)
-    try:
+    try:  # (a function whose reward.functions sources do not name the row's is not called)
         extra = {"data_source": p.data_source, "extra_info": p.extra_info}
         outcome, result = child.run(
-            (functions, recipe.data.response_prefix + p.ground_truth, p.ground_truth, extra), w.timeout_s
+            (rewards.calls(w.functions), recipe.data.response_prefix + p.ground_truth, p.ground_truth, extra),
+            w.timeout_s,
         )
     finally:
         child.close()

@@ -229,21 +229,41 @@ def test_every_unknown_key_at_once_with_verl_and_nemo_rl_names_answered():
             "trainer.n_gpus_per_node=8",
             "data.max_response_length=3",
             "grpo.num_prompts_per_step=8",
-            "custom_reward_function.path=r.py",
         ],
     )
-    assert msg.startswith("5 problems:")
+    assert msg.startswith("4 problems:")
     for said in (
         "verl's actor_rollout_ref.rollout.n is algorithm.group_size here",
         "verl's trainer.n_gpus_per_node is cluster.devices_per_node here",
         "verl's data.max_response_length is generator.sampling.max_tokens here",
         "NeMo RL's grpo.num_prompts_per_step is data.train_batch_size here",
-        "verl's custom_reward_function.path is reward.functions (name: path/to/file.py:function) here",
     ):
         assert said in msg
     assert "did you mean" not in msg  # no string-similarity guesses beside a known answer
     never = error_of(ROOT / "recipes" / "tiny-cpu.yaml", ["trainer.save_freq=-1"])
     assert "trainer.save_freq=-1: must be >= 0 (0 means never here, where verl writes -1)" in never
+
+
+def test_verls_custom_reward_function_is_taken_as_reward_functions(tmp_path):
+    """verl's custom_reward_function.path, .name (compute_score when not given) and .reward_kwargs, as overrides in
+    any order or as the recipe's section, become one reward function of ours with its kwargs."""
+    recipe = ROOT / "recipes" / "tiny-cpu.yaml"
+    got = load_recipe(
+        recipe,
+        [
+            "custom_reward_function.name=my_score",
+            "custom_reward_function.reward_kwargs.scale=2",
+            f"custom_reward_function.path={tmp_path}/r.py",
+        ],
+    ).reward.functions
+    assert [(f.name, f.kwargs, f.sources) for f in got] == [(f"{tmp_path}/r.py:my_score", {"scale": 2}, [])]
+    section = tmp_path / "verl.yaml"
+    section.write_text(recipe.read_text() + f"\ncustom_reward_function:\n  path: {tmp_path}/r.py\n")
+    assert [f.name for f in load_recipe(section).reward.functions] == [f"{tmp_path}/r.py:compute_score"]
+    assert "custom_reward_function: no path given, expected custom_reward_function.path" in error_of(
+        recipe, ["custom_reward_function.name=f"]
+    )
+    assert "custom_reward_function: unknown key 'paht'" in error_of(recipe, ["custom_reward_function.paht=r.py"])
 
 
 def test_overrides_before_or_after_options_and_a_version():

@@ -1,10 +1,14 @@
+import math
 from pathlib import Path
 
 import pytest
 
 from grpo_ray import rewards
+from grpo_ray.config.scorers import RewardFnConfig
+from grpo_ray.metrics import validation_metrics, validation_totals
 from grpo_ray.rewards import RewardLoadError, load, weighted_sum
 from grpo_ray.rewards.runner import score_one
+from grpo_ray.types import Scores
 
 
 @pytest.mark.parametrize(
@@ -80,14 +84,47 @@ def test_load_by_module_path_and_errors():
         load("grpo_ray.rewards:nope")
 
 
+def everywhere(fns: list[tuple[str, float]]) -> list[tuple[str, list, dict]]:
+    """What the reward child runs for (name, weight) pairs: each function on every data source, no kwargs."""
+    return [(name, [], {}) for name, _ in fns]
+
+
 def test_components_and_weights_as_the_reward_child_scores_them():
     fns = [("gsm8k", 0.9), ("format", 0.1)]
     extra = {"data_source": "gsm8k", "extra_info": {}}
-    parts, errors, oom, failures = score_one(fns, "#### 8", "7", extra)
+    parts, errors, oom, failures = score_one(everywhere(fns), "#### 8", "7", extra)
     assert parts == {"gsm8k": 0.0, "format": 1.0} and (errors, oom, failures) == (0, False, {})
     assert weighted_sum(parts, fns) == pytest.approx(0.1)
-    parts, _, _, _ = score_one(fns, "#### 7", "7", extra)
+    parts, _, _, _ = score_one(everywhere(fns), "#### 7", "7", extra)
     assert weighted_sum(parts, fns) == pytest.approx(1.0)
+
+
+def test_a_function_scores_only_the_data_sources_it_names_and_takes_its_kwargs(tmp_path):
+    """verl's routing by data_source, as a mixed GSM8K + MATH dataset with verl's two files needs: a row of a source
+    a function does not name is not scored by it (NaN: neither its score nor its weight), and validation passes it
+    with the weights of the functions that do; reward_kwargs reach the function."""
+    path = tmp_path / "strict_math.py"
+    path.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None, wrong=-1.0):\n"
+        "    return 1.0 if solution_str == 'boxed ' + ground_truth else wrong\n"
+    )
+    math_fn = f"{path}:compute_score"
+    calls = [("gsm8k", ["openai/gsm8k"], {}), (math_fn, ["math500"], {"wrong": -2.0})]
+    weights = [("gsm8k", 1.0), (math_fn, 1.0)]
+    gsm = score_one(calls, "#### 7", "7", {"data_source": "openai/gsm8k", "extra_info": {}})[0]
+    assert gsm["gsm8k"] == 1.0 and math.isnan(gsm[math_fn]) and weighted_sum(gsm, weights) == 1.0
+    wrong = score_one(calls, "boxed 8", "7", {"data_source": "math500", "extra_info": {}})[0]
+    assert math.isnan(wrong["gsm8k"]) and wrong[math_fn] == -2.0  # the kwarg, not the file's default -1
+    right = score_one(calls, "boxed 7", "7", {"data_source": "math500", "extra_info": {}})[0]
+    assert weighted_sum(right, weights) == 1.0
+
+    functions = [RewardFnConfig("gsm8k", 1.0, ["openai/gsm8k"]), RewardFnConfig(math_fn, 0.5, ["math500"])]
+    scores = [Scores([1.0, 0.5, 0.0], {"gsm8k": [1.0, math.nan, math.nan], math_fn: [math.nan, 1.0, -2.0]}, 0, 0, 0.1)]
+    totals, perfect = validation_totals(scores, functions)
+    assert (perfect("openai/gsm8k"), perfect("math500")) == (1.0, 0.5)
+    got = validation_metrics(["openai/gsm8k", "math500", "math500"], totals, 1, perfect)
+    assert got == {"val/openai/gsm8k/pass@1": 1.0, "val/math500/pass@1": 0.5}
+    assert math.isnan(score_one(calls, "x", "7", {"data_source": "other", "extra_info": {}})[0]["gsm8k"])
 
 
 def test_auto_reward_follows_the_rows_data_source():
@@ -124,7 +161,7 @@ def test_verl_signature_file_form_and_our_signature_score_alike(tmp_path):
     path.write_text(VERL_STYLE)
     fns = [(f"{path}:compute_score", 1.0), (f"{path}:two_args", 1.0), ("gsm8k", 1.0)]
     extra = {"data_source": "quiz", "extra_info": {"index": 3}}
-    parts, errors, _, failures = score_one(fns, "7", "7", extra)
+    parts, errors, _, failures = score_one(everywhere(fns), "7", "7", extra)
     # verl's dict gives its other numbers too, as name/key (for the metrics; the weights take the score only)
     assert parts == {
         f"{path}:compute_score": 1.0,
@@ -133,14 +170,14 @@ def test_verl_signature_file_form_and_our_signature_score_alike(tmp_path):
         "gsm8k": 0.0,
     }
     assert (errors, failures) == (0, {})
-    assert score_one(fns, "8", "7", extra)[0][f"{path}:compute_score"] == 0.0
+    assert score_one(everywhere(fns), "8", "7", extra)[0][f"{path}:compute_score"] == 0.0
 
 
 def test_a_failing_function_scores_zero_and_says_why_with_its_own_frames(tmp_path):
     path = tmp_path / "my_reward.py"
     path.write_text(VERL_STYLE)
     fns = [(f"{path}:nothing", 1.0), (f"{path}:buggy", 1.0)]
-    parts, errors, _, failures = score_one(fns, "7", "7", {"data_source": "quiz", "extra_info": {}})
+    parts, errors, _, failures = score_one(everywhere(fns), "7", "7", {"data_source": "quiz", "extra_info": {}})
     assert parts == {f"{path}:nothing": 0.0, f"{path}:buggy": 0.0} and errors == 2
     assert failures[f"{path}:nothing"].startswith("TypeError: returned NoneType 'None': expected a number")
     text = failures[f"{path}:buggy"]

@@ -33,6 +33,7 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] = (), command: str
     if not isinstance(user, DictConfig):
         raise RecipeError(f"{path}: the top level must be a mapping of sections, got a {type(user).__name__}")
     _take_aliases(user)
+    user, overrides = _verl_reward(user, list(overrides), path)
     problems = check_keys(user, Recipe, origin=str(path))
     for item in overrides:
         user = _override(user, item, problems)
@@ -161,8 +162,6 @@ FOREIGN_KEYS = {
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": ("verl", "learner.micro_batch_size"),
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": ("verl", "reference.micro_batch_size"),
     "actor_rollout_ref.ref.fsdp_config.param_offload": ("verl", "nothing yet (no offload)"),
-    "custom_reward_function.path": ("verl", "reward.functions (name: path/to/file.py:function)"),
-    "custom_reward_function.name": ("verl", "reward.functions (name: path/to/file.py:function)"),
     "reward_model.enable": ("verl", "reward_model.model (a model there turns it on)"),
     "reward_model.model.path": ("verl", "reward_model.model"),
     "reward_model.micro_batch_size_per_gpu": ("verl", "reward_model.micro_batch_size"),
@@ -228,6 +227,44 @@ def _reset(user: DictConfig, key: str, origin: str) -> list[str]:
     if isinstance(node, DictConfig) and last in node:
         del node[last]
     return []
+
+
+VERL_REWARD = "custom_reward_function"
+VERL_REWARD_KEYS = ("path", "name", "reward_kwargs")
+
+
+def _verl_reward(user: DictConfig, overrides: list[str], path: Path) -> tuple[DictConfig, list[str]]:
+    """verl's custom_reward_function (its path, name and reward_kwargs, in the YAML or as overrides, in any order)
+    taken as ours: reward.functions of one function, ``path:name`` (verl's default name, compute_score, when none
+    is given), called with the kwargs. The overrides left."""
+    given = user.pop(VERL_REWARD, None)
+    if given is not None and not isinstance(given, DictConfig):
+        raise RecipeError(f"{path}: {VERL_REWARD} is a section: set its keys ({', '.join(VERL_REWARD_KEYS)})")
+    given, rest = given or OmegaConf.create({}), []
+    for item in overrides:
+        if item.removeprefix("+").startswith(VERL_REWARD + ".") and "=" in item:
+            try:
+                given = OmegaConf.merge(given, OmegaConf.from_dotlist([item.removeprefix("+")])[VERL_REWARD])
+            except Exception as e:  # not valid YAML: said as any override's is
+                raise RecipeError(f"override {item!r}: {e}") from None
+        else:
+            rest.append(item)
+    if not given:
+        return user, overrides
+    unknown = [k for k in given if k not in VERL_REWARD_KEYS]
+    if unknown or not given.get("path"):
+        raise RecipeError(
+            f"{VERL_REWARD}: "
+            + (f"unknown key {unknown[0]!r}, " if unknown else "no path given, ")
+            + f"expected {', '.join(f'{VERL_REWARD}.{k}' for k in VERL_REWARD_KEYS)} (verl's; ours: reward.functions "
+            "of name path/to/file.py:function and its kwargs)"
+        )
+    function = {
+        "name": f"{given.path}:{given.get('name') or 'compute_score'}",
+        "kwargs": given.get("reward_kwargs") or {},
+    }
+    OmegaConf.update(user, "reward.functions", [function], merge=False)
+    return user, rest
 
 
 def _take_aliases(node: DictConfig) -> None:

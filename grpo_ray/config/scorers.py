@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from omegaconf import MISSING
 
@@ -119,6 +120,16 @@ class RewardFnConfig:
     ground_truth, extra_info=None)`` is told by its solution_str and called as verl calls it."""
     weight: float = 1.0
     """Weight in the combined reward."""
+    sources: list[str] = field(default_factory=list)
+    """The data_source values whose rows it scores (verl's routing of rows by data_source); empty: every row. A row
+    it does not name takes neither its score nor its weight: the row's reward is the weighted sum of the functions
+    that name it, and a validation answer passes with their positive weights."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments it is called with beside the row's (verl's custom_reward_function.reward_kwargs)."""
+
+    def scores(self, data_source: str) -> bool:
+        """Whether it scores a row of `data_source`."""
+        return not self.sources or data_source in self.sources
 
 
 @dataclass

@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import math
 import sys
 from pathlib import Path
 from typing import Protocol
@@ -108,21 +109,32 @@ def _from_file(path: str, source: str | None):
 
 
 def caller(fn: RewardFn):
-    """`fn` as ``call(response, ground_truth, data_source, extra_info)``, in the signature it was written in."""
+    """`fn` as ``call(response, ground_truth, data_source, extra_info, **kwargs)``, in the signature it was written
+    in (`kwargs`: the recipe's for it, passed as they are)."""
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):  # no signature to read (a C function): ours, with everything
-        return lambda response, truth, source, info: fn(response, truth, data_source=source, extra_info=info)
+        return lambda response, truth, source, info, **kw: fn(
+            response, truth, data_source=source, extra_info=info, **kw
+        )
     takes_all = any(p.kind is p.VAR_KEYWORD for p in params.values())
 
     def wanted(**kw):
         return kw if takes_all else {k: v for k, v in kw.items() if k in params}
 
     if "solution_str" in params:  # verl's compute_score, called by keyword as verl calls it
-        return lambda response, truth, source, info: fn(
-            **wanted(data_source=source, solution_str=response, ground_truth=truth, extra_info=info)
+        return lambda response, truth, source, info, **kw: fn(
+            **wanted(data_source=source, solution_str=response, ground_truth=truth, extra_info=info), **kw
         )
-    return lambda response, truth, source, info: fn(response, truth, **wanted(data_source=source, extra_info=info))
+    return lambda response, truth, source, info, **kw: fn(
+        response, truth, **wanted(data_source=source, extra_info=info), **kw
+    )
+
+
+def calls(functions: list) -> list[tuple[str, list[str], dict]]:
+    """What a reward child runs for the recipe's reward.functions (``runner.score_one``): each one's name, the data
+    sources it scores ([]: all) and its keyword arguments."""
+    return [(f.name, list(f.sources), dict(f.kwargs)) for f in functions]
 
 
 def as_score(value) -> float:
@@ -177,5 +189,6 @@ def shipped(names: list[str]) -> tuple[dict[str, str], list[str]]:
 
 
 def weighted_sum(components: dict[str, float], weights: list[tuple[str, float]]) -> float:
-    """The combined reward: sum of weight x component over (name, weight) pairs."""
-    return sum(weight * components[name] for name, weight in weights)
+    """The combined reward: sum of weight x component over (name, weight) pairs, but for components that are NaN
+    (a function that does not score the row's data source)."""
+    return sum(weight * components[name] for name, weight in weights if not math.isnan(components[name]))

@@ -114,12 +114,13 @@ def standardised(values: list[float]) -> list[float]:
 
 def true_reward(scores: list[Scores], rules: list[tuple[str, float]]) -> list[float]:
     """Each sample's rule reward, the true score beside a learned one: the reward functions' weighted sum, or their
-    plain sum when every weight is 0 (functions logged, not trained on); empty without reward functions."""
+    plain sum when every weight is 0 (functions logged, not trained on), each over the functions that score the
+    sample's data source; empty without reward functions."""
     if not rules:
         return []
     weights = [(n, w) for n, w in rules] if any(w for _, w in rules) else [(n, 1.0) for n, _ in rules]
     out = []
     for s in scores:
         for i in range(len(s.totals)):
-            out.append(math.fsum(w * s.components[n][i] for n, w in weights))
+            out.append(math.fsum(w * v for n, w in weights if not math.isnan(v := s.components[n][i])))
     return out

@@ -16,20 +16,25 @@ OFFLINE_ERRNOS = {errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL, er
 
 
 def score_one(
-    functions: list[tuple[str, float]], response: str, ground_truth: str, extra: dict
+    functions: list[tuple[str, list[str], dict]], response: str, ground_truth: str, extra: dict
 ) -> tuple[dict[str, float], int, bool, dict[str, str]]:
-    """Each function's score of one response, how many failed (raised or returned a non-finite number: those
-    score 0), whether one ran out of memory (the child is then replaced), and what went wrong in each that failed
-    (its traceback, or what it returned). A function that returns verl's dict also gives its other numbers
-    (``{"score": 1.0, "acc": True}``): they are kept as ``name/key`` beside the scores, for the metrics."""
+    """Each function's score of one response (``functions``: name, the data sources it scores or [] for all, its
+    keyword arguments), how many failed (raised or returned a non-finite number: those score 0), whether one ran
+    out of memory (the child is then replaced), and what went wrong in each that failed (its traceback, or what it
+    returned). A function that returns verl's dict also gives its other numbers (``{"score": 1.0, "acc": True}``):
+    they are kept as ``name/key`` beside the scores, for the metrics. A function whose sources do not name the
+    row's is not called: its score is NaN (no part of the row's reward)."""
     from grpo_ray.rewards import as_score, caller, load
 
     components, errors, out_of_memory, failures = {}, 0, False, {}
-    for name, _ in functions:
+    for name, sources, kwargs in functions:
+        if sources and extra.get("data_source") not in sources:
+            components[name] = math.nan
+            continue
         value = math.nan
         try:
             fn = _LOADED.get(name) or _LOADED.setdefault(name, caller(load(name, SOURCES.get(name))))
-            answer = fn(response, ground_truth, extra.get("data_source"), extra.get("extra_info"))
+            answer = fn(response, ground_truth, extra.get("data_source"), extra.get("extra_info"), **kwargs)
             value = as_score(answer)
             if isinstance(answer, dict):
                 components.update(

@@ -61,6 +61,7 @@ class RewardWorker(RoleActor):
         sources, dirs = code
         search_here(*dirs)  # before the child starts: it is spawned with this sys.path
         self.functions = [(f.name, f.weight) for f in reward.functions]
+        self.calls = rewards.calls(reward.functions)
         self.weights = self.functions + ([(ENVIRONMENT, 1.0)] if environment else [])
         self.timeout_s, self.prefix = reward.timeout_s, response_prefix
         self.child = RewardChild(reward.memory_mb, reward.sandbox, reward.network, sources)
@@ -81,14 +82,13 @@ class RewardWorker(RoleActor):
     def score_rollouts(self, rollouts: list, spans: list[Span] | None = None) -> Scores:
         """``score`` on rollouts at hand (plan's calibration scores some without Ray)."""
         start = time.perf_counter()  # after the rollout arrived: waiting for generation is not reward work
-        zeros = {name: 0.0 for name, _ in self.functions}
         components = {name: [] for name, _ in self.weights}
         totals, errors, timeouts, first, extras = [], 0, 0, {}, []
         pairs = list(samples(rollouts, spans))
         tasks = [
             # a trajectory's answer is its last turn (after the response prefix only when it is the first)
             (
-                self.functions,
+                self.calls,
                 self.prefix + c.text if not c.episode or len(c.episode.turns) == 1 else c.episode.turns[-1],
                 p.ground_truth,
                 {"data_source": p.data_source, "extra_info": p.extra_info},
@@ -102,7 +102,7 @@ class RewardWorker(RoleActor):
             comp, failed, failures = (
                 (result[0], result[1], result[3])
                 if outcome == "ok"
-                else (zeros, 1, {"(the reward child)": f"scoring a sample, it {LOST[outcome]}"})
+                else (self.zeros(p.data_source), 1, {"(the reward child)": f"scoring a sample, it {LOST[outcome]}"})
             )
             errors += failed if outcome != "timeout" else 0
             timeouts += outcome == "timeout"
@@ -128,6 +128,10 @@ class RewardWorker(RoleActor):
             {k: [e.get(k, math.nan) for e in extras] for k in named},
             [p.style for p, _ in pairs] if self.styles else [],
         )
+
+    def zeros(self, data_source: str) -> dict[str, float]:
+        """The scores of a sample the child lost: 0, NaN from a function that does not score its source."""
+        return {name: 0.0 if not srcs or data_source in srcs else math.nan for name, srcs, _ in self.calls}
 
     def shutdown(self) -> None:
         self.child.close()
