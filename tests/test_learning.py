@@ -8,8 +8,8 @@ a constant answer scores about 1/9, and a generator left on the initial weights 
 
 The one-step-off run is also what a verl user brings in their first hour: the same rows as a plain
 {question, answer} JSONL file read through data.prompt_key / data.answer_key (named as one value, verl's
-form), a reward file beside them with verl's compute_score signature (a path, resolved in the working
-directory), and a model directory without a chat template, given one by model.chat_template.
+form), a reward file beside them with verl's compute_score signature, named by verl's custom_reward_function.path
+(resolved in the working directory), and a model directory without a chat template, given one by model.chat_template.
 """
 
 import json
@@ -82,7 +82,7 @@ def as_a_verl_user_brings_it(home: Path) -> list[str]:
         "data.val_files=[val_set]",
         "data.prompt_key=question",
         "data.answer_key=answer",
-        "reward.functions=[{name: my_reward.py:compute_score}]",
+        "custom_reward_function.path=my_reward.py",  # verl's key; its name, compute_score, by default
     ]
 
 

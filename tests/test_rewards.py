@@ -215,3 +215,39 @@ def test_a_verl_signature_mismatch_is_one_line_before_start(tmp_path):
         try_rewards(r, row, "the first row")
     path.write_text("def score(response, ground_truth, **extra):\n    return 1.0\n")
     try_rewards(r, row, "the first row")  # fine now
+
+
+def test_the_reward_worker_routes_a_mixed_dataset_by_data_source(tmp_path):
+    """The reward worker (its sandboxed child, as a reward actor runs it) on a rollout of GSM8K and MATH rows with
+    verl's two files, each named for its source: the MATH file, which scores anything not boxed -1, never sees a
+    GSM8K row (without sources it gave every GSM8K row -1), and each metric is over its own rows."""
+    from grpo_ray.config import RewardConfig
+    from grpo_ray.metrics import rollout_metrics
+    from grpo_ray.rewards import shipped
+    from grpo_ray.roles.reward import RewardWorker
+    from grpo_ray.types import Completion, Prompt, Rollout, RolloutStats
+
+    (tmp_path / "gsm8k_file.py").write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return float(solution_str.strip() == '#### ' + ground_truth)\n"
+    )
+    (tmp_path / "math_file.py").write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return 1.0 if solution_str.strip() == '\\\\boxed{' + ground_truth + '}' else -1.0\n"
+    )
+    gsm, maths = f"{tmp_path}/gsm8k_file.py:compute_score", f"{tmp_path}/math_file.py:compute_score"
+    functions = [RewardFnConfig(gsm, 1.0, ["openai/gsm8k"]), RewardFnConfig(maths, 1.0, ["math500"])]
+    worker = RewardWorker(RewardConfig(functions=functions), "", shipped([gsm, maths]))
+    rows = [Prompt([5], "7", "openai/gsm8k"), Prompt([6], "3", "math500")]
+    answers = ["#### 7", "#### 8", "\\boxed{3}", "3"]
+    rollout = Rollout(rows, [Completion(i // 2, [9], a, [-1.0], "stop") for i, a in enumerate(answers)], 0)
+    try:
+        scores = worker.score_rollouts([rollout])
+    finally:
+        worker.shutdown()
+    assert scores.errors == 0 and scores.totals == [1.0, 0.0, 1.0, -1.0]
+    assert scores.components[gsm][:2] == [1.0, 0.0] and all(math.isnan(v) for v in scores.components[gsm][2:])
+    assert scores.components[maths][2:] == [1.0, -1.0] and all(math.isnan(v) for v in scores.components[maths][:2])
+    stats = RolloutStats(0.1, 0, [1] * 4, [1] * 4, 0)
+    got = rollout_metrics([stats], [scores])
+    assert got["reward/gsm8k_file:compute_score/mean"] == 0.5 and got["reward/math_file:compute_score/mean"] == 0.0
