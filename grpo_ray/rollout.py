@@ -145,14 +145,15 @@ class Episodes:
                 ended(t)
 
         @guarded
-        def generated(t: Trajectory, out) -> None:
-            if self._add_turn(t, out.outputs[0]) or t.episode.failure:
+        def generated(t: Trajectory, out) -> None:  # a cut turn is stepped too (truncated), as the episode's last
+            cut = self._add_turn(t, out.outputs[0])
+            if t.episode.failure:
                 ended(t)
             else:
-                self.pool.submit(self._step, t, t.episode.turns[-1]).add_done_callback(answered(t))
+                self.pool.submit(self._step, t, t.episode.turns[-1], cut).add_done_callback(answered(t))
 
-        def ended(t: Trajectory) -> None:
-            if not t.episode.failure and t.episode.ended != "done":  # its environment still holds the episode
+        def ended(t: Trajectory) -> None:  # (a done or cut episode is closed by its process as it answers)
+            if not t.episode.failure and t.episode.ended not in ("done", "length"):  # its process still holds it
                 self.pool.submit(t.child.run, ("drop", t.key), self.env.timeout_s)
             with lock:
                 left[0] -= 1
@@ -203,6 +204,8 @@ class Episodes:
             e.reward += step["reward"]
             e.tool_calls += step["tool_call"]
             e.tool_errors += step["tool_error"]
+            if e.ended == "length":  # the cut turn's step: the episode's last, whatever it says
+                return False
             if step["done"]:
                 e.ended = "done"
                 return False
@@ -240,12 +243,13 @@ class Episodes:
         outcome, answer = self._call(t, ("reset", t.key, self.env.name, self.env.options, row))
         return {} if outcome == "ok" else None
 
-    def _step(self, t: Trajectory, turn: str) -> dict | None:
-        """The environment's answer to the trajectory's last turn; None when it failed."""
+    def _step(self, t: Trajectory, turn: str, cut: bool = False) -> dict | None:
+        """The environment's answer to the trajectory's last turn (`cut`: at the token limit, its last); None when
+        it failed."""
         if t.child.generation != t.generation:
             self._failed(t, "lost", FAILED["lost"])
             return None
-        outcome, answer = self._call(t, ("step", t.key, turn))
+        outcome, answer = self._call(t, ("step", t.key, turn, cut))
         return answer if outcome == "ok" else None
 
     def _call(self, t: Trajectory, call: tuple) -> tuple[str, object]:

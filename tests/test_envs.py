@@ -166,6 +166,34 @@ def test_a_failing_environment_costs_its_episode_not_the_process_that_runs_it(ch
     assert child.run(("reset", "k", "guess", {}, {"ground_truth": "3"}), 5) == ("ok", None)  # it serves again
 
 
+def test_every_end_of_an_episode_closes_it_and_a_cut_turn_is_stepped_as_truncated(tmp_path):
+    """close() at every end: done, dropped (the turn or token limit), a step or reset that raised, a cut turn (its
+    step told truncated=True where it takes the keyword, plain otherwise), and the process's shutdown."""
+    sys.path.insert(0, str(ROOT))
+    closing = "tests.helpers.envs:Closing"
+    child = EnvChild(512, sandbox=False)
+    try:
+
+        def run(*call):
+            return child.run(call, 5)
+
+        for name in ("done", "dropped", "raised", "cut", "ask", "left"):
+            row = {"ground_truth": name, "extra_info": {"mark": str(tmp_path / name)}}
+            assert run("reset", name, closing, {}, row) == ("ok", None)
+        assert run("step", "done", "done")[1]["done"]
+        assert run("drop", "dropped") == ("ok", None)
+        assert run("step", "raised", "raise")[0] == "error"
+        assert run("step", "cut", "partial answer", True)[1]["observation"] == "partial answer truncated=True"
+        assert run("step", "done", "again")[0] == "error"  # closed: no longer held
+        assert run("reset", "bad", closing, {}, {"ground_truth": "bad"})[0] == "error"
+        assert run("step", "ask", "closed?")[1]["observation"] == "done dropped raised cut bad"
+        assert run("reset", "echo", "tests.helpers.envs:Echo", {}, {}) == ("ok", None)
+        assert run("step", "echo", "cut", True)[1]["observation"] == "turn 1"  # its step takes no truncated
+    finally:
+        child.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ask", "cut", "done", "dropped", "left", "raised"]
+
+
 def test_environment_processes_import_the_environments_code_as_they_start():
     """A module slow to import is imported as the process starts, not in its first episode's time limit."""
     sys.path.insert(0, str(ROOT))

@@ -38,8 +38,15 @@ class Environment:
         """Start an episode on the prompt's data row (``ground_truth``, ``data_source``, ``extra_info``, ``prompt``)."""
 
     def step(self, turn: str) -> Step:
-        """The answer to the model's turn (its text, decoded, end of turn not included)."""
+        """The answer to the model's turn (its text, decoded, end of turn not included). A turn cut at the token
+        limit is stepped too, as its last (an environment that is the reward scores it): with ``truncated=True``
+        when ``step`` takes that keyword; its observation is not used."""
         raise NotImplementedError
+
+    def close(self) -> None:
+        """Free what the episode holds (a sandbox, a connection, a game). Called once at every end: done, the turn
+        or token limit, a cut turn, a reset or step that raised, and the generator's shutdown. A call that hangs
+        or exits costs its process: then the process's end frees what it held."""
 
 
 def import_class(name: str) -> type:

@@ -35,7 +35,9 @@ def env_main(conn, memory_mb: int, sandbox: bool, network: bool, sources: dict) 
     while True:
         try:
             call = conn.recv()
-        except EOFError:
+        except EOFError:  # the generator shuts down: every episode still held ends here
+            for key in list(episodes):
+                close(episodes, key)
             return
         try:
             conn.send(("ok", handle(call, episodes)))
@@ -45,13 +47,25 @@ def env_main(conn, memory_mb: int, sandbox: bool, network: bool, sources: dict) 
             from grpo_ray import envs
             from grpo_ray.rewards.runner import failure_text
 
-            episodes.pop(call[1], None)
+            close(episodes, call[1])
             conn.send(("error", failure_text(e, (__file__, envs.__file__))))
 
 
+def close(episodes: dict, key: str) -> None:
+    """End the episode `key` (if still held): ``Environment.close``, whose own failure ends nothing else."""
+    env = episodes.pop(key, None)
+    try:
+        if env is not None:
+            env.close()
+    except Exception:
+        pass
+
+
 def handle(call: tuple, episodes: dict):
-    """("reset", key, name, options, row) -> None; ("step", key, turn) -> Step's fields as a dict;
-    ("drop", key) -> None."""
+    """("reset", key, name, options, row) -> None; ("step", key, turn[, truncated]) -> Step's fields as a dict;
+    ("drop", key) -> None. An episode is closed when it is done, dropped or fails."""
+    import inspect
+
     from grpo_ray.envs import Step, load, options
 
     kind, key = call[0], call[1]
@@ -59,13 +73,15 @@ def handle(call: tuple, episodes: dict):
         _, _, name, given, row = call
         cls = load(name)
         env = cls(options(cls, given))
+        episodes[key] = env  # held from here: a reset that raises is closed too
         env.reset(row)
-        episodes[key] = env
         return None
     if kind == "drop":
-        episodes.pop(key, None)
+        close(episodes, key)
         return None
-    step = episodes[key].step(call[2])
+    env, cut = episodes[key], len(call) > 3 and call[3]
+    told = cut and "truncated" in inspect.signature(env.step).parameters
+    step = env.step(call[2], truncated=True) if told else env.step(call[2])
     if isinstance(step, dict):
         step = Step(**step)
     if not isinstance(step, Step):
@@ -74,8 +90,8 @@ def handle(call: tuple, episodes: dict):
         raise TypeError(f"step() returned an observation of type {type(step.observation).__name__}: expected str")
     out = dataclasses.asdict(step)
     out["reward"] = float(out["reward"])
-    if step.done:
-        del episodes[key]
+    if step.done or cut:
+        close(episodes, key)
     return out
 
 
@@ -90,6 +106,15 @@ class EnvChild(RewardChild):
         self.generation = 0
         """How many times the child was replaced: the episodes of an earlier generation are gone."""
         super().__init__(memory_mb, sandbox, network=False, sources={"preload": preload} if preload else None)
+
+    def close(self, grace_s: float = 5.0) -> None:
+        """End the process: it closes the episodes it still holds (``Environment.close``) as its pipe closes,
+        within `grace_s`; then it is killed."""
+        self.conn.close()
+        self.proc.join(grace_s)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
 
     def run(self, call: tuple, timeout_s: float) -> tuple[str, object]:
         """("ok", answer) | ("error", traceback) | ("timeout" | "died" | "memory", None); the child is replaced

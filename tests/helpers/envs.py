@@ -75,3 +75,29 @@ class NoStep(Environment):
 
     def reset(self, row):
         self.turns = 0
+
+
+class Closing(Echo):
+    """Keeps the names (ground truths) of the episodes its process closed; a turn "closed?" answers them. Done at
+    "done", raises at "raise" (and in reset for "bad"); says whether a turn came cut. Closing an episode whose row
+    has extra_info.mark writes that file (a process without the sandbox: the test sees its shutdown)."""
+
+    closed: list[str] = []
+
+    def reset(self, row):
+        self.name, self.mark = row.get("ground_truth", ""), (row.get("extra_info") or {}).get("mark")
+        if self.name == "bad":
+            raise ValueError("no such game")
+
+    def step(self, turn, truncated=False):
+        if turn == "raise":
+            raise ValueError("the game broke")
+        if turn == "closed?":
+            return Step(" ".join(Closing.closed))
+        return Step(f"{turn} truncated={truncated}", done=turn == "done")
+
+    def close(self):
+        Closing.closed.append(self.name)
+        if self.mark:
+            with open(self.mark, "w") as f:
+                f.write(self.name)
