@@ -19,6 +19,8 @@ A row is a dict::
   ``synthetic://reasoning?size=N&seed=S&min_steps=2&max_steps=3&max_value=40&split=test``,
   ``synthetic://products?size=N&seed=S&digits=2&answer_only=0.5``, see
   grpo_ray.data.synthetic);
+- a reasoning-gym task, ``reasoning_gym://basic_arithmetic?size=N&seed=S&<its config>`` (grpo_ray.data.reasoning_gym,
+  with its reward ``reasoning_gym``);
 
 and checks each row, naming the file and row of the first bad one. The prompt and the ground truth may sit under
 other keys (``data.prompt_key``, ``data.answer_key``, dotted for nested ones, like verl's ``data.prompt_key``); a
@@ -36,6 +38,7 @@ from grpo_ray.errors import UserError
 
 SYNTHETIC_SCHEME = "synthetic://"
 HUB_SCHEME = "hf://"
+REASONING_GYM_SCHEME = "reasoning_gym://"
 PROMPT_KEY, ANSWER_KEY = "prompt", "reward_model.ground_truth"
 
 
@@ -96,6 +99,10 @@ def load_rows(spec: str, prompt_key: str = PROMPT_KEY, answer_key: str = ANSWER_
     prompt at `prompt_key` and the ground truth at `answer_key`; DataError names the first bad row."""
     if spec.startswith(SYNTHETIC_SCHEME):
         return _synthetic(spec)
+    if spec.startswith(REASONING_GYM_SCHEME):
+        from grpo_ray.data import reasoning_gym
+
+        return reasoning_gym.rows(spec)
     path = Path(spec)
     if (
         spec.startswith(HUB_SCHEME)

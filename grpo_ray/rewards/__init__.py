@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 from typing import Protocol
 
+from grpo_ray.data import reasoning_gym
 from grpo_ray.errors import UserError
 from grpo_ray.rewards.builtin import (
     auto_reward,
@@ -47,6 +48,7 @@ BUILTIN: dict[str, RewardFn] = {
     "math": math_reward,
     "format": format_reward,
     "auto": auto_reward,
+    "reasoning_gym": reasoning_gym.reward,  # reasoning_gym:// rows, by their task's own scoring
 }
 
 

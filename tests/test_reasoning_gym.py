@@ -1,0 +1,68 @@
+"""reasoning-gym as data and a reward with no glue (grpo_ray/data/reasoning_gym.py), with the library's own code
+from PyPI (the `envs` extra): rows from a ``reasoning_gym://`` spec, scored by its tasks' own ``score_answer`` in the
+reward child, and a spec that cannot work refused in one line before any actor starts."""
+
+import pytest
+
+from grpo_ray.data import DataError, load_rows
+from grpo_ray.rewards.runner import score_one
+from tests.conftest import ROOT, run_cli
+
+SPEC = "reasoning_gym://basic_arithmetic?size=8&seed=3&max_terms=2&max_digits=1"
+
+
+def test_a_spec_gives_the_tasks_rows_the_same_for_the_same_seed():
+    import reasoning_gym
+
+    rows = load_rows(SPEC)
+    theirs = reasoning_gym.create_dataset("basic_arithmetic", size=8, seed=3, max_terms=2, max_digits=1)
+    assert [r["prompt"] for r in rows] == [[{"role": "user", "content": e["question"]}] for e in theirs]
+    assert [r["reward_model"]["ground_truth"] for r in rows] == [e["answer"] for e in theirs]
+    assert {r["data_source"] for r in rows} == {"reasoning_gym/basic_arithmetic"}
+    assert rows[0]["extra_info"]["entry"] == theirs[0]
+    assert load_rows(SPEC) == rows and load_rows(SPEC.replace("seed=3", "seed=4")) != rows
+
+
+def test_the_reward_is_the_tasks_own_score_in_the_reward_child():
+    """The built-in reward on a leg-counting row (its answer a number) and a word-sorting one (a list): the answer
+    in the last <answer> tags, or the whole response; another answer scores as the task scores it."""
+    calls = [("reasoning_gym", [], {})]
+    for spec in ("reasoning_gym://leg_counting?size=2&seed=0", "reasoning_gym://word_sorting?size=2&seed=0"):
+        row = load_rows(spec)[0]
+        truth, extra = row["reward_model"]["ground_truth"], {"data_source": row["data_source"], **row}
+
+        def score(response, truth=truth, extra=extra):
+            parts, errors, _, failures = score_one(calls, response, truth, extra)
+            assert (errors, failures) == (0, {})
+            return parts["reasoning_gym"]
+
+        assert score(f"Thinking.<answer>{truth}</answer>") == 1.0 and score(f" {truth}\n") == 1.0
+        assert score("<answer>7</answer> then <answer>not it</answer>") == 0.0
+    with pytest.raises(ValueError, match="scores rows of reasoning_gym:// data"):
+        from grpo_ray.data.reasoning_gym import reward
+
+        reward("1", "1", {})
+
+
+@pytest.mark.parametrize(
+    "spec, said",
+    [
+        ("reasoning_gym://basic_arithmetc?size=4", "no reasoning-gym task 'basic_arithmetc' (some of its"),
+        (
+            "reasoning_gym://basic_arithmetic?size=4&bogus=1",
+            "reasoning-gym's basic_arithmetic refuses {'bogus': 1}: TypeError",
+        ),
+    ],
+)
+def test_a_spec_that_cannot_work_is_one_line_before_start(spec, said, tmp_path):
+    with pytest.raises(DataError, match=f"^{spec.replace('?', '[?]')}: "):
+        load_rows(spec)
+    res = run_cli(
+        "train",
+        str(ROOT / "recipes" / "tiny-cpu.yaml"),
+        f"data.train_files={spec}",
+        "reward.functions=[{name: reasoning_gym}]",
+        f"trainer.output_dir={tmp_path / 'run'}",
+    )
+    assert res.returncode != 0 and said in res.stderr and "Traceback" not in res.stderr
+    assert "actors placed" not in res.stdout
