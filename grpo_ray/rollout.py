@@ -234,13 +234,7 @@ class Episodes:
     def _reset(self, t: Trajectory, p: Prompt) -> dict | None:
         """Start the trajectory's episode: {} when started, None when the environment failed."""
         t.generation = t.child.generation
-        row = {
-            "ground_truth": p.ground_truth,
-            "data_source": p.data_source,
-            "extra_info": p.extra_info,
-            "prompt": p.text,
-        }
-        outcome, answer = self._call(t, ("reset", t.key, self.env.name, self.env.options, row))
+        outcome, answer = self._call(t, ("reset", t.key, self.env.name, self.env.options, p.env_row()))
         return {} if outcome == "ok" else None
 
     def _step(self, t: Trajectory, turn: str, cut: bool = False) -> dict | None:

@@ -255,13 +255,7 @@ def try_environment(recipe: Recipe, tokenizer, row: dict) -> None:
     p = Prompt.from_row(0, {**row, "prompt_ids": []})
     child = EnvChild(e.memory_mb, e.sandbox, (e.name, dict(e.options)))
     try:
-        start = {
-            "ground_truth": p.ground_truth,
-            "data_source": p.data_source,
-            "extra_info": p.extra_info,
-            "prompt": p.text,
-        }
-        outcome, answer = child.run(("reset", "check", e.name, e.options, start), e.timeout_s)
+        outcome, answer = child.run(("reset", "check", e.name, e.options, p.env_row()), e.timeout_s)
     finally:
         child.close()
     if outcome != "ok":

@@ -37,6 +37,16 @@ class Prompt:
             (row.get("reward_model") or {}).get("style", ""),
         )
 
+    def env_row(self) -> dict:
+        """The row an environment's ``reset`` is given (``grpo_ray.envs.Environment.reset``)."""
+        return {
+            "ground_truth": self.ground_truth,
+            "data_source": self.data_source,
+            "extra_info": self.extra_info,
+            "prompt": self.text,
+            "messages": self.messages,
+        }
+
 
 @dataclass
 class Completion:

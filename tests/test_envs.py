@@ -194,6 +194,19 @@ def test_every_end_of_an_episode_closes_it_and_a_cut_turn_is_stepped_as_truncate
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ask", "cut", "done", "dropped", "left", "raised"]
 
 
+def test_a_skyrl_gym_environment_runs_through_the_adapter_in_the_sandbox(child):
+    """skyrl-gym's own gsm8k_multi_turn (its code from PyPI) with no glue: made from the row's ground truth, its
+    observation and turn rewards answered, done at the right answer; an unknown id refused before start."""
+    row = {"ground_truth": "7", "extra_info": {}, "messages": [{"role": "user", "content": "Mia has 7 pears?"}]}
+    assert child.run(("reset", "s", "skyrl_gym", {"env": "gsm8k_multi_turn"}, row), 30) == ("ok", None)
+    outcome, step = child.run(("step", "s", "It is 5.\n#### 5"), 5)
+    assert outcome == "ok" and not step["done"] and step["observation"].startswith("Please provide your step-by-step")
+    assert 0 < step["reward"] < 1  # its format credit for a wrong answer in the right form
+    assert child.run(("step", "s", "#### 7"), 5)[1] == {**step, "observation": "", "reward": 1.0, "done": True}
+    with pytest.raises(EnvironmentLoadError, match="env='gsm9k': skyrl-gym has no such environment"):
+        options(load("skyrl_gym"), {"env": "gsm9k"})
+
+
 def test_environment_processes_import_the_environments_code_as_they_start():
     """A module slow to import is imported as the process starts, not in its first episode's time limit."""
     sys.path.insert(0, str(ROOT))

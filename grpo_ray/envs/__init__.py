@@ -7,7 +7,7 @@ reads each of the model's turns as text and answers with a ``Step``::
         class Options(pydantic.BaseModel):          # the recipe's environment.options, checked before start
             partial: float = 0.2
 
-        def reset(self, row: dict) -> None:        # row: ground_truth, data_source, extra_info, prompt
+        def reset(self, row: dict) -> None:        # row: ground_truth, data_source, extra_info, prompt, messages
             self.target = int(row["ground_truth"])
 
         def step(self, turn: str) -> Step:         # the model's turn, decoded
@@ -35,6 +35,7 @@ import pydantic
 from grpo_ray.envs.base import Environment, Step, import_class
 from grpo_ray.envs.builtin import Calculator, Guess
 from grpo_ray.envs.openenv_env import OpenEnv
+from grpo_ray.envs.skyrl_gym_env import SkyRLGym
 from grpo_ray.errors import UserError
 
 __all__ = ["Environment", "Step", "EnvironmentLoadError", "known", "load", "options", "modules", "check"]
@@ -46,7 +47,7 @@ class EnvironmentLoadError(UserError):
 
 def known() -> dict[str, type[Environment]]:
     """The built-in environments by name."""
-    return {"calculator": Calculator, "guess": Guess, "openenv": OpenEnv}
+    return {"calculator": Calculator, "guess": Guess, "openenv": OpenEnv, "skyrl_gym": SkyRLGym}
 
 
 def load(name: str) -> type[Environment]:

@@ -35,7 +35,8 @@ class Environment:
         self.options = options
 
     def reset(self, row: dict) -> None:
-        """Start an episode on the prompt's data row (``ground_truth``, ``data_source``, ``extra_info``, ``prompt``)."""
+        """Start an episode on the prompt's data row: ``ground_truth``, ``data_source``, ``extra_info``, ``prompt``
+        (the text the model is given, templated) and ``messages`` (the row's chat messages)."""
 
     def step(self, turn: str) -> Step:
         """The answer to the model's turn (its text, decoded, end of turn not included). A turn cut at the token
