@@ -399,15 +399,15 @@ def test_a_failing_or_flooding_environment_ends_its_trajectories_counted(engine_
 @pytest.mark.slow
 def test_an_openenv_environment_answers_each_turn_through_the_adapter(engine_runs):
     """OpenEnv's echo example on an engine: each observation is the model's turn echoed (its echoed_message),
-    masked, and the episode's reward is the echo's, 0.1 a character of every turn it answered."""
+    masked, and the episode's reward is the echo's, 0.1 a character of every turn, a cut last turn's included."""
     run = engine_runs[0][("qwen2", "openenv")]
     several = 0
     for c in run["completions"]:
         turns, episode = c["episode"]["turns"], c["episode"]
         model, answers = turns[0::2], turns[1::2]
         assert answers == model[: len(answers)]
-        answered = model[:-1] if episode["ended"] == "length" else model
-        assert episode["reward"] == pytest.approx(sum(0.1 * len(t) for t in answered))
+        # every turn is stepped, a cut one too (its echo not shown: the episode ends with it)
+        assert episode["reward"] == pytest.approx(sum(0.1 * len(t) for t in model))
         assert episode["failure"] == "" and (0 in c["mask"]) == bool(answers)
         several += len(model) > 1
     assert several >= 2
@@ -494,7 +494,7 @@ def test_multi_turn_dumps_show_the_turns_and_replay(agent_runs, tmp_path):
     assert res.returncode == 0, res.stderr[-4000:]
     replayed = json.loads(res.stdout[res.stdout.index("{") :])
     step3 = _metrics(whole)[2]
-    assert step3["actor/grad_norm"] > 1e-3 and step3["actor/pg_loss"] != 0  # rewards told samples apart
+    assert any(r["advantage"] for r in rows) and step3["actor/pg_loss"] != 0  # rewards told samples apart
     for key in ("actor/pg_loss", "actor/entropy", "actor/pg_clipfrac"):
         assert replayed[key] == pytest.approx(step3[key], rel=1e-4, abs=1e-7), key
 
