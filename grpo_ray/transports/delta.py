@@ -134,8 +134,11 @@ def payload_shapes(kind: int, count: int, numel: int, dtype: torch.dtype) -> lis
     return {DENSE: [(numel, dtype)], SPARSE: [(count, torch.int32), (count, dtype)], SAME: []}[kind]
 
 
-class Delta(Collective):
-    name = "delta"
+class Changes:
+    """What the delta transports share, mixed in before their medium's class (``Collective``, ``Storage``): the
+    copies (forgotten at every ``join``: the next push is whole), the planner's view of a push, and the send loop,
+    whose medium is ``put``."""
+
     finds_changes = True
 
     @classmethod
@@ -148,7 +151,7 @@ class Delta(Collective):
 
     def join(self, where: dict) -> None:
         super().join(where)
-        self.copies.forget()  # a new group (an engine replaced, a push failed): the next push is whole
+        self.copies.forget()  # connected again (an engine replaced, a push failed): the next push is whole
 
     def send(self, metas, fill, bucket_bytes, phases, device, version) -> int:
         sent, buckets = 0, plan_buckets(metas, bucket_bytes)
@@ -158,12 +161,26 @@ class Delta(Collective):
             fill(bucket, wire)
             with phases("delta"):  # the copy is kept on the host (a view of `wire` on CPU)
                 header, payload = self.copies.encode(k, wire.cpu(), metas, bucket, version)
-            with phases("wire"):  # a whole bucket goes from where it was filled
-                for t in [header, *([wire] if header[0] == DENSE else payload)]:
-                    self.group.broadcast(t.to(device)).wait()
+            with phases("wire"):
+                self.put(version, k, header, payload, wire)
             sent += header.nbytes + sum(t.nbytes for t in payload)
         self.stats = self.copies.stats
         return sent
+
+    def put(self, version: int, k: int, header: torch.Tensor, payload: list, wire: torch.Tensor) -> None:
+        """Send bucket `k`'s header and payload (`wire`: the bucket as filled, on the learner's device)."""
+        raise NotImplementedError
+
+    def __getstate__(self):  # the copies are this process's own: never pickled
+        return {**super().__getstate__(), "copies": Copies()}
+
+
+class Delta(Changes, Collective):
+    name = "delta"
+
+    def put(self, version, k, header, payload, wire) -> None:
+        for t in [header, *([wire] if header[0] == DENSE else payload)]:  # a whole bucket from where it was filled
+            self.group.broadcast(t.to(wire.device)).wait()
 
     def receive(self, metas, bucket_bytes, device, phases, version) -> Iterator[Bucket]:
         buckets = plan_buckets(metas, bucket_bytes)
@@ -180,9 +197,6 @@ class Delta(Collective):
             with phases("delta"):  # the copy is kept on the host
                 flat = self.copies.decode(k, header, payload, whole, metas, bucket, version)
             yield unflatten(flat, metas, bucket)
-
-    def __getstate__(self):  # the copies are this process's own: never pickled
-        return {**super().__getstate__(), "copies": Copies()}
 
 
 def sent_as(flat: torch.Tensor, changed: torch.Tensor | None) -> int:

@@ -12,46 +12,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import torch
-
 from grpo_ray.sync import plan_buckets, unflatten
 from grpo_ray.transports.base import Bucket
-from grpo_ray.transports.delta import DENSE, SPARSE, Copies, bytes_share
+from grpo_ray.transports.delta import DENSE, SPARSE, Changes
 from grpo_ray.transports.storage import Storage
 
 NAMES = {DENSE: ["flat"], SPARSE: ["index", "value"]}
 """A bucket file's payload tensors by how the bucket is sent (none when nothing changed), beside its header."""
 
 
-class DeltaStorage(Storage):
+class DeltaStorage(Changes, Storage):
     name = "delta_storage"
-    finds_changes = True
 
-    @classmethod
-    def bytes_share(cls, recipe) -> float:
-        return bytes_share(recipe)
-
-    def __init__(self, recipe):
-        super().__init__(recipe)
-        self.copies = Copies()
-
-    def join(self, where: dict) -> None:
-        super().join(where)
-        self.copies.forget()  # connect again (an engine replaced, a push failed): the next push is whole
-
-    def send(self, metas, fill, bucket_bytes, phases, device, version) -> int:
-        sent, buckets = 0, plan_buckets(metas, bucket_bytes)
-        self.copies.start(len(buckets))
-        for k, bucket in enumerate(buckets):
-            flat = torch.empty(sum(metas[i].numel for i in bucket), dtype=metas[bucket[0]].torch_dtype, device=device)
-            fill(bucket, flat)
-            with phases("delta"):
-                header, payload = self.copies.encode(k, flat.cpu(), metas, bucket, version)
-            with phases("wire"):
-                self.write(version, k, {"header": header, **dict(zip(NAMES.get(int(header[0]), []), payload))})
-            sent += header.nbytes + sum(t.nbytes for t in payload)
-        self.stats = self.copies.stats
-        return sent
+    def put(self, version, k, header, payload, wire) -> None:
+        self.write(version, k, {"header": header, **dict(zip(NAMES.get(int(header[0]), []), payload))})
 
     def receive(self, metas, bucket_bytes, device, phases, version) -> Iterator[Bucket]:
         buckets = plan_buckets(metas, bucket_bytes)
@@ -64,9 +38,6 @@ class DeltaStorage(Storage):
                 payload = [got[n] for n in NAMES.get(header[0], [])]
                 flat = self.copies.decode(k, header, payload, whole, metas, bucket, version)
             yield unflatten(flat.to(device), metas, bucket)
-
-    def __getstate__(self):  # the copies are this process's own: never pickled
-        return {**self.__dict__, "copies": Copies()}
 
 
 TRANSPORT = DeltaStorage
