@@ -164,3 +164,28 @@ def test_a_run_with_delta_pushes_trains_as_the_run_with_whole_ones(tmp_path):
             assert same and all(whole[k] == part[k] for k in same), [k for k in same if whole[k] != part[k]]
         first, *later = rows[name]  # the engines loaded the model from its files: the first push is whole
         assert first["sync/bytes_share"] > 1 and all(m["sync/bytes_share"] < 0.75 for m in later)
+
+
+@pytest.mark.slow
+def test_lora_adapters_go_as_deltas(tmp_path):
+    """model.lora with the adapters synced alone (vLLM's LoRA slot), pushed as deltas: the engines score the probe as
+    the learner does after every push, and the pushes after the first send what changed of the adapters."""
+    out = tmp_path / "lora"
+    res = run_cli(
+        "train",
+        "recipes/tiny-cpu.yaml",
+        "trainer.total_steps=3",
+        "trainer.save_freq=0",
+        "trainer.test_freq=0",
+        "trainer.val_before_train=false",
+        "model.lora.rank=4",
+        "model.lora.alpha=8",
+        "model.lora.sync=adapters",
+        "learner.optim.lr=1e-2",
+        "trainer.weight_transport=delta",
+        f"trainer.output_dir={out}",
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    first, *later = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert first["sync/bytes_share"] > 1 and first["sync/changed_share"] == 1.0  # whole (and its headers)
+    assert all(0 < m["sync/changed_share"] <= 1 and m["sync/logprob_diff"] < 1e-4 for m in [first, *later])
