@@ -416,8 +416,8 @@ def test_an_openenv_environment_answers_each_turn_through_the_adapter(engine_run
 AGENT = "recipes/tiny-qwen2.5-7b-gsm8k-agent.yaml"
 # random weights rarely end a turn, and never call the calculator (a turn without a call is its final answer):
 # stop strings they do write end turns after a few tokens, and Count (an OpenEnv environment of the user's,
-# tests/helpers/openenv_envs.py, played by the openenv adapter) answers every turn, a reward of 0.25 each, so
-# trajectories of more turns score more
+# tests/helpers/openenv_envs.py, played by the openenv adapter) answers every turn, a reward of 0.25 each and 0.01
+# a character, so trajectories of more turns, and longer ones, score more
 # (one optimizer step a step: a replay, whose optimizer starts fresh, then makes the same forward)
 AGENT_RUN = [
     "environment.name=openenv",
