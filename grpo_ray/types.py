@@ -28,7 +28,7 @@ class Prompt:
         """From a data row (grpo_ray.data schema) whose 'prompt_ids' were added by setup_run."""
         return cls(
             row["prompt_ids"],
-            row["reward_model"]["ground_truth"],
+            row["reward_model"]["ground_truth"] or "",  # none (data.answer_key ''): an environment's rows
             row["data_source"],
             row.get("extra_info") or {},
             uid,

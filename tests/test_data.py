@@ -59,6 +59,20 @@ def test_load_rows_errors_name_file_and_row(tmp_path):
         load_rows("synthetic://select?sise=3")
 
 
+def test_rows_with_no_ground_truth_load_with_an_empty_answer_key(tmp_path):
+    """An environment's rows (a game, a task the environment holds) may have no ground truth: refused with the way
+    out named, taken with data.answer_key='', and handed on as ""."""
+    from grpo_ray.types import Prompt
+
+    p = tmp_path / "games.jsonl"
+    p.write_text(json.dumps({"prompt": "Your move.", "data_source": "game"}) + "\n")
+    with pytest.raises(DataError, match="is missing or empty .rows with no ground truth.*data.answer_key=''"):
+        load_rows(str(p))
+    (row,) = load_rows(str(p), answer_key="")
+    assert row["prompt"] == [{"role": "user", "content": "Your move."}]
+    assert Prompt.from_row(0, {**row, "prompt_ids": [1]}).ground_truth == ""
+
+
 def test_plain_rows_under_other_keys_load_with_a_key_mapping(shared_data, tmp_path):
     """MATH-500 as it is ({problem, solution, answer, ...}): the prompt and answer keys named, no data_source."""
     path = str(shared_data / "math500" / "test.jsonl")

@@ -550,3 +550,30 @@ def test_an_import_failure_names_the_version_conflict_not_a_missing_package(tmp_
         "another package pinned (pip check names both)"
     )
     assert "env-lib-missing is not installed" in import_trouble("env-lib-missing", ImportError("x"))
+
+
+@pytest.mark.slow
+def test_an_environment_trains_on_rows_with_no_ground_truth(tmp_path):
+    """Rows with a prompt and no answer (data.answer_key=''), an environment as the only reward: the run trains,
+    its episodes rewarded by the environment."""
+    rows = tmp_path / "chat.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"Say {w}.", "data_source": "chat"}) + "\n" for w in "abcdefgh"))
+    out = tmp_path / "run"
+    res = run_cli(
+        "train",
+        AGENT,
+        f"data.train_files=[{rows}]",
+        "data.val_files=[]",
+        "data.answer_key=''",
+        "data.train_batch_size=4",
+        "environment.name=tests.helpers.envs:Echo",
+        "reward.functions=[]",
+        "trainer.total_steps=2",
+        "trainer.test_freq=0",
+        "trainer.val_before_train=false",
+        f"trainer.output_dir={out}",
+        cwd=ROOT,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in steps] == [1, 2] and all(m["env/reward/mean"] > 0 for m in steps)

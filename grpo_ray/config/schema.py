@@ -88,7 +88,8 @@ class DataConfig:
     data.prompt_key)."""
     answer_key: str = "reward_model.ground_truth"
     """Where a row's ground truth is (dotted for nested keys): text or a number, handed to the reward functions.
-    A row without a data_source takes its file's (or dataset's) name."""
+    Empty: the rows have none (an environment or reward that needs none: a game, a judge); they get "". A row
+    without a data_source takes its file's (or dataset's) name."""
     train_batch_size: int = 16
     """Prompts per step (each sampled algorithm.group_size times)."""
     max_prompt_length: int = 512

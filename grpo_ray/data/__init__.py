@@ -88,7 +88,10 @@ def row_problem(row: dict, prompt_key: str = PROMPT_KEY, answer_key: str = ANSWE
     if answer_key and truth is not None and not isinstance(truth, str):
         return f"'{answer_key}' (data.answer_key) must be text or a number, not a {type(truth).__name__}"
     if answer_key and (not isinstance(truth, str) or not truth.strip()):
-        return f"'{answer_key}' (data.answer_key) is missing or empty"
+        return (
+            f"'{answer_key}' (data.answer_key) is missing or empty (rows with no ground truth, where the environment "
+            "and rewards need none: data.answer_key='')"
+        )
     if not isinstance(row.get("data_source"), str):
         return "'data_source' is missing"
     return None
@@ -102,7 +105,10 @@ def load_rows(spec: str, prompt_key: str = PROMPT_KEY, answer_key: str = ANSWER_
     if spec.startswith(REASONING_GYM_SCHEME):
         from grpo_ray.data import reasoning_gym
 
-        return reasoning_gym.rows(spec)
+        try:
+            return reasoning_gym.rows(spec)
+        except ValueError as e:
+            raise DataError(f"{spec}: {e}") from None
     path = Path(spec)
     if (
         spec.startswith(HUB_SCHEME)

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 from urllib.parse import parse_qsl
 
-from grpo_ray.data import DataError
-
 
 def value(text: str):
     """A configuration value as written in a spec: an integer, a number, true/false, else the text."""
@@ -44,26 +42,25 @@ def library():
 
 
 def rows(spec: str) -> list[dict]:
-    """The rows of a ``reasoning_gym://task?size=N&seed=S&key=value`` spec; DataError naming what is wrong."""
+    """The rows of a ``reasoning_gym://task?size=N&seed=S&key=value`` spec; ValueError saying what is wrong (the
+    data layer says it as the spec's DataError)."""
     try:
         rg = library()
     except ImportError as e:
-        raise DataError(f"{spec}: {e}") from None
+        raise ValueError(str(e)) from None
     task, _, query = spec.removeprefix("reasoning_gym://").partition("?")  # (no URL: "_" is not a scheme's)
     task = task.strip("/")
     config = {k: value(v) for k, v in parse_qsl(query)}
     size, seed = config.pop("size", 1000), config.pop("seed", 0)
     if task not in rg.factory.DATASETS:
         near = sorted(n for n in rg.factory.DATASETS if n[:4] == task[:4]) or sorted(rg.factory.DATASETS)[:8]
-        raise DataError(
-            f"{spec}: no reasoning-gym task {task!r} (some of its {len(rg.factory.DATASETS)}: {', '.join(near)})"
-        )
+        raise ValueError(f"no reasoning-gym task {task!r} (some of its {len(rg.factory.DATASETS)}: {', '.join(near)})")
     try:
         dataset = rg.create_dataset(task, size=size, seed=seed, **config)
         entries = [dataset[i] for i in range(size)]
     except Exception as e:  # the task's own checks of its configuration: said as it says them
-        raise DataError(
-            f"{spec}: reasoning-gym's {task} refuses {config or 'its defaults'}: {type(e).__name__}: {e}"
+        raise ValueError(
+            f"reasoning-gym's {task} refuses {config or 'its defaults'}: {type(e).__name__}: {e}"
         ) from None
     return [
         {

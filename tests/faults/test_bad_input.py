@@ -421,7 +421,7 @@ CASES = {  # name: (recipe, overrides, what the message must say)
     "a name where a reward's mapping is expected": (
         RECIPE,
         ["reward.functions=[gsm8k]"],
-        "reward.functions[0]: expected a mapping of keys (name, weight, ...), got a value (gsm8k)",
+        "reward.functions[0]: expected a mapping of keys (name, weight, sources, ...), got a value (gsm8k)",
     ),
     "a dotted override into a list element": (
         RECIPE,
