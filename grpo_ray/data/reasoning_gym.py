@@ -31,23 +31,20 @@ def value(text: str):
 
 
 def library():
-    """reasoning_gym, or ImportError saying why it does not import (not installed, or a dependency's version)."""
+    """reasoning_gym, or ValueError saying why it does not import (not installed, or a dependency's version)."""
     try:
         import reasoning_gym
     except ImportError as e:
         from grpo_ray.envs.base import import_trouble
 
-        raise ImportError(import_trouble("reasoning-gym", e)) from None
+        raise ValueError(import_trouble("reasoning-gym", e)) from None
     return reasoning_gym
 
 
 def rows(spec: str) -> list[dict]:
     """The rows of a ``reasoning_gym://task?size=N&seed=S&key=value`` spec; ValueError saying what is wrong (the
     data layer says it as the spec's DataError)."""
-    try:
-        rg = library()
-    except ImportError as e:
-        raise ValueError(str(e)) from None
+    rg = library()
     task, _, query = spec.removeprefix("reasoning_gym://").partition("?")  # (no URL: "_" is not a scheme's)
     task = task.strip("/")
     config = {k: value(v) for k, v in parse_qsl(query)}

@@ -28,7 +28,7 @@ def score_one(
 
     components, errors, out_of_memory, failures = {}, 0, False, {}
     for name, sources, kwargs in functions:
-        if sources and extra.get("data_source") not in sources:
+        if not scores(sources, extra.get("data_source")):
             components[name] = math.nan
             continue
         value = math.nan
@@ -50,6 +50,12 @@ def score_one(
             value = 0.0
         components[name] = value
     return components, errors, out_of_memory, failures
+
+
+def scores(sources: list[str], data_source: str | None) -> bool:
+    """Whether a function of reward.functions whose `sources` are these scores a row of `data_source` (none named:
+    every row); as ``RewardFnConfig.scores`` says it of a recipe's function."""
+    return not sources or data_source in sources
 
 
 def failure_text(e: BaseException, ours: tuple[str, ...] = ()) -> str:

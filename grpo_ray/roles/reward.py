@@ -22,6 +22,7 @@ from grpo_ray import rewards
 from grpo_ray.algo.batching import Span, samples
 from grpo_ray.config import RewardConfig
 from grpo_ray.rewards import search_here, weighted_sum
+from grpo_ray.rewards.runner import scores
 from grpo_ray.rewards.sandbox import RewardChild
 from grpo_ray.roles import RoleActor, Seat, log_to_file
 from grpo_ray.types import Scores
@@ -131,7 +132,7 @@ class RewardWorker(RoleActor):
 
     def zeros(self, data_source: str) -> dict[str, float]:
         """The scores of a sample the child lost: 0, NaN from a function that does not score its source."""
-        return {name: 0.0 if not srcs or data_source in srcs else math.nan for name, srcs, _ in self.calls}
+        return {name: 0.0 if scores(srcs, data_source) else math.nan for name, srcs, _ in self.calls}
 
     def shutdown(self) -> None:
         self.child.close()
