@@ -129,6 +129,7 @@ def env_metrics(values: list[dict[str, list[float]]]) -> dict[str, float]:
         "env/tool_errors": t["tool_errors"],
         "env/errors": t["errors"],
         "env/timeouts": t["timeouts"],
+        "env/opening_mismatches": t["opening_mismatches"],
         "env/ended_by_turns": t["ended_by_turns"] / n,
         "env/ended_by_tokens": t["ended_by_tokens"] / n,
         "env/masked_share": 1 - t["model_tokens"] / max(t["tokens"], 1),

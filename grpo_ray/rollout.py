@@ -76,6 +76,44 @@ class Trajectory:
         )
 
 
+def done_future(value) -> Future:
+    """A future already holding `value`."""
+    f: Future = Future()
+    f.set_result(value)
+    return f
+
+
+def open_prompt(prompt: Prompt, opening: str, tokenizer, recipe) -> tuple[str, str]:
+    """Meet `prompt` (a row's) with its episode's opening observation: ("taken", "") where the row's prompt has
+    no user turn (it ends with its system message: the task's instructions) and the opening becomes it, `prompt`
+    rewritten in place as the data layer lays out a row; ("found", "") where the row's last user turn holds the
+    opening's text; else ("mismatch" or "long", what is wrong)."""
+    from grpo_ray.data import prompt_text
+
+    last = prompt.messages[-1] if prompt.messages else {"role": "user", "content": prompt.text}  # (none known)
+    if last.get("role") == "user":
+        if " ".join(opening.split()) in " ".join(str(last.get("content", "")).split()):
+            return "found", ""
+        return "mismatch", (
+            f"reset's opening {opening[:80]!r} is not in the row's prompt {str(last.get('content'))[:80]!r}: the "
+            "model would read one task and be scored on another (OpenEnv: options.reset_key passes the row's task "
+            "to reset; rows whose prompt ends with a system message take the opening as their user turn)"
+        )
+    d = recipe.data
+    messages = [*prompt.messages, {"role": "user", "content": opening}]
+    text = prompt_text(
+        tokenizer, {"prompt": messages}, d.response_prefix, recipe.model.chat_template_kwargs, d.system_prompt
+    )
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) > d.max_prompt_length:
+        return (
+            "long",
+            f"reset's opening makes a prompt of {len(ids)} tokens, over data.max_prompt_length={d.max_prompt_length}",
+        )
+    prompt.messages, prompt.text, prompt.ids = messages, text, ids
+    return "taken", ""
+
+
 def turn_seed(seed: int, sample: int, turn: int) -> int:
     """The sampling seed of one turn of one sample of a prompt (whose seed is `seed`): no history needed."""
     return int.from_bytes(hashlib.blake2b(f"{seed}/{sample}/{turn}".encode(), digest_size=4).digest(), "little")
@@ -90,6 +128,7 @@ class Episodes:
         self.llm, self.env = llm, e
         search_here(*code_dirs)  # before the children start: they are spawned with this sys.path
         tokenizer = llm.get_tokenizer()
+        self.tokenizer, self.recipe = tokenizer, recipe
         self.observations = Observations.of(tokenizer, e.role, recipe.model.chat_template_kwargs)
         self.decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
         self.children = [EnvChild(e.memory_mb, e.sandbox, (e.name, dict(e.options))) for _ in range(e.workers)]
@@ -123,14 +162,17 @@ class Episodes:
         ts = [Trajectory(0, seed, f"{key}/{j}", self.children[(key * n + j) % len(self.children)]) for j in range(n)]
         left, lock = [n], threading.Lock()
 
-        def guarded(fn):  # an error in a callback fails the group (the caller's result raises it), never lost
+        def fail(e: BaseException) -> None:  # an error in a callback fails the group (its result raises it)
+            with lock:
+                if not group.done():
+                    group.set_exception(e)
+
+        def guarded(fn):
             def run(t, future):
                 try:
                     fn(t, future.result())
                 except BaseException as e:
-                    with lock:
-                        if not group.done():
-                            group.set_exception(e)
+                    fail(e)
 
             return lambda t: lambda future: run(t, future)
 
@@ -160,9 +202,29 @@ class Episodes:
                 if left[0] == 0 and not group.done():
                     group.set_result([t.completion() for t in ts])
 
-        for t in ts:
-            self.pool.submit(self._reset, t, prompt).add_done_callback(answered(t))
+        self._open(prompt, ts, answered, fail)
         return group
+
+    def _open(self, prompt: Prompt, ts: list[Trajectory], answered, fail) -> None:
+        """Reset the group's episodes; once all have answered, its prompt meets their openings (``_opened``) and
+        each trajectory goes on (`answered`, with its reset's outcome); `fail` fails the group."""
+        resets, waiting, lock = [self.pool.submit(self._reset, t, prompt) for t in ts], [len(ts)], threading.Lock()
+
+        def reset(_) -> None:
+            with lock:
+                waiting[0] -= 1
+                if waiting[0]:
+                    return
+            try:
+                started = self._opened(prompt, ts, [f.result() for f in resets])
+            except BaseException as e:
+                fail(e)
+                return
+            for t, answer in zip(ts, started):
+                answered(t)(done_future(answer))
+
+        for f in resets:
+            f.add_done_callback(reset)
 
     def _turn_params(self, t: Trajectory, turn: int, sampling, budget: int):
         """vLLM's sampling parameters for `turn` of trajectory `t`: the recipe's sampling, at most what is left of
@@ -231,11 +293,42 @@ class Episodes:
             e.turns.append(step["observation"])
         return True
 
-    def _reset(self, t: Trajectory, p: Prompt) -> dict | None:
-        """Start the trajectory's episode: {} when started, None when the environment failed."""
+    def _reset(self, t: Trajectory, p: Prompt) -> str | None:
+        """Start the trajectory's episode: its opening observation ('' for none), None when the environment
+        failed."""
         t.generation = t.child.generation
         outcome, answer = self._call(t, ("reset", t.key, self.env.name, self.env.options, p.env_row()))
-        return {} if outcome == "ok" else None
+        return (answer or "") if outcome == "ok" else None
+
+    def _opened(self, prompt: Prompt, ts: list[Trajectory], openings: list[str | None]) -> list[dict | None]:
+        """The group's prompt after its episodes' openings (``environment.opening``), rewritten in place where an
+        opening becomes its user turn; per trajectory {} when it goes on, None when it failed (its reset, or an
+        opening the recipe refuses: the group's are then all refused)."""
+        given = [o for o in openings if o is not None]
+        if not any(given) or self.env.opening == "ignore":
+            return [None if o is None else {} for o in openings]
+        first, other = given[0], next((o for o in given if o != given[0]), None)
+        if other is not None:
+            outcome, why = (
+                "differ",
+                (
+                    f"its episodes opened differently ({first[:60]!r}, {other[:60]!r}): an environment draws its task "
+                    "from the row (a seed in its extra_info), so that a group answers one prompt"
+                ),
+            )
+        else:
+            outcome, why = open_prompt(prompt, first, self.tokenizer, self.recipe)
+        refused = outcome in ("differ", "long") or outcome == "mismatch" and self.env.opening == "check"
+        for t, o in zip(ts, openings):
+            if o is None:
+                continue
+            if refused:
+                self._failed(t, "error", why)
+                self.pool.submit(t.child.run, ("drop", t.key), self.env.timeout_s)
+            elif outcome == "mismatch":
+                t.episode.opening_mismatch = True
+                self._failed(t, "opening", why, ends=False)
+        return [None if o is None or refused else {} for o in openings]
 
     def _step(self, t: Trajectory, turn: str, cut: bool = False) -> dict | None:
         """The environment's answer to the trajectory's last turn (`cut`: at the token limit, its last); None when
@@ -254,13 +347,16 @@ class Episodes:
             self._failed(t, outcome, answer if outcome == "error" else f"{call[0]} {FAILED[outcome]}")
         return outcome, answer
 
-    def _failed(self, t: Trajectory, outcome: str, text: str) -> bool:
-        """End the trajectory on an environment failure; its first of each kind is shown once per engine."""
-        t.episode.failure = t.episode.ended = "error" if outcome in ("lost", "died", "memory") else outcome
+    def _failed(self, t: Trajectory, outcome: str, text: str, ends: bool = True) -> bool:
+        """End the trajectory on an environment failure (unless not `ends`: a mismatched opening, counted); its
+        first of each kind is shown once per engine."""
+        if ends:
+            t.episode.failure = t.episode.ended = "error" if outcome in ("lost", "died", "memory") else outcome
         if outcome not in self.reported:
             self.reported.add(outcome)
             self.unsent[outcome] = f"in trajectory {t.key}:\n{text}"
-            print(f"environment {self.env.name} failed ({outcome}) in trajectory {t.key}:\n{text}", file=sys.stderr)
+            what = "failed " if ends else ""
+            print(f"environment {self.env.name} {what}({outcome}) in trajectory {t.key}:\n{text}", file=sys.stderr)
         return False
 
     def new_failures(self) -> dict[str, str]:
@@ -286,6 +382,7 @@ def episode_values(completions: list[Completion]) -> dict[str, list[float]]:
             "errors": c.episode.failure == "error",
             "timeouts": c.episode.failure == "timeout",
             "seconds": c.episode.seconds,
+            "opening_mismatches": c.episode.opening_mismatch,
             "ended_by_turns": c.episode.ended == "turns",
             "ended_by_tokens": c.episode.ended in ("tokens", "length"),
             "model_tokens": sum(c.mask),

@@ -224,9 +224,12 @@ class Runner:
         env = self.r.environment.name
         for s in stats:
             for kind, text in s.failures.items():
-                self.show_first(
-                    f"environment {env} ({kind})", "counted in env/errors and env/timeouts", GENERATOR, text
+                counted = (
+                    "counted in env/opening_mismatches"
+                    if kind == "opening"
+                    else "counted in env/errors and env/timeouts"
                 )
+                self.show_first(f"environment {env} ({kind})", counted, GENERATOR, text)
         values = [s.env for s in stats if s.env]
         if counted and values:
             failed = sum(sum(v["errors"]) + sum(v["timeouts"]) for v in values)

@@ -261,6 +261,17 @@ def try_environment(recipe: Recipe, tokenizer, row: dict) -> None:
     if outcome != "ok":
         why = answer.rstrip().splitlines()[-1] if outcome == "error" else outcome
         raise RecipeError(f"environment.name={e.name!r}: starting an episode on the first training row failed: {why}")
+    if answer and e.opening != "ignore":  # its opening observation meets the row's prompt as the engines' will
+        from grpo_ray.rollout import open_prompt
+
+        outcome, why = open_prompt(p, answer, tokenizer, recipe)
+        if outcome == "long" or outcome == "mismatch" and e.opening == "check":
+            raise RecipeError(f"environment.name={e.name!r}: on the first training row, {why}")
+        if outcome == "mismatch":
+            print(
+                f"warning: environment.name={e.name!r}: on the first training row, {why}; counted in "
+                "env/opening_mismatches (environment.opening=check makes it an error, =ignore leaves openings unused)"
+            )
 
 
 def teacher_base(recipe: Recipe, tokenizer) -> str:

@@ -89,6 +89,8 @@ class Episode:
     (environment.max_tokens), "length" (a turn cut at sampling.max_tokens) or the failure."""
     seconds: float = 0.0
     """Time spent in the environment's calls."""
+    opening_mismatch: bool = False
+    """Its reset's opening observation was not found in the row's prompt (``environment.opening``: counted)."""
 
 
 @dataclass

@@ -166,6 +166,63 @@ def test_a_failing_environment_costs_its_episode_not_the_process_that_runs_it(ch
     assert child.run(("reset", "k", "guess", {}, {"ground_truth": "3"}), 5) == ("ok", None)  # it serves again
 
 
+def test_reset_may_return_the_opening_observation_as_text(child):
+    """An environment's reset answers its opening (or None); anything but text fails the episode, saying so."""
+    assert child.run(("reset", "o", "tests.helpers.envs:Opening", {}, {"extra_info": {"seed": 4}}), 5) == (
+        "ok",
+        "Guess my number, seed 4.",
+    )
+    outcome, text = child.run(("reset", "b", "tests.helpers.envs:NotText", {}, {}), 5)
+    assert outcome == "error" and "reset() returned dict \"{'board': 'x.o'}\": expected the opening" in text
+
+
+def test_an_opening_is_the_prompts_user_turn_or_is_found_in_the_rows(tokenizers):
+    """A row of instructions alone (a system message) takes the opening as its user turn, laid out as the data
+    layer lays out a row (system prompt, template, response prefix); a row with a user turn must hold it; an
+    opening that makes the prompt too long is refused."""
+    from grpo_ray.data import prompt_text
+    from grpo_ray.rollout import open_prompt
+    from grpo_ray.types import Prompt
+
+    tok = tokenizers["qwen2"]
+    r = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", ["data.response_prefix=<think>", "data.max_prompt_length=60"])
+    rules = [{"role": "system", "content": "Play tic-tac-toe."}]
+    p = Prompt([1, 2], "", "game", messages=rules)
+    assert open_prompt(p, "Board: x.o", tok, r) == ("taken", "")
+    assert p.messages == [*rules, {"role": "user", "content": "Board: x.o"}]
+    assert p.text == prompt_text(tok, {"prompt": p.messages}, "<think>") and p.text.endswith("<think>")
+    assert p.ids == tok(p.text, add_special_tokens=False)["input_ids"]
+    assert open_prompt(p, "Board:  x.o", tok, r) == ("found", "")  # asked again (a group generated again)
+    asked = Prompt([1], "7", "gsm8k", messages=[{"role": "user", "content": "Mia has 7 pears. How many?"}])
+    assert open_prompt(asked, "Mia has 7\npears.", tok, r) == ("found", "")
+    outcome, why = open_prompt(asked, "Tom has 3 figs.", tok, r)
+    assert outcome == "mismatch" and "'Tom has 3 figs.' is not in the row's prompt 'Mia has 7" in why
+    assert asked.ids == [1]  # left as it was
+    long = Prompt([1], "", "game", messages=rules)
+    outcome, why = open_prompt(long, "x " * 100, tok, r)
+    assert outcome == "long" and why.endswith("over data.max_prompt_length=60") and long.messages == rules
+
+
+def test_an_opening_not_in_the_first_rows_prompt_is_said_before_start(tokenizers, capsys):
+    """The check before start resets an episode on the first row: an opening the row's prompt does not hold is
+    a warning line (environment.opening=check: an error, the sweep's case; =ignore: nothing); a row of
+    instructions takes it silently."""
+    from grpo_ray.setup_run import try_environment
+
+    sys.path.insert(0, str(ROOT))
+    r = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", ["environment.name=tests.helpers.envs:Opening"])
+    row = {"prompt": [{"role": "user", "content": "Mia has 7 pears."}], "reward_model": {"ground_truth": "7"}}
+    row["data_source"] = "gsm8k"
+    try_environment(r, tokenizers["qwen2"], row)
+    said = capsys.readouterr().out
+    assert said.startswith("warning: environment.name='tests.helpers.envs:Opening': on the first training row, ")
+    assert "counted in env/opening_mismatches (environment.opening=check makes it an error" in said
+    try_environment(r, tokenizers["qwen2"], {**row, "prompt": [{"role": "system", "content": "Play."}]})
+    r.environment.opening = "ignore"
+    try_environment(r, tokenizers["qwen2"], row)
+    assert capsys.readouterr().out == ""
+
+
 def test_every_end_of_an_episode_closes_it_and_a_cut_turn_is_stepped_as_truncated(tmp_path):
     """close() at every end: done, dropped (the turn or token limit), a step or reset that raised, a cut turn (its
     step told truncated=True where it takes the keyword, plain otherwise), and the process's shutdown."""
@@ -255,14 +312,16 @@ def test_openenv_environments_run_through_the_adapter_in_the_sandbox(openenv_ech
     """The `openenv` adapter plays OpenEnv environments in an environment process (the sandbox on): the library's
     echo example (the turn is the action's text; its observation and reward come back) and an MCP environment
     with a FastMCP tool (the turn is the action's JSON; a turn that is not a valid action is answered with why,
-    counted as a tool error; constructor and per-episode reset arguments reach it)."""
+    counted as a tool error; constructor and per-episode reset arguments reach it; reset's observation is the
+    opening)."""
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(openenv_echo))
     echo = {"env": ECHO, "observation_field": "echoed_message"}
     multiply = {**openenv_options(*MULTIPLY), "kwargs": {"scale": 2}, "reset_key": "task"}
     child = EnvChild(1024, sandbox=True, preload=("openenv", multiply))
     try:
-        assert child.run(("reset", "e", "openenv", echo, {}), 10) == ("ok", None)
+        # its reset's observation is the episode's opening (one with no text field opens with nothing)
+        assert child.run(("reset", "e", "openenv", echo, {}), 10) == ("ok", "Echo Env environment ready!")
         outcome, step = child.run(("step", "e", "pears, 7 of them"), 10)
         assert (outcome, step["observation"], step["reward"], step["done"]) == ("ok", "pears, 7 of them", 1.6, False)
         outcome, step = child.run(("step", "e", "7"), 10)
@@ -314,11 +373,13 @@ def test_openenv_options_are_checked_before_start(openenv_echo):
 @pytest.fixture(scope="module")
 def engine_runs(openenv_echo):
     """Multi-turn rollouts on a vLLM engine per family (Echo: an observation each turn, done never; Raise: fails
-    at the first step; Flood: a million characters; OpenEnv's echo example through the adapter), in one
+    at the first step; Flood: a million characters; OpenEnv's echo example through the adapter; Opening: a game
+    whose task is its opening, and Drifting, one that opens each episode alike with its own draw), in one
     process."""
     cases = [[arch, "tests.helpers.envs:Echo", []] for arch in ARCHS]
     cases += [["qwen2", f"tests.helpers.envs:{e}", []] for e in ("Raise", "Flood")]
     cases += [["qwen2", "tests.helpers.envs:Echo", ["environment.stop=[e,a]"]]]  # turns ended by stop strings
+    cases += [["qwen2", f"tests.helpers.envs:{e}", []] for e in ("Opening", "Drifting")]  # rows of instructions
     echo = [f"environment.options.env={ECHO}", "environment.options.observation_field=echoed_message"]
     cases += [["qwen2", "openenv", [*echo, "environment.max_tokens=96", "environment.timeout_s=60"]]]
     env = {
@@ -411,6 +472,35 @@ def test_an_openenv_environment_answers_each_turn_through_the_adapter(engine_run
         assert episode["failure"] == "" and (0 in c["mask"]) == bool(answers)
         several += len(model) > 1
     assert several >= 2
+
+
+@pytest.mark.slow
+def test_an_environments_opening_is_the_prompt_its_group_answers(engine_runs):
+    """Rows of instructions alone: each group's prompt is its row's with the game's opening as the user turn, as
+    the template lays it out, and that is what the engine was given and what the rollout hands on. A group whose
+    episodes open differently (a draw not made from the row) is refused, said once; the echo example's greeting,
+    not found in the rows' questions, is counted on every trajectory."""
+    runs, stderr = engine_runs
+    run = runs[("qwen2", "Opening")]
+    r = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml")
+    tok = models.load_tokenizer(
+        models.resolve("tiny://qwen2?layers=1&hidden=64&heads=2&kv_heads=1&intermediate=128&vocab=400&seed=0"), r.model
+    )
+    for i, (ids, messages) in enumerate(zip(run["prompts"], run["messages"])):
+        assert messages == [
+            {"role": "system", "content": "Play."},
+            {"role": "user", "content": f"Guess my number, seed {i}."},
+        ]
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        assert ids == tok.encode(text + r.data.response_prefix, add_special_tokens=False)
+    requests = {r["request"]: r for r in run["engine"]}
+    for n, c in enumerate(run["completions"]):
+        assert requests[f"{n // 3}/{n % 3}/0"]["prompt_ids"] == run["prompts"][c["prompt"]]
+        assert c["episode"]["failure"] == "" and not c["episode"]["opening_mismatch"]
+    assert all(c["episode"]["failure"] == "error" for c in runs[("qwen2", "Drifting")]["completions"])
+    assert stderr.count("its episodes opened differently") == 1
+    assert all(c["episode"]["opening_mismatch"] for c in runs[("qwen2", "openenv")]["completions"])
+    assert "environment openenv (opening) in trajectory" in stderr
 
 
 AGENT = "recipes/tiny-qwen2.5-7b-gsm8k-agent.yaml"

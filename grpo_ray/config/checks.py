@@ -37,6 +37,7 @@ CHOICES = {
     "trainer.log_level": ("info", "debug"),
     "trainer.wandb_mode": ("", "online", "offline", "disabled"),
     "trainer.early_stop.mode": ("max", "min"),
+    "environment.opening": ("prompt", "check", "ignore"),
 }
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 ENGINE_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)

@@ -215,6 +215,12 @@ class EnvironmentConfig:
     """Environment processes per engine: calls of different trajectories run at once on as many."""
     max_observation_chars: int = 8192
     """An observation longer than this ends its trajectory, counted in env/errors (a tool flooding its output)."""
+    opening: str = "prompt"
+    """What an environment's opening observation (what ``reset`` returns: a game's board, a taskset's task) does:
+    ``prompt``: it is the prompt's last user turn where the row's prompt has none (ends with its system message),
+    and where the row has one it must be found in it, a mismatch counted in env/opening_mismatches and the first
+    shown (the model read the row's prompt); ``check``: a mismatch is an error (before start, on the first row;
+    then, in env/errors); ``ignore``: openings are not used."""
 
 
 @dataclass

@@ -15,6 +15,9 @@ reads each of the model's turns as text and answers with a ``Step``::
                 return Step(reward=1.0, done=True)
             return Step("higher" if ... else "lower")
 
+``reset`` may return text, the episode's opening observation: the prompt's user turn for rows that have none
+(a game's board), else checked against the row's (``environment.opening``, ``grpo_ray.rollout.open_prompt``).
+
 A recipe names one by a built-in name (``known()``) or ``module:Class`` (``environment.name``), like reward
 functions. The generator runs each trajectory turn by turn (``grpo_ray.rollout``): the model's tokens as
 sampled, then the observation's tokens as the chat template lays out a message of ``environment.role``, up to

@@ -34,9 +34,11 @@ class Environment:
     def __init__(self, options: pydantic.BaseModel):
         self.options = options
 
-    def reset(self, row: dict) -> None:
+    def reset(self, row: dict) -> str | None:
         """Start an episode on the prompt's data row: ``ground_truth``, ``data_source``, ``extra_info``, ``prompt``
-        (the text the model is given, templated) and ``messages`` (the row's chat messages)."""
+        (the text the model is given, templated) and ``messages`` (the row's chat messages). It may return the
+        opening observation (a game's board, a task it holds): the prompt's user turn where the row's prompt has
+        none, else checked against it (``environment.opening``). The episodes of one group must open alike."""
 
     def step(self, turn: str) -> Step:
         """The answer to the model's turn (its text, decoded, end of turn not included). A turn cut at the token

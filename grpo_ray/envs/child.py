@@ -62,8 +62,8 @@ def close(episodes: dict, key: str) -> None:
 
 
 def handle(call: tuple, episodes: dict):
-    """("reset", key, name, options, row) -> None; ("step", key, turn[, truncated]) -> Step's fields as a dict;
-    ("drop", key) -> None. An episode is closed when it is done, dropped or fails."""
+    """("reset", key, name, options, row) -> the opening observation or None; ("step", key, turn[, truncated]) ->
+    Step's fields as a dict; ("drop", key) -> None. An episode is closed when it is done, dropped or fails."""
     import inspect
 
     from grpo_ray.envs import Step, load, options
@@ -74,8 +74,13 @@ def handle(call: tuple, episodes: dict):
         cls = load(name)
         env = cls(options(cls, given))
         episodes[key] = env  # held from here: a reset that raises is closed too
-        env.reset(row)
-        return None
+        opening = env.reset(row)
+        if opening is not None and not isinstance(opening, str):
+            raise TypeError(
+                f"reset() returned {type(opening).__name__} {str(opening)[:80]!r}: expected the opening observation's "
+                "text or None"
+            )
+        return opening
     if kind == "drop":
         close(episodes, key)
         return None

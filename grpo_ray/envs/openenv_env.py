@@ -6,8 +6,10 @@ and observation pydantic models, the observation carrying ``reward`` and ``done`
 adapter plays one such environment per episode:
 
 - ``reset``: the OpenEnv environment is made with ``options.kwargs`` and reset (with the row's
-  ``extra_info[options.reset_key]`` as keyword arguments when that option is set); its first observation is not
-  shown (the prompt comes from the data row, as for every environment here).
+  ``extra_info[options.reset_key]`` as keyword arguments when that option is set); its first observation, where it
+  has text, is the episode's opening (``environment.opening``): the prompt's user turn for rows that have none
+  (env-first environments: a game, a task the environment draws), else checked against the row's, so that an
+  environment reset on another task than the row's is seen.
 - ``step``: the model's turn becomes the environment's action: the text itself in ``options.action_field`` (by
   default the action's only text field), or, when the action has other fields, the turn read as the action's
   JSON. A turn that is not a valid action is answered with the validation error (``env/tool_errors``), and the
@@ -104,14 +106,17 @@ class OpenEnv(Environment):
             self._classes = cls, act
             return self
 
-    def reset(self, row: dict) -> None:
+    def reset(self, row: dict) -> str | None:
         cls, self.action_cls = self.options._classes
         self.env = cls(**self.options.kwargs)
         key = self.options.reset_key
         kwargs = (row.get("extra_info") or {}).get(key) if key else {}
         if not isinstance(kwargs, dict):
             raise TypeError(f"extra_info[{key!r}] is {type(kwargs).__name__}: expected a dict of reset arguments")
-        self.env.reset(**kwargs)
+        obs = self.env.reset(**kwargs)
+        if inspect.isawaitable(obs):
+            raise TypeError(f"{cls.__name__}.reset is async: the adapter calls reset() synchronously")
+        return self.text(obs) if obs is not None and obs.model_dump(exclude=RESERVED) else None
 
     def step(self, turn: str) -> Step:
         try:

@@ -376,6 +376,11 @@ CASES = {  # name: (recipe, overrides, what the message must say)
         ["learner.num_cpus=4096"],
         "the local Ray cluster a run starts here (this machine) cannot hold the recipe's pools",
     ),
+    "an environment that opens on another task than the row's": (
+        RECIPE,
+        ["environment.name=tests.helpers.envs:Opening", "environment.max_tokens=64", "environment.opening=check"],
+        "on the first training row, reset's opening 'Guess my number, seed 0.' is not in the row's prompt",
+    ),
     "an environment class without step": (
         RECIPE,
         ["environment.name=tests.helpers.envs:NoStep", "environment.max_tokens=64"],

@@ -101,3 +101,26 @@ class Closing(Echo):
         if self.mark:
             with open(self.mark, "w") as f:
                 f.write(self.name)
+
+
+class Opening(Echo):
+    """An env-first game: its task is its opening observation (drawn from the row's seed, alike in a group)."""
+
+    def reset(self, row):
+        super().reset(row)
+        return f"Guess my number, seed {(row.get('extra_info') or {}).get('seed', 0)}."
+
+
+class Drifting(Echo):
+    """Opens each episode with a task of its own drawing, not the row's: its groups cannot share one prompt."""
+
+    def reset(self, row):
+        import random
+
+        super().reset(row)
+        return f"Guess my number, seed {random.random()}."
+
+
+class NotText(Echo):
+    def reset(self, row):
+        return {"board": "x.o"}

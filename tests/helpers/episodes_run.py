@@ -64,21 +64,15 @@ if __name__ == "__main__":
         llm.llm_engine.step = recording_step.__get__(llm.llm_engine)
         bias = {} if recipe.environment.stop else {tok.eos_token_id: 4.0}  # stop strings end turns by themselves
         vllm.SamplingParams = lambda **kw: params(**kw, logit_bias=bias)  # noqa: B023
+        env_first = env.endswith(("Opening", "Drifting"))  # rows of instructions: the opening is the task
+        chats = [
+            [{"role": "system", "content": "Play."}] if env_first else [{"role": "user", "content": q}]
+            for q, _ in QUESTIONS
+        ]
+        texts = [tok.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in chats]
         prompts = [
-            Prompt(
-                tok.encode(
-                    tok.apply_chat_template(
-                        [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False
-                    ),
-                    add_special_tokens=False,
-                ),
-                truth,
-                "synthetic/select",
-                {},
-                i,
-                q,
-            )
-            for i, (q, truth) in enumerate(QUESTIONS)
+            Prompt(tok.encode(t, add_special_tokens=False), truth, "synthetic/select", {"seed": i}, i, t, m)
+            for i, ((_, truth), t, m) in enumerate(zip(QUESTIONS, texts, chats))
         ]
         episodes = Episodes(engines[arch], recipe, [str(ROOT)])
         completions = episodes.run(prompts, 3, [11, 12], recipe.generator.sampling)
@@ -89,6 +83,7 @@ if __name__ == "__main__":
                 "env": env,
                 "overrides": overrides,
                 "prompts": [p.ids for p in prompts],
+                "messages": [p.messages for p in prompts],
                 "completions": [dataclasses.asdict(c) for c in completions],
                 "engine": turns,
                 "observation_ids": {k: episodes.observations.ids(f"turn {k}") for k in (1, 2)},
