@@ -199,11 +199,13 @@ def validation_metrics(
     sources: list[str], totals: list[float], n: int, perfect: float | Callable[[str], float]
 ) -> dict[str, float]:
     """val/<data_source>/pass@1, and pass@n when n > 1; a sample passes with the full combined reward (`perfect`:
-    the same for every source, or the source's)."""
+    the same for every source, or the source's), or, where no reward function scores its source (an environment
+    is the reward: a game), with a positive one."""
     correct: dict[str, list[int]] = defaultdict(list)
     for i, source in enumerate(sources):
         full = perfect(source) if callable(perfect) else perfect
-        correct[source].append(sum(t >= full - 1e-9 for t in totals[i * n : (i + 1) * n]))
+        passed = (lambda t: t >= full - 1e-9) if full > 0 else (lambda t: t > 0)  # noqa: B023
+        correct[source].append(sum(passed(t) for t in totals[i * n : (i + 1) * n]))
     out = {}
     for source, counts in correct.items():
         out[f"val/{source}/pass@1"] = statistics.fmean(perf.pass_at_k(n, c, 1) for c in counts)

@@ -21,6 +21,8 @@ A row is a dict::
   grpo_ray.data.synthetic);
 - a reasoning-gym task, ``reasoning_gym://basic_arithmetic?size=N&seed=S&<its config>`` (grpo_ray.data.reasoning_gym,
   with its reward ``reasoning_gym``);
+- a TextArena game, ``textarena://GuessTheNumber-v0?size=N&seed=S`` (grpo_ray.data.textarena: games to play, for
+  ``environment.name=textarena``);
 
 and checks each row, naming the file and row of the first bad one. The prompt and the ground truth may sit under
 other keys (``data.prompt_key``, ``data.answer_key``, dotted for nested ones, like verl's ``data.prompt_key``); a
@@ -39,6 +41,7 @@ from grpo_ray.errors import UserError
 SYNTHETIC_SCHEME = "synthetic://"
 HUB_SCHEME = "hf://"
 REASONING_GYM_SCHEME = "reasoning_gym://"
+TEXTARENA_SCHEME = "textarena://"
 PROMPT_KEY, ANSWER_KEY = "prompt", "reward_model.ground_truth"
 
 
@@ -102,11 +105,11 @@ def load_rows(spec: str, prompt_key: str = PROMPT_KEY, answer_key: str = ANSWER_
     prompt at `prompt_key` and the ground truth at `answer_key`; DataError names the first bad row."""
     if spec.startswith(SYNTHETIC_SCHEME):
         return _synthetic(spec)
-    if spec.startswith(REASONING_GYM_SCHEME):
-        from grpo_ray.data import reasoning_gym
+    if spec.startswith((REASONING_GYM_SCHEME, TEXTARENA_SCHEME)):
+        from grpo_ray.data import reasoning_gym, textarena
 
         try:
-            return reasoning_gym.rows(spec)
+            return (reasoning_gym if spec.startswith(REASONING_GYM_SCHEME) else textarena).rows(spec)
         except ValueError as e:
             raise DataError(f"{spec}: {e}") from None
     path = Path(spec)

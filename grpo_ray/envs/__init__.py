@@ -39,6 +39,7 @@ from grpo_ray.envs.base import Environment, Step, import_class
 from grpo_ray.envs.builtin import Calculator, Guess
 from grpo_ray.envs.openenv_env import OpenEnv
 from grpo_ray.envs.skyrl_gym_env import SkyRLGym
+from grpo_ray.envs.textarena_env import TextArena
 from grpo_ray.errors import UserError
 
 __all__ = ["Environment", "Step", "EnvironmentLoadError", "known", "load", "options", "modules", "check"]
@@ -50,7 +51,7 @@ class EnvironmentLoadError(UserError):
 
 def known() -> dict[str, type[Environment]]:
     """The built-in environments by name."""
-    return {"calculator": Calculator, "guess": Guess, "openenv": OpenEnv, "skyrl_gym": SkyRLGym}
+    return {"calculator": Calculator, "guess": Guess, "openenv": OpenEnv, "skyrl_gym": SkyRLGym, "textarena": TextArena}
 
 
 def load(name: str) -> type[Environment]:
@@ -92,11 +93,13 @@ def options(cls: type, given: dict) -> pydantic.BaseModel:
 
 
 def modules(e) -> list[str]:
-    """The ``module:Class`` names environment config `e` imports: its name's, or what the openenv adapter plays
-    (the generators import them from where the driver found them)."""
+    """The ``module:Class`` names environment config `e` imports: its name's, what the openenv adapter plays, the
+    textarena adapter's opponent (the generators import them from where the driver found them)."""
     names = [e.name]
     if e.name == "openenv":
         names = [e.options.get("env") or "", e.options.get("action") or ""]
+    if e.name == "textarena":
+        names = [e.options.get("opponent") or ""]
     return [n for n in names if ":" in n]
 
 
