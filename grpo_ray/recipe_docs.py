@@ -15,7 +15,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from grpo_ray import config
-from grpo_ray.config import jobs, schema, scorers
+from grpo_ray.config import envs, jobs, schema, scorers
 
 
 @dataclass
@@ -29,9 +29,9 @@ class Key:
 @cache
 def field_docs() -> dict[tuple[str, str], str]:
     """(class name, field name) -> the docstring written under the field in grpo_ray/config/ (schema.py, scorers.py,
-    jobs.py)."""
+    jobs.py, envs.py)."""
     docs = {}
-    trees = [ast.parse(inspect.getsource(m)) for m in (schema, scorers, jobs)]
+    trees = [ast.parse(inspect.getsource(m)) for m in (schema, scorers, jobs, envs)]
     for cls in (n for tree in trees for n in tree.body if isinstance(n, ast.ClassDef)):
         body = cls.body
         for a, b in itertools.pairwise(body):

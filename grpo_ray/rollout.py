@@ -29,6 +29,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from grpo_ray.engine_loop import EngineLoop
+from grpo_ray.envs import played
 from grpo_ray.envs.child import EnvChild
 from grpo_ray.envs.template import Observations
 from grpo_ray.rewards import search_here
@@ -131,7 +132,9 @@ class Episodes:
         self.tokenizer, self.recipe = tokenizer, recipe
         self.observations = Observations.of(tokenizer, e.role, recipe.model.chat_template_kwargs)
         self.decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-        self.children = [EnvChild(e.memory_mb, e.sandbox, (e.name, dict(e.options))) for _ in range(e.workers)]
+        self.played = played(e)
+        """Each environment by its label ("": environment.name's, for rows that choose none)."""
+        self.children = [EnvChild(e.memory_mb, e.sandbox, list(self.played.values())) for _ in range(e.workers)]
         self.pool = ThreadPoolExecutor(max_workers=2 * e.workers, thread_name_prefix="env")
         self.reported: set[str] = set()
         self.keys = itertools.count()
@@ -297,7 +300,8 @@ class Episodes:
         """Start the trajectory's episode: its opening observation ('' for none), None when the environment
         failed."""
         t.generation = t.child.generation
-        outcome, answer = self._call(t, ("reset", t.key, self.env.name, self.env.options, p.env_row()))
+        name, given = self.played[p.env_choice]
+        outcome, answer = self._call(t, ("reset", t.key, name, given, p.env_row()))
         return (answer or "") if outcome == "ok" else None
 
     def _opened(self, prompt: Prompt, ts: list[Trajectory], openings: list[str | None]) -> list[dict | None]:

@@ -10,11 +10,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grpo_ray import models, rewards, rundir, transports
+from grpo_ray import models, rundir, transports
 from grpo_ray.config import KINDS, REWARD_MODEL, TEACHER, Recipe, RecipeError, dump_recipe, recipe_yaml
-from grpo_ray.data import DataError, checked, load_rows, prompt_text
+from grpo_ray.data import DataError, checked, dotted, load_rows, prompt_text
 from grpo_ray.data.targets import RM_IDS, rm_tokens, target_tokens
 from grpo_ray.dims import ModelDims, model_dims
+from grpo_ray.preflight import check_algorithm, check_sources, load_rewards, reward_child, try_environment, try_rewards
 from grpo_ray.rewards.learned import STYLED
 
 
@@ -119,12 +120,33 @@ def usable_rows(
             got = _rows_of(spec, tokenizer, recipe, command, pieces)
             checked.save(name, *got)
         some, dropped[spec], first = got
+        some = choose_environments(recipe, some, spec, exact=not dropped[spec])
         rows += some
         if first and first_dropped is not None and not first_dropped:
             first_dropped.append(first)
         if dropped[spec] and not rows:
             raise DataError(f"{spec}: every prompt is longer than {_limits(recipe, command)}")
     return rows
+
+
+def choose_environments(recipe: Recipe, rows: list[dict], spec: str, exact: bool) -> list[dict]:
+    """With environment.choices, each row with its ``env_choice``: the label its ``environment.row_key`` names ("":
+    none, environment.name's); a label not among the choices is a DataError naming the row (`exact`: the rows are
+    the file's, none dropped, so their index is its row)."""
+    e = recipe.environment
+    if not e.choices:
+        return rows
+    out = []
+    for i, row in enumerate(rows):
+        label = dotted(row, e.row_key)
+        if label not in (None, "") and str(label) not in e.choices:
+            where = f"{spec} row {i}" if exact else f"{spec} (usable row {i})"
+            raise DataError(
+                f"{where}: {e.row_key}={label!r} is none of environment.choices ({', '.join(e.choices)}); a row "
+                "that names none plays environment.name"
+            )
+        out.append({**row, "env_choice": "" if label in (None, "") else str(label)})
+    return out
 
 
 def _rows_of(spec: str, tokenizer, recipe: Recipe, command: str, pieces: dict) -> tuple[list[dict], int, str]:
@@ -155,123 +177,6 @@ def _rows_of(spec: str, tokenizer, recipe: Recipe, command: str, pieces: dict) -
 def _limits(recipe: Recipe, command: str) -> str:
     """The limits a row of `command` is measured against, as a user reads them."""
     return f"data.max_prompt_length={recipe.data.max_prompt_length}" + JOBS[command].limit(recipe)
-
-
-def load_rewards(recipe: Recipe, recipe_dir: Path | None) -> None:
-    """Every reward function loads: modules and files are looked for in the working directory, then the recipe's
-    folder; a file form's path is made absolute in the recipe (config.yaml records the file that ran)."""
-    dirs = [Path.cwd()] + ([recipe_dir] if recipe_dir else [])
-    rewards.search_here(*dirs)
-    for i, fn in enumerate(recipe.reward.functions):
-        try:
-            if rewards.is_file(fn.name):
-                fn.name = rewards.resolve_file(fn.name, dirs)
-            rewards.load(fn.name)
-        except rewards.RewardLoadError as e:
-            raise RecipeError(f"reward.functions[{i}].name: {e}") from None
-
-
-def check_algorithm(recipe: Recipe) -> None:
-    """The loss's own options (``algorithm.loss_options``) are its and hold; a user's own estimator or policy loss
-    (``module:function``) imports and works on a small batch."""
-    from grpo_ray.algo import advantage, loss
-    from grpo_ray.algo.registry import FunctionError
-
-    a = recipe.algorithm
-    try:
-        loss.loss_options(a.loss_mode, a.loss_options)
-    except ValueError as e:
-        raise RecipeError(str(e)) from None
-    for key, value, check in (
-        ("adv_estimator", a.adv_estimator, advantage.check),
-        ("loss_mode", a.loss_mode, lambda name: loss.check(name, a.loss_options)),
-    ):
-        if ":" in value:
-            try:
-                check(value)
-            except FunctionError as e:
-                raise RecipeError(f"algorithm.{key}={value!r}: {e}") from None
-
-
-def reward_child(recipe: Recipe):
-    """A reward child under the recipe's sandbox and limits, as the reward actors have, spawned but not waited for
-    (it starts while the tokenizer and rows load); for try_rewards."""
-    from grpo_ray.rewards.sandbox import RewardChild
-
-    w = recipe.reward
-    return RewardChild(w.memory_mb, w.sandbox, w.network, rewards.shipped([f.name for f in w.functions])[0], wait=False)
-
-
-def try_rewards(recipe: Recipe, row: dict, where: str, child=None) -> None:
-    """Score `row`'s ground truth as if it were a response with every reward function, in a reward child (`child`,
-    from reward_child, or a new one; closed here), as the reward actors will: a function that cannot be called so
-    (a signature mismatch, an import that fails in the sandbox, an answer that is not a number) is one line now,
-    not a run of zeros."""
-    from grpo_ray.types import Prompt
-
-    w, p = recipe.reward, Prompt.from_row(0, {**row, "prompt_ids": []})
-    child = child or reward_child(recipe)
-    try:  # (a function whose reward.functions sources do not name the row's is not called)
-        extra = {"data_source": p.data_source, "extra_info": p.extra_info}
-        outcome, result = child.run(
-            (rewards.calls(w.functions), recipe.data.response_prefix + p.ground_truth, p.ground_truth, extra),
-            w.timeout_s,
-        )
-    finally:
-        child.close()
-    if outcome != "ok":
-        what = {"timeout": f"ran past reward.timeout_s={w.timeout_s:g}", "died": "exited"}.get(
-            outcome, "ran out of reward.memory_mb"
-        )
-        raise RecipeError(
-            f"reward.functions: scoring {where} (its ground truth as the response), the reward child {what}"
-        )
-    for i, f in enumerate(w.functions):
-        text = result[3].get(f.name)
-        if text:
-            lines = text.rstrip().splitlines()
-            at = next((line.strip() for line in reversed(lines) if line.strip().startswith("File ")), "")
-            raise RecipeError(
-                f"reward.functions[{i}].name={f.name!r}: scoring {where} (its ground truth as the "
-                f"response) it failed: {lines[-1]}" + (f" ({at})" if at else "")
-            )
-
-
-def try_environment(recipe: Recipe, tokenizer, row: dict) -> None:
-    """The environment loads and takes its options, the chat template lays out its observations append-only, and
-    an episode starts on `row` in an environment process under the recipe's sandbox, as the engines' will: one
-    line now, not a run of failed trajectories."""
-    from grpo_ray import envs
-    from grpo_ray.envs.child import EnvChild
-    from grpo_ray.envs.template import Observations
-    from grpo_ray.types import Prompt
-
-    e = recipe.environment
-    try:
-        envs.check(recipe)
-    except envs.EnvironmentLoadError as err:
-        raise RecipeError(str(err)) from None
-    Observations.of(tokenizer, e.role, recipe.model.chat_template_kwargs)
-    p = Prompt.from_row(0, {**row, "prompt_ids": []})
-    child = EnvChild(e.memory_mb, e.sandbox, (e.name, dict(e.options)))
-    try:
-        outcome, answer = child.run(("reset", "check", e.name, e.options, p.env_row()), e.timeout_s)
-    finally:
-        child.close()
-    if outcome != "ok":
-        why = answer.rstrip().splitlines()[-1] if outcome == "error" else outcome
-        raise RecipeError(f"environment.name={e.name!r}: starting an episode on the first training row failed: {why}")
-    if answer and e.opening != "ignore":  # its opening observation meets the row's prompt as the engines' will
-        from grpo_ray.rollout import open_prompt
-
-        outcome, why = open_prompt(p, answer, tokenizer, recipe)
-        if outcome == "long" or outcome == "mismatch" and e.opening == "check":
-            raise RecipeError(f"environment.name={e.name!r}: on the first training row, {why}")
-        if outcome == "mismatch":
-            print(
-                f"warning: environment.name={e.name!r}: on the first training row, {why}; counted in "
-                "env/opening_mismatches (environment.opening=check makes it an error, =ignore leaves openings unused)"
-            )
 
 
 def teacher_base(recipe: Recipe, tokenizer) -> str:
@@ -441,10 +346,12 @@ def _setup_run(recipe: Recipe, command: str, output_dir: Path, warm_start, child
             f"data.train_batch_size={recipe.data.train_batch_size}{why}"
         )
     job = JOBS[command]
+    if job.samples:
+        check_sources(recipe, train_rows, val_rows)
     if job.samples and recipe.reward.functions:
         try_rewards(recipe, train_rows[0], "the first training row", child)
     if job.samples and recipe.environment.name:
-        try_environment(recipe, tokenizer, train_rows[0])
+        try_environment(recipe, tokenizer, train_rows)
     scorers = {  # each scorer's own model, checked as its pool needs it (resolved, by default)
         k.model: SCORER_MODELS.get(k.name, _resolved)(recipe, tokenizer, k)
         for k in KINDS.values()

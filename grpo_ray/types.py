@@ -22,6 +22,8 @@ class Prompt:
     """The row's chat messages, for a reward model that renders them in its own template."""
     style: str = ""
     """The row's ``reward_model.style`` (rule, model, both: with reward_model.by_style, the rewards it gets)."""
+    env_choice: str = ""
+    """The label of the environment the row chose among environment.choices ("": environment.name's)."""
 
     @classmethod
     def from_row(cls, uid: int, row: dict) -> Prompt:
@@ -35,6 +37,7 @@ class Prompt:
             row.get("prompt_text", ""),
             row.get("prompt") or [],
             (row.get("reward_model") or {}).get("style", ""),
+            row.get("env_choice", ""),
         )
 
     def env_row(self) -> dict:

@@ -213,13 +213,13 @@ def test_an_opening_not_in_the_first_rows_prompt_is_said_before_start(tokenizers
     r = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", ["environment.name=tests.helpers.envs:Opening"])
     row = {"prompt": [{"role": "user", "content": "Mia has 7 pears."}], "reward_model": {"ground_truth": "7"}}
     row["data_source"] = "gsm8k"
-    try_environment(r, tokenizers["qwen2"], row)
+    try_environment(r, tokenizers["qwen2"], [row])
     said = capsys.readouterr().out
-    assert said.startswith("warning: environment.name='tests.helpers.envs:Opening': on the first training row, ")
+    assert said.startswith("warning: environment.name='tests.helpers.envs:Opening': on training row 0, reset's opening")
     assert "counted in env/opening_mismatches (environment.opening=check makes it an error" in said
-    try_environment(r, tokenizers["qwen2"], {**row, "prompt": [{"role": "system", "content": "Play."}]})
+    try_environment(r, tokenizers["qwen2"], [{**row, "prompt": [{"role": "system", "content": "Play."}]}])
     r.environment.opening = "ignore"
-    try_environment(r, tokenizers["qwen2"], row)
+    try_environment(r, tokenizers["qwen2"], [row])
     assert capsys.readouterr().out == ""
 
 
@@ -268,7 +268,7 @@ def test_environment_processes_import_the_environments_code_as_they_start():
     """A module slow to import is imported as the process starts, not in its first episode's time limit."""
     sys.path.insert(0, str(ROOT))
     name = "tests.helpers.slow_import_env:Slow"
-    cold, warm = EnvChild(512, sandbox=False), EnvChild(512, sandbox=False, preload=(name, {}))
+    cold, warm = EnvChild(512, sandbox=False), EnvChild(512, sandbox=False, preload=[(name, {})])
     try:
         assert warm.run(("reset", "k", name, {}, {}), 1.0) == ("ok", None)
         assert cold.run(("reset", "k", name, {}, {}), 1.0) == ("timeout", None)
@@ -318,7 +318,7 @@ def test_openenv_environments_run_through_the_adapter_in_the_sandbox(openenv_ech
     sys.path.insert(0, str(openenv_echo))
     echo = {"env": ECHO, "observation_field": "echoed_message"}
     multiply = {**openenv_options(*MULTIPLY), "kwargs": {"scale": 2}, "reset_key": "task"}
-    child = EnvChild(1024, sandbox=True, preload=("openenv", multiply))
+    child = EnvChild(1024, sandbox=True, preload=[("openenv", multiply)])
     try:
         # its reset's observation is the episode's opening (one with no text field opens with nothing)
         assert child.run(("reset", "e", "openenv", echo, {}), 10) == ("ok", "Echo Env environment ready!")
@@ -380,6 +380,7 @@ def engine_runs(openenv_echo):
     cases += [["qwen2", f"tests.helpers.envs:{e}", []] for e in ("Raise", "Flood")]
     cases += [["qwen2", "tests.helpers.envs:Echo", ["environment.stop=[e,a]"]]]  # turns ended by stop strings
     cases += [["qwen2", f"tests.helpers.envs:{e}", []] for e in ("Opening", "Drifting")]  # rows of instructions
+    cases += [["qwen2", "tests.helpers.envs:Echo", ["environment.choices={game: {name: tests.helpers.envs:Opening}}"]]]
     echo = [f"environment.options.env={ECHO}", "environment.options.observation_field=echoed_message"]
     cases += [["qwen2", "openenv", [*echo, "environment.max_tokens=96", "environment.timeout_s=60"]]]
     env = {
@@ -399,7 +400,8 @@ def engine_runs(openenv_echo):
     assert line, out.stderr[-3000:]
     runs = json.loads(line[7:])
     stop = lambda r: "+stop" if any(o.startswith("environment.stop") for o in r["overrides"]) else ""  # noqa: E731
-    return {(r["arch"] + stop(r), r["env"].rpartition(":")[2]): r for r in runs}, out.stderr
+    chose = lambda r: "+choices" if any(o.startswith("environment.choices") for o in r["overrides"]) else ""  # noqa: E731
+    return {(r["arch"] + stop(r) + chose(r), r["env"].rpartition(":")[2]): r for r in runs}, out.stderr
 
 
 @pytest.mark.slow
@@ -501,6 +503,42 @@ def test_an_environments_opening_is_the_prompt_its_group_answers(engine_runs):
     assert stderr.count("its episodes opened differently") == 1
     assert all(c["episode"]["opening_mismatch"] for c in runs[("qwen2", "openenv")]["completions"])
     assert "environment openenv (opening) in trajectory" in stderr
+
+
+@pytest.mark.slow
+def test_a_row_plays_the_environment_it_chooses(engine_runs):
+    """environment.choices: the row that names one (game: Opening, whose task is not in the row's question) plays
+    it, each of its episodes opening; the row that names none plays environment.name's Echo."""
+    run = engine_runs[0][("qwen2+choices", "Echo")]
+    by_prompt = {i: [c for c in run["completions"] if c["prompt"] == i] for i in (0, 1)}
+    assert not any(c["episode"]["opening_mismatch"] for c in by_prompt[0])
+    assert all(c["episode"]["opening_mismatch"] for c in by_prompt[1])
+    assert all(c["episode"]["failure"] == "" for c in run["completions"])
+
+
+def test_rows_choose_among_the_recipes_environments_before_start(tmp_path):
+    """A row's environment.row_key (SkyRL's env_class by default, or a dotted key) picks its environment: a label
+    that is none of the choices is refused naming the file and row; a choice's refused options name its key."""
+    from grpo_ray.data import DataError
+    from grpo_ray.setup_run import choose_environments
+
+    r = load_recipe(
+        ROOT / "recipes" / "tiny-cpu.yaml",
+        ["environment.name=guess", "environment.choices={calc: {name: calculator}}", "environment.max_tokens=64"],
+    )
+    rows = [{"env_class": "calc"}, {"env_class": ""}, {}]
+    assert [row["env_choice"] for row in choose_environments(r, rows, "d.jsonl", exact=True)] == ["calc", "", ""]
+    with pytest.raises(DataError, match=r"d.jsonl row 1: env_class='calk' is none of environment.choices \(calc\)"):
+        choose_environments(r, [{}, {"env_class": "calk"}], "d.jsonl", exact=True)
+    r.environment.row_key = "extra_info.env"
+    assert choose_environments(r, [{"extra_info": {"env": "calc"}}], "d", True)[0]["env_choice"] == "calc"
+    bad = ["environment.name=guess", "environment.choices={g: {name: guess, options: {nope: 1}}}"]
+    with pytest.raises(RecipeError, match=r"environment.choices.g.options.nope: Extra inputs are not permitted"):
+        from grpo_ray.preflight import try_environment
+
+        try_environment(load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", bad), None, [{}])
+    with pytest.raises(RecipeError, match="environment.choices without environment.name"):
+        load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", ["environment.choices={g: {name: guess}}"])
 
 
 AGENT = "recipes/tiny-qwen2.5-7b-gsm8k-agent.yaml"

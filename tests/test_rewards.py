@@ -199,7 +199,7 @@ def test_file_form_paths_resolve_against_the_working_directory_then_the_recipes_
 
 def test_a_verl_signature_mismatch_is_one_line_before_start(tmp_path):
     from grpo_ray.config import Recipe, RecipeError, RewardFnConfig
-    from grpo_ray.setup_run import try_rewards
+    from grpo_ray.preflight import try_rewards
 
     path = tmp_path / "mine.py"
     path.write_text("def score(solution, truth, source):\n    return 1.0\n")

@@ -16,7 +16,7 @@ from tests.conftest import ROOT
 @pytest.fixture(scope="module")
 def child():
     sys.path.insert(0, str(ROOT))
-    c = EnvChild(1024, sandbox=True, preload=("textarena", {}))
+    c = EnvChild(1024, sandbox=True, preload=[("textarena", {})])
     yield c
     c.close()
 

@@ -72,6 +72,7 @@ FREE_TEXT = {
     "reward.functions.name",
     "environment.name",
     "environment.role",
+    "environment.row_key",
     "trainer.resume",
     "trainer.output_dir",
     "trainer.experiment_name",
@@ -180,6 +181,11 @@ def _lora_problems(r: Recipe) -> list[str]:
 
 def _environment_problems(r: Recipe) -> list[str]:
     p = []
+    if r.environment.choices and not r.environment.name:
+        p.append(
+            "environment.choices without environment.name: name the environment of the rows that choose none "
+            "(one of the choices' names will do)"
+        )
     if r.environment.name and r.generator.sampling.ignore_eos:
         p.append(
             "generator.sampling.ignore_eos=true with environment.name: a turn ends at its end-of-sequence token; "

@@ -8,6 +8,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
+from grpo_ray.config.envs import EnvironmentConfig
 from grpo_ray.config.jobs import RMConfig, SFTConfig
 from grpo_ray.config.scorers import (
     ReferenceConfig,
@@ -182,45 +183,6 @@ class LearnerConfig:
     """CPUs reserved per learner actor."""
     optim: OptimizerConfig = field(default_factory=OptimizerConfig)
     """Optimizer and schedule."""
-
-
-@dataclass
-class EnvironmentConfig:
-    """Multi-turn rollouts (``grpo_ray.envs``): the model acts in an environment turn by turn (calls a tool, reads
-    its answer, goes on) before its reward. Without a name, each rollout is one completion."""
-
-    name: str = ""
-    """A built-in environment (``calculator``, ``guess``, ``openenv``: one written for OpenEnv) or ``module:Class``;
-    empty: single-turn rollouts."""
-    options: dict[str, Any] = field(default_factory=dict)
-    """The environment's own options (its ``Options``), checked before anything starts."""
-    max_turns: int = 4
-    """Model turns per trajectory at most."""
-    max_tokens: int = 512
-    """Tokens after the prompt per trajectory at most, the model's and the observations' (each turn at most
-    generator.sampling.max_tokens): the learner's sequences are data.max_prompt_length plus this."""
-    stop: list[str] = field(default_factory=list)
-    """Strings that end a model turn before its end-of-turn token (a tool call's closing tag, ``</calc>``): the
-    environment answers at once, and the end-of-turn token is the template's, not trained on."""
-    role: str = "tool"
-    """The chat role observations are written as (``user`` for a template without a tool role, e.g. Gemma's)."""
-    timeout_s: float = 10.0
-    """Time limit of one environment call; past it the trajectory ends, counted in env/timeouts."""
-    memory_mb: int = 2048
-    """Address-space limit of each environment process."""
-    sandbox: bool = True
-    """Run environment code without network and with a read-only filesystem (but a scratch dir) where the OS
-    allows, as reward code runs."""
-    workers: int = 2
-    """Environment processes per engine: calls of different trajectories run at once on as many."""
-    max_observation_chars: int = 8192
-    """An observation longer than this ends its trajectory, counted in env/errors (a tool flooding its output)."""
-    opening: str = "prompt"
-    """What an environment's opening observation (what ``reset`` returns: a game's board, a taskset's task) does:
-    ``prompt``: it is the prompt's last user turn where the row's prompt has none (ends with its system message),
-    and where the row has one it must be found in it, a mismatch counted in env/opening_mismatches and the first
-    shown (the model read the row's prompt); ``check``: a mismatch is an error (before start, on the first row;
-    then, in env/errors); ``ignore``: openings are not used."""
 
 
 @dataclass

@@ -42,7 +42,7 @@ from grpo_ray.envs.skyrl_gym_env import SkyRLGym
 from grpo_ray.envs.textarena_env import TextArena
 from grpo_ray.errors import UserError
 
-__all__ = ["Environment", "Step", "EnvironmentLoadError", "known", "load", "options", "modules", "check"]
+__all__ = ["Environment", "Step", "EnvironmentLoadError", "known", "load", "options", "played", "modules", "check"]
 
 
 class EnvironmentLoadError(UserError):
@@ -92,19 +92,33 @@ def options(cls: type, given: dict) -> pydantic.BaseModel:
         ) from None
 
 
+def played(e) -> dict[str, tuple[str, dict]]:
+    """Environment config `e`'s environments as (name, options) by label: "" for environment.name's (the rows that
+    choose none), then each of environment.choices."""
+    out = {"": (e.name, dict(e.options))} if e.name else {}
+    return out | {label: (c.name, dict(c.options)) for label, c in e.choices.items()}
+
+
 def modules(e) -> list[str]:
-    """The ``module:Class`` names environment config `e` imports: its name's, what the openenv adapter plays, the
-    textarena adapter's opponent (the generators import them from where the driver found them)."""
-    names = [e.name]
-    if e.name == "openenv":
-        names = [e.options.get("env") or "", e.options.get("action") or ""]
-    if e.name == "textarena":
-        names = [e.options.get("opponent") or ""]
+    """The ``module:Class`` names environment config `e` imports: each environment's name, what the openenv adapter
+    plays, the textarena adapter's opponent (the generators import them from where the driver found them)."""
+    names = []
+    for name, given in played(e).values():
+        names.append(name)
+        if name == "openenv":
+            names += [given.get("env") or "", given.get("action") or ""]
+        if name == "textarena":
+            names.append(given.get("opponent") or "")
     return [n for n in names if ":" in n]
 
 
 def check(recipe) -> None:
-    """The recipe's environment loads and takes its options (before any actor starts)."""
-    e = recipe.environment
-    if e.name:
-        options(load(e.name), e.options)
+    """The recipe's environments load and take their options (before any actor starts); a choice's refusal names
+    its key (environment.choices.<label>...)."""
+    for label, (name, given) in played(recipe.environment).items():
+        try:
+            options(load(name), given)
+        except EnvironmentLoadError as e:
+            if not label:
+                raise
+            raise EnvironmentLoadError(str(e).replace("environment.", f"environment.choices.{label}.", 1)) from None

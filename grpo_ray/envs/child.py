@@ -22,11 +22,10 @@ def env_main(conn, memory_mb: int, sandbox: bool, network: bool, sources: dict) 
 
     limit = memory_mb << 20
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    if sources.get("preload"):  # import the environment's code now, not in its first episode's time limit
+    for name, given in sources.get("preload") or []:  # the environments' code now, not in a first episode's time
         try:
             from grpo_ray.envs import load, options
 
-            name, given = sources["preload"]
             options(load(name), given)
         except BaseException:  # SystemExit too: a module that exits as it is imported fails its episodes, not this
             pass  # the episodes' reset says why, each in its trajectory
@@ -105,8 +104,8 @@ class EnvChild(RewardChild):
 
     main = staticmethod(env_main)
 
-    def __init__(self, memory_mb: int, sandbox: bool = True, preload: tuple[str, dict] | None = None):
-        """`preload`: (environment.name, environment.options), imported as the child starts (within its 60 s)."""
+    def __init__(self, memory_mb: int, sandbox: bool = True, preload: list[tuple[str, dict]] | None = None):
+        """`preload`: the environments' (name, options), imported as the child starts (within its 60 s)."""
         self.lock = threading.Lock()
         self.generation = 0
         """How many times the child was replaced: the episodes of an earlier generation are gone."""

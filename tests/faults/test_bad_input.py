@@ -376,10 +376,26 @@ CASES = {  # name: (recipe, overrides, what the message must say)
         ["learner.num_cpus=4096"],
         "the local Ray cluster a run starts here (this machine) cannot hold the recipe's pools",
     ),
+    "a reward function's sources naming no row's data_source": (
+        RECIPE,
+        ["reward.functions=[{name: gsm8k, sources: [openai/gsm8k]}]"],
+        "reward.functions[0].sources: 'openai/gsm8k' is the data_source of no row of data.train_files or "
+        "data.val_files (theirs: ",
+    ),
+    "training rows no reward function scores": (
+        RECIPE,
+        [
+            "data.val_files=[synthetic://select?size=8&seed=1&split=test]",
+            "reward.functions=[{name: gsm8k, sources: [synthetic/select]}]",
+            "data.train_files=[synthetic://products?size=64]",
+        ],
+        "is scored by no reward function (reward.functions[].sources name synthetic/select): its rows' reward would",
+    ),
     "an environment that opens on another task than the row's": (
         RECIPE,
         ["environment.name=tests.helpers.envs:Opening", "environment.max_tokens=64", "environment.opening=check"],
-        "on the first training row, reset's opening 'Guess my number, seed 0.' is not in the row's prompt",
+        "environment.name='tests.helpers.envs:Opening': on training row 0, reset's opening 'Guess my number, seed 0.' "
+        "is not in the row's prompt",
     ),
     "an environment class without step": (
         RECIPE,

@@ -74,6 +74,8 @@ if __name__ == "__main__":
             Prompt(tok.encode(t, add_special_tokens=False), truth, "synthetic/select", {"seed": i}, i, t, m)
             for i, ((_, truth), t, m) in enumerate(zip(QUESTIONS, texts, chats))
         ]
+        if recipe.environment.choices:  # the second row chooses the first of them
+            prompts[1].env_choice = next(iter(recipe.environment.choices))
         episodes = Episodes(engines[arch], recipe, [str(ROOT)])
         completions = episodes.run(prompts, 3, [11, 12], recipe.generator.sampling)
         episodes.close()

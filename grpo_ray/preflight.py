@@ -1,0 +1,171 @@
+"""A run's own code (reward functions, an estimator or loss of the user's, environments) loaded and tried on its
+data before any actor starts (``setup_run`` calls these): a reward function that cannot score the first row, a
+``sources`` that names no row, an environment that cannot start an episode or opens on another task, each one line
+now, not a run of zeros."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from grpo_ray import rewards
+from grpo_ray.config import Recipe, RecipeError
+
+
+def load_rewards(recipe: Recipe, recipe_dir: Path | None) -> None:
+    """Every reward function loads: modules and files are looked for in the working directory, then the recipe's
+    folder; a file form's path is made absolute in the recipe (config.yaml records the file that ran)."""
+    dirs = [Path.cwd()] + ([recipe_dir] if recipe_dir else [])
+    rewards.search_here(*dirs)
+    for i, fn in enumerate(recipe.reward.functions):
+        try:
+            if rewards.is_file(fn.name):
+                fn.name = rewards.resolve_file(fn.name, dirs)
+            rewards.load(fn.name)
+        except rewards.RewardLoadError as e:
+            raise RecipeError(f"reward.functions[{i}].name: {e}") from None
+
+
+def check_algorithm(recipe: Recipe) -> None:
+    """The loss's own options (``algorithm.loss_options``) are its and hold; a user's own estimator or policy loss
+    (``module:function``) imports and works on a small batch."""
+    from grpo_ray.algo import advantage, loss
+    from grpo_ray.algo.registry import FunctionError
+
+    a = recipe.algorithm
+    try:
+        loss.loss_options(a.loss_mode, a.loss_options)
+    except ValueError as e:
+        raise RecipeError(str(e)) from None
+    for key, value, check in (
+        ("adv_estimator", a.adv_estimator, advantage.check),
+        ("loss_mode", a.loss_mode, lambda name: loss.check(name, a.loss_options)),
+    ):
+        if ":" in value:
+            try:
+                check(value)
+            except FunctionError as e:
+                raise RecipeError(f"algorithm.{key}={value!r}: {e}") from None
+
+
+def reward_child(recipe: Recipe):
+    """A reward child under the recipe's sandbox and limits, as the reward actors have, spawned but not waited for
+    (it starts while the tokenizer and rows load); for try_rewards."""
+    from grpo_ray.rewards.sandbox import RewardChild
+
+    w = recipe.reward
+    return RewardChild(w.memory_mb, w.sandbox, w.network, rewards.shipped([f.name for f in w.functions])[0], wait=False)
+
+
+def try_rewards(recipe: Recipe, row: dict, where: str, child=None) -> None:
+    """Score `row`'s ground truth as if it were a response with every reward function, in a reward child (`child`,
+    from reward_child, or a new one; closed here), as the reward actors will: a function that cannot be called so
+    (a signature mismatch, an import that fails in the sandbox, an answer that is not a number) is one line now,
+    not a run of zeros."""
+    from grpo_ray.types import Prompt
+
+    w, p = recipe.reward, Prompt.from_row(0, {**row, "prompt_ids": []})
+    child = child or reward_child(recipe)
+    try:  # (a function whose reward.functions sources do not name the row's is not called)
+        extra = {"data_source": p.data_source, "extra_info": p.extra_info}
+        outcome, result = child.run(
+            (rewards.calls(w.functions), recipe.data.response_prefix + p.ground_truth, p.ground_truth, extra),
+            w.timeout_s,
+        )
+    finally:
+        child.close()
+    if outcome != "ok":
+        what = {"timeout": f"ran past reward.timeout_s={w.timeout_s:g}", "died": "exited"}.get(
+            outcome, "ran out of reward.memory_mb"
+        )
+        raise RecipeError(
+            f"reward.functions: scoring {where} (its ground truth as the response), the reward child {what}"
+        )
+    for i, f in enumerate(w.functions):
+        text = result[3].get(f.name)
+        if text:
+            lines = text.rstrip().splitlines()
+            at = next((line.strip() for line in reversed(lines) if line.strip().startswith("File ")), "")
+            raise RecipeError(
+                f"reward.functions[{i}].name={f.name!r}: scoring {where} (its ground truth as the "
+                f"response) it failed: {lines[-1]}" + (f" ({at})" if at else "")
+            )
+
+
+def check_sources(recipe: Recipe, train_rows: list[dict], val_rows: list[dict]) -> None:
+    """Each data_source a reward function's ``sources`` names is some row's, and, where the reward functions are
+    the only reward, each training row's source is scored by one of them: a function that scores nothing, or rows
+    whose reward is always 0, are one line now."""
+    have = sorted({r["data_source"] for r in train_rows + val_rows})
+    functions = recipe.reward.functions
+    for i, f in enumerate(functions):
+        for source in f.sources:
+            if source not in have:
+                raise RecipeError(
+                    f"reward.functions[{i}].sources: {source!r} is the data_source of no row of data.train_files or "
+                    f"data.val_files (theirs: {', '.join(have[:8])}{', ...' if len(have) > 8 else ''}): "
+                    f"{f.name} would score nothing"
+                )
+    if not functions or recipe.environment.name or recipe.reward_model.model:
+        return
+    for i, row in enumerate(train_rows):
+        if not any(f.scores(row["data_source"]) for f in functions):
+            named = sorted({s for f in functions for s in f.sources})
+            raise RecipeError(
+                f"data.train_files row {i}: data_source {row['data_source']!r} is scored by no reward function "
+                f"(reward.functions[].sources name {', '.join(named)}): its rows' reward would always be 0"
+            )
+
+
+def try_environment(recipe: Recipe, tokenizer, rows: list[dict]) -> None:
+    """The environments load and take their options, the chat template lays out their observations append-only,
+    and an episode of each starts on the first training row that plays it, in an environment process under the
+    recipe's sandbox, as the engines' will: one line now, not a run of failed trajectories."""
+    from grpo_ray import envs
+    from grpo_ray.envs.child import EnvChild
+    from grpo_ray.envs.template import Observations
+
+    e = recipe.environment
+    try:
+        envs.check(recipe)
+    except envs.EnvironmentLoadError as err:
+        raise RecipeError(str(err)) from None
+    Observations.of(tokenizer, e.role, recipe.model.chat_template_kwargs)
+    played, firsts = envs.played(e), {}
+    for i, row in enumerate(rows):
+        firsts.setdefault(row.get("env_choice", ""), i)
+    child = EnvChild(e.memory_mb, e.sandbox, [played[label] for label in firsts])
+    try:
+        for label, i in firsts.items():
+            key = f"environment.choices.{label}" if label else "environment"
+            _try_episode(
+                recipe,
+                tokenizer,
+                child,
+                played[label],
+                rows[i],
+                f"{key}.name={played[label][0]!r}: on training row {i}",
+            )
+    finally:
+        child.close()
+
+
+def _try_episode(recipe: Recipe, tokenizer, child, env: tuple[str, dict], row: dict, where: str) -> None:
+    """One episode of `env` started on `row` in `child`; its opening observation met with the row's prompt."""
+    from grpo_ray.types import Prompt
+
+    e, p = recipe.environment, Prompt.from_row(0, {**row, "prompt_ids": []})
+    outcome, answer = child.run(("reset", "check", *env, p.env_row()), e.timeout_s)
+    if outcome != "ok":
+        why = answer.rstrip().splitlines()[-1] if outcome == "error" else outcome
+        raise RecipeError(f"{where}, starting an episode failed: {why}")
+    if answer and e.opening != "ignore":  # its opening observation meets the row's prompt as the engines' will
+        from grpo_ray.rollout import open_prompt
+
+        outcome, why = open_prompt(p, answer, tokenizer, recipe)
+        if outcome == "long" or outcome == "mismatch" and e.opening == "check":
+            raise RecipeError(f"{where}, {why}")
+        if outcome == "mismatch":
+            print(
+                f"warning: {where}, {why}; counted in env/opening_mismatches (environment.opening=check makes it an "
+                "error, =ignore leaves openings unused)"
+            )
