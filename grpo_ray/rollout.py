@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from grpo_ray.engine_loop import EngineLoop
 from grpo_ray.envs import played
 from grpo_ray.envs.child import EnvChild
-from grpo_ray.envs.template import Observations
+from grpo_ray.envs.template import Observations, TemplateError
 from grpo_ray.rewards import search_here
 from grpo_ray.types import Completion, Episode, Prompt
 
@@ -131,6 +131,7 @@ class Episodes:
         tokenizer = llm.get_tokenizer()
         self.tokenizer, self.recipe = tokenizer, recipe
         self.observations = Observations.of(tokenizer, e.role, recipe.model.chat_template_kwargs)
+        self.roles = {e.role: self.observations}
         self.decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
         self.played = played(e)
         """Each environment by its label ("": environment.name's, for rows that choose none)."""
@@ -267,6 +268,7 @@ class Episodes:
         e = t.episode
         if step:
             e.reward += step["reward"]
+            e.rewards.append(step["reward"])
             e.tool_calls += step["tool_call"]
             e.tool_errors += step["tool_error"]
             if e.ended == "length":  # the cut turn's step: the episode's last, whatever it says
@@ -283,7 +285,10 @@ class Episodes:
                     "error",
                     f"answered {len(step['observation'])} characters, over environment.max_observation_chars",
                 )
-            ids = self.observations.ids(step["observation"], t.closed)
+            try:
+                ids = self.pieces(step.get("role") or self.env.role).ids(step["observation"], t.closed)
+            except TemplateError as err:
+                return self._failed(t, "error", f"answered a {step['role']} message: {err}")
             if len(t.ids) + len(ids) >= budget:  # no room left for a model token after it
                 e.ended = "tokens"
                 return False
@@ -295,6 +300,12 @@ class Episodes:
             t.texts.append(text)
             e.turns.append(step["observation"])
         return True
+
+    def pieces(self, role: str) -> Observations:
+        """The template's pieces around an observation of `role` (read once per role)."""
+        if role not in self.roles:
+            self.roles[role] = Observations.of(self.tokenizer, role, self.recipe.model.chat_template_kwargs)
+        return self.roles[role]
 
     def _reset(self, t: Trajectory, p: Prompt) -> str | None:
         """Start the trajectory's episode: its opening observation ('' for none), None when the environment

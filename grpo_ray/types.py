@@ -80,7 +80,7 @@ class Episode:
     turns: list[str]
     """The model's turns and the observations between them, alternately, as text; the last is the model's."""
     reward: float
-    """The sum of the environment's rewards."""
+    """The sum of the environment's rewards (what the estimators take)."""
     tool_calls: int = 0
     tool_errors: int = 0
     """Tool calls whose tool failed (the episode went on)."""
@@ -92,6 +92,8 @@ class Episode:
     (environment.max_tokens), "length" (a turn cut at sampling.max_tokens) or the failure."""
     seconds: float = 0.0
     """Time spent in the environment's calls."""
+    rewards: list[float] = field(default_factory=list)
+    """The environment's reward of each model turn, at its turn (the turn's step's; in dumps, for per-turn credit)."""
     opening_mismatch: bool = False
     """Its reset's opening observation was not found in the row's prompt (``environment.opening``: counted)."""
 

@@ -381,6 +381,7 @@ def engine_runs(openenv_echo):
     cases += [["qwen2", "tests.helpers.envs:Echo", ["environment.stop=[e,a]"]]]  # turns ended by stop strings
     cases += [["qwen2", f"tests.helpers.envs:{e}", []] for e in ("Opening", "Drifting")]  # rows of instructions
     cases += [["qwen2", "tests.helpers.envs:Echo", ["environment.choices={game: {name: tests.helpers.envs:Opening}}"]]]
+    cases += [["qwen2", "tests.helpers.envs:AsUser", []]]  # its observations as user messages
     echo = [f"environment.options.env={ECHO}", "environment.options.observation_field=echoed_message"]
     cases += [["qwen2", "openenv", [*echo, "environment.max_tokens=96", "environment.timeout_s=60"]]]
     env = {
@@ -514,6 +515,29 @@ def test_a_row_plays_the_environment_it_chooses(engine_runs):
     assert not any(c["episode"]["opening_mismatch"] for c in by_prompt[0])
     assert all(c["episode"]["opening_mismatch"] for c in by_prompt[1])
     assert all(c["episode"]["failure"] == "" for c in run["completions"])
+
+
+@pytest.mark.slow
+def test_a_step_writes_its_observation_as_its_role_and_its_reward_stays_at_its_turn(engine_runs):
+    """AsUser answers as the user while environment.role is tool: its observations are laid out as user messages;
+    each turn's reward is kept at its turn, the episode's the sum."""
+    run = engine_runs[0][("qwen2", "AsUser")]
+    tok = models.load_tokenizer(
+        models.resolve("tiny://qwen2?layers=1&hidden=64&heads=2&kv_heads=1&intermediate=128&vocab=400&seed=0"),
+        load_recipe(ROOT / "recipes" / "tiny-cpu.yaml").model,
+    )
+    user, tool = Observations.of(tok, "user").ids("turn 1"), Observations.of(tok, "tool").ids("turn 1")
+    assert user != tool
+
+    def holds(ids, part):
+        return any(ids[i : i + len(part)] == part for i in range(len(ids) - len(part) + 1))
+
+    several = [c for c in run["completions"] if len(c["episode"]["turns"]) > 2]
+    assert several and all(holds(c["token_ids"], user) and not holds(c["token_ids"], tool) for c in several)
+    for c in run["completions"]:
+        e = c["episode"]
+        assert e["rewards"] == [1.0, 0.5, 0.5, 0.5][: len(e["rewards"])] and e["reward"] == sum(e["rewards"])
+        assert len(e["rewards"]) == (len(e["turns"]) + 1) // 2  # one a model turn, a cut one's too
 
 
 def test_rows_choose_among_the_recipes_environments_before_start(tmp_path):

@@ -15,13 +15,15 @@ class Step:
     observation: str = ""
     """Text answered to the model as the next message (a tool's output, feedback); ignored when done."""
     reward: float = 0.0
-    """This turn's reward; the episode's is the sum."""
+    """This turn's reward, kept at its turn (``Episode.rewards``); the episode's is the sum."""
     done: bool = False
     """The episode is over: no more turns."""
     tool_call: bool = False
     """The turn called a tool (for env/tool_calls)."""
     tool_error: bool = False
     """The tool it called failed (for env/tool_errors): the failure's text is the observation, the episode goes on."""
+    role: str = ""
+    """The chat role the observation is written as (a game's ``user``, a tool's ``tool``); empty: environment.role."""
 
 
 class Environment:

@@ -90,8 +90,9 @@ def handle(call: tuple, episodes: dict):
         step = Step(**step)
     if not isinstance(step, Step):
         raise TypeError(f"step() returned {type(step).__name__} {str(step)[:80]!r}: expected a grpo_ray.envs.Step")
-    if not isinstance(step.observation, str):
-        raise TypeError(f"step() returned an observation of type {type(step.observation).__name__}: expected str")
+    for name in ("observation", "role"):
+        if not isinstance(getattr(step, name), str):
+            raise TypeError(f"step() returned a {name} of type {type(getattr(step, name)).__name__}: expected str")
     out = dataclasses.asdict(step)
     out["reward"] = float(out["reward"])
     if step.done or cut:

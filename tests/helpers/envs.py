@@ -124,3 +124,12 @@ class Drifting(Echo):
 class NotText(Echo):
     def reset(self, row):
         return {"board": "x.o"}
+
+
+class AsUser(Echo):
+    """Echo whose observations are written as the user's messages, whatever environment.role says; 1.0 the first
+    turn, 0.5 the next ones (rewards kept at their turn)."""
+
+    def step(self, turn):
+        self.turns += 1
+        return Step(f"turn {self.turns}", reward=1.0 if self.turns == 1 else 0.5, role="user")
