@@ -130,6 +130,7 @@ def env_metrics(values: list[dict[str, list[float]]]) -> dict[str, float]:
         "env/errors": t["errors"],
         "env/timeouts": t["timeouts"],
         "env/opening_mismatches": t["opening_mismatches"],
+        "env/off_record_calls": t["off_record_calls"],
         "env/ended_by_turns": t["ended_by_turns"] / n,
         "env/ended_by_tokens": t["ended_by_tokens"] / n,
         "env/masked_share": 1 - t["model_tokens"] / max(t["tokens"], 1),

@@ -130,6 +130,8 @@ def try_environment(recipe: Recipe, tokenizer, rows: list[dict]) -> None:
     except envs.EnvironmentLoadError as err:
         raise RecipeError(str(err)) from None
     Observations.of(tokenizer, e.role, recipe.model.chat_template_kwargs)
+    if e.name == "agent":  # its program runs against the engines: loaded and checked above, run once they are up
+        return
     played, firsts = envs.played(e), {}
     for i, row in enumerate(rows):
         firsts.setdefault(row.get("env_choice", ""), i)

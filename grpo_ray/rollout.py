@@ -20,20 +20,19 @@ memory, answers garbage or floods): that trajectory alone, counted, with the rew
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
 import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 from grpo_ray.engine_loop import EngineLoop
 from grpo_ray.envs import played
 from grpo_ray.envs.child import EnvChild
 from grpo_ray.envs.template import Observations, TemplateError
 from grpo_ray.rewards import search_here
-from grpo_ray.types import Completion, Episode, Prompt
+from grpo_ray.trajectory import Trajectory, turn_seed
+from grpo_ray.types import Completion, Prompt
 
 FAILED = {
     "timeout": "ran past environment.timeout_s",
@@ -41,40 +40,6 @@ FAILED = {
     "memory": "ran out of memory (environment.memory_mb)",
     "lost": "lost its process (another episode in it hung or exited)",
 }
-
-
-@dataclass
-class Trajectory:
-    prompt: int
-    """Index of its prompt in the batch."""
-    seed: int
-    key: str
-    child: EnvChild
-    generation: int = 0
-    """The child's generation its episode started in."""
-    ids: list[int] = field(default_factory=list)
-    """Tokens after the prompt."""
-    mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    """The version of the weights that sampled each token (an observation's: its turn's last token's)."""
-    texts: list[str] = field(default_factory=list)
-    episode: Episode = field(default_factory=lambda: Episode([], 0.0))
-    finish_reason: str = "stop"
-    closed: bool = True
-    """Its last turn ended with the end-of-turn token (not with a stop string)."""
-
-    def completion(self) -> Completion:
-        return Completion(
-            self.prompt,
-            self.ids,
-            "".join(self.texts),
-            self.logprobs,
-            self.finish_reason,
-            self.mask,
-            self.episode,
-            self.versions or None,
-        )
 
 
 def done_future(value) -> Future:
@@ -115,11 +80,6 @@ def open_prompt(prompt: Prompt, opening: str, tokenizer, recipe) -> tuple[str, s
     return "taken", ""
 
 
-def turn_seed(seed: int, sample: int, turn: int) -> int:
-    """The sampling seed of one turn of one sample of a prompt (whose seed is `seed`): no history needed."""
-    return int.from_bytes(hashlib.blake2b(f"{seed}/{sample}/{turn}".encode(), digest_size=4).digest(), "little")
-
-
 class Episodes:
     """Runs a batch's trajectories on one engine; one instance per generator, its environment processes kept."""
 
@@ -135,8 +95,15 @@ class Episodes:
         self.decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
         self.played = played(e)
         """Each environment by its label ("": environment.name's, for rows that choose none)."""
-        self.children = [EnvChild(e.memory_mb, e.sandbox, list(self.played.values())) for _ in range(e.workers)]
         self.pool = ThreadPoolExecutor(max_workers=2 * e.workers, thread_name_prefix="env")
+        self.agents = None
+        """An agent program's runs (environment.name agent: ``grpo_ray.agent_rollout``) instead of children."""
+        if e.name == "agent":
+            from grpo_ray.agent_rollout import AgentRuns
+
+            self.children, self.agents = [], AgentRuns(self)
+        else:
+            self.children = [EnvChild(e.memory_mb, e.sandbox, list(self.played.values())) for _ in range(e.workers)]
         self.reported: set[str] = set()
         self.keys = itertools.count()
         """Each group's key (its trajectories' are key/sample, their turns' requests key/sample/turn)."""
@@ -161,6 +128,8 @@ class Episodes:
         with the adapters `lora()` names as it is sent. The future gives the trajectories (prompt index 0) once each
         has ended. A trajectory goes from turn to turn in callbacks: an answered turn hands its environment call to
         the pool, an answered call sends the next turn; the engine meanwhile serves the others."""
+        if self.agents:
+            return self.agents.start(prompt, n, seed, sampling, loop, lora)
         key, budget, max_turns = next(self.keys), self.env.max_tokens, self.env.max_turns
         group: Future = Future()
         ts = [Trajectory(0, seed, f"{key}/{j}", self.children[(key * n + j) % len(self.children)]) for j in range(n)]
@@ -383,6 +352,8 @@ class Episodes:
         self.pool.shutdown(wait=False, cancel_futures=True)
         for c in self.children:
             c.close()
+        if self.agents:
+            self.agents.close()
 
 
 def episode_values(completions: list[Completion]) -> dict[str, list[float]]:
@@ -398,6 +369,7 @@ def episode_values(completions: list[Completion]) -> dict[str, list[float]]:
             "timeouts": c.episode.failure == "timeout",
             "seconds": c.episode.seconds,
             "opening_mismatches": c.episode.opening_mismatch,
+            "off_record_calls": c.episode.off_record,
             "ended_by_turns": c.episode.ended == "turns",
             "ended_by_tokens": c.episode.ended in ("tokens", "length"),
             "model_tokens": sum(c.mask),

@@ -94,6 +94,8 @@ class Episode:
     """Time spent in the environment's calls."""
     rewards: list[float] = field(default_factory=list)
     """The environment's reward of each model turn, at its turn (the turn's step's; in dumps, for per-turn credit)."""
+    off_record: int = 0
+    """An agent program's calls that did not extend its conversation: answered, not trained on (grpo_ray.endpoint)."""
     opening_mismatch: bool = False
     """Its reset's opening observation was not found in the row's prompt (``environment.opening``: counted)."""
 

@@ -32,7 +32,10 @@ LAYERS = [  # bottom to top: a module imports modules of its own layer or below,
             "early_stop",
             "envs",
             "engine_loop",  # a vLLM engine stepped on a thread of its own
+            "trajectory",  # a multi-turn trajectory as it is built
+            "endpoint",  # an OpenAI-compatible endpoint on an engine, for agent programs
             "rollout",  # multi-turn rollouts on an engine it is given
+            "agent_rollout",  # agent programs' trajectories, for rollout
         ],
     ),  # no Ray actors started, no training
     ("roles", ["roles"]),  # one Ray actor class per role

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import pydantic
 
+from grpo_ray.envs.agent import Agent
 from grpo_ray.envs.base import Environment, Step, import_class
 from grpo_ray.envs.builtin import Calculator, Guess
 from grpo_ray.envs.openenv_env import OpenEnv
@@ -51,7 +52,14 @@ class EnvironmentLoadError(UserError):
 
 def known() -> dict[str, type[Environment]]:
     """The built-in environments by name."""
-    return {"calculator": Calculator, "guess": Guess, "openenv": OpenEnv, "skyrl_gym": SkyRLGym, "textarena": TextArena}
+    return {
+        "agent": Agent,
+        "calculator": Calculator,
+        "guess": Guess,
+        "openenv": OpenEnv,
+        "skyrl_gym": SkyRLGym,
+        "textarena": TextArena,
+    }
 
 
 def load(name: str) -> type[Environment]:
@@ -109,6 +117,8 @@ def modules(e) -> list[str]:
             names += [given.get("env") or "", given.get("action") or ""]
         if name == "textarena":
             names.append(given.get("opponent") or "")
+        if name == "agent":
+            names.append(given.get("program") or "")
     return [n for n in names if ":" in n]
 
 

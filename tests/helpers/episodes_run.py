@@ -86,6 +86,7 @@ if __name__ == "__main__":
                 "overrides": overrides,
                 "prompts": [p.ids for p in prompts],
                 "messages": [p.messages for p in prompts],
+                "questions": [q for q, _ in QUESTIONS],
                 "completions": [dataclasses.asdict(c) for c in completions],
                 "engine": turns,
                 "observation_ids": {k: episodes.observations.ids(f"turn {k}") for k in (1, 2)},

@@ -1,0 +1,127 @@
+"""Agent programs' trajectories on one engine (``environment.name: agent``): each trajectory is one run of the
+program (``grpo_ray.envs.agent``) in an agent process, its calls answered by the generator's endpoint
+(``grpo_ray.endpoint``) and recorded token in, token out.
+
+A group's programs run at once, each in its session. When all have ended, the group's prompt is their first call's
+(the programs of a group must open alike: a group answers one prompt; where they differ the group's trajectories end
+as errors, said), and each trajectory is what its session recorded after it, with the program's return value as its
+reward. A trajectory with no token (a program that failed before its first call, or never called) gets one turn
+generated from the group's prompt, as a failed reset does, and is counted.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+from concurrent.futures import Future
+from functools import partial
+from pathlib import Path
+
+from grpo_ray.endpoint import Endpoint, Session
+from grpo_ray.envs import load, options
+from grpo_ray.envs.agent_child import AgentChild
+from grpo_ray.trajectory import Trajectory, turn_seed
+from grpo_ray.types import Prompt
+
+FAILED = {
+    "timeout": "ran past environment.options.timeout_s",
+    "died": "exited, or lost its process (another episode in it ran past its time, exited or ran out of memory)",
+    "memory": "ran out of memory (environment.memory_mb)",
+}
+
+
+class AgentRuns:
+    """The endpoint and agent processes of one generator; runs groups for ``grpo_ray.rollout.Episodes``."""
+
+    def __init__(self, episodes):
+        self.episodes, e = episodes, episodes.env
+        self.options = options(load("agent"), e.options)
+        self.dir = tempfile.mkdtemp(prefix="grpo-agent-")
+        path = str(Path(self.dir) / "endpoint.sock")
+        self.endpoint = Endpoint(episodes.tokenizer, episodes.recipe, path)
+        self.children = [AgentChild(e.memory_mb, e.sandbox, path, self.options.program) for _ in range(e.workers)]
+
+    def start(self, prompt: Prompt, n: int, seed: int, sampling, loop, lora=lambda: None) -> Future:
+        """Run `n` programs on `prompt`'s row; the future gives their trajectories (prompt index 0), `prompt`
+        rewritten in place to their first call's."""
+        ep, o = self.episodes, self.options
+        key, group, lock, left = next(ep.keys), Future(), threading.Lock(), [n]
+        ts = [Trajectory(0, seed, f"{key}/{j}", None) for j in range(n)]
+        sessions = [
+            Session(t.key, loop, lora, sampling, turn_seed(seed, j, 0), ep.env.max_tokens) for j, t in enumerate(ts)
+        ]
+
+        def ended(t, s: Session, future: Future) -> None:
+            try:
+                self._record(t, s, *future.result())
+                with lock:
+                    left[0] -= 1
+                    if left[0]:
+                        return
+                self._finish(prompt, ts, sessions, group, loop, lora, sampling)
+            except BaseException as e:  # a failure here fails the group (the caller's result raises it)
+                if not group.done():
+                    group.set_exception(e)
+
+        row = prompt.env_row()
+        for j, (t, s) in enumerate(zip(ts, sessions)):
+            self.endpoint.open(s)
+            child = self.children[(key * n + j) % len(self.children)]
+            child.start(t.key, o.program, o.kwargs, row, o.timeout_s).add_done_callback(partial(ended, t, s))
+        return group
+
+    def _record(self, t, s: Session, outcome: str, value) -> None:
+        """Trajectory `t` from its session `s` and how its program ended."""
+        self.endpoint.close(t.key)
+        e = t.episode
+        t.ids, t.mask, t.logprobs, t.versions, t.texts = s.ids, s.mask, s.logprobs, s.versions, s.texts
+        e.turns, e.off_record, e.ended = list(s.texts), s.off_record, s.ended or "done"
+        if outcome == "ok":
+            e.reward, e.rewards = value, [value]
+            if not s.ids:
+                self.episodes._failed(t, "error", "the program called the model 0 times")
+        else:
+            self.episodes._failed(t, outcome, value if outcome == "error" else f"the program {FAILED[outcome]}")
+
+    def _finish(self, prompt: Prompt, ts: list, sessions: list[Session], group: Future, loop, lora, sampling) -> None:
+        """The group's prompt from its programs' first calls; a turn for each trajectory with no token; then the
+        group's result."""
+        opened = {tuple(s.prompt) for s in sessions if s.ids}
+        if len(opened) > 1:
+            for t in ts:
+                self.episodes._failed(
+                    t, "error", "the group's programs opened with different prompts: a group answers one"
+                )
+                t.ids, t.mask, t.logprobs, t.versions = [], [], [], []
+        elif opened:
+            first = next(s for s in sessions if s.ids)
+            prompt.ids, prompt.messages = list(first.prompt), first.opened
+            prompt.text = self.episodes.tokenizer.decode(first.prompt)
+        empty = [t for t in ts if not t.ids]
+        if not empty:
+            group.set_result([t.completion() for t in ts])
+            return
+        left, lock = [len(empty)], threading.Lock()
+
+        def generated(t, future: Future) -> None:
+            try:
+                self.episodes._add_turn(t, future.result().outputs[0])
+            except BaseException as e:
+                if not group.done():
+                    group.set_exception(e)
+                return
+            with lock:
+                left[0] -= 1
+                if left[0]:
+                    return
+            group.set_result([t.completion() for t in ts])
+
+        for t in empty:
+            params = self.episodes._turn_params(t, 0, sampling, self.episodes.env.max_tokens)
+            sent = loop.submit({"prompt_token_ids": prompt.ids}, params, lora(), f"{t.key}/0")
+            sent.add_done_callback(partial(generated, t))
+
+    def close(self) -> None:
+        for c in self.children:
+            c.close()
+        self.endpoint.shutdown()

@@ -1,0 +1,249 @@
+"""An OpenAI-compatible endpoint on a generator's engine, for agent programs that drive the model themselves
+(``environment.name: agent``, ``grpo_ray.envs.agent``), recording each session token in, token out.
+
+It listens on a Unix socket of the generator's (the agent processes reach it through a loopback port of their own:
+``grpo_ray.envs.agent_child``) and answers ``POST /s/<session>/v1/chat/completions`` as OpenAI's chat completions
+do (``choices[0].message.content``, ``finish_reason``, ``usage``), the message carrying the token-level variant
+beside its text, as NeMo Gym's model server and verifiers' interception server return it: ``prompt_token_ids``,
+``generation_token_ids`` and ``generation_log_probs``. Sampling is the recipe's (``generator.sampling``:
+temperature, top_p, top_k, and each call's tokens at most its max_tokens): the policy trained is the policy sampled.
+A request's own ``max_tokens`` (or ``max_completion_tokens``) may only lower it; its other sampling fields are
+ignored.
+
+A session is one trajectory. Its first call's messages are templated as a row's prompt; each later call must be the
+conversation so far (the messages of the call before and the reply as answered, text for text) and new messages
+after it (a tool's output, the user's next turn): then its prompt is the ids so far, the engine's own for every
+reply, and the new messages laid out by the chat template (each message's text tokenized with special tokens split,
+so an output that prints ``<|im_end|>`` cannot close a message). So the trajectory trained is exactly what the engine
+consumed and produced, the loss mask 1 on the replies. A call that does not extend the conversation (the program
+rewrote or dropped a turn) is answered from its own messages and not recorded (``env/off_record_calls``). The
+trajectory's tokens after its first prompt are limited by environment.max_tokens: once spent, a call answers
+nothing with finish_reason ``length``.
+"""
+
+from __future__ import annotations
+
+import json
+import socketserver
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler
+
+from grpo_ray.envs.template import TemplateError
+
+TURN = "\u2063turn-7f3a\u2063"
+CONTENT = "\u2063content-{}-7f3a\u2063"
+
+
+@dataclass
+class Session:
+    """One agent trajectory as the endpoint has recorded it."""
+
+    key: str
+    loop: object
+    """The engine loop its calls are sent to."""
+    lora: object
+    """A callable: the adapters a call is served with as it is sent."""
+    sampling: object
+    seed: int
+    budget: int
+    messages: list[dict] = field(default_factory=list)
+    """The conversation as last answered (its reply included)."""
+    prompt: list[int] = field(default_factory=list)
+    """The first call's prompt ids (the trajectory's prompt)."""
+    opened: list[dict] = field(default_factory=list)
+    """The first call's messages."""
+    ids: list[int] = field(default_factory=list)
+    """Tokens after the prompt: replies (mask 1) and the messages between them (mask 0)."""
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    """The replies and the messages between them, alternately, as text."""
+    closed: bool = True
+    """The last reply ended with the end-of-turn token."""
+    calls: int = 0
+    off_record: int = 0
+    ended: str = ""
+    """"tokens" once environment.max_tokens is spent."""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def continuation(tokenizer, kwargs: dict, before: list[dict], new: list[dict], closed: bool) -> list[int]:
+    """The ids after a reply (the last message of `before`, sampled: its own ids are not here) up to the next
+    reply's generation prompt: the reply's closing (its end-of-turn token when the reply did not sample it), then
+    `new` as the chat template lays them out. TemplateError where the template is not append-only."""
+
+    def render(messages, generation):
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation, **kwargs)
+
+    head = [*before[:-1], {**before[-1], "content": TURN}]
+    marked = [{**m, "content": CONTENT.format(i)} for i, m in enumerate(new)]
+    a, b = render(head, False), render(head + marked, True)
+    if not b.startswith(a):
+        raise TemplateError("the chat template is not append-only: a message after the reply rewrites the reply")
+    closing = a[a.index(TURN) + len(TURN) :]
+    eos = tokenizer.eos_token or ""
+    if eos and closing.startswith(eos):
+        closing = closing[len(eos) :]
+    text, ids = closing + b[len(a) :], [] if closed else [tokenizer.eos_token_id]
+    for i, m in enumerate(new):
+        piece, _, text = text.partition(CONTENT.format(i))
+        ids += tokenizer.encode(piece, add_special_tokens=False)
+        ids += tokenizer.encode(m["content"], add_special_tokens=False, split_special_tokens=True)
+    return ids + tokenizer.encode(text, add_special_tokens=False)
+
+
+class Endpoint:
+    """The endpoint of one generator: its sessions by key, served on a Unix socket at `path`."""
+
+    def __init__(self, tokenizer, recipe, path: str):
+        self.tokenizer, self.env, self.path = tokenizer, recipe.environment, path
+        self.kwargs = recipe.model.chat_template_kwargs or {}
+        self.sessions: dict[str, Session] = {}
+        self.server = _Server(path, _Handler)
+        self.server.endpoint = self
+        threading.Thread(target=self.server.serve_forever, name="endpoint", daemon=True).start()
+
+    def open(self, session: Session) -> None:
+        self.sessions[session.key] = session
+
+    def close(self, key: str) -> Session:
+        return self.sessions.pop(key)
+
+    def shutdown(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def chat(self, key: str, body: dict) -> dict:
+        """The answer to one chat completion of session `key` (ValueError: a request this endpoint refuses)."""
+        s = self.sessions.get(key)
+        if s is None:
+            raise LookupError(f"no session {key!r} (its trajectory has ended)")
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise ValueError("messages: expected a non-empty list")
+        for m in messages:
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise ValueError("each message needs string 'role' and 'content' (tool calls as text)")
+            if len(m["content"]) > self.env.max_observation_chars:
+                raise ValueError(f"a message of {len(m['content'])} characters, over environment.max_observation_chars")
+        asked = body.get("max_completion_tokens") or body.get("max_tokens") or s.sampling.max_tokens
+        with s.lock:  # one call of a session at a time: each extends the one before
+            return self._answer(s, [{"role": m["role"], "content": m["content"]} for m in messages], int(asked))
+
+    def _answer(self, s: Session, messages: list[dict], asked: int) -> dict:
+        seen = len(s.messages)
+        extends = s.calls > 0 and messages[:seen] == s.messages and len(messages) > seen
+        extends = extends and all(m["role"] != "assistant" for m in messages[seen:])
+        if s.calls == 0:
+            prompt = self._template(messages)
+            s.prompt, s.opened, record = prompt, messages, True
+        elif extends and not s.ended:
+            gap = continuation(self.tokenizer, self.kwargs, s.messages, messages[seen:], s.closed)
+            prompt, record = s.prompt + s.ids + gap, True
+        else:  # answered as asked, not recorded: the trajectory is what the conversation was up to here
+            prompt, record = self._template(messages), False
+            s.off_record += not s.ended
+        s.calls += 1
+        room = s.budget - (len(prompt) - len(s.prompt)) if record else s.sampling.max_tokens
+        limit = min(asked, s.sampling.max_tokens, room)
+        if record and limit <= 0:
+            s.ended = "tokens"
+            return self._response(prompt, [], [], "length")
+        out = s.loop.submit({"prompt_token_ids": prompt}, self._params(s, limit), s.lora(), f"{s.key}/{s.calls}")
+        out = out.result().outputs[0]
+        ids, logprobs = list(out.token_ids), [lp[t].logprob for t, lp in zip(out.token_ids, out.logprobs)]
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        if record:
+            new = prompt[len(s.prompt) + len(s.ids) :]
+            if s.texts:
+                s.texts.append("\n\n".join(m["content"] for m in messages[seen:]))
+            s.ids += new + ids
+            s.mask += [0] * len(new) + [1] * len(ids)
+            s.logprobs += [0.0] * len(new) + logprobs
+            labels = [int(span.version) for span in out.weight_versions or [] for _ in range(span.start, span.end)]
+            s.versions += (s.versions[-1:] or labels[:1]) * len(new) + labels
+            s.texts.append(text)
+            s.messages = [*messages, {"role": "assistant", "content": text}]
+            s.closed = bool(ids) and ids[-1] == self.tokenizer.eos_token_id
+        return self._response(prompt, ids, logprobs, out.finish_reason or "stop", text)
+
+    def _template(self, messages: list[dict]) -> list[int]:
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **self.kwargs)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _params(self, s: Session, limit: int):
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            n=1,
+            temperature=s.sampling.temperature,
+            top_p=s.sampling.top_p,
+            top_k=s.sampling.top_k,
+            max_tokens=limit,
+            logprobs=0,
+            stop=list(self.env.stop) or None,
+            include_stop_str_in_output=True,
+            seed=(s.seed + s.calls) % (1 << 32),
+        )
+
+    def _response(self, prompt: list[int], ids: list[int], logprobs: list[float], finish: str, text: str = "") -> dict:
+        message = {
+            "role": "assistant",
+            "content": text,
+            "prompt_token_ids": prompt,
+            "generation_token_ids": ids,
+            "generation_log_probs": logprobs,
+        }
+        return {
+            "id": f"chatcmpl-{time.time_ns()}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": "policy",
+            "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": len(ids),
+                "total_tokens": len(prompt) + len(ids),
+            },
+        }
+
+
+class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    endpoint: Endpoint
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: an agent's client reuses its connection
+
+    def do_POST(self) -> None:
+        parts = self.path.split("/")  # /s/<key>/v1/chat/completions (a key may hold slashes)
+        if len(parts) < 6 or parts[1] != "s" or "/".join(parts[-3:]) != "v1/chat/completions":
+            return self._send(404, {"error": {"message": f"no such route {self.path} (POST .../v1/chat/completions)"}})
+        try:
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+            answer = self.server.endpoint.chat("/".join(parts[2:-3]), body)
+        except LookupError as e:
+            return self._send(404, {"error": {"message": str(e)}})
+        except (ValueError, TemplateError) as e:
+            return self._send(400, {"error": {"message": str(e)}})
+        except Exception as e:  # the engine failed: the agent's call fails, said
+            return self._send(500, {"error": {"message": f"{type(e).__name__}: {e}"}})
+        self._send(200, answer)
+
+    def _send(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def address_string(self) -> str:
+        return "agent"
+
+    def log_message(self, format, *args) -> None:  # noqa: A002
+        pass

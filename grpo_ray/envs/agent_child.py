@@ -1,0 +1,177 @@
+"""Agent programs in child processes of the generator, under the sandbox (``grpo_ray.rewards.sandbox``), each
+program's episode on a thread of its own (programs wait on the model most of the time).
+
+The endpoint (``grpo_ray.endpoint``) listens on a Unix socket of the generator's. In a sandboxed child there is no
+network but the child's own loopback, which it brings up, and a port on it relays each connection to that socket:
+so a program reaches the endpoint at ``http://127.0.0.1:<port>/s/<session>/v1`` with any OpenAI client, and
+nothing else. A program that raises fails its episode with its traceback; one that runs past its time limit, exits
+or runs out of memory costs the child, which is replaced (its other episodes are lost with it).
+"""
+
+from __future__ import annotations
+
+import inspect
+import socket
+import threading
+from concurrent.futures import Future
+
+from grpo_ray.rewards.sandbox import RewardChild, isolate
+
+
+def loopback_up() -> None:
+    """Bring up `lo` in this network namespace (a new one has it down)."""
+    import fcntl
+    import struct
+
+    get_flags, set_flags, up = 0x8913, 0x8914, 0x1
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        flags = struct.unpack("16sH14s", fcntl.ioctl(s, get_flags, struct.pack("16sH14s", b"lo", 0, bytes(14))))[1]
+        fcntl.ioctl(s, set_flags, struct.pack("16sH14s", b"lo", flags | up, bytes(14)))
+
+
+def relay(path: str) -> int:
+    """Listen on a loopback port and relay each connection to the Unix socket `path`; the port."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+
+    def pipe(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(1 << 16):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def accept() -> None:
+        while True:
+            conn, _ = server.accept()
+            upstream = socket.socket(socket.AF_UNIX)
+            upstream.connect(path)
+            for a, b in ((conn, upstream), (upstream, conn)):
+                threading.Thread(target=pipe, args=(a, b), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    return server.getsockname()[1]
+
+
+def agent_main(conn, memory_mb: int, sandbox: bool, network: bool, sources: dict) -> None:
+    isolation = isolate(network) if sandbox else "none (turned off)"
+    if isolation == "network+filesystem":
+        loopback_up()
+    import resource
+
+    limit = memory_mb << 20
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    port, lock = relay(sources["endpoint"]), threading.Lock()
+    try:  # the program's module now, not in its first episode's time limit
+        from grpo_ray.envs.agent import program
+
+        program(sources["program"])
+    except BaseException:
+        pass  # each episode says why
+    conn.send(isolation)
+
+    def episode(key: str, name: str, kwargs: dict, row: dict) -> None:
+        try:
+            from grpo_ray.envs.agent import program, reward_of
+
+            out = program(name)(f"http://127.0.0.1:{port}/s/{key}/v1", row, **kwargs)
+            if inspect.isawaitable(out):
+                import asyncio
+
+                out = asyncio.run(out)
+            answer = ("ok", reward_of(out))
+        except MemoryError:
+            answer = ("memory", None)
+        except BaseException as e:  # SystemExit too: the program's episode fails, not the child
+            from grpo_ray import envs
+            from grpo_ray.rewards.runner import failure_text
+
+            answer = ("error", failure_text(e, (__file__, envs.__file__)))
+        with lock:
+            conn.send((key, *answer))
+
+    while True:
+        try:
+            call = conn.recv()
+        except EOFError:
+            return
+        threading.Thread(target=episode, args=call, daemon=True).start()
+
+
+class AgentChild(RewardChild):
+    """One child process running agent programs' episodes at once; ``start`` gives each one's future."""
+
+    main = staticmethod(agent_main)
+
+    def __init__(self, memory_mb: int, sandbox: bool, endpoint: str, program: str):
+        self.pending: dict[str, tuple[Future, object]] = {}
+        """Each running episode's future, with the pipe it was sent on (a replaced child's end with it)."""
+        self.lock = threading.Lock()
+        super().__init__(memory_mb, sandbox, network=False, sources={"endpoint": endpoint, "program": program})
+        self._listen()
+
+    def _listen(self) -> None:
+        threading.Thread(target=self._read, args=(self.conn,), daemon=True).start()
+
+    def _read(self, conn) -> None:
+        """Answer each episode's future as its result comes; when this pipe ends (the child died or was
+        replaced), every episode still pending on it ("died")."""
+        while True:
+            try:
+                key, outcome, value = conn.recv()
+            except (EOFError, OSError):
+                break
+            with self.lock:
+                done, _ = self.pending.pop(key, (None, None))
+            if done is not None:
+                done.set_result((outcome, value))
+        with self.lock:
+            lost = [k for k, (_, c) in self.pending.items() if c is conn]
+            futures = [self.pending.pop(k)[0] for k in lost]
+        for f in futures:
+            f.set_result(("died", None))
+
+    def start(self, key: str, program: str, kwargs: dict, row: dict, timeout_s: float) -> Future:
+        """Run the program's episode `key` on `row`; its future gives ("ok", reward) | ("error", traceback) |
+        ("timeout" | "died" | "memory", None). Past `timeout_s` the child is replaced, and the episodes it ran end
+        ("died")."""
+        done: Future = Future()
+        with self.lock:
+            try:
+                self.conn.send((key, program, kwargs, row))
+                self.pending[key] = (done, self.conn)
+            except (OSError, EOFError):
+                done.set_result(("died", None))
+                return done
+        timer = threading.Timer(timeout_s, self._overdue, args=(key, done))
+        timer.daemon = True
+        timer.start()
+        done.add_done_callback(lambda _: timer.cancel())
+        return done
+
+    def _overdue(self, key: str, done: Future) -> None:
+        with self.lock:
+            if self.pending.get(key, (None,))[0] is not done:
+                return
+            self.pending.pop(key)
+        done.set_result(("timeout", None))
+        self.restart()
+
+    def restart(self) -> None:
+        with self.lock:
+            super().restart()
+        self._listen()
+
+    def close(self, grace_s: float = 5.0) -> None:
+        self.conn.close()
+        self.proc.join(grace_s)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()

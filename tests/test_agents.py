@@ -1,0 +1,116 @@
+"""Agent programs that drive the model themselves (environment.name: agent): the OpenAI-compatible endpoint on a
+real vLLM engine, the programs using the openai client in sandboxed agent processes, each session recorded token in,
+token out (grpo_ray/endpoint.py, grpo_ray/agent_rollout.py, grpo_ray/envs/agent_child.py)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from grpo_ray.config import RecipeError, load_recipe
+from tests.conftest import ROOT
+
+PROGRAMS = ["chat", "rewrites", "raises", "silent", "hangs", "reaches_out"]
+
+
+@pytest.fixture(scope="module")
+def agent_runs():
+    """Each program's group of 3 on 2 rows, on one engine, in one process (episodes_run.py)."""
+    cases = [
+        [
+            "qwen2",
+            "agent",
+            [f"environment.options.program=tests.helpers.agents:{p}", "environment.options.timeout_s=20"],
+        ]
+        for p in PROGRAMS
+    ]
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "helpers" / "episodes_run.py"), json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=600,
+    )
+    line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert line, out.stderr[-3000:]
+    return dict(zip(PROGRAMS, json.loads(line[7:]))), out.stderr
+
+
+@pytest.mark.slow
+def test_an_agent_programs_trajectory_is_what_the_engine_consumed_and_produced(agent_runs):
+    """Three calls a session through the openai client: each call's request to the engine is exactly the group's
+    prompt and the trajectory so far; the replies are the engine's outputs (mask 1, their logprobs), the tool
+    messages between them laid out by the template (mask 0); the reward is the program's; the group's prompt is its
+    first call's."""
+    run = agent_runs[0]["chat"]
+    requests = {r["request"]: r for r in run["engine"]}
+    several = 0
+    for n, c in enumerate(run["completions"]):
+        prompt, ids, mask, key = run["prompts"][c["prompt"]], c["token_ids"], c["mask"], f"{n // 3}/{n % 3}"
+        assert run["messages"][c["prompt"]] == [{"role": "user", "content": run["questions"][c["prompt"]]}]
+        at, calls = 0, [requests[f"{key}/{k}"] for k in (1, 2, 3) if f"{key}/{k}" in requests]
+        for k, r in enumerate(calls):
+            assert (
+                r["prompt_ids"] == prompt + ids[:at] or k and r["prompt_ids"][: len(prompt) + at] == prompt + ids[:at]
+            )
+            gap = r["prompt_ids"][len(prompt) + at :]
+            assert mask[at : at + len(gap)] == [0] * len(gap)
+            at += len(gap)
+            out = r["output_ids"]
+            assert ids[at : at + len(out)] == out and mask[at : at + len(out)] == [1] * len(out)
+            at += len(out)
+        assert at == len(ids) == len(c["sampler_logprobs"]) and len(calls) == 3
+        assert all((lp < 0) if m else (lp == 0.0) for lp, m in zip(c["sampler_logprobs"], mask))
+        assert c["episode"]["reward"] == pytest.approx(0.01 * len("".join(c["episode"]["turns"][0::2])))
+        assert c["episode"]["failure"] == "" and c["episode"]["off_record"] == 0
+        several += 0 in mask
+    assert several == len(run["completions"])
+
+
+@pytest.mark.slow
+def test_a_rewritten_history_is_answered_and_not_recorded(agent_runs):
+    for c in agent_runs[0]["rewrites"]["completions"]:
+        assert c["episode"]["off_record"] == 1 and c["episode"]["failure"] == "" and 0 not in c["mask"]
+
+
+@pytest.mark.slow
+def test_a_failing_silent_or_hanging_program_ends_its_trajectory_counted(agent_runs):
+    """A program that raises (its traceback shown once), never calls the model, or runs past its time limit (its
+    process replaced, the other episodes it ran lost with it): its trajectory fails, with one turn generated from
+    the row's prompt so that it has tokens, never the run."""
+    runs, stderr = agent_runs
+    for name, failures in (("raises", {"error"}), ("silent", {"error"}), ("hangs", {"timeout", "error"})):
+        completions = runs[name]["completions"]
+        assert all(c["episode"]["failure"] in failures and c["token_ids"] for c in completions), name
+    # a program past its time costs its process: the other episodes it ran end with it, lost (counted as errors)
+    assert any(c["episode"]["failure"] == "timeout" for c in runs["hangs"]["completions"])
+    assert stderr.count("ValueError: the harness broke") == 1
+    assert "the program called the model 0 times" in stderr
+
+
+@pytest.mark.slow
+def test_an_agent_program_reaches_the_endpoint_and_nothing_else(agent_runs):
+    assert [c["episode"]["reward"] for c in agent_runs[0]["reaches_out"]["completions"]] == [1.0] * 6
+
+
+def test_an_agent_program_is_checked_before_start():
+    with pytest.raises(RecipeError, match=r"environment.options: program='tests.helpers.nowhere:run': cannot import"):
+        from grpo_ray.preflight import try_environment
+
+        try_environment(
+            load_recipe(
+                ROOT / "recipes" / "tiny-cpu.yaml",
+                ["environment.name=agent", "environment.options.program=tests.helpers.nowhere:run"],
+            ),
+            None,
+            [{}],
+        )
+    with pytest.raises(RecipeError, match="an agent program plays every row"):
+        load_recipe(
+            ROOT / "recipes" / "tiny-cpu.yaml",
+            ["environment.name=agent", "environment.choices={g: {name: guess}}", "environment.options.program=x:y"],
+        )
