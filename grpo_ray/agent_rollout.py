@@ -38,7 +38,7 @@ class AgentRuns:
         self.options = options(load("agent"), e.options)
         self.dir = tempfile.mkdtemp(prefix="grpo-agent-")
         path = str(Path(self.dir) / "endpoint.sock")
-        self.endpoint = Endpoint(episodes.tokenizer, episodes.recipe, path)
+        self.endpoint = Endpoint(episodes.tokenizer, episodes.recipe, path, episodes.pieces)
         self.children = [AgentChild(e.memory_mb, e.sandbox, path, self.options.program) for _ in range(e.workers)]
 
     def start(self, prompt: Prompt, n: int, seed: int, sampling, loop, lora=lambda: None) -> Future:

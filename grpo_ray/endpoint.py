@@ -16,9 +16,9 @@ after it (a tool's output, the user's next turn): then its prompt is the ids so 
 reply, and the new messages laid out by the chat template (each message's text tokenized with special tokens split,
 so an output that prints ``<|im_end|>`` cannot close a message). So the trajectory trained is exactly what the engine
 consumed and produced, the loss mask 1 on the replies. A call that does not extend the conversation (the program
-rewrote or dropped a turn) is answered from its own messages and not recorded (``env/off_record_calls``). The
-trajectory's tokens after its first prompt are limited by environment.max_tokens: once spent, a call answers
-nothing with finish_reason ``length``.
+rewrote or dropped a turn) is answered from its own messages and not recorded (``env/off_record_calls``). A
+trajectory has at most environment.max_turns replies and environment.max_tokens tokens after its first prompt:
+past either, a call answers nothing with finish_reason ``length`` (the episode ended by turns or tokens).
 """
 
 from __future__ import annotations
@@ -31,6 +31,11 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 
 from grpo_ray.envs.template import TemplateError
+
+
+class Refused(ValueError):
+    """A request the endpoint refuses (HTTP 400): what is wrong with it."""
+
 
 TURN = "\u2063turn-7f3a\u2063"
 CONTENT = "\u2063content-{}-7f3a\u2063"
@@ -66,7 +71,7 @@ class Session:
     calls: int = 0
     off_record: int = 0
     ended: str = ""
-    """"tokens" once environment.max_tokens is spent."""
+    """"turns" or "tokens" once environment.max_turns or max_tokens is spent."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -98,8 +103,10 @@ def continuation(tokenizer, kwargs: dict, before: list[dict], new: list[dict], c
 class Endpoint:
     """The endpoint of one generator: its sessions by key, served on a Unix socket at `path`."""
 
-    def __init__(self, tokenizer, recipe, path: str):
-        self.tokenizer, self.env, self.path = tokenizer, recipe.environment, path
+    def __init__(self, tokenizer, recipe, path: str, pieces=None):
+        """`pieces(role)`: the template's pieces around one message of `role` (``Episodes.pieces``), the layout of
+        a call that adds one message (a tool's answer) without rendering the conversation again."""
+        self.tokenizer, self.env, self.path, self.pieces = tokenizer, recipe.environment, path, pieces
         self.kwargs = recipe.model.chat_template_kwargs or {}
         self.sessions: dict[str, Session] = {}
         self.server = _Server(path, _Handler)
@@ -117,21 +124,23 @@ class Endpoint:
         self.server.server_close()
 
     def chat(self, key: str, body: dict) -> dict:
-        """The answer to one chat completion of session `key` (ValueError: a request this endpoint refuses)."""
+        """The answer to one chat completion of session `key` (Refused: a request this endpoint refuses)."""
         s = self.sessions.get(key)
         if s is None:
             raise LookupError(f"no session {key!r} (its trajectory has ended)")
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
-            raise ValueError("messages: expected a non-empty list")
+            raise Refused("messages: expected a non-empty list")
         for m in messages:
             if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise ValueError("each message needs string 'role' and 'content' (tool calls as text)")
+                raise Refused("each message needs string 'role' and 'content' (tool calls as text)")
             if len(m["content"]) > self.env.max_observation_chars:
-                raise ValueError(f"a message of {len(m['content'])} characters, over environment.max_observation_chars")
+                raise Refused(f"a message of {len(m['content'])} characters, over environment.max_observation_chars")
         asked = body.get("max_completion_tokens") or body.get("max_tokens") or s.sampling.max_tokens
+        if not isinstance(asked, int) or asked < 1:
+            raise Refused(f"max_tokens={asked!r}: expected a positive integer")
         with s.lock:  # one call of a session at a time: each extends the one before
-            return self._answer(s, [{"role": m["role"], "content": m["content"]} for m in messages], int(asked))
+            return self._answer(s, [{"role": m["role"], "content": m["content"]} for m in messages], asked)
 
     def _answer(self, s: Session, messages: list[dict], asked: int) -> dict:
         seen = len(s.messages)
@@ -141,7 +150,11 @@ class Endpoint:
             prompt = self._template(messages)
             s.prompt, s.opened, record = prompt, messages, True
         elif extends and not s.ended:
-            gap = continuation(self.tokenizer, self.kwargs, s.messages, messages[seen:], s.closed)
+            new = messages[seen:]
+            if len(new) == 1 and self.pieces:
+                gap = self.pieces(new[0]["role"]).ids(new[0]["content"], s.closed)
+            else:
+                gap = continuation(self.tokenizer, self.kwargs, s.messages, new, s.closed)
             prompt, record = s.prompt + s.ids + gap, True
         else:  # answered as asked, not recorded: the trajectory is what the conversation was up to here
             prompt, record = self._template(messages), False
@@ -149,8 +162,8 @@ class Endpoint:
         s.calls += 1
         room = s.budget - (len(prompt) - len(s.prompt)) if record else s.sampling.max_tokens
         limit = min(asked, s.sampling.max_tokens, room)
-        if record and limit <= 0:
-            s.ended = "tokens"
+        if record and (limit <= 0 or s.calls > self.env.max_turns):
+            s.ended = "tokens" if limit <= 0 else "turns"
             return self._response(prompt, [], [], "length")
         out = s.loop.submit({"prompt_token_ids": prompt}, self._params(s, limit), s.lora(), f"{s.key}/{s.calls}")
         out = out.result().outputs[0]
@@ -228,7 +241,7 @@ class _Handler(BaseHTTPRequestHandler):
             answer = self.server.endpoint.chat("/".join(parts[2:-3]), body)
         except LookupError as e:
             return self._send(404, {"error": {"message": str(e)}})
-        except (ValueError, TemplateError) as e:
+        except (Refused, TemplateError, json.JSONDecodeError) as e:
             return self._send(400, {"error": {"message": str(e)}})
         except Exception as e:  # the engine failed: the agent's call fails, said
             return self._send(500, {"error": {"message": f"{type(e).__name__}: {e}"}})

@@ -40,6 +40,46 @@ def agent_runs():
     return dict(zip(PROGRAMS, json.loads(line[7:]))), out.stderr
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "gemma3"])
+def test_a_calls_new_messages_are_laid_out_after_the_sampled_reply_as_the_template_renders_them(arch):
+    """The ids after a reply the engine sampled (its end-of-turn token included, or not: a stop string ended it)
+    and the new messages of the next call: together with the prompt and the reply they decode to the template's
+    own rendering of the longer conversation; one new message is laid out as the rollouts' observations are; a
+    message's text cannot open or close a message."""
+    from grpo_ray import tiny
+    from grpo_ray.endpoint import continuation
+    from grpo_ray.envs.template import Observations
+
+    tok = tiny.train_tokenizer(arch, ["Mia has 7 pears. <calc>7*2</calc> 14 and then? <|im_end|>"] * 20, 400)
+
+    def render(messages, generation):
+        return tok.apply_chat_template(messages, add_generation_prompt=generation, tokenize=False)
+
+    before = [{"role": "user", "content": "Mia has 7 pears."}, {"role": "assistant", "content": "<calc>7*2</calc>"}]
+    new = [
+        {"role": "user", "content": "14"},
+        {"role": "assistant", "content": "and"},
+        {"role": "user", "content": "then?"},
+    ]
+    new = (
+        [new[0]]
+        if arch == "gemma3"
+        else [new[0], {"role": "system", "content": "then?"}]
+        if arch == "llama"
+        else new[::2]
+    )
+    prompt = tok.encode(render(before[:1], True), add_special_tokens=False)
+    reply = tok.encode("<calc>7*2</calc>", add_special_tokens=False)
+    ids = prompt + reply + [tok.eos_token_id] + continuation(tok, {}, before, new, closed=True)
+    assert tok.decode(ids) == render(before + new, True)
+    one = continuation(tok, {}, before, new[:1], closed=False)
+    assert one == Observations.of(tok, "user").ids("14", ended=False) and one[0] == tok.eos_token_id
+    plain = continuation(tok, {}, before, [{"role": "user", "content": "x"}], closed=True)
+    inside = continuation(tok, {}, before, [{"role": "user", "content": "<|im_end|>" + tok.eos_token}], closed=True)
+    specials = set(tok.all_special_ids)
+    assert [i for i in inside if i in specials] == [i for i in plain if i in specials] and len(inside) > len(plain)
+
+
 @pytest.mark.slow
 def test_an_agent_programs_trajectory_is_what_the_engine_consumed_and_produced(agent_runs):
     """Three calls a session through the openai client: each call's request to the engine is exactly the group's
@@ -114,3 +154,32 @@ def test_an_agent_program_is_checked_before_start():
             ROOT / "recipes" / "tiny-cpu.yaml",
             ["environment.name=agent", "environment.choices={g: {name: guess}}", "environment.options.program=x:y"],
         )
+
+
+@pytest.mark.slow
+def test_an_agent_program_trains_in_the_tiny_twin(tmp_path):
+    """The agent twin's recipe with an agent program in place of its calculator: the run trains on what the
+    programs' sessions recorded, rewarded by their return values."""
+    from tests.conftest import run_cli
+
+    out = tmp_path / "run"
+    res = run_cli(
+        "train",
+        "recipes/tiny-qwen2.5-7b-gsm8k-agent.yaml",
+        "environment.name=agent",
+        "environment.options.program=tests.helpers.agents:chat",
+        "environment.options.kwargs={turns: 2}",
+        "reward.functions=[]",
+        "trainer.total_steps=2",
+        "trainer.val_before_train=false",
+        f"trainer.output_dir={out}",
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in steps] == [1, 2]
+    assert all(m["env/errors"] == 0 and m["env/turns/mean"] == 2 and m["env/reward/mean"] > 0 for m in steps)
+    dump = [json.loads(line) for line in (out / "rollouts" / "train_data_step2.jsonl").read_text().splitlines()]
+    for d in dump:
+        for s in d["samples"]:
+            assert s["rewards"]["environment"] == pytest.approx(0.01 * len("".join(s["episode"]["turns"][0::2])))
+            assert 0 in s["loss_mask"] and s["episode"]["off_record"] == 0
