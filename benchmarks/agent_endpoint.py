@@ -107,7 +107,7 @@ def run_model(name: str, model: str, args) -> dict:
         [
             f"model.path={model}",
             "environment.name=agent",
-            f"environment.options.program=benchmarks.agent_endpoint:{os.environ.get('PROGRAM', 'converse')}",
+            "environment.options.program=benchmarks.agent_endpoint:converse",
             f"environment.options.kwargs={{turns: {args.turns}, tokens: {args.tokens}}}",
             f"environment.max_turns={args.turns}",
             "environment.max_tokens=400",
@@ -118,10 +118,17 @@ def run_model(name: str, model: str, args) -> dict:
     path = models.resolve(model)
     tok = models.load_tokenizer(path, recipe.model)
     llm = vllm.LLM(
-        model=path, dtype="float32", enforce_eager=True, seed=0, max_model_len=512, kv_cache_memory_bytes=256 << 20
+        model=path,
+        dtype="float32",
+        enforce_eager=True,
+        seed=0,
+        max_model_len=512,
+        kv_cache_memory_bytes=256 << 20,
+        enable_chunked_prefill=False,  # as the generators run on CPU
     )
     llm.llm_engine.set_weight_version("0")  # as a generator labels its weights
-    params = vllm.SamplingParams
+    params = getattr(vllm, "unpatched_sampling_params", vllm.SamplingParams)
+    vllm.unpatched_sampling_params = params
     vllm.SamplingParams = lambda **kw: params(**kw, ignore_eos=True)  # every reply --tokens long, on both paths
     sent, step = [], type(llm.llm_engine).step
 
@@ -187,23 +194,3 @@ def run_model(name: str, model: str, args) -> dict:
 
 if __name__ == "__main__":
     main()
-
-
-def timed(base_url: str, row: dict, turns: int = 3, tokens: int = 16) -> float:
-    import time
-
-    import openai
-
-    t0 = time.perf_counter()
-    client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0)
-    t1 = time.perf_counter()
-    messages, each = list(row["messages"]), []
-    for k in range(turns):
-        s = time.perf_counter()
-        out = client.chat.completions.create(model="policy", messages=messages, max_tokens=tokens)
-        each.append(time.perf_counter() - s)
-        messages += [{"role": "assistant", "content": out.choices[0].message.content}, {"role": "tool", "content": "r"}]
-    import sys
-
-    print(f"TIMED client {1e3 * (t1 - t0):.1f} ms, calls {[round(1e3 * e, 1) for e in each]}", file=sys.stderr)
-    return 1.0
