@@ -186,7 +186,8 @@ def run_model(name: str, model: str, args) -> dict:
                     times.append(elapsed)
                     direct.append(took)
             e, d = statistics.median(times), statistics.median(direct)
-            out[mode] = {"sessions_at_once": group, "calls": calls, "endpoint_s": e, "direct_s": d, "ratio": e / d}
+            at_once = group * args.prompts if group > 1 else 1
+            out[mode] = {"sessions_at_once": at_once, "calls": calls, "endpoint_s": e, "direct_s": d, "ratio": e / d}
     finally:
         episodes.close()
     return out
