@@ -3,14 +3,12 @@ real vLLM engine, the programs using the openai client in sandboxed agent proces
 token out (grpo_ray/endpoint.py, grpo_ray/agent_rollout.py, grpo_ray/envs/agent_child.py)."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from grpo_ray.config import RecipeError, load_recipe
 from tests.conftest import ROOT
+from tests.helpers.episodes_run import run_cases
 
 PROGRAMS = ["chat", "rewrites", "raises", "silent", "hangs", "reaches_out"]
 
@@ -26,18 +24,8 @@ def agent_runs():
         ]
         for p in PROGRAMS
     ]
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "helpers" / "episodes_run.py"), json.dumps(cases)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=600,
-    )
-    line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
-    assert line, out.stderr[-3000:]
-    return dict(zip(PROGRAMS, json.loads(line[7:]))), out.stderr
+    runs, stderr = run_cases(cases)
+    return dict(zip(PROGRAMS, runs)), stderr
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "gemma3"])

@@ -16,6 +16,7 @@ from grpo_ray.envs.builtin import arithmetic
 from grpo_ray.envs.child import EnvChild
 from grpo_ray.envs.template import Observations, TemplateError
 from tests.conftest import ROOT, run_cli
+from tests.helpers.episodes_run import run_cases
 
 ARCHS = ["qwen2", "llama", "gemma3"]
 TEXTS = ["Mia has 7 pears. <calc>12*34</calc> <result>408</result> higher lower #### 5"] * 20
@@ -384,25 +385,10 @@ def engine_runs(openenv_echo):
     cases += [["qwen2", "tests.helpers.envs:AsUser", []]]  # its observations as user messages
     echo = [f"environment.options.env={ECHO}", "environment.options.observation_field=echoed_message"]
     cases += [["qwen2", "openenv", [*echo, "environment.max_tokens=96", "environment.timeout_s=60"]]]
-    env = {
-        **os.environ,
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "PYTHONPATH": os.pathsep.join([str(openenv_echo), os.environ.get("PYTHONPATH", "")]),
-    }
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "helpers" / "episodes_run.py"), json.dumps(cases)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=600,
-    )
-    line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
-    assert line, out.stderr[-3000:]
-    runs = json.loads(line[7:])
+    runs, stderr = run_cases(cases, (str(openenv_echo),))
     stop = lambda r: "+stop" if any(o.startswith("environment.stop") for o in r["overrides"]) else ""  # noqa: E731
     chose = lambda r: "+choices" if any(o.startswith("environment.choices") for o in r["overrides"]) else ""  # noqa: E731
-    return {(r["arch"] + stop(r) + chose(r), r["env"].rpartition(":")[2]): r for r in runs}, out.stderr
+    return {(r["arch"] + stop(r) + chose(r), r["env"].rpartition(":")[2]): r for r in runs}, stderr
 
 
 @pytest.mark.slow

@@ -21,13 +21,12 @@ trajectory, counted, never the run.
 
 from __future__ import annotations
 
-import importlib
 import math
 import typing
 
 import pydantic
 
-from grpo_ray.envs.base import Environment, Step
+from grpo_ray.envs.base import Environment, Step, import_function
 
 _programs: dict[str, typing.Callable] = {}
 
@@ -35,16 +34,10 @@ _programs: dict[str, typing.Callable] = {}
 def program(name: str) -> typing.Callable:
     """The function `name` (``module:function``) names, imported once; ValueError saying why not."""
     if name not in _programs:
-        module, _, attr = name.rpartition(":")
-        if not module or not attr:
-            raise ValueError(f"program={name!r}: expected 'module:function'")
         try:
-            fn = getattr(importlib.import_module(module), attr, None)
-        except Exception as e:
-            raise ValueError(f"program={name!r}: cannot import {module!r} ({type(e).__name__}: {e})") from None
-        if not callable(fn):
-            raise ValueError(f"program={name!r}: {module!r} has no function {attr!r}")
-        _programs[name] = fn
+            _programs[name] = import_function(name)
+        except ValueError as e:
+            raise ValueError(f"program={name!r}: {e}") from None
     return _programs[name]
 
 

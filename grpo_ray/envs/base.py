@@ -57,17 +57,26 @@ class Environment:
 def import_class(name: str) -> type:
     """The class `name` (``module:Class``) names; ValueError saying why not (a module that fails to import, for
     any reason, included)."""
+    return _imported(name, "class")
+
+
+def import_function(name: str):
+    """The function (any callable) `name` (``module:function``) names; ValueError saying why not."""
+    return _imported(name, "function")
+
+
+def _imported(name: str, what: str):
     module_name, _, attr = name.rpartition(":")
     if not module_name or not attr:
-        raise ValueError(f"expected 'module:Class', given {name!r}")
+        raise ValueError(f"expected 'module:{'Class' if what == 'class' else what}', given {name!r}")
     try:
         module = importlib.import_module(module_name)
     except Exception as e:
         raise ValueError(f"cannot import {module_name!r} ({type(e).__name__}: {e})") from None
-    cls = getattr(module, attr, None)
-    if not isinstance(cls, type):
-        raise ValueError(f"{module_name!r} has no class {attr!r}")
-    return cls
+    found = getattr(module, attr, None)
+    if not (isinstance(found, type) if what == "class" else callable(found)):
+        raise ValueError(f"{module_name!r} has no {what} {attr!r}")
+    return found
 
 
 def import_trouble(dist: str, error: ImportError) -> str:

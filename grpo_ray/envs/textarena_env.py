@@ -22,13 +22,12 @@ message once, as the conversation goes on, not the whole history again), and res
 
 from __future__ import annotations
 
-import importlib
 import random
 import re
 
 import pydantic
 
-from grpo_ray.envs.base import Environment, Step, import_trouble
+from grpo_ray.envs.base import Environment, Step, import_function, import_trouble
 
 MOVE = re.compile(r"\[[^\[\]\n]{1,40}\]")
 """A bracketed move, as TextArena's games write them and read them."""
@@ -137,13 +136,7 @@ class TextArena(Environment):
 
 def opponent_function(name: str):
     """The function `name` (``module:function``) names; ValueError saying why not."""
-    module, _, attr = name.rpartition(":")
-    if not module or not attr:
-        raise ValueError(f"opponent={name!r}: expected 'random' or 'module:function'")
     try:
-        fn = getattr(importlib.import_module(module), attr, None)
-    except Exception as e:
-        raise ValueError(f"opponent={name!r}: cannot import {module!r} ({type(e).__name__}: {e})") from None
-    if not callable(fn):
-        raise ValueError(f"opponent={name!r}: {module!r} has no function {attr!r}")
-    return fn
+        return import_function(name)
+    except ValueError as e:
+        raise ValueError(f"opponent={name!r}: {e}") from None

@@ -14,6 +14,23 @@ from pathlib import Path
 
 ROOT = Path(__file__).parents[2]
 
+
+def run_cases(cases: list, path: tuple[str, ...] = ()) -> tuple[list[dict], str]:
+    """Run this script on `cases` in a process of its own (`path` put first on its PYTHONPATH): each case's result,
+    and the process's stderr (what the runs said)."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    env["PYTHONPATH"] = os.pathsep.join([*path, os.environ.get("PYTHONPATH", "")])
+    out = subprocess.run(
+        [sys.executable, __file__, json.dumps(cases)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600
+    )
+    line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert line, out.stderr[-3000:]
+    return json.loads(line[7:]), out.stderr
+
+
 if __name__ == "__main__":
     import vllm
 
