@@ -144,30 +144,50 @@ def test_an_agent_program_is_checked_before_start():
         )
 
 
+PROGRAM = [
+    "environment.name=agent",
+    "environment.options.program=tests.helpers.agents:chat",
+    "environment.options.kwargs={turns: 2}",
+    "reward.functions=[]",
+]
+
+
 @pytest.mark.slow
-def test_an_agent_program_trains_in_the_tiny_twin(tmp_path):
-    """The agent twin's recipe with an agent program in place of its calculator: the run trains on what the
-    programs' sessions recorded, rewarded by their return values."""
+@pytest.mark.parametrize("schedule", ["", "-streaming"])
+def test_an_agent_program_trains_in_the_tiny_twin(tmp_path, schedule):
+    """The agent twins' recipes (one step off, and streaming) with an agent program in place of their calculator:
+    the run trains on what the programs' sessions recorded, rewarded by their return values; streamed, the
+    trajectories come from older weights as the schedule allows."""
     from tests.conftest import run_cli
 
     out = tmp_path / "run"
     res = run_cli(
         "train",
-        "recipes/tiny-qwen2.5-7b-gsm8k-agent.yaml",
-        "environment.name=agent",
-        "environment.options.program=tests.helpers.agents:chat",
-        "environment.options.kwargs={turns: 2}",
-        "reward.functions=[]",
-        "trainer.total_steps=2",
+        f"recipes/tiny-qwen2.5-7b-gsm8k-agent{schedule}.yaml",
+        *PROGRAM,
+        "trainer.total_steps=3",
         "trainer.val_before_train=false",
         f"trainer.output_dir={out}",
     )
     assert res.returncode == 0, res.stderr[-3000:]
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in steps] == [1, 2]
+    assert [m["step"] for m in steps] == [1, 2, 3]
     assert all(m["env/errors"] == 0 and m["env/turns/mean"] == 2 and m["env/reward/mean"] > 0 for m in steps)
-    dump = [json.loads(line) for line in (out / "rollouts" / "train_data_step2.jsonl").read_text().splitlines()]
+    assert max(m["rollout/staleness"] for m in steps) == (2 if schedule else 1)
+    dump = [json.loads(line) for line in (out / "rollouts" / "train_data_step3.jsonl").read_text().splitlines()]
     for d in dump:
         for s in d["samples"]:
             assert s["rewards"]["environment"] == pytest.approx(0.01 * len("".join(s["episode"]["turns"][0::2])))
             assert 0 in s["loss_mask"] and s["episode"]["off_record"] == 0
+
+
+@pytest.mark.slow
+def test_an_agent_program_run_resumes_exactly(tmp_path_factory):
+    """One step off, resumed from step 2's checkpoint: the programs' sessions sample the same replies (each call
+    seeded by its trajectory and its place) and the run trains to the same metrics."""
+    from tests.test_checkpoint import assert_same_metrics, whole_and_resumed
+
+    whole, resumed = whole_and_resumed(
+        tmp_path_factory, [*PROGRAM, "trainer.dump_freq=1"], "recipes/tiny-qwen2.5-7b-gsm8k-agent.yaml", kill=False
+    )
+    assert_same_metrics(whole, resumed)
