@@ -20,7 +20,7 @@ from pathlib import Path
 from grpo_ray.endpoint import Endpoint, Session
 from grpo_ray.envs import load, options
 from grpo_ray.envs.agent_child import AgentChild
-from grpo_ray.trajectory import Trajectory, turn_seed
+from grpo_ray.trajectory import Trajectory
 from grpo_ray.types import Prompt
 
 FAILED = {
@@ -47,9 +47,7 @@ class AgentRuns:
         ep, o = self.episodes, self.options
         key, group, lock, left = next(ep.keys), Future(), threading.Lock(), [n]
         ts = [Trajectory(0, seed, f"{key}/{j}", None) for j in range(n)]
-        sessions = [
-            Session(t.key, loop, lora, sampling, turn_seed(seed, j, 0), ep.env.max_tokens) for j, t in enumerate(ts)
-        ]
+        sessions = [Session(t.key, loop, lora, sampling, seed, ep.env.max_tokens) for t in ts]
 
         def ended(t, s: Session, future: Future) -> None:
             try:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 
 from grpo_ray.envs.template import TemplateError
+from grpo_ray.trajectory import turn_params, turn_seed
 
 
 class Refused(ValueError):
@@ -52,6 +53,7 @@ class Session:
     """A callable: the adapters a call is served with as it is sent."""
     sampling: object
     seed: int
+    """Its group's seed (each call's: ``turn_seed`` of it, the session's sample and the call)."""
     budget: int
     messages: list[dict] = field(default_factory=list)
     """The conversation as last answered (its reply included)."""
@@ -103,7 +105,7 @@ def continuation(tokenizer, kwargs: dict, before: list[dict], new: list[dict], c
 class Endpoint:
     """The endpoint of one generator: its sessions by key, served on a Unix socket at `path`."""
 
-    def __init__(self, tokenizer, recipe, path: str, pieces=None):
+    def __init__(self, tokenizer, recipe, path: str, pieces):
         """`pieces(role)`: the template's pieces around one message of `role` (``Episodes.pieces``), the layout of
         a call that adds one message (a tool's answer) without rendering the conversation again."""
         self.tokenizer, self.env, self.path, self.pieces = tokenizer, recipe.environment, path, pieces
@@ -151,7 +153,7 @@ class Endpoint:
             s.prompt, s.opened, record = prompt, messages, True
         elif extends and not s.ended:
             new = messages[seen:]
-            if len(new) == 1 and self.pieces:
+            if len(new) == 1:
                 gap = self.pieces(new[0]["role"]).ids(new[0]["content"], s.closed)
             else:
                 gap = continuation(self.tokenizer, self.kwargs, s.messages, new, s.closed)
@@ -165,7 +167,9 @@ class Endpoint:
         if record and (limit <= 0 or s.calls > self.env.max_turns):
             s.ended = "tokens" if limit <= 0 else "turns"
             return self._response(prompt, [], [], "length")
-        out = s.loop.submit({"prompt_token_ids": prompt}, self._params(s, limit), s.lora(), f"{s.key}/{s.calls}")
+        seed = turn_seed(s.seed, int(s.key.rpartition("/")[2]), s.calls)
+        params = turn_params(s.sampling, self.env.stop, limit, seed)
+        out = s.loop.submit({"prompt_token_ids": prompt}, params, s.lora(), f"{s.key}/{s.calls}")
         out = out.result().outputs[0]
         ids, logprobs = list(out.token_ids), [lp[t].logprob for t, lp in zip(out.token_ids, out.logprobs)]
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -186,21 +190,6 @@ class Endpoint:
     def _template(self, messages: list[dict]) -> list[int]:
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **self.kwargs)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    def _params(self, s: Session, limit: int):
-        from vllm import SamplingParams
-
-        return SamplingParams(
-            n=1,
-            temperature=s.sampling.temperature,
-            top_p=s.sampling.top_p,
-            top_k=s.sampling.top_k,
-            max_tokens=limit,
-            logprobs=0,
-            stop=list(self.env.stop) or None,
-            include_stop_str_in_output=True,
-            seed=(s.seed + s.calls) % (1 << 32),
-        )
 
     def _response(self, prompt: list[int], ids: list[int], logprobs: list[float], finish: str, text: str = "") -> dict:
         message = {

@@ -205,8 +205,8 @@ def validation_metrics(
     correct: dict[str, list[int]] = defaultdict(list)
     for i, source in enumerate(sources):
         full = perfect(source) if callable(perfect) else perfect
-        passed = (lambda t: t >= full - 1e-9) if full > 0 else (lambda t: t > 0)  # noqa: B023
-        correct[source].append(sum(passed(t) for t in totals[i * n : (i + 1) * n]))
+        floor = full - 1e-9 if full > 0 else math.ulp(0.0)  # positive, where no function scores the source
+        correct[source].append(sum(t >= floor for t in totals[i * n : (i + 1) * n]))
     out = {}
     for source, counts in correct.items():
         out[f"val/{source}/pass@1"] = statistics.fmean(perf.pass_at_k(n, c, 1) for c in counts)

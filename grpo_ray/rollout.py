@@ -31,7 +31,7 @@ from grpo_ray.envs import played
 from grpo_ray.envs.child import EnvChild
 from grpo_ray.envs.template import Observations, TemplateError
 from grpo_ray.rewards import search_here
-from grpo_ray.trajectory import Trajectory, turn_seed
+from grpo_ray.trajectory import Trajectory, turn_params, turn_seed
 from grpo_ray.types import Completion, Prompt
 
 FAILED = {
@@ -202,19 +202,8 @@ class Episodes:
     def _turn_params(self, t: Trajectory, turn: int, sampling, budget: int):
         """vLLM's sampling parameters for `turn` of trajectory `t`: the recipe's sampling, at most what is left of
         the trajectory's token budget, the environment's stop strings, a seed of its own."""
-        from vllm import SamplingParams
-
-        return SamplingParams(
-            n=1,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=sampling.top_k,
-            max_tokens=min(sampling.max_tokens, budget - len(t.ids)),
-            logprobs=0,
-            stop=list(self.env.stop) or None,
-            include_stop_str_in_output=True,
-            seed=turn_seed(t.seed, int(t.key.split("/")[1]), turn),
-        )
+        seed = turn_seed(t.seed, int(t.key.split("/")[1]), turn)
+        return turn_params(sampling, self.env.stop, min(sampling.max_tokens, budget - len(t.ids)), seed)
 
     def _add_turn(self, t: Trajectory, out) -> bool:
         """Append a model turn; whether the trajectory ends with it (cut at sampling.max_tokens)."""

@@ -47,3 +47,21 @@ class Trajectory:
 def turn_seed(seed: int, sample: int, turn: int) -> int:
     """The sampling seed of one turn of one sample of a prompt (whose seed is `seed`): no history needed."""
     return int.from_bytes(hashlib.blake2b(f"{seed}/{sample}/{turn}".encode(), digest_size=4).digest(), "little")
+
+
+def turn_params(sampling, stop: list[str], max_tokens: int, seed: int):
+    """vLLM's sampling parameters of one model turn: the recipe's sampling (a SamplingConfig), at most `max_tokens`,
+    the environment's `stop` strings (kept in the output: they are sampled tokens), the sampled tokens' logprobs."""
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        n=1,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        max_tokens=max_tokens,
+        logprobs=0,
+        stop=list(stop) or None,
+        include_stop_str_in_output=True,
+        seed=seed,
+    )

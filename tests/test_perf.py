@@ -110,6 +110,8 @@ def test_validation_metrics_per_source():
         "val/math500/pass@2": 1.0,
     }
     assert validation_metrics(["a"], [0.9], n=1, perfect=1.0) == {"val/a/pass@1": 0.0}  # partial credit fails
+    # no reward function scores the source (an environment is the reward: a game): a positive reward passes
+    assert validation_metrics(["game"] * 3, [1.0, 0.0, -1.0], n=1, perfect=0.0) == {"val/game/pass@1": 1 / 3}
 
 
 def test_pool_metrics_count_every_actor_of_a_pool():

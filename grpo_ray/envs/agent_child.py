@@ -109,6 +109,7 @@ class AgentChild(RewardChild):
     """One child process running agent programs' episodes at once; ``start`` gives each one's future."""
 
     main = staticmethod(agent_main)
+    grace_s = 5.0
 
     def __init__(self, memory_mb: int, sandbox: bool, endpoint: str, program: str):
         self.pending: dict[str, tuple[Future, object]] = {}
@@ -168,10 +169,3 @@ class AgentChild(RewardChild):
         with self.lock:
             super().restart()
         self._listen()
-
-    def close(self, grace_s: float = 5.0) -> None:
-        self.conn.close()
-        self.proc.join(grace_s)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join()

@@ -104,6 +104,8 @@ class EnvChild(RewardChild):
     """One child process running environment calls, one at a time (a lock: several trajectory threads share it)."""
 
     main = staticmethod(env_main)
+    grace_s = 5.0
+    """Its episodes' ``Environment.close`` runs as its pipe closes (``close``), within this."""
 
     def __init__(self, memory_mb: int, sandbox: bool = True, preload: list[tuple[str, dict]] | None = None):
         """`preload`: the environments' (name, options), imported as the child starts (within its 60 s)."""
@@ -111,15 +113,6 @@ class EnvChild(RewardChild):
         self.generation = 0
         """How many times the child was replaced: the episodes of an earlier generation are gone."""
         super().__init__(memory_mb, sandbox, network=False, sources={"preload": preload} if preload else None)
-
-    def close(self, grace_s: float = 5.0) -> None:
-        """End the process: it closes the episodes it still holds (``Environment.close``) as its pipe closes,
-        within `grace_s`; then it is killed."""
-        self.conn.close()
-        self.proc.join(grace_s)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join()
 
     def run(self, call: tuple, timeout_s: float) -> tuple[str, object]:
         """("ok", answer) | ("error", traceback) | ("timeout" | "died" | "memory", None); the child is replaced

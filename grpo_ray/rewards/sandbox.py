@@ -95,6 +95,8 @@ class RewardChild:
 
     main = staticmethod(child_main)
     """What the child runs: (its end of the pipe, memory_mb, sandbox, network, sources)."""
+    grace_s = 0.0
+    """How long ``close`` lets the child end on its own (a reward child holds nothing: none)."""
 
     def __init__(
         self, memory_mb: int, sandbox: bool = True, network: bool = False, sources: dict | None = None, wait=True
@@ -157,5 +159,11 @@ class RewardChild:
         return out
 
     def close(self) -> None:
-        self.proc.kill()
+        """End the process: once its pipe closes it has `grace_s` to end on its own (to free what it holds), then it
+        is killed."""
+        self.conn.close()
+        if self.grace_s:
+            self.proc.join(self.grace_s)
+        if self.proc.is_alive():
+            self.proc.kill()
         self.proc.join()
