@@ -20,7 +20,12 @@ def agent_runs():
         [
             "qwen2",
             "agent",
-            [f"environment.options.program=tests.helpers.agents:{p}", "environment.options.timeout_s=20"],
+            # room for 3 replies and the 2 tool messages between (26 tokens each in the tiny tokenizer)
+            [
+                f"environment.options.program=tests.helpers.agents:{p}",
+                "environment.options.timeout_s=20",
+                "environment.max_tokens=90",
+            ],
         ]
         for p in PROGRAMS
     ]
