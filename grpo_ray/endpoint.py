@@ -2,13 +2,15 @@
 (``environment.name: agent``, ``grpo_ray.envs.agent``), recording each session token in, token out.
 
 It listens on a Unix socket of the generator's (the agent processes reach it through a loopback port of their own:
-``grpo_ray.envs.agent_child``) and answers ``POST /s/<session>/v1/chat/completions`` as OpenAI's chat completions
-do (``choices[0].message.content``, ``finish_reason``, ``usage``), the message carrying the token-level variant
-beside its text, as NeMo Gym's model server and verifiers' interception server return it: ``prompt_token_ids``,
-``generation_token_ids`` and ``generation_log_probs``. Sampling is the recipe's (``generator.sampling``:
-temperature, top_p, top_k, and each call's tokens at most its max_tokens): the policy trained is the policy sampled.
-A request's own ``max_tokens`` (or ``max_completion_tokens``) may only lower it; its other sampling fields are
-ignored.
+``grpo_ray.envs.agent_child``) and answers ``POST /s/<session>/v1/chat/completions`` as OpenAI's chat completions do
+(``choices[0].message.content``, ``finish_reason``, ``usage``; with ``stream: true`` as server-sent events of
+``chat.completion.chunk``: the reply in one delta, then its finish_reason, then the usage where
+``stream_options.include_usage`` asks, then ``[DONE]``, as verifiers' and other harnesses ask), the message (or the
+first delta) carrying the token-level variant beside its text, as NeMo Gym's model server and verifiers' interception
+server return it: ``prompt_token_ids``, ``generation_token_ids`` and ``generation_log_probs``. Sampling is the recipe's
+(``generator.sampling``: temperature, top_p, top_k, and each call's tokens at most its max_tokens): the policy trained
+is the policy sampled. A request's own ``max_tokens`` (or ``max_completion_tokens``) may only lower it; its other
+sampling fields are ignored.
 
 A session is one trajectory. Its first call's messages are templated as a row's prompt; each later call must be the
 conversation so far (the messages of the call before and the reply as answered, text for text) and new messages
@@ -213,6 +215,18 @@ class Endpoint:
         }
 
 
+def chunks(answer: dict, usage: bool) -> list[dict]:
+    """A chat completion as the ``chat.completion.chunk`` events of a stream: the whole reply as one delta (its
+    token-level fields beside the text), then the finish_reason, then (`usage`) the usage with no choices."""
+    choice = answer["choices"][0]
+    head = {k: answer[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    events = [
+        head | {"choices": [{"index": 0, "delta": choice["message"], "finish_reason": None, "logprobs": None}]},
+        head | {"choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"], "logprobs": None}]},
+    ]
+    return events + [head | {"choices": [], "usage": answer["usage"]}] * usage
+
+
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     endpoint: Endpoint
@@ -234,7 +248,20 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(400, {"error": {"message": str(e)}})
         except Exception as e:  # the engine failed: the agent's call fails, said
             return self._send(500, {"error": {"message": f"{type(e).__name__}: {e}"}})
+        if body.get("stream"):
+            return self._stream(chunks(answer, bool((body.get("stream_options") or {}).get("include_usage"))))
         self._send(200, answer)
+
+    def _stream(self, events: list[dict]) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")  # the stream ends with the connection (no length, no chunking)
+        self.end_headers()
+        self.close_connection = True
+        for event in events:
+            self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+        self.wfile.write(b"data: [DONE]\n\n")
 
     def _send(self, status: int, body: dict) -> None:
         data = json.dumps(body).encode()

@@ -8,19 +8,33 @@ import openai
 
 
 def chat(base_url, row, turns=3):
-    """A tool-using loop: the row's messages, then each reply answered by a tool message, `turns` replies; the
-    reward is the characters of the replies (0.01 each), so that trajectories differ. Each answer's token-level
-    fields must agree with its text."""
+    """A tool-using loop: the row's messages, then each reply answered by a tool message, `turns` replies (the second
+    asked for as a stream, as verifiers' harnesses ask); the reward is the characters of the replies (0.01 each), so
+    that trajectories differ. Each answer's token-level fields must agree with its text."""
     client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0)
     messages, chars = list(row["messages"]), 0
     for k in range(turns):
-        out = client.chat.completions.create(model="policy", messages=messages, max_tokens=6)
-        reply = out.choices[0].message
-        extra = reply.model_extra
-        assert len(extra["generation_token_ids"]) == len(extra["generation_log_probs"]) == out.usage.completion_tokens
-        chars += len(reply.content)
-        messages += [{"role": "assistant", "content": reply.content}, {"role": "tool", "content": f"result {k}"}]
+        if k == 1:
+            content, extra, usage = streamed(client, messages)
+        else:
+            out = client.chat.completions.create(model="policy", messages=messages, max_tokens=6)
+            content, extra, usage = out.choices[0].message.content, out.choices[0].message.model_extra, out.usage
+        assert len(extra["generation_token_ids"]) == len(extra["generation_log_probs"]) == usage.completion_tokens
+        chars += len(content)
+        messages += [{"role": "assistant", "content": content}, {"role": "tool", "content": f"result {k}"}]
     return 0.01 * chars
+
+
+def streamed(client, messages):
+    """One call as a stream: the reply's text, its token-level fields and the usage, from the chunks."""
+    chunks = list(
+        client.chat.completions.create(
+            model="policy", messages=messages, max_tokens=6, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert [c.choices[0].finish_reason is not None for c in chunks if c.choices] == [False, True]
+    return "".join(d.content or "" for d in deltas), deltas[0].model_extra, chunks[-1].usage
 
 
 async def rewrites(base_url, row):
