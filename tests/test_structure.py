@@ -234,7 +234,14 @@ def test_no_package_file_or_function_grows_past_its_budget():
 
 
 OTHER_MEANINGS = {
-    "reward_model": ("data", "types", "setup_run", "evaluate", "rewards.learned"),  # verl's row field, a component
+    "reward_model": (
+        "data",
+        "types",
+        "setup_run",
+        "evaluate",
+        "rewards.learned",
+        "envs.verifiers_env",
+    ),  # verl's row field, a component, a verifiers task's row
     "reward": ("envs", "rollout", "metrics", "trackers"),  # an environment's reward, a table's column
 }
 """Modules where a pool kind's name is a word of another meaning, not a pool: verl's data rows carry a reward_model

@@ -23,6 +23,8 @@ A row is a dict::
   with its reward ``reasoning_gym``);
 - a TextArena game, ``textarena://GuessTheNumber-v0?size=N&seed=S`` (grpo_ray.data.textarena: games to play, for
   ``environment.name=textarena``);
+- a verifiers v1 taskset's tasks, ``verifiers://TASKSET?size=N&seed=S&<its config>`` (grpo_ray.envs.verifiers_env:
+  each played by verifiers as an agent program);
 
 and checks each row, naming the file and row of the first bad one. The prompt and the ground truth may sit under
 other keys (``data.prompt_key``, ``data.answer_key``, dotted for nested ones, like verl's ``data.prompt_key``); a
@@ -42,6 +44,7 @@ SYNTHETIC_SCHEME = "synthetic://"
 HUB_SCHEME = "hf://"
 REASONING_GYM_SCHEME = "reasoning_gym://"
 TEXTARENA_SCHEME = "textarena://"
+VERIFIERS_SCHEME = "verifiers://"
 PROMPT_KEY, ANSWER_KEY = "prompt", "reward_model.ground_truth"
 
 
@@ -105,11 +108,15 @@ def load_rows(spec: str, prompt_key: str = PROMPT_KEY, answer_key: str = ANSWER_
     prompt at `prompt_key` and the ground truth at `answer_key`; DataError names the first bad row."""
     if spec.startswith(SYNTHETIC_SCHEME):
         return _synthetic(spec)
-    if spec.startswith((REASONING_GYM_SCHEME, TEXTARENA_SCHEME)):
+    if spec.startswith((REASONING_GYM_SCHEME, TEXTARENA_SCHEME, VERIFIERS_SCHEME)):
         from grpo_ray.data import reasoning_gym, textarena
+        from grpo_ray.envs import verifiers_env
 
+        scheme = spec.partition("://")[0]
         try:
-            return (reasoning_gym if spec.startswith(REASONING_GYM_SCHEME) else textarena).rows(spec)
+            return {"reasoning_gym": reasoning_gym, "textarena": textarena, "verifiers": verifiers_env}[scheme].rows(
+                spec
+            )
         except ValueError as e:
             raise DataError(f"{spec}: {e}") from None
     path = Path(spec)
