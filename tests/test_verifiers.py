@@ -54,6 +54,14 @@ def test_a_spec_that_cannot_work_is_one_line_naming_it(spec, said):
     assert str(e.value).startswith(f"{spec}: {said}") and "\n" not in str(e.value)
 
 
+def test_an_episode_of_a_row_that_is_not_a_verifiers_task_says_so():
+    from grpo_ray.envs.verifiers_env import episode
+
+    row = load_rows("synthetic://reasoning?size=1")[0]
+    with pytest.raises(ValueError, match=r"verifiers episodes play rows of verifiers:// data \(extra_info.taskset"):
+        episode("http://127.0.0.1:9/v1", row)
+
+
 def test_a_spec_that_cannot_work_stops_a_run_before_any_actor_starts(tmp_path):
     spec = "verifiers://toy_wrds?size=4"
     res = run_cli(

@@ -113,7 +113,9 @@ def episode(base_url: str, row: dict, harness: str = "null") -> float:
 
 async def _episode(base_url: str, row: dict, harness: str) -> float:
     vf = library()
-    info = row["extra_info"]
+    info = row.get("extra_info") or {}
+    if not isinstance(info.get("taskset"), dict) or not isinstance(info.get("idx"), int):
+        raise ValueError(f"{PREFIX.rstrip(':/')} episodes play rows of {PREFIX} data (extra_info.taskset and .idx)")
     env = await _serving(info["taskset"], harness)
     client = vf.EvalClientConfig(
         base_url=base_url, api_key_var="GRPO_RAY_ENDPOINT_KEY"
