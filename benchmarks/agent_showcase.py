@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench import machine, rows_of, run_curves, val_table, write_report  # noqa: E402
+from benchmarks.bench import machine, rows_of, run_curves, sft_summary, val_table, write_report  # noqa: E402
 
 RECIPE = "recipes/tiny-cpu-agent.yaml"
 RUNS = {
@@ -135,14 +135,7 @@ def main() -> None:
     start = time.perf_counter()
     runs = [run(name, RUNS[name], args, work, env) for name in args.runs.split(",")]
     seconds = time.perf_counter() - start
-    sft_rows = rows_of(Path(runs[0]["warm_start"]).parent / "metrics.jsonl")
-    losses = [r["sft/loss"] for r in sft_rows if "sft/loss" in r]
-    sft = {
-        "steps": len(losses),
-        "loss_first10": sum(losses[:10]) / 10,
-        "loss_last10": sum(losses[-10:]) / 10,
-        "val": {r["step"]: r[KEY] for r in sft_rows if KEY in r},
-    }
+    sft = sft_summary(Path(runs[0]["warm_start"]).parent, KEY)
     out.mkdir(parents=True, exist_ok=True)
     shutil.copy(Path(runs[0]["warm_start"]).parent / "metrics.jsonl", out / "sft.jsonl")
     for r in runs:

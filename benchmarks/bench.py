@@ -534,6 +534,20 @@ def run_summary(name: str, out: Path, seconds: float, overrides: list[str], key:
     return {**common, "start": val[0], "final": val[max(val)]}, rows
 
 
+def sft_summary(run: Path, key: str) -> dict:
+    """An SFT warm start's summary from its run directory's metrics.jsonl: its steps, its loss over the first and
+    the last 10 steps, its validation `key` by step and the seconds of its steps."""
+    rows = rows_of(Path(run) / "metrics.jsonl")
+    losses = [r["sft/loss"] for r in rows if "sft/loss" in r]
+    return {
+        "steps": len(losses),
+        "loss_first10": sum(losses[:10]) / 10,
+        "loss_last10": sum(losses[-10:]) / 10,
+        "val": {r["step"]: r[key] for r in rows if key in r},
+        "seconds": sum(r.get("timing_s/step", 0.0) for r in rows),
+    }
+
+
 def mean_of(key: str, rows: list[dict]) -> float:
     """The mean of `key` over `rows` (0 where a row lacks it)."""
     return sum(r.get(key, 0.0) for r in rows) / len(rows)

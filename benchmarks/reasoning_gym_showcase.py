@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench import fresh_work, machine, mean_of, rows_of, run_curves, run_summary, val_table, write_report  # noqa: E402
+from benchmarks.bench import fresh_work, machine, mean_of, run_curves, run_summary, sft_summary, val_table, write_report  # noqa: E402
 from benchmarks.distill_showcase import cli  # noqa: E402
 
 RECIPE = "recipes/tiny-cpu-reasoning-gym.yaml"
@@ -79,15 +79,7 @@ def main() -> None:
     seconds = time.perf_counter() - start
 
     warm = Path(stdout.split("SFT warm start: model at ")[1].split()[0]).parent
-    sft_rows = rows_of(warm / "metrics.jsonl")
-    losses = [r["sft/loss"] for r in sft_rows if "sft/loss" in r]
-    sft = {
-        "steps": len(losses),
-        "loss_first10": sum(losses[:10]) / 10,
-        "loss_last10": sum(losses[-10:]) / 10,
-        "val": {r["step"]: r[KEY] for r in sft_rows if KEY in r},
-        "seconds": sum(r.get("timing_s/step", 0.0) for r in sft_rows),
-    }
+    sft = sft_summary(warm, KEY)
     grpo, rows = run_summary("grpo", work / "grpo", seconds, [], KEY)
     train = [r for r in rows if r["step"] > 0 and "critic/score/mean" in r]
     grpo |= {
