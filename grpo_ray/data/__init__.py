@@ -112,11 +112,9 @@ def load_rows(spec: str, prompt_key: str = PROMPT_KEY, answer_key: str = ANSWER_
         from grpo_ray.data import reasoning_gym, textarena
         from grpo_ray.envs import verifiers_env
 
-        scheme = spec.partition("://")[0]
+        adapters = {REASONING_GYM_SCHEME: reasoning_gym, TEXTARENA_SCHEME: textarena, VERIFIERS_SCHEME: verifiers_env}
         try:
-            return {"reasoning_gym": reasoning_gym, "textarena": textarena, "verifiers": verifiers_env}[scheme].rows(
-                spec
-            )
+            return adapters[spec.partition("://")[0] + "://"].rows(spec)
         except ValueError as e:
             raise DataError(f"{spec}: {e}") from None
     path = Path(spec)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import threading
 from urllib.parse import parse_qsl
@@ -33,7 +32,7 @@ from urllib.parse import parse_qsl
 from grpo_ray.data.reasoning_gym import value
 
 PREFIX = "verifiers://"
-_tasks: dict[str, dict] = {}  # the tasks found so far, by taskset configuration and place
+_tasks: dict[str, tuple] = {}  # by taskset configuration: the tasks found so far by place, and the rest to read
 _lock = threading.Lock()
 
 
@@ -98,9 +97,10 @@ def task(env, taskset: dict, idx: int):
     """The task at place `idx` of `env`'s taskset (its load order), found once per process."""
     key = json.dumps(taskset, sort_keys=True)
     with _lock:
-        found = _tasks.setdefault(key, {})
-        if idx not in found:
-            found[idx] = next(itertools.islice(iter(env.taskset), idx, None))
+        found, rest = _tasks.setdefault(key, ({}, iter(env.taskset)))
+        while idx not in found:  # each task read once, however many rows ask
+            t = next(rest)
+            found[t.data.idx] = t
     return found[idx]
 
 
@@ -117,16 +117,15 @@ async def _episode(base_url: str, row: dict, harness: str) -> float:
     if not isinstance(info.get("taskset"), dict) or not isinstance(info.get("idx"), int):
         raise ValueError(f"{PREFIX.rstrip(':/')} episodes play rows of {PREFIX} data (extra_info.taskset and .idx)")
     env = await _serving(info["taskset"], harness)
-    client = vf.EvalClientConfig(
-        base_url=base_url, api_key_var="GRPO_RAY_ENDPOINT_KEY"
-    )  # none: the endpoint needs none
+    # an unset key variable: the endpoint needs no key, and verifiers then sends a placeholder
+    client = vf.EvalClientConfig(base_url=base_url, api_key_var="GRPO_RAY_ENDPOINT_KEY")
     played = await env.run_episode(task(env, info["taskset"], info["idx"]), vf.ModelContext("policy", client))
     if not played.ok or not played.traces:
         raise RuntimeError(f"verifiers' episode failed: {failures(played)}")
     return float(played.traces[0].reward)
 
 
-_state: dict = {}  # the loop, its lock and the serving environments, made once a process
+_state: dict = {}  # the loop, the serving environments and what keeps them serving, made once a process
 
 
 def _loop() -> asyncio.AbstractEventLoop:
