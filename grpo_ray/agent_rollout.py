@@ -39,7 +39,9 @@ class AgentRuns:
         self.dir = tempfile.mkdtemp(prefix="grpo-agent-")
         path = str(Path(self.dir) / "endpoint.sock")
         self.endpoint = Endpoint(episodes.tokenizer, episodes.recipe, path, episodes.pieces)
-        self.children = [AgentChild(e.memory_mb, e.sandbox, path, self.options.program) for _ in range(e.workers)]
+        self.children = [
+            AgentChild(e.memory_mb, e.sandbox, path, self.options.program, e.network) for _ in range(e.workers)
+        ]
 
     def start(self, prompt: Prompt, n: int, seed: int, sampling, loop, lora=lambda: None) -> Future:
         """Run `n` programs on `prompt`'s row; the future gives their trajectories (prompt index 0), `prompt`

@@ -135,7 +135,7 @@ def try_environment(recipe: Recipe, tokenizer, rows: list[dict]) -> None:
     played, firsts = envs.played(e), {}
     for i, row in enumerate(rows):
         firsts.setdefault(row.get("env_choice", ""), i)
-    child = EnvChild(e.memory_mb, e.sandbox, [played[label] for label in firsts])
+    child = EnvChild(e.memory_mb, e.sandbox, [played[label] for label in firsts], e.network)
     try:
         for label, i in firsts.items():
             key = f"environment.choices.{label}" if label else "environment"

@@ -103,7 +103,9 @@ class Episodes:
 
             self.children, self.agents = [], AgentRuns(self)
         else:
-            self.children = [EnvChild(e.memory_mb, e.sandbox, list(self.played.values())) for _ in range(e.workers)]
+            self.children = [
+                EnvChild(e.memory_mb, e.sandbox, list(self.played.values()), e.network) for _ in range(e.workers)
+            ]
         self.reported: set[str] = set()
         self.keys = itertools.count()
         """Each group's key (its trajectories' are key/sample, their turns' requests key/sample/turn)."""

@@ -287,7 +287,23 @@ def test_environment_code_runs_in_the_sandbox(child, tmp_path):
     outcome, step = child.run(("step", "w", str(target)), 5)
     wrote, net = step["observation"].split()
     assert (wrote, target.exists()) == ("OSError", False)  # read-only (EROFS)
-    assert net != "connected"
+    assert net not in ("connected", "ConnectionRefusedError")  # not the node's loopback either
+
+
+def test_environment_network_keeps_the_nodes_network_and_a_read_only_filesystem(child, tmp_path):
+    """environment.network: the sandbox's child reaches the node's network (its loopback answers: a closed port
+    refuses, where the sandbox's own loopback is down) and still writes nothing outside its scratch dir."""
+    if not child.isolation.startswith("network+"):
+        pytest.skip(f"no sandbox on this OS: {child.isolation}")
+    networked = EnvChild(512, sandbox=True, network=True)
+    try:
+        assert networked.run(("reset", "w", "tests.helpers.envs:Probe", {}, {}), 5) == ("ok", None)
+        target = tmp_path / "written-by-an-environment"
+        outcome, step = networked.run(("step", "w", str(target)), 5)
+        assert networked.isolation == "filesystem" and not target.exists()
+        assert step["observation"] == "OSError ConnectionRefusedError"
+    finally:
+        networked.close()
 
 
 ECHO = "echo_env.server.echo_env_environment:EchoEnvironment"

@@ -88,7 +88,7 @@ def test_verifiers_plays_its_episodes_through_the_endpoint_and_the_run_trains_on
         "data.train_files=[verifiers://toy_words?size=8&words=8]",
         "data.val_files=[]",
         "environment.name=agent",
-        "environment.sandbox=false",
+        "environment.network=true",
         "environment.options.program=grpo_ray.envs.verifiers_env:episode",
         "environment.options.timeout_s=120",
         "reward.functions=[]",

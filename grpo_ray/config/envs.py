@@ -45,6 +45,9 @@ class EnvironmentConfig:
     sandbox: bool = True
     """Run environment code without network and with a read-only filesystem (but a scratch dir) where the OS
     allows, as reward code runs."""
+    network: bool = False
+    """Let sandboxed environment code and agent programs reach the network (a package index, a remote tool) as
+    reward.network lets reward code; the filesystem stays read-only but the scratch dir (HOME)."""
     workers: int = 2
     """Environment processes per engine: calls of different trajectories run at once on as many."""
     max_observation_chars: int = 8192

@@ -111,11 +111,11 @@ class AgentChild(RewardChild):
     main = staticmethod(agent_main)
     grace_s = 5.0
 
-    def __init__(self, memory_mb: int, sandbox: bool, endpoint: str, program: str):
+    def __init__(self, memory_mb: int, sandbox: bool, endpoint: str, program: str, network: bool = False):
         self.pending: dict[str, tuple[Future, object]] = {}
         """Each running episode's future, with the pipe it was sent on (a replaced child's end with it)."""
         self.lock = threading.Lock()
-        super().__init__(memory_mb, sandbox, network=False, sources={"endpoint": endpoint, "program": program})
+        super().__init__(memory_mb, sandbox, network=network, sources={"endpoint": endpoint, "program": program})
         self._listen()
 
     def _listen(self) -> None:

@@ -107,12 +107,15 @@ class EnvChild(RewardChild):
     grace_s = 5.0
     """Its episodes' ``Environment.close`` runs as its pipe closes (``close``), within this."""
 
-    def __init__(self, memory_mb: int, sandbox: bool = True, preload: list[tuple[str, dict]] | None = None):
-        """`preload`: the environments' (name, options), imported as the child starts (within its 60 s)."""
+    def __init__(
+        self, memory_mb: int, sandbox: bool = True, preload: list[tuple[str, dict]] | None = None, network: bool = False
+    ):
+        """`preload`: the environments' (name, options), imported as the child starts (within its 60 s); `network`:
+        the sandbox keeps the node's network."""
         self.lock = threading.Lock()
         self.generation = 0
         """How many times the child was replaced: the episodes of an earlier generation are gone."""
-        super().__init__(memory_mb, sandbox, network=False, sources={"preload": preload} if preload else None)
+        super().__init__(memory_mb, sandbox, network=network, sources={"preload": preload} if preload else None)
 
     def run(self, call: tuple, timeout_s: float) -> tuple[str, object]:
         """("ok", answer) | ("error", traceback) | ("timeout" | "died" | "memory", None); the child is replaced

@@ -3,7 +3,7 @@ taskset's tasks as rows, each episode played by verifiers itself, its harness dr
 OpenAI-compatible endpoint (``environment.name: agent``)::
 
     data.train_files=[verifiers://my_taskset?size=256&seed=0]
-    environment: {name: agent, sandbox: false, options: {program: grpo_ray.envs.verifiers_env:episode}}
+    environment: {name: agent, network: true, options: {program: grpo_ray.envs.verifiers_env:episode}}
 
 A spec names a taskset as verifiers names it (``--env.taskset.id``: an installed module exporting one ``Taskset``,
 or one of verifiers' own), ``size`` tasks (default 1000) in the taskset's order or shuffled by ``seed``, and any
@@ -16,9 +16,10 @@ verifiers' chat program; ``options.kwargs.harness`` names another) runs in verif
 model through verifiers' interception server, which forwards each call to this run's endpoint, where it is recorded
 token in, token out. The reward is the trace's (the task's ``@reward`` functions, weighted as it weights them); an
 episode that verifiers records as failed (a harness error, a model call refused) raises with its errors, so its
-trajectory ends, counted. verifiers prepares its harness programs as uv scripts on first use (uv and their packages
-from the package index, cached under HOME), so the agent processes need the network and a writable HOME:
-``environment.sandbox: false``.
+trajectory ends, counted. verifiers prepares its harness programs as uv scripts on first use (their packages from
+the package index, cached under HOME: the sandbox's scratch dir), so the agent processes need the network:
+``environment.network: true`` (the filesystem stays read-only). uv comes with the ``envs`` extra, found beside
+python.
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import sys
 import threading
+from pathlib import Path
 from urllib.parse import parse_qsl
 
 from grpo_ray.data.reasoning_gym import value
@@ -131,6 +135,8 @@ _state: dict = {}  # the loop, the serving environments and what keeps them serv
 def _loop() -> asyncio.AbstractEventLoop:
     with _lock:
         if "loop" not in _state:
+            # verifiers looks for uv on PATH (else downloads it): the one the envs extra installs beside python
+            os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
             loop = asyncio.new_event_loop()
             threading.Thread(target=loop.run_forever, name="verifiers", daemon=True).start()
             _state.update(loop=loop, envs={}, stack=contextlib.AsyncExitStack())
