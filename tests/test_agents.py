@@ -73,6 +73,57 @@ def test_a_calls_new_messages_are_laid_out_after_the_sampled_reply_as_the_templa
     assert [i for i in inside if i in specials] == [i for i in plain if i in specials] and len(inside) > len(plain)
 
 
+def test_the_relay_carries_many_connections_on_one_thread_each_byte_in_order(tmp_path):
+    """The agent process's relay (loopback port -> the endpoint's Unix socket): 200 connections at once, each a
+    request answered by an upstream that echoes it, the largest 2 MB (more than the sockets hold: what one end
+    cannot take yet waits), all on the relay's one thread; an upstream that closes after answering closes its client
+    once the answer is through."""
+    import socket
+    import threading
+
+    from grpo_ray.envs.agent_child import relay
+
+    path = str(tmp_path / "up.sock")
+    upstream = socket.socket(socket.AF_UNIX)
+    upstream.bind(path)
+    upstream.listen(256)
+
+    def echo(conn):  # answers the request's bytes, then closes (as a stream's answer ends)
+        with conn:
+            size = int(conn.recv(16).decode())
+            got = b""
+            while len(got) < size:
+                got += conn.recv(1 << 16)
+            conn.sendall(got)
+
+    def serve():
+        while True:
+            threading.Thread(target=echo, args=(upstream.accept()[0],), name="echo", daemon=True).start()
+
+    threading.Thread(target=serve, name="echo", daemon=True).start()
+    before = set(threading.enumerate())
+    port = relay(path)
+    sizes = [2_000_000] + [1000 + i for i in range(199)]
+    clients = [socket.create_connection(("127.0.0.1", port)) for _ in sizes]
+    answers = [None] * len(sizes)
+
+    def ask(i):
+        payload = bytes([i % 251]) * sizes[i]
+        clients[i].sendall(f"{sizes[i]:<16}".encode() + payload)
+        got = b""
+        while chunk := clients[i].recv(1 << 16):  # until the relay closes it after the answer
+            got += chunk
+        answers[i] = got == payload
+
+    askers = [threading.Thread(target=ask, args=(i,), name="ask") for i in range(len(sizes))]
+    for t in askers:
+        t.start()
+    new = [t.name for t in set(threading.enumerate()) - before if t.name not in ("echo", "ask")]
+    for t in askers:
+        t.join(30)
+    assert new == ["relay"] and all(answers)  # 200 connections open, one thread relaying them
+
+
 @pytest.mark.slow
 def test_an_agent_programs_trajectory_is_what_the_engine_consumed_and_produced(agent_runs):
     """Three calls a session through the openai client: each call's request to the engine is exactly the group's
