@@ -62,6 +62,7 @@ def test_an_episode_of_a_row_that_is_not_a_verifiers_task_says_so():
         episode("http://127.0.0.1:9/v1", row)
 
 
+@pytest.mark.slow  # the same path as reasoning-gym's spec in CI (load_rows' DataError before any actor), 9 s more
 def test_a_spec_that_cannot_work_stops_a_run_before_any_actor_starts(tmp_path):
     spec = "verifiers://toy_wrds?size=4"
     res = run_cli(
