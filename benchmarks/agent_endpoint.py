@@ -94,8 +94,7 @@ def main() -> None:
 
 
 def run_model(name: str, model: str, args) -> dict:
-    import vllm
-
+    from benchmarks.bench import endpoint_engine
     from grpo_ray import models
     from grpo_ray.config import load_recipe
     from grpo_ray.engine_loop import EngineLoop
@@ -117,19 +116,7 @@ def run_model(name: str, model: str, args) -> dict:
     )
     path = models.resolve(model)
     tok = models.load_tokenizer(path, recipe.model)
-    llm = vllm.LLM(
-        model=path,
-        dtype="float32",
-        enforce_eager=True,
-        seed=0,
-        max_model_len=512,
-        kv_cache_memory_bytes=256 << 20,
-        enable_chunked_prefill=False,  # as the generators run on CPU
-    )
-    llm.llm_engine.set_weight_version("0")  # as a generator labels its weights
-    params = getattr(vllm, "unpatched_sampling_params", vllm.SamplingParams)
-    vllm.unpatched_sampling_params = params
-    vllm.SamplingParams = lambda **kw: params(**kw, ignore_eos=True)  # every reply --tokens long, on both paths
+    llm, params = endpoint_engine(path)  # every reply --tokens long, on both paths
     sent, step = [], type(llm.llm_engine).step
 
     def recording(engine):  # each finished request's prompt, as the engine consumed it

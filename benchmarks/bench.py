@@ -211,6 +211,28 @@ def _spawn(target, spec: dict) -> dict:
     return dict(out)
 
 
+def endpoint_engine(path: str):
+    """The endpoint benchmarks' engine: a CPU vLLM.LLM as the generators build one, labelled weight version 0, its
+    replies --tokens long on every path (vllm.SamplingParams made to ignore EOS, once however often it is called);
+    (the engine, vLLM's own SamplingParams)."""
+    import vllm
+
+    llm = vllm.LLM(
+        model=path,
+        dtype="float32",
+        enforce_eager=True,
+        seed=0,
+        max_model_len=512,
+        kv_cache_memory_bytes=256 << 20,
+        enable_chunked_prefill=False,  # as the generators run on CPU
+    )
+    llm.llm_engine.set_weight_version("0")  # as a generator labels its weights
+    params = getattr(vllm, "unpatched_sampling_params", vllm.SamplingParams)
+    vllm.unpatched_sampling_params = params
+    vllm.SamplingParams = lambda **kw: params(**kw, ignore_eos=True)
+    return llm, params
+
+
 def run_child(kind: str, spec: dict, env: dict) -> dict:
     """Run one raw measurement in a fresh process (its own env: thread counts, vLLM in-process)."""
     with tempfile.TemporaryDirectory() as tmp:

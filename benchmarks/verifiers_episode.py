@@ -107,23 +107,10 @@ def main() -> None:
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
-    import vllm
-
-    from benchmarks.bench import machine
+    from benchmarks.bench import endpoint_engine, machine
     from grpo_ray import models
 
-    llm = vllm.LLM(
-        model=models.resolve(MODEL),
-        dtype="float32",
-        enforce_eager=True,
-        seed=0,
-        max_model_len=512,
-        kv_cache_memory_bytes=256 << 20,
-        enable_chunked_prefill=False,  # as the generators run on CPU
-    )
-    llm.llm_engine.set_weight_version("0")  # as a generator labels its weights
-    params = vllm.SamplingParams
-    vllm.SamplingParams = lambda **kw: params(**kw, ignore_eos=True)  # every reply --tokens long, on both paths
+    llm, _ = endpoint_engine(models.resolve(MODEL))  # every reply --tokens long, on both paths
     paths = [timed(name, PROGRAMS[name], args, llm) for name in args.paths.split(",")]
     plain = paths[0]["seconds"]
     result = {

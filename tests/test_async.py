@@ -57,7 +57,7 @@ def test_no_sample_is_older_than_the_bound(runs):
         assert {sample["policy_version"] for sample in dump} == {version}
 
 
-@pytest.mark.smoke
+# the slow tier's: a dump's replay is CI's in tests/test_observability.py
 def test_async_dump_of_the_first_step_replays(runs):
     out = runs[0]
     res = run_cli(

@@ -16,26 +16,34 @@ from grpo_ray.planner import memory
 from tests.conftest import ROOT, run_cli
 from tests.test_recipes import check_twin_run
 
-pytestmark = [pytest.mark.slow, pytest.mark.smoke]  # distillation, in CI's tier
+pytestmark = pytest.mark.slow  # distillation: its run in CI's tier (smoke), its resume not
 RECIPE = ROOT / "recipes" / "tiny-qwen2.5-1.5b-gsm8k-distill.yaml"
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """The twin's 3 steps (a checkpoint at the last), then the same output_dir continued to step 4."""
+    """The twin's 3 steps (a checkpoint at the last)."""
     out = tmp_path_factory.mktemp("distill")
     first = run_cli("train", str(RECIPE), f"trainer.output_dir={out}", timeout=900)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    check_twin_run(RECIPE, out)  # what every twin's run shows (tests/test_recipes.py), before it is continued
+    check_twin_run(RECIPE, out)  # what every twin's run shows (tests/test_recipes.py)
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     dump = read_samples(out / "rollouts" / "train_data_step3.jsonl")
-    resumed = run_cli("train", str(RECIPE), f"trainer.output_dir={out}", "trainer.total_steps=4", timeout=900)
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    return out, metrics, dump, resumed.stdout
+    return out, metrics, dump
 
 
+@pytest.fixture(scope="module")
+def resumed(run):
+    """The same output_dir continued to step 4 (the slow tier's: resuming is CI's in tests/test_checkpoint.py)."""
+    out = run[0]
+    said = run_cli("train", str(RECIPE), f"trainer.output_dir={out}", "trainer.total_steps=4", timeout=900)
+    assert said.returncode == 0, said.stdout[-3000:] + said.stderr[-3000:]
+    return out, said.stdout
+
+
+@pytest.mark.smoke
 def test_the_twin_trains_with_its_teacher_on_two_actors(run):
-    out, metrics, dump, _ = run
+    out, metrics, dump = run
     r = load_recipe(RECIPE, [f"trainer.output_dir={out}", "trainer.total_steps=3"])
     placed = json.loads((out / "placement.json").read_text())
     assert len(placed["teacher"]) == 2 and placed["reference"] == []  # kl_coef 0: no reference
@@ -51,11 +59,12 @@ def test_the_twin_trains_with_its_teacher_on_two_actors(run):
     assert 0.75 <= predicted / measured <= 1.25, (predicted, measured)
 
 
+@pytest.mark.smoke
 def test_reverse_kl_is_the_teachers_own_forward(run):
     """distill/reverse_kl of the last step: the mean over response tokens of the student's logprob (the old
     policy's: the sampler's weights, so the sampler's logprobs to ~1e-6) minus the teacher's, the teacher's taken
     here by a plain transformers forward of the teacher model on the dumped prompt and response ids."""
-    _, metrics, dump, _ = run
+    _, metrics, dump = run
     r = load_recipe(RECIPE)
     from transformers import AutoModelForCausalLM
 
@@ -73,11 +82,12 @@ def test_reverse_kl_is_the_teachers_own_forward(run):
     assert metrics[-1]["distill/reverse_kl"] == pytest.approx(expected, abs=2e-4)
 
 
+@pytest.mark.smoke
 def test_the_teachers_own_validation_is_its_greedy_answers(run):
     """Before training, teacher/val/<source>/pass@1 (teacher.validate): the teacher pool's answers to the validation
     prompts, each actor generating its share in batches, are those of a plain transformers greedy generate of the
     teacher one prompt at a time, and the metric is their share of full rewards."""
-    out, metrics, _, _ = run
+    out, metrics, _ = run
     r = load_recipe(RECIPE)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -103,8 +113,8 @@ def test_the_teachers_own_validation_is_its_greedy_answers(run):
     assert not any(k.startswith("teacher/val/") for m in metrics[1:] for k in m)  # once, before training
 
 
-def test_a_run_resumes_with_its_teacher(run):
-    out, _, _, said = run
+def test_a_run_resumes_with_its_teacher(resumed):
+    out, said = resumed
     assert "resuming from" in said and "(step 3)" in said and "teacher ready: 2 actor(s)" in said
     last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["step"] == 4 and last["timing_s/teacher"] > 0 and "distill/reverse_kl" in last

@@ -34,30 +34,37 @@ def run_learner(ray, path, world_size, overrides, rollouts, ref_lps, advantages,
     return metrics, torch.tensor(before), torch.tensor(after)
 
 
+# CI's tier runs the two richest: several mini batches and epochs, KL, dual clip, entropy, two aggregations
 @pytest.mark.parametrize(
     "overrides",
     [
         # one mini batch, one epoch: on policy
         ["learner.mini_batch_size=16", "learner.micro_batch_size=4", "algorithm.kl_coef=0.0"],
         # two mini batches, two epochs, KL to a reference: old logprobs come from the learner
-        [
-            "learner.mini_batch_size=8",
-            "learner.micro_batch_size=2",
-            "algorithm.ppo_epochs=2",
-            "algorithm.kl_coef=0.1",
-            "algorithm.loss_agg=seq-mean-token-mean",
-            "algorithm.loss_options.clip_ratio_c=3",  # vanilla's dual clip
-        ],
+        pytest.param(
+            [
+                "learner.mini_batch_size=8",
+                "learner.micro_batch_size=2",
+                "algorithm.ppo_epochs=2",
+                "algorithm.kl_coef=0.1",
+                "algorithm.loss_agg=seq-mean-token-mean",
+                "algorithm.loss_options.clip_ratio_c=3",  # vanilla's dual clip
+            ],
+            marks=pytest.mark.smoke,
+        ),
         # every other aggregation, each with another policy loss
-        [
-            "learner.mini_batch_size=8",
-            "learner.micro_batch_size=2",
-            "algorithm.ppo_epochs=2",
-            "algorithm.kl_coef=0.0",
-            "algorithm.loss_agg=seq-mean-token-sum",
-            "algorithm.loss_mode=gspo",
-            "algorithm.entropy_coeff=0.01",
-        ],
+        pytest.param(
+            [
+                "learner.mini_batch_size=8",
+                "learner.micro_batch_size=2",
+                "algorithm.ppo_epochs=2",
+                "algorithm.kl_coef=0.0",
+                "algorithm.loss_agg=seq-mean-token-sum",
+                "algorithm.loss_mode=gspo",
+                "algorithm.entropy_coeff=0.01",
+            ],
+            marks=pytest.mark.smoke,
+        ),
         [
             "learner.mini_batch_size=8",
             "learner.micro_batch_size=2",
@@ -69,7 +76,6 @@ def run_learner(ray, path, world_size, overrides, rollouts, ref_lps, advantages,
     ],
     ids=["on-policy", "seq-mean-token-mean", "seq-mean-token-sum+gspo", "seq-mean-token-sum-norm+cispo"],
 )
-@pytest.mark.smoke  # the FSDP2 learner over ranks, in CI's tier
 def test_two_gloo_ranks_match_one_process(ray_local, overrides):
     path = models.resolve(TINY.format(arch="qwen2"))
     rollouts = tiny_rollouts(vocab=300, prompts=4, group=4)

@@ -35,7 +35,6 @@ from urllib.parse import parse_qsl
 
 from grpo_ray.data.reasoning_gym import value
 
-PREFIX = "verifiers://"
 _tasks: dict[str, tuple] = {}  # by taskset configuration: the tasks found so far by place, and the rest to read
 _lock = threading.Lock()
 
@@ -74,7 +73,7 @@ def messages(data) -> list[dict]:
 def rows(spec: str) -> list[dict]:
     """The rows of a ``verifiers://taskset?size=N&seed=S&key=value`` spec; ValueError saying what is wrong (the
     data layer says it as the spec's DataError)."""
-    name, _, query = spec.removeprefix(PREFIX).partition("?")
+    name, _, query = spec.removeprefix("verifiers://").partition("?")  # (data.VERIFIERS_SCHEME)
     config = {k: value(v) for k, v in parse_qsl(query)}
     size, seed = config.pop("size", 1000), config.pop("seed", None)
     taskset = {"id": name.strip("/"), **config}
@@ -119,7 +118,7 @@ async def _episode(base_url: str, row: dict, harness: str) -> float:
     vf = library()
     info = row.get("extra_info") or {}
     if not isinstance(info.get("taskset"), dict) or not isinstance(info.get("idx"), int):
-        raise ValueError(f"{PREFIX.rstrip(':/')} episodes play rows of {PREFIX} data (extra_info.taskset and .idx)")
+        raise ValueError("verifiers episodes play rows of verifiers:// data (extra_info.taskset and .idx)")
     env = await _serving(info["taskset"], harness)
     # an unset key variable: the endpoint needs no key, and verifiers then sends a placeholder
     client = vf.EvalClientConfig(base_url=base_url, api_key_var="GRPO_RAY_ENDPOINT_KEY")
