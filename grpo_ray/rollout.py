@@ -164,10 +164,11 @@ class Episodes:
         @guarded
         def generated(t: Trajectory, out) -> None:  # a cut turn is stepped too (truncated), as the episode's last
             cut = self._add_turn(t, out.outputs[0])
+            last = len(t.episode.turns) // 2 + 1 >= max_turns  # the turn limit's turn (as _goes_on counts)
             if t.episode.failure:
                 ended(t)
             else:
-                self.pool.submit(self._step, t, t.episode.turns[-1], cut).add_done_callback(answered(t))
+                self.pool.submit(self._step, t, t.episode.turns[-1], cut, last).add_done_callback(answered(t))
 
         def ended(t: Trajectory) -> None:  # (a done or cut episode is closed by its process as it answers)
             if not t.episode.failure and t.episode.ended not in ("done", "length"):  # its process still holds it
@@ -305,13 +306,13 @@ class Episodes:
                 self._failed(t, "opening", why, ends=False)
         return [None if o is None or refused else {} for o in openings]
 
-    def _step(self, t: Trajectory, turn: str, cut: bool = False) -> dict | None:
-        """The environment's answer to the trajectory's last turn (`cut`: at the token limit, its last); None when
-        it failed."""
+    def _step(self, t: Trajectory, turn: str, cut: bool = False, last: bool = False) -> dict | None:
+        """The environment's answer to the trajectory's last turn (`cut`: at the token limit, its last; `last`: the
+        turn limit's); None when it failed."""
         if t.child.generation != t.generation:
             self._failed(t, "lost", FAILED["lost"])
             return None
-        outcome, answer = self._call(t, ("step", t.key, turn, cut))
+        outcome, answer = self._call(t, ("step", t.key, turn, cut, last))
         return answer if outcome == "ok" else None
 
     def _call(self, t: Trajectory, call: tuple) -> tuple[str, object]:

@@ -226,7 +226,8 @@ def test_an_opening_not_in_the_first_rows_prompt_is_said_before_start(tokenizers
 
 def test_every_end_of_an_episode_closes_it_and_a_cut_turn_is_stepped_as_truncated(tmp_path):
     """close() at every end: done, dropped (the turn or token limit), a step or reset that raised, a cut turn (its
-    step told truncated=True where it takes the keyword, plain otherwise), and the process's shutdown."""
+    step told truncated=True where it takes the keyword, plain otherwise), and the process's shutdown. The turn
+    limit's turn is told last=True where step takes it."""
     sys.path.insert(0, str(ROOT))
     closing = "tests.helpers.envs:Closing"
     child = EnvChild(512, sandbox=False)
@@ -241,7 +242,13 @@ def test_every_end_of_an_episode_closes_it_and_a_cut_turn_is_stepped_as_truncate
         assert run("step", "done", "done")[1]["done"]
         assert run("drop", "dropped") == ("ok", None)
         assert run("step", "raised", "raise")[0] == "error"
-        assert run("step", "cut", "partial answer", True)[1]["observation"] == "partial answer truncated=True"
+        assert (
+            run("step", "ask", "at the limit", False, True)[1]["observation"]
+            == "at the limit truncated=False last=True"
+        )
+        assert (
+            run("step", "cut", "partial answer", True)[1]["observation"] == "partial answer truncated=True last=False"
+        )
         assert run("step", "done", "again")[0] == "error"  # closed: no longer held
         assert run("reset", "bad", closing, {}, {"ground_truth": "bad"})[0] == "error"
         assert run("step", "ask", "closed?")[1]["observation"] == "done dropped raised cut bad"

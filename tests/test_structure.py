@@ -241,7 +241,8 @@ OTHER_MEANINGS = {
         "evaluate",
         "rewards.learned",
         "envs.verifiers_env",
-    ),  # verl's row field, a component, a verifiers task's row
+        "envs.harbor_env",
+    ),  # verl's row field, a component, a verifiers or Harbor task's row
     "reward": ("envs", "rollout", "metrics", "trackers"),  # an environment's reward, a table's column
 }
 """Modules where a pool kind's name is a word of another meaning, not a pool: verl's data rows carry a reward_model

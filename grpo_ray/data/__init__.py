@@ -45,6 +45,7 @@ HUB_SCHEME = "hf://"
 REASONING_GYM_SCHEME = "reasoning_gym://"
 TEXTARENA_SCHEME = "textarena://"
 VERIFIERS_SCHEME = "verifiers://"
+HARBOR_SCHEME = "harbor://"
 PROMPT_KEY, ANSWER_KEY = "prompt", "reward_model.ground_truth"
 
 
@@ -108,11 +109,16 @@ def load_rows(spec: str, prompt_key: str = PROMPT_KEY, answer_key: str = ANSWER_
     prompt at `prompt_key` and the ground truth at `answer_key`; DataError names the first bad row."""
     if spec.startswith(SYNTHETIC_SCHEME):
         return _synthetic(spec)
-    if spec.startswith((REASONING_GYM_SCHEME, TEXTARENA_SCHEME, VERIFIERS_SCHEME)):
+    if spec.startswith((REASONING_GYM_SCHEME, TEXTARENA_SCHEME, VERIFIERS_SCHEME, HARBOR_SCHEME)):
         from grpo_ray.data import reasoning_gym, textarena
-        from grpo_ray.envs import verifiers_env
+        from grpo_ray.envs import harbor_env, verifiers_env
 
-        adapters = {REASONING_GYM_SCHEME: reasoning_gym, TEXTARENA_SCHEME: textarena, VERIFIERS_SCHEME: verifiers_env}
+        adapters = {
+            REASONING_GYM_SCHEME: reasoning_gym,
+            TEXTARENA_SCHEME: textarena,
+            VERIFIERS_SCHEME: verifiers_env,
+            HARBOR_SCHEME: harbor_env,
+        }
         try:
             return adapters[spec.partition("://")[0] + "://"].rows(spec)
         except ValueError as e:

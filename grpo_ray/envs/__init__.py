@@ -38,6 +38,7 @@ import pydantic
 from grpo_ray.envs.agent import Agent
 from grpo_ray.envs.base import Environment, Step, import_class
 from grpo_ray.envs.builtin import Calculator, Guess
+from grpo_ray.envs.harbor_env import Harbor
 from grpo_ray.envs.openenv_env import OpenEnv
 from grpo_ray.envs.skyrl_gym_env import SkyRLGym
 from grpo_ray.envs.textarena_env import TextArena
@@ -56,6 +57,7 @@ def known() -> dict[str, type[Environment]]:
         "agent": Agent,
         "calculator": Calculator,
         "guess": Guess,
+        "harbor": Harbor,
         "openenv": OpenEnv,
         "skyrl_gym": SkyRLGym,
         "textarena": TextArena,

@@ -45,7 +45,8 @@ class Environment:
     def step(self, turn: str) -> Step:
         """The answer to the model's turn (its text, decoded, end of turn not included). A turn cut at the token
         limit is stepped too, as its last (an environment that is the reward scores it): with ``truncated=True``
-        when ``step`` takes that keyword; its observation is not used."""
+        when ``step`` takes that keyword; its observation is not used. The turn at ``environment.max_turns`` comes
+        with ``last=True`` when ``step`` takes that keyword (an environment that scores at the end scores then)."""
         raise NotImplementedError
 
     def close(self) -> None:

@@ -61,8 +61,9 @@ def close(episodes: dict, key: str) -> None:
 
 
 def handle(call: tuple, episodes: dict):
-    """("reset", key, name, options, row) -> the opening observation or None; ("step", key, turn[, truncated]) ->
-    Step's fields as a dict; ("drop", key) -> None. An episode is closed when it is done, dropped or fails."""
+    """("reset", key, name, options, row) -> the opening observation or None; ("step", key, turn[, truncated[,
+    last]]) -> Step's fields as a dict; ("drop", key) -> None. An episode is closed when it is done, dropped or
+    fails."""
     import inspect
 
     from grpo_ray.envs import Step, load, options
@@ -83,9 +84,10 @@ def handle(call: tuple, episodes: dict):
     if kind == "drop":
         close(episodes, key)
         return None
-    env, cut = episodes[key], len(call) > 3 and call[3]
-    told = cut and "truncated" in inspect.signature(env.step).parameters
-    step = env.step(call[2], truncated=True) if told else env.step(call[2])
+    env, cut, last = episodes[key], len(call) > 3 and call[3], len(call) > 4 and call[4]
+    takes = inspect.signature(env.step).parameters
+    told = {k: True for k, said in (("truncated", cut), ("last", last)) if said and k in takes}
+    step = env.step(call[2], **told)
     if isinstance(step, dict):
         step = Step(**step)
     if not isinstance(step, Step):

@@ -56,12 +56,14 @@ def isolate(network: bool = False) -> str:
         if point.startswith(("/proc", "/sys", "/dev")):
             continue
         p = point.encode()
-        libc.mount(p, p, None, bind | rec, None)
+        if point != "/":  # a copy over the root would leave this process's root beneath it: "chrooted", to which
+            libc.mount(p, p, None, bind | rec, None)  # the kernel refuses user namespaces (Harbor tasks make theirs)
         libc.mount(None, p, None, remount | bind | rdonly, None)  # a mount that refuses stays as it was
     if libc.mount(b"tmpfs", scratch.encode(), b"tmpfs", 0, None) != 0:
         return f"none (scratch tmpfs: {os.strerror(ctypes.get_errno())})"
     os.chdir(scratch)
     os.environ.update(HOME=scratch, TMPDIR=scratch)
+    tempfile.tempdir = scratch  # (tempfile had chosen /tmp above, and keeps its first choice)
     return "filesystem" if network else "network+filesystem"
 
 

@@ -79,8 +79,8 @@ class NoStep(Environment):
 
 class Closing(Echo):
     """Keeps the names (ground truths) of the episodes its process closed; a turn "closed?" answers them. Done at
-    "done", raises at "raise" (and in reset for "bad"); says whether a turn came cut. Closing an episode whose row
-    has extra_info.mark writes that file (a process without the sandbox: the test sees its shutdown)."""
+    "done", raises at "raise" (and in reset for "bad"); says whether a turn came cut or last. Closing an episode
+    whose row has extra_info.mark writes that file (a process without the sandbox: the test sees its shutdown)."""
 
     closed: list[str] = []
 
@@ -89,12 +89,12 @@ class Closing(Echo):
         if self.name == "bad":
             raise ValueError("no such game")
 
-    def step(self, turn, truncated=False):
+    def step(self, turn, truncated=False, last=False):
         if turn == "raise":
             raise ValueError("the game broke")
         if turn == "closed?":
             return Step(" ".join(Closing.closed))
-        return Step(f"{turn} truncated={truncated}", done=turn == "done")
+        return Step(f"{turn} truncated={truncated} last={last}", done=turn == "done")
 
     def close(self):
         Closing.closed.append(self.name)

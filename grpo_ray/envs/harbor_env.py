@@ -1,0 +1,172 @@
+"""``harbor``: Harbor tasks (a directory: ``instruction.md``, ``task.toml``, ``environment/``, ``tests/test.sh``),
+the model working in the task's shell, with no glue and no container runtime::
+
+    data.train_files=[harbor://path/to/tasks]     # one task's directory, or a directory of them
+    environment.name=harbor
+
+Each task is a row: a system message saying how to use the shell, then ``instruction.md`` as the user's message,
+data_source ``harbor/<task name>``, no ground truth (the task's tests score it) and ``extra_info.task`` its
+directory. An episode is a trial, as Harbor runs one, on this node's own tools (a local process runtime):
+
+- each model turn runs the commands of its last fenced ``bash`` block in the task's ``/app`` (empty at the start),
+  with a writable ``/logs`` and ``/tmp`` of the episode's own (``grpo_ray/envs/task_root.py`` makes the paths
+  without a container), ``options.command_timeout_s`` each, and the observation is the exit code and the output's
+  last ``options.output_chars`` characters;
+- a turn with no such block says the task is done, as does the last turn (the turn limit's, or one cut at the
+  token limit, whose commands are not run): then the task's ``tests/`` are copied to ``/tests`` and
+  ``bash /tests/test.sh`` runs (``[verifier] timeout_sec`` and ``env`` of ``task.toml``), and the reward is the
+  number it wrote to ``/logs/verifier/reward.txt``, or the ``reward`` of ``/logs/verifier/reward.json``. A test
+  that writes neither fails the episode with its output, counted.
+
+Commands see only PATH, HOME (/tmp), LANG and TERM of the generator's environment: no token reaches them. What a
+container runtime adds, and this does not: the image the Dockerfile builds (its packages, the files it copies, its
+WORKDIR), its process and network isolation (here, grpo-ray's sandbox: a read-only filesystem, no network unless
+``environment.network``), and its CPU and memory limits (here, the environment process's memory cap).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pydantic
+import tomllib
+
+from grpo_ray.envs.base import Environment, Step
+
+SYSTEM = (
+    "You are working in a Linux shell; the working directory is /app. Each reply of yours runs the commands of its "
+    "last ```bash block and shows you their exit code and output. When the task is done, reply without a bash block."
+)
+COMMANDS = re.compile(r"```(?:bash|sh|shell)[ \t]*\n(.*?)```", re.DOTALL)
+ROOT = Path(__file__).with_name("task_root.py")
+
+
+def tasks(path: Path) -> list[Path]:
+    """The task directories at `path`: itself when it holds instruction.md, else its subdirectories that do;
+    ValueError naming what is missing."""
+    if not path.is_dir():
+        raise ValueError(f"{path} is not a directory (a Harbor task's, or one holding tasks)")
+    found = [path] if (path / "instruction.md").is_file() else sorted(p for p in path.iterdir() if p.is_dir())
+    for task in found:
+        missing = [f for f in ("instruction.md", "tests/test.sh") if not (task / f).is_file()]
+        if missing:
+            raise ValueError(f"{task} is not a Harbor task: it has no {' and no '.join(missing)}")
+    if not found:
+        raise ValueError(f"{path} holds no Harbor task (a directory with instruction.md and tests/test.sh)")
+    return found
+
+
+def config(task: Path) -> dict:
+    """task.toml's contents ({} without one); ValueError where it does not parse."""
+    try:
+        return tomllib.loads((task / "task.toml").read_text()) if (task / "task.toml").is_file() else {}
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{task / 'task.toml'}: {e}") from None
+
+
+def rows(spec: str) -> list[dict]:
+    """The rows of a ``harbor://PATH`` spec (a relative PATH from the working directory); ValueError saying what
+    is wrong (the data layer says it as the spec's DataError)."""
+    out = []
+    for i, task in enumerate(tasks(Path(spec.removeprefix("harbor://")).resolve())):  # (data.HARBOR_SCHEME)
+        name = config(task).get("task", {}).get("name") or task.name
+        instruction = (task / "instruction.md").read_text()
+        out.append(
+            {
+                "data_source": f"harbor/{name}",
+                "prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": instruction}],
+                "reward_model": {"style": "rule", "ground_truth": ""},
+                "extra_info": {"index": i, "task": str(task)},
+            }
+        )
+    return out
+
+
+class Harbor(Environment):
+    class Options(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(extra="forbid")
+        command_timeout_s: float = pydantic.Field(30.0, gt=0)
+        """Each turn's commands' time limit (killed past it, the observation says so)."""
+        output_chars: int = pydantic.Field(2000, gt=0)
+        """How much of a turn's output (stdout and stderr, in order) the observation keeps: its end."""
+        verifier_timeout_s: float = pydantic.Field(120.0, gt=0)
+        """The tests' time limit where task.toml's ``[verifier] timeout_sec`` does not say one."""
+
+    def reset(self, row: dict) -> None:
+        task = (row.get("extra_info") or {}).get("task")
+        if not task or not Path(task).is_dir():
+            raise ValueError(f"harbor episodes play rows of harbor:// data (extra_info.task), given {task!r}")
+        self.task, self.config = Path(task), config(Path(task))
+        self.dir = Path(tempfile.mkdtemp(prefix="harbor-"))
+        for sub in ("app", "logs/agent", "logs/verifier", "tmp", "root"):
+            (self.dir / sub).mkdir(parents=True)
+
+    def step(self, turn: str, truncated: bool = False, last: bool = False) -> Step:
+        found = COMMANDS.findall(turn)
+        if found and not truncated:
+            code, output = self.run(["bash", "-c", found[-1]], self.options.command_timeout_s)
+            said = f"exit code {code}" if code is not None else f"timed out after {self.options.command_timeout_s} s"
+            if not last:
+                return Step(f"{said}\n{output[-self.options.output_chars :]}", tool_call=True, tool_error=code != 0)
+        return Step(reward=self.verify(), done=True)
+
+    def verify(self) -> float:
+        """Run the task's tests (a fresh copy at /tests); the reward they wrote."""
+        shutil.copytree(self.task / "tests", self.dir / "tests")
+        verifier = self.config.get("verifier", {})
+        timeout = float(verifier.get("timeout_sec", self.options.verifier_timeout_s))
+        code, output = self.run(["bash", "/tests/test.sh"], timeout, tests=True, env=verifier.get("env", {}))
+        logs = self.dir / "logs" / "verifier"
+        for name in ("reward.txt", "reward.json"):
+            if (logs / name).is_file():
+                text = (logs / name).read_text()
+                try:
+                    said = json.loads(text) if name == "reward.json" else float(text.strip())
+                except ValueError:
+                    raise ValueError(f"{self.task.name}'s tests wrote {name} {text[:200]!r}: not a number") from None
+                if not isinstance(said, dict):
+                    return float(said)
+                if "reward" in said or len(said) == 1:
+                    return float(said.get("reward", next(iter(said.values()))))
+                raise ValueError(
+                    f"{self.task.name}'s tests wrote rewards {sorted(said)}: which is the reward is unsaid"
+                )
+        ended = f"exit code {code}" if code is not None else f"timed out after {timeout} s"
+        raise RuntimeError(
+            f"{self.task.name}'s tests ({ended}) wrote no /logs/verifier/reward.txt or reward.json:\n{output[-2000:]}"
+        )
+
+    def run(self, argv: list[str], timeout: float, tests: bool = False, env: dict | None = None) -> tuple:
+        """`argv` in the task's filesystem: (its exit code, or None past `timeout`; its output)."""
+        paths = ["app", "logs", "tmp", *(["tests"] if tests else [])]
+        binds = [f"/{p}={self.dir / p}" for p in paths]
+        keep = {k: os.environ[k] for k in ("PATH", "LANG", "TERM") if k in os.environ}
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", str(ROOT), str(self.dir / "root"), *binds, "--", *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**keep, "HOME": "/tmp", **{str(k): str(v) for k, v in (env or {}).items()}},
+            start_new_session=True,
+        )
+        try:
+            out, code = proc.communicate(timeout=timeout)[0], proc.returncode
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, code = proc.communicate()[0], None
+        text = out.decode(errors="replace")
+        if code == 125 and text.startswith("task_root:"):
+            raise RuntimeError(f"a Harbor task's filesystem could not be made here: {text.strip()}")
+        return code, text
+
+    def close(self) -> None:
+        if getattr(self, "dir", None):
+            shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,0 +1,167 @@
+"""Harbor tasks with no glue and no container runtime: ``harbor://`` rows from task directories in Harbor's format
+(tests/helpers/harbor_tasks: instruction.md, task.toml, environment/Dockerfile, tests/test.sh), and episodes in the
+sandboxed environment process, each turn's commands in the task's /app, the task's own tests scoring the end."""
+
+import json
+
+import pytest
+
+from grpo_ray.data import DataError, load_rows
+from grpo_ray.dumps import read_samples
+from grpo_ray.envs.child import EnvChild
+from grpo_ray.envs.harbor_env import SYSTEM
+from tests.conftest import ROOT, run_cli
+
+TASKS = ROOT / "tests" / "helpers" / "harbor_tasks"
+
+
+@pytest.fixture(scope="module")
+def child():
+    c = EnvChild(512, sandbox=True)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return {r["data_source"]: r for r in load_rows(f"harbor://{TASKS.relative_to(ROOT)}")}
+
+
+def play(child, key: str, row: dict, *turns, options=None, last=False) -> list:
+    """Reset, then each turn (the last one told `last`); each step's answer as (outcome, value)."""
+    assert child.run(("reset", key, "harbor", options or {}, row), 10) == ("ok", None)
+    told = [(t, last and i == len(turns) - 1) for i, t in enumerate(turns)]
+    return [child.run(("step", key, t, False, at_limit), 30) for t, at_limit in told]
+
+
+def bash(commands: str) -> str:
+    return f"I will run:\n```bash\n{commands}\n```"
+
+
+def test_each_task_is_a_row_its_instruction_the_users_message(rows):
+    assert sorted(rows) == [
+        "harbor/count",
+        "harbor/tests/greeting",
+        "harbor/unchanged",
+    ]  # task.toml's [task] name, else the folder's
+    greeting = rows["harbor/tests/greeting"]
+    assert greeting["prompt"] == [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": (TASKS / "greeting" / "instruction.md").read_text()},
+    ]
+    assert greeting["extra_info"]["task"] == str(TASKS / "greeting")
+    assert load_rows(f"harbor://{TASKS / 'count'}")[0]["data_source"] == "harbor/count"  # one task's folder
+
+
+@pytest.mark.parametrize(
+    "make, says",
+    [
+        (lambda p: None, "is not a directory"),
+        (lambda p: p.mkdir(), "holds no Harbor task"),
+        (lambda p: (p / "t" / "tests").mkdir(parents=True), "t is not a Harbor task: it has no instruction.md and no"),
+        (
+            lambda p: [
+                (p / "tests").mkdir(parents=True),
+                (p / "tests" / "test.sh").write_text("true"),
+                (p / "instruction.md").write_text("x"),
+                (p / "task.toml").write_text("[verifier\n"),
+            ],
+            "task.toml: Expected ']'",
+        ),
+    ],
+)
+def test_what_is_not_a_task_is_said_naming_it(tmp_path, make, says):
+    make(tmp_path / "tasks")
+    with pytest.raises(DataError, match=says):
+        load_rows(f"harbor://{tmp_path / 'tasks'}")
+
+
+def test_a_task_done_scores_by_its_own_tests_in_the_sandbox(child, rows):
+    """The turns' commands run in /app, one after another; a turn with no bash block ends the episode and the
+    task's test.sh (its task.toml env given) writes the reward: 1 where the file is right, 0 where it is not."""
+    greeting = rows["harbor/tests/greeting"]
+    steps = play(child, "g1", greeting, bash("pwd; echo hello > greeting.txt"), bash("cat greeting.txt"), "Done.")
+    assert [s[0] for s in steps] == ["ok"] * 3
+    assert steps[0][1]["observation"] == "exit code 0\n/app\n" and steps[0][1]["tool_call"]
+    assert steps[1][1]["observation"] == "exit code 0\nhello\n"
+    assert steps[2][1]["done"] and steps[2][1]["reward"] == 1.0
+    wrong = play(child, "g2", greeting, bash("echo goodbye > greeting.txt"), "Done.")
+    assert wrong[-1][1]["done"] and wrong[-1][1]["reward"] == 0.0
+
+
+def test_partial_credit_from_reward_json_and_the_last_turn_is_scored(child, rows):
+    """count's test writes {"reward": files made / 3} to reward.json. The turn limit's turn (last) runs its
+    commands, then the tests, in one step; a cut turn's commands are not run."""
+    steps = play(child, "c1", rows["harbor/count"], bash("touch a.txt"), bash("touch b.txt"), last=True)
+    assert not steps[0][1]["done"] and steps[1][1]["done"]
+    assert steps[1][1]["reward"] == pytest.approx(2 / 3, abs=1e-3)
+    assert child.run(("reset", "c2", "harbor", {}, rows["harbor/count"]), 10) == ("ok", None)
+    cut = child.run(("step", "c2", bash("touch a.txt b.txt c.txt"), True), 30)[1]
+    assert cut["done"] and cut["reward"] == 0.0
+
+
+def test_commands_see_their_task_not_the_node(child, rows):
+    """A task's commands write only its /app, /logs and /tmp (the node's filesystem read-only, the tests not there
+    before the end), see no token of the generator's environment, and are killed at their time limit."""
+    marker = ROOT / "written-by-a-harbor-task"
+    turn = bash(f"ls /tests; touch {marker}; touch /tmp/ok && echo tmp-ok; env | sort")
+    (outcome, step), *_ = play(child, "s1", rows["harbor/count"], turn)
+    said = step["observation"]
+    assert outcome == "ok" and said.startswith("exit code 0\n") and step["tool_call"]
+    assert "ls: cannot access '/tests'" in said and "Read-only file system" in said and "tmp-ok" in said
+    assert not marker.exists()
+    env = dict(line.split("=", 1) for line in said.splitlines() if "=" in line and line[0].isupper())
+    assert set(env) <= {"PATH", "HOME", "LANG", "TERM", "PWD", "SHLVL", "_", "OLDPWD"} and env["HOME"] == "/tmp"
+    (outcome, step), *_ = play(child, "s2", rows["harbor/count"], bash("sleep 30"), options={"command_timeout_s": 0.5})
+    assert outcome == "ok" and step["observation"].startswith("timed out after 0.5 s") and step["tool_error"]
+
+
+def test_tests_that_write_no_reward_fail_the_episode_with_their_output(child, tmp_path):
+    """No reward file, several rewards in reward.json, or a reward.txt that is not a number: the episode fails
+    (counted, env/errors) saying which, never a silent 0."""
+    task = tmp_path / "silent"
+    (task / "tests").mkdir(parents=True)
+    (task / "instruction.md").write_text("Do nothing.")
+    (task / "tests" / "test.sh").write_text("echo 'checked nothing'\n")
+    (row,) = load_rows(f"harbor://{task}")
+    outcome, text = play(child, "n1", row, "Nothing to do.")[0]
+    assert outcome == "error" and "silent's tests (exit code 0) wrote no /logs/verifier/reward.txt" in text
+    assert "checked nothing" in text
+    (task / "tests" / "test.sh").write_text('echo \'{"a": 1, "b": 0}\' > /logs/verifier/reward.json\n')
+    outcome, text = play(child, "n2", row, "Nothing to do.")[0]
+    assert outcome == "error" and "wrote rewards ['a', 'b']: which is the reward is unsaid" in text
+    (task / "tests" / "test.sh").write_text("echo passed > /logs/verifier/reward.txt\n")
+    outcome, text = play(child, "n3", row, "Nothing to do.")[0]
+    assert outcome == "error" and "silent's tests wrote reward.txt 'passed\\n': not a number" in text
+
+
+@pytest.mark.slow
+def test_a_run_trains_on_harbor_tasks_each_scored_by_its_own_tests(tmp_path):
+    """The agent twin on the three tasks, environment harbor, two turns: the run trains, no episode fails, and each
+    sample's reward is its task's verdict on what the untrained model did (it writes no bash block that changes
+    /app: unchanged's tests give 1, the others' 0), the turn limit's turn scored as the last."""
+    out = tmp_path / "run"
+    res = run_cli(
+        "train",
+        "recipes/tiny-qwen2.5-7b-gsm8k-agent.yaml",
+        f"data.train_files=[harbor://{TASKS}]",
+        "data.val_files=[]",
+        "data.train_batch_size=3",
+        "data.max_prompt_length=640",
+        "learner.mini_batch_size=24",
+        "learner.micro_batch_size=4",
+        "environment.name=harbor",
+        "environment.max_turns=2",
+        "reward.functions=[]",
+        "trainer.total_steps=2",
+        "trainer.val_before_train=false",
+        f"trainer.output_dir={out}",
+        timeout=900,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in steps] == [1, 2] and all(m["env/errors"] == 0 for m in steps)
+    dump = read_samples(out / "rollouts" / "train_data_step2.jsonl")
+    expected = {"harbor/unchanged": 1.0, "harbor/count": 0.0, "harbor/tests/greeting": 0.0}
+    assert {row["data_source"] for row in dump} == set(expected)
+    assert all(row["score"] == expected[row["data_source"]] for row in dump)
