@@ -3,6 +3,7 @@
 sandboxed environment process, each turn's commands in the task's /app, the task's own tests scoring the end."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -103,17 +104,35 @@ def test_partial_credit_from_reward_json_and_the_last_turn_is_scored(child, rows
 def test_commands_see_their_task_not_the_node(child, rows):
     """A task's commands write only its /app, /logs and /tmp (the node's filesystem read-only, the tests not there
     before the end), see no token of the generator's environment, and are killed at their time limit."""
-    marker = ROOT / "written-by-a-harbor-task"
-    turn = bash(f"ls /tests; touch {marker}; touch /tmp/ok && echo tmp-ok; env | sort")
+    if not child.isolation.startswith("network+"):
+        pytest.skip(f"no sandbox on this OS: {child.isolation}")
+    marker, system = ROOT / "written-by-a-harbor-task", Path("/usr/written-by-a-harbor-task")
+    turn = bash(f"ls /tests; touch {marker} {system}; touch /tmp/ok && echo tmp-ok; env | sort")
     (outcome, step), *_ = play(child, "s1", rows["harbor/count"], turn)
     said = step["observation"]
     assert outcome == "ok" and said.startswith("exit code 0\n") and step["tool_call"]
-    assert "ls: cannot access '/tests'" in said and "Read-only file system" in said and "tmp-ok" in said
-    assert not marker.exists()
+    assert "ls: cannot access '/tests'" in said and "tmp-ok" in said
+    assert f"touch: cannot touch '{system}': Read-only file system" in said
+    assert not marker.exists() and not system.exists()  # (the repository may lie under /tmp: the task's own /tmp)
     env = dict(line.split("=", 1) for line in said.splitlines() if "=" in line and line[0].isupper())
     assert set(env) <= {"PATH", "HOME", "LANG", "TERM", "PWD", "SHLVL", "_", "OLDPWD"} and env["HOME"] == "/tmp"
     (outcome, step), *_ = play(child, "s2", rows["harbor/count"], bash("sleep 30"), options={"command_timeout_s": 0.5})
     assert outcome == "ok" and step["observation"].startswith("timed out after 0.5 s") and step["tool_error"]
+
+
+def test_a_flood_keeps_its_end_and_what_a_command_leaves_running_is_stopped(child, rows):
+    """A command that floods its output until its limit costs the process no memory (the observation keeps the
+    end); one that leaves a process in the background answers as it exits, not at its limit, and the process is
+    stopped then (no pid of it is left)."""
+    limit = {"command_timeout_s": 1.0, "output_chars": 100}
+    (outcome, step), *_ = play(child, "f1", rows["harbor/count"], bash("yes flood"), options=limit)
+    assert outcome == "ok" and step["observation"] == "timed out after 1.0 s\n" + ("flood\n" * 20)[-100:]
+    leave = bash("sleep 300 & echo $! > /app/pid; echo started")
+    state = "s=$(awk '/^State/ {print $2}' /proc/$(cat pid)/status 2>/dev/null); echo ${s:-gone}"
+    (outcome, step), after = play(child, "f2", rows["harbor/count"], leave, bash(state))
+    assert outcome == "ok" and step["observation"] == "exit code 0\nstarted\n"
+    assert after[1]["observation"] in ("exit code 0\ngone\n", "exit code 0\nZ\n")  # killed (a zombie where the
+    # node's init does not reap)
 
 
 def test_tests_that_write_no_reward_fail_the_episode_with_their_output(child, tmp_path):

@@ -26,6 +26,7 @@ WORKDIR), its process and network isolation (here, grpo-ray's sandbox: a read-on
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -34,6 +35,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import pydantic
@@ -88,6 +90,13 @@ def rows(spec: str) -> list[dict]:
             }
         )
     return out
+
+
+def read_tail(stream, keep: int, out: list) -> None:
+    """Read `stream` to its end, keeping its last `keep` bytes in out[0] as it goes."""
+    for chunk in iter(lambda: stream.read1(1 << 16), b""):
+        out[0] = (out[0] + chunk)[-keep:]
+    stream.close()
 
 
 class Harbor(Environment):
@@ -157,12 +166,19 @@ class Harbor(Environment):
             env={**keep, "HOME": "/tmp", **{str(k): str(v) for k, v in (env or {}).items()}},
             start_new_session=True,
         )
+        tail = [b""]  # the output's last bytes, read as it comes (a flood costs no memory)
+        most = 4 * max(self.options.output_chars, 2000)
+        reader = threading.Thread(target=read_tail, args=(proc.stdout, most, tail), daemon=True)
+        reader.start()
         try:
-            out, code = proc.communicate(timeout=timeout)[0], proc.returncode
+            code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            code = None
+        with contextlib.suppress(ProcessLookupError):  # what it left running in the background too
             os.killpg(proc.pid, signal.SIGKILL)
-            out, code = proc.communicate()[0], None
-        text = out.decode(errors="replace")
+        proc.wait()
+        reader.join(timeout=5)  # (a process that left the group holds the pipe: what came by then)
+        text = tail[0].decode(errors="replace")
         if code == 125 and text.startswith("task_root:"):
             raise RuntimeError(f"a Harbor task's filesystem could not be made here: {text.strip()}")
         return code, text
