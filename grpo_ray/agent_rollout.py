@@ -17,6 +17,7 @@ from concurrent.futures import Future
 from functools import partial
 from pathlib import Path
 
+from grpo_ray.algo.advantage import turn_spans
 from grpo_ray.endpoint import Endpoint, Session
 from grpo_ray.envs import load, options
 from grpo_ray.envs.agent_child import AgentChild
@@ -77,7 +78,7 @@ class AgentRuns:
         t.ids, t.mask, t.logprobs, t.versions, t.texts = s.ids, s.mask, s.logprobs, s.versions, s.texts
         e.turns, e.off_record, e.ended = list(s.texts), s.off_record, s.ended or "done"
         if outcome == "ok":
-            e.reward, e.rewards = value, [value]
+            e.reward, e.rewards = value, [*[0.0] * (len(turn_spans(s.mask)) - 1), value]  # at its last call
             if not s.ids:
                 self.episodes._failed(t, "error", "the program called the model 0 times")
         else:

@@ -33,8 +33,8 @@ import ray
 import torch
 
 from grpo_ray import schedules
+from grpo_ray.algo.advantage import TURN_ESTIMATORS, overlong_penalty, per_turn_advantages
 from grpo_ray.algo.advantage import advantages as estimate
-from grpo_ray.algo.advantage import overlong_penalty
 from grpo_ray.algo.batching import Samples
 from grpo_ray.algo.groups import select_groups, signal_groups, take_groups
 from grpo_ray.config import GENERATOR, KINDS, LEARNER, REFERENCE, TEACHER, Recipe
@@ -147,12 +147,18 @@ class GRPOController(Runner):
             self.inflight[step + 1] = self.launch(step + 1)  # generated while this step trains
         return batch, {}
 
-    def advantages(self, stats: list, scores: list) -> tuple[list[float], float]:
-        """Each sample's advantage from its group's rewards (less DAPO's overlong penalty), and the mean penalty."""
+    def advantages(self, stats: list, scores: list) -> tuple[list, float]:
+        """Each sample's advantage from its group's rewards (less DAPO's overlong penalty), and the mean penalty.
+        Under a per-turn estimator (``TURN_ESTIMATORS``), each sample's list of its model turns' advantages."""
         a, r = self.r.algorithm, self.r
         lengths = torch.tensor([n for s in stats for n in s.response_lengths])
         penalty = overlong_penalty(lengths, response_budget(r), a.overlong_buffer.len, a.overlong_buffer.penalty_factor)
         rewards = torch.tensor([t for s in scores for t in s.totals], dtype=torch.float64) + penalty
+        if a.adv_estimator in TURN_ESTIMATORS:  # single-turn samples: one turn, no environment reward
+            turns = [t for s in stats for t in (s.turn_rewards or [[0.0]] * len(s.response_lengths))]
+            return per_turn_advantages(
+                a.adv_estimator, rewards.tolist(), turns, a.group_size, a.norm_adv_by_std
+            ), penalty.mean().item()
         return estimate(
             a.adv_estimator, rewards, a.group_size, lengths, a.norm_adv_by_std
         ).tolist(), penalty.mean().item()

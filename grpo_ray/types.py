@@ -149,6 +149,9 @@ class RolloutStats:
     """Streaming: seconds the engine had nothing to run since its last take."""
     ready: int = 0
     """Streaming: groups finished and waiting in the engine after this take (its share of the buffer)."""
+    turn_rewards: list[list[float]] = field(default_factory=list)
+    """Multi-turn rollouts: each trajectory's environment rewards, one per model turn (its mask's runs), at its
+    turn (``algo.advantage.turn_rewards``); empty for single-turn ones. For the per-turn estimators."""
 
 
 @dataclass

@@ -401,11 +401,11 @@ def test_reinforce_plus_plus_baseline_whitens_over_the_batch_tokens():
 
 
 def test_estimators_match_the_config_choices():
-    from grpo_ray.algo.advantage import ESTIMATORS
+    from grpo_ray.algo.advantage import ESTIMATORS, TURN_ESTIMATORS
     from grpo_ray.algo.loss import AGG_MODES, POLICY_LOSSES
     from grpo_ray.config import CHOICES
 
-    assert set(CHOICES["algorithm.adv_estimator"]) == set(ESTIMATORS)
+    assert set(CHOICES["algorithm.adv_estimator"]) == set(ESTIMATORS) | set(TURN_ESTIMATORS)
     assert set(CHOICES["algorithm.loss_mode"]) == set(POLICY_LOSSES)
     assert set(CHOICES["algorithm.loss_agg"]) == set(AGG_MODES) | {"auto"}
 

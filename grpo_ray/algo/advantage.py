@@ -71,6 +71,84 @@ def reinforce_plus_plus_baseline(grouped: torch.Tensor, lengths: torch.Tensor, n
     return (centred_ - mu) / torch.sqrt(var + 1e-8)
 
 
+TURN_ESTIMATORS: dict[str, Callable[..., list]] = {}
+"""Estimators that credit each model turn of a multi-turn trajectory on its own: (per-turn rewards [P][G][turns],
+norm_by_std) -> per-turn advantages of the same shape; every token of a turn gets its turn's advantage."""
+
+
+def turn_estimator(name: str):
+    def register(fn):
+        TURN_ESTIMATORS[name] = fn
+        return fn
+
+    return register
+
+
+@turn_estimator("grpo_turn")
+def grpo_turn(rewards: list[list[list[float]]], norm_by_std: bool, eps: float = 1e-6) -> list[list[list[float]]]:
+    """Turn-level GRPO: turn k of a trajectory is credited with its return from that turn on (the sum of its
+    rewards at turns k, k + 1, ...), centred (and scaled by the std) among the group's trajectories that had a turn
+    k. Turn 0's advantage is GRPO's on the whole return; a turn only one trajectory of the group reached, or whose
+    returns are all equal, gets 0."""
+    out = []
+    for group in rewards:
+        returns = [torch.tensor(r, dtype=torch.float64).flip(0).cumsum(0).flip(0).tolist() for r in group]
+        adv = [[0.0] * len(r) for r in returns]
+        for k in range(max(len(r) for r in returns)):
+            at = [i for i, r in enumerate(returns) if len(r) > k]
+            if len(at) < 2:
+                continue
+            scaled = grpo(torch.tensor([[returns[i][k] for i in at]], dtype=torch.float64), None, norm_by_std, eps)
+            for i, a in zip(at, scaled[0].tolist()):
+                adv[i][k] = a
+        out.append(adv)
+    return out
+
+
+def turn_spans(mask: list[int]) -> list[tuple[int, int]]:
+    """The model's turns in a trajectory's loss mask: each run of 1s as (start, end)."""
+    spans, start = [], None
+    for i, m in enumerate([*mask, 0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            spans.append((start, i))
+            start = None
+    return spans
+
+
+def turn_rewards(rewards: list[float], mask: list[int]) -> list[float]:
+    """A trajectory's environment rewards, one per model turn of its mask: those it has at their turns, 0 at the
+    turns it has none for (an episode that failed before its last turn was stepped)."""
+    turns = max(1, len(turn_spans(mask)))
+    return [*rewards[:turns], *[0.0] * (turns - len(rewards))]
+
+
+def per_token(advantages: list[list[float]], masks: list[list[int]]) -> list[list[float]]:
+    """Per-turn advantages laid on each sample's tokens: its k-th model turn (run of 1s in its mask) gets its k-th
+    advantage, every other token 0 (masked out of the loss)."""
+    out = []
+    for adv, mask in zip(advantages, masks):
+        tokens, spans = [0.0] * len(mask), turn_spans(mask)
+        if len(spans) != len(adv):
+            raise ValueError(f"{len(adv)} per-turn advantages for a trajectory of {len(spans)} model turns")
+        for a, (start, end) in zip(adv, spans):
+            tokens[start:end] = [a] * (end - start)
+        out.append(tokens)
+    return out
+
+
+def per_turn_advantages(
+    name: str, totals: list[float], turns: list[list[float]], group_size: int, norm_by_std: bool
+) -> list[list[float]]:
+    """Each sample's per-turn advantages under turn estimator `name`: its environment's rewards at their turns
+    (`turns`; a single-turn sample has one), and the rest of its total (the reward functions' score, DAPO's
+    penalty) at its last turn."""
+    placed = [[*t[:-1], t[-1] + total - sum(t)] for total, t in zip(totals, turns)]
+    grouped = [placed[i : i + group_size] for i in range(0, len(placed), group_size)]
+    return [a for group in TURN_ESTIMATORS[name](grouped, norm_by_std) for a in group]
+
+
 def advantages(
     name: str, rewards: torch.Tensor, group_size: int, lengths: torch.Tensor | None = None, norm_by_std: bool = True
 ) -> torch.Tensor:

@@ -403,6 +403,12 @@ def place_values(values: list, mask: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def placed(values, micro: list[int], mask: torch.Tensor) -> torch.Tensor | None:
+    """The per-token values of the samples of `micro` (indices into `values`) laid on the response positions of
+    `mask`, on its device; None for None."""
+    return None if values is None else place_values([values[i] for i in micro], mask)
+
+
 def chunks(indices: list[int], size: int) -> list[list[int]]:
     return [indices[i : i + size] for i in range(0, len(indices), size)]
 

@@ -70,6 +70,7 @@ def take_groups(
                 sum(n >= max_tokens for n in responses),
                 st.window,
                 env={k: [v[j] for j in local] for k, v in st.env.items()},  # the kept trajectories' own
+                turn_rewards=[st.turn_rewards[j] for j in local] if st.turn_rewards else [],
             )
             out.append(
                 (

@@ -24,7 +24,7 @@ CHOICES = {
         "seq-mean-token-mean",
         "seq-mean-token-sum-norm",
     ),
-    "algorithm.adv_estimator": ("grpo", "rloo", "reinforce_plus_plus_baseline"),
+    "algorithm.adv_estimator": ("grpo", "rloo", "reinforce_plus_plus_baseline", "grpo_turn"),
     "algorithm.loss_mode": ("vanilla", "gspo", "cispo"),
     "algorithm.schedule": ("batched", "streaming"),
     "algorithm.staleness": ("keep", "drop"),

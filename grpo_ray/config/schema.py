@@ -236,9 +236,10 @@ class AlgorithmConfig:
     group_size: int = 8
     """Responses sampled per prompt (verl's rollout.n); advantages compare within a group."""
     adv_estimator: str = "grpo"
-    """grpo (group-centred, over the group's std), rloo (leave-one-out baseline) or reinforce_plus_plus_baseline
-    (group-centred, then whitened over the batch's tokens); grpo_ray.algo.advantage. Or your own as
-    ``module:function``, with their signature (tried on two groups before anything starts)."""
+    """grpo (group-centred, over the group's std), rloo (leave-one-out baseline), reinforce_plus_plus_baseline
+    (group-centred, then whitened over the batch's tokens) or grpo_turn (multi-turn: each model turn credited with
+    its return from that turn on, against the group's returns at the same turn); grpo_ray.algo.advantage. Or your
+    own as ``module:function``, with the per-sample ones' signature (tried on two groups before anything starts)."""
     norm_adv_by_std: bool = True
     """grpo: divide the group-centred reward by the group's std (off: Dr. GRPO; verl's norm_adv_by_std_in_grpo)."""
     loss_mode: str = "vanilla"

@@ -18,6 +18,7 @@ import threading
 import time
 
 from grpo_ray import envs, rewards, schedules
+from grpo_ray.algo.advantage import turn_rewards
 from grpo_ray.config import Recipe, SamplingConfig, engine_rank
 from grpo_ray.device import Device
 from grpo_ray.faults import fault_at
@@ -236,6 +237,7 @@ class Generator(RoleActor):
             response_lengths=[len(c.token_ids) for c in completions],
             truncated=sum(c.finish_reason == "length" for c in completions),
             env=episode_values(completions) if self.episodes else {},
+            turn_rewards=[turn_rewards(c.episode.rewards, c.mask) for c in completions] if self.episodes else [],
             failures=self.episodes.new_failures() if self.episodes else {},
             versions=versions,
             uids=[p.uid for p in prompts],

@@ -31,12 +31,13 @@ import torch
 import torch.distributed as dist
 
 from grpo_ray import lora, schedules, sync
+from grpo_ray.algo.advantage import per_token
 from grpo_ray.algo.batching import (
     collate,
     flatten,
     forward_work,
     micro_batches,
-    place_values,
+    placed,
     rank_slice,
     use_shared,
 )
@@ -70,8 +71,8 @@ class RankShare:
     """This rank's share of each mini batch."""
     sampler: list
     """The sampler's logprobs of each response."""
-    adv: torch.Tensor
-    """[N] the advantages."""
+    adv: torch.Tensor | list
+    """[N] the advantages; or under a per-turn estimator, each sample's per token (``per_token``)."""
     masks: list | None
     """Multi-turn trajectories' loss masks (1 on the model's tokens); None when every sample is one turn."""
     old: dict | None
@@ -82,11 +83,6 @@ class RankShare:
     """The distillation teacher's logprobs, when there is a teacher (``algo.distill``)."""
     old_seconds: float
     ref_seconds: float
-
-
-def _placed(values, micro: list[int], mask: torch.Tensor) -> torch.Tensor | None:
-    """The per-token values of the samples of `micro` laid on the response positions of `mask`, on its device."""
-    return None if values is None else place_values([values[i] for i in micro], mask)
 
 
 class Learner(WeightsOut, RoleActor):
@@ -373,7 +369,8 @@ class Learner(WeightsOut, RoleActor):
             ref_seconds = time.perf_counter() - start - old_seconds
         sampler = [c.sampler_logprobs for r in rollouts for c in r.completions]
         masks = [c.mask or [1] * len(c.token_ids) for r in rollouts for c in r.completions]
-        adv = torch.tensor(advantages, dtype=torch.float32)
+        per_turn = isinstance(advantages[0], list)  # a per-turn estimator's: laid on each turn's tokens
+        adv = per_token(advantages, masks) if per_turn else torch.tensor(advantages, dtype=torch.float32)
         multi_turn = any(c.mask is not None for r in rollouts for c in r.completions)
         masks = masks if multi_turn else None
         return RankShare(pairs, minis, sampler, adv, masks, old, ref_lps, teacher_lps, old_seconds, ref_seconds)
@@ -392,13 +389,13 @@ class Learner(WeightsOut, RoleActor):
             response = seqs.response_mask.to(logp.device)  # where each sample's per-token values lie
             x = LossInputs(
                 logp,
-                _placed(batch.sampler, micro, response),
-                batch.adv[micro],
-                response if batch.masks is None else _placed(batch.masks, micro, response),  # multi-turn: the
-                _placed(batch.old, micro, response),  # model's own tokens only, not the observations'
-                _placed(batch.ref, micro, response),
+                placed(batch.sampler, micro, response),
+                batch.adv[micro] if isinstance(batch.adv, torch.Tensor) else placed(batch.adv, micro, response),
+                response if batch.masks is None else placed(batch.masks, micro, response),  # multi-turn: the
+                placed(batch.old, micro, response),  # model's own tokens only, not the observations'
+                placed(batch.ref, micro, response),
                 entropy,
-                _placed(batch.teacher, micro, response),
+                placed(batch.teacher, micro, response),
             )
             loss, counted, losses, corr, top = micro_batch_loss(
                 x, self.recipe.algorithm, response_budget(self.recipe), self.recipe.teacher
@@ -473,7 +470,7 @@ class Learner(WeightsOut, RoleActor):
             for micro in micros:
                 seqs, logp, _ = self._logprobs([pairs[i] for i in micro], capacity, temperature=1.0)
                 response = seqs.response_mask.to(logp.device)
-                loss, mm = sft_loss(logp, _placed(masks, micro, response) if masks else response, normaliser)
+                loss, mm = sft_loss(logp, placed(masks, micro, response) if masks else response, normaliser)
                 loss.backward()
                 totals += torch.stack([mm["nll_sum"], mm["tokens"]]).double()
             grad_norms.append(self._optimizer_step())
