@@ -211,22 +211,23 @@ def _spawn(target, spec: dict) -> dict:
     return dict(out)
 
 
-def endpoint_engine(path: str):
-    """The endpoint benchmarks' engine: a CPU vLLM.LLM as the generators build one, labelled weight version 0, its
-    replies --tokens long on every path (vllm.SamplingParams made to ignore EOS, once however often it is called);
-    (the engine, vLLM's own SamplingParams)."""
+def cpu_engine(path: str, **options):
+    """A CPU vLLM.LLM as the generators build one (float32, eager, seeded, no chunked prefill), with `options`, its
+    weights labelled version 0 as a generator labels them (rollouts read each token's version)."""
     import vllm
 
-    llm = vllm.LLM(
-        model=path,
-        dtype="float32",
-        enforce_eager=True,
-        seed=0,
-        max_model_len=512,
-        kv_cache_memory_bytes=256 << 20,
-        enable_chunked_prefill=False,  # as the generators run on CPU
-    )
-    llm.llm_engine.set_weight_version("0")  # as a generator labels its weights
+    settings = {"max_model_len": 512, "kv_cache_memory_bytes": 256 << 20, **options}
+    llm = vllm.LLM(model=path, dtype="float32", enforce_eager=True, seed=0, enable_chunked_prefill=False, **settings)
+    llm.llm_engine.set_weight_version("0")
+    return llm
+
+
+def endpoint_engine(path: str):
+    """The endpoint benchmarks' engine (``cpu_engine``), its replies --tokens long on every path (vllm.SamplingParams
+    made to ignore EOS, once however often it is called); (the engine, vLLM's own SamplingParams)."""
+    import vllm
+
+    llm = cpu_engine(path)
     params = getattr(vllm, "unpatched_sampling_params", vllm.SamplingParams)
     vllm.unpatched_sampling_params = params
     vllm.SamplingParams = lambda **kw: params(**kw, ignore_eos=True)

@@ -71,6 +71,7 @@ def main() -> None:
 
     import vllm
 
+    from benchmarks.bench import cpu_engine
     from grpo_ray import models
     from grpo_ray.config import load_recipe
     from grpo_ray.data import load_rows, prompt_text
@@ -93,16 +94,7 @@ def main() -> None:
     base = recipe_for("guess")
     path = models.resolve(MODEL)
     tok = models.load_tokenizer(path, base.model)
-    llm = vllm.LLM(
-        model=path,
-        dtype="float32",
-        enforce_eager=True,
-        seed=0,
-        max_model_len=512,
-        kv_cache_memory_bytes=256 << 20,
-        enable_chunked_prefill=False,
-        block_size=args.block_size,
-    )
+    llm = cpu_engine(path, block_size=args.block_size)
     params = vllm.SamplingParams
     vllm.SamplingParams = lambda **kw: params(**kw, logit_bias={tok.eos_token_id: EOS_BIAS})
     rows = load_rows(f"synthetic://reasoning?size={args.prompts}&seed=0", "prompt", "reward_model.ground_truth")
