@@ -142,8 +142,8 @@ def agent_main(conn, memory_mb: int, sandbox: bool, network: bool, sources: dict
     import resource
 
     # the address-space cap counts what each thread reserves: its stack (8 MiB) and, glibc's default, a 64 MiB malloc
-    # arena of its own, up to 8 a core; with two arenas in all, 144 threads took 1.4 GiB where 125 had taken the
-    # 2 GiB cap (benchmarks/verifiers_episode.py, 32 sessions a process, before the relay became one thread)
+    # arena of its own, up to 8 a core. benchmarks/verifiers_episode.py at 32 sessions a process (the relay on one
+    # thread), the processes' peak address space: 0.79 GB with two arenas in all, 1.71 GB of the 2 GiB cap without
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).mallopt(-8, 2)  # M_ARENA_MAX
     limit = memory_mb << 20
