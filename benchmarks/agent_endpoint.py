@@ -19,7 +19,6 @@ Writes agent-endpoint.json and agent-endpoint.md to --out (the median of --repea
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -63,6 +62,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", required=True)
     args = p.parse_args()
+    from benchmarks.bench import write_report
+
     rows = [run_model(name, MODELS[name], args) for name in args.models.split(",")]
     result = {
         "date": str(date.today()),
@@ -72,9 +73,6 @@ def main() -> None:
         "tokens": args.tokens,
         "rows": rows,
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "agent-endpoint.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [
         f"# The agent endpoint's cost a call ({result['date']}, {result['machine']})\n",
         f"`{result['command']}`; sessions of {args.turns} calls, {args.tokens} tokens a reply, a tool message "
@@ -89,8 +87,7 @@ def main() -> None:
                 f"| {r['model']} | {m['sessions_at_once']} | {m['calls']} | {1e3 * m['endpoint_s'] / m['calls']:.1f} "
                 f"| {1e3 * m['direct_s'] / m['calls']:.1f} | {m['ratio']:.2f}x |"
             )
-    (out / "agent-endpoint.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_report(args.out, "agent-endpoint", result, "\n".join(lines) + "\n")
 
 
 def run_model(name: str, model: str, args) -> dict:

@@ -16,7 +16,6 @@ verifiers-episode.json and verifiers-episode.md to --out.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -107,7 +106,7 @@ def main() -> None:
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
-    from benchmarks.bench import endpoint_engine, machine
+    from benchmarks.bench import endpoint_engine, machine, write_report
     from grpo_ray import models
 
     llm, _ = endpoint_engine(models.resolve(MODEL))  # every reply --tokens long, on both paths
@@ -124,9 +123,6 @@ def main() -> None:
         "paths": paths,
     }
     m = result["machine"]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "verifiers-episode.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [
         f"# verifiers' cost an episode ({result['date']}, {m['cpu']}, {m['cores']} cores)\n",
         f"`{result['command']}`; {args.rows} rows x {args.group} episodes at once, one call of {args.tokens} tokens "
@@ -140,8 +136,7 @@ def main() -> None:
             f"| {r['path']} | {r['episodes']} | {r['seconds']:.2f} | {1e3 * r['seconds'] / r['episodes']:.0f} "
             f"| {r['seconds'] / plain:.2f}x |"
         )
-    (out / "verifiers-episode.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_report(args.out, "verifiers-episode", result, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

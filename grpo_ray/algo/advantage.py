@@ -24,6 +24,7 @@ function here, registered under its name, and one value of ``algorithm.adv_estim
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import torch
@@ -92,7 +93,7 @@ def grpo_turn(rewards: list[list[list[float]]], norm_by_std: bool, eps: float = 
     returns are all equal, gets 0."""
     out = []
     for group in rewards:
-        returns = [torch.tensor(r, dtype=torch.float64).flip(0).cumsum(0).flip(0).tolist() for r in group]
+        returns = [list(itertools.accumulate(reversed(r)))[::-1] for r in group]  # each turn's sum from it on
         adv = [[0.0] * len(r) for r in returns]
         for k in range(max(len(r) for r in returns)):
             at = [i for i, r in enumerate(returns) if len(r) > k]
