@@ -29,7 +29,15 @@ def sides(transport: str, tmp_path) -> tuple:
         return sender, receiver
     sender, receiver = Delta.__new__(Delta), Delta.__new__(Delta)
     for side in (sender, receiver):
-        side.__dict__.update(backend="gloo", timeout_s=60.0, start_s=60.0, tp=1, group=None, copies=delta.Copies())
+        side.__dict__.update(
+            backend="gloo",
+            timeout_s=60.0,
+            start_s=60.0,
+            tp=1,
+            group=None,
+            copies=delta.Copies(),
+            buffers=sync.Buffers(),
+        )
     where = {"host": "127.0.0.1", "port": sync.free_port(), "world": 2}
     joined = threading.Thread(target=sender.join, args=({**where, "rank": 0},))
     joined.start()
@@ -127,6 +135,13 @@ def test_a_bucket_is_sent_whole_when_its_changes_would_take_more_bytes():
     assert delta.sent_as(flat, torch.arange(0)) == delta.SAME
     assert delta.sent_as(flat, torch.arange(34)) == delta.DENSE  # 34 x (4 + 2) bytes >= 200
     assert delta.sent_as(flat, torch.arange(33)) == delta.SPARSE
+
+
+def test_tensors_touched_counts_the_tensors_with_a_change():
+    metas = [WeightMeta("a", (4,), "bfloat16"), WeightMeta("b", (3,), "bfloat16"), WeightMeta("c", (5,), "bfloat16")]
+    for changed, tensors in (([0], 1), ([4, 5, 6], 1), ([11], 1), ([3, 7], 2), ([], 0), ([0, 4, 7, 11], 3)):
+        assert delta.touched(metas, [0, 1, 2], torch.tensor(changed, dtype=torch.int64)) == tensors, changed
+    assert delta.touched(metas, [0, 1, 2], None) == 3  # sent whole
 
 
 SAME_RUN = [

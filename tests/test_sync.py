@@ -100,7 +100,8 @@ def test_a_stream_holds_two_buckets_sending_and_three_receiving(monkeypatch):
     reload does (a block's tensors kept until the block is whole), holds the buckets its unfinished block spans
     and the next one arriving: three buckets when a block fits in one, a block and two buckets when it does not
     (this case: blocks of 2.6 buckets), never the model; and every tensor arrives exact. The buffers are counted
-    while they are mapped (``sync.buffer``: a mapping each, gone with its last view)."""
+    while they are mapped (``sync.Buffers``: a mapping each, handed out again once nothing views it, unmapped with
+    the receiver's buffers)."""
     import gc
     import threading
     import weakref
@@ -152,6 +153,29 @@ def test_a_stream_holds_two_buckets_sending_and_three_receiving(monkeypatch):
     assert 2 * largest < peak[0] <= max(3 * largest, block + 2 * largest) < sum(m.nbytes for m in metas) / 2, peak
     assert live[0] == 0 and sent == [sum(m.nbytes for m in metas)]
     assert all(torch.equal(received[n], t) for n, t in source.items())
+
+
+def test_receive_buffers_are_handed_out_again_once_nothing_views_them():
+    """A push's buffers are kept for the next (a fresh mapping costs its first touch, page by page): a mapping goes
+    out again only when no tensor views it, the smallest that fits; ``trim`` keeps those the push took."""
+    buffers = sync.Buffers()
+    a = buffers.take(1000, torch.float32, "cpu")
+    view, first = a[10:20].view(2, 5), a.data_ptr()
+    del a
+    b = buffers.take(1000, torch.float32, "cpu")  # the first is still viewed: a new mapping
+    assert b.data_ptr() != first and len(buffers.maps) == 2
+    detached = view.detach()  # shares the storage without a base tensor
+    del view
+    assert buffers.take(10, torch.float32, "cpu").data_ptr() not in (first, b.data_ptr())
+    del detached
+    c = buffers.take(500, torch.bfloat16, "cpu")  # nothing views the first now
+    assert c.data_ptr() == first and len(buffers.maps) == 3
+    buffers.trim()
+    assert len(buffers.maps) == 3  # all three taken by this push
+    del b, c
+    d = buffers.take(2000, torch.float32, "cpu")  # 8000 bytes: the two of 4000 are too small
+    buffers.trim()
+    assert len(buffers.maps) == 1 and d.numel() == 2000
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from grpo_ray.device import Device
-from grpo_ray.sync import Phases, WeightMeta, buffer, plan_buckets, unflatten
+from grpo_ray.sync import Buffers, Phases, WeightMeta, plan_buckets, unflatten
 from grpo_ray.transports.base import Bucket, Transport
 
 
@@ -33,6 +33,7 @@ class Collective(Transport):
         self.start_s = recipe.generator.timeout_s  # a replaced engine may still be starting vLLM
         self.tp = recipe.generator.tensor_parallel_size
         self.group: SyncGroup | None = None
+        self.buffers = Buffers()
 
     def connect(self, pools) -> None:
         learner, gens = pools.learners[0], pools.generators
@@ -57,14 +58,14 @@ class Collective(Transport):
         return send(self.group, metas, fill, bucket_bytes, phases, device)
 
     def receive(self, metas, bucket_bytes, device, phases, version) -> Iterator[Bucket]:
-        return receive(self.group, metas, bucket_bytes, device, phases)
+        return receive(self.group, metas, bucket_bytes, device, phases, self.buffers)
 
     def close(self) -> None:
         # a receiver is gone: close our end now, so the others' pending receives fail at once instead of waiting
         # out their timeout (the driver connects a new group)
         self.group = None
 
-    def __getstate__(self):  # the group is this process's own: never pickled
+    def __getstate__(self):  # the group is this process's own: never pickled (nor are the buffers' mappings)
         return {**self.__dict__, "group": None}
 
 
@@ -132,15 +133,16 @@ def receive(
     bucket_bytes: int,
     device: str | torch.device = "cpu",
     phases: Phases | None = None,
+    buffers: Buffers | None = None,
 ) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Receive what `send` broadcasts, one bucket at a time as (name, tensor) pairs in `metas` order; the next
-    bucket is already arriving while the caller loads this one. A fresh buffer per bucket: the caller may keep
-    views of it (vLLM holds a layer's tensors until the whole layer has arrived)."""
-    phases = phases or Phases()
+    bucket is already arriving while the caller loads this one. Each bucket into a buffer of `buffers` that nothing
+    views: the caller may keep views of it (vLLM holds a layer's tensors until the whole layer has arrived)."""
+    phases, buffers = phases or Phases(), buffers or Buffers()
     buckets = plan_buckets(metas, bucket_bytes)
 
     def post(bucket):
-        flat = buffer(sum(metas[i].numel for i in bucket), metas[bucket[0]].torch_dtype, device)
+        flat = buffers.take(sum(metas[i].numel for i in bucket), metas[bucket[0]].torch_dtype, device)
         return group.broadcast(flat), flat
 
     nxt = post(buckets[0]) if buckets else None
@@ -150,8 +152,9 @@ def receive(
             work.wait()
         nxt = post(buckets[k + 1]) if k + 1 < len(buckets) else None
         out = unflatten(flat, metas, bucket)
-        del flat  # the views alone keep the buffer: it goes as soon as the engine drops them
+        del flat  # the views alone keep the buffer: free again as soon as the engine drops them
         yield out
+    buffers.trim()
 
 
 TRANSPORT = Collective

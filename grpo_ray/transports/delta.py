@@ -29,7 +29,7 @@ import torch
 
 from grpo_ray.faults import fault_at
 from grpo_ray.lengths import dtype_bytes, wire_dtype
-from grpo_ray.sync import WeightMeta, buffer, plan_buckets, unflatten
+from grpo_ray.sync import WeightMeta, plan_buckets, unflatten
 from grpo_ray.transports.base import Bucket
 from grpo_ray.transports.collective import Collective
 
@@ -191,12 +191,14 @@ class Delta(Changes, Collective):
             with phases("wire"):
                 self.group.broadcast(header).wait()
                 header = header.tolist()
-                payload = [buffer(n, d, device) for n, d in payload_shapes(header[0], header[1], numel, dtype)]
+                shapes = payload_shapes(header[0], header[1], numel, dtype)
+                payload = [self.buffers.take(n, d, device) for n, d in shapes]
                 for t in payload:
                     self.group.broadcast(t).wait()
             with phases("delta"):  # the copy is kept on the host
                 flat = self.copies.decode(k, header, payload, whole, metas, bucket, version)
             yield unflatten(flat, metas, bucket)
+        self.buffers.trim()
 
 
 def sent_as(flat: torch.Tensor, changed: torch.Tensor | None) -> int:
@@ -208,11 +210,13 @@ def sent_as(flat: torch.Tensor, changed: torch.Tensor | None) -> int:
 
 
 def touched(metas: list[WeightMeta], bucket: list[int], changed: torch.Tensor | None) -> int:
-    """How many of the bucket's tensors have an element in `changed` (all of them when sent whole)."""
+    """How many of the bucket's tensors have an element in `changed` (ascending flat indices; all of them when sent
+    whole): those whose end has more changes before it than the tensor before them."""
     if changed is None:
         return len(bucket)
     ends = torch.tensor([metas[i].numel for i in bucket]).cumsum(0)
-    return int(torch.unique(torch.searchsorted(ends, changed.long(), right=True)).numel())
+    before = torch.searchsorted(changed.long(), ends)
+    return int((before.diff(prepend=before.new_zeros(1)) > 0).sum())
 
 
 TRANSPORT = Delta
