@@ -404,8 +404,9 @@ class TrainerConfig:
     every engine worker, nccl on GPUs, gloo on CPU) or storage (safetensors buckets in trainer.weight_dir, for node
     pools that share a filesystem but no collective path; slime's and prime-rl's filesystem mode), delta (the
     collective's group, each bucket sent as the elements that changed since the last push, checked by a checksum;
-    verl's and NeMo RL's delta sync), delta_storage (the same changes as storage's files): the name of a module of
-    grpo_ray/transports, or a user's ``module:Class``."""
+    verl's and NeMo RL's delta sync; it pays where the wire is the bound, as between nodes: on one host a CPU
+    engine's reload is, and a whole push is faster), delta_storage (the same changes as storage's files): the name
+    of a module of grpo_ray/transports, or a user's ``module:Class``."""
     weight_dir: str = ""
     """The storage transport's directory, seen by every node; empty: <output_dir>/weights. Each push's files are
     removed once every engine has loaded them."""
