@@ -10,7 +10,8 @@ reset of the peak RSS, the weights coming from:
   set, which ``fit`` counts in decoder blocks (``fit.CPU_RELOAD_BLOCKS``);
 - ``heap buckets``: 32 MiB buckets shaped as ``transports.collective.receive`` makes them (the next bucket allocated before this one
   is handed over, views of it held until their layer is in), from ``torch.empty``;
-- ``mapped buckets``: the same from ``sync.buffer``'s own mappings (what a push uses now).
+- ``mapped buckets``: the same from ``sync.Buffers``' mappings, a fresh set per reload (an engine's first push; the
+  committed result predates the buffers kept from push to push: then every bucket was a fresh mapping).
 
 Writes reload.json and reload.md to --out.
 """
@@ -18,6 +19,7 @@ Writes reload.json and reload.md to --out.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -87,7 +89,8 @@ def main() -> None:
     sources = {
         "in place": in_place,
         "heap buckets": lambda: buckets(lambda n: torch.empty(n)),
-        "mapped buckets": lambda: buckets(lambda n: sync.buffer(n, torch.float32, "cpu")),
+        # a push's own receive buffers, a fresh set per reload (an engine's first push)
+        "mapped buckets": lambda: buckets(functools.partial(sync.Buffers().take, dtype=torch.float32, device="cpu")),
     }
 
     def extra(source) -> float:

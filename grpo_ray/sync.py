@@ -105,7 +105,8 @@ class Buffers:
         self.maps: list[mmap.mmap] = []
         self.taken: set[int] = set()
         """Which of ``maps`` this push took."""
-        self.unused = [mmap.mmap(-1, 1)]
+        self.unused = mmap.mmap(-1, 1)
+        """A mapping nothing views, held and read as ``maps``' are: its reference count is an unviewed one's."""
 
     def take(self, numel: int, dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
         """A buffer of `numel` elements: the smallest kept mapping that fits and that nothing views, else a new one."""
@@ -122,9 +123,9 @@ class Buffers:
         return torch.frombuffer(self.maps[i], dtype=dtype, count=numel)
 
     def unviewed(self, i: int) -> bool:
-        """Whether no tensor views mapping `i`: it has no more references than ``unused``, a mapping nothing views,
-        held and read the same way (each tensor storage made from a mapping holds one more)."""
-        return sys.getrefcount(self.maps[i]) <= sys.getrefcount(self.unused[0])
+        """Whether no tensor views mapping `i`: it has no more references than ``unused`` (each tensor storage made
+        from a mapping holds one more)."""
+        return sys.getrefcount(self.maps[i]) <= sys.getrefcount(self.unused)
 
     def __reduce__(self):  # a process's own mappings: another process starts with none
         return Buffers, ()
