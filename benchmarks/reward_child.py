@@ -48,10 +48,11 @@ def main() -> None:
 
     from benchmarks.bench import machine
     from grpo_ray.config import RewardConfig
-    from grpo_ray.rewards.sandbox import RewardChild
+    from grpo_ray.rewards.child import RewardChild
+    from grpo_ray.sandbox import Jail
 
     w = RewardConfig()
-    child = RewardChild(w.memory_mb, w.sandbox, w.network)
+    child = RewardChild(Jail.of(w))
     functions = [(f.name, f.weight) for f in w.functions]
     tasks = [
         (functions, f"#### {i % 10}", "7", {"data_source": "gsm8k", "extra_info": {}}) for i in range(args.samples)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from grpo_ray.algo.advantage import turn_spans
 from grpo_ray.endpoint import Endpoint, Session
-from grpo_ray.envs import load, options
+from grpo_ray.envs import jail, load, options
 from grpo_ray.envs.agent_child import AgentChild
 from grpo_ray.trajectory import Trajectory
 from grpo_ray.types import Prompt
@@ -40,9 +40,7 @@ class AgentRuns:
         self.dir = tempfile.mkdtemp(prefix="grpo-agent-")
         path = str(Path(self.dir) / "endpoint.sock")
         self.endpoint = Endpoint(episodes.tokenizer, episodes.recipe, path, episodes.pieces)
-        self.children = [
-            AgentChild(e.memory_mb, e.sandbox, path, self.options.program, e.network) for _ in range(e.workers)
-        ]
+        self.children = [AgentChild(jail(episodes.recipe), path, self.options.program) for _ in range(e.workers)]
 
     def start(self, prompt: Prompt, n: int, seed: int, sampling, loop, lora=lambda: None) -> Future:
         """Run `n` programs on `prompt`'s row; the future gives their trajectories (prompt index 0), `prompt`

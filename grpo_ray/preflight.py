@@ -5,10 +5,11 @@ now, not a run of zeros."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from grpo_ray import rewards
-from grpo_ray.config import Recipe, RecipeError
+from grpo_ray.config import RULES, Recipe, RecipeError
 
 
 def load_rewards(recipe: Recipe, recipe_dir: Path | None) -> None:
@@ -50,10 +51,11 @@ def check_algorithm(recipe: Recipe) -> None:
 def reward_child(recipe: Recipe):
     """A reward child under the recipe's sandbox and limits, as the reward actors have, spawned but not waited for
     (it starts while the tokenizer and rows load); for try_rewards."""
-    from grpo_ray.rewards.sandbox import RewardChild
+    from grpo_ray.rewards.child import RewardChild
+    from grpo_ray.sandbox import Jail
 
     w = recipe.reward
-    return RewardChild(w.memory_mb, w.sandbox, w.network, rewards.shipped([f.name for f in w.functions])[0], wait=False)
+    return RewardChild(Jail.of(w), rewards.shipped([f.name for f in w.functions])[0], wait=False)
 
 
 def try_rewards(recipe: Recipe, row: dict, where: str, child=None) -> None:
@@ -73,6 +75,7 @@ def try_rewards(recipe: Recipe, row: dict, where: str, child=None) -> None:
         )
     finally:
         child.close()
+    say_isolation(RULES, child.isolation, w)
     if outcome != "ok":
         what = {"timeout": f"ran past reward.timeout_s={w.timeout_s:g}", "died": "exited"}.get(
             outcome, "ran out of reward.memory_mb"
@@ -89,6 +92,20 @@ def try_rewards(recipe: Recipe, row: dict, where: str, child=None) -> None:
                 f"reward.functions[{i}].name={f.name!r}: scoring {where} (its ground truth as the "
                 f"response) it failed: {lines[-1]}" + (f" ({at})" if at else "")
             )
+
+
+def say_isolation(section: str, isolation: str, config) -> None:
+    """One console line where the sandbox of `section`'s code misses a layer on this node (the kernel refused a
+    step): what holds and what is missing."""
+    from grpo_ray.sandbox import complete
+
+    if config.sandbox and not complete(isolation, config.network):
+        print(
+            f"warning: {section} code's sandbox on this node: {isolation} (docs/operations.md#the-sandbox; "
+            f"{section}.sandbox=false runs it without one)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def check_sources(recipe: Recipe, train_rows: list[dict], val_rows: list[dict]) -> None:
@@ -131,11 +148,16 @@ def try_environment(recipe: Recipe, tokenizer, rows: list[dict]) -> None:
         raise RecipeError(str(err)) from None
     Observations.of(tokenizer, e.role, recipe.model.chat_template_kwargs)
     if e.name == "agent":  # its program runs against the engines: loaded and checked above, run once they are up
+        if e.sandbox:  # (what its processes' sandbox holds here: an environment process's, the same)
+            child = EnvChild(envs.jail(recipe))
+            child.close()
+            say_isolation("environment", child.isolation, e)
         return
     played, firsts = envs.played(e), {}
     for i, row in enumerate(rows):
         firsts.setdefault(row.get("env_choice", ""), i)
-    child = EnvChild(e.memory_mb, e.sandbox, [played[label] for label in firsts], e.network)
+    child = EnvChild(envs.jail(recipe), [played[label] for label in firsts])
+    say_isolation("environment", child.isolation, e)
     try:
         for label, i in firsts.items():
             key = f"environment.choices.{label}" if label else "environment"

@@ -27,7 +27,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from grpo_ray.engine_loop import EngineLoop
-from grpo_ray.envs import played
+from grpo_ray.envs import jail, played
 from grpo_ray.envs.child import EnvChild
 from grpo_ray.envs.template import Observations, TemplateError
 from grpo_ray.rewards import search_here
@@ -103,9 +103,7 @@ class Episodes:
 
             self.children, self.agents = [], AgentRuns(self)
         else:
-            self.children = [
-                EnvChild(e.memory_mb, e.sandbox, list(self.played.values()), e.network) for _ in range(e.workers)
-            ]
+            self.children = [EnvChild(jail(recipe), list(self.played.values())) for _ in range(e.workers)]
         self.reported: set[str] = set()
         self.keys = itertools.count()
         """Each group's key (its trajectories' are key/sample, their turns' requests key/sample/turn)."""

@@ -81,7 +81,7 @@ def test_the_relay_carries_many_connections_on_one_thread_each_byte_in_order(tmp
     import socket
     import threading
 
-    from grpo_ray.envs.agent_child import relay
+    from grpo_ray.sandbox.relay import relay
 
     path = str(tmp_path / "up.sock")
     upstream = socket.socket(socket.AF_UNIX)

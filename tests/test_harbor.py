@@ -11,6 +11,7 @@ from grpo_ray.data import DataError, load_rows
 from grpo_ray.dumps import read_samples
 from grpo_ray.envs.child import EnvChild
 from grpo_ray.envs.harbor_env import SYSTEM
+from grpo_ray.sandbox import Jail
 from tests.conftest import ROOT, run_cli
 
 TASKS = ROOT / "tests" / "helpers" / "harbor_tasks"
@@ -18,7 +19,7 @@ TASKS = ROOT / "tests" / "helpers" / "harbor_tasks"
 
 @pytest.fixture(scope="module")
 def child():
-    c = EnvChild(512, sandbox=True)
+    c = EnvChild(Jail(512))
     yield c
     c.close()
 
@@ -135,7 +136,7 @@ def test_a_flood_keeps_its_end_and_what_a_command_leaves_running_is_stopped(chil
     # node's init does not reap)
 
 
-def test_tests_that_write_no_reward_fail_the_episode_with_their_output(child, tmp_path):
+def test_tests_that_write_no_reward_fail_the_episode_with_their_output(tmp_path):
     """No reward file, several rewards in reward.json, or a reward.txt that is not a number: the episode fails
     (counted, env/errors) saying which, never a silent 0."""
     task = tmp_path / "silent"
@@ -143,6 +144,7 @@ def test_tests_that_write_no_reward_fail_the_episode_with_their_output(child, tm
     (task / "instruction.md").write_text("Do nothing.")
     (task / "tests" / "test.sh").write_text("echo 'checked nothing'\n")
     (row,) = load_rows(f"harbor://{task}")
+    child = EnvChild(Jail(512, paths=[str(task)]))  # a task is shown to the sandbox where the recipe names it
     outcome, text = play(child, "n1", row, "Nothing to do.")[0]
     assert outcome == "error" and "silent's tests (exit code 0) wrote no /logs/verifier/reward.txt" in text
     assert "checked nothing" in text
@@ -152,6 +154,7 @@ def test_tests_that_write_no_reward_fail_the_episode_with_their_output(child, tm
     (task / "tests" / "test.sh").write_text("echo passed > /logs/verifier/reward.txt\n")
     outcome, text = play(child, "n3", row, "Nothing to do.")[0]
     assert outcome == "error" and "silent's tests wrote reward.txt 'passed\\n': not a number" in text
+    child.close()
 
 
 @pytest.mark.slow

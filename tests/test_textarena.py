@@ -10,13 +10,14 @@ import pytest
 from grpo_ray.data import DataError, load_rows
 from grpo_ray.envs import EnvironmentLoadError, load, options
 from grpo_ray.envs.child import EnvChild
+from grpo_ray.sandbox import Jail
 from tests.conftest import ROOT
 
 
 @pytest.fixture(scope="module")
 def child():
     sys.path.insert(0, str(ROOT))
-    c = EnvChild(1024, sandbox=True, preload=[("textarena", {})])
+    c = EnvChild(Jail(1024), preload=[("textarena", {})])
     yield c
     c.close()
 

@@ -43,11 +43,21 @@ class EnvironmentConfig:
     memory_mb: int = 2048
     """Address-space limit of each environment process."""
     sandbox: bool = True
-    """Run environment code without network and with a read-only filesystem (but a scratch dir) where the OS
-    allows, as reward code runs."""
+    """Run environment code, agent programs and Harbor tasks' commands sandboxed, as reward code runs
+    (docs/operations.md#the-sandbox); an agent program reaches the run's endpoint and nothing else."""
     network: bool = False
     """Let sandboxed environment code and agent programs reach the network (a package index, a remote tool) as
-    reward.network lets reward code; the filesystem stays read-only but the scratch dir (HOME)."""
+    reward.network lets reward code; the rest of the sandbox holds."""
+    max_processes: int = 512
+    """Processes and threads an environment process may run at once (an agent process runs an episode a thread)."""
+    scratch_mb: int = 1024
+    """Size of an environment process's scratch tmpfs (its /tmp and HOME; /dev/shm as much again)."""
+    paths: list[str] = field(default_factory=list)
+    """The node's files or folders environment code may read beside the system's, Python's, sys.path's and the
+    Harbor tasks' of data.train_files and data.val_files."""
+    pass_env: list[str] = field(default_factory=list)
+    """Environment variables handed to environment code and agent programs by name; no other variable but PATH,
+    LANG, thread counts and the like reaches them."""
     workers: int = 2
     """Environment processes per engine: calls of different trajectories run at once on as many."""
     max_observation_chars: int = 8192

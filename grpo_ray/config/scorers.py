@@ -143,9 +143,21 @@ class RewardConfig:
     memory_mb: int = 2048
     """Address-space limit of the child process that runs the reward functions; past it the sample scores 0."""
     sandbox: bool = True
-    """Run reward functions without network and with a read-only filesystem (but a scratch dir) where the OS allows."""
+    """Run reward functions sandboxed (docs/operations.md#the-sandbox): no network, no Unix socket, no other
+    process, no token; a root of read-only folders (the system's, Python's, sys.path's, `paths`) and a scratch tmpfs.
+    Where the kernel refuses a layer, the run says which once, before start."""
     network: bool = False
-    """Let sandboxed reward code reach the network (a judge API, a code runner); the filesystem stays read-only."""
+    """Let sandboxed reward code reach the network (a judge API, a code runner); the rest of the sandbox holds."""
+    max_processes: int = 64
+    """Processes and threads a reward child may run at once (a fork bomb stops there)."""
+    scratch_mb: int = 256
+    """Size of a reward child's scratch tmpfs (its /tmp and HOME; /dev/shm as much again)."""
+    paths: list[str] = field(default_factory=list)
+    """The node's files or folders reward code may read beside the system's, Python's and sys.path's (a word list,
+    a model's folder)."""
+    pass_env: list[str] = field(default_factory=list)
+    """Environment variables handed to reward code by name (an API key a judge reward calls with); no other
+    variable but PATH, LANG, thread counts and the like reaches it."""
     max_error_share: float = 0.5
     """Stop the run when reward functions fail (raise, hang, return no number) on more than this share of a step's
     samples for max_error_steps steps in a row; the same for an environment's trajectories (a step that raises,

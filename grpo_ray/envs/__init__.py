@@ -25,8 +25,8 @@ sampled, then the observation's tokens as the chat template lays out a message o
 tokens are trained on. An episode's reward is the sum of its steps' rewards; the recipe's reward functions, if
 any, score the trajectory's text beside it (reward component ``environment``).
 
-Environment code runs in child processes of the generator under the reward sandbox's limits
-(``grpo_ray.envs.child``): a step that raises, runs past ``environment.timeout_s``, exits, runs out of memory
+Environment code runs in sandboxed child processes of the generator (``grpo_ray.envs.child``,
+``grpo_ray.sandbox``): a step that raises, runs past ``environment.timeout_s``, exits, runs out of memory
 or answers something that is not a ``Step`` ends that trajectory, counted (``env/errors``, ``env/timeouts``),
 never the run.
 """
@@ -44,7 +44,18 @@ from grpo_ray.envs.skyrl_gym_env import SkyRLGym
 from grpo_ray.envs.textarena_env import TextArena
 from grpo_ray.errors import UserError
 
-__all__ = ["Environment", "Step", "EnvironmentLoadError", "known", "load", "options", "played", "modules", "check"]
+__all__ = [
+    "Environment",
+    "Step",
+    "EnvironmentLoadError",
+    "known",
+    "load",
+    "options",
+    "played",
+    "modules",
+    "check",
+    "jail",
+]
 
 
 class EnvironmentLoadError(UserError):
@@ -134,3 +145,15 @@ def check(recipe) -> None:
             if not label:
                 raise
             raise EnvironmentLoadError(str(e).replace("environment.", f"environment.choices.{label}.", 1)) from None
+
+
+def jail(recipe):
+    """The sandbox of the recipe's environment processes (``grpo_ray.sandbox.Jail``): its section's, showing the
+    Harbor tasks its data names beside its own ``paths``."""
+    from grpo_ray.data import HARBOR_SCHEME
+    from grpo_ray.sandbox import Jail
+
+    out = Jail.of(recipe.environment)
+    specs = [*recipe.data.train_files, *recipe.data.val_files]
+    out.paths = [*out.paths, *(s.removeprefix(HARBOR_SCHEME) for s in specs if s.startswith(HARBOR_SCHEME))]
+    return out

@@ -1,5 +1,5 @@
-"""Environment code in child processes of the generator, under the reward sandbox's limits
-(``grpo_ray.rewards.sandbox``: no network, a read-only filesystem but a scratch directory, an address-space cap).
+"""Environment code in sandboxed child processes of the generator (``grpo_ray.sandbox``: no network, a root of
+read-only folders but a scratch directory, its own processes only, an address-space cap).
 
 A child holds the episodes (environment instances) of the trajectories given to it, by key. ``EnvChild.run``
 sends one call and waits ``timeout_s`` for the answer. A call that raises or answers something that is not a
@@ -13,16 +13,14 @@ from __future__ import annotations
 import dataclasses
 import threading
 
-from grpo_ray.rewards.sandbox import MEMORY_ERROR, RewardChild, isolate
+from grpo_ray.rewards.child import MEMORY_ERROR
+from grpo_ray.sandbox import Child, Jail
 
 
-def env_main(conn, memory_mb: int, sandbox: bool, network: bool, sources: dict) -> None:
-    isolation = isolate(network) if sandbox else "none (turned off)"
-    import resource
-
-    limit = memory_mb << 20
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    for name, given in sources.get("preload") or []:  # the environments' code now, not in a first episode's time
+def env_main(conn, isolation: str, spec: dict) -> None:
+    for name, given in (
+        spec["sources"].get("preload") or []
+    ):  # the environments' code now, not in a first episode's time
         try:
             from grpo_ray.envs import load, options
 
@@ -102,22 +100,19 @@ def handle(call: tuple, episodes: dict):
     return out
 
 
-class EnvChild(RewardChild):
+class EnvChild(Child):
     """One child process running environment calls, one at a time (a lock: several trajectory threads share it)."""
 
-    main = staticmethod(env_main)
+    main = "grpo_ray.envs.child:env_main"
     grace_s = 5.0
     """Its episodes' ``Environment.close`` runs as its pipe closes (``close``), within this."""
 
-    def __init__(
-        self, memory_mb: int, sandbox: bool = True, preload: list[tuple[str, dict]] | None = None, network: bool = False
-    ):
-        """`preload`: the environments' (name, options), imported as the child starts (within its 60 s); `network`:
-        the sandbox keeps the node's network."""
+    def __init__(self, jail: Jail, preload: list[tuple[str, dict]] | None = None):
+        """`preload`: the environments' (name, options), imported as the child starts (within its 60 s)."""
         self.lock = threading.Lock()
         self.generation = 0
         """How many times the child was replaced: the episodes of an earlier generation are gone."""
-        super().__init__(memory_mb, sandbox, network=network, sources={"preload": preload} if preload else None)
+        super().__init__(jail, sources={"preload": preload} if preload else None)
 
     def run(self, call: tuple, timeout_s: float) -> tuple[str, object]:
         """("ok", answer) | ("error", traceback) | ("timeout" | "died" | "memory", None); the child is replaced

@@ -12,6 +12,8 @@ SOURCES: dict[str, str] = {}
 """The text of each file-form reward (``file.py:function``), sent by the driver."""
 NETWORK = {"allowed": True}
 """Whether the sandbox lets reward code reach the network (reward.network), for the message when it is refused."""
+SHOWN: list[str] = []
+"""The node's folders the sandbox shows (empty: all of them), for the message when a file outside them is missing."""
 OFFLINE_ERRNOS = {errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL, errno.ECONNREFUSED}
 
 
@@ -67,7 +69,18 @@ def failure_text(e: BaseException, ours: tuple[str, ...] = ()) -> str:
     text = "".join([*head, *traceback.format_exception_only(type(e), e)])
     if not NETWORK["allowed"] and refused_network(e):
         text += "(the reward sandbox has no network: set reward.network=true to let reward code reach it)\n"
+    missing = getattr(e, "filename", None)
+    if SHOWN and isinstance(e, FileNotFoundError) and isinstance(missing, str) and not shown(missing):
+        text += (
+            f"(the sandbox shows the node's system and Python folders, sys.path's and those named in the section's "
+            f"`paths`, not {missing}: add its folder there)\n"
+        )
     return text
+
+
+def shown(path: str) -> bool:
+    """Whether the sandbox shows `path` of the node (a scratch path counts as shown: it is the process's own)."""
+    return not path.startswith("/") or any(path == s or path.startswith(s.rstrip("/") + "/") for s in [*SHOWN, "/tmp"])
 
 
 def refused_network(e: BaseException | None, depth: int = 0) -> bool:

@@ -4,7 +4,7 @@ A multi-turn trajectory (``grpo_ray.rollout``) is scored on its last turn, its a
 reward is one more component, ``environment``, of weight 1.
 
 Each sample is scored in a child process under a time limit and a memory limit, sandboxed where
-the OS allows (``grpo_ray.rewards.sandbox``). A function that raises or returns a non-finite number
+the OS allows (``grpo_ray.sandbox``). A function that raises or returns a non-finite number
 scores 0 for its component and counts in ``errors``; a sample whose child hangs (past the time
 limit), exits or runs out of memory scores 0 everywhere and counts in ``timeouts`` (hung) or
 ``errors`` (exited, out of memory), and the child is replaced, so the step always completes. The
@@ -22,9 +22,10 @@ from grpo_ray import rewards
 from grpo_ray.algo.batching import Span, samples
 from grpo_ray.config import RewardConfig
 from grpo_ray.rewards import search_here, weighted_sum
+from grpo_ray.rewards.child import RewardChild
 from grpo_ray.rewards.runner import scores
-from grpo_ray.rewards.sandbox import RewardChild
 from grpo_ray.roles import RoleActor, Seat, log_to_file
+from grpo_ray.sandbox import Jail
 from grpo_ray.types import Scores
 
 ENVIRONMENT = "environment"
@@ -65,12 +66,12 @@ class RewardWorker(RoleActor):
         self.calls = rewards.calls(reward.functions)
         self.weights = self.functions + ([(ENVIRONMENT, 1.0)] if environment else [])
         self.timeout_s, self.prefix = reward.timeout_s, response_prefix
-        self.child = RewardChild(reward.memory_mb, reward.sandbox, reward.network, sources)
+        self.child = RewardChild(Jail.of(reward), sources)
         self.reported: set[str] = set()
         self.styles = styles
 
     def isolation(self) -> str:
-        """What the reward child is isolated from: "network+filesystem", "filesystem", or "none (why)"."""
+        """What the reward child is isolated from (``grpo_ray.sandbox``'s layers, and what is missing)."""
         return self.child.isolation
 
     def score(self, rollout_refs: list, spans: list[Span] | None = None) -> Scores:
