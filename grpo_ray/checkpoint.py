@@ -23,6 +23,7 @@ a hash of (trainer.seed, step, prompt), and the data order is a function of (see
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -200,17 +201,48 @@ def export_hf(ckpt: Path, out: Path, max_shard_size: str = "5GB", overwrite: boo
 
 
 EXPORTED = ".grpo-ray-export"
-"""The file an export leaves in its directory (the checkpoint it came from): what marks the directory as ours."""
+"""The file an export leaves in its directory: the checkpoint it came from and each file it wrote (its contents' hash,
+or for a file over HASHED_UNDER its size and time), so that the directory is known as ours, untouched since."""
+HASHED_UNDER = 16 << 20
+
+
+def _files(out: Path) -> dict[str, str]:
+    """Each file in `out` (but the marker) by its path there: its contents' hash, or a large one's size and time."""
+    found = {}
+    for path in sorted(p for p in out.rglob("*") if p.is_file() and p.name != EXPORTED):
+        st = path.stat()
+        found[str(path.relative_to(out))] = (
+            hashlib.sha256(path.read_bytes()).hexdigest()
+            if st.st_size < HASHED_UNDER
+            else f"{st.st_size} bytes, written {st.st_mtime_ns}"
+        )
+    return found
+
+
+def own_export(out: Path) -> bool:
+    """Whether `out` is an export of the project's that nothing has changed since: its marker names every file in it,
+    each as written."""
+    try:
+        marker = json.loads((out / EXPORTED).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(marker, dict) and marker.get("files") == _files(out)
+
+
+def set_aside(out: Path, say) -> None:
+    """Rename `out` (a folder of the user's, or one changed since the project wrote it) to ``<name>.user-<N>``."""
+    aside = next(p for n in range(1, 10_000) if not (p := out.with_name(f"{out.name}.user-{n}")).exists())
+    out.rename(aside)
+    say(f"{out} held files this run did not write (or changed since): moved to {aside}, untouched")
 
 
 def run_export(ckpt: Path, output_dir: Path, say=print) -> Path:
     """A job's own export of `ckpt` to <output_dir>/model, replacing an earlier export of the project's; a folder
-    there that is not one (a model the user put there) is renamed aside first, said in one line."""
+    there that is not one as written (a model the user put there, a note beside an export) is renamed aside first,
+    said in one line."""
     out = Path(output_dir) / "model"
-    if out.exists() and any(out.iterdir()) and not (out / EXPORTED).is_file():
-        aside = next(p for n in range(1, 10_000) if not (p := out.with_name(f"model.user-{n}")).exists())
-        out.rename(aside)
-        say(f"{out} held files this run did not write: moved to {aside} before the export")
+    if out.exists() and any(out.iterdir()) and not own_export(out):
+        set_aside(out, say)
     return export_hf(ckpt, out, overwrite=True, say=say)
 
 
@@ -266,7 +298,7 @@ def _export_into(ckpt: Path, out: Path, max_shard_size: str, say) -> None:
     AutoTokenizer.from_pretrained(ckpt).save_pretrained(out)
     if (ckpt / "generation_config.json").is_file():
         shutil.copy(ckpt / "generation_config.json", out / "generation_config.json")
-    (out / EXPORTED).write_text(f"{ckpt.resolve()}\n")
+    (out / EXPORTED).write_text(json.dumps({"checkpoint": str(ckpt.resolve()), "files": _files(out)}, indent=1))
 
 
 def model_class(config):

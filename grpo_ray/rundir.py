@@ -41,7 +41,10 @@ RUN_FILES = (
     "mlflow.db",
     "mlartifacts",
 )
-"""What a run writes in its output_dir (trainer.overwrite removes these, and nothing else)."""
+"""What a run writes in its output_dir (trainer.overwrite removes these, and nothing else: not KEPT)."""
+KEPT = ("wandb", "mlflow.db", "mlartifacts")
+"""The trackers' stores in a run's folder: they hold every earlier run's history (an offline W&B run not yet synced,
+the MLflow runs of each start), so trainer.overwrite keeps them; the new run is a new run in them."""
 
 
 def run_files(output_dir: Path) -> list[str]:
@@ -99,10 +102,18 @@ def prepare(
         say(f"{output_dir} held a run ({', '.join(found)}): moved to {aside} (trainer.set_aside)")
         return None
     if trainer.overwrite:
-        for name in found:
+        if "model" in found and not checkpoint.own_export(output_dir / "model"):  # a folder of the user's: aside
+            checkpoint.set_aside(output_dir / "model", say)
+            found.remove("model")
+        removed = [name for name in found if name not in KEPT]
+        for name in removed:
             path = output_dir / name
             shutil.rmtree(path) if path.is_dir() else path.unlink()
-        say(f"{output_dir}: the previous run's {', '.join(found)} removed (trainer.overwrite)")
+        kept = [name for name in found if name in KEPT]
+        say(
+            f"{output_dir}: the previous run's {', '.join(removed)} removed (trainer.overwrite)"
+            + (f"; {', '.join(kept)} kept: the trackers' stores hold earlier runs, this one is added" if kept else "")
+        )
         return None
     why = "no whole checkpoint to resume" if trainer.resume == "auto" else "trainer.resume=disable"
     raise RecipeError(

@@ -514,3 +514,24 @@ def test_checked_rows_are_kept_and_found_again_only_for_the_same_bytes_tokenizer
     templated = models.load_tokenizer(models.resolve(model), recipe("model.chat_template=plain").model)
     assert checked.key(str(data), templated, short, "train") != checked.key(str(data), tokenizer, short, "train")
     assert checked.key(str(data), tokenizer, short, "sft") is None  # SFT rows carry more of the recipe: not kept
+
+
+def test_question_and_answer_rows_need_no_gsm8k_marker(tmp_path):
+    """`eval` and prepare-data take {question, answer} rows whose answer is the final answer alone (text or a
+    number), as users write them, beside GSM8K's 'solution #### 42'; a worked solution with no marker is refused
+    saying so, not as a missing answer."""
+    from grpo_ray.evaluate import eval_rows
+
+    rows = [
+        {"question": "Six times seven?", "answer": "42"},
+        {"question": "Half of 7?", "answer": 3.5},
+        {"question": "How many?", "answer": "Two and two.\nSo #### 1,004"},
+        {"question": "Why?", "answer": "First, two.\nThen, four."},
+    ]
+    path = tmp_path / "test.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = eval_rows(str(path))
+    assert [r["reward_model"]["ground_truth"] for r in got] == ["42", "3.5", "1004"]
+    from grpo_ray.data.prepare import gsm8k_row
+
+    assert gsm8k_row(rows[3], "test", 3) == (None, "answer is a worked solution without GSM8K's '#### <final answer>'")

@@ -84,6 +84,44 @@ def test_overwrite_removes_the_run_files_only(tmp_path):
     assert "removed (trainer.overwrite)" in said[0] and "trackers.json" in said[0]  # new tracker runs, not the old
 
 
+def test_overwrite_keeps_what_the_run_did_not_write_and_the_trackers_stores(tmp_path):
+    """A model folder of the user's at <output_dir>/model is moved aside, not removed; an export of the project's
+    that the user added a note to (or changed) is moved aside too; the MLflow store (mlflow.db, every earlier run's
+    history) and W&B's offline runs are kept, and each is said."""
+    from grpo_ray import checkpoint
+
+    out = tmp_path / "run"
+    a_run(out)
+    (out / "model").mkdir()
+    (out / "model" / "config.json").write_text("the user's model")
+    (out / "mlflow.db").write_bytes(b"SQLite format 3\0 runs of every start")
+    (out / "wandb" / "offline-run-1").mkdir(parents=True)
+    (out / "wandb" / "offline-run-1" / "run.wandb").write_bytes(b"not yet synced")
+    kept = {k: v for k, v in files(out).items() if k.parts[0] in ("mlflow.db", "wandb")}
+    said = []
+    assert rundir.prepare(out, TrainerConfig(resume="disable", overwrite=True), CONFIG, said.append) is None
+    assert (tmp_path / "run" / "model.user-1" / "config.json").read_text() == "the user's model"
+    assert {k: v for k, v in files(out).items() if k.parts[0] in ("mlflow.db", "wandb")} == kept
+    assert not (out / "metrics.jsonl").exists() and not (out / "model").exists()
+    assert any("model.user-1" in line for line in said) and "wandb, mlflow.db kept" in said[-1]
+
+    export = out / "model"  # an export of the project's, as written: replaced; with a note beside it: moved aside
+    export.mkdir()
+    (export / "model.safetensors").write_bytes(b"weights")
+    (export / checkpoint.EXPORTED).write_text(json.dumps({"checkpoint": "x", "files": checkpoint._files(export)}))
+    assert checkpoint.own_export(export)
+    (export / "notes.md").write_text("how I made it")
+    assert not checkpoint.own_export(export)
+    (export / "notes.md").unlink()
+    (export / "model.safetensors").write_bytes(b"weights, edited")  # the same size or not: contents are compared
+    assert not checkpoint.own_export(export)
+    (export / "model.safetensors").write_bytes(b"weights")
+    assert checkpoint.own_export(export)
+    (out / "metrics.jsonl").write_text('{"step": 1}\n')
+    rundir.prepare(out, TrainerConfig(resume="disable", overwrite=True), CONFIG, said.append)
+    assert not export.exists() and not (out / "model.user-2").exists()
+
+
 def test_set_aside_keeps_each_previous_run_under_a_new_name(tmp_path):
     out = tmp_path / "run"
     first = a_run(out)

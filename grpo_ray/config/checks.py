@@ -302,7 +302,21 @@ def _generator_problems(r: Recipe) -> list[str]:
             f"generator.val_n={g.val_n} with generator.val_temperature=0: every sample is the same greedy answer, "
             "so pass@n says nothing pass@1 does not; set val_temperature above 0 (e.g. 0.6) or val_n=1"
         )
+    half = [f"{k}.dtype={d}" for k, d in (("generator", g.dtype), ("learner", r.learner.dtype)) if d in HALF]
+    bound = r.trainer.max_sync_logprob_diff
+    if half and bound < HALF_PROBE_BOUND:
+        p.append(
+            f"trainer.max_sync_logprob_diff={bound:g} with {' and '.join(half)}: the engine's and the learner's "
+            f"logprobs differ on the probe by more than that from 16-bit rounding alone; with a 16-bit dtype on "
+            f"either side set it to {HALF_PROBE_BOUND:g} or more (the default), or run both in float32"
+        )
     return p
+
+
+HALF = ("bfloat16", "float16")
+HALF_PROBE_BOUND = 1e-2
+"""The least trainer.max_sync_logprob_diff with a 16-bit engine or learner: the probe's logprobs differ by 16-bit
+rounding alone (docs/design.md#weight-sync has the measured gaps)."""
 
 
 def _tracker_problems(r: Recipe) -> list[str]:

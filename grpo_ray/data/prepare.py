@@ -51,9 +51,13 @@ def gsm8k_row(
     question, answer = raw.get("question"), raw.get("answer")
     if not isinstance(question, str) or not question.strip():
         return None, "empty prompt"
-    if not isinstance(answer, str) or "####" not in answer:
+    if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+        answer = f"{answer:g}" if isinstance(answer, float) else str(answer)
+    if not isinstance(answer, str) or not answer.strip():
         return None, "missing answer"
-    truth = answer.rsplit("####", 1)[1].strip().replace(",", "")
+    if "####" not in answer and "\n" in answer.strip():
+        return None, "answer is a worked solution without GSM8K's '#### <final answer>'"
+    truth = answer.rsplit("####", 1)[-1].strip().replace(",", "")  # GSM8K's 'solution #### 42', or the answer alone
     if not truth:
         return None, "missing answer"
     return {

@@ -143,6 +143,11 @@ CASES = {  # name: (recipe, overrides, what the message must say)
         ["model.lora.rank=4", "model.lora.target_modules=[]"],
         "model.lora.target_modules is empty",
     ),
+    "a probe bound a 16-bit engine cannot meet": (
+        RECIPE,
+        ["generator.dtype=bfloat16"],  # the tiny recipe's float32 bound, 1e-3
+        "trainer.max_sync_logprob_diff=0.001 with generator.dtype=bfloat16: the engine's and the learner's",
+    ),
     # the second round: newer keys and their combinations, hand-made files, odd overrides, a malicious recipe
     "duplicate key in a recipe": ("{tmp}/duplicate.yaml", [], "found duplicate key trainer"),
     "YAML tag in a recipe (never executed)": ("{tmp}/tagged.yaml", [], "not valid YAML"),
