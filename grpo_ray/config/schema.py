@@ -280,7 +280,8 @@ class AlgorithmConfig:
     grpo_ray.schedules.Schedule)."""
     staleness: str = "keep"
     """Streaming: what a group older than max_staleness versions gets (``grpo_ray.schedules.staleness``): keep
-    (trained, corrected by rollout_correction's token weights; goodput 1), drop (generated again), or a user's own
+    (trained, corrected by rollout_correction's token weights; counted in rollout/over_bound_share), drop
+    (generated again), or a user's own
     as module:Class (a subclass of grpo_ray.schedules.Staleness)."""
     max_staleness: int = 0
     """How many versions older than the learner's a trained sample's weights may be (NeMo RL's

@@ -4,7 +4,8 @@ one class per policy, a user's own as ``module:Class`` (a subclass of ``Stalenes
     keep  (the default) every group is trained: its tokens of older weights are corrected by the token-level
           importance weights against the sampler's logprobs (``rollout_correction``). max_staleness bounds how far
           ahead prompts are sent; a group slower than that is still trained, and counted
-          (``rollout/over_max_staleness``). Nothing generated is thrown away: goodput 1.
+          (``rollout/over_max_staleness``; its tokens' share of those generated ``rollout/over_bound_share``, not
+          counted in ``rollout/goodput``). Nothing generated is thrown away.
     drop  a group whose oldest token is older than max_staleness versions is dropped when it finishes (its tokens
           counted in ``rollout/discarded_tokens/stale``) and its prompt generated again under the weights then.
 

@@ -16,8 +16,8 @@ The checksum is the sum of the bucket's bytes as 64-bit words, computed by the l
 engine on its copy after the changes: a delta lost, applied twice or to another base is a loud
 error naming the bucket, never a silent drift. A push is whole (every bucket dense) when either side has no last
 push: the first, and every push after ``connect`` (an engine replaced, or a push failed: the group is built again
-and both sides forget). The copies cost one model in the wire dtype on learner rank 0's device and on each engine
-worker's host.
+and both sides forget). The copies cost one model in the wire dtype in host memory on each side: learner rank 0's
+(each bucket is copied from its device to the host to be compared) and each engine worker's.
 """
 
 from __future__ import annotations
