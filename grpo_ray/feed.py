@@ -83,16 +83,8 @@ class Feed:
             self.taken = done
             raise lost
         rollouts, stats = [done[i][0] for i in sorted(done)], [done[i][1] for i in sorted(done)]
-        now, tokens = time.perf_counter(), sum(sum(st.response_lengths) for st in stats)
-        discarded, bound = sum(st.discarded for st in stats), self.r.algorithm.max_staleness
-        self.tokens["generated"] += tokens + discarded
-        self.tokens["handed"] += tokens
-        self.tokens["over"] += sum(
-            n
-            for st in stats
-            for n, oldest in zip(st.response_lengths, oldest_versions(st))
-            if learner_version - oldest > bound
-        )
+        now, discarded = time.perf_counter(), sum(st.discarded for st in stats)
+        self.count_tokens(stats, learner_version)
         generated = max(self.tokens["generated"], 1)
         busy = sum(st.seconds for st in stats) / len(stats)  # an engine's since its last take
         idle = sum(st.engine_idle for st in stats) / len(stats)
@@ -108,6 +100,20 @@ class Feed:
                 "rollout/buffer_groups": float(sum(st.ready for st in stats)),
                 "perf/engine_idle_share": idle / (busy + idle) if busy + idle else 0.0,
             },
+        )
+
+    def count_tokens(self, stats: list, learner_version: int) -> None:
+        """Add a take's tokens to the run's counts: generated (handed on, or discarded as stale), handed on, and of
+        those handed on the ones of samples older than max_staleness when trained by a learner at
+        `learner_version`."""
+        handed = sum(sum(st.response_lengths) for st in stats)
+        self.tokens["generated"] += handed + sum(st.discarded for st in stats)
+        self.tokens["handed"] += handed
+        self.tokens["over"] += sum(
+            n
+            for st in stats
+            for n, oldest in zip(st.response_lengths, oldest_versions(st))
+            if learner_version - oldest > self.r.algorithm.max_staleness
         )
 
     def _resend(self, shares: list[int]) -> None:

@@ -14,7 +14,6 @@ import re
 import socket
 import socketserver
 import subprocess
-import sys
 import threading
 import uuid
 from http.server import BaseHTTPRequestHandler
@@ -193,8 +192,10 @@ def from_harbor(node: Node, jail: Jail, tmp: Path) -> tuple[str, dict]:
         row = {"extra_info": {"task": str(task)}}
         options = {"output_chars": 100_000, "command_timeout_s": 120}
         assert child.run(("reset", "h", "harbor", options, row), 10) == ("ok", None)
-        probe = ROOT / "tests" / "helpers" / "escape.py"
-        command = f"{sys.executable} {probe} '{json.dumps(node.targets)}'"
+        # the probe's source in the command (a checkout under /tmp is not in the task's filesystem: its /tmp is the
+        # episode's), run by the node's python3 as a task's command would run it
+        probe = (ROOT / "tests" / "helpers" / "escape.py").read_text()
+        command = f"python3 - '{json.dumps(node.targets)}' <<'PROBE'\n{probe}\nPROBE"
         outcome, step = child.run(("step", "h", f"```bash\n{command}\n```"), 150)
         assert outcome == "ok", step
         return child.isolation, report_of(step["observation"])

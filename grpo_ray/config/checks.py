@@ -302,7 +302,7 @@ def _generator_problems(r: Recipe) -> list[str]:
             f"generator.val_n={g.val_n} with generator.val_temperature=0: every sample is the same greedy answer, "
             "so pass@n says nothing pass@1 does not; set val_temperature above 0 (e.g. 0.6) or val_n=1"
         )
-    half = [f"{k}.dtype={d}" for k, d in (("generator", g.dtype), ("learner", r.learner.dtype)) if d in HALF]
+    half = [f"{k}.dtype={d}" for k, d in ((GENERATOR, g.dtype), (LEARNER, r.learner.dtype)) if d in HALF]
     bound = r.trainer.max_sync_logprob_diff
     if half and bound < HALF_PROBE_BOUND:
         p.append(

@@ -78,14 +78,23 @@ def main(fd: int) -> None:
         keeper(conn, spec, theirs, server)
     theirs.close()
     conn.close()
-    signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGKILL))
+    signal.signal(signal.SIGTERM, lambda *_: stop(pid))
     scratch, server = settle(ours, pid, spec, server)
     if server is not None:
         threading.Thread(target=Relay(server, spec["relay"]).run, name="relay", daemon=True).start()
     code = wait(pid)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # what is left is the cleaning up: a stop now waits for it
     if scratch:
         shutil.rmtree(scratch, ignore_errors=True)
     os._exit(code)
+
+
+def stop(pid: int) -> None:
+    """The warden told to stop (SIGTERM): the keeper (and with it the jail) is killed; the warden's wait ends."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def settle(sync: socket.socket, pid: int, spec: dict, server):
