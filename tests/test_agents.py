@@ -209,7 +209,7 @@ PROGRAM = [
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("schedule", ["", "-streaming"])
+@pytest.mark.parametrize("schedule", ["", pytest.param("-streaming", marks=pytest.mark.smoke)])
 def test_an_agent_program_trains_in_the_tiny_twin(tmp_path, schedule):
     """The agent twins' recipes (one step off, and streaming) with an agent program in place of their calculator:
     the run trains on what the programs' sessions recorded, rewarded by their return values; streamed, the

@@ -119,10 +119,43 @@ def test_a_judge_pool_of_two_engines_scores_and_a_hung_judge_scores_the_default(
     assert 0.75 <= predicted.total / measured <= 1.25, (predicted, measured)
 
 
+QUICK = [
+    "generator.num_engines=1",
+    "reward_model.num_actors=1",
+    "learner.world_size=1",
+    "trainer.total_steps=2",
+    "trainer.dump_freq=1",
+    "trainer.test_freq=0",
+    "trainer.val_before_train=false",
+]
+"""CI's run of the judge: the twin on one engine, one judge and one learner rank, two steps."""
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    out = tmp_path_factory.mktemp("judge-quick")
+    res = run_cli("train", str(RECIPE), *QUICK, f"trainer.output_dir={out}", timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.smoke
+def test_a_judges_scores_are_transformers_greedy_replies_read_by_the_pattern(quick):
+    """Every sample of CI's judge run (two steps): the judge's grade is what the recipe's pattern reads in the judge
+    model's greedy reply to the rubric (transformers, fp32 as the engine here), the total the rule reward beside it."""
+    check_judge_scores(quick, (1, 2))
+
+
 @pytest.mark.slow
 def test_the_judges_scores_are_transformers_greedy_replies_read_by_the_pattern(run):
-    """The judge component of steps 1 and 3 (2 timed out): for each dumped sample, the rubric in the judge's chat
-    template, greedy generate of transformers (fp32, as the engine here) and the recipe's pattern, or the default."""
+    """The judge component of steps 1 and 3 of the faulted run (2 timed out)."""
+    check_judge_scores(run[0], (1, 3))
+
+
+def check_judge_scores(out, steps: tuple[int, ...]) -> None:
+    """For each dumped sample of `steps`: the rubric in the judge's chat template, greedy generate of transformers
+    (fp32, as the engine here) and the recipe's pattern, or the default; the total the rule reward + 0.1 x that."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -130,14 +163,13 @@ def test_the_judges_scores_are_transformers_greedy_replies_read_by_the_pattern(r
     from grpo_ray.data import load_rows
     from grpo_ray.dumps import read_samples
 
-    out, _, _ = run
     r = load_recipe(RECIPE)
     j = r.reward_model.judge
     path = models.resolve(r.reward_model.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     rows = load_rows(r.data.train_files[0])
-    dump = [row for step in (1, 3) for row in read_samples(out / "rollouts" / f"train_data_step{step}.jsonl")]
+    dump = [row for step in steps for row in read_samples(out / "rollouts" / f"train_data_step{step}.jsonl")]
     read = []
     for row in dump:
         prompt = Prompt([1], row_truth(rows[row["uid"]]), "s", messages=rows[row["uid"]]["prompt"])

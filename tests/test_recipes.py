@@ -77,15 +77,13 @@ def test_twin_has_the_recipes_structure(name):
 # a twin whose recipe is another's plus LoRA trains for both: the layout and the full-weight path are the other
 # twins' (each twin's structure is checked above); the distillation, reward-model and judge twins train in
 # tests/test_distill.py, tests/test_reward_model.py and tests/test_judge.py, which check this and more on their runs
-SMOKE_TWIN = "qwen2.5-7b-gsm8k-agent"
-"""The twin that trains in CI's tier: an agent with a tool (the calculator), one step off, on 2 engines."""
+# CI's tier trains the agent twin (one step off, on 2 engines) in tests/test_turn_credit.py, with a tool that answers
+# every turn, and checks its run as every twin's (check_twin_run)
 TRAINED = [name for name in SCALE if f"{name}-lora" not in SCALE and not name.endswith(("-distill", "-rm", "-judge"))]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=[pytest.mark.smoke] if n == SMOKE_TWIN else []) for n in TRAINED]
-)
+@pytest.mark.parametrize("name", TRAINED)
 def test_twin_trains_to_completion(name, tmp_path):
     recipe_path = RECIPES / f"tiny-{name}.yaml"
     out = run_cli("train", str(recipe_path), f"trainer.output_dir={tmp_path}", timeout=900)
@@ -93,11 +91,12 @@ def test_twin_trains_to_completion(name, tmp_path):
     check_twin_run(recipe_path, tmp_path)
 
 
-def check_twin_run(recipe_path, tmp_path, faulted: tuple[int, ...] = ()):
+def check_twin_run(recipe_path, tmp_path, faulted: tuple[int, ...] = (), overrides: tuple[str, ...] = ()):
     """What every twin's finished run shows: each step's metrics, the last checkpoint and dump, every actor of a
     pool of 2+ given work at every step (but the `faulted` steps, where a fault test made a pool's work fail),
-    placement as planned, and the learner's memory within 25% of the fit check's estimate."""
-    r = load_recipe(recipe_path, [f"trainer.output_dir={tmp_path}"])
+    placement as planned, and the learner's memory within 25% of the fit check's estimate. `overrides`: the run's
+    own, beside its recipe."""
+    r = load_recipe(recipe_path, [*overrides, f"trainer.output_dir={tmp_path}"])
     steps = r.trainer.total_steps
     metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == list(range(0 if r.trainer.val_before_train else 1, steps + 1))

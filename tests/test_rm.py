@@ -49,6 +49,7 @@ def test_bradley_terry_and_pointwise_losses_by_hand():
 
 
 @pytest.mark.slow
+@pytest.mark.smoke
 def test_a_reward_model_trains_validates_and_exports(trained):
     out, res = trained
     rows = metrics(out)
@@ -84,6 +85,7 @@ def test_plan_for_rm_places_the_learner_alone_and_predicts_its_memory(trained):
 
 
 @pytest.mark.slow
+@pytest.mark.smoke
 def test_the_export_scores_the_held_out_rows_as_validated(trained):
     """The exported classifier, loaded by transformers as the reward-model pool loads it, on the held-out rows as
     setup_run renders them (``rewards.learned.render``): the accuracy and loss of the run's last validation."""

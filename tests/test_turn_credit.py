@@ -55,26 +55,31 @@ def test_turns_are_the_masks_runs_and_their_tokens_get_their_advantage():
         per_token([[1.0, 2.0]], [mask])
 
 
+TWIN = "recipes/tiny-qwen2.5-7b-gsm8k-agent.yaml"
+TOOL = [
+    "environment.name=tests.helpers.envs:Echo",
+    "environment.stop=[a,e,i,o,u]",
+    "algorithm.adv_estimator=grpo_turn",
+    "trainer.dump_freq=1",
+    "trainer.total_steps=2",
+    "trainer.val_before_train=false",
+    "trainer.test_freq=0",
+]
+
+
 @pytest.mark.slow
+@pytest.mark.smoke
 def test_a_run_trains_each_turn_on_its_own_advantage(tmp_path):
-    """The agent twin with an environment that rewards every turn 0.25 (never done; turns end at stop strings, the
-    episode at the turn or token limit): each dumped sample's advantage is a list, one per model turn of its loss
-    mask, equal to grpo_turn of the dumped rewards at their turns and the reward functions' score at the last."""
+    """The agent twin (one step off, on 2 engines: CI's run of a multi-turn recipe, checked as every twin is) with a
+    tool that answers and rewards every turn 0.25 (never done; turns end at stop strings, the episode at the turn
+    or token limit): each dumped sample's advantage is a list, one per model turn of its loss mask, equal to
+    grpo_turn of the dumped rewards at their turns and the reward functions' score at the last."""
+    from tests.test_recipes import check_twin_run
+
     out = tmp_path / "run"
-    res = run_cli(
-        "train",
-        "recipes/tiny-qwen2.5-7b-gsm8k-agent.yaml",
-        "environment.name=tests.helpers.envs:Echo",
-        "environment.stop=[a,e,i,o,u]",
-        "algorithm.adv_estimator=grpo_turn",
-        "trainer.dump_freq=1",
-        "trainer.total_steps=2",
-        "trainer.val_before_train=false",
-        "trainer.test_freq=0",
-        f"trainer.output_dir={out}",
-        timeout=900,
-    )
+    res = run_cli("train", TWIN, *TOOL, f"trainer.output_dir={out}", timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    check_twin_run(TWIN, out, overrides=TOOL)
     several = False
     for line in (out / "rollouts" / "train_data_step2.jsonl").read_text().splitlines():
         group = json.loads(line)["samples"]
