@@ -1,6 +1,6 @@
 """Delta pushes against whole ones, at the 122M shape, in one run (issue 56's targets).
 
-    python benchmarks/delta_sync.py --steps 6 --out benchmarks/results/delta-sync
+    python benchmarks/delta_sync.py --steps 6 --repeats 3 --out benchmarks/results/delta-sync
 
 The same GRPO run twice, each pool on a core of its own: a 122M-parameter Qwen2-shaped model, bf16 engine, one
 learner rank with float32 master weights, AdamW at the recipes' lr 1e-6 (4 prompts x 4 samples of 16 tokens a step:
@@ -11,8 +11,10 @@ finding the changes). The engines' weights are bit-identical when every sample a
 is (same seeds: any weight that differed would change the sampled answers or the losses). ``delta_storage`` is the
 same changes through the storage transport's files. Each run's push is also predicted by ``grpo-ray plan``'s sync
 phase (with this machine's calibration when there is one: ``grpo-ray plan --calibrate``) and compared with the
-measured ``timing_s/sync_weights``, the time the planner's phase stands for. Writes delta-sync.json and
-delta-sync.md to --out.
+measured ``timing_s/sync_weights``, the time the planner's phase stands for. With --repeats R the three runs are
+made R times in turn (a slower minute falls on all three): the table gives each figure's median over the rounds,
+and the push's time against a whole push's is given per round, as the median with its least and most. Writes
+delta-sync.json and delta-sync.md to --out.
 """
 
 from __future__ import annotations
@@ -106,6 +108,16 @@ def identical(a: list[dict], b: list[dict]) -> tuple[int, list[str]]:
     return len(keys), differ
 
 
+def median_run(rounds: list[dict]) -> dict:
+    """One transport's runs over the rounds: each figure's median, the rows and rates of the first."""
+    out = dict(rounds[0])
+    for key, value in rounds[0].items():
+        if isinstance(value, float) and key != "wall_s":
+            out[key] = statistics.median(r[key] for r in rounds)
+    out["push_s_rounds"] = [r["push_s"] for r in rounds]
+    return out
+
+
 def markdown(report: dict) -> str:
     m, runs = report["machine"], report["runs"]
     whole = runs[0]
@@ -113,9 +125,9 @@ def markdown(report: dict) -> str:
         "# Delta pushes against whole ones, 122M parameters, bf16 engine",
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores; torch {m['torch']}, vLLM {m['vllm']}, Ray {m['ray']}; {m['date']}. "
-        f"`python benchmarks/delta_sync.py --steps {report['steps']}`: the same GRPO run with each transport, "
-        "AdamW lr 1e-6 on float32 master weights, one learner rank and the engine on a core each; means over the "
-        "pushes after the first.",
+        f"`python benchmarks/delta_sync.py --steps {report['steps']} --repeats {report['repeats']}`: the same GRPO "
+        "run with each transport, AdamW lr 1e-6 on float32 master weights, one learner rank and the engine on a core "
+        "each; means over the pushes after the first, the median of the rounds.",
         "",
         "| transport | bytes a push | of a whole push | elements changed | tensors touched | push (s) | engine load (s) "
         "| learner gather + cast + changes (s) | first push (s) | sync phase (s) | planned (s) | error |",
@@ -130,8 +142,10 @@ def markdown(report: dict) -> str:
         )
     lines += ["", f"Planned with the rates {whole['rates']}."]
     for r, (n, differ) in zip(runs[1:], report["identical"]):
+        ratios = [w / d for w, d in zip(whole["push_s_rounds"], r["push_s_rounds"])]
         lines.append(
-            f"{r['transport']}: push {whole['push_s'] / r['push_s']:.2f}x faster, {r['bytes_share']:.1%} of the bytes. "
+            f"{r['transport']}: push {statistics.median(ratios):.2f}x faster ({min(ratios):.2f} to "
+            f"{max(ratios):.2f} over {len(ratios)} rounds), {r['bytes_share']:.1%} of the bytes. "
             + (
                 f"Bit-identical: all {n} training values equal the collective run's (sampled answers, losses, "
                 "gradients)."
@@ -146,14 +160,18 @@ def markdown(report: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default="benchmarks/results/delta-sync")
     args = ap.parse_args()
-    runs = [run(t, args.steps) for t in ("collective", "delta", "delta_storage")]
+    transports = ("collective", "delta", "delta_storage")
+    rounds = [[run(t, args.steps) for t in transports] for _ in range(args.repeats)]
+    runs = [median_run([r[i] for r in rounds]) for i in range(len(transports))]
     report = {
         "machine": machine(),
         "steps": args.steps,
+        "repeats": args.repeats,
         "runs": runs,
-        "identical": [identical(runs[0]["rows"], r["rows"]) for r in runs[1:]],
+        "identical": [identical(rounds[0][0]["rows"], r["rows"]) for r in rounds[0][1:]],
     }
     write_report(args.out, "delta-sync", report, markdown(report))
 

@@ -11,8 +11,10 @@ generated from the group's prompt, as a failed reset does, and is counted.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import threading
+import time
 from concurrent.futures import Future
 from functools import partial
 from pathlib import Path
@@ -50,8 +52,11 @@ class AgentRuns:
         ts = [Trajectory(0, seed, f"{key}/{j}", None) for j in range(n)]
         sessions = [Session(t.key, loop, lora, sampling, seed, ep.env.max_tokens) for t in ts]
 
+        started = time.perf_counter()
+
         def ended(t, s: Session, future: Future) -> None:
             try:
+                t.episode.seconds = time.perf_counter() - started - s.model_seconds  # the program's own time
                 self._record(t, s, *future.result())
                 with lock:
                     left[0] -= 1
@@ -74,7 +79,9 @@ class AgentRuns:
         self.endpoint.close(t.key)
         e = t.episode
         t.ids, t.mask, t.logprobs, t.versions, t.texts = s.ids, s.mask, s.logprobs, s.versions, s.texts
-        e.turns, e.off_record, e.ended = list(s.texts), s.off_record, s.ended or "done"
+        e.turns, e.off_record, e.ended = list(s.texts), s.off_record, s.ended or ("length" if s.cut else "done")
+        if e.ended in ("length", "tokens"):  # its last reply cut, or its token budget spent: a cut end, as a cut
+            t.finish_reason = "length"  # turn's in an environment's episode
         if outcome == "ok":
             e.reward, e.rewards = value, [*[0.0] * (len(turn_spans(s.mask)) - 1), value]  # at its last call
             if not s.ids:
@@ -121,6 +128,7 @@ class AgentRuns:
             sent.add_done_callback(partial(generated, t))
 
     def close(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)  # first: the rest may take its children's grace
         for c in self.children:
             c.close()
         self.endpoint.shutdown()

@@ -199,9 +199,10 @@ def cmd_eval(args) -> int:
         raise UserError(
             f"--out {out} already holds an evaluation (eval.json); nothing was changed (--overwrite replaces it)"
         )
-    model = args.model
+    model, exported = args.model, None
     if (Path(model) / "manifest.json").is_file() or (Path(model) / "trainer_state.json").is_file():  # a checkpoint
-        model = str(export_hf(Path(model), Path(tempfile.mkdtemp(prefix="grpo-eval-hf-"))))
+        exported = tempfile.TemporaryDirectory(prefix="grpo-eval-hf-")  # removed when this command ends
+        model = str(export_hf(Path(model), Path(exported.name)))
     model_dims(model)  # the model first: a bad path is one line, before any data or Ray
     flags = [f"model.path={model}", f"generator.val_n={args.n}", f"generator.val_temperature={args.temperature}"]
     if args.max_tokens:

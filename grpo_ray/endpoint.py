@@ -76,6 +76,10 @@ class Session:
     off_record: int = 0
     ended: str = ""
     """"turns" or "tokens" once environment.max_turns or max_tokens is spent."""
+    cut: bool = False
+    """Its last recorded reply was cut at its max_tokens (the trajectory's end is then a cut one)."""
+    model_seconds: float = 0.0
+    """The time its calls waited for the engine (the rest of its episode's time is the program's)."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -171,8 +175,10 @@ class Endpoint:
             return self._response(prompt, [], [], "length")
         seed = turn_seed(s.seed, int(s.key.rpartition("/")[2]), s.calls)
         params = turn_params(s.sampling, self.env.stop, limit, seed)
+        start = time.perf_counter()
         out = s.loop.submit({"prompt_token_ids": prompt}, params, s.lora(), f"{s.key}/{s.calls}")
         out = out.result().outputs[0]
+        s.model_seconds += time.perf_counter() - start
         ids, logprobs = list(out.token_ids), [lp[t].logprob for t, lp in zip(out.token_ids, out.logprobs)]
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         if record:
@@ -187,6 +193,7 @@ class Endpoint:
             s.texts.append(text)
             s.messages = [*messages, {"role": "assistant", "content": text}]
             s.closed = bool(ids) and ids[-1] == self.tokenizer.eos_token_id
+            s.cut = out.finish_reason == "length"
         return self._response(prompt, ids, logprobs, out.finish_reason or "stop", text)
 
     def _template(self, messages: list[dict]) -> list[int]:

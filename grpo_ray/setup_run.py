@@ -15,7 +15,15 @@ from grpo_ray.config import KINDS, REWARD_MODEL, TEACHER, Recipe, RecipeError, d
 from grpo_ray.data import DataError, checked, dotted, load_rows, prompt_text
 from grpo_ray.data.targets import RM_IDS, rm_tokens, target_tokens
 from grpo_ray.dims import ModelDims, model_dims
-from grpo_ray.preflight import check_algorithm, check_sources, load_rewards, reward_child, try_environment, try_rewards
+from grpo_ray.preflight import (
+    check_algorithm,
+    check_sources,
+    check_stack,
+    load_rewards,
+    reward_child,
+    try_environment,
+    try_rewards,
+)
 from grpo_ray.rewards.learned import STYLED
 
 
@@ -319,6 +327,7 @@ def setup_run(
     once the data has been checked with its tokenizer (the base model's). Reward modules are looked for in the
     working directory and `recipe_dir`, and each reward function is tried on the first training row."""
     output_dir = rundir.writable_dir(recipe.trainer.output_dir, "trainer.output_dir")
+    check_stack()  # a package pip brought back that breaks transformers: one line now, not in every actor later
     transports.check(recipe)  # the weight transport exists and has what it needs (the storage one: its directory)
     load_rewards(recipe, recipe_dir)  # also puts the working directory and the recipe's folder on the import path
     if JOBS[command].samples:

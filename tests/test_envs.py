@@ -390,6 +390,10 @@ def test_openenv_options_are_checked_before_start(openenv_echo):
     with pytest.raises(EnvironmentLoadError, match=r"action='echo_env.models:EchoObservation' is not a subclass"):
         options(adapter, {"env": ECHO, "action": "echo_env.models:EchoObservation"})
     assert options(adapter, {"env": ECHO}).action_field == "message"  # its only text field
+    action = "openenv.core.env_server.mcp_types:CallToolAction"
+    with pytest.raises(EnvironmentLoadError, match=r"Multiply.reset takes offset \(an episode's task\): name the key"):
+        options(adapter, {"env": "tests.helpers.openenv_envs:Multiply", "action": action})  # its task would be lost
+    assert options(adapter, {"env": "tests.helpers.openenv_envs:Multiply", "action": action, "no_task": True})
 
 
 @pytest.fixture(scope="module")

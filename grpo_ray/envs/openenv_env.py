@@ -70,7 +70,12 @@ class OpenEnv(Environment):
         or all of them as JSON."""
         reset_key: str | None = None
         """A key of the row's extra_info whose dict is passed to the environment's ``reset`` as keyword
-        arguments (the episode's task); none: ``reset()``."""
+        arguments (the episode's task); none: ``reset()``. An environment whose ``reset`` takes arguments of its own
+        (beside seed and episode_id) needs one: without it every episode would play reset's defaults, not its row's
+        task, so that is refused before start (unless ``no_task``)."""
+        no_task: bool = False
+        """Play every episode with ``reset()``'s defaults although it takes a task (the rows' tasks unused; their
+        openings are then checked against the rows' prompts as environment.opening says)."""
 
         @pydantic.model_validator(mode="after")
         def _resolve(self):
@@ -103,6 +108,13 @@ class OpenEnv(Environment):
             if self.observation_field and shown and self.observation_field not in shown.model_fields:
                 have = [f for f in shown.model_fields if f not in RESERVED]
                 raise ValueError(f"observation_field={self.observation_field!r}: {shown.__name__} has fields {have}")
+            takes = task_arguments(cls)
+            if takes and self.reset_key is None and not self.no_task:
+                raise ValueError(
+                    f"{cls.__name__}.reset takes {', '.join(takes)} (an episode's task): name the key of the rows' "
+                    "extra_info holding them in environment.options.reset_key, or set no_task: true to play every "
+                    "episode with reset's defaults"
+                )
             self._classes = cls, act
             return self
 
@@ -150,3 +162,10 @@ class OpenEnv(Environment):
             (value,) = shown.values()
             return value if isinstance(value, str) else json.dumps(value, default=str)
         return json.dumps(shown, default=str)
+
+
+def task_arguments(cls) -> list[str]:
+    """The arguments of `cls`'s ``reset`` beside seed and episode_id (and ``*args``, ``**kwargs``): its task's."""
+    params = inspect.signature(cls.reset).parameters.values()
+    loose = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    return [p.name for p in params if p.name not in ("self", "seed", "episode_id") and p.kind not in loose]

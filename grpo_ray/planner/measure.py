@@ -237,10 +237,11 @@ def _recipe(path: str, device: str, more: list[str]):
     """A recipe for the calibration's roles on tiny model `path` (the synthetic task; nothing is read from it)."""
     from grpo_ray.config import load_recipe
 
-    yaml = Path(tempfile.mkdtemp()) / "calibrate.yaml"
-    yaml.write_text("model: {path: x}\ndata: {train_files: ['synthetic://select']}\n")
-    cuda = ["cluster.devices_per_node=1", "cluster.gpu=h100"] if device == "cuda" else []
-    return load_recipe(yaml, [f"model.path={path}", f"cluster.device={device}", *cuda, *more])
+    with tempfile.TemporaryDirectory() as tmp:
+        yaml = Path(tmp) / "calibrate.yaml"
+        yaml.write_text("model: {path: x}\ndata: {train_files: ['synthetic://select']}\n")
+        cuda = ["cluster.devices_per_node=1", "cluster.gpu=h100"] if device == "cuda" else []
+        return load_recipe(yaml, [f"model.path={path}", f"cluster.device={device}", *cuda, *more])
 
 
 def _calls(device: str, threads: int, layers: int) -> dict:

@@ -74,6 +74,9 @@ class RoleActor:
         """The constructor's arguments for the actor at `seat`: a frozen scorer's, by default."""
         return (seat.model_path, seat.recipe, seat.rank, seat.count, seat.threads)
 
+    def close(self) -> None:
+        """Free what the actor made outside its process (child processes, folders) before it is killed."""
+
     def where(self) -> dict:
         """Node id, pid and compute threads (torch's, when loaded) of this actor, for placement.json."""
         import ray

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -101,6 +102,13 @@ class Generator(RoleActor):
 
             self.episodes = Episodes(self.llm, recipe, code_dirs)
         self._start_loop(recipe)
+
+    def close(self) -> None:
+        """The environment or agent processes, the endpoint's folder and the adapters' folder."""
+        if self.episodes:
+            self.episodes.close()
+        if self.adapter:
+            shutil.rmtree(self.adapter["dir"], ignore_errors=True)
 
     def _start_loop(self, recipe: Recipe) -> None:
         """Label every output token with its weights' version; streaming, start the engine's loop."""

