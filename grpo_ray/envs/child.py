@@ -13,8 +13,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 
-from grpo_ray.rewards.child import MEMORY_ERROR
-from grpo_ray.sandbox import Child, Jail
+from grpo_ray.sandbox import MEMORY_ERROR, Child, Jail
 
 
 def env_main(conn, isolation: str, spec: dict) -> None:

@@ -5,9 +5,7 @@ the samples after it are sent again."""
 
 from __future__ import annotations
 
-from grpo_ray.sandbox import Child, held
-
-MEMORY_ERROR = "memory"
+from grpo_ray.sandbox import MEMORY_ERROR, Child, held
 
 
 def serve(conn, isolation: str, spec: dict) -> None:

@@ -42,6 +42,8 @@ ALLOWED = (
 )
 """The environment variables a sandboxed process sees (and ``LC_*``), beside HOME and TMPDIR (its scratch) and those
 a recipe passes on by name (``reward.pass_env``, ``environment.pass_env``)."""
+MEMORY_ERROR = "memory"
+"""What a sandboxed process sends for a call that ran out of its address space outside the code's own handling."""
 FULL = "network+filesystem+processes+sockets"
 """The isolation of a sandbox in which every layer held, without network."""
 
