@@ -2,11 +2,14 @@
 start to each of its start-up lines and to its first step line, warm (this checkout, and an earlier commit, run in
 turns on the same machine in the same hour) and cold (a fresh clone set up in a new venv, its first run).
 
-    python benchmarks/startup.py [--before REV] [--runs 3] [--cold 2] [--steps 150] [--out benchmarks/results/startup]
+    python benchmarks/startup.py [--before REV] [--without-bytecode] [--runs 3] [--cold 2] [--steps 150]
+        [--out benchmarks/results/startup]
 
 Warm: the quick start run --runs times in this checkout (its byte code, tiny model and checked rows from earlier
 runs). The earlier commit is checked out in a temporary git worktree and run with this checkout's virtual environment
-(its own `grpo_ray` package first on the path). Cold (--cold N): N fresh clones of HEAD, each set up by
+(its own `grpo_ray` package first on the path). --without-bytecode adds this checkout run as if its venv had
+no byte code (PYTHONPYCACHEPREFIX an empty folder and PYTHONDONTWRITEBYTECODE set, so every process compiles what
+it imports from source: a venv made by `pip install --no-compile` where that variable is set). Cold (--cold N): N fresh clones of HEAD, each set up by
 ``bash scripts/setup.sh`` (a new .venv, pip from its cache; the set-up's seconds reported) and run once with an
 empty model and data cache, as a new user's first step. Seconds are the wall clock as each line reached this
 script; the whole run's wall time is given beside them; each phase as the median of its runs and their least and
@@ -105,6 +108,7 @@ def table(results: dict[str, list[dict]]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--before", default="", help="an earlier commit to time beside this checkout")
+    ap.add_argument("--without-bytecode", action="store_true", help="also this checkout with no byte code found")
     ap.add_argument("--runs", type=int, default=3, help="warm runs of each version")
     ap.add_argument("--cold", type=int, default=0, help="fresh clones of HEAD, each set up and run once")
     ap.add_argument("--steps", type=int, default=150, help="the quick start's own 150 by default")
@@ -114,32 +118,38 @@ def main() -> None:
     from benchmarks.bench import machine
 
     work = Path(tempfile.mkdtemp(prefix="grpo-startup-"))
-    versions = {"this checkout": ROOT}
+    versions = {"this checkout": (ROOT, None)}
+    if args.without_bytecode:
+        (work / "no-bytecode").mkdir()
+        bare = {**os.environ, "PYTHONPYCACHEPREFIX": str(work / "no-bytecode"), "PYTHONDONTWRITEBYTECODE": "1"}
+        versions = {"without byte code": (ROOT, bare), **versions}
     if args.before:
         rev = subprocess.run(["git", "rev-parse", "--short", args.before], cwd=ROOT, capture_output=True, text=True)
         tree = work / "before"
         subprocess.run(["git", "worktree", "add", "--detach", str(tree), args.before], cwd=ROOT, check=True)
-        versions = {f"before ({rev.stdout.strip()})": tree, **versions}
+        versions = {f"before ({rev.stdout.strip()})": (tree, None), **versions}
     results: dict[str, list[dict]] = {name: [] for name in versions}
     if args.cold:
         results = {"cold (fresh clone and venv)": [], **results}
     try:
+        logs = Path(args.out) / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
         for i in range(args.cold):
             got = cold_run(work, i, args.steps)
+            (logs / f"cold-{i}.log").write_text((work / f"cold-{i}-run.log").read_text())
             print("cold", json.dumps(got), flush=True)
             results["cold (fresh clone and venv)"].append(got)
         for i in range(args.runs):  # in turns, so a busier minute falls on both
-            for name, checkout in versions.items():
-                run = work / f"{'before' if checkout != ROOT else 'after'}-{i}"
-                got = one_run(checkout, args.steps, run)
-                logs = Path(args.out) / "logs"
-                logs.mkdir(parents=True, exist_ok=True)
+            for name, (checkout, env) in versions.items():
+                run = work / f"{name.split(' ')[0]}-{i}"
+                got = one_run(checkout, args.steps, run, env=env)
                 (logs / f"{run.name}.log").write_text((work / f"{run.name}.log").read_text())
                 print(name, json.dumps(got), flush=True)
                 results[name].append(got)
     finally:
         if args.before:
             subprocess.run(["git", "worktree", "remove", "--force", str(work / "before")], cwd=ROOT)
+        shutil.rmtree(work, ignore_errors=True)  # the runs' folders (their logs copied to --out)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     here = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
