@@ -28,6 +28,7 @@ import json
 import math
 import platform
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -70,7 +71,7 @@ def timed(fn, calls: list, warmup: int, device: str) -> tuple[list[float], list]
 def recipe_for(path: Path, args, micro: int, gpu: str):
     from grpo_ray.config import load_recipe
 
-    yaml = Path(tempfile.mkdtemp()) / "gpu-rm.yaml"
+    yaml = path.parent / "gpu-rm.yaml"  # (beside the classifier: removed with it)
     yaml.write_text("model: {path: x}\ndata: {train_files: ['synthetic://select']}\n")
     cuda = ["cluster.device=cuda", "cluster.devices_per_node=1", f"cluster.gpu={gpu}"] if args.device == "cuda" else []
     return load_recipe(
@@ -246,16 +247,19 @@ def main() -> None:
     gpu_name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     args.gpu = next((g for g in ("b200", "h200", "h100") if g in gpu_name.lower()), "h100")
     path = Path(tempfile.mkdtemp(prefix="grpo-gpu-rm-")) / "classifier"
-    start = time.perf_counter()
-    build_tiny(parse_tiny(SHAPES[name]), path)
-    args.vocab = model_dims(str(path), "reward_model.model").vocab
-    dims = dataclasses.replace(model_dims(str(path), "reward_model.model"), vocab=1)  # the head: one output
-    params = sum(math.prod(t.get_shape()) for t in _tensors(path))
-    print(f"built a {params / 1e9:.3g}B classifier in {time.perf_counter() - start:.0f}s", flush=True)
-    peak = device_peak_tflops(gpu_name) if args.device == "cuda" else None
-    score = scoring(path, args)
-    print(json.dumps({"scoring": score}), flush=True)
-    rows = training(path, dims, args, peak)
+    try:
+        start = time.perf_counter()
+        build_tiny(parse_tiny(SHAPES[name]), path)
+        args.vocab = model_dims(str(path), "reward_model.model").vocab
+        dims = dataclasses.replace(model_dims(str(path), "reward_model.model"), vocab=1)  # the head: one output
+        params = sum(math.prod(t.get_shape()) for t in _tensors(path))
+        print(f"built a {params / 1e9:.3g}B classifier in {time.perf_counter() - start:.0f}s", flush=True)
+        peak = device_peak_tflops(gpu_name) if args.device == "cuda" else None
+        score = scoring(path, args)
+        print(json.dumps({"scoring": score}), flush=True)
+        rows = training(path, dims, args, peak)
+    finally:
+        shutil.rmtree(path.parent, ignore_errors=True)
     result = {
         "date": str(date.today()),
         "device": gpu_name,

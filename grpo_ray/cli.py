@@ -201,16 +201,22 @@ def cmd_eval(args) -> int:
         )
     model, exported = args.model, None
     if (Path(model) / "manifest.json").is_file() or (Path(model) / "trainer_state.json").is_file():  # a checkpoint
-        exported = tempfile.TemporaryDirectory(prefix="grpo-eval-hf-")  # removed when this command ends
-        model = str(export_hf(Path(model), Path(exported.name)))
-    model_dims(model)  # the model first: a bad path is one line, before any data or Ray
-    flags = [f"model.path={model}", f"generator.val_n={args.n}", f"generator.val_temperature={args.temperature}"]
-    if args.max_tokens:
-        flags.append(f"generator.sampling.max_tokens={args.max_tokens}")
-    base = [] if args.recipe else device_overrides()  # without a recipe: this machine's device
-    recipe = load_recipe(args.recipe or DEFAULT_RECIPE, [*base, *args.overrides, *flags, f"trainer.output_dir={out}"])
-    model_limits(recipe)
-    result = evaluate(recipe, args.data, out, args.limit)
+        exported = tempfile.TemporaryDirectory(prefix="grpo-eval-hf-")
+    try:
+        if exported:
+            model = str(export_hf(Path(model), Path(exported.name)))
+        model_dims(model)  # the model first: a bad path is one line, before any data or Ray
+        flags = [f"model.path={model}", f"generator.val_n={args.n}", f"generator.val_temperature={args.temperature}"]
+        if args.max_tokens:
+            flags.append(f"generator.sampling.max_tokens={args.max_tokens}")
+        base = [] if args.recipe else device_overrides()  # without a recipe: this machine's device
+        overrides = [*base, *args.overrides, *flags, f"trainer.output_dir={out}"]
+        recipe = load_recipe(args.recipe or DEFAULT_RECIPE, overrides)
+        model_limits(recipe)
+        result = evaluate(recipe, args.data, out, args.limit)
+    finally:  # the export a checkpoint was read through: removed when the command ends, however it ends
+        if exported:
+            exported.cleanup()
     print(json.dumps(result["metrics"], indent=1))
     print(
         f"{result['rows']} rows ({result['dropped_too_long']} too long); wrote {out / 'eval.json'} and "

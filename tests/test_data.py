@@ -4,7 +4,7 @@ from collections import Counter
 import pyarrow.parquet as pq
 import pytest
 
-from grpo_ray.data import DataError, load_rows
+from grpo_ray.data import DataError, load_rows, normalise, row_problem
 from grpo_ray.data.prepare import PrepareError, prepare
 from grpo_ray.rewards import load
 from tests.conftest import run_cli
@@ -71,6 +71,23 @@ def test_rows_with_no_ground_truth_load_with_an_empty_answer_key(tmp_path):
     (row,) = load_rows(str(p), answer_key="")
     assert row["prompt"] == [{"role": "user", "content": "Your move."}]
     assert Prompt.from_row(0, {**row, "prompt_ids": [1]}).ground_truth == ""
+
+
+def test_skyrl_rows_load_as_skyrl_writes_them():
+    """SkyRL's datasets keep the ground truth at reward_spec.ground_truth (and the environment in env_class): under
+    the default data.answer_key it is found there, with no key to set; verl's place wins where a row has both."""
+    row = {
+        "data_source": "openai/gsm8k",
+        "prompt": [{"role": "user", "content": "Mia has 7 pears. How many?"}],
+        "env_class": "gsm8k",
+        "reward_spec": {"method": "rule", "ground_truth": 7},
+        "extra_info": {"split": "train", "index": 0},
+    }
+    got = normalise(row)
+    assert got["reward_model"]["ground_truth"] == "7" and row_problem(got) is None
+    both = normalise({**row, "reward_model": {"style": "rule", "ground_truth": "8"}})
+    assert both["reward_model"]["ground_truth"] == "8"
+    assert normalise(row, answer_key="extra_info.index")["reward_model"]["ground_truth"] == "0"  # a key named wins
 
 
 def test_plain_rows_under_other_keys_load_with_a_key_mapping(shared_data, tmp_path):

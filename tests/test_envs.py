@@ -268,7 +268,9 @@ def test_a_skyrl_gym_environment_runs_through_the_adapter_in_the_sandbox(child):
     outcome, step = child.run(("step", "s", "It is 5.\n#### 5"), 5)
     assert outcome == "ok" and not step["done"] and step["observation"].startswith("Please provide your step-by-step")
     assert 0 < step["reward"] < 1  # its format credit for a wrong answer in the right form
-    assert child.run(("step", "s", "#### 7"), 5)[1] == {**step, "observation": "", "reward": 1.0, "done": True}
+    assert step["role"] == "user"  # its feedback in skyrl-gym's own role, not environment.role's tool
+    done = {**step, "observation": "", "reward": 1.0, "done": True, "role": ""}
+    assert child.run(("step", "s", "#### 7"), 5)[1] == done
     with pytest.raises(EnvironmentLoadError, match="env='gsm9k': skyrl-gym has no such environment"):
         options(load("skyrl_gym"), {"env": "gsm9k"})
 

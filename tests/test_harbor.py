@@ -157,6 +157,83 @@ def test_tests_that_write_no_reward_fail_the_episode_with_their_output(tmp_path)
     child.close()
 
 
+COOKBOOK = """#!/bin/bash
+apt-get update
+apt-get install -y curl
+
+curl -LsSf https://astral.sh/uv/0.9.5/install.sh | sh
+source $HOME/.local/bin/env
+
+uvx \\
+  -p 3.13 \\
+  -w pytest==8.4.1 \\
+  pytest /tests/test_outputs.py -rA
+
+if [ $? -eq 0 ]; then
+  echo 1 > /logs/verifier/reward.txt
+else
+  echo 0 > /logs/verifier/reward.txt
+fi
+"""
+"""harbor-cookbook's usual tests/test.sh (its simple-task's shape): curl by apt-get, uv by its installer, pytest by
+uvx, and a fallback that writes 0 whatever failed."""
+
+
+def task_with(root: Path, name: str, test_sh: str) -> Path:
+    task = root / name
+    (task / "tests").mkdir(parents=True)
+    (task / "instruction.md").write_text("Create /app/hello.txt holding 'Hello, world!'.")
+    (task / "tests" / "test.sh").write_text(test_sh)
+    (task / "tests" / "test_outputs.py").write_text("def test_it():\n    assert open('/app/hello.txt').read()\n")
+    return task
+
+
+def test_tests_that_install_at_verify_time_are_refused_before_start_without_the_network(tmp_path):
+    """The cookbook's test.sh fetches curl, uv and pytest as it verifies: with no network (the default) it can only
+    fail and write its fallback's 0, so the recipe is refused before any actor starts, naming the task and the
+    line; with environment.network=true it is taken (what needs no root, uv into HOME, can install there)."""
+    from grpo_ray import envs
+    from grpo_ray.config import load_recipe
+
+    task = task_with(tmp_path / "tasks", "simple-task", COOKBOOK)
+    task_with(tmp_path / "tasks", "plain", (TASKS / "greeting" / "tests" / "test.sh").read_text())
+    keys = ["environment.name=harbor", f"data.train_files=[harbor://{tmp_path / 'tasks'}]", "data.val_files=[]"]
+    recipe = load_recipe(ROOT / "recipes" / "tiny-qwen2.5-7b-gsm8k-agent.yaml", keys)
+    with pytest.raises(envs.EnvironmentLoadError) as e:
+        envs.check(recipe)
+    said = str(e.value)
+    assert f"the Harbor task {task} installs at verify time (tests/test.sh line 2: apt-get update)" in said
+    assert "environment.network=true" in said and "\n" not in said
+    from grpo_ray.envs.harbor_env import installs
+
+    assert [f.split(":")[0] for f in installs(task)] == ["line 2", "line 3", "line 5", "line 8"]
+    envs.check(load_recipe(ROOT / "recipes" / "tiny-qwen2.5-7b-gsm8k-agent.yaml", [*keys, "environment.network=true"]))
+    plain = [k.replace("tasks", "tasks/plain") if k.startswith("data.train") else k for k in keys]
+    envs.check(load_recipe(ROOT / "recipes" / "tiny-qwen2.5-7b-gsm8k-agent.yaml", plain))
+
+
+def test_tests_calling_a_command_the_node_lacks_fail_the_episode_not_score_0(tmp_path):
+    """Tests whose tool is not on the node (here, the cookbook's uvx with its installs taken out) fail and their
+    fallback writes 0: that 0 is the node's, not the answer's, so the episode fails, counted, saying which command
+    and showing the tests' output; the same tests with a tool the node has score the answer."""
+    verdict = "if [ $? -eq 0 ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi\n"
+    tests = "#!/bin/bash\necho checking\n{}\n" + verdict
+    task = task_with(tmp_path, "simple-task", tests.format("uvx-not-on-this-node pytest /tests/test_outputs.py -rA"))
+    (row,) = load_rows(f"harbor://{task}")
+    child = EnvChild(Jail(512, paths=[str(task)]))
+    try:
+        done = bash("echo 'Hello, world!' > hello.txt")
+        outcome, text = play(child, "m1", row, done, "Done.")[-1]
+        assert outcome == "error", text
+        assert "simple-task's tests could not run here: 'uvx-not-on-this-node' (test.sh line 3) not found" in text
+        assert "checking" in text  # the tests' output, kept in the generator's log with the failure
+        (task / "tests" / "test.sh").write_text(tests.format("grep -q Hello /app/hello.txt"))
+        outcome, step = play(child, "m2", row, done, "Done.")[-1]
+        assert outcome == "ok" and step["reward"] == 1.0
+    finally:
+        child.close()
+
+
 @pytest.mark.slow
 def test_a_run_trains_on_harbor_tasks_each_scored_by_its_own_tests(tmp_path):
     """The agent twin on the three tasks, environment harbor, two turns: the run trains, no episode fails, and each

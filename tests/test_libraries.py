@@ -36,7 +36,7 @@ def rows() -> list[dict]:
         {
             "data_source": SKYRL,
             "prompt": [{"role": "user", "content": q}],
-            "reward_model": {"style": "rule", "ground_truth": a},
+            "reward_spec": {"method": "rule", "ground_truth": a},  # SkyRL's schema, read as it is
             "extra_info": {"index": i},
         }
         for i, (q, a) in enumerate(questions * 2)
@@ -53,8 +53,10 @@ def rows() -> list[dict]:
     out = []
     for group in zip(games, tasks, skyrl, count):
         for label, row in zip(CHOICES, group):
-            truth = row["reward_model"]["ground_truth"] or "none"  # (one answer key for the file: skyrl's needs it)
-            out.append({**row, "reward_model": {**row["reward_model"], "ground_truth": truth}, "env_class": label})
+            if "reward_model" in row:  # (the file's other rows answer "none": skyrl's need the default answer key)
+                rm = row["reward_model"]
+                row = {**row, "reward_model": {**rm, "ground_truth": rm["ground_truth"] or "none"}}
+            out.append({**row, "env_class": label})
     return out
 
 

@@ -47,6 +47,8 @@ TEXTARENA_SCHEME = "textarena://"
 VERIFIERS_SCHEME = "verifiers://"
 HARBOR_SCHEME = "harbor://"
 PROMPT_KEY, ANSWER_KEY = "prompt", "reward_model.ground_truth"
+SKYRL_ANSWER_KEY = "reward_spec.ground_truth"
+"""Where SkyRL's rows keep the ground truth: read at the default data.answer_key's place in rows without it."""
 
 
 class DataError(UserError):
@@ -64,8 +66,11 @@ def dotted(row: dict, key: str):
 def normalise(row: dict, prompt_key: str = PROMPT_KEY, answer_key: str = ANSWER_KEY, source: str = "") -> dict:
     """Rows as people have them, in the schema: the prompt and ground truth taken from `prompt_key` and
     `answer_key`; a prompt given as plain text is one user message; a ground truth given as a number is its text;
-    no data_source: `source`. Without `answer_key` (reward-model rows) there is no ground truth."""
+    no data_source: `source`. Without `answer_key` (reward-model rows) there is no ground truth. Rows in SkyRL's
+    schema have theirs at ``reward_spec.ground_truth``, found there under the default `answer_key`."""
     prompt, truth = dotted(row, prompt_key), dotted(row, answer_key) if answer_key else None
+    if truth is None and answer_key == ANSWER_KEY:
+        truth = dotted(row, SKYRL_ANSWER_KEY)
     if isinstance(prompt, str) and prompt.strip():
         prompt = [{"role": "user", "content": prompt}]
     if isinstance(truth, (int, float)) and not isinstance(truth, bool):

@@ -38,7 +38,7 @@ import pydantic
 from grpo_ray.envs.agent import Agent
 from grpo_ray.envs.base import Environment, Step, import_class
 from grpo_ray.envs.builtin import Calculator, Guess
-from grpo_ray.envs.harbor_env import Harbor
+from grpo_ray.envs.harbor_env import Harbor, check_installs
 from grpo_ray.envs.openenv_env import OpenEnv
 from grpo_ray.envs.skyrl_gym_env import SkyRLGym
 from grpo_ray.envs.textarena_env import TextArena
@@ -137,8 +137,16 @@ def modules(e) -> list[str]:
 
 def check(recipe) -> None:
     """The recipe's environments load and take their options (before any actor starts); a choice's refusal names
-    its key (environment.choices.<label>...)."""
+    its key (environment.choices.<label>...); Harbor tasks that install at verify time need the network."""
+    from grpo_ray.data import HARBOR_SCHEME
+
     for label, (name, given) in played(recipe.environment).items():
+        if name == "harbor":
+            specs = [s for s in (*recipe.data.train_files, *recipe.data.val_files) if s.startswith(HARBOR_SCHEME)]
+            try:
+                check_installs(specs, recipe.environment.network)
+            except ValueError as e:
+                raise EnvironmentLoadError(str(e)) from None
         try:
             options(load(name), given)
         except EnvironmentLoadError as e:

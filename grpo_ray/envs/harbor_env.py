@@ -16,7 +16,11 @@ directory. An episode is a trial, as Harbor runs one, on this node's own tools (
   token limit, whose commands are not run): then the task's ``tests/`` are copied to ``/tests`` and
   ``bash /tests/test.sh`` runs (``[verifier] timeout_sec`` and ``env`` of ``task.toml``), and the reward is the
   number it wrote to ``/logs/verifier/reward.txt``, or the ``reward`` of ``/logs/verifier/reward.json``. A test
-  that writes neither fails the episode with its output, counted.
+  that writes neither fails the episode with its output, counted, as do tests that call a command the node does
+  not have (bash's ``command not found``: whatever the script's fallback wrote is not the answer's score).
+
+Tests that install at verify time (``apt-get install``, ``curl ... | sh``, ``uvx``, ``pip install``: harbor-cookbook's
+usual ``tests/test.sh``) are refused before start where ``environment.network`` is false, naming the task and the line.
 
 Commands see only PATH, HOME (/tmp), LANG and TERM of the generator's environment: no token reaches them. What a
 container runtime adds, and this does not: the image the Dockerfile builds (its packages, the files it copies, its
@@ -49,6 +53,15 @@ SYSTEM = (
 )
 COMMANDS = re.compile(r"```(?:bash|sh|shell)[ \t]*\n(.*?)```", re.DOTALL)
 ROOT = Path(__file__).with_name("task_root.py")
+INSTALLS = re.compile(
+    r"\b(?:apt-get|apt|yum|dnf|apk|brew|conda|mamba)\s+(?:-\S+\s+)*(?:install|update|add)\b"
+    r"|\b(?:curl|wget)\b[^|\n]*\|\s*(?:sudo\s+)?(?:ba|z)?sh\b"
+    r"|\b(?:pip3?|pipx)\s+install\b|\buvx\b|\buv\s+(?:pip\s+install|tool\s+install|run|sync|add|venv)\b"
+    r"|\bnpm\s+(?:install|i|ci)\b|\bnpx\b"
+)
+"""A command that fetches tools or packages: a package manager's, an installer piped to a shell, pip, uv, npm."""
+MISSING = re.compile(r"^/tests/\S+: line (\d+): (.+): command not found$", re.MULTILINE)
+"""bash's line for a command the node does not have (exit 127), as a task's test script shows it."""
 
 
 def tasks(path: Path) -> list[Path]:
@@ -72,6 +85,36 @@ def config(task: Path) -> dict:
         return tomllib.loads((task / "task.toml").read_text()) if (task / "task.toml").is_file() else {}
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"{task / 'task.toml'}: {e}") from None
+
+
+def installs(task: Path) -> list[str]:
+    """The lines of the task's tests/test.sh that fetch tools or packages at verify time, as 'line N: TEXT'
+    (comments aside)."""
+    lines = (task / "tests" / "test.sh").read_text(errors="replace").splitlines()
+    return [f"line {i}: {t.strip()}" for i, t in enumerate(lines, 1) if INSTALLS.search(t.split("#", 1)[0])]
+
+
+def check_installs(specs: list[str], network: bool) -> None:
+    """ValueError naming the first task of the ``harbor://`` `specs` whose tests install at verify time where the
+    environment has no network: they would fail there and score what their fallback writes (0), not the answer.
+    Specs that are not tasks are the data check's to refuse."""
+    if network:
+        return
+    for spec in specs:
+        try:
+            found = tasks(Path(spec.removeprefix("harbor://")).resolve())
+        except ValueError:
+            continue
+        for task in found:
+            fetched = installs(task)
+            if fetched:
+                raise ValueError(
+                    f"the Harbor task {task} installs at verify time (tests/test.sh {fetched[0]}): a trial here runs "
+                    "on the node's own tools, without a container, and with environment.network false its tests "
+                    "cannot fetch anything, so they would fail and score 0 whatever the model did. Put the tools "
+                    "the tests use on the node and take the install out of test.sh, or set environment.network=true "
+                    "where it needs no root (uv or pip into HOME; apt-get cannot install here)"
+                )
 
 
 def rows(spec: str) -> list[dict]:
@@ -133,6 +176,13 @@ class Harbor(Environment):
         verifier = self.config.get("verifier", {})
         timeout = float(verifier.get("timeout_sec", self.options.verifier_timeout_s))
         code, output = self.run(["bash", "/tests/test.sh"], timeout, tests=True, env=verifier.get("env", {}))
+        missing = MISSING.findall(output)
+        if missing:  # their verdict is on the node, not on the answer (a fallback writes 0)
+            said = ", ".join(f"{cmd!r} (test.sh line {line})" for line, cmd in missing)
+            raise RuntimeError(
+                f"{self.task.name}'s tests could not run here: {said} not found on this node; what they wrote is "
+                f"not taken as the reward:\n{output[-2000:]}"
+            )
         logs = self.dir / "logs" / "verifier"
         for name in ("reward.txt", "reward.json"):
             if (logs / name).is_file():

@@ -10,7 +10,8 @@ row's ground truth), the row's ``extra_info``, and ``options.extras`` beside the
 - ``reset``: the environment's ``init`` is given the row's prompt messages; an environment that answers another
   prompt (one that rewrites it) is refused with the two shown: the prompt here comes from the data row.
 - ``step``: the model's turn is the environment's action; the messages of its observation are answered as one
-  message (their texts joined by a blank line), its reward is the turn's and ``done`` ends the episode.
+  message (their texts joined by a blank line) in their own role (``environment.role`` where they have none or
+  several), its reward is the turn's and ``done`` ends the episode.
 - ``close``: the environment's ``close``.
 
 Its own environments (``gsm8k``, ``gsm8k_multi_turn``, ``aime``, ``lcb``, ``text2sql``, ``search``, ...) and any
@@ -73,8 +74,11 @@ class SkyRLGym(Environment):
 
     def step(self, turn: str) -> Step:
         out = self.env.step(turn)
-        text = "\n\n".join(m.get("content", "") for m in out.get("observations") or [])
-        return Step(text, reward=float(out.get("reward") or 0.0), done=bool(out.get("done")))
+        said = out.get("observations") or []
+        text = "\n\n".join(m.get("content", "") for m in said)
+        roles = {m.get("role") or "" for m in said}
+        role = roles.pop() if len(roles) == 1 else ""
+        return Step(text, reward=float(out.get("reward") or 0.0), done=bool(out.get("done")), role=role)
 
     def close(self) -> None:
         if getattr(self, "env", None) is not None:
