@@ -14,6 +14,7 @@ import re
 import socket
 import socketserver
 import subprocess
+import sys
 import threading
 import uuid
 from http.server import BaseHTTPRequestHandler
@@ -293,3 +294,21 @@ def test_a_layer_the_kernel_refuses_is_said_once_on_the_console(capsys):
     say_isolation("reward", sandbox.FULL, RewardConfig())  # a whole sandbox: nothing said
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and "reward code's sandbox on this node" in lines[0] and "missing: namespaces" in lines[0]
+
+
+def test_a_run_from_another_folder_finds_grpo_ray_in_the_jail(tmp_path):
+    """An editable install finds grpo_ray by an import hook, not by a folder on sys.path: a command started outside
+    the checkout (a user's project folder) has no folder of the package's on its path, and the jail shows the package
+    all the same (it failed to start there: `No module named 'grpo_ray.envs'`)."""
+    script = (
+        "import sys\n"
+        f"assert not any(p.rstrip('/') == {str(ROOT)!r} for p in sys.path), sys.path\n"
+        "from grpo_ray.sandbox import Jail\n"
+        "from grpo_ray.rewards.child import RewardChild\n"
+        "child = RewardChild(Jail(512))\n"
+        "print(child.run(([('gsm8k', [], {})], '#### 1', '1', {}), 10))\n"
+        "child.close()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "1.0" in done.stdout, done.stdout

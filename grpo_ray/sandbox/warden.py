@@ -248,11 +248,13 @@ def limits(spec: dict, cap: bool) -> None:
 
 
 def paths(spec: dict) -> list[str]:
-    """The node's folders (and files) the jail shows, read-only: the system's, Python's, ``sys.path``'s and those
-    handed (``spec["paths"]``), each once (not beneath another); none of NEVER nor one holding one, nothing beneath
-    NOTHING_BENEATH."""
+    """The node's folders (and files) the jail shows, read-only: the system's, Python's, ``sys.path``'s, the
+    package's own and those handed (``spec["paths"]``), each once (not beneath another); none of NEVER nor one
+    holding one, nothing beneath NOTHING_BENEATH."""
     wanted = [f"/{name}" for name in SYSTEM if os.path.isdir(f"/{name}") and not os.path.islink(f"/{name}")]
     wanted += [sys.prefix, sys.base_prefix, sys.exec_prefix, *spec["sys_path"], *spec.get("paths", [])]
+    wanted.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # grpo_ray itself: an editable
+    # install finds it by a hook, not by a folder on sys.path (run from another folder than the checkout)
     if spec["network"]:  # the resolver's configuration may be a link into /run
         wanted.append(os.path.realpath("/etc/resolv.conf"))
     never = (*NEVER, *NOTHING_BENEATH, os.path.realpath(spec.get("home") or "/root"))
