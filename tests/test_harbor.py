@@ -234,6 +234,37 @@ def test_tests_calling_a_command_the_node_lacks_fail_the_episode_not_score_0(tmp
         child.close()
 
 
+def test_the_network_can_be_the_verifiers_alone(tmp_path):
+    """environment.network with options.network=verifier: the tests reach the node's network (a server on its
+    loopback), the turns' commands do not (a network namespace each); with the default, all do. Asked for without
+    environment.network, it is refused before start."""
+    import socketserver
+    import threading
+
+    from grpo_ray import envs
+    from grpo_ray.config import load_recipe
+
+    server = socketserver.TCPServer(("127.0.0.1", 0), socketserver.BaseRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    reach = f"(exec 3<>/dev/tcp/127.0.0.1/{server.server_address[1]}) 2>/dev/null"
+    verdict = f"if {reach}; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi\n"
+    task = task_with(tmp_path, "fetching", "#!/bin/bash\n" + verdict)
+    (row,) = load_rows(f"harbor://{task}")
+    child = EnvChild(Jail(512, network=True, paths=[str(task)]))
+    try:
+        probe = bash(f"if {reach}; then echo reached; else echo cut off; fi")
+        turn, end = play(child, "v1", row, probe, "Done.", options={"network": "verifier"})
+        assert turn[1]["observation"] == "exit code 0\ncut off\n" and end[1]["reward"] == 1.0
+        turn, end = play(child, "v2", row, probe, "Done.")
+        assert turn[1]["observation"] == "exit code 0\nreached\n" and end[1]["reward"] == 1.0
+    finally:
+        child.close()
+        server.shutdown()
+    keys = ["environment.name=harbor", f"data.train_files=[harbor://{task}]", "environment.options.network=verifier"]
+    with pytest.raises(envs.EnvironmentLoadError, match="environment.network is false: there is none to give"):
+        envs.check(load_recipe(ROOT / "recipes" / "tiny-qwen2.5-7b-gsm8k-agent.yaml", keys))
+
+
 @pytest.mark.slow
 def test_a_run_trains_on_harbor_tasks_each_scored_by_its_own_tests(tmp_path):
     """The agent twin on the three tasks, environment harbor, two turns: the run trains, no episode fails, and each

@@ -147,6 +147,11 @@ def check(recipe) -> None:
                 check_installs(specs, recipe.environment.network)
             except ValueError as e:
                 raise EnvironmentLoadError(str(e)) from None
+            if given.get("network") == "verifier" and not recipe.environment.network:
+                raise EnvironmentLoadError(
+                    "environment.options.network=verifier gives the tests the environment's network, and "
+                    "environment.network is false: there is none to give (set environment.network=true)"
+                )
         try:
             options(load(name), given)
         except EnvironmentLoadError as e:

@@ -21,6 +21,8 @@ directory. An episode is a trial, as Harbor runs one, on this node's own tools (
 
 Tests that install at verify time (``apt-get install``, ``curl ... | sh``, ``uvx``, ``pip install``: harbor-cookbook's
 usual ``tests/test.sh``) are refused before start where ``environment.network`` is false, naming the task and the line.
+With it true, ``options.network: verifier`` keeps the network from the turns' commands (a network namespace each)
+and gives it to the tests alone, as a container runtime's verifier phase has it.
 
 Commands see only PATH, HOME (/tmp), LANG and TERM of the generator's environment: no token reaches them. What a
 container runtime adds, and this does not: the image the Dockerfile builds (its packages, the files it copies, its
@@ -40,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import typing
 from pathlib import Path
 
 import pydantic
@@ -113,7 +116,8 @@ def check_installs(specs: list[str], network: bool) -> None:
                     "on the node's own tools, without a container, and with environment.network false its tests "
                     "cannot fetch anything, so they would fail and score 0 whatever the model did. Put the tools "
                     "the tests use on the node and take the install out of test.sh, or set environment.network=true "
-                    "where it needs no root (uv or pip into HOME; apt-get cannot install here)"
+                    "(with environment.options.network=verifier: the tests alone reach it) where the install needs no "
+                    "root (uv or pip into HOME; apt-get cannot install here)"
                 )
 
 
@@ -151,6 +155,10 @@ class Harbor(Environment):
         """How much of a turn's output (stdout and stderr, in order) the observation keeps: its end."""
         verifier_timeout_s: float = pydantic.Field(120.0, gt=0)
         """The tests' time limit where task.toml's ``[verifier] timeout_sec`` does not say one."""
+        network: typing.Literal["all", "verifier"] = "all"
+        """Where ``environment.network`` is true, who reaches it: ``all`` (the turns' commands and the tests) or
+        ``verifier`` (the tests alone, as tests that install as they verify need; each turn's commands run in a
+        network namespace of their own, with none)."""
 
     def reset(self, row: dict) -> None:
         task = (row.get("extra_info") or {}).get("task")
@@ -164,7 +172,8 @@ class Harbor(Environment):
     def step(self, turn: str, truncated: bool = False, last: bool = False) -> Step:
         found = COMMANDS.findall(turn)
         if found and not truncated:
-            code, output = self.run(["bash", "-c", found[-1]], self.options.command_timeout_s)
+            turn = self.options.command_timeout_s
+            code, output = self.run(["bash", "-c", found[-1]], turn, network=self.options.network == "all")
             said = f"exit code {code}" if code is not None else f"timed out after {self.options.command_timeout_s} s"
             if not last:
                 return Step(f"{said}\n{output[-self.options.output_chars :]}", tool_call=True, tool_error=code != 0)
@@ -203,13 +212,17 @@ class Harbor(Environment):
             f"{self.task.name}'s tests ({ended}) wrote no /logs/verifier/reward.txt or reward.json:\n{output[-2000:]}"
         )
 
-    def run(self, argv: list[str], timeout: float, tests: bool = False, env: dict | None = None) -> tuple:
-        """`argv` in the task's filesystem: (its exit code, or None past `timeout`; its output)."""
+    def run(
+        self, argv: list[str], timeout: float, tests: bool = False, env: dict | None = None, network: bool = True
+    ) -> tuple:
+        """`argv` in the task's filesystem (without `network`: in a network namespace of its own): (its exit code,
+        or None past `timeout`; its output)."""
         paths = ["app", "logs", "tmp", *(["tests"] if tests else [])]
         binds = [f"/{p}={self.dir / p}" for p in paths]
         keep = {k: os.environ[k] for k in ("PATH", "LANG", "TERM") if k in os.environ}
+        alone = [] if network else ["--no-network"]
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(ROOT), str(self.dir / "root"), *binds, "--", *argv],
+            [sys.executable, "-I", "-S", str(ROOT), *alone, str(self.dir / "root"), *binds, "--", *argv],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -2,9 +2,10 @@
 task's /app, /logs, /tests), as a container would show them, with no container runtime. Run as a script, not
 imported (it imports nothing of grpo-ray's, so that it starts in milliseconds)::
 
-    python -I -S task_root.py NEWROOT /app=DIR [/logs=DIR ...] -- COMMAND [ARG ...]
+    python -I -S task_root.py [--no-network] NEWROOT /app=DIR [/logs=DIR ...] -- COMMAND [ARG ...]
 
-It enters new user and mount namespaces (unprivileged; inside grpo-ray's sandbox too, whose read-only mounts stay
+It enters new user and mount namespaces (and, with --no-network, a network namespace of its own: a loopback that is
+down, no route anywhere) (unprivileged; inside grpo-ray's sandbox too, whose read-only mounts stay
 read-only here), makes a tmpfs at NEWROOT (an empty directory) the new root, binds each of the node's top-level
 directories into it (its links as links), then each DIR at its path, enters it (chroot), changes to the first
 path given and runs COMMAND. Without user namespaces it exits 125 saying why.
@@ -14,11 +15,11 @@ import ctypes
 import os
 import sys
 
-NEWUSER, NEWNS = 0x10000000, 0x00020000
+NEWUSER, NEWNS, NEWNET = 0x10000000, 0x00020000, 0x40000000
 BIND, REC, PRIVATE = 4096, 16384, 1 << 18
 
 
-def enter(newroot: str, binds: list[tuple[str, str]]) -> None:
+def enter(newroot: str, binds: list[tuple[str, str]], network: bool = True) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
 
     def check(rc: int, what: str) -> None:
@@ -27,7 +28,7 @@ def enter(newroot: str, binds: list[tuple[str, str]]) -> None:
             raise OSError(err, f"{what}: {os.strerror(err)}")
 
     uid, gid = os.getuid(), os.getgid()
-    check(libc.unshare(NEWUSER | NEWNS), "unshare (user namespaces)")
+    check(libc.unshare(NEWUSER | NEWNS | (0 if network else NEWNET)), "unshare (user namespaces)")
     for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
         with open(f"/proc/self/{name}", "w") as f:
             f.write(text)
@@ -52,11 +53,13 @@ def enter(newroot: str, binds: list[tuple[str, str]]) -> None:
 
 
 if __name__ == "__main__":
-    split = sys.argv.index("--")
-    pairs = [tuple(a.split("=", 1)) for a in sys.argv[2:split]]
+    network = sys.argv[1] != "--no-network"
+    args = sys.argv[1:] if network else sys.argv[2:]
+    split = args.index("--")
+    pairs = [tuple(a.split("=", 1)) for a in args[1:split]]
     try:
-        enter(sys.argv[1], pairs)
+        enter(args[0], pairs, network)
     except OSError as e:
         print(f"task_root: {e.strerror}", file=sys.stderr)
         sys.exit(125)
-    os.execvp(sys.argv[split + 1], sys.argv[split + 1 :])
+    os.execvp(args[split + 1], args[split + 1 :])
