@@ -265,6 +265,26 @@ def test_the_network_can_be_the_verifiers_alone(tmp_path):
         envs.check(load_recipe(ROOT / "recipes" / "tiny-qwen2.5-7b-gsm8k-agent.yaml", keys))
 
 
+def test_the_verifiers_home_can_be_kept_from_episode_to_episode(tmp_path):
+    """options.verifier_cache: what the tests leave in their HOME (uv and its caches, in the cookbook's tests) is
+    there for the next episode's tests in the process; the turns' commands do not see it. Without it, each episode's
+    tests start from an empty HOME."""
+    seen = 'if [ -f "$HOME/seen" ]; then echo 1; else touch "$HOME/seen"; echo 0; fi > /logs/verifier/reward.txt\n'
+    task = task_with(tmp_path, "caching", "#!/bin/bash\n" + seen)
+    (row,) = load_rows(f"harbor://{task}")
+    child = EnvChild(Jail(512, paths=[str(task)]))
+    try:
+        kept = {"verifier_cache": True}
+        look = bash("ls /cache 2>&1; echo $HOME")
+        turn, end = play(child, "k1", row, look, "Done.", options=kept)
+        assert "ls: cannot access '/cache'" in turn[1]["observation"] and "/tmp" in turn[1]["observation"]
+        assert end[1]["reward"] == 0.0
+        assert play(child, "k2", row, "Done.", options=kept)[-1][1]["reward"] == 1.0
+        assert [play(child, f"n{i}", row, "Done.")[-1][1]["reward"] for i in range(2)] == [0.0, 0.0]
+    finally:
+        child.close()
+
+
 @pytest.mark.slow
 def test_a_run_trains_on_harbor_tasks_each_scored_by_its_own_tests(tmp_path):
     """The agent twin on the three tasks, environment harbor, two turns: the run trains, no episode fails, and each

@@ -32,6 +32,7 @@ WORKDIR), its process and network isolation (here, grpo-ray's sandbox: a read-on
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -139,6 +140,18 @@ def rows(spec: str) -> list[dict]:
     return out
 
 
+_home: list[str] = []
+
+
+def kept_home() -> str:
+    """This process's folder for the tests' HOME under ``options.verifier_cache`` (made on first use, in its
+    scratch; gone with the process's scratch)."""
+    if not _home:
+        _home.append(tempfile.mkdtemp(prefix="harbor-home-"))
+        atexit.register(shutil.rmtree, _home[0], True)  # (outside a sandbox, the node's /tmp)
+    return _home[0]
+
+
 def read_tail(stream, keep: int, out: list) -> None:
     """Read `stream` to its end, keeping its last `keep` bytes in out[0] as it goes."""
     for chunk in iter(lambda: stream.read1(1 << 16), b""):
@@ -159,6 +172,10 @@ class Harbor(Environment):
         """Where ``environment.network`` is true, who reaches it: ``all`` (the turns' commands and the tests) or
         ``verifier`` (the tests alone, as tests that install as they verify need; each turn's commands run in a
         network namespace of their own, with none)."""
+        verifier_cache: bool = False
+        """The tests' HOME (``/cache``) kept from episode to episode of an environment process, so that what they
+        install there (uv, its package and Python caches) is fetched once; the turns' commands never see it. It
+        lives in the process's scratch (``environment.scratch_mb``)."""
 
     def reset(self, row: dict) -> None:
         task = (row.get("extra_info") or {}).get("task")
@@ -220,13 +237,17 @@ class Harbor(Environment):
         paths = ["app", "logs", "tmp", *(["tests"] if tests else [])]
         binds = [f"/{p}={self.dir / p}" for p in paths]
         keep = {k: os.environ[k] for k in ("PATH", "LANG", "TERM") if k in os.environ}
+        keep["HOME"] = "/tmp"
+        if tests and self.options.verifier_cache:
+            binds.append(f"/cache={kept_home()}")
+            keep["HOME"] = "/cache"
         alone = [] if network else ["--no-network"]
         proc = subprocess.Popen(
             [sys.executable, "-I", "-S", str(ROOT), *alone, str(self.dir / "root"), *binds, "--", *argv],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env={**keep, "HOME": "/tmp", **{str(k): str(v) for k, v in (env or {}).items()}},
+            env={**keep, **{str(k): str(v) for k, v in (env or {}).items()}},
             start_new_session=True,
         )
         tail = [b""]  # the output's last bytes, read as it comes (a flood costs no memory)
