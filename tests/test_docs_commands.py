@@ -1,7 +1,7 @@
 """The commands docs/environments.md gives, run as written (issue 75 item 5): each ``grpo-ray train`` line of its bash
 blocks, with the page's own ``my_env.py`` in the working directory, for two steps (``trainer.total_steps=2``, an
-output folder of the test's; nothing else changed). Each run ends well and no episode fails. Two commands are run
-elsewhere, named below, and why."""
+output folder of the test's; nothing else changed; the slow tier). Each run ends well and no episode fails. Two
+commands are run elsewhere, named below, and why. The page's own environment scores as the page says (in process)."""
 
 import json
 import re
@@ -11,8 +11,6 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, run_cli
-
-pytestmark = pytest.mark.slow
 
 PAGE = ROOT / "docs" / "environments.md"
 ELSEWHERE = {
@@ -37,13 +35,38 @@ def test_the_page_gives_the_commands_this_file_runs():
     assert sum(any(k in c for k in ELSEWHERE) for c in found) == len(ELSEWHERE)
 
 
+def page_module(tmp_path: Path) -> Path:
+    """The page's own my_env.py, written into `tmp_path`."""
+    source = re.search(r"```python\n(# my_env\.py.*?)```", PAGE.read_text(), re.DOTALL).group(1)
+    (tmp_path / "my_env.py").write_text(source)
+    return tmp_path / "my_env.py"
+
+
+def test_the_pages_environment_scores_as_the_page_says(tmp_path):
+    """Countdown, as written on the page: the target said ends the episode with 1 + the bonus (0.2, as the page's
+    command sets it); anything else is answered "Not yet" at -0.1."""
+    import importlib.util
+
+    from grpo_ray.envs import options
+
+    spec = importlib.util.spec_from_file_location("my_env", page_module(tmp_path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    env = module.Countdown(options(module.Countdown, {"bonus": 0.2}))
+    env.reset({"ground_truth": "42", "data_source": "x", "extra_info": {}, "prompt": "..."})
+    miss = env.step("It is 41.")
+    assert (miss.observation, miss.reward, miss.done) == ("Not yet: try again.", -0.1, False)
+    hit = env.step("The answer is 42.")
+    assert hit.reward == pytest.approx(1.2) and hit.done
+
+
 RUN = [c for c in commands() if not any(k in c for k in ELSEWHERE)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", RUN, ids=[re.search(r"environment.name=(\S+)", c).group(1) for c in RUN])
 def test_a_documented_command_runs_as_written(command, tmp_path):
-    source = re.search(r"```python\n(# my_env\.py.*?)```", PAGE.read_text(), re.DOTALL).group(1)
-    (tmp_path / "my_env.py").write_text(source)  # "beside the recipe or in the working directory"
+    page_module(tmp_path)  # "beside the recipe or in the working directory"
     args = shlex.split(command)[1:]  # `train` and what follows
     args = [
         a.replace("recipes/", f"{ROOT}/recipes/", 1).replace("harbor://tests/", f"harbor://{ROOT}/tests/") for a in args
