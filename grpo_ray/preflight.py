@@ -5,6 +5,7 @@ now, not a run of zeros."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -60,21 +61,19 @@ def check_stack() -> None:
     import importlib.metadata
     import subprocess
 
-    found = []
+    found = {}
     for name in BESIDE_TORCH:
-        try:
-            found.append(f"{name} {importlib.metadata.version(name)}")
-        except importlib.metadata.PackageNotFoundError:
-            continue
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            found[name] = importlib.metadata.version(name)
     if not found:
         return
-    names = [f.split()[0] for f in found]
-    code = f"import torch; import {', '.join(names)}"
+    code = f"import torch; import {', '.join(found)}"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     if res.returncode:
         cause = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else f"exit {res.returncode}"
         raise RecipeError(
-            f"{', '.join(found)} installed beside torch {importlib.metadata.version('torch')} does not load ({cause}); "
+            f"{', '.join(f'{n} {v}' for n, v in found.items())} installed beside torch "
+            f"{importlib.metadata.version('torch')} does not load ({cause}); "
             f"transformers fails beside it in every actor. Remove it: {sys.executable} -m pip uninstall -y "
             f"{' '.join(BESIDE_TORCH)} (bash scripts/setup.sh does), then run again"
         )

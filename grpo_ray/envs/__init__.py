@@ -35,10 +35,11 @@ from __future__ import annotations
 
 import pydantic
 
+from grpo_ray.envs import harbor_env
 from grpo_ray.envs.agent import Agent
 from grpo_ray.envs.base import Environment, Step, import_class
 from grpo_ray.envs.builtin import Calculator, Guess
-from grpo_ray.envs.harbor_env import Harbor, check_installs
+from grpo_ray.envs.harbor_env import Harbor
 from grpo_ray.envs.openenv_env import OpenEnv
 from grpo_ray.envs.skyrl_gym_env import SkyRLGym
 from grpo_ray.envs.textarena_env import TextArena
@@ -144,14 +145,9 @@ def check(recipe) -> None:
         if name == "harbor":
             specs = [s for s in (*recipe.data.train_files, *recipe.data.val_files) if s.startswith(HARBOR_SCHEME)]
             try:
-                check_installs(specs, recipe.environment.network)
+                harbor_env.check(specs, recipe.environment.network, given)
             except ValueError as e:
                 raise EnvironmentLoadError(str(e)) from None
-            if given.get("network") == "verifier" and not recipe.environment.network:
-                raise EnvironmentLoadError(
-                    "environment.options.network=verifier gives the tests the environment's network, and "
-                    "environment.network is false: there is none to give (set environment.network=true)"
-                )
         try:
             options(load(name), given)
         except EnvironmentLoadError as e:

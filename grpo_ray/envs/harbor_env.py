@@ -98,10 +98,16 @@ def installs(task: Path) -> list[str]:
     return [f"line {i}: {t.strip()}" for i, t in enumerate(lines, 1) if INSTALLS.search(t.split("#", 1)[0])]
 
 
-def check_installs(specs: list[str], network: bool) -> None:
-    """ValueError naming the first task of the ``harbor://`` `specs` whose tests install at verify time where the
-    environment has no network: they would fail there and score what their fallback writes (0), not the answer.
-    Specs that are not tasks are the data check's to refuse."""
+def check(specs: list[str], network: bool, options: dict) -> None:
+    """Before start, for the ``harbor://`` `specs` played with `options` where the environment's network is
+    `network`: ValueError where ``options.network: verifier`` has no network to give, or naming the first task whose
+    tests install at verify time without the network (they would fail there and score what their fallback writes,
+    0, not the answer). Specs that are not tasks are the data check's to refuse."""
+    if options.get("network") == "verifier" and not network:
+        raise ValueError(
+            "environment.options.network=verifier gives the tests the environment's network, and "
+            "environment.network is false: there is none to give (set environment.network=true)"
+        )
     if network:
         return
     for spec in specs:
@@ -189,9 +195,9 @@ class Harbor(Environment):
     def step(self, turn: str, truncated: bool = False, last: bool = False) -> Step:
         found = COMMANDS.findall(turn)
         if found and not truncated:
-            turn = self.options.command_timeout_s
-            code, output = self.run(["bash", "-c", found[-1]], turn, network=self.options.network == "all")
-            said = f"exit code {code}" if code is not None else f"timed out after {self.options.command_timeout_s} s"
+            limit = self.options.command_timeout_s
+            code, output = self.run(["bash", "-c", found[-1]], limit, network=self.options.network == "all")
+            said = f"exit code {code}" if code is not None else f"timed out after {limit} s"
             if not last:
                 return Step(f"{said}\n{output[-self.options.output_chars :]}", tool_call=True, tool_error=code != 0)
         return Step(reward=self.verify(), done=True)
