@@ -22,6 +22,7 @@ from pathlib import Path
 from grpo_ray.algo.advantage import turn_spans
 from grpo_ray.endpoint import Endpoint, Session
 from grpo_ray.envs import jail, load, options
+from grpo_ray.envs.agent import prepared
 from grpo_ray.envs.agent_child import AgentChild
 from grpo_ray.trajectory import Trajectory
 from grpo_ray.types import Prompt
@@ -42,7 +43,10 @@ class AgentRuns:
         self.dir = tempfile.mkdtemp(prefix="grpo-agent-")
         path = str(Path(self.dir) / "endpoint.sock")
         self.endpoint = Endpoint(episodes.tokenizer, episodes.recipe, path, episodes.pieces)
-        self.children = [AgentChild(jail(episodes.recipe), path, self.options.program) for _ in range(e.workers)]
+        shown, self.kwargs = prepared(self.options.program, self.options.kwargs)
+        sandbox = jail(episodes.recipe)
+        sandbox.paths = [*sandbox.paths, *shown]
+        self.children = [AgentChild(sandbox, path, self.options.program) for _ in range(e.workers)]
 
     def start(self, prompt: Prompt, n: int, seed: int, sampling, loop, lora=lambda: None) -> Future:
         """Run `n` programs on `prompt`'s row; the future gives their trajectories (prompt index 0), `prompt`
@@ -71,7 +75,7 @@ class AgentRuns:
         for j, (t, s) in enumerate(zip(ts, sessions)):
             self.endpoint.open(s)
             child = self.children[(key * n + j) % len(self.children)]
-            child.start(t.key, o.program, o.kwargs, row, o.timeout_s).add_done_callback(partial(ended, t, s))
+            child.start(t.key, o.program, self.kwargs, row, o.timeout_s).add_done_callback(partial(ended, t, s))
         return group
 
     def _record(self, t, s: Session, outcome: str, value) -> None:

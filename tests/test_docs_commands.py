@@ -15,7 +15,7 @@ from tests.conftest import ROOT, run_cli
 PAGE = ROOT / "docs" / "environments.md"
 ELSEWHERE = {
     "tiny-cpu-reasoning-gym.yaml": "its SFT warm start first: tests/test_reasoning_gym.py's showcase test runs it",
-    "verifiers://my_taskset": "a taskset of the user's, its harness fetched from the package index (issue 75)",
+    "verifiers://my_taskset": "a taskset of the user's: tests/test_verifiers.py runs this command on its toy tasksets",
 }
 
 

@@ -2,7 +2,7 @@
 code through grpo-ray's adapter, chosen by the row (``env_class``, as SkyRL's datasets choose): a TextArena game, a
 Harbor task scored by its own tests, skyrl-gym's gsm8k_multi_turn, and an OpenEnv environment written against
 openenv-core. reasoning-gym's rows and reward train in tests/test_dapo.py's run, verifiers' tasksets through an
-agent program in tests/test_verifiers.py (the slow tier: its harness is fetched from the package index)."""
+agent program in tests/test_verifiers.py's (a taskset's own multi-turn env, CI's tier too)."""
 
 import json
 

@@ -5,6 +5,7 @@ harness driving the model through the run's endpoint."""
 
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -89,7 +90,6 @@ def test_verifiers_plays_its_episodes_through_the_endpoint_and_the_run_trains_on
         "data.train_files=[verifiers://toy_words?size=8&words=8]",
         "data.val_files=[]",
         "environment.name=agent",
-        "environment.network=true",
         "environment.options.program=grpo_ray.envs.verifiers_env:episode",
         "environment.options.timeout_s=120",
         "reward.functions=[]",
@@ -113,3 +113,84 @@ def test_verifiers_plays_its_episodes_through_the_endpoint_and_the_run_trains_on
             scores.append(len(word & set(s["response"])) / len(word))
             assert s["rewards"]["environment"] == pytest.approx(scores[-1]), (word, s["response"])
     assert len(set(scores)) > 1  # replies scored apart: the check above compares something
+
+
+@pytest.mark.slow
+@pytest.mark.smoke  # verifiers' own multi-turn env, offline: one end-to-end run of the library's path in CI's tier
+def test_a_tasksets_own_env_plays_turn_by_turn_offline_and_the_run_trains_on_every_turn(tmp_path):
+    """tests/helpers/vf_tasksets/toy_rounds exports its own `vf.Env` (the env is the run's user, answering each
+    reply through `interaction.turn()`, as verifiers' TextArena env is written): three replies an episode, the env's
+    "Again: say <word>." between them, recorded in one trajectory; each sample's reward is the env's score of those
+    very replies. The agent processes have no network (the default): verifiers' chat program was prepared once, on
+    the node, before they started, and runs there as it is."""
+    out = tmp_path / "run"
+    res = run_cli(
+        "train",
+        "recipes/tiny-qwen2.5-7b-gsm8k-agent.yaml",
+        "data.train_files=[verifiers://toy_rounds?size=8&rounds=3]",
+        "data.val_files=[]",
+        "data.train_batch_size=2",
+        "algorithm.group_size=4",
+        "learner.mini_batch_size=8",
+        "environment.name=agent",
+        "environment.max_tokens=160",
+        "environment.options.program=grpo_ray.envs.verifiers_env:episode",
+        "environment.options.timeout_s=120",
+        "reward.functions=[]",
+        "trainer.total_steps=2",
+        "trainer.val_before_train=false",
+        f"trainer.output_dir={out}",
+        env=PYTHONPATH,
+        timeout=900,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in steps] == [1, 2]
+    assert all(m["env/errors"] == 0 and m["env/turns/mean"] == 3 for m in steps), steps
+    dump = [json.loads(line) for line in (out / "rollouts" / "train_data_step2.jsonl").read_text().splitlines()]
+    scored = []
+    for d in dump:
+        word = d["prompt"].rpartition("Say ")[2].split(".")[0]
+        for s in d["samples"]:
+            turns = s["episode"]["turns"]
+            assert len(turns) == 5 and turns[1::2] == [f"Again: say {word}."] * 2, turns
+            scored.append(sum(len(set(word) & set(t)) / len(set(word)) for t in turns[0::2]) / 3)
+            assert s["rewards"]["environment"] == pytest.approx(scored[-1]), (word, turns)
+    assert len(set(scored)) > 1  # replies scored apart: the check above compares something
+
+
+def test_an_env_seating_the_runs_model_twice_is_refused_in_grpo_rays_words():
+    with pytest.raises(DataError) as e:
+        load_rows("verifiers://toy_duel?size=1")
+    said = str(e.value)
+    assert "DuelEnvConfig seats speaker, echo on the run's model" in said and "exactly one seat" in said
+    assert "verifiers refuses" not in said and "\n" not in said
+
+
+def test_a_tasksets_own_env_is_the_one_its_episodes_run():
+    from grpo_ray.envs.verifiers_env import environment, seat
+
+    env = environment({"id": "toy_rounds", "rounds": 2})
+    assert type(env).__name__ == "RoundsEnv" and seat(env) == "player"
+    assert env.config.player.runtime.type == "subprocess" and env.config.player.harness.id == "null"
+    plain = environment({"id": "toy_words"})
+    assert type(plain).__name__ == "SingleAgentEnv" and seat(plain) == "agent"
+
+
+def test_the_harness_program_is_prepared_once_a_node_and_then_needs_no_network():
+    """``prepare`` (run by the generator before its agent processes start) syncs verifiers' chat program in the
+    node's uv cache; prepared again with every index and proxy unreachable it gives the same interpreter at once
+    (from the cache, offline), and that interpreter has the program's packages."""
+    from grpo_ray.envs.verifiers_env import episode, prepare
+
+    assert episode.prepare is prepare  # the agent program's preparation (grpo_ray.envs.agent.prepared)
+    paths, kwargs = prepare()
+    (digest, interpreter), *more = kwargs["prepared"].items()
+    assert not more and paths == [os.path.dirname(os.path.dirname(interpreter))]
+    dead = "http://127.0.0.1:9"
+    offline = {**os.environ, "UV_DEFAULT_INDEX": f"{dead}/simple", "HTTPS_PROXY": dead, "HTTP_PROXY": dead}
+    code = "from grpo_ray.envs.verifiers_env import prepare; print(prepare()[1]['prepared'])"
+    again = subprocess.run([sys.executable, "-c", code], env=offline, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and again.stdout.strip() == repr({digest: interpreter}), again.stderr[-2000:]
+    imports = subprocess.run([interpreter, "-c", "import openai, mcp, httpx, tenacity"], capture_output=True)
+    assert imports.returncode == 0, imports.stderr[-2000:]

@@ -17,6 +17,12 @@ is recorded token in, token out, and is the trajectory trained, its first call's
 programs of a group must open alike); its return value is the reward (component ``environment``). A program that
 raises, returns something that is not a number, runs past ``timeout_s`` or calls the model 0 times ends its
 trajectory, counted, never the run.
+
+A program may carry a preparation, ``prepare`` (an attribute of the function: ``run.prepare = prepare``): called
+with the program's kwargs once a generator before its agent processes start, in the generator's process (outside
+the sandbox, with the node's network and files, as the recipe's data is read), it returns the node's paths to show
+the agent processes read-only and keyword arguments added to each episode's. So what a program would fetch or build
+in every process is made once a node and handed in (verifiers' adapter prepares its harness's programs this way).
 """
 
 from __future__ import annotations
@@ -46,6 +52,16 @@ def reward_of(value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise TypeError(f"the program returned {type(value).__name__} {str(value)[:80]!r}: expected a finite number")
     return float(value)
+
+
+def prepared(name: str, kwargs: dict) -> tuple[list[str], dict]:
+    """What program `name`'s preparation hands its agent processes: the paths to show them and the episodes'
+    kwargs (its own kwargs where it has no preparation)."""
+    prepare = getattr(program(name), "prepare", None)
+    if prepare is None:
+        return [], dict(kwargs)
+    paths, more = prepare(**kwargs)
+    return [str(p) for p in paths], {**kwargs, **more}
 
 
 class Agent(Environment):
