@@ -236,6 +236,12 @@ def test_packed_micro_batches_hold_their_rows_and_every_sample_once():
 
 def test_mini_batch_shares_and_chunks():
     assert rank_slice(list(range(8)), 1, 2) == [4, 5, 6, 7]
+    for n in range(12):  # a share a rank, every index once: none dropped where the count does not divide
+        for world in (1, 2, 3, 4):
+            shares = [rank_slice(list(range(n)), r, world) for r in range(world)]
+            assert [i for s in shares for i in s] == list(range(n)), (n, world)
+            assert max(map(len, shares)) - min(map(len, shares)) <= 1
+    assert [rank_slice(list(range(5)), r, 2) for r in range(2)] == [[0, 1, 2], [3, 4]]
     assert chunks([0, 1, 2, 3, 4], 2) == [[0, 1], [2, 3], [4]]
 
 

@@ -388,3 +388,36 @@ def test_sft_trains_only_on_the_tokens_its_masks_keep(ray_local):
     assert a["sft/loss"] == pytest.approx(b["sft/loss"], rel=1e-6)
     assert torch.allclose(after_a, after_b, atol=1e-6)
     assert (after_c - after_b).abs().max() > 1e-4
+
+
+def test_a_step_whose_count_does_not_divide_over_the_ranks_trains_every_sample(ray_local):
+    """Five SFT pairs on two ranks: rank 0 takes three, rank 1 two (before, the fifth was dropped without a word),
+    their micro batch counts paired (rank 1 runs a filler); the tokens counted and the update equal one process's."""
+    import random
+
+    path = models.resolve(TINY.format(arch="qwen2"))
+    rng = random.Random(3)
+    pairs = [([rng.randrange(3, 300) for _ in range(4)], [rng.randrange(3, 300) for _ in range(3)]) for _ in range(5)]
+    probe = pairs[0][0] + pairs[0][1]
+
+    def update(world):
+        recipe = load_recipe(
+            ROOT / "recipes" / "tiny-cpu.yaml",
+            [f"learner.world_size={world}", "learner.mini_batch_size=8", "learner.micro_batch_size=1"],
+        )
+        actors = [ray_local.remote(Learner).options(num_cpus=0.5).remote(path, recipe, i, world) for i in range(world)]
+        host, port = ray_local.get(actors[0].address.remote())
+        ray_local.get([a.setup.remote(host, port) for a in actors])
+        before = torch.tensor(ray_local.get([a.probe_logprobs.remote(probe) for a in actors])[0])
+        metrics = ray_local.get([a.sft_train.remote(pairs) for a in actors])[0]
+        after = torch.tensor(ray_local.get([a.probe_logprobs.remote(probe) for a in actors])[0])
+        for a in actors:
+            ray_local.kill(a)
+        return metrics, before, after
+
+    one, before1, after1 = update(1)
+    two, before2, after2 = update(2)
+    assert one["sft/tokens"] == two["sft/tokens"] == 15
+    assert two["sft/loss"] == pytest.approx(one["sft/loss"], rel=1e-5)
+    assert torch.allclose(before1, before2, atol=1e-6) and torch.allclose(after1, after2, atol=1e-5)
+    assert (after1 - before1).abs().max() > 1e-4

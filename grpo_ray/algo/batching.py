@@ -421,6 +421,9 @@ def by_length(indices: list[int], pairs: list[tuple[list[int], list[int]]]) -> l
 
 
 def rank_slice(indices: list[int], rank: int, world_size: int) -> list[int]:
-    """The contiguous share of `indices` that data-parallel rank `rank` takes."""
-    per = len(indices) // world_size
-    return indices[rank * per : (rank + 1) * per]
+    """The contiguous share of `indices` that data-parallel rank `rank` takes: every index taken by one rank, the
+    first ``len % world_size`` ranks one more than the others (the learners pair the collectives of ranks whose
+    shares then cut into different micro batch counts)."""
+    per, extra = divmod(len(indices), world_size)
+    start = rank * per + min(rank, extra)
+    return indices[start : start + per + (rank < extra)]

@@ -351,7 +351,8 @@ class Learner(WeightsOut, RoleActor):
         pairs = flatten(rollouts)
         self._layout(pairs)
         schedule, versions = schedules.of(a), [r.policy_version for r in rollouts for _ in r.completions]
-        minis = [rank_slice(list(range(b, b + m)), self.rank, self.world_size) for b in range(0, len(pairs), m)]
+        n = len(pairs)
+        minis = [rank_slice(list(range(b, min(b + m, n))), self.rank, self.world_size) for b in range(0, n, m)]
         mine = [i for mini in minis for i in mini]
         if schedule.keeps_older_weights():
             self._snapshot(min(versions + ([] if keep_from is None else [keep_from])))

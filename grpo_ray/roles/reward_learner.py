@@ -64,7 +64,8 @@ class RewardLearner(Learner):
 
     def rm_train(self, rows: list) -> dict[str, float]:
         """One step over `rows`: an optimizer step per learner.mini_batch_size rows, each rank its share in micro
-        batches of learner.micro_batch_size rows; the loss is each mini batch's mean over its rows."""
+        batches of learner.micro_batch_size rows (a rank with fewer than another pairs its collectives on a filler);
+        the loss is each mini batch's mean over its rows."""
         lc = self.recipe.learner
         n, m, mb = len(rows), lc.mini_batch_size, lc.micro_batch_size
         start = time.perf_counter()
@@ -74,11 +75,13 @@ class RewardLearner(Learner):
         for b in range(0, n, m):
             mine = rank_slice(list(range(b, min(b + m, n))), self.rank, self.world_size)
             normaliser = self._normaliser(len(mine))
-            for k in range(0, len(mine), mb):
-                scores, labels = self._scores([rows[i] for i in mine[k : k + mb]])
+            micros = [mine[k : k + mb] for k in range(0, len(mine), mb)]
+            for k in range(self._rounds(len(micros))):  # a rank with fewer: a filler, its loss times 0
+                scores, labels = self._scores([rows[i] for i in micros[k]] if k < len(micros) else rows[:1])
                 loss, sums = reward_model_loss(scores, labels, normaliser)
-                loss.backward()
-                totals += sums
+                if k < len(micros):
+                    totals += sums
+                (loss if k < len(micros) else loss * 0.0).backward()
             grad_norms.append(self._optimizer_step())
         dist.all_reduce(totals)
         self.steps += 1
