@@ -6,48 +6,41 @@
                                                                                                      │
     generators <──────────── weight broadcast (gloo | nccl), then a logprob probe ───────────────────┘
 
-The schedule (``algorithm.max_staleness``): at 0 each batch is generated after the last
-push, so it is on-policy. At k >= 1 the next batch's generation is launched before this
-step waits on anything, so the engines generate step s+1 while the learner trains step s;
-once it is generated, its rewards (reward functions, reward model) and frozen logprobs
-(reference, teacher) are sent at once, while the learner still trains step s, and are read when
-step s+1 starts:
+The schedule (``algorithm.schedule``) hands the step its batch: its batch source (``grpo_ray.sources``) gives the
+step's batch, sent to the scorers, and readies the next while the learner trains; its rules
+(``grpo_ray.schedules``, which ``plan`` simulates too) say when weights are pushed and how stale a trained sample may
+be. Batched at max_staleness k >= 1, the next batch is generated while the learner trains this one, and once
+generated, its rewards (reward functions, reward model) and frozen logprobs (reference, teacher) are sent at once,
+while the learner still trains, and read when its step starts:
 
     engines   │ gen s+1 ·······│        │push│ gen s+2 ·······│        │push│
     frozen    │                │ref, teacher, rewards s+1     │ref, teacher, rewards s+2
     learner   │ train s ·················│    │ train s+1 ················│    │
-
-An engine runs its calls in the order they were sent, so a batch is generated with the
-weights of the last push sent before it (``Launched.version``) and the push waits for the
-generation ahead of it. When a batch is launched ahead, when weights are pushed and when the
-old policy is recomputed are ``grpo_ray.schedule``'s rules, which ``plan`` simulates too.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import NamedTuple
 
 import ray
 import torch
 
-from grpo_ray import schedules
+from grpo_ray import schedules, sources
 from grpo_ray.algo.advantage import TURN_ESTIMATORS, overlong_penalty, per_turn_advantages
 from grpo_ray.algo.advantage import advantages as estimate
 from grpo_ray.algo.batching import Samples
 from grpo_ray.algo.groups import select_groups, signal_groups, take_groups
 from grpo_ray.config import GENERATOR, KINDS, LEARNER, REFERENCE, TEACHER, Recipe
-from grpo_ray.engines import Launched, split
+from grpo_ray.engines import split
 from grpo_ray.errors import Preempted, RunError
-from grpo_ray.feed import Feed
 from grpo_ray.lengths import response_budget
 from grpo_ray.metrics import perf_metrics, pool_metrics, rollout_metrics
-from grpo_ray.pools import PoolFault
 from grpo_ray.rewards.learned import fill_unread, with_model
 from grpo_ray.runner import Runner
 from grpo_ray.scorers import LEARNED, RULES, Sent
 from grpo_ray.setup_run import RunInputs
+from grpo_ray.sources import Collected, Hooks
 from grpo_ray.types import Prompt, Rollout, Work
 
 __all__ = ["GRPOController", "RunError", "Preempted"]
@@ -57,43 +50,37 @@ TIMINGS = {REFERENCE: "timing_s/ref"}
 """A token scorer's seconds a step under verl's name for it (the others: timing_s/<pool>)."""
 
 
-class Collected(NamedTuple):
-    """A batch taken from the engines and sent to the scorers (refs, maybe not done yet)."""
-
-    rollouts: list
-    stats: list
-    sent: Sent
-    version: int
-    """The weights that generated it (``Launched.version``)."""
-
-
 class GRPOController(Runner):
     """GRPO: generate, score, reference logprobs, advantages, learner update, push; on the schedule above."""
 
     def __init__(self, recipe: Recipe, inputs: RunInputs):
         super().__init__(recipe, inputs)
-        self.inflight: dict[int, Launched | Collected] = {}
-        """Batches launched (then collected) ahead of their step (max_staleness >= 1)."""
         self.learner_probe: list[float] | None = None
         """The learner's probe logprobs at its weights now (its last update computed them), for the sync's check."""
         self.last_update: tuple[float, float] = (0.0, 0.0)
         """Wall-clock window of the last learner update, to measure what generation overlapped it."""
         self.skipped = {"in_a_row": 0, "total": 0}
         self.schedule = schedules.of(recipe.algorithm)
-        """When batches launch and weights are pushed (``algorithm.schedule``)."""
-        self.feed = None
-        """Streaming: prompts sent ahead to the engines, groups taken as they finish (``grpo_ray.feed``)."""
-        if self.schedule.streams:
-            self.feed = Feed(recipe, self.engines, self.next_prompts, self.schedule, self.say)
-        self.flows: dict[int, dict[str, float]] = {}
-        """Streaming: the stream's metrics of a step's take (taken during the step before, or at its start)."""
+        """When weights are pushed and how stale a sample may be (``algorithm.schedule``)."""
+        hooks = Hooks(
+            recipe=recipe,
+            engines=self.engines,
+            schedule=self.schedule,
+            prompts=self.next_prompts,
+            prompt_of=lambda uid: Prompt.from_row(uid, inputs.train_rows[uid]),
+            send=self.sent,
+            say=self.say,
+            last_step=self.total_steps,
+            saving=self.saving,
+        )
+        self.source = sources.of(hooks)
+        """Each step's batch (the schedule's ``source``)."""
 
     # --- one step ----------------------------------------------------------------------
 
     def step(self, step: int) -> dict[str, float]:
         start, dapo = time.perf_counter(), self.r.algorithm.filter_groups.enable
-        batch, flow = self.next_batch(step)
-        rollouts, stats, sent, _ = self.collect(batch)  # sent to the scorers, maybe scored
+        (rollouts, stats, sent, _), flow = self.source.next(step, self.version, self.last_update)  # maybe scored
         scores, learned, learned_work = self.rewards(sent)
         frozen, kept = sent.tokens, {}
         if dapo:  # dynamic sampling: only groups whose rewards differ, more prompts until the batch is full
@@ -102,10 +89,7 @@ class GRPOController(Runner):
         staleness = self.check_staleness(stats)
         advantages, penalty = self.advantages(stats, scores)
         update = self.send_update(rollouts, advantages, frozen)
-        if self.feed and self.overlaps(step):  # streaming: the next step's groups taken and scored meanwhile
-            self.take_ahead(step + 1)
-        elif step + 1 in self.inflight:  # the next batch's rewards and frozen logprobs while the learner trains
-            self.inflight[step + 1] = self.collect_ahead(self.inflight[step + 1])
+        self.source.ahead(step, self.version)  # the next batch readied (and sent to the scorers) meanwhile
         trained, work = self.wait_update(update, frozen)
         self.version += self.updated(trained)
         memory = self.pools.ask_memory()  # answered while the weights go out: a push's own peak shows a step later
@@ -118,34 +102,6 @@ class GRPOController(Runner):
         if flow:  # the learner's side waiting on the engines' groups
             out["perf/learner_idle_share"] = flow["timing_s/learner_wait"] / out["timing_s/step"]
         return out
-
-    def take(self, step: int, learner_version: int, recover: bool = True) -> Collected:
-        """Streaming: the step's groups for a learner at `learner_version` (``Feed.take``), sent to the scorers; the
-        stream's metrics kept for the step."""
-        rollouts, stats, self.flows[step] = self.feed.take(step, self.total_steps(), learner_version, recover)
-        return self.sent(rollouts, stats, min(s.policy_version for s in stats))
-
-    def take_ahead(self, step: int) -> None:
-        """Streaming: `step`'s groups taken while the learner trains (for its next version); an engine lost then is
-        replaced when `step` starts, after the update, so that it gets the weights of a finished one."""
-        try:
-            self.inflight[step] = self.take(step, self.version + 1, recover=False)
-        except PoolFault as e:
-            self.say(f"{e}; the engine is replaced after the update")
-
-    def next_batch(self, step: int) -> tuple[Launched | Collected, dict[str, float]]:
-        """This step's batch: streaming, the first groups to finish (the stream's metrics with it); else the batch
-        launched during the last step or now, the next one launched ahead when the schedule says."""
-        if self.feed:  # taken during the last step (the learner waited only past its update's end), or now
-            batch = self.inflight.pop(step, None) or self.take(step, self.version)
-            flow = self.flows.pop(step)
-            started, ended = flow.pop("take_window")
-            flow["timing_s/learner_wait"] = max(0.0, ended - max(started, self.last_update[1]))
-            return batch, flow
-        batch = self.inflight.pop(step, None) or self.launch(step)  # launched (or collected) during the last step
-        if self.overlaps(step):
-            self.inflight[step + 1] = self.launch(step + 1)  # generated while this step trains
-        return batch, {}
 
     def advantages(self, stats: list, scores: list) -> tuple[list, float]:
         """Each sample's advantage from its group's rewards (less DAPO's overlong penalty), and the mean penalty.
@@ -190,10 +146,6 @@ class GRPOController(Runner):
             out["perf/teacher_tokens_per_s"] = out["perf/total_num_tokens"] / max(trained["timing_s/teacher"], 1e-9)
         return out
 
-    def overlaps(self, step: int) -> bool:
-        """Whether the next batch is launched during this step (the schedule's ``launches_ahead``)."""
-        return self.schedule.launches_ahead(step, self.total_steps(), self.saving(step))
-
     def push_due(self, step: int) -> bool:
         """Whether to push the learner's weights now (the schedule's ``push_due``)."""
         behind = self.version - self.engines.version
@@ -215,7 +167,7 @@ class GRPOController(Runner):
             "rollout/versions_per_trajectory/mean": sum(spans) / len(spans),
             "rollout/versions_per_trajectory/max": float(max(spans)),
         }
-        if self.version - oldest > k and not self.schedule.streams:  # streaming: the staleness policy's to say
+        if self.version - oldest > k and self.schedule.bounds_staleness():  # else the staleness policy's to say
             raise RunError(
                 f"samples of version {oldest} reached a learner at version {self.version}: older than "
                 f"algorithm.max_staleness={self.r.algorithm.max_staleness}"
@@ -243,7 +195,7 @@ class GRPOController(Runner):
             batches.append((rollouts, stats, scores))
             if len(kept) >= want or len(batches) >= cfg.max_num_gen_batches:
                 break
-            rollouts, stats = self.more(step)
+            rollouts, stats = self.source.more(step, self.version)
             scores = self.rewards(self.scorers.send(rollouts, Samples.of(stats), tokens=False), counted=False)[0]
         chosen, cut = sorted((kept + dropped)[:want]), ray.remote(select_groups).options(num_cpus=0)
         taken = [
@@ -270,15 +222,6 @@ class GRPOController(Runner):
             },
         )
 
-    def more(self, step: int) -> tuple[list, list]:
-        """DAPO's next batch for `step`: streaming, one more batch of prompts sent into the stream and the first
-        groups to finish taken; else a batch launched and collected."""
-        if not self.feed:
-            return self.engines.collect(self.launch(step))
-        self.feed.send_more(step)
-        rollouts, stats, _ = self.feed.take(step, self.total_steps(), self.version)
-        return rollouts, stats
-
     def updated(self, trained: dict[str, float]) -> bool:
         """Whether the learner's weights changed; a step whose every update was skipped (non-finite loss or
         gradients, or every sample masked by rollout rejection) is counted, its weights are not pushed, and
@@ -304,10 +247,6 @@ class GRPOController(Runner):
         return False
 
     # --- hops --------------------------------------------------------------------------
-
-    def launch(self, step: int) -> Launched:
-        """Send the stream's next prompts to the engines."""
-        return self.engines.launch(step, self.next_prompts())
 
     def validate(self, step: int) -> dict[str, float]:
         """The policy's validation; before training, the teacher's too (``validate_teacher``)."""
@@ -367,14 +306,6 @@ class GRPOController(Runner):
         scores, metrics = with_model(scores, values, rm.weight, rm.normalize, rules, rm.sigmoid)
         return scores, {**metrics, **judged, "timing_s/reward_model": max(w.seconds for w in got.work)}, got.work
 
-    def collect(self, batch: Launched | Collected, recover: bool = True) -> Collected:
-        """The batch's rollouts from the engines (replacing an engine that failed, if `recover`), its rewards and
-        frozen logprobs sent: a batch collected ahead as it is."""
-        if isinstance(batch, Collected):
-            return batch
-        rollouts, stats = self.engines.collect(batch, recover)
-        return self.sent(rollouts, stats, batch.version)
-
     def sent(self, rollouts: list, stats: list, version: int) -> Collected:
         """Rollouts from the engines, sent to the scorers."""
         self.check_environment(stats)  # its first failures said, a run of failing steps stops the run
@@ -386,21 +317,11 @@ class GRPOController(Runner):
         return [Prompt.from_row(uid, row) for uid, row in self.stream.next_batch()]
 
     def held_state(self, step: int) -> dict:
-        """Streaming: the prompts in flight after `step`, for a checkpoint (``Feed.state``)."""
-        return {"feed": self.feed.state(step)} if self.feed else {}
+        """What the batch source holds after `step` (streaming: the prompts in flight), for a checkpoint."""
+        return self.source.state(step)
 
     def restore_held(self, state: dict) -> None:
-        if self.feed and "feed" in state:
-            self.feed.restore(state["feed"], lambda uid: Prompt.from_row(uid, self.inputs.train_rows[uid]))
-
-    def collect_ahead(self, batch: Launched) -> Launched | Collected:
-        """`collect` while the learner trains: the engines have the batch soon after the update ends anyway (the
-        push waits for it). If an engine failed, the batch as it was: it is replaced in the next step, after
-        the update, so that its new weights are the learner's of a finished update."""
-        try:
-            return self.collect(batch, recover=False)
-        except PoolFault:
-            return batch
+        self.source.restore(state)
 
     def train_on(
         self, rollouts: list, advantages: list[float], frozen: dict[str, list]
@@ -412,7 +333,7 @@ class GRPOController(Runner):
         """Start one learner step on the rollouts behind the refs, with the reference's logprobs when there is a
         KL term and the teacher's when distilling (refs: the learner waits for them); its refs."""
         signals = self.scorers.signals(frozen)
-        keep_from = min([self.engines.version] + [b.version for b in self.inflight.values()])
+        keep_from = min([self.engines.version] + self.source.held_versions())
         probe = self.inputs.probe_ids if self.pools.generators else None
         return [
             l.train.remote(rollouts, advantages, self.version, signals, keep_from, probe) for l in self.pools.learners

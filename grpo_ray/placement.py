@@ -21,6 +21,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grpo_ray import schedules
 from grpo_ray.config import KINDS, POOLS, Recipe
 from grpo_ray.errors import UserError
 
@@ -54,12 +55,13 @@ def plan(recipe: Recipe, pools: tuple[str, ...] = POOLS) -> dict[str, PoolPlan]:
 
 
 def threads(recipe: Recipe, plans: dict[str, PoolPlan], node_cpus: float) -> dict[str, int]:
-    """Compute threads per actor of each pool (cluster.cpu_threads). On one CPU node with the on-policy schedule
-    the phases run one at a time, so the phase running takes the node's CPUs; reward actors score in
-    Python and keep their reservation."""
+    """Compute threads per actor of each pool (cluster.cpu_threads). On one CPU node with a schedule whose phases do
+    not overlap (batched on-policy) the phases run one at a time, so the phase running takes the node's CPUs; reward
+    actors score in Python and keep their reservation."""
     mode, c = recipe.cluster.cpu_threads, recipe.cluster
     if mode == "auto":
-        mode = "node" if c.device == "cpu" and c.nodes == 1 and recipe.algorithm.max_staleness == 0 else "reserved"
+        alone = not schedules.of(recipe.algorithm).overlapping()  # one phase at a time
+        mode = "node" if c.device == "cpu" and c.nodes == 1 and alone else "reserved"
     return {
         pool: max(1, int(node_cpus // max(1, p.actors)) if mode == "node" and KINDS[pool].model else round(p.cpus))
         for pool, p in plans.items()

@@ -53,7 +53,7 @@ LAYERS = [  # bottom to top: a module imports modules of its own layer or below,
         ],
     ),  # no Ray actors started, no training
     ("roles", ["roles"]),  # one Ray actor class per role
-    ("pools", ["pools", "engines", "feed", "scorers"]),  # the actors started, placed and called
+    ("pools", ["pools", "engines", "scorers", "sources"]),  # the actors started, placed and called; a step's batches
     ("run", ["runner", "controller", "setup_run", "preflight"]),  # one run's inputs and its step
     # jobs made of runs (an sft:// warm start is trained here); plan --calibrate runs the roles' own code in processes
     # of its own

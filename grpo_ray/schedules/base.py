@@ -12,6 +12,10 @@ class Schedule:
     streams = False
     """The engines run a loop of their own, fed prompts ahead and taken from as groups finish (``streaming.py``)."""
 
+    source = "grpo_ray.sources.batched:Batched"
+    """Where the controller gets each step's batch: a ``grpo_ray.sources.BatchSource``, as ``module:Class`` (named,
+    not imported: the rules stay importable without the runtime)."""
+
     def __init__(self, a: AlgorithmConfig):
         self.a = a
 
@@ -26,6 +30,11 @@ class Schedule:
     def push_due(self, behind: int, validating: bool, saving: bool) -> bool:
         """Whether to push the learner's weights after an update, the engines `behind` versions behind it."""
         raise NotImplementedError
+
+    def bounds_staleness(self) -> bool:
+        """Whether a sample older than max_staleness when trained stops the run (the schedule's rules should have
+        made it impossible), rather than being the staleness policy's to say."""
+        return True
 
     def recomputes_old_policy(self, mini_batches: int, stale: bool) -> bool:
         """Whether the learner runs a forward for the old policy's logprobs before an update of `mini_batches` on

@@ -27,6 +27,7 @@ from grpo_ray.schedules.staleness import POLICIES, Staleness
 
 class Streaming(Schedule):
     streams = True
+    source = "grpo_ray.sources.streaming:Streaming"
 
     def __init__(self, a: AlgorithmConfig):
         super().__init__(a)
@@ -47,6 +48,10 @@ class Streaming(Schedule):
         """How many steps past the one taken the engines hold prompts of: max_staleness, less the one a take ahead
         costs. A group's oldest token is then at most max_staleness versions older than the learner that trains it."""
         return self.a.max_staleness - (self.a.max_staleness >= 2)
+
+    def bounds_staleness(self) -> bool:
+        """No: a group slower than the bound is the staleness policy's (``algorithm.staleness``)."""
+        return False
 
     def push_due(self, behind: int, validating: bool, saving: bool) -> bool:
         """After every update that changed the weights: the push goes into the generation in flight."""

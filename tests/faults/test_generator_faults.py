@@ -111,8 +111,9 @@ def test_frozen_engine_is_replaced_mid_rollout_at_the_deadline(ray_local, tmp_pa
 @pytest.mark.slow
 def test_engine_lost_while_generating_ahead_is_replaced_once(ray_local, tmp_path, capsys):
     """One step off: engine 0 is killed while it generates batch 3 and the learner trains step 2. The push
-    after step 2 finds it gone and replaces it; step 3 then regenerates that engine's share on the new engine
-    (with the weights it holds now) without replacing it again, and no sample is older than the bound."""
+    after step 2 finds it gone and replaces it (and engine 1 where its receive of the broken broadcast raised:
+    ``Engines.failed_receives``); step 3 then regenerates engine 0's share on the new engine (with the weights it
+    holds now) without replacing any engine again, and no sample is older than the bound."""
     r = load_recipe(
         RECIPE, [*LONG, f"trainer.output_dir={tmp_path}", "algorithm.max_staleness=1", "trainer.total_steps=4"]
     )
@@ -121,9 +122,11 @@ def test_engine_lost_while_generating_ahead_is_replaced_once(ray_local, tmp_path
         c.start()
         c.step(1)  # batch 2 was launched with version 0 at the start of step 1
         metrics, _ = hit_mid_step(c, 2, signal.SIGKILL)  # batch 3 is being generated with version 1
-        assert metrics["fault/generator_restarts"] == 1 and metrics["rollout/staleness"] == 1
+        restarts = metrics["fault/generator_restarts"]
+        assert restarts in (1, 2) and metrics["rollout/staleness"] == 1
+        assert "replacing engines [0" in capsys.readouterr().out  # engine 0 first, found unresponsive
         third = c.step(3)
-        assert third["fault/generator_restarts"] == 1  # the share was generated again, the engine not replaced again
+        assert third["fault/generator_restarts"] == restarts  # the share generated again, no engine replaced again
         assert third["rollout/staleness"] <= 1 and third["sync/logprob_diff"] < 1e-4
         c.flush_dumps()
         rows = read_samples(tmp_path / "rollouts" / "train_data_step3.jsonl")
@@ -131,7 +134,7 @@ def test_engine_lost_while_generating_ahead_is_replaced_once(ray_local, tmp_path
         assert len(per_prompt) == r.data.train_batch_size and set(per_prompt.values()) == {r.algorithm.group_size}
         # engine 1's share kept version 1; engine 0's share came from the new engine, on version 2
         assert {row["policy_version"] for row in rows} == {1, 2}
-        assert "engine 0 lost" not in capsys.readouterr().out.split("weight sync to version 2 failed")[-1]
+        assert "engine 0 lost" not in capsys.readouterr().out  # (after the push that replaced it)
     finally:
         c.shutdown()
 

@@ -1,13 +1,17 @@
-"""The generator side of the streaming schedule, for the controller: prompts sent ahead, groups taken as they finish.
+"""The streaming schedule's batches (``schedules/streaming.py``'s rules): prompts sent ahead to engines that never
+wait, a step's groups taken as they finish.
 
 Each step's prompts are cut over the engines as a batched step's are (engine i gets share i). An engine is sent the
-prompts of the steps up to ``steps_sent_ahead`` past the one taken (``schedules/streaming.py``), and a step takes
-its share of the first groups to finish (``Generator.take``): every step sends share i and takes share i, so what an
-engine holds stays the same. What each engine holds is kept here (a prompt and the step it was sent for: its seed):
+prompts of the steps up to ``steps_sent_ahead`` past the one taken, and a step takes its share of the first groups to
+finish (``Generator.take``): every step sends share i and takes share i, so what an engine holds stays the same. What
+each engine holds is kept here (``Feed``: a prompt and the step it was sent for, its seed):
 
     an engine lost   is replaced, gets the weights, and is sent again what it held (none lost, none twice)
     a checkpoint     keeps the prompts sent and not yet taken; the resumed run sends them first, under the
                      checkpoint's weights (the groups in flight are generated again, not carried over)
+
+When the schedule launches ahead, the next step's groups are taken, and sent to the scorers, while the learner
+trains this one (for the learner's next version).
 """
 
 from __future__ import annotations
@@ -17,10 +21,13 @@ from collections.abc import Callable
 
 from grpo_ray.engines import Engines, sample_seed, split
 from grpo_ray.pools import PoolFault
+from grpo_ray.sources import BatchSource, Collected
 from grpo_ray.types import Prompt
 
 
 class Feed:
+    """The prompts each engine holds, sent ahead and taken back as groups (the state a streaming run keeps)."""
+
     def __init__(self, recipe, engines: Engines, next_prompts: Callable[[], list[Prompt]], schedule, say):
         self.r, self.engines, self.next_prompts, self.say = recipe, engines, next_prompts, say
         self.policy, self.ahead = schedule.policy, schedule.steps_sent_ahead()
@@ -185,3 +192,55 @@ def oldest_versions(stats) -> list[int]:
     if len(stats.versions) == len(stats.response_lengths):
         return [oldest for oldest, _ in stats.versions]
     return [stats.policy_version] * len(stats.response_lengths)
+
+
+class Streaming(BatchSource):
+    def __init__(self, hooks):
+        super().__init__(hooks)
+        h = hooks
+        self.feed = Feed(h.recipe, h.engines, h.prompts, h.schedule, h.say)
+        self.inflight: dict[int, Collected] = {}
+        """A step's groups taken during the step before."""
+        self.flows: dict[int, dict[str, float]] = {}
+        """The stream's metrics of a step's take."""
+
+    def next(self, step: int, version: int, last_update: tuple[float, float]) -> tuple[Collected, dict[str, float]]:
+        """The groups taken during the last step (the learner waited only past its update's end), or now; the
+        stream's metrics, with how long the learner waited on the engines (``timing_s/learner_wait``)."""
+        batch = self.inflight.pop(step, None) or self.take(step, version)
+        flow = self.flows.pop(step)
+        started, ended = flow.pop("take_window")
+        flow["timing_s/learner_wait"] = max(0.0, ended - max(started, last_update[1]))
+        return batch, flow
+
+    def ahead(self, step: int, version: int) -> None:
+        """The next step's groups taken while the learner trains (for its next version), when the schedule says;
+        an engine lost then is replaced when that step starts, after the update, so that it gets the weights of a
+        finished one."""
+        if self.launches_ahead(step):
+            try:
+                self.inflight[step + 1] = self.take(step + 1, version + 1, recover=False)
+            except PoolFault as e:
+                self.h.say(f"{e}; the engine is replaced after the update")
+
+    def more(self, step: int, version: int) -> tuple[list, list]:
+        """One more batch of prompts sent into the stream for `step`, and the first groups to finish taken."""
+        self.feed.send_more(step)
+        rollouts, stats, _ = self.feed.take(step, self.h.last_step(), version)
+        return rollouts, stats
+
+    def held_versions(self) -> list[int]:
+        return [b.version for b in self.inflight.values()]
+
+    def state(self, step: int) -> dict:
+        return {"feed": self.feed.state(step)}
+
+    def restore(self, state: dict) -> None:
+        if "feed" in state:
+            self.feed.restore(state["feed"], self.h.prompt_of)
+
+    def take(self, step: int, version: int, recover: bool = True) -> Collected:
+        """The step's groups for a learner at `version` (``Feed.take``), sent to the scorers; the stream's metrics
+        kept for the step."""
+        rollouts, stats, self.flows[step] = self.feed.take(step, self.h.last_step(), version, recover)
+        return self.h.send(rollouts, stats, min(s.policy_version for s in stats))

@@ -1,0 +1,196 @@
+"""The schedules' batch sources (``grpo_ray/sources/``) on fake engines (Ray actors that answer ``generate``,
+``submit`` and ``take`` as the generator does, without a model): every prompt the data stream gives is trained
+once, in the order the schedule says, across a checkpoint's restore and with an engine lost mid-run."""
+
+import pytest
+
+from grpo_ray import schedules, sources
+from grpo_ray.config import GENERATOR, load_recipe
+from grpo_ray.engines import Engines
+from grpo_ray.pools import PoolFault, wait
+from grpo_ray.sources import Collected, Hooks
+from grpo_ray.types import Completion, Prompt, Rollout, RolloutStats
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.usefixtures("ray_local")
+
+
+class FakeGenerator:
+    """An engine without a model: a group is its prompt's uid as tokens; streaming, a group sent finishes at the next
+    take, a long one (a prompt with uid % 3 == 0) at the take after, so the short groups sent after it are taken
+    first, as the first groups to finish are."""
+
+    def __init__(self, version: int = 0):
+        self.version, self.groups = version, []
+
+    def generate(self, prompts, n, seeds, sampling=None):
+        return self._answer(prompts, n)
+
+    def submit(self, prompts, n, seeds):
+        self.groups += [[p, n, 0] for p in prompts]
+
+    def take(self, n, oldest_kept, sends=0):
+        if len(self.groups) < n:
+            raise RuntimeError(f"asked for {n} groups, and {len(self.groups)} was all this engine held")
+        for g in self.groups:
+            g[2] += 1  # takes seen
+        done = [g for g in self.groups if g[2] > (g[0].uid % 3 == 0)]
+        taken = (done + [g for g in self.groups if g not in done])[:n]  # the first to finish, else waited for
+        self.groups = [g for g in self.groups if g not in taken]
+        return self._answer([p for p, _, _ in taken], taken[0][1] if taken else 1)
+
+    def load(self, version):
+        self.version = version
+
+    def close(self):
+        pass
+
+    def _answer(self, prompts, n):
+        completions = [
+            Completion(j, [p.uid] * (2 + p.uid % 3), "", [-1.0] * (2 + p.uid % 3), "stop", versions=None)
+            for j, p in enumerate(prompts)
+            for _ in range(n)
+        ]
+        lengths = [len(c.token_ids) for c in completions]
+        stats = RolloutStats(0.01, self.version, [1] * len(prompts), lengths, 0, uids=[p.uid for p in prompts])
+        return Rollout(prompts, completions, self.version), stats
+
+
+class FakePools:
+    """What the sources and ``Engines`` use of ``Pools``: the generators, calls with a deadline, an engine replaced."""
+
+    def __init__(self, ray, engines: int):
+        self.actor = ray.remote(FakeGenerator).options(num_cpus=0)
+        self.generators = [self.actor.remote() for _ in range(engines)]
+        self.transport = type("Transport", (), {"connect": lambda self, pools: None})()
+        self.replaced = 0
+
+    def call(self, refs, what, timeout_s=None):
+        return wait(refs, what, timeout_s or 60)
+
+    def recover(self, pool, i):
+        assert pool == GENERATOR
+        self.generators[i], self.replaced = self.actor.remote(), self.replaced + 1
+
+
+class FakeEngines(Engines):
+    def push(self, version, probe=False):
+        """The weights loaded into every engine; one lost is replaced first (as ``Engines.sync`` does)."""
+        self.version = version
+        for i, actor in enumerate(self.pools.generators):
+            try:
+                self.pools.call(actor.load.remote(version), f"load on engine {i}")
+            except PoolFault:
+                self.pools.recover(GENERATOR, i)
+                self.pools.call(self.pools.generators[i].load.remote(version), f"load on engine {i}")
+        return [], []
+
+
+class Run:
+    """A run's side of a source: the data stream (prompts with consecutive uids), the scorers (what was sent, by
+    step), the learner's version and the steps."""
+
+    def __init__(self, ray, schedule="batched", staleness=1, engines=2, steps=6, start_uid=0):
+        overrides = [
+            f"algorithm.schedule={schedule}",
+            f"algorithm.max_staleness={staleness}",
+            "data.train_batch_size=4",
+            "algorithm.group_size=2",
+            "generator.timeout_s=30",
+            "learner.mini_batch_size=8",
+            "learner.micro_batch_size=4",
+            "learner.world_size=1",
+        ]
+        self.recipe = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", overrides)
+        self.pools = FakePools(ray, engines)
+        self.version, self.steps, self.next_uid, self.said = 0, steps, start_uid, []
+        self.engines = FakeEngines(self.recipe, self.pools, [], lambda: self.version, self.said.append)
+        self.schedule = schedules.of(self.recipe.algorithm)
+        self.source = sources.of(
+            Hooks(
+                recipe=self.recipe,
+                engines=self.engines,
+                schedule=self.schedule,
+                prompts=self.prompts,
+                prompt_of=lambda uid: Prompt([uid], "", "fake", uid=uid),
+                send=lambda rollouts, stats, version: Collected(rollouts, stats, None, version),
+                say=self.said.append,
+                last_step=lambda: self.steps,
+                saving=lambda step: False,
+            )
+        )
+
+    def prompts(self):
+        uids = range(self.next_uid, self.next_uid + self.recipe.data.train_batch_size)
+        self.next_uid += len(uids)
+        return [Prompt([u], "", "fake", uid=u) for u in uids]
+
+    def step(self, step):
+        """The step's batch (its prompts' uids, the version that generated it); the learner's update, then a push."""
+        batch, flow = self.source.next(step, self.version, (0.0, 0.0))
+        self.source.ahead(step, self.version)
+        uids = [u for s in batch.stats for u in s.uids]
+        self.version += 1
+        self.engines.push(self.version)
+        return uids, batch.version, flow
+
+
+def test_batched_trains_each_batch_in_the_streams_order_one_launched_ahead(ray_local):
+    run = Run(ray_local, "batched", staleness=1, steps=4)
+    got = [run.step(s) for s in range(1, 5)]
+    assert [uids for uids, _, _ in got] == [list(range(4 * k, 4 * k + 4)) for k in range(4)]
+    # batch 1 at the start's weights; each later one launched ahead, during the step before: one version behind
+    assert [version for _, version, _ in got] == [0, 0, 1, 2]
+    assert run.source.held_versions() == []  # the last step launches nothing ahead
+    assert run.source.more(5, run.version)[1][0].uids == [16, 17]  # DAPO's more: the stream's next prompts
+
+
+def test_streaming_trains_every_prompt_once_the_long_ones_later(ray_local):
+    run = Run(ray_local, "streaming", staleness=2, steps=6)
+    got = [run.step(s) for s in range(1, 7)]
+    trained = [u for uids, _, _ in got for u in uids]
+    assert len(trained) == len(set(trained)) == 24
+    held = [p.uid for held in run.source.feed.held for p, _ in held]
+    assert sorted(trained + held) == list(range(run.next_uid))  # sent: trained once, or still held, none lost
+    # uids 0 and 3 are long: short groups sent after them, for step 2, are trained first, and they at step 2
+    assert got[0][0] == [1, 4, 2, 7] and {0, 3} <= set(got[1][0])
+    assert all(flow["timing_s/learner_wait"] >= 0 for _, _, flow in got)
+
+
+def test_streaming_across_a_checkpoint_trains_each_prompt_once(ray_local):
+    first = Run(ray_local, "streaming", staleness=2, steps=6)
+    before = [u for s in range(1, 4) for u in first.step(s)[0]]
+    state = first.source.state(3)
+    resumed = Run(ray_local, "streaming", staleness=2, steps=6, start_uid=first.next_uid)
+    resumed.version = resumed.engines.version = first.version
+    resumed.source.restore(state)
+    after = [u for s in range(4, 7) for u in resumed.step(s)[0]]
+    assert len(before) == len(after) == 12
+    assert not set(before) & set(after) and len(set(after)) == 12  # none twice
+    held = {p.uid for held in resumed.source.feed.held for p, _ in held}
+    assert set(before) | set(after) | held == set(range(resumed.next_uid))  # none lost
+
+
+@pytest.mark.parametrize(
+    "staleness, said",
+    [
+        (1, ["engine 1 lost"]),  # found by the step's take: replaced there, and asked again
+        (2, ["take on engine 1: an actor died", "engine 1 was replaced: sending again"]),  # by the take ahead: after
+    ],  # the update (the push replaces it), then sent what it held
+)
+def test_streaming_with_an_engine_lost_sends_what_it_held_again(ray_local, staleness, said):
+    run = Run(ray_local, "streaming", staleness=staleness, steps=6)
+    trained = [u for s in range(1, 3) for u in run.step(s)[0]]
+    ray_local.kill(run.pools.generators[1])  # lost with groups in flight
+    trained += [u for s in range(3, 7) for u in run.step(s)[0]]
+    assert run.pools.replaced == 1 and [next(x for x in run.said if x.startswith(w)) for w in said], run.said
+    assert len(trained) == len(set(trained)) == 24
+    held = {p.uid for held in run.source.feed.held for p, _ in held}
+    assert set(trained) | held == set(range(run.next_uid))
+
+
+def test_a_schedule_names_a_source_that_is_one(ray_local, monkeypatch):
+    run = Run(ray_local, "batched", steps=2)
+    monkeypatch.setattr(type(run.schedule), "source", "grpo_ray.sources:Hooks")
+    with pytest.raises(Exception, match=r"Batched.source='grpo_ray.sources:Hooks': not a grpo_ray.sources.BatchSource"):
+        sources.of(run.source.h)
