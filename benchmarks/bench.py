@@ -300,6 +300,7 @@ def timed_steps(
     finally:
         c.shutdown()
         ray.shutdown()
+        shutil.rmtree(out, ignore_errors=True)  # its checkpoints and logs: nothing of a benchmark's run is kept
 
 
 def memory_against_fit(r, rows: list[dict]) -> dict:
@@ -416,6 +417,7 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
     finally:
         c.shutdown()
         ray.shutdown()
+        shutil.rmtree(out_dir, ignore_errors=True)
 
     world, peak = r.learner.world_size, facts["peak_tflops"]
     typical = {k: statistics.median(m[k] for m in step_metrics) for k in step_metrics[0]}  # as the raw side's

@@ -3,6 +3,8 @@
 import json
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +14,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_bench_smoke(tmp_path):
+    before = set(Path(tempfile.gettempdir()).glob("grpo-bench-*"))
     res = subprocess.run(
         [
             sys.executable,
@@ -32,6 +35,7 @@ def test_bench_smoke(tmp_path):
         timeout=900,
     )
     assert res.returncode == 0, res.stderr[-4000:]
+    assert set(Path(tempfile.gettempdir()).glob("grpo-bench-*")) == before  # its runs' folders removed
     main = json.loads((tmp_path / "results.json").read_text())["main"]
     for part in ("gen_tok_s", "learn_tok_s", "learn_mfu", "sync_GBps"):
         assert main["ours"][part] > 0 and main["raw"][part] > 0, part

@@ -337,7 +337,8 @@ def sync_phase(s: StepInputs) -> Phase:
 
 
 def schedule_step(s: StepInputs, phases: dict[str, Phase]) -> tuple[float, str]:
-    """The step's seconds under the schedule, and how they add up.
+    """The step's seconds under the schedule, and how they add up: on-policy, its phases in a row; else as the
+    schedule's timing says (``STEPS``: the batched schedule one step off, the streaming schedule's).
 
     One step off, as the controller runs it: the step launches the next batch's generation, whose scoring starts as
     it ends, while the learner waits for what is left of this batch's scoring (started in the step before), then
@@ -365,8 +366,14 @@ def schedule_step(s: StepInputs, phases: dict[str, Phase]) -> tuple[float, str]:
         "update": s.r.learner.world_size * s.threads[LEARNER],
     }
     cores = s.cores if s.r.cluster.device == "cpu" else math.inf
-    if s.schedule.streams:
-        return streaming_step(s, phases, sec, threads, cores)
+    return STEPS[s.schedule.timing](s, phases, sec, threads, cores)
+
+
+def one_step_off(s: StepInputs, phases: dict[str, Phase], sec: dict, threads: dict, cores: float) -> tuple[float, str]:
+    """The batched schedule's step at max_staleness >= 1: the next batch generated, then scored, while this one's
+    scoring left over, old policy and update run (``schedule_step``)."""
+    scorers = [k.name for k in KINDS.values() if k.signal and k.name in sec]
+    scoring, after = max([0.0, *(sec[k] for k in scorers)]), sec["sync"] + sec["hops"]
     left, steps = 0.0, []
     for _ in range(6):
         chains = [
@@ -411,6 +418,9 @@ def streaming_step(
 
 LEARNING = ("old policy", "update")
 """The learner's phases of a step, in order."""
+
+STEPS = {"batched": one_step_off, "streaming": streaming_step}
+"""How a schedule whose phases overlap adds up a step, by the name it gives (``Schedule.timing``)."""
 
 
 def stretch_shared(s: StepInputs, phases: dict[str, Phase], took: dict, scorers: list[str], scoring: float) -> None:

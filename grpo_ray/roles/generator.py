@@ -11,8 +11,6 @@ the last push, and loads each push's adapters through vLLM's LoRA support.
 
 from __future__ import annotations
 
-import dataclasses
-import os
 import shutil
 import tempfile
 import threading
@@ -25,9 +23,10 @@ from grpo_ray.device import Device
 from grpo_ray.faults import fault_at
 from grpo_ray.lengths import cpu_kv_cache_bytes, max_model_len
 from grpo_ray.roles import RoleActor, Seat, log_to_file, trim_heap
+from grpo_ray.roles.drivers import DRIVERS, completions_of
 from grpo_ray.roles.vllm_ext import bound_cpu_gemm_caches
 from grpo_ray.rollout import episode_values
-from grpo_ray.types import Completion, Group, Prompt, Rollout, RolloutStats
+from grpo_ray.types import Prompt, Rollout, RolloutStats
 
 EXTENSION = "grpo_ray.roles.vllm_ext.WeightSyncExtension"
 
@@ -37,8 +36,8 @@ class Generator(RoleActor):
 
     @classmethod
     def concurrency(cls, recipe: Recipe) -> int:
-        """Streaming: a push and a submit run while a take waits (the engine's own thread serialises them)."""
-        return 4 if schedules.of(recipe.algorithm).streams else 1
+        """Its engine driver's (``roles/drivers.py``): a push and a submit run while a take waits on the loop."""
+        return DRIVERS[schedules.of(recipe.algorithm).driver].concurrency
 
     @classmethod
     def start_args(cls, seat: Seat) -> tuple:
@@ -101,7 +100,9 @@ class Generator(RoleActor):
             from grpo_ray.rollout import Episodes
 
             self.episodes = Episodes(self.llm, recipe, code_dirs)
-        self._start_loop(recipe)
+        self.llm.llm_engine.set_weight_version(str(self.version))  # every output token labelled with its weights'
+        self.driver = DRIVERS[schedules.of(recipe.algorithm).driver](self.llm, self.version)
+        """How the engine is run (``roles/drivers.py``): blocking calls, or the loop of a streaming schedule."""
 
     def close(self) -> None:
         """The environment or agent processes, the endpoint's folder and the adapters' folder."""
@@ -109,20 +110,6 @@ class Generator(RoleActor):
             self.episodes.close()
         if self.adapter:
             shutil.rmtree(self.adapter["dir"], ignore_errors=True)
-
-    def _start_loop(self, recipe: Recipe) -> None:
-        """Label every output token with its weights' version; streaming, start the engine's loop."""
-        self.loop, self.groups, self.last_take = None, [], (0.0, 0.0)
-        """Streaming (``engine_loop``): the thread that owns the engine, the groups sent and not yet taken, and when
-        the last take ended (with the loop's idle seconds then)."""
-        self.sends, self.send_error, self.sent = 0, None, threading.Condition()
-        """Streaming: the sends received so far (a take waits for those sent before it), the first that failed."""
-        self.llm.llm_engine.set_weight_version(str(self.version))
-        if schedules.of(recipe.algorithm).streams:
-            from grpo_ray.engine_loop import EngineLoop
-
-            self.loop = EngineLoop(self.llm.llm_engine)
-            self.loop.salt = str(self.version)
 
     def generate(
         self, prompts: list[Prompt], group_size: int, seeds: list[int], sampling: SamplingConfig | None = None
@@ -136,7 +123,7 @@ class Generator(RoleActor):
         start, started = time.perf_counter(), time.time()
         s = sampling or self.cfg.sampling
         if self.episodes:
-            completions = self.episodes.run(prompts, group_size, seeds, s, self.lora_request, self.loop)
+            completions = self.episodes.run(prompts, group_size, seeds, s, self.lora_request, self.driver.loop)
             return self._answer(prompts, completions, start, started)
         params = [self._params(s, group_size, seed) for seed in seeds]
         outputs = self._generate([{"prompt_token_ids": p.ids} for p in prompts], params)
@@ -144,78 +131,35 @@ class Generator(RoleActor):
         return self._answer(prompts, completions, start, started)
 
     def _generate(self, prompts: list[dict], params) -> list:
-        """vLLM's outputs for `prompts` (one SamplingParams, or one each), served with the last push's adapters:
-        by ``LLM.generate``, or streaming through the engine's loop beside the groups in flight."""
-        if self.loop is None:
-            return self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora_request)
-        each = params if isinstance(params, list) else [params] * len(prompts)
-        sent = [self.loop.submit(p, q.clone(), self.lora_request) for p, q in zip(prompts, each)]
-        return [f.result() for f in sent]
+        """vLLM's outputs for `prompts` (one SamplingParams, or one each), served with the last push's adapters."""
+        return self.driver.generate(prompts, params, self.lora_request)
 
     def submit(self, prompts: list[Prompt], group_size: int, seeds: list[int]) -> None:
         """Streaming: start a group of `group_size` samples of each prompt (seeds[i] its seed) and return at
         once; ``take`` hands on the groups as they finish."""
-        try:
-            self._submit(prompts, group_size, seeds)
-        except BaseException as e:  # told by the next take: nobody waits on this call
-            self.send_error = self.send_error or e
-            raise
-        finally:
-            with self.sent:
-                self.sends += 1
-                self.sent.notify_all()
+        self.driver.submit(prompts, group_size, seeds, self._start)
 
-    def _submit(self, prompts: list[Prompt], group_size: int, seeds: list[int]) -> None:
-        for prompt, seed in zip(prompts, seeds):
-            if self.episodes:  # a trajectory's turns sent one by one, the environment answering between them
-                sent = self.episodes.start(prompt, group_size, seed, self.cfg.sampling, self.loop, self._lora)
-            else:
-                params = self._params(self.cfg.sampling, group_size, seed)
-                sent = self.loop.submit({"prompt_token_ids": prompt.ids}, params, self.lora_request)
-            self.groups.append(Group(prompt, seed, group_size, sent))
+    def _start(self, prompt: Prompt, n: int, seed: int, loop):
+        """A group of `prompt` started on `loop`: its future (a multi-turn group's: its trajectories')."""
+        if self.episodes:  # a trajectory's turns sent one by one, the environment answering between them
+            return self.episodes.start(prompt, n, seed, self.cfg.sampling, loop, self._lora)
+        params = self._params(self.cfg.sampling, n, seed)
+        return loop.submit({"prompt_token_ids": prompt.ids}, params, self.lora_request)
 
     def _lora(self):
         """The adapters a request sent now is served with (the last push's)."""
         return self.lora_request
 
     def take(self, n: int, oldest_kept: int | None, sends: int = 0) -> tuple[Rollout, RolloutStats]:
-        """Streaming: the first `n` groups to finish (in the order they were sent, among those finished), as
-        ``generate`` answers (``num_returns=2``), each token labelled with the version of the weights that sampled
-        it. A group with a token older than `oldest_kept` (the staleness policy's) is dropped, its tokens counted
-        in the stats' ``discarded``, and generated again under the weights now (seed + 1); a group wholly of the
-        weights this engine holds is always kept (none fresher can come). It first waits for the `sends` sent
-        before it."""
-        from concurrent.futures import FIRST_COMPLETED, wait
+        """Streaming: the first `n` groups to finish, as ``generate`` answers (``num_returns=2``), each token
+        labelled with the version of the weights that sampled it; a group older than `oldest_kept` (the staleness
+        policy's) generated again (``Looping.take``). It first waits for the `sends` sent before it."""
 
-        with self.sent:
-            self.sent.wait_for(lambda: self.sends >= sends)
-        if self.send_error:
-            raise RuntimeError(f"sending groups to this engine failed: {self.send_error!r}") from self.send_error
-        if fault_at("exit_mid_stream", self.version):  # fault test: the engine dies with groups in flight
-            os._exit(1)
-        start, started, taken, discarded = time.perf_counter(), time.time(), [], 0
-        while len(taken) < n:
-            if not self.groups:
-                raise RuntimeError(f"asked for {n} groups, and {len(taken)} was all this engine held")
-            wait([g.sent for g in self.groups[: max(n, 1) * 4]], return_when=FIRST_COMPLETED)
-            for g in [g for g in self.groups if g.sent.done()]:
-                if len(taken) == n:
-                    break
-                self.groups.remove(g)
-                out = completions_of(len(taken), g.sent.result())  # a multi-turn group's: its trajectories
-                oldest = min((min(c.versions) for c in out if c.versions), default=self.version)
-                if oldest_kept is not None and oldest < min(oldest_kept, self.version):  # this engine's now: kept
-                    discarded += sum(len(c.token_ids) for c in out)
-                    self.submit([g.prompt], g.n, [g.seed + 1])
-                    continue
-                taken.append((g.prompt, out))
-        prompts = [p for p, _ in taken]
-        rollout, stats = self._answer(prompts, [c for _, out in taken for c in out], start, started)
-        (last, idle), now = self.last_take, time.perf_counter()
-        stats.discarded, stats.engine_idle = discarded, self.loop.idle - idle
-        stats.seconds = now - (last or start) - stats.engine_idle  # the engine's busy time since its last take
-        stats.ready, self.last_take = sum(g.sent.done() for g in self.groups), (now, self.loop.idle)
-        return rollout, stats
+        def answer(taken: list, start: float, started: float):
+            prompts = [p for p, _ in taken]
+            return self._answer(prompts, [c for _, out in taken for c in out], start, started)
+
+        return self.driver.take(n, oldest_kept, sends, self.version, self._start, answer)
 
     def _params(self, s: SamplingConfig, n: int, seed: int):
         from vllm import SamplingParams
@@ -281,10 +225,10 @@ class Generator(RoleActor):
         cached = self._cache_probe(probe_ids, skip_cache=False) if probe_ids else None  # its prefix, pre-push
         start = time.perf_counter()
         load = lambda _: self._load(metas, bucket_bytes, version)  # noqa: E731
-        timings = self.loop.call(load) if self.loop else load(None)  # streaming: at a token boundary
+        timings = self.driver.call(load)  # streaming: at a token boundary
         pause = time.perf_counter() - start  # what the requests in flight waited (streaming)
         received = {**max(timings, key=lambda t: t["seconds"]), "seconds": time.perf_counter() - start}
-        received["pause"] = pause if self.loop else 0.0
+        received["pause"] = pause if self.driver.pauses else 0.0
         if not probe_ids:
             return received
         fresh = self.fresh_after_push(probe_ids, cached)  # first: the cache holds nothing computed since the reset
@@ -306,19 +250,14 @@ class Generator(RoleActor):
             self.llm.llm_engine.add_lora(self.lora_request)
             timings = [{**t, "load": t["load"] + time.perf_counter() - added} for t in timings]
         if not fault_at("stale_prefix_cache", version):
-            if self.loop:  # blocks of requests in flight cannot be dropped: later requests get their own
-                self.loop.salt = str(version)
-            else:
-                self.llm.reset_prefix_cache()
+            self.driver.loaded(version)
         self.llm.llm_engine.set_weight_version(str(version))
         self.version = version
         return timings
 
     def _rpc(self, method: str, args: tuple = ()) -> list:
         """Each worker's answer to `method` (on the engine's thread when streaming)."""
-        if self.loop:
-            return self.loop.call(lambda e: e.collective_rpc(method, args=args))
-        return self.llm.collective_rpc(method, args=args)
+        return self.driver.call(lambda e: e.collective_rpc(method, args=args))
 
     def cache_probe_ids(self, probe_ids: list[int]) -> list[int] | None:
         """The probe's tokens repeated past one block of the prefix cache (a block is cached only when full, and a
@@ -360,18 +299,3 @@ class Generator(RoleActor):
             fresh = self._cache_probe(probe_ids, True)[1]
             diff = max(abs(through[t] - fresh[t]) for t in through.keys() & fresh.keys())
         return {"stale_tokens": float(stale), "diff": diff, "seconds": time.perf_counter() - start + before[2]}
-
-
-def completions_of(i: int, out) -> list[Completion]:
-    """The completions of vLLM's output `out` for prompt i: tokens, the sampler's logprobs, and each token's weight
-    version (vLLM's spans, labelled by ``set_weight_version``); or a multi-turn group's trajectories (`out` a list,
-    ``grpo_ray.rollout``) given index i."""
-    if isinstance(out, list):
-        return [dataclasses.replace(c, prompt=i) for c in out]
-    done = []
-    for c in out.outputs:
-        ids = list(c.token_ids)
-        logprobs = [lp[t].logprob for t, lp in zip(ids, c.logprobs)]
-        versions = [int(span.version) for span in c.weight_versions or [] for _ in range(span.start, span.end)]
-        done.append(Completion(i, ids, c.text, logprobs, str(c.finish_reason), versions=versions or None))
-    return done

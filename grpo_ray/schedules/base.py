@@ -9,8 +9,11 @@ from grpo_ray.config import AlgorithmConfig, RecipeError
 class Schedule:
     """The rules a schedule answers, for the recipe's algorithm section ``a``."""
 
-    streams = False
-    """The engines run a loop of their own, fed prompts ahead and taken from as groups finish (``streaming.py``)."""
+    timing = "batched"
+    """How ``plan`` adds up its step when its phases overlap (``grpo_ray.planner.speed.STEPS``)."""
+
+    driver = "blocking"
+    """How each generator runs its engine (``grpo_ray.roles.drivers``): ``blocking`` calls, or the ``loop``."""
 
     source = "grpo_ray.sources.batched:Batched"
     """Where the controller gets each step's batch: a ``grpo_ray.sources.BatchSource``, as ``module:Class`` (named,

@@ -26,7 +26,8 @@ from grpo_ray.schedules.staleness import POLICIES, Staleness
 
 
 class Streaming(Schedule):
-    streams = True
+    timing = "streaming"
+    driver = "loop"
     source = "grpo_ray.sources.streaming:Streaming"
 
     def __init__(self, a: AlgorithmConfig):
