@@ -131,7 +131,11 @@ def test_a_tasksets_own_env_plays_turn_by_turn_offline_and_the_run_trains_on_eve
         "data.val_files=[]",
         "data.train_batch_size=2",
         "algorithm.group_size=4",
+        "algorithm.kl_coef=0",  # CI's time: no reference, one rank, one engine (the learner's ranks run elsewhere)
+        "learner.world_size=1",
         "learner.mini_batch_size=8",
+        "learner.micro_batch_size=4",
+        "generator.num_engines=1",
         "environment.name=agent",
         "environment.max_tokens=160",
         "environment.options.program=grpo_ray.envs.verifiers_env:episode",
