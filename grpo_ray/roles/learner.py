@@ -2,22 +2,23 @@
 
 The controller drives it step by step; it runs no loop of its own:
 
-    setup(host, port)          join the group (gloo on CPU, nccl on GPU), load and shard the model
-    train(rollouts, refs, adv, v)  PPO epochs over mini batches, micro-batch gradient accumulation, one
-                               optimizer step per mini batch, the old policy of each sample at the version
-                               that generated it; returns the step's metrics
-    sft_train(pairs, masks)    one supervised step on (prompt, target) token ids, the same batching
-    push_weights(...)          assemble full tensors on rank 0 from the shards, bucket by bucket, and broadcast
-                               them to the generators in the engines' dtype
-    probe_logprobs(ids)        logprobs of a fixed sequence, to check a sync
+    setup(host, port)              join the group (gloo on CPU, nccl on GPU), load and shard the model
+    train(refs, adv, v, signals)   fetch the rollouts and the frozen scorers' logprobs (by scorer name), then PPO
+                                   epochs over mini batches, micro-batch gradient accumulation, one optimizer step
+                                   per mini batch, the old policy as the schedule says (``recomputes_old_policy``);
+                                   returns the step's metrics and the probe's logprobs under the new weights
+    sft_train(pairs, masks)        one supervised step on (prompt, target) token ids, the same batching
+    push_weights(metas, ...)       every rank sends its shards of each bucket to rank 0, which sends the bucket to
+                                   the generators through the weight transport (``WeightsOut``, ``transports/``)
+    probe_logprobs(ids)            logprobs of a fixed sequence, to check a sync
 
 With LoRA (``model.lora.rank``) the model is wrapped by peft before sharding and only the adapters train; the
 reference logprobs are computed here, with the adapters off (``grpo_ray.lora``), and a push sends the adapters
 alone or, with ``model.lora.sync: merged``, every weight with the adapters merged.
 
-Data parallelism: each mini batch of M samples is cut into W contiguous shares; a rank's
-loss is scaled so that FSDP2's gradient averaging over ranks gives the mini batch's loss
-(see grpo_ray.algo.loss).
+Data parallelism: each mini batch of M samples is cut into W contiguous shares (``rank_slice``); a rank's loss is
+scaled so that FSDP2's gradient averaging over ranks gives the mini batch's loss (``grpo_ray.algo.loss``), and a
+rank with fewer micro batches pairs the others' collectives on a filler (``_rounds``).
 """
 
 from __future__ import annotations
