@@ -77,17 +77,14 @@ def test_a_spec_that_cannot_work_stops_a_run_before_any_actor_starts(tmp_path):
     assert "actors placed" not in res.stdout
 
 
-@pytest.mark.slow
-def test_verifiers_plays_its_episodes_through_the_endpoint_and_the_run_trains_on_them(tmp_path):
-    """The agent twin on the toy taskset, verifiers' own SingleAgentEnv and `null` harness (its chat program, a uv
-    script in its subprocess runtime, streaming through its interception server to this run's endpoint) playing
-    each episode: the run trains on what the endpoint recorded, and each sample's reward is verifiers' score of that
-    same reply (the share of the task's word's letters it holds)."""
+def train(tmp_path, spec: str, *overrides: str) -> tuple[list[dict], list[dict]]:
+    """Two steps of the agent twin on verifiers' rows of `spec`, verifiers playing each episode (the docs' command,
+    with `overrides`): the steps' metrics and step 2's dump, the run checked to have ended well."""
     out = tmp_path / "run"
     res = run_cli(
         "train",
         "recipes/tiny-qwen2.5-7b-gsm8k-agent.yaml",
-        "data.train_files=[verifiers://toy_words?size=8&words=8]",
+        f"data.train_files=[{spec}]",
         "data.val_files=[]",
         "environment.name=agent",
         "environment.options.program=grpo_ray.envs.verifiers_env:episode",
@@ -95,6 +92,7 @@ def test_verifiers_plays_its_episodes_through_the_endpoint_and_the_run_trains_on
         "reward.functions=[]",
         "trainer.total_steps=2",
         "trainer.val_before_train=false",
+        *overrides,
         f"trainer.output_dir={out}",
         env=PYTHONPATH,
         timeout=900,
@@ -102,8 +100,18 @@ def test_verifiers_plays_its_episodes_through_the_endpoint_and_the_run_trains_on
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in steps] == [1, 2]
-    assert all(m["env/errors"] == 0 and m["env/turns/mean"] == 1 for m in steps)
     dump = [json.loads(line) for line in (out / "rollouts" / "train_data_step2.jsonl").read_text().splitlines()]
+    return steps, dump
+
+
+@pytest.mark.slow
+def test_verifiers_plays_its_episodes_through_the_endpoint_and_the_run_trains_on_them(tmp_path):
+    """The agent twin on the toy taskset, verifiers' own SingleAgentEnv and `null` harness (its chat program, a uv
+    script in its subprocess runtime, streaming through its interception server to this run's endpoint) playing
+    each episode: the run trains on what the endpoint recorded, and each sample's reward is verifiers' score of that
+    same reply (the share of the task's word's letters it holds)."""
+    steps, dump = train(tmp_path, "verifiers://toy_words?size=8&words=8")
+    assert all(m["env/errors"] == 0 and m["env/turns/mean"] == 1 for m in steps)
     samples = [s for d in dump for s in d["samples"]]
     assert samples and all(1 in s["loss_mask"] for s in samples)
     scores = []
@@ -123,35 +131,19 @@ def test_a_tasksets_own_env_plays_turn_by_turn_offline_and_the_run_trains_on_eve
     "Again: say <word>." between them, recorded in one trajectory; each sample's reward is the env's score of those
     very replies. The agent processes have no network (the default): verifiers' chat program was prepared once, on
     the node, before they started, and runs there as it is."""
-    out = tmp_path / "run"
-    res = run_cli(
-        "train",
-        "recipes/tiny-qwen2.5-7b-gsm8k-agent.yaml",
-        "data.train_files=[verifiers://toy_rounds?size=8&rounds=3]",
-        "data.val_files=[]",
+    steps, dump = train(
+        tmp_path,
+        "verifiers://toy_rounds?size=8&rounds=3",
         "data.train_batch_size=2",
         "algorithm.group_size=4",
-        "algorithm.kl_coef=0",  # CI's time: no reference, one rank, one engine (the learner's ranks run elsewhere)
+        "algorithm.kl_coef=0",  # CI's time: no reference, one learner rank, one engine
         "learner.world_size=1",
         "learner.mini_batch_size=8",
         "learner.micro_batch_size=4",
         "generator.num_engines=1",
-        "environment.name=agent",
         "environment.max_tokens=160",
-        "environment.options.program=grpo_ray.envs.verifiers_env:episode",
-        "environment.options.timeout_s=120",
-        "reward.functions=[]",
-        "trainer.total_steps=2",
-        "trainer.val_before_train=false",
-        f"trainer.output_dir={out}",
-        env=PYTHONPATH,
-        timeout=900,
     )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in steps] == [1, 2]
     assert all(m["env/errors"] == 0 and m["env/turns/mean"] == 3 for m in steps), steps
-    dump = [json.loads(line) for line in (out / "rollouts" / "train_data_step2.jsonl").read_text().splitlines()]
     scored = []
     for d in dump:
         word = d["prompt"].rpartition("Say ")[2].split(".")[0]
