@@ -8,6 +8,7 @@ job does not fail again. Nothing else is faked: the processes really exit, the l
     nan_loss@N            the learner's loss is NaN at its step N (so are the gradients: the update is skipped)
     exit_mid_sync@N       a generator exits after the first bucket of weight version N
     stale_prefix_cache@N  a generator keeps its prefix cache across the push of weight version N
+    skew_weights@N        a generator loads weight version N scaled by 1.5 (the probe after the push must see it)
     exit_mid_stream@N     a streaming generator exits when asked for groups at weight version N, groups in flight
     exit_mid_checkpoint@N the driver exits after the learners wrote step N's shards, before the commit
     exit_reward_model@N   the last reward-model actor exits at its N-th scoring call

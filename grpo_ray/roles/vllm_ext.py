@@ -98,11 +98,12 @@ class WeightSyncExtension:
         def weights():
             # received on the worker's device (nccl takes no host tensors), whatever is done with them
             received = self._grpo_transport.receive(metas, bucket_bytes, self.device, phases, version)
+            skew = fault_at("skew_weights", version)  # fault test: this engine loads weights the learner does not hold
             for k, bucket in enumerate(received):
                 if k == 0 and fault_at("exit_mid_sync", version):
                     os._exit(1)  # fault test: a receiver lost mid-broadcast (the first bucket arrived, the rest not)
                 arrived.append(k)
-                yield from bucket
+                yield from ((name, t * 1.5) for name, t in bucket) if skew else bucket
 
         try:
             if adapter:
