@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import json
 import os
 import re
@@ -146,16 +147,13 @@ def rows(spec: str) -> list[dict]:
     return out
 
 
-_home: list[str] = []
-
-
+@functools.cache
 def kept_home() -> str:
     """This process's folder for the tests' HOME under ``options.verifier_cache`` (made on first use, in its
     scratch; gone with the process's scratch)."""
-    if not _home:
-        _home.append(tempfile.mkdtemp(prefix="harbor-home-"))
-        atexit.register(shutil.rmtree, _home[0], True)  # (outside a sandbox, the node's /tmp)
-    return _home[0]
+    home = tempfile.mkdtemp(prefix="harbor-home-")
+    atexit.register(shutil.rmtree, home, True)  # (outside a sandbox, the node's /tmp)
+    return home
 
 
 def read_tail(stream, keep: int, out: list) -> None:

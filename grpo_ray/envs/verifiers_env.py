@@ -73,7 +73,7 @@ def environment(taskset: dict, harness: str = "null"):
 
     kind = env_config_type(taskset["id"])
     seats = agent_config_fields(kind.model_validate({"taskset": taskset}))
-    policy = [name for name, seat in seats.items() if seat.model is None and seat.client is None]
+    policy = policy_seats(seats)
     if len(policy) != 1:
         raise Untrainable(
             f"taskset {taskset['id']!r}: its env's config {kind.__name__} seats {', '.join(policy) or 'no agent'} "
@@ -88,11 +88,17 @@ def environment(taskset: dict, harness: str = "null"):
     return load_environment(kind.model_validate({"taskset": taskset, **agents}))
 
 
+def policy_seats(seats: dict) -> list[str]:
+    """The names of the seats (verifiers' ``AgentConfig`` by name) that play the run's model: no model or client of
+    their own."""
+    return [name for name, seat in seats.items() if seat.model is None and seat.client is None]
+
+
 def seat(env) -> str:
     """The name of `env`'s one seat on the run's model (``environment`` checked there is one)."""
     from verifiers.v1.configs.agent import agent_config_fields
 
-    return next(n for n, s in agent_config_fields(env.config).items() if s.model is None and s.client is None)
+    return policy_seats(agent_config_fields(env.config))[0]
 
 
 def messages(data) -> list[dict]:
@@ -165,9 +171,10 @@ async def _episode(base_url: str, row: dict, harness: str, prepared: dict) -> fl
     if not played.ok or not played.traces:
         raise RuntimeError(f"verifiers' episode failed: {failures(played)}")
     # the policy seat's run: the conversation the endpoint recorded (a seat run again is answered off the record)
-    ours = [t for t in played.traces if t.agent.name == seat(env)]
+    policy = seat(env)
+    ours = [t for t in played.traces if t.agent.name == policy]
     if not ours:
-        raise RuntimeError(f"verifiers' episode ran no agent on the seat {seat(env)!r} that plays the run's model")
+        raise RuntimeError(f"verifiers' episode ran no agent on the seat {policy!r} that plays the run's model")
     return float(ours[0].reward)
 
 
@@ -206,15 +213,15 @@ def prepare(harness: str = "null") -> tuple[list[str], dict]:
     library()
     from verifiers.v1.runtimes.subprocess import SubprocessRuntime
 
-    bin_dir = str(Path(sys.executable).parent)  # the envs extra's uv
-    base = {**os.environ, "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")])}
+    bin_dir = Path(sys.executable).parent  # the envs extra's uv
+    base = {**os.environ, "PATH": os.pathsep.join([str(bin_dir), os.environ.get("PATH", "")])}
+    uv = [str(bin_dir / "uv") if (bin_dir / "uv").is_file() else "uv"]
     interpreters = {}
     for digest, (data, env) in asyncio.run(scripts(harness)).items():
         path = Path(SubprocessRuntime.scripts_dir) / f"{digest}.py"
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.is_file() or path.read_bytes() != data:
             path.write_bytes(data)
-        uv = [str(Path(bin_dir) / "uv") if (Path(bin_dir) / "uv").is_file() else "uv"]
         sync = [*uv, "sync", "--script", str(path), "-q", "--no-config"]
         done = subprocess.run(sync, env={**base, **env, "UV_OFFLINE": "1"}, capture_output=True, text=True)
         if done.returncode:  # not all in the cache: fetched once

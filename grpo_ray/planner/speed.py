@@ -338,19 +338,11 @@ def sync_phase(s: StepInputs) -> Phase:
 
 def schedule_step(s: StepInputs, phases: dict[str, Phase]) -> tuple[float, str]:
     """The step's seconds under the schedule, and how they add up: on-policy, its phases in a row; else as the
-    schedule's timing says (``STEPS``: the batched schedule one step off, the streaming schedule's).
-
-    One step off, as the controller runs it: the step launches the next batch's generation, whose scoring starts as
-    it ends, while the learner waits for what is left of this batch's scoring (started in the step before), then
-    runs the old policy and the update; the sync waits for both. Scoring past the step's end goes on through the
-    sync and the hops, and what is left of it then opens the next step. Steps are simulated one after another from
-    a first with nothing left over, the step the mean of the last four (where the learner's chain is the longer,
-    what is left over alternates). On CPU the phases running at once share the node's cores (``shared_cores``),
-    and each phase's seconds become what it takes there (its Phase is changed here)."""
+    schedule's timing says (``STEPS``: the batched schedule one step off, the streaming schedule's). On CPU the
+    phases running at once share the node's cores (``shared_cores``), and each phase's seconds become what it takes
+    there (its Phase is changed there)."""
     sec = {k: p.seconds for k, p in phases.items()}
-    scorers = [k.name for k in KINDS.values() if k.signal and k.name in sec]  # they score at once
-    scoring = max([0.0, *(sec[k] for k in scorers)])
-    after = sec["sync"] + sec["hops"]
+    scorers, scoring, after = scoring_of(sec)
     if not s.schedule.overlapping():
         step = sec["generation"] + scoring + sec["old policy"] + sec["update"] + after
         return step, "on-policy: generation + max(reward, frozen pools) + old policy + update + sync + hops"
@@ -369,11 +361,21 @@ def schedule_step(s: StepInputs, phases: dict[str, Phase]) -> tuple[float, str]:
     return STEPS[s.schedule.timing](s, phases, sec, threads, cores)
 
 
-def one_step_off(s: StepInputs, phases: dict[str, Phase], sec: dict, threads: dict, cores: float) -> tuple[float, str]:
-    """The batched schedule's step at max_staleness >= 1: the next batch generated, then scored, while this one's
-    scoring left over, old policy and update run (``schedule_step``)."""
+def scoring_of(sec: dict) -> tuple[list[str], float, float]:
+    """A step's scorers (they score at once), their seconds (the longest's), and the seconds after the update (the
+    sync and the hops)."""
     scorers = [k.name for k in KINDS.values() if k.signal and k.name in sec]
-    scoring, after = max([0.0, *(sec[k] for k in scorers)]), sec["sync"] + sec["hops"]
+    return scorers, max([0.0, *(sec[k] for k in scorers)]), sec["sync"] + sec["hops"]
+
+
+def one_step_off(s: StepInputs, phases: dict[str, Phase], sec: dict, threads: dict, cores: float) -> tuple[float, str]:
+    """The batched schedule's step at max_staleness >= 1, as the controller runs it: the step launches the next
+    batch's generation, whose scoring starts as it ends, while the learner waits for what is left of this batch's
+    scoring (started in the step before), then runs the old policy and the update; the sync waits for both. Scoring
+    past the step's end goes on through the sync and the hops, and what is left of it then opens the next step.
+    Steps are simulated one after another from a first with nothing left over, the step the mean of the last four
+    (where the learner's chain is the longer, what is left over alternates)."""
+    scorers, scoring, after = scoring_of(sec)
     left, steps = 0.0, []
     for _ in range(6):
         chains = [
@@ -396,8 +398,7 @@ def streaming_step(
 ) -> tuple[float, str]:
     """The streaming schedule's step: the engines never wait, so generation (and each push's pause) runs against the
     learner's chain; at max_staleness >= 2 the next step's groups are scored during the update (``launches_ahead``)."""
-    scorers = [k.name for k in KINDS.values() if k.signal and k.name in sec]
-    scoring, after = max([0.0, *(sec[k] for k in scorers)]), sec["sync"] + sec["hops"]
+    scorers, scoring, after = scoring_of(sec)
     learning = [(k, sec[k]) for k in LEARNING]
     ahead = s.schedule.launches_ahead(1, 2, False)
     scoring_chain = [[("scoring", scoring)], learning] if ahead else [[("scoring", scoring), *learning]]

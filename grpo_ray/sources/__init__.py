@@ -60,6 +60,8 @@ class BatchSource:
 
     def __init__(self, hooks: Hooks):
         self.h = hooks
+        self.inflight: dict[int, object] = {}
+        """Batches held ahead of their step (launched, collected or taken during the step before)."""
 
     def next(self, step: int, version: int, last_update: tuple[float, float]) -> tuple[Collected, dict[str, float]]:
         """Step `step`'s batch for a learner at `version` (its last update's wall-clock window `last_update`), sent
@@ -75,7 +77,7 @@ class BatchSource:
 
     def held_versions(self) -> list[int]:
         """The weight versions of the batches held ahead (the learner keeps those weights for their old policy)."""
-        return []
+        return [b.version for b in self.inflight.values()]
 
     def state(self, step: int) -> dict:
         """What a checkpoint after `step` keeps of the source."""

@@ -15,11 +15,6 @@ from grpo_ray.sources import BatchSource, Collected
 
 
 class Batched(BatchSource):
-    def __init__(self, hooks):
-        super().__init__(hooks)
-        self.inflight: dict[int, Launched | Collected] = {}
-        """Batches launched (then collected) ahead of their step."""
-
     def next(self, step: int, version: int, last_update: tuple[float, float]) -> tuple[Collected, dict[str, float]]:
         """The batch launched during the last step (maybe collected already) or now; the next one launched ahead
         when the schedule says, before this one is waited on."""
@@ -42,9 +37,6 @@ class Batched(BatchSource):
     def more(self, step: int, version: int) -> tuple[list, list]:
         """A batch launched and collected."""
         return self.h.engines.collect(self.launch(step))
-
-    def held_versions(self) -> list[int]:
-        return [b.version for b in self.inflight.values()]
 
     def launch(self, step: int) -> Launched:
         """The stream's next prompts sent to the engines."""

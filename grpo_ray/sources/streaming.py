@@ -197,10 +197,7 @@ def oldest_versions(stats) -> list[int]:
 class Streaming(BatchSource):
     def __init__(self, hooks):
         super().__init__(hooks)
-        h = hooks
-        self.feed = Feed(h.recipe, h.engines, h.prompts, h.schedule, h.say)
-        self.inflight: dict[int, Collected] = {}
-        """A step's groups taken during the step before."""
+        self.feed = Feed(hooks.recipe, hooks.engines, hooks.prompts, hooks.schedule, hooks.say)
         self.flows: dict[int, dict[str, float]] = {}
         """The stream's metrics of a step's take."""
 
@@ -228,9 +225,6 @@ class Streaming(BatchSource):
         self.feed.send_more(step)
         rollouts, stats, _ = self.feed.take(step, self.h.last_step(), version)
         return rollouts, stats
-
-    def held_versions(self) -> list[int]:
-        return [b.version for b in self.inflight.values()]
 
     def state(self, step: int) -> dict:
         return {"feed": self.feed.state(step)}
