@@ -94,8 +94,8 @@ def run_model(name: str, model: str, args) -> dict:
     from benchmarks.bench import endpoint_engine
     from grpo_ray import models
     from grpo_ray.config import load_recipe
-    from grpo_ray.engine_loop import EngineLoop
-    from grpo_ray.rollout import Episodes
+    from grpo_ray.rollouts.engine_loop import EngineLoop
+    from grpo_ray.rollouts.episodes import Episodes
     from grpo_ray.types import Prompt
 
     recipe = load_recipe(

@@ -108,9 +108,9 @@ def raw_reload(llm, spec: dict) -> float:
 def raw_vllm_spec(r, model_path: str, prompts: list, reps: int) -> dict:
     """What ``raw_vllm`` runs: the recipe's engine settings and training sampling on `prompts` (Prompt objects,
     step 0's seeds), trimming the heap after each call as the generator does."""
-    from grpo_ray.dims import model_dims
     from grpo_ray.engines import sample_seed
     from grpo_ray.lengths import cpu_kv_cache_bytes, max_model_len
+    from grpo_ray.models.dims import model_dims
 
     g = r.generator
     return {
@@ -273,7 +273,7 @@ def timed_steps(
 
     from grpo_ray.config import load_recipe
     from grpo_ray.controller import GRPOController
-    from grpo_ray.launch import connect
+    from grpo_ray.jobs.launch import connect
     from grpo_ray.setup_run import setup_run
 
     out = tempfile.mkdtemp(prefix="grpo-bench-")
@@ -307,7 +307,7 @@ def memory_against_fit(r, rows: list[dict]) -> dict:
     """The peak resident memory of the learner's and the reference's actors over `rows` (``perf/peak_rss_gb/*``)
     against ``grpo_ray.fit``'s estimate for recipe `r` at the steps' longest sequence (``benchmarks/memory.py``'s
     comparison)."""
-    from grpo_ray.dims import model_dims
+    from grpo_ray.models.dims import model_dims
     from grpo_ray.planner import memory
 
     d = model_dims(r.model.path)
@@ -355,13 +355,13 @@ RAW_PARTS = [
 def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: bool, warmup: int = 1) -> dict:
     import ray
 
-    from grpo_ray import perf
     from grpo_ray.algo.batching import flatten, use_shared
     from grpo_ray.config import load_recipe
     from grpo_ray.controller import GRPOController
     from grpo_ray.device import Device
-    from grpo_ray.launch import connect
+    from grpo_ray.jobs.launch import connect
     from grpo_ray.setup_run import setup_run
+    from grpo_ray.telemetry import perf
     from grpo_ray.types import Prompt
 
     out_dir = tempfile.mkdtemp(prefix="grpo-bench-")

@@ -89,7 +89,7 @@ def run(transport: str, steps: int) -> dict:
 def planned(transport: str, rows: list[dict]) -> dict:
     """The plan's sync phase for the run's recipe at its measured lengths, and the rates' source."""
     from grpo_ray.config import load_recipe
-    from grpo_ray.dims import model_dims
+    from grpo_ray.models.dims import model_dims
     from grpo_ray.planner import speed
     from grpo_ray.planner.rates import rates_for
 

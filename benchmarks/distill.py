@@ -69,7 +69,7 @@ def pool_vs_bare(name: str, samples: int, seq: int, micro: int, reps: int, threa
 
     from grpo_ray import models
     from grpo_ray.config import load_recipe
-    from grpo_ray.dims import model_dims
+    from grpo_ray.models.dims import model_dims
     from grpo_ray.roles.reference import Reference
 
     path = models.resolve(name)

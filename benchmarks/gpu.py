@@ -49,7 +49,7 @@ def build_model(name: str, path: Path, device: str, seed: int = 0):
     """A random-init checkpoint of `name`'s shape (``dims.KNOWN_DIMS``), written to `path` in bf16."""
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
-    from grpo_ray.dims import KNOWN_DIMS, ModelDims
+    from grpo_ray.models.dims import KNOWN_DIMS, ModelDims
 
     d = ModelDims(2, 128, 4, 2, 32, 256, 512, True, 4096) if name == TINY else KNOWN_DIMS[name]
     kind = LlamaConfig if "llama" in name.lower() else Qwen2Config
@@ -134,8 +134,8 @@ def batch(vocab: int, samples: int, seq: int, seed: int, turns: int = 1):
 def step_row(learner, dims, args, micro: int, peak_tflops: float | None, distill: bool = False) -> dict:
     """Warm-up then timed updates at micro batch `micro`; tokens/s, MFU, peak memory against plan. With `distill`,
     each update also takes a teacher's logprobs (the sampler's less 0.02, as a stand-in)."""
-    from grpo_ray import perf
     from grpo_ray.planner import memory
+    from grpo_ray.telemetry import perf
 
     recipe = recipe_for(Path(learner.model_path), args, micro, args.gpu)
     learner.recipe = recipe

@@ -99,8 +99,8 @@ def conversations(path: Path, count: int, seq: int, seed: int) -> list[str]:
     own text and more than `seq` tokens long (so a cut at `seq` leaves every one exactly `seq`)."""
     from transformers import AutoTokenizer
 
+    from grpo_ray.data import conversation_text as render
     from grpo_ray.data import synthetic
-    from grpo_ray.rewards.learned import render
 
     tokenizer = AutoTokenizer.from_pretrained(path)
     rng = random.Random(seed)
@@ -162,10 +162,10 @@ def scoring(path: Path, args) -> dict:
 
 def training(path: Path, dims, args, peak: float | None) -> list[dict]:
     """``RewardLearner.rm_train`` at each micro batch: tokens/s, MFU and peak memory against plan."""
-    from grpo_ray import perf
     from grpo_ray.planner import memory
     from grpo_ray.roles.reward_learner import RewardLearner
     from grpo_ray.sync import free_port
+    from grpo_ray.telemetry import perf
 
     micros = [int(m) for m in args.micro.split(",")]
     learner = RewardLearner(str(path), recipe_for(path, args, micros[0], args.gpu), 0, 1, threads=8)
@@ -239,9 +239,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--out", required=True)
     args = p.parse_args()
-    from grpo_ray.dims import model_dims
-    from grpo_ray.perf import device_peak_tflops
-    from grpo_ray.tiny import build_tiny, parse_tiny
+    from grpo_ray.models.dims import model_dims
+    from grpo_ray.models.tiny import build_tiny, parse_tiny
+    from grpo_ray.telemetry.perf import device_peak_tflops
 
     name = "tiny" if args.tiny else args.model
     gpu_name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"

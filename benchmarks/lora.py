@@ -95,7 +95,7 @@ def markdown(report: dict) -> str:
 def main() -> None:
     ap = step_parser(3, 1, "benchmarks/results/lora")
     args = ap.parse_args()
-    from grpo_ray.dims import model_dims
+    from grpo_ray.models.dims import model_dims
 
     runs = [run(name, overrides, args.warmup, args.steps) for name, overrides in RUNS.items()]
     report = {

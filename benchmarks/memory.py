@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from grpo_ray.dumps import read_samples
+from grpo_ray.telemetry.dumps import read_samples
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -42,7 +42,7 @@ CONFIGS = {
 
 def measure(name: str, overrides: list[str], work: Path) -> dict:
     from grpo_ray.config import load_recipe
-    from grpo_ray.dims import model_dims
+    from grpo_ray.models.dims import model_dims
     from grpo_ray.planner import memory
 
     out = work / name.split()[0]

@@ -352,7 +352,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128, help="response tokens at most")
     args = ap.parse_args()
     from grpo_ray.config import load_recipe
-    from grpo_ray.dims import model_dims
+    from grpo_ray.models.dims import model_dims
 
     common = [
         f"model.path={args.model}",

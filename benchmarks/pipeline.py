@@ -122,7 +122,7 @@ def main() -> None:
     ap = step_parser(6, 2, "benchmarks/results")
     ap.add_argument("--only", nargs="*", help="schedules to run (default: all)")
     args = ap.parse_args()
-    from grpo_ray.dims import model_dims
+    from grpo_ray.models.dims import model_dims
 
     params = model_dims(MODEL).params
     runs = [

@@ -59,7 +59,7 @@ def distinct_problems() -> int:
     """How many distinct questions the recipe's training rows hold (the task's problems, as its generator draws
     them)."""
     from grpo_ray.config import load_recipe
-    from grpo_ray.data import reasoning_gym
+    from grpo_ray.integrations import reasoning_gym
 
     recipe = load_recipe(ROOT / RECIPE)
     return len({r["prompt"][0]["content"] for r in reasoning_gym.rows(recipe.data.train_files[0])})

@@ -71,7 +71,7 @@ class BareClassifier:
         import ray
         import torch
 
-        from grpo_ray.rewards.learned import render
+        from grpo_ray.data import conversation_text as render
 
         pairs = [(r.prompts[c.prompt], c) for r in ray.get(rollout_refs) for c in r.completions]
         texts = [render(self.tokenizer, p.messages, c.text) for p, c in pairs]
@@ -116,7 +116,7 @@ def shortest(path: str, rollout) -> int:
     so every sequence is as long (no padding) and both score the same tokens."""
     from transformers import AutoTokenizer
 
-    from grpo_ray.rewards.learned import render
+    from grpo_ray.data import conversation_text as render
 
     tokenizer = AutoTokenizer.from_pretrained(path)
     texts = [render(tokenizer, rollout.prompts[c.prompt].messages, c.text) for c in rollout.completions]
@@ -128,7 +128,7 @@ def pool_vs_bare(name: str, samples: int, micro: int, words: int, reps: int, thr
 
     from grpo_ray import models
     from grpo_ray.config import load_recipe
-    from grpo_ray.dims import model_dims
+    from grpo_ray.models.dims import model_dims
 
     path = models.resolve(name)
     batch = rollouts(samples, words, seed=0)

@@ -52,7 +52,7 @@ FLOP_BUDGET = 1.2e12
 
 def draw(rng: random.Random) -> dict:
     """One configuration within the FLOP budget."""
-    from grpo_ray.dims import model_dims
+    from grpo_ray.models.dims import model_dims
 
     while True:
         c = {
@@ -134,7 +134,7 @@ def measure(c: dict, warmup: int, steps: int) -> dict:
 
 def predict(c: dict, measured: dict, rates) -> dict:
     from grpo_ray.config import load_recipe
-    from grpo_ray.dims import model_dims
+    from grpo_ray.models.dims import model_dims
     from grpo_ray.planner import rates, speed
 
     r = load_recipe(ROOT / "recipes/tiny-cpu.yaml", overrides(c))

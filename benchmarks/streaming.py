@@ -127,7 +127,7 @@ def main() -> None:
     ap.add_argument("--model", choices=["2.4m", "122m"], default="2.4m")
     ap.add_argument("--max-tokens", type=int, default=320)
     args = ap.parse_args()
-    from grpo_ray.dims import model_dims
+    from grpo_ray.models.dims import model_dims
 
     model = MODEL_122M if args.model == "122m" else MODEL
     runs = [

@@ -50,7 +50,7 @@ def considered(recipe: str, prompt_tokens: int) -> tuple[list, object]:
     """What ``plan --suggest --prompt-tokens`` ranks for `recipe` (all of it, fastest first), and the recipe's own
     prediction."""
     from grpo_ray.config import load_recipe
-    from grpo_ray.dims import model_dims
+    from grpo_ray.models.dims import model_dims
     from grpo_ray.planner import rates, speed, suggest
 
     r = load_recipe(ROOT / recipe, FLAGS)

@@ -41,7 +41,7 @@ def measure(model: str, bucket_mb: int, reps: int) -> dict:
     from grpo_ray.config import load_recipe
     from grpo_ray.controller import GRPOController
     from grpo_ray.engines import probe_diff
-    from grpo_ray.launch import connect
+    from grpo_ray.jobs.launch import connect
     from grpo_ray.roles import fsdp, mark_rss, peak_rss_since_mark
     from grpo_ray.setup_run import setup_run
 
@@ -98,7 +98,7 @@ def measure(model: str, bucket_mb: int, reps: int) -> dict:
     raw = run_child(
         "broadcast", {"world": 1 + r.generator.num_engines, "bytes": nbytes, "reps": reps}, {"OMP_NUM_THREADS": "1"}
     )
-    from grpo_ray.dims import model_dims
+    from grpo_ray.models.dims import model_dims
     from grpo_ray.planner import memory
 
     dims = model_dims(inputs.model_path)

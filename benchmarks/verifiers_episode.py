@@ -1,5 +1,5 @@
 """What verifiers' own machinery costs an episode: the same one-call episodes of a verifiers taskset played by
-verifiers (``grpo_ray.envs.verifiers_env:episode``: its SingleAgentEnv, the ``null`` harness's chat program in its
+verifiers (``grpo_ray.integrations.verifiers:episode``: its SingleAgentEnv, the ``null`` harness's chat program in its
 subprocess runtime, its interception server) and by a plain agent program making the same call with the openai
 client, on the same engine and endpoint.
 
@@ -31,7 +31,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), str(TASKSETS
 MODEL = "tiny://qwen2?layers=2&hidden=128&heads=4&kv_heads=2&intermediate=256&vocab=400&tie=0&text=reasoning&seed=0"
 PROGRAMS = {
     "openai client": "benchmarks.verifiers_episode:one_call",
-    "verifiers": "grpo_ray.envs.verifiers_env:episode",
+    "verifiers": "grpo_ray.integrations.verifiers:episode",
 }
 
 
@@ -47,7 +47,7 @@ def one_call(base_url: str, row: dict, tokens: int = 16) -> float:
 def timed(name: str, program: str, args, llm) -> dict:
     from grpo_ray.config import load_recipe
     from grpo_ray.data import load_rows
-    from grpo_ray.rollout import Episodes
+    from grpo_ray.rollouts.episodes import Episodes
     from grpo_ray.types import Prompt
 
     kwargs = f"{{tokens: {args.tokens}}}" if name == "openai client" else "{}"

@@ -255,8 +255,8 @@ def _export_into(ckpt: Path, out: Path, max_shard_size: str, say) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from grpo_ray import lora
     from grpo_ray.config import LoraConfig
+    from grpo_ray.models import lora
 
     hf_logging.disable_progress_bar()  # one shard of a small model: a bar would only clutter the output
     with tempfile.TemporaryDirectory() as tmp:

@@ -19,7 +19,7 @@ from grpo_ray.planner.command import plan_command
 
 def cmd_train(args) -> int:
     from grpo_ray.config import load_recipe
-    from grpo_ray.dims import model_dims
+    from grpo_ray.models.dims import model_dims
     from grpo_ray.planner.fit import check, model_limits
 
     recipe = load_recipe(args.recipe, args.overrides)
@@ -40,14 +40,14 @@ def cmd_train(args) -> int:
             "lower their num_cpus (grpo-ray plan lists each pool's) or submit the job to a larger cluster:\n"
             + "\n".join(f"  - {p}" for p in short)
         )
-    from grpo_ray.metrics import since_start
+    from grpo_ray.telemetry.metrics import since_start
 
     print(
         f"{since_start()} recipe valid, and it fits its cluster (grpo-ray plan {args.recipe} shows how); "
         "checking the data and rewards",
         flush=True,
     )
-    from grpo_ray.launch import train
+    from grpo_ray.jobs.launch import train
 
     # the inputs inside the job: an sft:// model is trained while they are made (after the data is checked)
     return _run(
@@ -58,8 +58,8 @@ def cmd_train(args) -> int:
 
 def cmd_sft(args) -> int:
     from grpo_ray.config import load_recipe
+    from grpo_ray.jobs.sft import run_sft
     from grpo_ray.planner.fit import model_limits
-    from grpo_ray.sft import run_sft
 
     recipe = load_recipe(args.recipe, args.overrides, command="sft")
     model_limits(recipe, "sft")
@@ -71,8 +71,8 @@ def cmd_sft(args) -> int:
 
 def cmd_rm(args) -> int:
     from grpo_ray.config import load_recipe
+    from grpo_ray.jobs.rm import run_rm
     from grpo_ray.planner.fit import model_limits
-    from grpo_ray.rm import run_rm
 
     recipe = load_recipe(args.recipe, args.overrides, command="rm")
     model_limits(recipe, "rm")
@@ -85,9 +85,9 @@ def cmd_rm(args) -> int:
 
 def _inputs(recipe, command: str, recipe_path: str):
     """Everything checked and loaded before any actor starts (grpo_ray.setup_run), said in a few lines."""
-    from grpo_ray.metrics import since_start
+    from grpo_ray.jobs.sft import warm_start
     from grpo_ray.setup_run import setup_run
-    from grpo_ray.sft import warm_start
+    from grpo_ray.telemetry.metrics import since_start
 
     inputs = setup_run(recipe, command, Path(recipe_path).parent, warm_start=warm_start)  # sft:// is trained here
     print(
@@ -168,7 +168,7 @@ def cmd_replay(args) -> int:
     import json
 
     from grpo_ray.config import load_recipe
-    from grpo_ray.launch import replay
+    from grpo_ray.jobs.launch import replay
 
     metrics = replay(load_recipe(args.recipe, args.overrides), args.dump)
     print(json.dumps(metrics, indent=1))
@@ -176,7 +176,7 @@ def cmd_replay(args) -> int:
 
 
 def cmd_plot(args) -> int:
-    from grpo_ray.plot import plot_runs
+    from grpo_ray.telemetry.plot import plot_runs
 
     out = args.out or f"{args.runs[0].rstrip('/')}/plot.png"
     print(f"wrote {plot_runs(args.runs, out)}")
@@ -190,8 +190,8 @@ def cmd_eval(args) -> int:
 
     from grpo_ray.checkpoint import export_hf
     from grpo_ray.config import load_recipe
-    from grpo_ray.dims import model_dims
-    from grpo_ray.evaluate import DEFAULT_RECIPE, device_overrides, evaluate
+    from grpo_ray.jobs.evaluate import DEFAULT_RECIPE, device_overrides, evaluate
+    from grpo_ray.models.dims import model_dims
     from grpo_ray.planner.fit import model_limits
 
     out = Path(args.out)
@@ -427,7 +427,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from grpo_ray import metrics
+    from grpo_ray.telemetry import metrics
 
     metrics.START = time.time()  # start-up lines count from here
     args = parse(argv)

@@ -35,12 +35,12 @@ from grpo_ray.config import GENERATOR, KINDS, LEARNER, REFERENCE, TEACHER, Recip
 from grpo_ray.engines import split
 from grpo_ray.errors import Preempted, RunError
 from grpo_ray.lengths import response_budget
-from grpo_ray.metrics import perf_metrics, pool_metrics, rollout_metrics
 from grpo_ray.rewards.learned import fill_unread, with_model
 from grpo_ray.runner import Runner
 from grpo_ray.scorers import LEARNED, RULES, Sent
 from grpo_ray.setup_run import RunInputs
 from grpo_ray.sources import Collected, Hooks
+from grpo_ray.telemetry.metrics import perf_metrics, pool_metrics, rollout_metrics
 from grpo_ray.types import Prompt, Rollout, Work
 
 __all__ = ["GRPOController", "RunError", "Preempted"]

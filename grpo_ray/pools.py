@@ -27,9 +27,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from grpo_ray import faults, placement, transports
 from grpo_ray.config import GENERATOR, KINDS, LEARNER, POOLS, REFERENCE, REWARD_MODEL, RULES, TEACHER, Recipe
 from grpo_ray.device import Device
-from grpo_ray.dims import ModelDims
 from grpo_ray.errors import RunError
-from grpo_ray.metrics import since_start
+from grpo_ray.models.dims import ModelDims
 from grpo_ray.roles import LOG_FILE_ENV, Seat
 from grpo_ray.roles.generator import Generator
 from grpo_ray.roles.judge import Judge
@@ -37,6 +36,7 @@ from grpo_ray.roles.learner import Learner
 from grpo_ray.roles.reference import Reference
 from grpo_ray.roles.reward import RewardWorker
 from grpo_ray.roles.reward_model import RewardModel
+from grpo_ray.telemetry.metrics import since_start
 
 ROLES = {
     GENERATOR: Generator,

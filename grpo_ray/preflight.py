@@ -169,8 +169,8 @@ def try_environment(recipe: Recipe, tokenizer, rows: list[dict]) -> None:
     and an episode of each starts on the first training row that plays it, in an environment process under the
     recipe's sandbox, as the engines' will: one line now, not a run of failed trajectories."""
     from grpo_ray import envs
+    from grpo_ray.data.template import Observations
     from grpo_ray.envs.child import EnvChild
-    from grpo_ray.envs.template import Observations
 
     e = recipe.environment
     try:
@@ -178,7 +178,7 @@ def try_environment(recipe: Recipe, tokenizer, rows: list[dict]) -> None:
     except envs.EnvironmentLoadError as err:
         raise RecipeError(str(err)) from None
     Observations.of(tokenizer, e.role, recipe.model.chat_template_kwargs)
-    if e.name == "agent":  # its program runs against the engines: loaded and checked above, run once they are up
+    if envs.program(e):  # its program runs against the engines: loaded and checked above, run once they are up
         if e.sandbox:  # (what its processes' sandbox holds here: an environment process's, the same)
             child = EnvChild(envs.jail(recipe))
             child.close()
@@ -214,7 +214,7 @@ def _try_episode(recipe: Recipe, tokenizer, child, env: tuple[str, dict], row: d
         why = answer.rstrip().splitlines()[-1] if outcome == "error" else outcome
         raise RecipeError(f"{where}, starting an episode failed: {why}")
     if answer and e.opening != "ignore":  # its opening observation meets the row's prompt as the engines' will
-        from grpo_ray.rollout import open_prompt
+        from grpo_ray.rollouts.episodes import open_prompt
 
         outcome, why = open_prompt(p, answer, tokenizer, recipe)
         if outcome == "long" or outcome == "mismatch" and e.opening == "check":

@@ -1,6 +1,6 @@
 """The job around the steps: one place for the run, resume, checkpoints, preemption, validation and its cadence,
 early stopping and the logs. What a step does is a subclass's: the GRPO step (grpo_ray.controller) and the SFT step
-(grpo_ray.sft) share all of this.
+(grpo_ray.jobs.sft) share all of this.
 
     run:  start pools ─> (resume) ─> probe ─> (validate) ─> for each step: step ─> validate? ─> save? ─> stop?
                                                                       SIGTERM: save if the grace allows, then stop
@@ -20,19 +20,20 @@ from pathlib import Path
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from grpo_ray import checkpoint, early_stop, trackers
+from grpo_ray import checkpoint, early_stop
 from grpo_ray.algo.batching import Samples
 from grpo_ray.config import GENERATOR, LEARNER, POOLS, RULES, Recipe
 from grpo_ray.data.stream import Position, PromptStream
-from grpo_ray.dumps import write_dump
 from grpo_ray.engines import Engines
 from grpo_ray.errors import Preempted, RunError
 from grpo_ray.faults import fault_at
-from grpo_ray.metrics import MetricsLog, sample_table, since_start, validation_metrics, validation_totals
 from grpo_ray.models import chat_template_text
 from grpo_ray.pools import Pools
 from grpo_ray.scorers import Scorers
 from grpo_ray.setup_run import RunInputs
+from grpo_ray.telemetry import trackers
+from grpo_ray.telemetry.dumps import write_dump
+from grpo_ray.telemetry.metrics import MetricsLog, sample_table, since_start, validation_metrics, validation_totals
 from grpo_ray.types import Prompt
 
 __all__ = ["Runner", "RunError", "Preempted"]

@@ -14,7 +14,7 @@ from grpo_ray import models, rundir, transports
 from grpo_ray.config import KINDS, REWARD_MODEL, TEACHER, Recipe, RecipeError, dump_recipe, recipe_yaml
 from grpo_ray.data import DataError, checked, dotted, load_rows, prompt_text
 from grpo_ray.data.targets import RM_IDS, rm_tokens, target_tokens
-from grpo_ray.dims import ModelDims, model_dims
+from grpo_ray.models.dims import ModelDims, model_dims
 from grpo_ray.preflight import (
     check_algorithm,
     check_sources,
@@ -85,7 +85,7 @@ class Job:
 
 
 RM_VALIDATION = ("val/rm/accuracy", "val/rm/loss")
-"""What a reward model's validation reports (``grpo_ray.rm``)."""
+"""What a reward model's validation reports (``grpo_ray.jobs.rm``)."""
 
 JOBS = {
     "": Job(),  # validation rows: a prompt and its answer
@@ -323,7 +323,7 @@ def setup_run(
 ) -> RunInputs:
     """Check the output directory, rewards, build or locate the model, load and tokenize data, write config.yaml.
     For `command` sft the training rows carry their targets. A model made by an SFT recipe (``sft://``) is
-    made by `warm_start` (the job layer passes grpo_ray.sft.warm_start; without it, only the cache is looked in),
+    made by `warm_start` (the job layer passes grpo_ray.jobs.sft.warm_start; without it, only the cache is looked in),
     once the data has been checked with its tokenizer (the base model's). Reward modules are looked for in the
     working directory and `recipe_dir`, and each reward function is tried on the first training row."""
     output_dir = rundir.writable_dir(recipe.trainer.output_dir, "trainer.output_dir")

@@ -75,7 +75,7 @@ class Completion:
 
 @dataclass
 class Episode:
-    """What happened in one multi-turn trajectory (``grpo_ray.rollout``)."""
+    """What happened in one multi-turn trajectory (``grpo_ray.rollouts.episodes``)."""
 
     turns: list[str]
     """The model's turns and the observations between them, alternately, as text; the last is the model's."""
@@ -95,7 +95,7 @@ class Episode:
     rewards: list[float] = field(default_factory=list)
     """The environment's reward of each model turn, at its turn (the turn's step's; in dumps, for per-turn credit)."""
     off_record: int = 0
-    """An agent program's calls that did not extend its conversation: answered, not trained on (grpo_ray.endpoint)."""
+    """An agent program's calls that did not extend its conversation: answered, not trained on (rollouts.endpoint)."""
     opening_mismatch: bool = False
     """Its reset's opening observation was not found in the row's prompt (``environment.opening``: counted)."""
 
@@ -135,7 +135,7 @@ class RolloutStats:
     window: tuple[float, float] = (0.0, 0.0)
     """Wall-clock start and end of the generation (time.time() in the actor): what overlapped what."""
     env: dict[str, list[float]] = field(default_factory=dict)
-    """Multi-turn rollouts: the env/* metrics' values per trajectory (``grpo_ray.rollout.episode_values``)."""
+    """Multi-turn rollouts: the env/* metrics' values per trajectory (``grpo_ray.rollouts.episodes.episode_values``)."""
     failures: dict[str, str] = field(default_factory=dict)
     """Multi-turn rollouts: the environment's first failure of each kind on this engine (error, timeout, ...), its
     traceback or what happened, when it is new since the engine's last answer."""

@@ -69,7 +69,7 @@ def ray_local():
     """A local Ray cluster for one test module (logical CPUs: actors here are mostly idle)."""
     import ray
 
-    from grpo_ray.launch import PRESTART_OFF
+    from grpo_ray.jobs.launch import PRESTART_OFF
 
     for var in PRESTART_OFF:  # as a run's own local cluster: no idle workers started ahead of the actors
         os.environ.setdefault(var, "0")

@@ -1,6 +1,6 @@
 """Agent programs that drive the model themselves (environment.name: agent): the OpenAI-compatible endpoint on a
 real vLLM engine, the programs using the openai client in sandboxed agent processes, each session recorded token in,
-token out (grpo_ray/endpoint.py, grpo_ray/agent_rollout.py, grpo_ray/envs/agent_child.py)."""
+token out (grpo_ray/rollouts/endpoint.py, grpo_ray/rollouts/agents.py, grpo_ray/envs/agent_child.py)."""
 
 import json
 
@@ -39,9 +39,9 @@ def test_a_calls_new_messages_are_laid_out_after_the_sampled_reply_as_the_templa
     and the new messages of the next call: together with the prompt and the reply they decode to the template's
     own rendering of the longer conversation; one new message is laid out as the rollouts' observations are; a
     message's text cannot open or close a message."""
-    from grpo_ray import tiny
-    from grpo_ray.endpoint import continuation
-    from grpo_ray.envs.template import Observations
+    from grpo_ray.data.template import Observations
+    from grpo_ray.models import tiny
+    from grpo_ray.rollouts.endpoint import continuation
 
     tok = tiny.train_tokenizer(arch, ["Mia has 7 pears. <calc>7*2</calc> 14 and then? <|im_end|>"] * 20, 400)
 
@@ -194,9 +194,17 @@ def test_an_agent_program_is_checked_before_start():
             [{}],
         )
     with pytest.raises(RecipeError, match="an agent program plays every row"):
-        load_recipe(
-            ROOT / "recipes" / "tiny-cpu.yaml",
-            ["environment.name=agent", "environment.choices={g: {name: guess}}", "environment.options.program=x:y"],
+        try_environment(
+            load_recipe(
+                ROOT / "recipes" / "tiny-cpu.yaml",
+                [
+                    "environment.name=agent",
+                    "environment.choices={g: {name: guess}}",
+                    "environment.options.program=tests.helpers.agents:chat",
+                ],
+            ),
+            None,
+            [{}],
         )
 
 

@@ -540,7 +540,7 @@ def test_signal_groups_and_take_groups_by_hand():
     )
     # a verl dict's other numbers (one actor had them, one not) go with their samples, and into the metrics
     # over the samples that had them
-    from grpo_ray.metrics import rollout_metrics
+    from grpo_ray.telemetry.metrics import rollout_metrics
 
     scores[0].extras = {"f/acc": [1.0, 0.0, 0.0]}
     taken = take_groups(4, stats, scores, [(4, 0, 0), (4, 1, 0)], 2, max_tokens=6)
@@ -553,8 +553,8 @@ def test_dynamic_sampling_keeps_the_env_metrics_of_the_trajectories_it_keeps():
     """DAPO's group filter on multi-turn rollouts: the env/* metrics are those of the kept trajectories alone
     (their turns, tool calls, masked tokens), not the whole generated batch's."""
     from grpo_ray.algo.groups import take_groups
-    from grpo_ray.metrics import env_metrics
-    from grpo_ray.rollout import episode_values
+    from grpo_ray.rollouts.episodes import episode_values
+    from grpo_ray.telemetry.metrics import env_metrics
     from grpo_ray.types import Completion, Episode, RolloutStats, Scores
 
     def trajectory(prompt, calls):  # `calls` tool calls: 2 x calls + 1 turns of text, 3 model tokens a turn
@@ -738,7 +738,7 @@ def test_the_loss_keeps_every_tensor_on_the_logprobs_device(kl_coef):
 
 
 def test_reward_metric_names_carry_a_files_stem_never_its_path():
-    from grpo_ray.metrics import reward_label
+    from grpo_ray.telemetry.metrics import reward_label
 
     assert reward_label("/home/u/proj/my_reward.py:compute_score") == "my_reward:compute_score"
     assert reward_label("/home/u/proj/my_reward.py:compute_score/acc") == "my_reward:compute_score/acc"  # verl's dict

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from grpo_ray.dumps import read_samples
+from grpo_ray.telemetry.dumps import read_samples
 from tests.conftest import ONE_STEP_OFF as ASYNC
 from tests.conftest import run_cli
 from tests.test_checkpoint import assert_same_metrics

@@ -12,7 +12,7 @@ from collections import defaultdict
 
 import pytest
 
-from grpo_ray.dumps import read_samples
+from grpo_ray.telemetry.dumps import read_samples
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.slow

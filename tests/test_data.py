@@ -442,7 +442,7 @@ def test_sft_traces_are_laid_out_as_a_rollout_lays_them_out(arch, tmp_path):
 
     from grpo_ray import models
     from grpo_ray.config import load_recipe
-    from grpo_ray.envs.template import Observations
+    from grpo_ray.data.template import Observations
     from grpo_ray.setup_run import usable_rows
 
     name = TINY_BYTES.replace("qwen2", arch)
@@ -537,7 +537,7 @@ def test_question_and_answer_rows_need_no_gsm8k_marker(tmp_path):
     """`eval` and prepare-data take {question, answer} rows whose answer is the final answer alone (text or a
     number), as users write them, beside GSM8K's 'solution #### 42'; a worked solution with no marker is refused
     saying so, not as a missing answer."""
-    from grpo_ray.evaluate import eval_rows
+    from grpo_ray.jobs.evaluate import eval_rows
 
     rows = [
         {"question": "Six times seven?", "answer": "42"},

@@ -10,9 +10,9 @@ import torch
 
 from grpo_ray import models
 from grpo_ray.config import KINDS, load_recipe
-from grpo_ray.dims import model_dims
-from grpo_ray.dumps import read_samples
+from grpo_ray.models.dims import model_dims
 from grpo_ray.planner import memory
+from grpo_ray.telemetry.dumps import read_samples
 from tests.conftest import ROOT, run_cli
 from tests.test_recipes import check_twin_run
 

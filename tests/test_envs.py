@@ -9,12 +9,13 @@ import sys
 
 import pytest
 
-from grpo_ray import models, sandbox, tiny
+from grpo_ray import models, sandbox
 from grpo_ray.config import RecipeError, load_recipe
+from grpo_ray.data.template import Observations, TemplateError
 from grpo_ray.envs import EnvironmentLoadError, Step, load, options
 from grpo_ray.envs.builtin import arithmetic
 from grpo_ray.envs.child import EnvChild
-from grpo_ray.envs.template import Observations, TemplateError
+from grpo_ray.models import tiny
 from grpo_ray.sandbox import Jail
 from tests.conftest import ROOT, run_cli
 from tests.helpers.episodes_run import run_cases
@@ -183,7 +184,7 @@ def test_an_opening_is_the_prompts_user_turn_or_is_found_in_the_rows(tokenizers)
     layer lays out a row (system prompt, template, response prefix); a row with a user turn must hold it; an
     opening that makes the prompt too long is refused."""
     from grpo_ray.data import prompt_text
-    from grpo_ray.rollout import open_prompt
+    from grpo_ray.rollouts.episodes import open_prompt
     from grpo_ray.types import Prompt
 
     tok = tokenizers["qwen2"]
@@ -631,7 +632,7 @@ def test_multi_turn_dumps_show_the_turns_and_replay(agent_runs, tmp_path):
     observations' tokens) and the environment's reward. Replaying step 3's dump into the weights of step 2's
     checkpoint (the batch before a checkpoint waits for them) gives step 3's policy loss and entropy (not its
     gradient: the replay's reference would be those weights, not the run's, so its KL term is left out)."""
-    from grpo_ray.dumps import read_samples
+    from grpo_ray.telemetry.dumps import read_samples
 
     whole = agent_runs[0]
     rows = read_samples(whole / "rollouts" / "train_data_step3.jsonl")

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from grpo_ray.dumps import read_samples
-from grpo_ray.evaluate import eval_rows
-from grpo_ray.perf import pass_at_k
+from grpo_ray.jobs.evaluate import eval_rows
+from grpo_ray.telemetry.dumps import read_samples
+from grpo_ray.telemetry.perf import pass_at_k
 from tests.conftest import TINY, run_cli
 
 pytestmark = pytest.mark.slow

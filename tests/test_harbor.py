@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from grpo_ray.data import DataError, load_rows
-from grpo_ray.dumps import read_samples
 from grpo_ray.envs.child import EnvChild
-from grpo_ray.envs.harbor_env import SYSTEM
+from grpo_ray.integrations.harbor import SYSTEM
 from grpo_ray.sandbox import Jail
+from grpo_ray.telemetry.dumps import read_samples
 from tests.conftest import ROOT, run_cli
 
 TASKS = ROOT / "tests" / "helpers" / "harbor_tasks"
@@ -204,7 +204,7 @@ def test_tests_that_install_at_verify_time_are_refused_before_start_without_the_
     said = str(e.value)
     assert f"the Harbor task {task} installs at verify time (tests/test.sh line 2: apt-get update)" in said
     assert "environment.network=true" in said and "\n" not in said
-    from grpo_ray.envs.harbor_env import installs
+    from grpo_ray.integrations.harbor import installs
 
     assert [f.split(":")[0] for f in installs(task)] == ["line 2", "line 3", "line 5", "line 8"]
     envs.check(load_recipe(ROOT / "recipes" / "tiny-qwen2.5-7b-gsm8k-agent.yaml", [*keys, "environment.network=true"]))

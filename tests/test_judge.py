@@ -10,7 +10,7 @@ import math
 import pytest
 
 from grpo_ray.config import load_recipe
-from grpo_ray.dims import model_dims
+from grpo_ray.models.dims import model_dims
 from grpo_ray.planner import memory
 from grpo_ray.rewards.learned import fill_unread, judge_prompt, read_score
 from grpo_ray.types import Prompt
@@ -161,7 +161,7 @@ def check_judge_scores(out, steps: tuple[int, ...]) -> None:
 
     from grpo_ray import models
     from grpo_ray.data import load_rows
-    from grpo_ray.dumps import read_samples
+    from grpo_ray.telemetry.dumps import read_samples
 
     r = load_recipe(RECIPE)
     j = r.reward_model.judge

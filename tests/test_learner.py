@@ -3,11 +3,12 @@
 import pytest
 import torch
 
-from grpo_ray import models, perf
+from grpo_ray import models
 from grpo_ray.algo.batching import flatten, forward_work
 from grpo_ray.config import load_recipe
-from grpo_ray.dims import model_dims
+from grpo_ray.models.dims import model_dims
 from grpo_ray.roles.learner import Learner
+from grpo_ray.telemetry import perf
 from tests.conftest import ROOT, TINY, tiny_rollouts
 
 pytestmark = pytest.mark.slow

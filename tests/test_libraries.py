@@ -9,7 +9,7 @@ import json
 import pytest
 
 from grpo_ray.data import load_rows
-from grpo_ray.dumps import read_samples
+from grpo_ray.telemetry.dumps import read_samples
 from tests.conftest import ROOT, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.smoke]

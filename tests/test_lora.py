@@ -11,8 +11,9 @@ import sys
 import pytest
 import torch
 
-from grpo_ray import dims, lora, models
+from grpo_ray import models
 from grpo_ray.config import LoraConfig, load_recipe
+from grpo_ray.models import dims, lora
 from tests.conftest import ROOT, TINY, run_cli
 from tests.test_checkpoint import assert_same_metrics, metrics, whole_and_resumed
 

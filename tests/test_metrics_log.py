@@ -5,8 +5,8 @@ import json
 import sys
 import time
 
-from grpo_ray import metrics
-from grpo_ray.metrics import LEGEND, MetricsLog, console_line
+from grpo_ray.telemetry import metrics
+from grpo_ray.telemetry.metrics import LEGEND, MetricsLog, console_line
 
 
 class Terminal(io.StringIO):

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_ray import models, tiny
+from grpo_ray import models
+from grpo_ray.models import tiny
 from tests.conftest import ROOT, TINY
 
 ARCHS = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "gemma3": "Gemma3ForCausalLM"}

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from grpo_ray.dumps import read_samples
+from grpo_ray.telemetry.dumps import read_samples
 from tests.conftest import run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.smoke]  # the quick start on-policy, in CI's tier

@@ -3,9 +3,10 @@
 import pytest
 import torch
 
-from grpo_ray import models, perf
-from grpo_ray.dims import ModelDims, model_dims
-from grpo_ray.metrics import perf_metrics, validation_metrics
+from grpo_ray import models
+from grpo_ray.models.dims import ModelDims, model_dims
+from grpo_ray.telemetry import perf
+from grpo_ray.telemetry.metrics import perf_metrics, validation_metrics
 from tests.conftest import TINY
 
 
@@ -115,7 +116,7 @@ def test_validation_metrics_per_source():
 
 
 def test_pool_metrics_count_every_actor_of_a_pool():
-    from grpo_ray.metrics import pool_metrics
+    from grpo_ray.telemetry.metrics import pool_metrics
     from grpo_ray.types import Work
 
     work = {"reference": [Work(1.0, 10), Work(0.5, 6)], "reward": [Work(0.2, 16)]}

@@ -8,7 +8,7 @@ import pytest
 
 from grpo_ray import placement
 from grpo_ray.config import KINDS, POOLS, load_recipe
-from grpo_ray.dims import model_dims
+from grpo_ray.models.dims import model_dims
 from grpo_ray.planner import memory, rates, speed
 from tests.conftest import ROOT
 

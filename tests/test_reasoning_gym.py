@@ -1,4 +1,4 @@
-"""reasoning-gym as data and a reward with no glue (grpo_ray/data/reasoning_gym.py), with the library's own code
+"""reasoning-gym as data and a reward with no glue (grpo_ray/integrations/reasoning_gym.py), with the library's own code
 from PyPI (the `envs` extra): rows from a ``reasoning_gym://`` spec, scored by its tasks' own ``score_answer`` in the
 reward child, and a spec that cannot work refused in one line before any actor starts."""
 
@@ -41,7 +41,7 @@ def test_the_reward_is_the_tasks_own_score_in_the_reward_child():
         assert score(f"Thinking.<answer>{truth}</answer>") == 1.0 and score(f" {truth}\n") == 1.0
         assert score("<answer>7</answer> then <answer>not it</answer>") == 0.0
     with pytest.raises(ValueError, match="scores rows of reasoning_gym:// data"):
-        from grpo_ray.data.reasoning_gym import reward
+        from grpo_ray.integrations.reasoning_gym import reward
 
         reward("1", "1", {})
 

@@ -7,9 +7,9 @@ import pytest
 
 from grpo_ray import lengths, placement
 from grpo_ray.config import load_recipe
-from grpo_ray.dims import model_dims
-from grpo_ray.dumps import read_samples
+from grpo_ray.models.dims import model_dims
 from grpo_ray.planner import fit, memory
+from grpo_ray.telemetry.dumps import read_samples
 from tests.conftest import ROOT, run_cli
 
 RECIPES = ROOT / "recipes"

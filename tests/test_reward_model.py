@@ -13,10 +13,10 @@ import torch
 from grpo_ray import models
 from grpo_ray.config import KINDS, load_recipe
 from grpo_ray.data import load_rows
-from grpo_ray.dims import model_dims
-from grpo_ray.dumps import read_samples
+from grpo_ray.models.dims import model_dims
 from grpo_ray.planner import memory
 from grpo_ray.rewards.learned import standardised, true_reward, with_model
+from grpo_ray.telemetry.dumps import read_samples
 from grpo_ray.types import Scores
 from tests.conftest import ROOT, run_cli
 

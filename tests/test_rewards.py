@@ -5,9 +5,9 @@ import pytest
 
 from grpo_ray import rewards
 from grpo_ray.config.scorers import RewardFnConfig
-from grpo_ray.metrics import validation_metrics, validation_totals
 from grpo_ray.rewards import RewardLoadError, load, weighted_sum
 from grpo_ray.rewards.runner import score_one
+from grpo_ray.telemetry.metrics import validation_metrics, validation_totals
 from grpo_ray.types import Scores
 
 
@@ -222,9 +222,9 @@ def test_the_reward_worker_routes_a_mixed_dataset_by_data_source(tmp_path):
     verl's two files, each named for its source: the MATH file, which scores anything not boxed -1, never sees a
     GSM8K row (without sources it gave every GSM8K row -1), and each metric is over its own rows."""
     from grpo_ray.config import RewardConfig
-    from grpo_ray.metrics import rollout_metrics
     from grpo_ray.rewards import shipped
     from grpo_ray.roles.reward import RewardWorker
+    from grpo_ray.telemetry.metrics import rollout_metrics
     from grpo_ray.types import Completion, Prompt, Rollout, RolloutStats
 
     (tmp_path / "gsm8k_file.py").write_text(

@@ -71,7 +71,7 @@ def test_a_reward_model_trains_validates_and_exports(trained):
 def test_plan_for_rm_places_the_learner_alone_and_predicts_its_memory(trained):
     """`grpo-ray plan --job rm`: the learner pool alone, its memory the classifier's (no logits over the vocabulary,
     a pair's two conversations in one forward) within 25% of the run's measured peak."""
-    from grpo_ray.dims import model_dims
+    from grpo_ray.models.dims import model_dims
     from grpo_ray.planner import memory
 
     out, _ = trained
@@ -88,7 +88,7 @@ def test_plan_for_rm_places_the_learner_alone_and_predicts_its_memory(trained):
 @pytest.mark.smoke
 def test_the_export_scores_the_held_out_rows_as_validated(trained):
     """The exported classifier, loaded by transformers as the reward-model pool loads it, on the held-out rows as
-    setup_run renders them (``rewards.learned.render``): the accuracy and loss of the run's last validation."""
+    setup_run renders them (``data.conversation_text``): the accuracy and loss of the run's last validation."""
     from transformers import AutoModelForSequenceClassification
 
     from grpo_ray.models import load_tokenizer

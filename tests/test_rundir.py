@@ -201,7 +201,7 @@ def test_a_resumed_run_continues_its_tensorboard_without_duplicate_steps(tmp_pat
     """Steps 3-4 redone after a checkpoint of step 2: TensorBoard shows each step once, with the redone values."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from grpo_ray.metrics import MetricsLog
+    from grpo_ray.telemetry.metrics import MetricsLog
 
     log = MetricsLog(tmp_path, ["tensorboard"], 4)
     for step in range(1, 5):

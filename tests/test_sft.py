@@ -51,7 +51,7 @@ def test_grpo_starts_from_the_model_its_sft_warm_start_made(tmp_path):
     SFT and GRPO learn: tests/test_showcase.py, with --full.)"""
     import yaml
 
-    from grpo_ray.sft import warm_start
+    from grpo_ray.jobs.sft import warm_start
 
     sft = yaml.safe_load((ROOT / RECIPE).read_text())
     sft["data"]["train_files"] = ["synthetic://reasoning?size=64&seed=0&answer_only=0.5"]

@@ -58,7 +58,7 @@ def test_sft_warm_start_lowers_the_loss_and_raises_pass_at_1(showcase):
 
 
 def test_warm_start_is_built_once(showcase):
-    from grpo_ray.sft import warm_start
+    from grpo_ray.jobs.sft import warm_start
 
     _, _, model = showcase
     stamp = (model.parent / "metrics.jsonl").stat().st_mtime_ns

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from grpo_ray.config import load_recipe
-from grpo_ray.dims import ModelDims, model_dims
+from grpo_ray.models.dims import ModelDims, model_dims
 from grpo_ray.planner import fit, rates, speed, suggest, work
 from tests.conftest import ROOT, run_cli
 
@@ -209,7 +209,7 @@ def test_suggest_gives_overrides_that_load_and_fit(capsys):
     """--suggest on a tiny twin, with the published table's rates: three layouts, fastest first, each a list of
     overrides that loads and passes the fit check."""
     from grpo_ray.cli import main
-    from grpo_ray.dims import model_dims
+    from grpo_ray.models.dims import model_dims
 
     twin = "recipes/tiny-qwen2.5-1.5b-gsm8k-1node.yaml"
     assert main(["plan", twin, "--suggest"]) == 0
@@ -229,7 +229,7 @@ def test_suggest_on_cpu_leaves_out_layouts_the_nodes_cannot_place():
     """On a node of 2 cores, the tiny recipe's two engines and two learner ranks ask for 2.5 CPUs, which Ray's
     placement refuses at start (found by benchmarks/suggest.py): --suggest considers only layouts it can place."""
     from grpo_ray import placement
-    from grpo_ray.dims import model_dims
+    from grpo_ray.models.dims import model_dims
 
     path = ROOT / "recipes/tiny-cpu.yaml"
     r = load_recipe(path)

@@ -16,7 +16,7 @@ import textwrap
 import pytest
 
 from grpo_ray import models
-from grpo_ray.dumps import read_samples
+from grpo_ray.telemetry.dumps import read_samples
 from tests.conftest import ROOT, run_cli
 from tests.test_checkpoint import COMMON, whole_and_resumed
 

@@ -14,50 +14,43 @@ LAYERS = [  # bottom to top: a module imports modules of its own layer or below,
             "errors",
             "types",
             "faults",
-            "perf",
+            "telemetry.perf",
             "device",
             "config",
             "recipe_docs",
             "sync",
-            "plot",
+            "telemetry.plot",
+            "libraries",  # the outside libraries' module:name strings: found by name, never imported below them
             "sandbox",  # untrusted code in a child process that reaches nothing it was not handed
         ],
     ),
+    ("data", ["data"]),  # rows, chat templates, the tokens a job's rows carry
+    ("rewards", ["rewards"]),  # reward functions: plain callables, in the reward actors' children
+    ("envs", ["envs"]),  # what answers the model between its turns, and its sandboxed children
+    ("integrations", ["integrations"]),  # one module per outside library: its rows, adapter, reward and options
     (
         "pure",
         [
             "algo",
-            "data",
-            "rewards",
-            "models",
-            "tiny",  # tiny checkpoints built offline from a name
-            "dims",
-            "lora",
+            "models",  # names, tiny checkpoints built offline, shapes, LoRA
             "schedules",  # when batches launch, weights are pushed and the old policy recomputed
             "lengths",  # token budgets, contexts and engine caches a recipe implies: the runtime's and the planner's
             "placement",
             "planner",  # plan's memory and time models (its calibration is a job: below)
-            "dumps",
-            "metrics",
-            "trackers",
+            "telemetry",  # metrics, trackers, rollout dumps
             "transports",
             "checkpoint",
             "rundir",
             "early_stop",
-            "envs",
-            "engine_loop",  # a vLLM engine stepped on a thread of its own
-            "trajectory",  # a multi-turn trajectory as it is built
-            "endpoint",  # an OpenAI-compatible endpoint on an engine, for agent programs
-            "rollout",  # multi-turn rollouts on an engine it is given
-            "agent_rollout",  # agent programs' trajectories, for rollout
         ],
     ),  # no Ray actors started, no training
+    ("rollouts", ["rollouts"]),  # the rollout runtime on an engine it is given: episodes, agent programs, endpoint
     ("roles", ["roles"]),  # one Ray actor class per role
     ("pools", ["pools", "engines", "scorers", "sources"]),  # the actors started, placed and called; a step's batches
     ("run", ["runner", "controller", "setup_run", "preflight"]),  # one run's inputs and its step
     # jobs made of runs (an sft:// warm start is trained here); plan --calibrate runs the roles' own code in processes
     # of its own
-    ("job", ["launch", "sft", "rm", "evaluate", "planner.calibrate", "planner.measure", "planner.command"]),
+    ("job", ["jobs", "planner.calibrate", "planner.measure", "planner.command"]),
     ("cli", ["cli", "__main__"]),
 ]
 
@@ -158,22 +151,22 @@ def test_the_runtime_does_not_import_the_planner():
 
 def test_the_checks_catch_what_they_are_for(tmp_path, monkeypatch):
     """The walk sees an import inside a function, and the layers refuse it: the import that made the circle."""
-    fake = ROOT / "grpo_ray" / "models.py"
-    text = fake.read_text() + "\n\ndef _f():\n    from grpo_ray.sft import warm_start\n"
+    fake = ROOT / "grpo_ray" / "models" / "__init__.py"
+    text = fake.read_text() + "\n\ndef _f():\n    from grpo_ray.jobs.sft import warm_start\n"
     real_read = Path.read_text
     monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: text if self == fake else real_read(self, *a, **k))
     graph = imports(modules())
-    assert "sft" in graph["models"]
+    assert "jobs.sft" in graph["models"]
     try:
         test_no_module_imports_above_its_layer()
     except AssertionError as e:
-        assert "grpo_ray.models (pure) imports grpo_ray.sft (job)" in str(e)
+        assert "grpo_ray.models (pure) imports grpo_ray.jobs.sft (job)" in str(e)
     else:
         raise AssertionError("an upward import inside a function passed")
     try:
         test_no_import_circle()
     except AssertionError as e:
-        assert "import circle:" in str(e) and "grpo_ray.sft" in str(e)
+        assert "import circle:" in str(e) and "grpo_ray.jobs.sft" in str(e)
     else:
         raise AssertionError("the circle models -> sft -> ... -> models passed")
 
@@ -186,7 +179,7 @@ def test_the_device_is_one_value():
     for mod, path in modules().items():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr in ("is_available", "device_count"):
-                if ast.unparse(node.value).endswith("cuda") and mod not in ("evaluate", "planner.calibrate"):
+                if ast.unparse(node.value).endswith("cuda") and mod not in ("jobs.evaluate", "planner.calibrate"):
                     asked.append(f"grpo_ray/{path.relative_to(ROOT / 'grpo_ray')}:{node.lineno}: {ast.unparse(node)}")
     assert not asked, "\n".join(asked)
 
@@ -252,12 +245,17 @@ OTHER_MEANINGS = {
         "data",
         "types",
         "setup_run",
-        "evaluate",
+        "jobs.evaluate",
         "rewards.learned",
-        "envs.verifiers_env",
-        "envs.harbor_env",
-    ),  # verl's row field, a component, a verifiers or Harbor task's row
-    "reward": ("envs", "rollout", "metrics", "trackers"),  # an environment's reward, a table's column
+        "integrations",
+    ),  # verl's row field, a component, a library's rows
+    "reward": (
+        "envs",
+        "integrations",
+        "rollouts.episodes",
+        "telemetry.metrics",
+        "telemetry.trackers",
+    ),  # an environment's reward, a table's column
 }
 """Modules where a pool kind's name is a word of another meaning, not a pool: verl's data rows carry a reward_model
 field (the reward component of the reward model is named after it), and an environment's step returns a reward."""
@@ -300,3 +298,21 @@ def test_the_literal_count_sees_a_pool_named_in_code(monkeypatch):
     real_read = Path.read_text
     monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: text if self == path else real_read(self, *a, **k))
     assert any(f.endswith("'teacher'") and "engines.py" in f for f in pool_name_literals())
+
+
+def test_the_libraries_table_names_what_it_says():
+    """Each outside library is one module of grpo_ray.integrations, found by the table's module:name strings: each
+    names what its table says (a rows function, an Environment class, a reward function), and a data scheme is
+    the library's name (``textarena://`` rows are textarena's)."""
+    import inspect
+
+    from grpo_ray import libraries
+    from grpo_ray.envs import Environment
+
+    found = {**libraries.DATA, **libraries.ENVIRONMENTS, **libraries.REWARDS}
+    assert all(s.startswith("grpo_ray.integrations.") for s in found.values())
+    for scheme, name in libraries.DATA.items():
+        assert list(inspect.signature(libraries.find(name)).parameters) == ["spec"], name
+        assert name.split(":")[0].rpartition(".")[2] == scheme.removesuffix("://")
+    assert all(issubclass(libraries.find(n), Environment) for n in libraries.ENVIRONMENTS.values())
+    assert all(callable(libraries.find(n)) for n in libraries.REWARDS.values())

@@ -1,4 +1,4 @@
-"""TextArena's games with no glue (grpo_ray/data/textarena.py, grpo_ray/envs/textarena_env.py), with the library's
+"""TextArena's games with no glue (grpo_ray/data/textarena.py, grpo_ray/integrations/textarena.py), with the library's
 own code from PyPI (the `envs` extra), played in an environment process under the sandbox: the game's rules and
 board open the episode, the model's turns are its moves, the other players move between them, the game's end is
 the reward."""

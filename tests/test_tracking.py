@@ -228,9 +228,9 @@ def test_early_stop_keeps_the_best_and_a_server_lost_mid_run_leaves_training_goi
 def test_a_tracker_that_cannot_start_is_one_line_or_a_stop(tmp_path):
     """MLflow pointed at a port where nothing listens: left out with one line, the others kept; with
     trainer.tracker_required the run stops before any actor starts."""
-    from grpo_ray import trackers
     from grpo_ray.config import load_recipe
     from grpo_ray.sync import free_port
+    from grpo_ray.telemetry import trackers
 
     dead = f"http://127.0.0.1:{free_port()}"
     said = []
@@ -289,8 +289,8 @@ def test_the_default_mlflow_store_works_with_todays_mlflow_and_wandb_dir_wins(tm
     import wandb
     from mlflow.tracking import MlflowClient
 
-    from grpo_ray import trackers
     from grpo_ray.config import load_recipe
+    from grpo_ray.telemetry import trackers
 
     wandb.teardown()  # W&B reads WANDB_DIR when its process-wide setup starts: an earlier test's would be kept
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

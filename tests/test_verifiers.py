@@ -1,4 +1,4 @@
-"""verifiers v1 tasksets with no glue (grpo_ray/envs/verifiers_env.py), with the library's own code from PyPI (the
+"""verifiers v1 tasksets with no glue (grpo_ray/integrations/verifiers.py), with the library's own code from PyPI (the
 `envs` extra): a taskset written with verifiers' classes (tests/helpers/vf_tasksets/toy_words) as rows, a spec that
 cannot work refused in one line before any actor starts, and a run whose episodes verifiers plays itself, its
 harness driving the model through the run's endpoint."""
@@ -56,7 +56,7 @@ def test_a_spec_that_cannot_work_is_one_line_naming_it(spec, said):
 
 
 def test_an_episode_of_a_row_that_is_not_a_verifiers_task_says_so():
-    from grpo_ray.envs.verifiers_env import episode
+    from grpo_ray.integrations.verifiers import episode
 
     row = load_rows("synthetic://reasoning?size=1")[0]
     with pytest.raises(ValueError, match=r"verifiers episodes play rows of verifiers:// data \(extra_info.taskset"):
@@ -87,7 +87,7 @@ def train(tmp_path, spec: str, *overrides: str) -> tuple[list[dict], list[dict]]
         f"data.train_files=[{spec}]",
         "data.val_files=[]",
         "environment.name=agent",
-        "environment.options.program=grpo_ray.envs.verifiers_env:episode",
+        "environment.options.program=grpo_ray.integrations.verifiers:episode",
         "environment.options.timeout_s=120",
         "reward.functions=[]",
         "trainer.total_steps=2",
@@ -164,7 +164,7 @@ def test_an_env_seating_the_runs_model_twice_is_refused_in_grpo_rays_words():
 
 
 def test_a_tasksets_own_env_is_the_one_its_episodes_run():
-    from grpo_ray.envs.verifiers_env import environment, seat
+    from grpo_ray.integrations.verifiers import environment, seat
 
     env = environment({"id": "toy_rounds", "rounds": 2})
     assert type(env).__name__ == "RoundsEnv" and seat(env) == "player"
@@ -177,7 +177,7 @@ def test_the_harness_program_is_prepared_once_a_node_and_then_needs_no_network()
     """``prepare`` (run by the generator before its agent processes start) syncs verifiers' chat program in the
     node's uv cache; prepared again with every index and proxy unreachable it gives the same interpreter at once
     (from the cache, offline), and that interpreter has the program's packages."""
-    from grpo_ray.envs.verifiers_env import episode, prepare
+    from grpo_ray.integrations.verifiers import episode, prepare
 
     assert episode.prepare is prepare  # the agent program's preparation (grpo_ray.envs.agent.prepared)
     paths, kwargs = prepare()
@@ -185,7 +185,7 @@ def test_the_harness_program_is_prepared_once_a_node_and_then_needs_no_network()
     assert not more and paths == [os.path.dirname(os.path.dirname(interpreter))]
     dead = "http://127.0.0.1:9"
     offline = {**os.environ, "UV_DEFAULT_INDEX": f"{dead}/simple", "HTTPS_PROXY": dead, "HTTP_PROXY": dead}
-    code = "from grpo_ray.envs.verifiers_env import prepare; print(prepare()[1]['prepared'])"
+    code = "from grpo_ray.integrations.verifiers import prepare; print(prepare()[1]['prepared'])"
     again = subprocess.run([sys.executable, "-c", code], env=offline, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and again.stdout.strip() == repr({digest: interpreter}), again.stderr[-2000:]
     imports = subprocess.run([interpreter, "-c", "import openai, mcp, httpx, tenacity"], capture_output=True)

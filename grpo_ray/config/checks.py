@@ -181,8 +181,6 @@ def _lora_problems(r: Recipe) -> list[str]:
 
 def _environment_problems(r: Recipe) -> list[str]:
     p = []
-    if r.environment.name == "agent" and r.environment.choices:
-        p.append("environment.name=agent with environment.choices: an agent program plays every row (no choices)")
     if r.environment.choices and not r.environment.name:
         p.append(
             "environment.choices without environment.name: name the environment of the rows that choose none "

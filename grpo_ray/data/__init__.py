@@ -19,12 +19,11 @@ A row is a dict::
   ``synthetic://reasoning?size=N&seed=S&min_steps=2&max_steps=3&max_value=40&split=test``,
   ``synthetic://products?size=N&seed=S&digits=2&answer_only=0.5``, see
   grpo_ray.data.synthetic);
-- a reasoning-gym task, ``reasoning_gym://basic_arithmetic?size=N&seed=S&<its config>`` (grpo_ray.data.reasoning_gym,
-  with its reward ``reasoning_gym``);
-- a TextArena game, ``textarena://GuessTheNumber-v0?size=N&seed=S`` (grpo_ray.data.textarena: games to play, for
-  ``environment.name=textarena``);
-- a verifiers v1 taskset's tasks, ``verifiers://TASKSET?size=N&seed=S&<its config>`` (grpo_ray.envs.verifiers_env:
-  each played by verifiers as an agent program);
+- a library's rows (``grpo_ray.libraries.DATA``, each made by its module in ``grpo_ray.integrations``): a
+  reasoning-gym task, ``reasoning_gym://basic_arithmetic?size=N&seed=S&<its config>`` (with its reward
+  ``reasoning_gym``); a TextArena game, ``textarena://GuessTheNumber-v0?size=N&seed=S`` (games to play, for
+  ``environment.name=textarena``); a verifiers v1 taskset's tasks, ``verifiers://TASKSET?size=N&seed=S&<its
+  config>`` (each played by verifiers as an agent program); Harbor tasks, ``harbor://PATH``;
 
 and checks each row, naming the file and row of the first bad one. The prompt and the ground truth may sit under
 other keys (``data.prompt_key``, ``data.answer_key``, dotted for nested ones, like verl's ``data.prompt_key``); a
@@ -38,14 +37,11 @@ import json
 from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
+from grpo_ray import libraries
 from grpo_ray.errors import UserError
 
 SYNTHETIC_SCHEME = "synthetic://"
 HUB_SCHEME = "hf://"
-REASONING_GYM_SCHEME = "reasoning_gym://"
-TEXTARENA_SCHEME = "textarena://"
-VERIFIERS_SCHEME = "verifiers://"
-HARBOR_SCHEME = "harbor://"
 PROMPT_KEY, ANSWER_KEY = "prompt", "reward_model.ground_truth"
 SKYRL_ANSWER_KEY = "reward_spec.ground_truth"
 """Where SkyRL's rows keep the ground truth: read at the default data.answer_key's place in rows without it."""
@@ -114,18 +110,9 @@ def load_rows(spec: str, prompt_key: str = PROMPT_KEY, answer_key: str = ANSWER_
     prompt at `prompt_key` and the ground truth at `answer_key`; DataError names the first bad row."""
     if spec.startswith(SYNTHETIC_SCHEME):
         return _synthetic(spec)
-    if spec.startswith((REASONING_GYM_SCHEME, TEXTARENA_SCHEME, VERIFIERS_SCHEME, HARBOR_SCHEME)):
-        from grpo_ray.data import reasoning_gym, textarena
-        from grpo_ray.envs import harbor_env, verifiers_env
-
-        adapters = {
-            REASONING_GYM_SCHEME: reasoning_gym,
-            TEXTARENA_SCHEME: textarena,
-            VERIFIERS_SCHEME: verifiers_env,
-            HARBOR_SCHEME: harbor_env,
-        }
+    if scheme := libraries.scheme(spec):  # a library's rows (reasoning_gym://, textarena://, ...)
         try:
-            return adapters[spec.partition("://")[0] + "://"].rows(spec)
+            return libraries.find(libraries.DATA[scheme])(spec)
         except ValueError as e:
             raise DataError(f"{spec}: {e}") from None
     path = Path(spec)
@@ -273,6 +260,15 @@ def prompt_text(
         messages, add_generation_prompt=True, tokenize=False, **(chat_template_kwargs or {})
     )
     return text + response_prefix
+
+
+def conversation_text(tokenizer, messages: list[dict], response: str) -> str:
+    """A prompt's messages and a response as a reward model reads them: the chat template over the messages and the
+    response as the assistant's turn; without a template, the messages' text and the response, a line each."""
+    turns = [*messages, {"role": "assistant", "content": response}]
+    if tokenizer.chat_template:
+        return tokenizer.apply_chat_template(turns, tokenize=False)
+    return "\n".join(t["content"] for t in turns)
 
 
 def prompt_token_ids(

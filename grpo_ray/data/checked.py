@@ -26,11 +26,15 @@ NOT_TOKENIZER = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h
 """A model folder's files that are weights: every other file (tokenizer, its config, chat template) is in the key."""
 
 
-def folder() -> Path:
-    """``data/`` beside the tiny models' ``models/`` (``$GRPO_RAY_CACHE`` or ``~/.cache/grpo_ray``)."""
-    from grpo_ray.models import cache_dir
+def cache_root() -> Path:
+    """grpo-ray's cache: ``$GRPO_RAY_CACHE`` or ``~/.cache/grpo_ray`` (tiny models under ``models/``, checked rows
+    under ``data/``)."""
+    return Path(os.environ.get("GRPO_RAY_CACHE", Path.home() / ".cache" / "grpo_ray"))
 
-    return cache_dir().parent / "data"
+
+def folder() -> Path:
+    """``data/`` beside the tiny models' ``models/``."""
+    return cache_root() / "data"
 
 
 @cache

@@ -4,9 +4,8 @@ pointwise row's one and its label). A row without what its job needs is a DataEr
 
 from __future__ import annotations
 
-from grpo_ray.data import DataError, dotted
-from grpo_ray.envs.template import trace_ids
-from grpo_ray.rewards.learned import render
+from grpo_ray.data import DataError, conversation_text, dotted
+from grpo_ray.data.template import trace_ids
 
 RM_IDS = ("chosen_ids", "rejected_ids", "response_ids")
 """A reward-model row's rendered conversations: a preference pair's two, or a pointwise row's one."""
@@ -14,7 +13,7 @@ RM_IDS = ("chosen_ids", "rejected_ids", "response_ids")
 
 def rm_tokens(row: dict, recipe, tokenizer, where: str, pieces: dict | None = None) -> dict:
     """A reward-model row as the classifier reads it, each response after the prompt's messages in the model's chat
-    template (``rewards.learned.render``, as the reward-model pool renders rollouts): 'chosen_ids' and
+    template (``data.conversation_text``, as the reward-model pool renders rollouts): 'chosen_ids' and
     'rejected_ids' of a preference pair, or 'response_ids' and 'label' of a pointwise row (rm.label_key). A response
     is text, or messages whose last is the assistant's answer. DataError naming `where` when one is missing."""
     c = recipe.rm
@@ -34,7 +33,7 @@ def rm_tokens(row: dict, recipe, tokenizer, where: str, pieces: dict | None = No
                 f"{where}: rm.{field}={key!r} holds {_shown(value)}; expected the response as text, or messages "
                 "ending with the assistant's"
             )
-        out[name] = tokenizer(render(tokenizer, row["prompt"], value), add_special_tokens=False)["input_ids"]
+        out[name] = tokenizer(conversation_text(tokenizer, row["prompt"], value), add_special_tokens=False)["input_ids"]
     if c.label_key:
         label = dotted(row, c.label_key)
         if isinstance(label, bool) or not isinstance(label, (int, float)) or not 0 <= label <= 1:

@@ -16,10 +16,10 @@ reads each of the model's turns as text and answers with a ``Step``::
             return Step("higher" if ... else "lower")
 
 ``reset`` may return text, the episode's opening observation: the prompt's user turn for rows that have none
-(a game's board), else checked against the row's (``environment.opening``, ``grpo_ray.rollout.open_prompt``).
+(a game's board), else checked against the row's (``environment.opening``, ``grpo_ray.rollouts.episodes.open_prompt``).
 
 A recipe names one by a built-in name (``known()``) or ``module:Class`` (``environment.name``), like reward
-functions. The generator runs each trajectory turn by turn (``grpo_ray.rollout``): the model's tokens as
+functions. The generator runs each trajectory turn by turn (``grpo_ray.rollouts.episodes``): the model's tokens as
 sampled, then the observation's tokens as the chat template lays out a message of ``environment.role``, up to
 ``environment.max_turns`` turns and ``environment.max_tokens`` tokens after the prompt. Only the model's own
 tokens are trained on. An episode's reward is the sum of its steps' rewards; the recipe's reward functions, if
@@ -35,14 +35,10 @@ from __future__ import annotations
 
 import pydantic
 
-from grpo_ray.envs import harbor_env
+from grpo_ray import libraries
 from grpo_ray.envs.agent import Agent
 from grpo_ray.envs.base import Environment, Step, import_class
 from grpo_ray.envs.builtin import Calculator, Guess
-from grpo_ray.envs.harbor_env import Harbor
-from grpo_ray.envs.openenv_env import OpenEnv
-from grpo_ray.envs.skyrl_gym_env import SkyRLGym
-from grpo_ray.envs.textarena_env import TextArena
 from grpo_ray.errors import UserError
 
 __all__ = [
@@ -63,30 +59,23 @@ class EnvironmentLoadError(UserError):
     """An environment name that is neither built in nor an importable ``module:Class``, or options it refuses."""
 
 
-def known() -> dict[str, type[Environment]]:
-    """The built-in environments by name."""
-    return {
-        "agent": Agent,
-        "calculator": Calculator,
-        "guess": Guess,
-        "harbor": Harbor,
-        "openenv": OpenEnv,
-        "skyrl_gym": SkyRLGym,
-        "textarena": TextArena,
-    }
+def known() -> dict[str, type[Environment] | str]:
+    """The built-in environments by name: grpo-ray's own classes, and each library's adapter as the
+    ``module:Class`` that ``grpo_ray.libraries`` names (imported when played)."""
+    return {"agent": Agent, "calculator": Calculator, "guess": Guess, **libraries.ENVIRONMENTS}
 
 
 def load(name: str) -> type[Environment]:
     """The environment class called `name`: a built-in or ``module:Class``."""
     builtins = known()
-    if name in builtins:
+    if name in builtins and isinstance(builtins[name], type):
         return builtins[name]
-    if ":" not in name:
+    if name not in builtins and ":" not in name:
         raise EnvironmentLoadError(
             f"environment.name={name!r}: expected a built-in ({', '.join(sorted(builtins))}) or 'module:Class'"
         )
     try:
-        cls = import_class(name)
+        cls = import_class(builtins.get(name, name))
     except ValueError as e:
         raise EnvironmentLoadError(
             f"environment.name={name!r}: {e}; a module of your own is found in the working directory or the "
@@ -122,34 +111,39 @@ def played(e) -> dict[str, tuple[str, dict]]:
 
 
 def modules(e) -> list[str]:
-    """The ``module:Class`` names environment config `e` imports: each environment's name, what the openenv adapter
-    plays, the textarena adapter's opponent (the generators import them from where the driver found them)."""
+    """The ``module:Class`` names environment config `e` imports: each environment's name and what its options
+    name (``Environment.imports``: what the openenv adapter plays, the textarena adapter's opponent, an agent's
+    program); the generators import them from where the driver found them."""
     names = []
     for name, given in played(e).values():
-        names.append(name)
-        if name == "openenv":
-            names += [given.get("env") or "", given.get("action") or ""]
-        if name == "textarena":
-            names.append(given.get("opponent") or "")
-        if name == "agent":
-            names.append(given.get("program") or "")
+        names += [name, *load(name).imports(given)]
     return [n for n in names if ":" in n]
 
 
-def check(recipe) -> None:
-    """The recipe's environments load and take their options (before any actor starts); a choice's refusal names
-    its key (environment.choices.<label>...); Harbor tasks that install at verify time need the network."""
-    from grpo_ray.data import HARBOR_SCHEME
+def program(e) -> bool:
+    """Whether environment config `e` plays an agent program (``Environment.program``): its episodes are programs
+    that drive the model themselves (``grpo_ray.rollouts.agents``), not turns answered by ``step``."""
+    return bool(e.name) and load(e.name).program
 
+
+def check(recipe) -> None:
+    """The recipe's environments load and take their options (before any actor starts), and the rest of the recipe
+    holds what each needs (``Environment.check_recipe``: Harbor tasks that install at verify time need the
+    network); a choice's refusal names its key (environment.choices.<label>...). An agent program plays every row:
+    no choices beside it."""
+    if program(recipe.environment) and recipe.environment.choices:
+        raise EnvironmentLoadError(
+            f"environment.name={recipe.environment.name} with environment.choices: an agent program plays every row "
+            "(no choices)"
+        )
     for label, (name, given) in played(recipe.environment).items():
-        if name == "harbor":
-            specs = [s for s in (*recipe.data.train_files, *recipe.data.val_files) if s.startswith(HARBOR_SCHEME)]
+        try:
+            cls = load(name)
             try:
-                harbor_env.check(specs, recipe.environment.network, given)
+                cls.check_recipe(recipe, given)
             except ValueError as e:
                 raise EnvironmentLoadError(str(e)) from None
-        try:
-            options(load(name), given)
+            options(cls, given)
         except EnvironmentLoadError as e:
             if not label:
                 raise
@@ -157,12 +151,11 @@ def check(recipe) -> None:
 
 
 def jail(recipe):
-    """The sandbox of the recipe's environment processes (``grpo_ray.sandbox.Jail``): its section's, showing the
-    Harbor tasks its data names beside its own ``paths``."""
-    from grpo_ray.data import HARBOR_SCHEME
+    """The sandbox of the recipe's environment processes (``grpo_ray.sandbox.Jail``): its section's, showing what
+    its environments need beside its own ``paths`` (``Environment.shown``: the Harbor tasks its data names)."""
     from grpo_ray.sandbox import Jail
 
     out = Jail.of(recipe.environment)
-    specs = [*recipe.data.train_files, *recipe.data.val_files]
-    out.paths = [*out.paths, *(s.removeprefix(HARBOR_SCHEME) for s in specs if s.startswith(HARBOR_SCHEME))]
+    shown = [p for name, _ in played(recipe.environment).values() for p in load(name).shown(recipe)]
+    out.paths = [*out.paths, *dict.fromkeys(shown)]
     return out

@@ -1,5 +1,5 @@
 """``agent``: an agent program that drives the model itself, through an OpenAI-compatible endpoint the generator
-serves (``grpo_ray.endpoint``), instead of an environment answering between turns::
+serves (``grpo_ray.rollouts.endpoint``), instead of an environment answering between turns::
 
     environment: {name: agent, options: {program: my_agent:run, kwargs: {tools: 3}, timeout_s: 300}}
 
@@ -65,6 +65,12 @@ def prepared(name: str, kwargs: dict) -> tuple[list[str], dict]:
 
 
 class Agent(Environment):
+    program = True
+
+    @classmethod
+    def imports(cls, options: dict) -> list[str]:
+        return [options.get("program") or ""]
+
     class Options(pydantic.BaseModel):
         model_config = pydantic.ConfigDict(extra="forbid")
 

@@ -1,12 +1,12 @@
 """Agent programs in child processes of the generator, under the sandbox (``grpo_ray.sandbox``), each program's
 episode on a thread of its own (programs wait on the model most of the time).
 
-The endpoint (``grpo_ray.endpoint``) listens on a Unix socket of the generator's. In a sandboxed child there is no
-network but the child's own loopback, and no Unix socket at all: the sandbox's warden listens on a port of that
+The endpoint (``grpo_ray.rollouts.endpoint``) listens on a Unix socket of the generator's. In a sandboxed child there is
+no network but the child's own loopback, and no Unix socket at all: the sandbox's warden listens on a port of that
 loopback and relays each connection to the endpoint's socket (``grpo_ray.sandbox.relay``), so a program reaches the
-endpoint at ``http://127.0.0.1:<port>/s/<session>/v1`` with any OpenAI client, and nothing else. A program that
-raises fails its episode with its traceback; one that runs past its time limit, exits or runs out of memory costs
-the child, which is replaced (its other episodes are lost with it).
+endpoint at ``http://127.0.0.1:<port>/s/<session>/v1`` with any OpenAI client, and nothing else. A program that raises
+fails its episode with its traceback; one that runs past its time limit, exits or runs out of memory costs the child,
+which is replaced (its other episodes are lost with it).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def agent_main(conn, isolation: str, spec: dict) -> None:
             answer = ("memory", None)
         except BaseException as e:  # SystemExit too: the program's episode fails, not the child
             from grpo_ray import envs
-            from grpo_ray.rewards.runner import failure_text
+            from grpo_ray.sandbox import failure_text
 
             answer = ("error", failure_text(e, (__file__, envs.__file__)))
         with lock:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import typing
 from dataclasses import dataclass
 
 import pydantic
@@ -32,6 +33,26 @@ class Environment:
 
     class Options(pydantic.BaseModel):
         model_config = pydantic.ConfigDict(extra="forbid")
+
+    program: typing.ClassVar[bool] = False
+    """Whether an episode is a program that drives the model itself (``agent``: ``grpo_ray.rollouts.agents`` runs
+    it) rather than turns the class answers by ``reset`` and ``step`` (``grpo_ray.rollouts.episodes`` runs them)."""
+
+    @classmethod
+    def imports(cls, options: dict) -> list[str]:
+        """The ``module:name`` strings `options` (the recipe's, as given) name beyond the class: the generators
+        import them from where the driver found them."""
+        return []
+
+    @classmethod
+    def check_recipe(cls, recipe, options: dict) -> None:
+        """Before start, what the rest of the recipe must hold for the class played with `options` (ValueError
+        saying what); the options themselves are checked by ``Options``."""
+
+    @classmethod
+    def shown(cls, recipe) -> list[str]:
+        """The node's paths its processes see beyond the section's ``paths`` (Harbor's tasks)."""
+        return []
 
     def __init__(self, options: pydantic.BaseModel):
         self.options = options

@@ -41,7 +41,7 @@ def env_main(conn, isolation: str, spec: dict) -> None:
             conn.send(MEMORY_ERROR)
         except Exception as e:  # user code may raise anything: that episode ends, the child goes on
             from grpo_ray import envs
-            from grpo_ray.rewards.runner import failure_text
+            from grpo_ray.sandbox import failure_text
 
             close(episodes, call[1])
             conn.send(("error", failure_text(e, (__file__, envs.__file__))))

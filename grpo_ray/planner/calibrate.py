@@ -30,7 +30,7 @@ import time
 from datetime import date, datetime
 from pathlib import Path
 
-from grpo_ray.dims import model_dims
+from grpo_ray.models.dims import model_dims
 from grpo_ray.planner import measure, work
 from grpo_ray.planner.measure import (
     CALL_MODEL,

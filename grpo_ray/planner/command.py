@@ -38,7 +38,7 @@ def plan_command(args) -> int:
     c = recipe.cluster
     kind = f"{c.devices_per_node} x {c.gpu or 'GPU'}" if c.device == "cuda" else "CPU"
     print(f"{args.recipe}: {recipe.model.path} on {c.nodes} node(s) of {kind}")
-    from grpo_ray.dims import model_dims
+    from grpo_ray.models.dims import model_dims
     from grpo_ray.planner.fit import check, model_limits
 
     dims = model_dims(recipe.model.path)

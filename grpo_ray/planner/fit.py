@@ -12,7 +12,6 @@ from pathlib import Path
 
 from grpo_ray import placement
 from grpo_ray.config import GENERATOR, GPU_MEMORY_GB, KINDS, LEARNER, Recipe, RecipeError
-from grpo_ray.dims import ModelDims, model_dims
 from grpo_ray.lengths import (
     budget_key,
     dtype_bytes,
@@ -21,6 +20,7 @@ from grpo_ray.lengths import (
     response_budget,
     wire_dtype,
 )
+from grpo_ray.models.dims import ModelDims, model_dims
 from grpo_ray.placement import Node, describe, layout
 from grpo_ray.planner import memory
 from grpo_ray.planner.memory import (

@@ -51,7 +51,6 @@ from dataclasses import dataclass
 
 from grpo_ray import schedules
 from grpo_ray.config import GENERATOR, KINDS, LEARNER, REWARD_MODEL, PoolKind, Recipe, engine_rank
-from grpo_ray.dims import ModelDims, model_dims
 from grpo_ray.lengths import (
     cpu_kv_cache_bytes,
     dtype_bytes,
@@ -62,6 +61,7 @@ from grpo_ray.lengths import (
     seq_len,
     wire_dtype,
 )
+from grpo_ray.models.dims import ModelDims, model_dims
 
 GB = 1e9
 GPU_RUNTIME_GB = 3.0  # CUDA context, NCCL buffers, allocator slack per GPU process

@@ -43,8 +43,8 @@ from dataclasses import dataclass, field, replace
 from grpo_ray import placement, schedules, transports
 from grpo_ray.algo.batching import use_shared
 from grpo_ray.config import GENERATOR, KINDS, LEARNER, PoolKind, Recipe
-from grpo_ray.dims import ModelDims
 from grpo_ray.lengths import dtype_bytes, response_budget, wire_dtype
+from grpo_ray.models.dims import ModelDims
 from grpo_ray.planner.memory import bucket_bytes, dims_of
 from grpo_ray.planner.rates import Rates, Throughput
 from grpo_ray.planner.work import call_seconds, generation_seconds, group_seconds, share_work, work_parts

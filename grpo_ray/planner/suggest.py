@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from grpo_ray import placement
 from grpo_ray.config import KINDS, Recipe
-from grpo_ray.dims import ModelDims
+from grpo_ray.models.dims import ModelDims
 from grpo_ray.planner import fit
 from grpo_ray.planner.rates import Rates
 from grpo_ray.planner.speed import Prediction, Shape, predict

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from grpo_ray.algo.batching import forward_work, micro_batches, pack_rows, shared_shape
-from grpo_ray.dims import ModelDims
 from grpo_ray.lengths import dtype_bytes
+from grpo_ray.models.dims import ModelDims
 from grpo_ray.planner.rates import Rates, Throughput
 
 # --- one model call ---------------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Protocol
 
-from grpo_ray.data import reasoning_gym
+from grpo_ray import libraries
 from grpo_ray.errors import UserError
 from grpo_ray.rewards.builtin import (
     auto_reward,
@@ -43,12 +43,12 @@ class RewardFn(Protocol):
     def __call__(self, response: str, ground_truth: str, **extra) -> float: ...
 
 
-BUILTIN: dict[str, RewardFn] = {
+BUILTIN: dict[str, RewardFn | str] = {
     "gsm8k": gsm8k_reward,
     "math": math_reward,
     "format": format_reward,
     "auto": auto_reward,
-    "reasoning_gym": reasoning_gym.reward,  # reasoning_gym:// rows, by their task's own scoring
+    **libraries.REWARDS,  # a library's own scoring of its rows (reasoning_gym): its module:function, imported when used
 }
 
 
@@ -65,7 +65,7 @@ def load(name: str, source: str | None = None) -> RewardFn:
     """The reward function called `name`: a built-in, ``"module:function"`` or ``"file.py:function"`` (run from
     `source`, the file's text, when given: the driver reads it for actors on other nodes)."""
     if name in BUILTIN:
-        return BUILTIN[name]
+        return BUILTIN[name] if callable(BUILTIN[name]) else libraries.find(BUILTIN[name])
     if ":" not in name:
         raise RewardLoadError(
             f"unknown reward {name!r}: expected a built-in ({', '.join(sorted(BUILTIN))}), "

@@ -23,15 +23,6 @@ STYLED = {
 the weighted model score."""
 
 
-def render(tokenizer, messages: list[dict], response: str) -> str:
-    """The conversation as the reward model reads it: its chat template over the prompt's messages and the response
-    as the assistant's turn; without a template, the messages' text and the response, a line each."""
-    turns = [*messages, {"role": "assistant", "content": response}]
-    if tokenizer.chat_template:
-        return tokenizer.apply_chat_template(turns, tokenize=False)
-    return "\n".join(t["content"] for t in turns)
-
-
 def judge_prompt(template: str, prompt, response: str) -> str:
     """A judge's rubric for one sample: `template` with ``{prompt}`` (the prompt's user turns, or its text),
     ``{response}`` and ``{ground_truth}`` filled in, in one pass (other braces stay as they are: a rubric may show

@@ -5,7 +5,8 @@ from __future__ import annotations
 import errno
 import math
 import socket
-import traceback
+
+from grpo_ray.sandbox import failure_text as traceback_text
 
 _LOADED: dict = {}
 SOURCES: dict[str, str] = {}
@@ -63,10 +64,7 @@ def scores(sources: list[str], data_source: str | None) -> bool:
 def failure_text(e: BaseException, ours: tuple[str, ...] = ()) -> str:
     """The traceback of `e` from the reward function down (grpo-ray's own frames, and those of the files `ours`,
     left out), with a word on the sandbox when it was refused the network."""
-    here = (__file__, __file__.replace("runner.py", "__init__.py"), *ours)
-    frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename not in here]
-    head = ["Traceback (most recent call last):\n", *traceback.format_list(frames)] if frames else []
-    text = "".join([*head, *traceback.format_exception_only(type(e), e)])
+    text = traceback_text(e, (__file__, __file__.replace("runner.py", "__init__.py"), *ours))
     if not NETWORK["allowed"] and refused_network(e):
         text += "(the reward sandbox has no network: set reward.network=true to let reward code reach it)\n"
     missing = getattr(e, "filename", None)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from grpo_ray.config import Recipe
 from grpo_ray.device import Device
-from grpo_ray.dims import ModelDims
+from grpo_ray.models.dims import ModelDims
 
 LOG_FILE_ENV = "GRPO_RAY_LOG_FILE"
 

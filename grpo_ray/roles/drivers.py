@@ -2,7 +2,7 @@
 
     blocking  each call runs its requests to the end (``LLM.generate``) on the actor's thread; between calls the engine
               is idle, so a push loads at once and the prefix cache is reset after it
-    loop      one thread owns the engine and steps it without a break (``grpo_ray.engine_loop``): requests join as they
+    loop      one thread owns the engine and steps it without a break (``rollouts.engine_loop``): requests join as they
               are sent, groups are sent (``submit``) and handed on as they finish (``take``), a push loads between two
               engine steps, and the prefix cache is salted by version (the requests in flight keep their blocks)
 
@@ -58,7 +58,7 @@ class Looping:
     pauses = True
 
     def __init__(self, llm, version: int):
-        from grpo_ray.engine_loop import EngineLoop
+        from grpo_ray.rollouts.engine_loop import EngineLoop
 
         self.loop = EngineLoop(llm.llm_engine)
         self.loop.salt = str(version)
@@ -142,7 +142,7 @@ DRIVERS = {"blocking": Blocking, "loop": Looping}
 def completions_of(i: int, out) -> list[Completion]:
     """The completions of vLLM's output `out` for prompt i: tokens, the sampler's logprobs, and each token's weight
     version (vLLM's spans, labelled by ``set_weight_version``); or a multi-turn group's trajectories (`out` a list,
-    ``grpo_ray.rollout``) given index i."""
+    ``grpo_ray.rollouts.episodes``) given index i."""
     if isinstance(out, list):
         return [dataclasses.replace(c, prompt=i) for c in out]
     done = []

@@ -25,7 +25,7 @@ from grpo_ray.lengths import cpu_kv_cache_bytes, max_model_len
 from grpo_ray.roles import RoleActor, Seat, log_to_file, trim_heap
 from grpo_ray.roles.drivers import DRIVERS, completions_of
 from grpo_ray.roles.vllm_ext import bound_cpu_gemm_caches
-from grpo_ray.rollout import episode_values
+from grpo_ray.rollouts.episodes import episode_values
 from grpo_ray.types import Prompt, Rollout, RolloutStats
 
 EXTENSION = "grpo_ray.roles.vllm_ext.WeightSyncExtension"
@@ -97,7 +97,7 @@ class Generator(RoleActor):
             **engine_kwargs,
         )
         if recipe.environment.name:
-            from grpo_ray.rollout import Episodes
+            from grpo_ray.rollouts.episodes import Episodes
 
             self.episodes = Episodes(self.llm, recipe, code_dirs)
         self.llm.llm_engine.set_weight_version(str(self.version))  # every output token labelled with its weights'

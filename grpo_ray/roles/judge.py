@@ -15,9 +15,9 @@ import time
 
 from grpo_ray.config import Recipe
 from grpo_ray.device import Device
-from grpo_ray.dims import model_dims
 from grpo_ray.faults import fault_at
 from grpo_ray.lengths import judge_context, judge_kv_cache_bytes
+from grpo_ray.models.dims import model_dims
 from grpo_ray.rewards.learned import judge_prompt, read_score
 from grpo_ray.roles import RoleActor, log_to_file
 from grpo_ray.roles.vllm_ext import bound_cpu_gemm_caches

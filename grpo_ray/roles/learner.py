@@ -13,7 +13,7 @@ The controller drives it step by step; it runs no loop of its own:
     probe_logprobs(ids)            logprobs of a fixed sequence, to check a sync
 
 With LoRA (``model.lora.rank``) the model is wrapped by peft before sharding and only the adapters train; the
-reference logprobs are computed here, with the adapters off (``grpo_ray.lora``), and a push sends the adapters
+reference logprobs are computed here, with the adapters off (``grpo_ray.models.lora``), and a push sends the adapters
 alone or, with ``model.lora.sync: merged``, every weight with the adapters merged.
 
 Data parallelism: each mini batch of M samples is cut into W contiguous shares (``rank_slice``); a rank's loss is
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from grpo_ray import lora, schedules, sync
+from grpo_ray import schedules, sync
 from grpo_ray.algo.advantage import per_token
 from grpo_ray.algo.batching import (
     collate,
@@ -46,13 +46,13 @@ from grpo_ray.algo.logprobs import sequence_logprobs, token_logprobs
 from grpo_ray.algo.loss import LOSS_SUMS, LossInputs, StepSums, micro_batch_loss, sft_loss, step_metrics
 from grpo_ray.config import REFERENCE, TEACHER, Recipe
 from grpo_ray.device import Device
-from grpo_ray.dims import ModelDims, model_dims
 from grpo_ray.faults import fault_at
 from grpo_ray.lengths import response_budget
-from grpo_ray.models import load_causal_lm, pad_id
-from grpo_ray.perf import device_peak_tflops, forward_flops, measure_cpu_peak_tflops
+from grpo_ray.models import load_causal_lm, lora, pad_id
+from grpo_ray.models.dims import ModelDims, model_dims
 from grpo_ray.roles import RoleActor, Seat, fsdp, log_to_file
 from grpo_ray.roles.weights_out import WeightsOut
+from grpo_ray.telemetry.perf import device_peak_tflops, forward_flops, measure_cpu_peak_tflops
 from grpo_ray.types import Update
 
 SIGNALS = {

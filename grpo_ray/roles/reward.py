@@ -1,6 +1,6 @@
 """The reward role: CPU-only actors scoring responses with the recipe's reward functions.
 
-A multi-turn trajectory (``grpo_ray.rollout``) is scored on its last turn, its answer, and its environment's
+A multi-turn trajectory (``grpo_ray.rollouts.episodes``) is scored on its last turn, its answer, and its environment's
 reward is one more component, ``environment``, of weight 1.
 
 Each sample is scored in a child process under a time limit and a memory limit, sandboxed where

@@ -19,8 +19,8 @@ import torch.distributed as dist
 
 from grpo_ray.algo.batching import Span, samples
 from grpo_ray.config import Recipe
+from grpo_ray.data import conversation_text
 from grpo_ray.faults import fault_at
-from grpo_ray.rewards.learned import render
 from grpo_ray.roles import fsdp
 from grpo_ray.roles.frozen import FrozenModel
 from grpo_ray.types import Work
@@ -67,7 +67,7 @@ class RewardModel(FrozenModel):
         if self.rank == self.world_size - 1 and fault_at("exit_reward_model", self.calls):
             os._exit(1)  # fault test: the actor dies as its share is asked for
         texts = [
-            render(self.tokenizer, p.messages or [{"role": "user", "content": p.text}], self.prefix + c.text)
+            conversation_text(self.tokenizer, p.messages or [{"role": "user", "content": p.text}], self.prefix + c.text)
             for p, c in samples(ray.get(rollout_refs), spans)
         ]
         start, started = time.perf_counter(), time.time()

@@ -20,8 +20,9 @@ from __future__ import annotations
 import os
 import time
 
-from grpo_ray import lora, sync
+from grpo_ray import sync
 from grpo_ray.faults import fault_at
+from grpo_ray.models import lora
 
 
 def _refresh_cpu_lm_head(model) -> None:

@@ -22,6 +22,7 @@ import os
 import socket
 import subprocess
 import sys
+import traceback
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
@@ -181,3 +182,11 @@ def held(isolation: str) -> set[str]:
 def complete(isolation: str, network: bool = False) -> bool:
     """Whether every layer of the sandbox held (`network`: the network was kept, so its layer is not counted)."""
     return isolation == (FULL.removeprefix("network+") if network else FULL)
+
+
+def failure_text(e: BaseException, ours: tuple[str, ...] = ()) -> str:
+    """The traceback of `e` raised by user code in a child, from that code down: the frames of the files `ours`
+    (the child's own, grpo-ray's) left out."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename not in ours]
+    head = ["Traceback (most recent call last):\n", *traceback.format_list(frames)] if frames else []
+    return "".join([*head, *traceback.format_exception_only(type(e), e)])

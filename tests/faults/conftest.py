@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_ray.dumps import read_samples
+from grpo_ray.telemetry.dumps import read_samples
 from tests.conftest import ROOT
 
 RECIPE = ROOT / "recipes" / "tiny-cpu.yaml"

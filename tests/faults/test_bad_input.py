@@ -727,7 +727,7 @@ def test_replay_of_a_file_that_is_not_a_dump_is_one_line(text, expected, tmp_pat
 
 def test_eval_rows_refused_say_why(tmp_path):
     from grpo_ray.errors import UserError
-    from grpo_ray.evaluate import eval_rows
+    from grpo_ray.jobs.evaluate import eval_rows
 
     rows = tmp_path / "test.jsonl"
     rows.write_text(json.dumps({"question": "Tom has 3 pens."}) + "\n" + json.dumps({"question": "", "answer": 1}))

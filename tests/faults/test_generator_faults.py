@@ -12,8 +12,8 @@ import pytest
 
 from grpo_ray.config import load_recipe
 from grpo_ray.controller import GRPOController
-from grpo_ray.dumps import read_samples
 from grpo_ray.setup_run import setup_run
+from grpo_ray.telemetry.dumps import read_samples
 from tests.conftest import ROOT, TINY
 from tests.faults.conftest import RECIPE
 

@@ -21,7 +21,7 @@ def test_one_nan_step_is_skipped_and_the_run_goes_on(nan_run):
 
 
 def test_k_nan_steps_in_a_row_stop_the_run(tmp_path, faults_env):
-    """Its first start of a local Ray cluster fails as Ray's does on a busy machine (grpo_ray.launch.start_local):
+    """Its first start of a local Ray cluster fails as Ray's does on a busy machine (grpo_ray.jobs.launch.start_local):
     the start is tried again, said in one line, and the run goes on (no run of its own for that)."""
     out = tmp_path / "run"
     run = Run(

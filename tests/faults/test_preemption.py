@@ -44,7 +44,7 @@ def test_sigterm_while_streaming_keeps_every_prompt_in_flight(tmp_path):
     trained once, none twice, none skipped, each group whole."""
     from collections import Counter
 
-    from grpo_ray.dumps import read_samples
+    from grpo_ray.telemetry.dumps import read_samples
 
     streaming = [
         "algorithm.schedule=streaming",

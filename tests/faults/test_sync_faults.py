@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from grpo_ray.dumps import read_samples
+from grpo_ray.telemetry.dumps import read_samples
 from tests.faults.conftest import SCHEDULES, Run, metrics
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""A push into generation in flight, on vLLM's engine loop (``grpo_ray.engine_loop``): prints one JSON line.
+"""A push into generation in flight, on vLLM's engine loop (``grpo_ray.rollouts.engine_loop``): prints one JSON line.
 
 Run as a script (vLLM's engine start needs the __main__ guard): ``engine_loop_push.py MODEL_PATH``, with
 VLLM_ENABLE_V1_MULTIPROCESSING=0 (the engine in this process, as in a generator actor). One long request is started;
@@ -15,8 +15,8 @@ if __name__ == "__main__":
     import torch
     from vllm import LLM, SamplingParams
 
-    from grpo_ray.engine_loop import EngineLoop
     from grpo_ray.roles.vllm_ext import reload_in_place
+    from grpo_ray.rollouts.engine_loop import EngineLoop
 
     def zero_head(worker):
         """New weights, loaded as a push loads them: the token embeddings (tied to the LM head) all zero."""

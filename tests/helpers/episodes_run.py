@@ -1,5 +1,5 @@
-"""Run multi-turn rollouts (grpo_ray.rollout) on tiny models' vLLM engines, without Ray, and print one JSON line:
-per case, each trajectory as trained (ids, mask, logprobs, episode) and what the engine consumed and produced
+"""Run multi-turn rollouts (grpo_ray.rollouts.episodes) on tiny models' vLLM engines, without Ray, and print one
+JSON line per case: each trajectory as trained (ids, mask, logprobs, episode) and what the engine consumed and produced
 per turn.
 
 Run as a script (vLLM's engine start needs the __main__ guard): ``episodes_run.py CASES`` with CASES a JSON list
@@ -36,7 +36,7 @@ if __name__ == "__main__":
 
     from grpo_ray import models
     from grpo_ray.config import load_recipe
-    from grpo_ray.rollout import Episodes
+    from grpo_ray.rollouts.episodes import Episodes
     from grpo_ray.types import Prompt
 
     QUESTIONS = [("Mia has 7 pears. How many pears?", "7"), ("Tom has 3 figs. How many figs?", "3")]

@@ -16,7 +16,7 @@ token, training over sequences of lengths s_i (T = sum s_i tokens, N = N_body + 
 (``algo.logprobs.head_on``), and with shared prompts (``model.shared_prompt``) each distinct prompt of p tokens
 once (a row of q = k = p) and each response of r tokens after it (q = r, k = p + r): the learner counts the FLOPs
 of the forwards it really ran, in the layout it ran (``batching.forward_work``, ``Learner._logprobs``), and MFU is
-computed from that count. The dims come from ``grpo_ray.dims.ModelDims``.
+computed from that count. The dims come from ``grpo_ray.models.dims.ModelDims``.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ data_source ``harbor/<task name>``, no ground truth (the task's tests score it) 
 directory. An episode is a trial, as Harbor runs one, on this node's own tools (a local process runtime):
 
 - each model turn runs the commands of its last fenced ``bash`` block in the task's ``/app`` (empty at the start),
-  with a writable ``/logs`` and ``/tmp`` of the episode's own (``grpo_ray/envs/task_root.py`` makes the paths
+  with a writable ``/logs`` and ``/tmp`` of the episode's own (``grpo_ray/sandbox/task_root.py`` makes the paths
   without a container), ``options.command_timeout_s`` each, and the observation is the exit code and the output's
   last ``options.output_chars`` characters;
 - a turn with no such block says the task is done, as does the last turn (the turn limit's, or one cut at the
@@ -57,7 +57,7 @@ SYSTEM = (
     "last ```bash block and shows you their exit code and output. When the task is done, reply without a bash block."
 )
 COMMANDS = re.compile(r"```(?:bash|sh|shell)[ \t]*\n(.*?)```", re.DOTALL)
-ROOT = Path(__file__).with_name("task_root.py")
+ROOT = Path(__file__).parents[1] / "sandbox" / "task_root.py"
 INSTALLS = re.compile(
     r"\b(?:apt-get|apt|yum|dnf|apk|brew|conda|mamba)\s+(?:-\S+\s+)*(?:install|update|add)\b"
     r"|\b(?:curl|wget)\b[^|\n]*\|\s*(?:sudo\s+)?(?:ba|z)?sh\b"
@@ -99,6 +99,14 @@ def installs(task: Path) -> list[str]:
     return [f"line {i}: {t.strip()}" for i, t in enumerate(lines, 1) if INSTALLS.search(t.split("#", 1)[0])]
 
 
+SCHEME = "harbor://"
+
+
+def specs(recipe) -> list[str]:
+    """The recipe's ``harbor://`` data specs, training's and validation's."""
+    return [s for s in (*recipe.data.train_files, *recipe.data.val_files) if s.startswith(SCHEME)]
+
+
 def check(specs: list[str], network: bool, options: dict) -> None:
     """Before start, for the ``harbor://`` `specs` played with `options` where the environment's network is
     `network`: ValueError where ``options.network: verifier`` has no network to give, or naming the first task whose
@@ -113,7 +121,7 @@ def check(specs: list[str], network: bool, options: dict) -> None:
         return
     for spec in specs:
         try:
-            found = tasks(Path(spec.removeprefix("harbor://")).resolve())
+            found = tasks(Path(spec.removeprefix(SCHEME)).resolve())
         except ValueError:
             continue
         for task in found:
@@ -133,7 +141,7 @@ def rows(spec: str) -> list[dict]:
     """The rows of a ``harbor://PATH`` spec (a relative PATH from the working directory); ValueError saying what
     is wrong (the data layer says it as the spec's DataError)."""
     out = []
-    for i, task in enumerate(tasks(Path(spec.removeprefix("harbor://")).resolve())):  # (data.HARBOR_SCHEME)
+    for i, task in enumerate(tasks(Path(spec.removeprefix(SCHEME)).resolve())):
         name = config(task).get("task", {}).get("name") or task.name
         instruction = (task / "instruction.md").read_text()
         out.append(
@@ -180,6 +188,14 @@ class Harbor(Environment):
         """The tests' HOME (``/cache``) kept from episode to episode of an environment process, so that what they
         install there (uv, its package and Python caches) is fetched once; the turns' commands never see it. It
         lives in the process's scratch (``environment.scratch_mb``)."""
+
+    @classmethod
+    def check_recipe(cls, recipe, options: dict) -> None:
+        check(specs(recipe), recipe.environment.network, options)
+
+    @classmethod
+    def shown(cls, recipe) -> list[str]:
+        return [s.removeprefix(SCHEME) for s in specs(recipe)]
 
     def reset(self, row: dict) -> None:
         task = (row.get("extra_info") or {}).get("task")

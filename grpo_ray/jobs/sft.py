@@ -20,11 +20,12 @@ from pathlib import Path
 
 import ray
 
-from grpo_ray import checkpoint, models, perf
+from grpo_ray import checkpoint, models
 from grpo_ray.config import GENERATOR, LEARNER, RULES, Recipe, load_recipe
-from grpo_ray.launch import connect
+from grpo_ray.jobs.launch import connect
 from grpo_ray.runner import Runner
 from grpo_ray.setup_run import RunInputs, setup_run
+from grpo_ray.telemetry import perf
 
 
 class SFTController(Runner):

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from grpo_ray import models, tiny
+from grpo_ray import models
+from grpo_ray.models import tiny
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Multi-turn rollouts: trajectories run turn by turn on one vLLM engine, an environment answering between turns.
 
 Token in, token out. A trajectory is its prompt's ids, then each model turn's ids as the engine sampled them, then
-each observation's ids as the chat template lays out a message (``grpo_ray.envs.template``), and the next turn
+each observation's ids as the chat template lays out a message (``grpo_ray.data.template``), and the next turn
 is generated from exactly those ids: nothing is decoded and tokenized again, so the ids the learner trains on are
 the ids the engine consumed and produced. The loss mask is 1 on the model's tokens and 0 on the observations';
 the sampler's logprob is kept for every model token (0.0 on the others).
@@ -26,12 +26,12 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from grpo_ray.engine_loop import EngineLoop
-from grpo_ray.envs import jail, played
+from grpo_ray.data.template import Observations, TemplateError
+from grpo_ray.envs import jail, played, program
 from grpo_ray.envs.child import EnvChild
-from grpo_ray.envs.template import Observations, TemplateError
 from grpo_ray.rewards import search_here
-from grpo_ray.trajectory import Trajectory, turn_params, turn_seed
+from grpo_ray.rollouts.engine_loop import EngineLoop
+from grpo_ray.rollouts.trajectory import Trajectory, turn_params, turn_seed
 from grpo_ray.types import Completion, Prompt
 
 FAILED = {
@@ -97,9 +97,9 @@ class Episodes:
         """Each environment by its label ("": environment.name's, for rows that choose none)."""
         self.pool = ThreadPoolExecutor(max_workers=2 * e.workers, thread_name_prefix="env")
         self.agents = None
-        """An agent program's runs (environment.name agent: ``grpo_ray.agent_rollout``) instead of children."""
-        if e.name == "agent":
-            from grpo_ray.agent_rollout import AgentRuns
+        """An agent program's runs (environment.name agent: ``grpo_ray.rollouts.agents``) instead of children."""
+        if program(e):
+            from grpo_ray.rollouts.agents import AgentRuns
 
             self.children, self.agents = [], AgentRuns(self)
         else:
@@ -347,8 +347,8 @@ class Episodes:
 
 
 def episode_values(completions: list[Completion]) -> dict[str, list[float]]:
-    """The env/* metrics' values per trajectory of a rollout, in its order (``grpo_ray.metrics.env_metrics`` sums
-    and divides; DAPO's group filter keeps the kept trajectories' own). Every trajectory has its episode and mask."""
+    """The env/* metrics' values per trajectory of a rollout, in its order (``telemetry.metrics.env_metrics`` sums and
+    divides; DAPO's group filter keeps the kept trajectories' own). Every trajectory has its episode and mask."""
     rows = [
         {
             "trajectories": 1,

@@ -1,5 +1,5 @@
 """A vLLM engine run step by step on a thread of its own: the streaming schedule's engines
-(``grpo_ray.schedules.streaming``), and multi-turn rollouts' turns (``grpo_ray.rollout``).
+(``grpo_ray.schedules.streaming``), and multi-turn rollouts' turns (``grpo_ray.rollouts.episodes``).
 
 vLLM's ``LLM.generate`` runs the engine until every request it holds has finished, so a batch waits for its slowest
 sample and nothing can join it. Here one thread owns the engine (``LLMEngine``, in this process) and loops:

@@ -3,7 +3,7 @@ taskset's tasks as rows, each episode played by verifiers itself, its harness dr
 OpenAI-compatible endpoint (``environment.name: agent``)::
 
     data.train_files=[verifiers://my_taskset?size=256&seed=0]
-    environment: {name: agent, options: {program: grpo_ray.envs.verifiers_env:episode}}
+    environment: {name: agent, options: {program: grpo_ray.integrations.verifiers:episode}}
 
 A spec names a taskset as verifiers names it (``--env.taskset.id``: an installed module exporting one ``Taskset``,
 or one of verifiers' own), ``size`` tasks (default 1000) in the taskset's order or shuffled by ``seed``, and any
@@ -40,7 +40,7 @@ import threading
 from pathlib import Path
 from urllib.parse import parse_qsl
 
-from grpo_ray.data.reasoning_gym import value
+from grpo_ray.integrations.reasoning_gym import value
 
 
 class Untrainable(ValueError):
@@ -114,7 +114,7 @@ def messages(data) -> list[dict]:
 def rows(spec: str) -> list[dict]:
     """The rows of a ``verifiers://taskset?size=N&seed=S&key=value`` spec; ValueError saying what is wrong (the
     data layer says it as the spec's DataError)."""
-    name, _, query = spec.removeprefix("verifiers://").partition("?")  # (data.VERIFIERS_SCHEME)
+    name, _, query = spec.removeprefix("verifiers://").partition("?")
     config = {k: value(v) for k, v in parse_qsl(query)}
     size, seed = config.pop("size", 1000), config.pop("seed", None)
     taskset = {"id": name.strip("/"), **config}

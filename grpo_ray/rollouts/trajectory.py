@@ -1,5 +1,5 @@
-"""One multi-turn trajectory as it is built, turn by turn (``grpo_ray.rollout``) or call by call
-(``grpo_ray.agent_rollout``), and the seed of each of its turns."""
+"""One multi-turn trajectory as it is built, turn by turn (``grpo_ray.rollouts.episodes``) or call by call
+(``grpo_ray.rollouts.agents``), and the seed of each of its turns."""
 
 from __future__ import annotations
 

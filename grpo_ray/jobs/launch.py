@@ -11,9 +11,9 @@ import ray
 from grpo_ray.config import LEARNER, REFERENCE, TEACHER, Recipe
 from grpo_ray.controller import GRPOController
 from grpo_ray.faults import fault_at
-from grpo_ray.metrics import since_start
 from grpo_ray.placement import local_markers
 from grpo_ray.setup_run import RunInputs
+from grpo_ray.telemetry.metrics import since_start
 
 __all__ = ["connect", "train", "replay"]
 
@@ -80,8 +80,8 @@ def replay(recipe: Recipe, dump_path: str) -> dict[str, float]:
     with older weights than the learner's (max_staleness >= 1) had those older weights as its old policy: its
     replay reproduces the update only when the loaded weights are the generating ones and the step's own."""
     from grpo_ray import models
-    from grpo_ray.dims import model_dims
-    from grpo_ray.dumps import load_dump
+    from grpo_ray.models.dims import model_dims
+    from grpo_ray.telemetry.dumps import load_dump
 
     rollouts, advantages = load_dump(dump_path)
     out = Path(recipe.trainer.output_dir) / "replay"

@@ -75,8 +75,8 @@ def eval_rows(data: str, limit: int = 0) -> list[dict]:
 def evaluate(recipe: Recipe, data: str, out: Path, limit: int = 0) -> dict:
     from grpo_ray import models
     from grpo_ray.config import dump_recipe
-    from grpo_ray.dims import model_dims
-    from grpo_ray.launch import connect
+    from grpo_ray.jobs.launch import connect
+    from grpo_ray.models.dims import model_dims
     from grpo_ray.runner import Runner
     from grpo_ray.setup_run import RunInputs, usable_rows
 

@@ -1,6 +1,6 @@
 """Agent programs' trajectories on one engine (``environment.name: agent``): each trajectory is one run of the
 program (``grpo_ray.envs.agent``) in an agent process, its calls answered by the generator's endpoint
-(``grpo_ray.endpoint``) and recorded token in, token out.
+(``grpo_ray.rollouts.endpoint``) and recorded token in, token out.
 
 A group's programs run at once, each in its session. When all have ended, the group's prompt is their first call's
 (the programs of a group must open alike: a group answers one prompt; where they differ the group's trajectories end
@@ -20,11 +20,11 @@ from functools import partial
 from pathlib import Path
 
 from grpo_ray.algo.advantage import turn_spans
-from grpo_ray.endpoint import Endpoint, Session
 from grpo_ray.envs import jail, load, options
 from grpo_ray.envs.agent import prepared
 from grpo_ray.envs.agent_child import AgentChild
-from grpo_ray.trajectory import Trajectory
+from grpo_ray.rollouts.endpoint import Endpoint, Session
+from grpo_ray.rollouts.trajectory import Trajectory
 from grpo_ray.types import Prompt
 
 FAILED = {
@@ -35,11 +35,11 @@ FAILED = {
 
 
 class AgentRuns:
-    """The endpoint and agent processes of one generator; runs groups for ``grpo_ray.rollout.Episodes``."""
+    """The endpoint and agent processes of one generator; runs groups for ``grpo_ray.rollouts.episodes.Episodes``."""
 
     def __init__(self, episodes):
         self.episodes, e = episodes, episodes.env
-        self.options = options(load("agent"), e.options)
+        self.options = options(load(e.name), e.options)
         self.dir = tempfile.mkdtemp(prefix="grpo-agent-")
         path = str(Path(self.dir) / "endpoint.sock")
         self.endpoint = Endpoint(episodes.tokenizer, episodes.recipe, path, episodes.pieces)

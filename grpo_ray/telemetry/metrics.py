@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
-from grpo_ray import perf
+from grpo_ray.telemetry import perf
 from grpo_ray.types import RolloutStats, Scores, Work
 
 CONSOLE_KEYS = {
@@ -114,7 +114,7 @@ def reward_label(name: str) -> str:
 
 
 def env_metrics(values: list[dict[str, list[float]]]) -> dict[str, float]:
-    """Multi-turn rollouts' metrics from each rollout's values per trajectory (``grpo_ray.rollout.episode_values``):
+    """Multi-turn rollouts' metrics from each rollout's values per trajectory (``rollouts.episodes.episode_values``):
     per trajectory (turns, tool calls, the environment's reward), counts (tool errors, environment failures and
     timeouts), shares (trajectories ended by the turn or the token limit, tokens masked out of the loss), tokens per
     model turn and the seconds spent in environment calls (summed over trajectories)."""
@@ -229,7 +229,7 @@ def sample_table(rollout, totals: list[float]) -> list[dict]:
 
 class MetricsLog:
     """Writes each step's metrics to the loggers the recipe names: console, jsonl, tensorboard, and the trackers
-    (W&B, MLflow: grpo_ray.trackers) given to it. A run resumed
+    (W&B, MLflow: grpo_ray.telemetry.trackers) given to it. A run resumed
     after step `done` continues the same files, the steps after `done` written again.
 
     The console gets one line a step of at most CONSOLE_WIDTH columns. On a terminal (or with bar=True) a
@@ -257,7 +257,7 @@ class MetricsLog:
         """(step, time) of the first step this process logged: the ETA without a bar counts from it."""
         self.jsonl = open(output_dir / "metrics.jsonl", "a") if "jsonl" in loggers else None
         self.trackers = list(trackers)
-        """grpo_ray.trackers workers (W&B, MLflow), each in a thread of its own."""
+        """grpo_ray.telemetry.trackers workers (W&B, MLflow), each in a thread of its own."""
         self.tb = None
         if "tensorboard" in loggers:
             from tensorboardX import SummaryWriter
@@ -329,7 +329,7 @@ class MetricsLog:
         """The run's plot (and the best validation's line) to the trackers."""
         if not self.trackers or not (self.output_dir / "metrics.jsonl").is_file():
             return
-        from grpo_ray.plot import plot_runs
+        from grpo_ray.telemetry.plot import plot_runs
 
         self.file(plot_runs([str(self.output_dir)], self.output_dir / "plot.png"))
         if best:

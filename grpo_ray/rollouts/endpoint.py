@@ -32,8 +32,8 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 
-from grpo_ray.envs.template import TemplateError
-from grpo_ray.trajectory import turn_params, turn_seed
+from grpo_ray.data.template import TemplateError
+from grpo_ray.rollouts.trajectory import turn_params, turn_seed
 
 
 class Refused(ValueError):

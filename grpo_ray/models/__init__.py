@@ -8,7 +8,7 @@ A recipe's ``model.path`` is one of:
   ``tiny://qwen2?layers=2&hidden=128&heads=4&kv_heads=2&seed=0``;
 - ``sft://RECIPE.yaml``: the model an SFT recipe makes (``grpo-ray sft``), cached by the hash of the
   resolved recipe. This module only finds it in the cache (``resolve``) or names its base model
-  (``base_of``); training it is the job layer's (``grpo_ray.sft.warm_start``, called by ``setup_run``).
+  (``base_of``); training it is the job layer's (``grpo_ray.jobs.sft.warm_start``, called by ``setup_run``).
 
 A tiny checkpoint is an ordinary Hugging Face directory (``config.json``,
 ``model.safetensors``, tokenizer files with a chat template of the family's own
@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 from grpo_ray.device import Device
-from grpo_ray.tiny import TINY_SCHEME, ModelNameError, build_tiny, parse_tiny
+from grpo_ray.models.tiny import TINY_SCHEME, ModelNameError, build_tiny, parse_tiny
 
 CPU = Device("cpu")
 
@@ -99,7 +98,9 @@ def sft_home(recipe) -> Path:
 
 def cache_dir() -> Path:
     """Where tiny checkpoints are built: ``$GRPO_RAY_CACHE`` or ``~/.cache/grpo_ray``."""
-    return Path(os.environ.get("GRPO_RAY_CACHE", Path.home() / ".cache" / "grpo_ray")) / "models"
+    from grpo_ray.data.checked import cache_root
+
+    return cache_root() / "models"
 
 
 def resolve(name: str) -> str:

@@ -52,6 +52,10 @@ def step_types(env_cls: type) -> tuple[type | None, type | None]:
 
 
 class OpenEnv(Environment):
+    @classmethod
+    def imports(cls, options: dict) -> list[str]:
+        return [options.get("env") or "", options.get("action") or ""]
+
     class Options(pydantic.BaseModel):
         model_config = pydantic.ConfigDict(extra="forbid")
         _classes: tuple = pydantic.PrivateAttr(default=())  # the environment's class and its action's

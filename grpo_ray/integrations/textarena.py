@@ -3,6 +3,12 @@
     data.train_files=textarena://GuessTheNumber-v0?size=1000&seed=0
     environment.name=textarena
 
+Rows, ``textarena://GAME?size=N&seed=S``: each row is one game to play, a system message (``INSTRUCTIONS``; the
+game's rules and board come as the environment's opening, the prompt's user turn), no ground truth (the game is the
+reward), data_source ``textarena/<game>`` and ``extra_info`` ``{env_id, seed}`` (seeds ``S``, ``S+1``, ...: the same
+spec gives the same games; validation takes another seed). The game's own arguments are
+``environment.options.kwargs``.
+
 A game is made per episode by its id (``options.env``, else the row's ``extra_info.env_id``, which
 ``textarena://`` rows carry) with ``options.kwargs``, without TextArena's observation wrapper (the model reads each
 message once, as the conversation goes on, not the whole history again), and reset with the row's
@@ -24,10 +30,44 @@ from __future__ import annotations
 
 import random
 import re
+from urllib.parse import parse_qsl
 
 import pydantic
 
 from grpo_ray.envs.base import Environment, Step, import_function, import_trouble
+
+INSTRUCTIONS = "You are playing a text game. Its rules and its state follow; answer with your move as they ask."
+
+
+def rows(spec: str) -> list[dict]:
+    """The rows of a ``textarena://GAME?size=N&seed=S`` spec; ValueError saying what is wrong (the data layer says
+    it as the spec's DataError)."""
+    game, _, query = spec.removeprefix("textarena://").partition("?")
+    game, config = game.strip("/"), dict(parse_qsl(query))
+    size, seed = config.pop("size", "1000"), config.pop("seed", "0")
+    if config:
+        raise ValueError(
+            f"unknown key {sorted(config)[0]!r}; expected size and seed (a game's own arguments are "
+            "environment.options.kwargs)"
+        )
+    try:
+        size, seed = int(size), int(seed)
+    except ValueError as e:
+        raise ValueError(f"size and seed are integers ({e})") from None
+    if size <= 0 or seed < 0:
+        raise ValueError("size must be positive and seed >= 0")
+    library()
+    known(game)
+    return [
+        {
+            "data_source": f"textarena/{game}",
+            "prompt": [{"role": "system", "content": INSTRUCTIONS}],
+            "reward_model": {"style": "rule", "ground_truth": ""},
+            "extra_info": {"index": i, "env_id": game, "seed": seed + i},
+        }
+        for i in range(size)
+    ]
+
 
 MOVE = re.compile(r"\[[^\[\]\n]{1,40}\]")
 """A bracketed move, as TextArena's games write them and read them."""
@@ -64,6 +104,10 @@ def text(messages: list, player: int) -> str:
 
 
 class TextArena(Environment):
+    @classmethod
+    def imports(cls, options: dict) -> list[str]:
+        return [options.get("opponent") or ""]
+
     class Options(pydantic.BaseModel):
         model_config = pydantic.ConfigDict(extra="forbid")
 

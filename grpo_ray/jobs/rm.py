@@ -19,13 +19,14 @@ from pathlib import Path
 
 import ray
 
-from grpo_ray import checkpoint, perf
+from grpo_ray import checkpoint
 from grpo_ray.config import LEARNER, Recipe
 from grpo_ray.data.targets import RM_IDS
-from grpo_ray.launch import connect
+from grpo_ray.jobs.launch import connect
 from grpo_ray.roles.reward_learner import RewardLearner
 from grpo_ray.runner import Runner
 from grpo_ray.setup_run import RunInputs
+from grpo_ray.telemetry import perf
 
 
 def rm_rows(rows: list[dict], recipe: Recipe) -> list[tuple]:
