@@ -20,7 +20,6 @@ while the learner still trains, and read when its step starts:
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import ray
@@ -30,16 +29,15 @@ from grpo_ray import schedules, sources
 from grpo_ray.algo.advantage import TURN_ESTIMATORS, overlong_penalty, per_turn_advantages
 from grpo_ray.algo.advantage import advantages as estimate
 from grpo_ray.algo.batching import Samples
-from grpo_ray.algo.groups import select_groups, signal_groups, take_groups
 from grpo_ray.config import GENERATOR, KINDS, LEARNER, REFERENCE, TEACHER, Recipe
 from grpo_ray.engines import split
 from grpo_ray.errors import Preempted, RunError
 from grpo_ray.lengths import response_budget
-from grpo_ray.rewards.learned import fill_unread, with_model
 from grpo_ray.runner import Runner
-from grpo_ray.scorers import LEARNED, RULES, Sent
+from grpo_ray.scorers import LEARNED, RULES
 from grpo_ray.setup_run import RunInputs
 from grpo_ray.sources import Collected, Hooks
+from grpo_ray.sources.dapo import keep_signal
 from grpo_ray.telemetry.metrics import perf_metrics, pool_metrics, rollout_metrics
 from grpo_ray.types import Prompt, Rollout, Work
 
@@ -81,12 +79,14 @@ class GRPOController(Runner):
     def step(self, step: int) -> dict[str, float]:
         start, dapo = time.perf_counter(), self.r.algorithm.filter_groups.enable
         (rollouts, stats, sent, _), flow = self.source.next(step, self.version, self.last_update)  # maybe scored
-        scores, learned, learned_work = self.rewards(sent)
+        scores, learned, learned_work = self.scorers.rewards(sent)
         frozen, kept = sent.tokens, {}
         if dapo:  # dynamic sampling: only groups whose rewards differ, more prompts until the batch is full
-            rollouts, stats, scores, kept = self.keep_signal(step, rollouts, stats, scores)
+            rollouts, stats, scores, kept = keep_signal(
+                self.r, (rollouts, stats, scores), lambda: self.scored_more(step)
+            )
             frozen = self.scorers.send_tokens(rollouts, Samples.of(stats))
-        staleness = self.check_staleness(stats)
+        staleness = self.schedule.staleness(stats, self.version, self.last_update)
         advantages, penalty = self.advantages(stats, scores)
         update = self.send_update(rollouts, advantages, frozen)
         self.source.ahead(step, self.version)  # the next batch readied (and sent to the scorers) meanwhile
@@ -151,76 +151,10 @@ class GRPOController(Runner):
         behind = self.version - self.engines.version
         return self.schedule.push_due(behind, self.validating(step), self.saving(step))
 
-    def check_staleness(self, stats: list) -> dict[str, float]:
-        """The batch's age against the learner's weights (batched, a sample older than max_staleness stops the run;
-        streaming, the staleness policy says what such a group gets: kept and counted, or generated again),
-        and from the engines' clocks, how much of its generation overlapped the last update and how long before
-        that update ended it started (negative: after)."""
-        oldest, k = min(s.policy_version for s in stats), self.r.algorithm.max_staleness
-        ages = [self.version - v for s in stats for v, _ in s.versions] or [self.version - oldest]
-        spans = [n for s in stats for _, n in s.versions] or [1]
-        flow = {
-            "rollout/staleness/mean": sum(ages) / len(ages),
-            "rollout/staleness/max": float(max(ages)),
-            "rollout/over_max_staleness": float(sum(a > k for a in ages)),
-            **{f"rollout/staleness/share_{a}": sum(x == a for x in ages) / len(ages) for a in range(k + 1)},
-            "rollout/versions_per_trajectory/mean": sum(spans) / len(spans),
-            "rollout/versions_per_trajectory/max": float(max(spans)),
-        }
-        if self.version - oldest > k and self.schedule.bounds_staleness():  # else the staleness policy's to say
-            raise RunError(
-                f"samples of version {oldest} reached a learner at version {self.version}: older than "
-                f"algorithm.max_staleness={self.r.algorithm.max_staleness}"
-            )
-        start, end = min(s.window[0] for s in stats), max(s.window[1] for s in stats)
-        overlap = max(0.0, min(end, self.last_update[1]) - max(start, self.last_update[0]))
-        return {
-            **flow,
-            "rollout/staleness": float(self.version - oldest),
-            "perf/gen_overlap_s": overlap,
-            "perf/gen_ahead_s": self.last_update[1] - start if self.last_update[1] else 0.0,
-        }
-
-    def keep_signal(self, step: int, rollouts: list, stats: list, scores: list) -> tuple[list, list, list, dict]:
-        """DAPO's dynamic sampling: keep the groups whose rewards are not all equal; while fewer than
-        data.train_batch_size are kept, generate the stream's next prompts too, up to
-        filter_groups.max_num_gen_batches batches in all, then fill up with dropped groups (equal scores: advantage
-        0 unless the overlong penalty tells their lengths apart). Only the scores are read here; a task per rollout
-        cuts the chosen groups out of it."""
-        G, want, cfg = self.r.algorithm.group_size, self.r.data.train_batch_size, self.r.algorithm.filter_groups
-        batches, kept, dropped = [], [], []
-        while True:
-            signal = signal_groups(len(batches), stats, scores, G)
-            kept, dropped = kept + signal[0], dropped + signal[1]
-            batches.append((rollouts, stats, scores))
-            if len(kept) >= want or len(batches) >= cfg.max_num_gen_batches:
-                break
-            rollouts, stats = self.source.more(step, self.version)
-            scores = self.rewards(self.scorers.send(rollouts, Samples.of(stats), tokens=False), counted=False)[0]
-        chosen, cut = sorted((kept + dropped)[:want]), ray.remote(select_groups).options(num_cpus=0)
-        taken = [
-            (rollouts[i], groups, st, sc)
-            for b, (rollouts, stats, scores) in enumerate(batches)
-            for i, groups, st, sc in take_groups(b, stats, scores, chosen, G, response_budget(self.r))
-        ]
-        every = [sc for _, _, scores in batches for sc in scores]  # reward work and faults of all that was scored
-        first = dataclasses.replace(
-            taken[0][3],
-            errors=sum(sc.errors for sc in every),
-            timeouts=sum(sc.timeouts for sc in every),
-            seconds=sum(sc.seconds for sc in every),
-        )
-        return (
-            [cut.remote([groups], G, ref) for ref, groups, _, _ in taken],
-            [st for _, _, st, _ in taken],
-            [first] + [sc for _, _, _, sc in taken[1:]],
-            {
-                "filter_groups/num_gen_batches": len(batches),
-                "filter_groups/kept_groups": len(kept),
-                "filter_groups/dropped_groups": len(dropped),
-                "filter_groups/filled_groups": max(0, want - len(kept)),
-            },
-        )
+    def scored_more(self, step: int) -> tuple[list, list, list]:
+        """DAPO's next batch for `step` from the source, with its rewards (not counted: it may be dropped)."""
+        rollouts, stats = self.source.more(step, self.version)
+        return rollouts, stats, self.scorers.rewards(self.scorers.send(rollouts, Samples.of(stats), False), False)[0]
 
     def updated(self, trained: dict[str, float]) -> bool:
         """Whether the learner's weights changed; a step whose every update was skipped (non-finite loss or
@@ -275,40 +209,9 @@ class GRPOController(Runner):
         self.say(f"teacher, greedy: {said} ({time.perf_counter() - start:.0f}s, transformers' generate)")
         return out
 
-    def rewards(self, sent: Sent, counted: bool = True) -> tuple[list, dict[str, float], list[Work]]:
-        """The scores of what was `sent`: the reward functions' (``check_rewards``: first failures shown, a training
-        batch's failing steps `counted`), the reward model's (``Scorers.learned``) added as the component
-        ``reward_model`` (``rewards.learned``); its metrics and work."""
-        scores = self.check_rewards(self.call(sent.rules, RULES), counted)
-        rm, rules = self.r.reward_model, [(f.name, f.weight) for f in self.r.reward.functions]
-        judge = rm.judge if rm.judge.template else None
-        got = self.scorers.learned(sent, judge.timeout_s if judge else None)
-        if got is None:
-            return scores, {}, []
-        values, judged = got.values, {}
-        if judge:  # a reply without a score, a conversation too long, a step past the deadline: the default
-            values, unread = fill_unread(values, judge.default)
-            judged = {
-                "reward_model/judge_unread": 0.0 if got.timed_out else unread / len(values),
-                "reward_model/judge_timeouts": float(got.timed_out),
-            }
-            if unread and not got.timed_out:
-                self.show_first(
-                    "the judge",
-                    "counted in reward_model/judge_unread",
-                    LEARNED,
-                    f"{unread} of {len(values)} replies had no score matching reward_model.judge.pattern="
-                    f"{judge.pattern!r} (or left no room to reply), scored reward_model.judge.default={judge.default:g}"
-                    "; the first such reply is in the log",
-                )
-            if counted:
-                self.count_failing("the judge", judged["reward_model/judge_unread"], "the judge")
-        scores, metrics = with_model(scores, values, rm.weight, rm.normalize, rules, rm.sigmoid)
-        return scores, {**metrics, **judged, "timing_s/reward_model": max(w.seconds for w in got.work)}, got.work
-
     def sent(self, rollouts: list, stats: list, version: int) -> Collected:
         """Rollouts from the engines, sent to the scorers."""
-        self.check_environment(stats)  # its first failures said, a run of failing steps stops the run
+        self.failures.episodes(stats)  # its first failures said, a run of failing steps stops the run
         dapo = self.r.algorithm.filter_groups.enable  # DAPO: the token scorers after its groups are chosen
         return Collected(rollouts, stats, self.scorers.send(rollouts, Samples.of(stats), not dapo), version)
 

@@ -22,7 +22,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from grpo_ray import checkpoint, early_stop
 from grpo_ray.algo.batching import Samples
-from grpo_ray.config import GENERATOR, LEARNER, POOLS, RULES, Recipe
+from grpo_ray.config import LEARNER, POOLS, Recipe
 from grpo_ray.data.stream import Position, PromptStream
 from grpo_ray.engines import Engines
 from grpo_ray.errors import Preempted, RunError
@@ -33,6 +33,7 @@ from grpo_ray.scorers import Scorers
 from grpo_ray.setup_run import RunInputs
 from grpo_ray.telemetry import trackers
 from grpo_ray.telemetry.dumps import write_dump
+from grpo_ray.telemetry.failures import Failures
 from grpo_ray.telemetry.metrics import MetricsLog, sample_table, since_start, validation_metrics, validation_totals
 from grpo_ray.types import Prompt
 
@@ -60,19 +61,15 @@ class Runner:
         self.pools = Pools(recipe, inputs.paths, inputs.dims, self.roles)
         self.engines = Engines(recipe, self.pools, inputs.probe_ids, lambda: self.version, self.say)
         """The generator side: batches out, weights in (engines.version: the weights they hold)."""
-        self.scorers = Scorers(recipe, self.pools, self.say)
+        self.failures = Failures(self.say, self.pools.log_dir, recipe.reward, recipe.environment.name)
+        """User code's failures: the first of each kind said once, a run of failing steps stops the run."""
+        self.scorers = Scorers(recipe, self.pools, self.failures, self.say)
         """The scorer side: batches out, scores and per-token signals back."""
         self.pending_dumps: list = []
         self.preempted_at: float | None = None
         self.log: MetricsLog | None = None
         self.best = early_stop.Best.of(recipe.trainer)
         """The best validation so far (early stopping, keep_best)."""
-        self.first_failures: dict[str, str] = {}
-        """The first failure of each user function (a reward function, the environment by kind, the judge), shown
-        once on the console, by what failed."""
-        self.failing_steps: dict[str, int] = {}
-        """Per kind of user code (reward functions, the environment, the judge), the steps in a row over
-        reward.max_error_share."""
 
     def step(self, step: int) -> dict[str, float]:
         """One training step; its metrics."""
@@ -188,7 +185,7 @@ class Runner:
         prompts = [Prompt.from_row(i, row) for i, row in enumerate(self.inputs.val_rows)]
         sampling = dataclasses.replace(g.sampling, temperature=g.val_temperature)
         rollouts, stats = self.engines.generate(prompts, g.val_n, step, sampling)
-        self.check_environment(stats, counted=False)
+        self.failures.episodes(stats, counted=False)
         scores, out = self.pass_rates(step, "val_data", prompts, rollouts, stats, g.val_n)
         if self.log and self.log.trackers:  # a few samples of the first engine's share, as a table
             self.log.table(step, sample_table(self.call(rollouts[0], "validation samples"), scores[0].totals))
@@ -198,69 +195,13 @@ class Runner:
         """The scores of validation answers (`n` to each of `prompts`, in `rollouts`), dumped as
         rollouts/<name>_step<step>.jsonl when dumps are on, and pass@1 (and pass@n) per data source: the reward
         functions decide, a reward model never does."""
-        scores = self.check_rewards(
+        scores = self.failures.rewards(
             self.call(self.scorers.rules(rollouts, Samples.of(stats)), f"validation reward ({name})"), False
         )
         if self.r.trainer.dump_freq:
             self.dump(f"{name}_step{step}", step, rollouts, scores, None)
         totals, perfect = validation_totals(scores, self.r.reward.functions)
         return scores, validation_metrics([p.data_source for p in prompts], totals, n, perfect)
-
-    def check_rewards(self, scores: list, counted: bool = True) -> list:
-        """`scores`, after showing the first failure of each reward function once; a training batch (`counted`)
-        whose functions failed on more than reward.max_error_share of its samples max_error_steps times in a row
-        stops the run with the failure."""
-        counts = "counted in reward/errors and reward/timeouts"
-        for name, text in ((n, t) for s in scores for n, t in s.failures.items()):
-            self.show_first(f"reward {name}", counts, RULES, text)
-        if counted:
-            share = sum(s.errors + s.timeouts for s in scores) / sum(len(s.totals) for s in scores)
-            self.count_failing("reward functions", share, "reward ")
-        return scores
-
-    def check_environment(self, stats: list, counted: bool = True) -> None:
-        """Multi-turn rollouts: the environment's first failure of each kind shown once; a training batch
-        (`counted`) whose trajectories failed (an error, a timeout, a lost process) over reward.max_error_share
-        max_error_steps times in a row stops the run, as failing reward functions do."""
-        env = self.r.environment.name
-        for s in stats:
-            for kind, text in s.failures.items():
-                counted = (
-                    "counted in env/opening_mismatches"
-                    if kind == "opening"
-                    else "counted in env/errors and env/timeouts"
-                )
-                self.show_first(f"environment {env} ({kind})", counted, GENERATOR, text)
-        values = [s.env for s in stats if s.env]
-        if counted and values:
-            failed = sum(sum(v["errors"]) + sum(v["timeouts"]) for v in values)
-            self.count_failing(
-                f"environment {env}", failed / sum(sum(v["trajectories"]) for v in values), "environment "
-            )
-
-    def show_first(self, what: str, counted: str, pool: str, text: str) -> None:
-        """Say `what` failed with its first failure `text`, once a run; the next are `counted` in metrics and kept
-        in the `pool`'s logs."""
-        if what in self.first_failures:
-            return
-        self.first_failures[what] = text
-        self.say(
-            f"{what} failed; its first failure (the next are {counted}, logs in "
-            f"{self.pools.log_dir()}/{pool}-*.log):\n{text.rstrip()}"
-        )
-
-    def count_failing(self, what: str, share: float, prefix: str) -> None:
-        """One more step in a row where `what` (user code) failed on over reward.max_error_share of the samples, or
-        none; reward.max_error_steps of them stop the run with the last first failure whose key starts `prefix`."""
-        w = self.r.reward
-        n = self.failing_steps[what] = self.failing_steps.get(what, 0) + 1 if share > w.max_error_share else 0
-        if w.max_error_steps and n >= w.max_error_steps:
-            last = next((t for k, t in reversed(self.first_failures.items()) if k.startswith(prefix)), "")
-            raise RunError(
-                f"{what} failed on {share:.0%} of the samples, over reward.max_error_share={w.max_error_share:g} for "
-                f"{n} steps in a row (reward.max_error_steps): fix it, or raise the limits. Its failure:\n"
-                f"{last.rstrip()}"
-            )
 
     def dump(self, name: str, step: int, rollouts: list, scores: list, advantages: list[float] | None) -> None:
         """Write rollouts/<name>.jsonl from a task on the driver's node (the rollouts never pass through here)."""

@@ -1,16 +1,16 @@
 """The scorer side: every pool whose row gives a signal (``config.pools.KINDS``), called from one place.
 
-    send(rollouts, samples)   a batch to every scorer at once, each actor an even share (every actor of a group is
-                              called, with or without a share: their forwards are collective); refs back
-    scores(sent)              the sequence scorers' scores, waited for: the rule rewards' (a ``Scores`` per reward
-                              actor) and the reward model's (a value per sample), the latter under its row's fault
-                              policy: a lost or failing actor starts the pool again and the batch is scored again,
-                              once; a judge past its deadline scores the default
-    signals(tokens)           the token scorers' (reference, teacher) logprob refs, by pool, for the learner
-    token_work(tokens)        their work, waited for (for metrics)
-
-The controller reports what a scorer's users should see (the first failure of a reward function, a judge's unread
-replies) and joins the reward model's score to the rule rewards' (``rewards.learned.with_model``).
+send(rollouts, samples)   a batch to every scorer at once, each actor an even share (every actor of a group is
+                          called, with or without a share: their forwards are collective); refs back
+scores(sent)              the sequence scorers' scores, waited for: the rule rewards' (a ``Scores`` per reward
+                          actor) and the reward model's (a value per sample), the latter under its row's fault
+                          policy: a lost or failing actor starts the pool again and the batch is scored again,
+                          once; a judge past its deadline scores the default
+signals(tokens)           the token scorers' (reference, teacher) logprob refs, by pool, for the learner
+token_work(tokens)        their work, waited for (for metrics)
+rewards(sent)             the step's rewards in one call: the rule rewards' scores with the reward model's joined
+                          (``rewards.learned.with_model``), what their users should see said once and counted
+                          (``telemetry.failures``: a reward function's first failure, a judge's unread replies)
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from grpo_ray.algo.batching import Samples, balanced_ranges, spans_of
 from grpo_ray.config import KINDS, REWARD_MODEL, RULES, Recipe
 from grpo_ray.pools import PoolFault, Pools
+from grpo_ray.rewards.learned import fill_unread, with_model
+from grpo_ray.telemetry.failures import Failures
 from grpo_ray.types import Work
 
 CALLS = {"token": "logprobs", "sequence": "score"}
@@ -55,8 +57,8 @@ class Learned:
 
 
 class Scorers:
-    def __init__(self, recipe: Recipe, pools: Pools, say=print):
-        self.r, self.pools, self.say = recipe, pools, say
+    def __init__(self, recipe: Recipe, pools: Pools, failures: Failures, say=print):
+        self.r, self.pools, self.failures, self.say = recipe, pools, failures, say
         self.token_pools = [k.name for k in KINDS.values() if k.signal == "token"]
         """The pools that score every sampled token (reference, teacher), in the table's order."""
 
@@ -116,6 +118,38 @@ class Scorers:
             again = self._every_actor(LEARNED, sent.rollouts, sent.samples)
             got = self.pools.call([ref for pair in again for ref in pair], "reward model (again)", deadline)
         return Learned([v for share in got[0::2] for v in share], got[1::2])
+
+    def rewards(self, sent: Sent, counted: bool = True) -> tuple[list, dict[str, float], list[Work]]:
+        """The scores of what was `sent`: the reward functions' (their first failures shown, a training batch's
+        failing steps `counted`), the reward model's (``learned``) added as the component ``reward_model``
+        (``rewards.learned.with_model``); its metrics and work. A judge's reply without a score, a conversation too
+        long for it or a step past its deadline scores reward_model.judge.default, counted as its failures."""
+        scores = self.failures.rewards(self.pools.call(sent.rules, RULES), counted)
+        rm, rules = self.r.reward_model, [(f.name, f.weight) for f in self.r.reward.functions]
+        judge = rm.judge if rm.judge.template else None
+        got = self.learned(sent, judge.timeout_s if judge else None)
+        if got is None:
+            return scores, {}, []
+        values, judged = got.values, {}
+        if judge:
+            values, unread = fill_unread(values, judge.default)
+            judged = {
+                "reward_model/judge_unread": 0.0 if got.timed_out else unread / len(values),
+                "reward_model/judge_timeouts": float(got.timed_out),
+            }
+            if unread and not got.timed_out:
+                self.failures.show_first(
+                    "the judge",
+                    "counted in reward_model/judge_unread",
+                    LEARNED,
+                    f"{unread} of {len(values)} replies had no score matching reward_model.judge.pattern="
+                    f"{judge.pattern!r} (or left no room to reply), scored reward_model.judge.default={judge.default:g}"
+                    "; the first such reply is in the log",
+                )
+            if counted:
+                self.failures.count("the judge", judged["reward_model/judge_unread"], "the judge")
+        scores, metrics = with_model(scores, values, rm.weight, rm.normalize, rules, rm.sigmoid)
+        return scores, {**metrics, **judged, "timing_s/reward_model": max(w.seconds for w in got.work)}, got.work
 
     @staticmethod
     def signals(tokens: dict[str, list]) -> dict[str, list]:

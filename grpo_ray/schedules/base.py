@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from grpo_ray.algo.registry import FunctionError, imported
 from grpo_ray.config import AlgorithmConfig, RecipeError
+from grpo_ray.errors import RunError
 
 
 class Schedule:
@@ -38,6 +39,32 @@ class Schedule:
         """Whether a sample older than max_staleness when trained stops the run (the schedule's rules should have
         made it impossible), rather than being the staleness policy's to say."""
         return True
+
+    def staleness(self, stats: list, version: int, last_update: tuple[float, float]) -> dict[str, float]:
+        """The batch's age against the learner's weights at `version` (a sample older than max_staleness stops the
+        run where ``bounds_staleness``; else the staleness policy has said what such a group gets), and from the
+        engines' clocks (each rollout's ``window``), how much of its generation overlapped the last update
+        (`last_update`, its wall-clock window) and how long before that update ended it started (negative: after)."""
+        oldest, k = min(s.policy_version for s in stats), self.a.max_staleness
+        ages = [version - v for s in stats for v, _ in s.versions] or [version - oldest]
+        spans = [n for s in stats for _, n in s.versions] or [1]
+        if version - oldest > k and self.bounds_staleness():
+            raise RunError(
+                f"samples of version {oldest} reached a learner at version {version}: older than "
+                f"algorithm.max_staleness={k}"
+            )
+        start, end = min(s.window[0] for s in stats), max(s.window[1] for s in stats)
+        return {
+            "rollout/staleness/mean": sum(ages) / len(ages),
+            "rollout/staleness/max": float(max(ages)),
+            "rollout/over_max_staleness": float(sum(a > k for a in ages)),
+            **{f"rollout/staleness/share_{a}": sum(x == a for x in ages) / len(ages) for a in range(k + 1)},
+            "rollout/versions_per_trajectory/mean": sum(spans) / len(spans),
+            "rollout/versions_per_trajectory/max": float(max(spans)),
+            "rollout/staleness": float(version - oldest),
+            "perf/gen_overlap_s": max(0.0, min(end, last_update[1]) - max(start, last_update[0])),
+            "perf/gen_ahead_s": last_update[1] - start if last_update[1] else 0.0,
+        }
 
     def recomputes_old_policy(self, mini_batches: int, stale: bool) -> bool:
         """Whether the learner runs a forward for the old policy's logprobs before an update of `mini_batches` on

@@ -5,6 +5,7 @@ thing the controller asks for batches. Each schedule's source is one file here, 
     batched.py    a batch launched a step (or the step before, generated while the last one trained), collected
                   whole
     streaming.py  prompts sent ahead to engines that never wait, a step's groups taken as they finish (``Feed``)
+    dapo.py       DAPO's dynamic sampling: a step's groups whose rewards differ, and more batches until enough
 
 A source answers ``next`` (the step's batch, sent to the scorers, and its metrics), ``ahead`` (what it does while the
 learner trains a step), ``more`` (DAPO's next batch for a step), ``held_versions`` (the weights of what it holds
