@@ -149,7 +149,7 @@ def step_row(learner, dims, args, micro: int, peak_tflops: float | None, distill
             if args.device == "cuda":
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
-            signals = {"reference": refs, **({"teacher": [r - 0.02 for r in refs]} if distill else {})}
+            signals = {"kl": refs, **({"distill": [r - 0.02 for r in refs]} if distill else {})}
             start = time.perf_counter()
             # its .item() reads wait for the device
             metrics = learner.update(rollouts, adv, version=0, signals=signals).metrics
@@ -214,7 +214,7 @@ def profile(learner, dims, args, micro: int, samples: int) -> None:
     rollouts, refs, adv = batch(dims.vocab, samples, args.seq, seed=99)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
     with torch_profile(activities=activities) as prof:
-        learner.update(rollouts, adv, version=0, signals={"reference": refs})
+        learner.update(rollouts, adv, version=0, signals={"kl": refs})
     table = prof.key_averages()
     text = table.table(sort_by="self_cpu_time_total", row_limit=30)
     if args.device == "cuda":

@@ -1,16 +1,18 @@
-"""The scorer side: every pool whose row gives a signal (``config.pools.KINDS``), called from one place.
+"""The scorer side: every pool whose row gives a signal (``config.pools.KINDS``), called from one place. A row's
+use (``config.USES``) says where its signal goes: a sequence score is a component of the reward, summed here; a
+per-token logprob goes to the learner, keyed by its use.
 
-send(rollouts, samples)   a batch to every scorer at once, each actor an even share (every actor of a group is
-                          called, with or without a share: their forwards are collective); refs back
-scores(sent)              the sequence scorers' scores, waited for: the rule rewards' (a ``Scores`` per reward
-                          actor) and the reward model's (a value per sample), the latter under its row's fault
-                          policy: a lost or failing actor starts the pool again and the batch is scored again,
-                          once; a judge past its deadline scores the default
-signals(tokens)           the token scorers' (reference, teacher) logprob refs, by pool, for the learner
-token_work(tokens)        their work, waited for (for metrics)
-rewards(sent)             the step's rewards in one call: the rule rewards' scores with the reward model's joined
-                          (``rewards.learned.with_model``), what their users should see said once and counted
-                          (``telemetry.failures``: a reward function's first failure, a judge's unread replies)
+    send(rollouts, samples)   a batch to every scorer at once, each actor an even share (every actor of a group is
+                              called, with or without a share: their forwards are collective); refs back
+    rewards(sent)             the step's rewards in one call: the rule rewards' scores with the reward model's
+                              joined (``rewards.learned.with_model``), what their users should see said once and
+                              counted (``telemetry.failures``: a reward function's first failure, a judge's unread
+                              replies)
+    learned(sent, deadline)   the reward model's values under its row's fault policy: a lost or failing actor
+                              starts the pool again and the batch is scored again, once; a judge past its deadline
+                              scores the default
+    signals(tokens)           the token scorers' (reference, teacher) logprob refs, by use, for the learner
+    token_work(tokens)        their work, waited for (for metrics)
 """
 
 from __future__ import annotations
@@ -153,8 +155,9 @@ class Scorers:
 
     @staticmethod
     def signals(tokens: dict[str, list]) -> dict[str, list]:
-        """The token scorers' logprob refs by pool, of what ``send_tokens`` sent (the learner waits for them)."""
-        return {pool: [lp for lp, _ in refs] for pool, refs in tokens.items() if refs}
+        """The token scorers' logprob refs by their use (their row's, ``config.USES``: ``kl``, ``distill``), of what
+        ``send_tokens`` sent (the learner waits for them)."""
+        return {KINDS[pool].use: [lp for lp, _ in refs] for pool, refs in tokens.items() if refs}
 
     def token_work(self, tokens: dict[str, list]) -> dict[str, list[Work]]:
         """The token scorers' work, of what ``send_tokens`` sent, waited for."""

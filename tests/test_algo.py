@@ -139,8 +139,9 @@ def test_the_learners_loss_takes_the_teachers_signal_and_reports_it():
     teacher = torch.tensor([[-0.5, -2.5], [-1.5, -3.0]])
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
     a = AlgorithmConfig(kl_coef=0.0, loss_agg="token-mean")
-    x = LossInputs(logp, logp.detach(), torch.tensor([2.0, -1.0]), mask, teacher=teacher)
-    loss, counted, sums, _, _ = micro_batch_loss(x, a, 2, TeacherConfig(model="t", kl_coef=0.5, reward_weight=1.0))
+    x = LossInputs(logp, logp.detach(), torch.tensor([2.0, -1.0]), mask, signals={"distill": teacher})
+    section = TeacherConfig(model="t", kl_coef=0.5, reward_weight=1.0)
+    loss, counted, sums, _, _ = micro_batch_loss(x, a, 2, {"distill": section})
     assert counted.item() == 3
     assert loss.item() == pytest.approx(-(2.25 + 1.75 - 1.5))  # -sum of per-token advantages, normaliser 1
     plain = micro_batch_loss(LossInputs(logp, logp.detach(), torch.tensor([2.0, -1.0]), mask), a, 2)
@@ -732,7 +733,8 @@ def test_the_loss_keeps_every_tensor_on_the_logprobs_device(kl_coef):
     a = Recipe().algorithm
     a.kl_coef = kl_coef
     ref = z() if kl_coef else None
-    x = LossInputs(z(), z(), torch.zeros(2, device=meta), torch.ones(2, 3, device=meta), None, ref, None, None)
+    signals = {"kl": ref} if kl_coef else {}
+    x = LossInputs(z(), z(), torch.zeros(2, device=meta), torch.ones(2, 3, device=meta), None, None, signals)
     loss, counted, sums, _, _ = micro_batch_loss(x, a, 3)
     assert {loss.device, counted.device, sums.device} == {meta}
 

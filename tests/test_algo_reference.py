@@ -145,8 +145,8 @@ def learner_loss(a: AlgorithmConfig, logp, entropy, old, sampler, ref, adv, mask
                 adv[idx],
                 mask[idx],
                 None if old is None else old[idx],
-                None if ref is None else ref[idx],
                 ent[idx],
+                {} if ref is None else {"kl": ref[idx]},
             )
             loss, n, sums, _, _ = micro_batch_loss(x, a, horizon)
             loss.backward()
@@ -326,7 +326,7 @@ def test_extreme_log_ratios_give_a_finite_float32_loss_and_gradient(mode, gap):
     a = AlgorithmConfig(loss_mode=mode, kl_coef=0.1, kl_estimator="k3")
     logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
     old = logp.detach() - gap
-    x = LossInputs(logp, old, torch.tensor([-1.0]), torch.ones(1, 2), old, logp.detach() + gap)
+    x = LossInputs(logp, old, torch.tensor([-1.0]), torch.ones(1, 2), old, signals={"kl": logp.detach() + gap})
     loss, *_ = micro_batch_loss(x, a, horizon=2)
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()

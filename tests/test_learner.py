@@ -20,11 +20,11 @@ def run_learner(ray, path, world_size, overrides, rollouts, ref_lps, advantages,
     host, port = ray.get(actors[0].address.remote())
     ray.get([a.setup.remote(host, port) for a in actors])
     refs = [ray.put(r) for r in rollouts]
-    signals = {"reference": [ray.put(x) for x in ref_lps]} if ref_lps else {}
+    signals = {"kl": [ray.put(x) for x in ref_lps]} if ref_lps else {}
     probe = [t for c in rollouts[0].prompts for t in c.ids]  # the weights, seen through the sync probe's path
     before = ray.get([a.probe_logprobs.remote(probe) for a in actors])[0]
     if teacher_lps:
-        signals["teacher"] = [ray.put(x) for x in teacher_lps]
+        signals["distill"] = [ray.put(x) for x in teacher_lps]
     updates = ray.get([a.train.remote(refs, advantages, 0, signals, None, probe) for a in actors])
     after = ray.get([a.probe_logprobs.remote(probe) for a in actors])[0]
     for u in updates:  # the update's own probe, which the controller's sync checks the engines against

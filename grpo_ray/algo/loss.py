@@ -44,7 +44,7 @@ signature; it gets ``algorithm.loss_options`` as a dict.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -52,7 +52,7 @@ import torch
 from grpo_ray.algo.correction import SUM_KEYS, rollout_correction
 from grpo_ray.algo.distill import distill_advantages
 from grpo_ray.algo.registry import FunctionError, named
-from grpo_ray.config import AlgorithmConfig, TeacherConfig, loss_aggregation
+from grpo_ray.config import DISTILL, KL, AlgorithmConfig, TeacherConfig, loss_aggregation
 
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
@@ -245,12 +245,26 @@ class LossInputs:
     old: torch.Tensor | None = None
     """The old policy's logprobs: the learner's at the version that generated each sample; None when that is the
     weights being trained (one on-policy update: logp itself, detached)."""
-    ref: torch.Tensor | None = None
-    """The reference's logprobs, for the KL term."""
     entropy: torch.Tensor | None = None
     """The learner's entropy at each position (with a gradient only when the loss has an entropy term)."""
-    teacher: torch.Tensor | None = None
-    """The distillation teacher's logprobs of the sampled tokens: each token's advantage takes its signal."""
+    signals: dict[str, torch.Tensor] = field(default_factory=dict)
+    """The frozen scorers' logprobs of the sampled tokens by their use (``config.USES``; ``TOKEN_USES``): ``kl``'s
+    for the KL term, ``distill``'s for each token's advantage."""
+
+
+def _distill(advantages: torch.Tensor, old: torch.Tensor, signal: torch.Tensor, keep: torch.Tensor, section):
+    """On-policy distillation (``algo.distill``), its coefficients the teacher section's."""
+    t = section or TeacherConfig()
+    return distill_advantages(advantages, old, signal, keep, t.kl_coef, t.reward_weight)
+
+
+ADVANTAGE_TERMS = {DISTILL: _distill}
+"""Token uses whose signal reshapes each token's advantage (a signal that is a reward), applied in this order before
+the policy loss: ``fn(advantages, old logprobs, signal, kept tokens, the pool's section) -> (advantages, sums)``."""
+LOSS_TERMS = {KL: "the policy loss's KL term against the signal (grpo_loss's ref; algorithm.kl_coef)"}
+"""Token uses whose signal is a term of the policy loss."""
+TOKEN_USES = (*ADVANTAGE_TERMS, *LOSS_TERMS)
+"""Every token use the loss applies."""
 
 
 LOSS_SUMS = (
@@ -269,11 +283,12 @@ normaliser like the loss, the others per kept token (the last three: distillatio
 
 
 def micro_batch_loss(
-    x: LossInputs, a: AlgorithmConfig, horizon: int, t: TeacherConfig | None = None
+    x: LossInputs, a: AlgorithmConfig, horizon: int, sections: dict | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The whole loss of one micro batch, before normalisation: the old policy (the sampler's in bypass mode),
-    rollout correction, with a teacher's logprobs (`t` its weights) distillation's per-token advantages, the
-    policy-gradient term, KL and entropy, aggregated as ``a.loss_agg`` says (auto:
+    rollout correction, each token signal by its use (``TOKEN_USES``; `sections`: each use's pool section, its
+    coefficients: a teacher's distillation reshapes the per-token advantages), the policy-gradient term, KL and
+    entropy, aggregated as ``a.loss_agg`` says (auto:
     ``config.loss_aggregation``) with a
     normaliser of 1. Returns (loss sum, its count for the normaliser (``kept_count``), LOSS_SUMS as one float64
     tensor, the correction's sums (``correction.SUM_KEYS``), the largest token ratio). The learner divides the
@@ -290,14 +305,18 @@ def micro_batch_loss(
         rc.rollout_rs_threshold,
         rc.rollout_rs_threshold_lower,
     )
+    unknown = sorted(x.signals.keys() - set(TOKEN_USES))
+    if unknown:
+        raise ValueError(f"the loss applies no signal of use {unknown}: it applies {', '.join(TOKEN_USES)}")
     advantages, distilled = x.advantages.to(x.logp.device), {}
-    if x.teacher is not None:
-        t = t or TeacherConfig()
-        advantages, distilled = distill_advantages(advantages, old, x.teacher, keep, t.kl_coef, t.reward_weight)
+    for use, term in ADVANTAGE_TERMS.items():
+        if use in x.signals:
+            advantages, sums = term(advantages, old, x.signals[use], keep, (sections or {}).get(use))
+            distilled.update(sums)
     loss, m = grpo_loss(
         x.logp,
         old,
-        x.ref,
+        x.signals.get(KL),
         advantages,
         keep,
         clip_low=a.clip_ratio_low,

@@ -25,7 +25,21 @@ from grpo_ray.config.checks import (
 )
 from grpo_ray.config.jobs import RMConfig, SFTConfig
 from grpo_ray.config.load import SECRET_KEY, dump_recipe, load_recipe, recipe_dict, recipe_yaml, redact
-from grpo_ray.config.pools import GENERATOR, KINDS, LEARNER, POOLS, REFERENCE, REWARD_MODEL, RULES, TEACHER, PoolKind
+from grpo_ray.config.pools import (
+    DISTILL,
+    GENERATOR,
+    KINDS,
+    KL,
+    LEARNER,
+    POOLS,
+    REFERENCE,
+    REWARD_COMPONENT,
+    REWARD_MODEL,
+    RULES,
+    TEACHER,
+    USES,
+    PoolKind,
+)
 from grpo_ray.config.ranges import RANGES
 from grpo_ray.config.schema import (
     AlgorithmConfig,
@@ -76,6 +90,10 @@ __all__ = [
     "POOLS",
     "KINDS",
     "PoolKind",
+    "USES",
+    "KL",
+    "DISTILL",
+    "REWARD_COMPONENT",
     "RANGES",
     "SECRET_KEY",
     "AlgorithmConfig",

@@ -15,6 +15,33 @@ from grpo_ray.config.schema import Recipe
 
 
 @dataclass(frozen=True)
+class Use:
+    """How a scorer's signal meets training."""
+
+    per: Literal["token", "sequence"]
+    """What the signal is: a logprob per sampled token (the learner reads it), or a score per sample (a component
+    of the reward)."""
+    doc: str
+
+
+KL, DISTILL, REWARD_COMPONENT = "kl", "distill", "reward_component"
+USES = {
+    KL: Use("token", "a KL term in the loss against these logprobs (algorithm.kl_coef, algorithm.kl_estimator)"),
+    DISTILL: Use(
+        "token",
+        "each token's advantage takes the student's log ratio to these logprobs (algo/distill.py; the pool's "
+        "section's kl_coef and reward_weight)",
+    ),
+    REWARD_COMPONENT: Use(
+        "sequence", "a component of each sample's weighted reward (the pool's section's weight, or each function's)"
+    ),
+}
+"""The uses a pool's row may name (``PoolKind.use``): where its signal goes. A token use is read by the learner,
+keyed by its name (``Learner.update``), and applied by the loss (``algo.loss.TOKEN_USES``); a sequence use is summed
+into the reward by the scorers (``Scorers.rewards``)."""
+
+
+@dataclass(frozen=True)
 class PoolKind:
     name: str
     count: Callable[[Recipe], int]
@@ -35,12 +62,17 @@ class PoolKind:
     lost: Literal["replace", "restart", "stop"] = "stop"
     """What losing an actor does: a new one in its place (an engine), the whole pool started again (a group that
     cannot take in a new member), or the run stops."""
-    signal: Literal["token", "sequence"] | None = None
-    """What a scorer gives each sample: a logprob per token (to the learner), a score per sequence (to the
-    advantages), or nothing (not a scorer)."""
+    use: str | None = None
+    """How a scorer's signal meets training (a name of ``USES``), or None: not a scorer."""
     cpu_runtime_gb: float = 0.55
     """Resident memory of one actor's process on CPU before any model: Python, torch, transformers, Ray (measured
     on this project's CPU machine; the fit check's runtime part)."""
+
+    @property
+    def signal(self) -> Literal["token", "sequence"] | None:
+        """What a scorer gives each sample: a logprob per token (to the learner), a score per sequence (to the
+        rewards), or nothing (not a scorer); its use's."""
+        return USES[self.use].per if self.use else None
 
     def model_name(self, r: Recipe) -> str:
         """Its model as the recipe names it (the value at its ``model`` key), or empty."""
@@ -64,11 +96,11 @@ def _on_gpu(n: int) -> Callable[[Recipe], int]:
     return lambda r: n if r.cluster.device == "cuda" else 0
 
 
-def _frozen_scorer(name: str, model: str, count: Callable[[Recipe], int]) -> PoolKind:
-    """A frozen model scoring every sampled token (one FSDP2 group): the reference's memory model on its own shape,
-    a phase of its own in the time model."""
+def _frozen_scorer(name: str, model: str, count: Callable[[Recipe], int], use: str) -> PoolKind:
+    """A frozen model scoring every sampled token (one FSDP2 group) for `use`: the reference's memory model on its
+    own shape, a phase of its own in the time model."""
     cpus = lambda r: getattr(r, name).num_cpus  # noqa: E731
-    return PoolKind(name, count, cpus, _on_gpu(1), "frozen_pool", "frozen", model, "fsdp", "stop", "token")
+    return PoolKind(name, count, cpus, _on_gpu(1), "frozen_pool", "frozen", model, "fsdp", "stop", use)
 
 
 KINDS: dict[str, PoolKind] = {
@@ -102,8 +134,9 @@ KINDS: dict[str, PoolKind] = {
             REFERENCE,
             "model.path",
             lambda r: r.reference.num_actors if r.algorithm.kl_coef > 0 and not r.model.lora.rank else 0,
+            KL,
         ),
-        _frozen_scorer(TEACHER, "teacher.model", lambda r: r.teacher.num_actors if r.teacher.model else 0),
+        _frozen_scorer(TEACHER, "teacher.model", lambda r: r.teacher.num_actors if r.teacher.model else 0, DISTILL),
         PoolKind(  # a classifier (one FSDP2 group: a lost actor restarts the pool) or a judge's engines
             REWARD_MODEL,
             count=lambda r: r.reward_model.num_actors if r.reward_model.model else 0,
@@ -114,7 +147,7 @@ KINDS: dict[str, PoolKind] = {
             model="reward_model.model",
             group="fsdp",
             lost="restart",
-            signal="sequence",
+            use=REWARD_COMPONENT,
         ),
         PoolKind(
             RULES,
@@ -123,7 +156,7 @@ KINDS: dict[str, PoolKind] = {
             gpus=lambda r: 0,  # rule rewards run on CPUs everywhere
             memory="reward_pool",
             time="rule_reward",
-            signal="sequence",
+            use=REWARD_COMPONENT,
             cpu_runtime_gb=0.35,
         ),
     )

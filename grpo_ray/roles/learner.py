@@ -44,7 +44,7 @@ from grpo_ray.algo.batching import (
 )
 from grpo_ray.algo.logprobs import sequence_logprobs, token_logprobs
 from grpo_ray.algo.loss import LOSS_SUMS, LossInputs, StepSums, micro_batch_loss, sft_loss, step_metrics
-from grpo_ray.config import REFERENCE, TEACHER, Recipe
+from grpo_ray.config import DISTILL, KINDS, KL, Recipe
 from grpo_ray.device import Device
 from grpo_ray.faults import fault_at
 from grpo_ray.lengths import response_budget
@@ -55,11 +55,9 @@ from grpo_ray.roles.weights_out import WeightsOut
 from grpo_ray.telemetry.perf import device_peak_tflops, forward_flops, measure_cpu_peak_tflops
 from grpo_ray.types import Update
 
-SIGNALS = {
-    REFERENCE: "per-token logprobs of the frozen reference: the KL term's",
-    TEACHER: "per-token logprobs of the distillation teacher: each token's advantage takes its log ratio",
-}
-"""The frozen scorers' per-token signals the learner reads, by the scorer pool's name (``Learner.update``)."""
+SIGNALS = {k.use: k.name for k in KINDS.values() if k.signal == "token"}
+"""The frozen scorers' per-token signals the learner reads, by their use (``config.USES``; the loss applies each,
+``algo.loss.TOKEN_USES``), and the pool whose row names it (its section holds the use's coefficients)."""
 
 
 @dataclass
@@ -78,10 +76,9 @@ class RankShare:
     """Multi-turn trajectories' loss masks (1 on the model's tokens); None when every sample is one turn."""
     old: dict | None
     """The old policy's logprobs of this rank's samples; None where they are the trained weights' (or bypass)."""
-    ref: list | dict | None
-    """The reference's logprobs, when the loss has a KL term."""
-    teacher: list | None
-    """The distillation teacher's logprobs, when there is a teacher (``algo.distill``)."""
+    signals: dict[str, list | dict]
+    """The frozen scorers' logprobs by use (``SIGNALS``): the reference's (``kl``) when the loss has a KL term,
+    the distillation teacher's (``distill``) when there is a teacher."""
     old_seconds: float
     ref_seconds: float
 
@@ -282,7 +279,7 @@ class Learner(WeightsOut, RoleActor):
     ) -> Update:
         """One GRPO step over all samples of `rollout_refs` (Ray object refs, fetched here, not by the controller)
         with the weights of `version`: ``update`` on what they hold. `signals`: each frozen scorer's refs to its
-        chunks of per-token logprobs, by the scorer's name (SIGNALS)."""
+        chunks of per-token logprobs, by its use (SIGNALS)."""
         import ray
 
         rollouts = ray.get(rollout_refs)
@@ -303,15 +300,14 @@ class Learner(WeightsOut, RoleActor):
         is the learner at the version that generated it (snapshots of versions >= `keep_from` are kept for later
         batches), or the sampler's in bypass mode. With `probe_ids`, the updated weights' ``probe_logprobs`` too
         (``Update.probe``), for the sync that pushes them: no call of its own then. `signals`: the frozen
-        scorers' per-token logprobs of every sample, by name (SIGNALS): the reference's for the KL term, the
-        distillation teacher's for each token's advantage."""
+        scorers' per-token logprobs of every sample, by use (SIGNALS): the reference's for the KL term (``kl``), the
+        distillation teacher's for each token's advantage (``distill``)."""
         a = self.recipe.algorithm
         self.version, self.flops = version, 0.0
         unknown = sorted(set(signals or {}) - set(SIGNALS))
         if unknown:
-            raise ValueError(f"the learner reads no signal named {unknown}: it reads {', '.join(SIGNALS)}")
-        signals = signals or {}
-        batch = self._batch(rollouts, advantages, keep_from, signals.get(REFERENCE), signals.get(TEACHER))
+            raise ValueError(f"the learner reads no signal of use {unknown}: it reads {', '.join(SIGNALS)}")
+        batch = self._batch(rollouts, advantages, keep_from, dict(signals or {}))
         sums = StepSums.zeros(self.device)
         norms, empty = [], 0
         self.model.train()
@@ -330,7 +326,7 @@ class Learner(WeightsOut, RoleActor):
         self.steps += 1
         metrics = {
             "actor/flops": self._total(self.flops),
-            **step_metrics(sums, self.world_size * a.ppo_epochs * len(batch.minis), batch.teacher is not None),
+            **step_metrics(sums, self.world_size * a.ppo_epochs * len(batch.minis), DISTILL in batch.signals),
             **self._update_metrics(norms, empty),
             "actor/empty_updates": empty,
             "actor/old_log_prob_recomputed": float(batch.old is not None),
@@ -342,9 +338,7 @@ class Learner(WeightsOut, RoleActor):
         }
         return Update(metrics, (started, time.time()), self.probe_logprobs(probe_ids) if probe_ids else None)
 
-    def _batch(
-        self, rollouts: list, advantages: list[float], keep_from: int | None, ref_lps: list | None, teacher_lps=None
-    ) -> RankShare:
+    def _batch(self, rollouts: list, advantages: list[float], keep_from: int | None, signals: dict) -> RankShare:
         """The step's samples cut into this rank's share of each mini batch, with what the loss needs beside the
         learner's own logprobs: the old policy's logprobs where they are not the trained weights' (one on-policy
         update, or bypass mode: none), and with LoRA the reference's (this model, adapters off)."""
@@ -363,10 +357,10 @@ class Learner(WeightsOut, RoleActor):
         old = self._old_logprobs(pairs, mine, olds) if recompute else None
         old_seconds = time.perf_counter() - start if recompute else 0.0
         ref_seconds = 0.0
-        if self.lora and a.kl_coef > 0 and ref_lps is None:  # the reference: this model with the adapters off
+        if self.lora and a.kl_coef > 0 and KL not in signals:  # the reference: this model with the adapters off
             flops = self.flops
             with lora.adapters_off(self.model):
-                ref_lps = self._score(pairs, mine)
+                signals[KL] = self._score(pairs, mine)
             self.flops = flops  # the reference's forward is timed as timing_s/ref, not as the update's work
             ref_seconds = time.perf_counter() - start - old_seconds
         sampler = [c.sampler_logprobs for r in rollouts for c in r.completions]
@@ -375,7 +369,7 @@ class Learner(WeightsOut, RoleActor):
         adv = per_token(advantages, masks) if per_turn else torch.tensor(advantages, dtype=torch.float32)
         multi_turn = any(c.mask is not None for r in rollouts for c in r.completions)
         masks = masks if multi_turn else None
-        return RankShare(pairs, minis, sampler, adv, masks, old, ref_lps, teacher_lps, old_seconds, ref_seconds)
+        return RankShare(pairs, minis, sampler, adv, masks, old, signals, old_seconds, ref_seconds)
 
     def _backward(self, batch: RankShare, mine: list[int], sums: StepSums, first_epoch: bool) -> float:
         """Forward and backward of this rank's micro batches of one mini batch (gradients accumulated, each micro
@@ -395,12 +389,12 @@ class Learner(WeightsOut, RoleActor):
                 batch.adv[micro] if isinstance(batch.adv, torch.Tensor) else placed(batch.adv, micro, response),
                 response if batch.masks is None else placed(batch.masks, micro, response),  # multi-turn: the
                 placed(batch.old, micro, response),  # model's own tokens only, not the observations'
-                placed(batch.ref, micro, response),
                 entropy,
-                placed(batch.teacher, micro, response),
+                {use: placed(values, micro, response) for use, values in batch.signals.items()},
             )
+            sections = {use: getattr(self.recipe, pool) for use, pool in SIGNALS.items()}  # the uses' coefficients
             loss, counted, losses, corr, top = micro_batch_loss(
-                x, self.recipe.algorithm, response_budget(self.recipe), self.recipe.teacher
+                x, self.recipe.algorithm, response_budget(self.recipe), sections
             )
             if fault_at("nan_loss", self.steps + 1):
                 loss = loss * float("nan")
