@@ -12,7 +12,7 @@ from pathlib import Path
 
 from grpo_ray import models, rundir, transports
 from grpo_ray.config import KINDS, REWARD_MODEL, TEACHER, Recipe, RecipeError, dump_recipe, recipe_yaml
-from grpo_ray.data import DataError, checked, dotted, load_rows, prompt_text
+from grpo_ray.data import DataError, checked, dotted, images, load_rows, prompt_text
 from grpo_ray.data.targets import RM_IDS, rm_tokens, target_tokens
 from grpo_ray.models.dims import ModelDims, model_dims
 from grpo_ray.preflight import (
@@ -162,6 +162,8 @@ def _rows_of(spec: str, tokenizer, recipe: Recipe, command: str, pieces: dict) -
     job = JOBS[command]
     answer_key = recipe.data.answer_key if job.answers else ""
     loaded = load_rows(spec, recipe.data.prompt_key, answer_key)
+    if any(images.images_of(row, recipe.data.image_key) for row in loaded):
+        image_rows(spec, loaded, recipe, tokenizer.name_or_path)
     texts = [
         prompt_text(
             tokenizer, row, recipe.data.response_prefix, recipe.model.chat_template_kwargs, recipe.data.system_prompt
@@ -180,6 +182,32 @@ def _rows_of(spec: str, tokenizer, recipe: Recipe, command: str, pieces: dict) -
             continue
         rows.append({**row, **extra})
     return rows, n, first
+
+
+def image_rows(spec: str, rows: list[dict], recipe: Recipe, model_path: str) -> None:
+    """Rows with images (``grpo_ray.data.images``), before any actor starts: a DataError naming the file, row and
+    key where the model reads no images, where an image does not open, where its placeholders and images do not
+    match in number, or where a prompt carries more than the engines take; else one saying that training on images
+    is not built yet (the generators, learner and scorers read text: the images would be dropped)."""
+    key, vllm_kwargs = recipe.data.image_key, recipe.generator.vllm_kwargs
+    first = next(i for i, row in enumerate(rows) if images.images_of(row, key))
+    reads, arch = images.model_reads_images(model_path, recipe.model.trust_remote_code)
+    n = len(images.images_of(rows[first], key))
+    if not reads:
+        raise DataError(
+            f"{spec} row {first}: '{key}' (data.image_key) holds {n} image(s), and model.path={recipe.model.path!r} is "
+            f"a text-only model ({arch}): give a vision-language model (Qwen2.5-VL, Qwen3-VL, Gemma 3), or rows "
+            "without images"
+        )
+    folder = Path(spec).parent if Path(spec).is_file() else None
+    for i, row in enumerate(rows):
+        why = images.problem(row, key, images.limit(vllm_kwargs), folder) if images.images_of(row, key) else None
+        if why:
+            raise DataError(f"{spec} row {i}: {why}")
+    raise DataError(
+        f"{spec} row {first}: '{key}' (data.image_key) holds {n} image(s) for {arch}, and grpo-ray does not train on "
+        "images yet: its engines, learner and scorers take text, so the images would be dropped"
+    )
 
 
 def _limits(recipe: Recipe, command: str) -> str:

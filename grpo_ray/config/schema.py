@@ -87,6 +87,10 @@ class DataConfig:
     prompt_key: str = "prompt"
     """Where a row's prompt is (dotted for nested keys): chat messages, or text taken as one user message (verl's
     data.prompt_key)."""
+    image_key: str = "images"
+    """Where a row's images are (dotted for nested keys; verl's data.image_key): one or a list, each a path, image
+    bytes, or a ``datasets`` Image feature, with an ``<image>`` placeholder in the prompt for each (or none).
+    Checked before start (grpo_ray.data.images); training on them is not built yet, so such rows are refused."""
     answer_key: str = "reward_model.ground_truth"
     """Where a row's ground truth is (dotted for nested keys): text or a number, handed to the reward functions.
     Empty: the rows have none (an environment or reward that needs none: a game, a judge); they get "". A row

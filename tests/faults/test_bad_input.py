@@ -60,9 +60,20 @@ def _files(tmp_path):
     (tmp_path / "template.json").write_text(json.dumps({"bos_token": "<s>"}))
     (tmp_path / "needs_dep.py").write_text("import no_such_dependency_of_a_file\n\ndef score(r, t):\n    return 0.0\n")
     (tmp_path / "shapes.yaml").write_text("model: {path: x}\ndata: {train_files: {a: 1}}\n")
+    # issue 77: rows with images, to a text-only model
+    from PIL import Image
+
+    Image.new("RGB", (8, 8), "red").save(tmp_path / "red.png")
+    seen = {**good, "prompt": [{"role": "user", "content": "<image> What colour is it?"}], "images": ["red.png"]}
+    (tmp_path / "with_image.jsonl").write_text(json.dumps(good) + "\n" + json.dumps(seen) + "\n")
 
 
 CASES = {  # name: (recipe, overrides, what the message must say)
+    "image rows to a text model": (
+        RECIPE,
+        ["data.train_files=[{tmp}/with_image.jsonl]"],
+        "{tmp}/with_image.jsonl row 1: 'images' (data.image_key) holds 1 image(s), and model.path='tiny://qwen2",
+    ),
     "malformed YAML": ("{tmp}/broken.yaml", [], "not valid YAML"),
     "not a mapping": ("{tmp}/list.yaml", [], "the top level must be a mapping"),
     "recipe missing": ("{tmp}/nope.yaml", [], "does not exist"),

@@ -1,0 +1,96 @@
+"""Rows with images (issue 77, its first piece): each form of image a row may carry opens, and every way an image row
+can be wrong is one line naming the file, row and key before any actor starts (grpo_ray/data/images.py,
+setup_run.image_rows). Training on images is not built yet: a vision-language model's image rows are refused in
+words that say so, never trained as text with the images dropped."""
+
+import io
+import json
+
+import pytest
+from PIL import Image
+
+from grpo_ray.data import DataError, images
+
+ROW = {"prompt": [{"role": "user", "content": "<image> What colour is it?"}], "data_source": "x"}
+
+
+def png(colour: str = "red") -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (8, 8), colour).save(out, format="PNG")
+    return out.getvalue()
+
+
+def test_each_form_of_image_opens(tmp_path):
+    (tmp_path / "red.png").write_bytes(png())
+    forms = [
+        str(tmp_path / "red.png"),  # an absolute path
+        "red.png",  # relative to the data file's folder
+        png(),  # bytes
+        {"bytes": png(), "path": None},  # a datasets Image feature, as a parquet holds it
+        {"bytes": None, "path": str(tmp_path / "red.png")},
+        Image.new("RGB", (4, 4)),
+    ]
+    for form in forms:
+        assert images.opened(form, tmp_path).size in ((8, 8), (4, 4))
+        assert images.problem({**ROW, "images": [form]}, "images", 999, tmp_path) is None
+    assert images.images_of({**ROW, "images": png()}, "images") == [png()]  # one image, not a list
+    assert images.images_of({**ROW, "extra": {"pics": ["a", "b"]}}, "extra.pics") == ["a", "b"]
+    assert images.images_of(ROW, "images") == []
+
+
+def test_every_wrong_image_row_says_what_is_wrong(tmp_path):
+    (tmp_path / "red.png").write_bytes(png())
+    (tmp_path / "fake.png").write_text("not an image")
+    cases = {
+        "missing.png": "image 0: no file",
+        "fake.png": "image 0: ",
+        12: "image 0: a int, not a path",
+    }
+    for image, said in cases.items():
+        why = images.problem({**ROW, "images": [image]}, "images", 999, tmp_path)
+        assert why.startswith("'images' (data.image_key) ") and said in why, why
+    assert "is not an image PIL reads" in images.problem({**ROW, "images": ["fake.png"]}, "images", 999, tmp_path)
+    two = {**ROW, "images": ["red.png", "red.png"]}
+    assert "the prompt has 1 <image> placeholder(s) and 'images' (data.image_key) 2 image(s)" in images.problem(
+        two, "images", 999, tmp_path
+    )
+    unmarked = {**two, "prompt": [{"role": "user", "content": "Which is red?"}]}  # none: the images go first
+    assert images.problem(unmarked, "images", 999, tmp_path) is None
+    assert "holds 2 images, over the 1 a prompt may carry" in images.problem(unmarked, "images", 1, tmp_path)
+    assert images.limit({"limit_mm_per_prompt": {"image": {"count": 3}}}) == 3
+    assert images.limit({"limit_mm_per_prompt": {"image": 2}}) == 2 and images.limit({}) == 999
+
+
+@pytest.fixture(scope="module")
+def vl_model(tmp_path_factory):
+    """A vision-language model's config (Qwen2.5-VL's class, tiny): all the check reads of a model."""
+    from transformers import Qwen2_5_VLConfig
+
+    path = tmp_path_factory.mktemp("vl")
+    config = Qwen2_5_VLConfig(
+        text_config={"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 128},
+        vision_config={"depth": 1, "hidden_size": 32, "out_hidden_size": 64, "num_heads": 2},
+    )
+    config.architectures = ["Qwen2_5_VLForConditionalGeneration"]
+    config.save_pretrained(path)
+    return str(path)
+
+
+def test_a_vision_language_models_image_rows_are_checked_then_refused_as_not_built(tmp_path, vl_model):
+    from grpo_ray.config import Recipe
+    from grpo_ray.setup_run import image_rows
+
+    assert images.model_reads_images(vl_model) == (True, "Qwen2_5_VLForConditionalGeneration")
+    spec = tmp_path / "rows.jsonl"
+    (tmp_path / "red.png").write_bytes(png())
+    rows = [{**ROW, "images": []}, {**ROW, "images": ["red.png"]}, {**ROW, "images": ["gone.png"]}]
+    spec.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError, match=rf"{spec} row 2: 'images' \(data.image_key\) image 0: no file"):
+        image_rows(str(spec), rows, Recipe(), vl_model)
+    with pytest.raises(DataError) as e:
+        image_rows(str(spec), rows[:2], Recipe(), vl_model)
+    assert str(e.value) == (
+        f"{spec} row 1: 'images' (data.image_key) holds 1 image(s) for Qwen2_5_VLForConditionalGeneration, and "
+        "grpo-ray does not train on images yet: its engines, learner and scorers take text, so the images would be "
+        "dropped"
+    )
