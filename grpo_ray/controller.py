@@ -34,7 +34,7 @@ from grpo_ray.engines import split
 from grpo_ray.errors import Preempted, RunError
 from grpo_ray.lengths import response_budget
 from grpo_ray.runner import Runner
-from grpo_ray.scorers import LEARNED, RULES
+from grpo_ray.scorers import RULES
 from grpo_ray.setup_run import RunInputs
 from grpo_ray.sources import Collected, Hooks
 from grpo_ray.sources.dapo import keep_signal
@@ -97,7 +97,8 @@ class GRPOController(Runner):
         if self.r.trainer.dump_freq and (step % self.r.trainer.dump_freq == 0 or step == self.total_steps()):
             self.dump(f"train_data_step{step}", step, rollouts, scores, advantages)
         extra = {**staleness, **kept, **learned, **flow, "reward/overlong_penalty/mean": penalty}
-        work[LEARNED] = learned_work
+        if self.scorers.learned_pool:
+            work[self.scorers.learned_pool] = learned_work
         out = self.metrics(time.perf_counter() - start, stats, scores, trained, synced, work, memory, extra)
         if flow:  # the learner's side waiting on the engines' groups
             out["perf/learner_idle_share"] = flow["timing_s/learner_wait"] / out["timing_s/step"]

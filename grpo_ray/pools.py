@@ -25,7 +25,7 @@ from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from grpo_ray import faults, placement, transports
-from grpo_ray.config import GENERATOR, KINDS, LEARNER, POOLS, REFERENCE, REWARD_MODEL, RULES, TEACHER, Recipe
+from grpo_ray.config import GENERATOR, JUDGE, KINDS, LEARNER, POOLS, REFERENCE, REWARD_MODEL, RULES, TEACHER, Recipe
 from grpo_ray.device import Device
 from grpo_ray.errors import RunError
 from grpo_ray.models.dims import ModelDims
@@ -43,7 +43,8 @@ ROLES = {
     LEARNER: Learner,
     REFERENCE: Reference,
     TEACHER: Reference,  # the same role on the teacher's model
-    REWARD_MODEL: RewardModel,  # a judge's role where reward_model.judge.template is set
+    REWARD_MODEL: RewardModel,
+    JUDGE: Judge,
     RULES: RewardWorker,
 }
 """The actor class of each pool: each takes the model and the recipe and reads what it needs."""
@@ -83,8 +84,7 @@ class Pools:
     def __init__(self, recipe: Recipe, paths: dict[str, str], dims: ModelDims, roles: dict | None = None):
         self.r, self.paths, self.dims = recipe, paths, dims
         """`paths`: each model recipe key's resolved path (``RunInputs.paths``), what the rows' ``model`` names."""
-        judge = {REWARD_MODEL: Judge} if recipe.reward_model.judge.template else {}
-        self.roles = {**ROLES, **judge, **(roles or {})}
+        self.roles = {**ROLES, **(roles or {})}
         """The actor class of each pool: ROLES, with a run's own where it trains another kind of model."""
         self.device = Device.of(recipe)
         self.plans = placement.plan(recipe)
@@ -128,9 +128,13 @@ class Pools:
         if self.learners:
             say(f"{since_start()} learner ready: {len(self.learners)} FSDP2 rank(s)")
         for kind in KINDS.values():
-            if kind.group == "fsdp" and kind.name != LEARNER and self.actors[kind.name]:
+            if kind.name in (LEARNER, GENERATOR) or kind.group is None or not self.actors[kind.name]:
+                continue
+            if kind.group == "fsdp":
                 self._join(kind.name)
-                say(f"{since_start()} {kind.name} ready: {len(self.actors[kind.name])} actor(s)")
+            else:  # engines of their own (a judge's): each loads its model as it starts
+                self.call([a.where.remote() for a in self.actors[kind.name]], f"{kind.name} ready")
+            say(f"{since_start()} {kind.name} ready: {len(self.actors[kind.name])} actor(s)")
         engines = self.generators
         if engines:
             self.call([g.where.remote() for g in engines], "engines ready")

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass, field
 
 from grpo_ray.algo.batching import Samples, balanced_ranges, spans_of
-from grpo_ray.config import KINDS, REWARD_MODEL, RULES, Recipe
+from grpo_ray.config import KINDS, RULES, Recipe
 from grpo_ray.pools import PoolFault, Pools
 from grpo_ray.rewards.learned import fill_unread, with_model
 from grpo_ray.telemetry.failures import Failures
@@ -30,8 +30,6 @@ from grpo_ray.types import Work
 CALLS = {"token": "logprobs", "sequence": "score"}
 """A model scorer's call by the signal it gives: (rollout refs, spans) in, (its signal, Work) out, every actor of its
 group called (``roles.frozen``)."""
-LEARNED = REWARD_MODEL
-"""The learned reward's pool (a classifier or a judge); the rule rewards' is RULES."""
 
 
 @dataclass
@@ -63,6 +61,11 @@ class Scorers:
         self.r, self.pools, self.failures, self.say = recipe, pools, failures, say
         self.token_pools = [k.name for k in KINDS.values() if k.signal == "token"]
         """The pools that score every sampled token (reference, teacher), in the table's order."""
+        self.learned_pool = next(
+            (k.name for k in KINDS.values() if k.signal == "sequence" and k.model and k.count(recipe)), ""
+        )
+        """The learned reward's pool, the sequence scorer with a model the recipe turns on: the reward model (a
+        classifier) or the judge; empty: none (the rule rewards' is RULES)."""
 
     def spread(self, pool: str, rollouts: list, samples: Samples, by_tokens: bool) -> list[tuple]:
         """The step's samples cut into contiguous shares of near-equal tokens (or samples) over every actor of
@@ -89,7 +92,7 @@ class Scorers:
     def send(self, rollouts: list, samples: Samples, tokens: bool = True) -> Sent:
         """Send the batch to the sequence scorers and, with `tokens`, to the token scorers."""
         sent = Sent(rollouts, samples, self.rules(rollouts, samples))
-        sent.learned = self._every_actor(LEARNED, rollouts, samples)
+        sent.learned = self._every_actor(self.learned_pool, rollouts, samples) if self.learned_pool else []
         if tokens:
             sent.tokens = self.send_tokens(rollouts, samples)
         return sent
@@ -112,12 +115,12 @@ class Scorers:
         try:
             got = self.pools.call([ref for pair in sent.learned for ref in pair], "reward model", deadline)
         except PoolFault as e:
-            self.pools.recover(LEARNED)
+            self.pools.recover(self.learned_pool)
             if deadline is not None and e.timed_out:
                 self.say(f"{e} (reward_model.judge.timeout_s): this step's samples score the default")
                 return Learned([math.nan] * len(sent.samples.costs), [Work(deadline, 0)], timed_out=True)
             self.say(f"a reward-model actor was lost ({e}); started the pool again, scoring the batch again")
-            again = self._every_actor(LEARNED, sent.rollouts, sent.samples)
+            again = self._every_actor(self.learned_pool, sent.rollouts, sent.samples)
             got = self.pools.call([ref for pair in again for ref in pair], "reward model (again)", deadline)
         return Learned([v for share in got[0::2] for v in share], got[1::2])
 
@@ -143,7 +146,7 @@ class Scorers:
                 self.failures.show_first(
                     "the judge",
                     "counted in reward_model/judge_unread",
-                    LEARNED,
+                    self.learned_pool,
                     f"{unread} of {len(values)} replies had no score matching reward_model.judge.pattern="
                     f"{judge.pattern!r} (or left no room to reply), scored reward_model.judge.default={judge.default:g}"
                     "; the first such reply is in the log",

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from grpo_ray import models, rundir, transports
-from grpo_ray.config import KINDS, REWARD_MODEL, TEACHER, Recipe, RecipeError, dump_recipe, recipe_yaml
+from grpo_ray.config import JUDGE, KINDS, REWARD_MODEL, TEACHER, Recipe, RecipeError, dump_recipe, recipe_yaml
 from grpo_ray.data import DataError, checked, dotted, images, load_rows, prompt_text
 from grpo_ray.data.targets import RM_IDS, rm_tokens, target_tokens
 from grpo_ray.models.dims import ModelDims, model_dims
@@ -327,6 +327,7 @@ def _resolved(recipe: Recipe, tokenizer, kind) -> str:
 SCORER_MODELS = {
     TEACHER: lambda recipe, tokenizer, kind: teacher_base(recipe, tokenizer),
     REWARD_MODEL: lambda recipe, tokenizer, kind: reward_model_path(recipe),
+    JUDGE: lambda recipe, tokenizer, kind: reward_model_path(recipe),
 }
 """How a scorer pool with a model of its own checks it before start (with the policy's tokenizer) and resolves it;
 one not named here has it resolved (``_resolved``)."""

@@ -100,21 +100,21 @@ def test_a_judge_pool_of_two_engines_scores_and_a_hung_judge_scores_the_default(
     steps = [m for m in metrics if m["step"]]
     assert [m["step"] for m in steps] == [1, 2, 3]
     assert [m["reward_model/judge_timeouts"] for m in steps] == [0.0, 1.0, 0.0]
-    assert [m["fault/reward_model_restarts"] for m in steps] == [0, 1, 1]
+    assert [m["fault/judge_restarts"] for m in steps] == [0, 1, 1]
     assert said.count("(reward_model.judge.timeout_s): this step's samples score the default") == 1
     assert steps[1]["reward_model/score/mean"] == 0.0 and steps[1]["reward_model/score/std"] == 0.0  # the default
     for m in (steps[0], steps[2]):
-        assert m["perf/work_balance/reward_model"] == 1.0  # even shares: 16 samples each
+        assert m["perf/work_balance/judge"] == 1.0  # even shares: 16 samples each
         assert 0.0 <= m["reward_model/judge_unread"] < 1.0 and m["reward_model/score/mean"] > 0  # some grades read
     from tests.test_recipes import check_twin_run
 
     check_twin_run(RECIPE, out, faulted=(2,))  # step 2's judging timed out: no actor's work was used
     placed = json.loads((out / "placement.json").read_text())
-    assert len(placed["reward_model"]) == 2
+    assert len(placed["judge"]) == 2
     plot = run_cli("plot", str(out), "--out", str(out / "curves.png"))  # a row more: the learned reward vs the true
     assert plot.returncode == 0 and matplotlib.image.imread(out / "curves.png").shape[:2] == (840, 1280), plot.stderr
     r = load_recipe(RECIPE)
-    measured = max(m["perf/peak_rss_gb/reward_model"] for m in (steps[0], steps[2]))
+    measured = max(m["perf/peak_rss_gb/judge"] for m in (steps[0], steps[2]))
     predicted = memory.judge_memory(model_dims(r.reward_model.model), r, 0.0)  # plan's judge: engine, KV, runtime
     assert 0.75 <= predicted.total / measured <= 1.25, (predicted, measured)
 

@@ -323,7 +323,7 @@ def test_the_reward_model_and_the_judge_score_beside_the_frozen_pools():
         "reward_model.judge.max_tokens=6",
         "reward_model.num_actors=2",
     )
-    got = speed.predict(judge, DIMS, known, speed.Shape(3, 2), node_cpus=2).phases["reward_model"]
+    got = speed.predict(judge, DIMS, known, speed.Shape(3, 2), node_cpus=2).phases["judge"]  # the judge's own row
     prompt = 3 + 2 + len(template) // 4
     prefill, decode = work.generation_seconds(model_dims(policy), known.at(1), "float32", known.engine, 2, prompt, 6)
     assert got.seconds == pytest.approx(prefill + decode) and "up to 6 tokens" in got.detail

@@ -28,6 +28,7 @@ from grpo_ray.config.load import SECRET_KEY, dump_recipe, load_recipe, recipe_di
 from grpo_ray.config.pools import (
     DISTILL,
     GENERATOR,
+    JUDGE,
     KINDS,
     KL,
     LEARNER,
@@ -89,6 +90,7 @@ __all__ = [
     "LOGGERS",
     "POOLS",
     "KINDS",
+    "JUDGE",
     "PoolKind",
     "USES",
     "KL",

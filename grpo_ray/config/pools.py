@@ -64,6 +64,8 @@ class PoolKind:
     cannot take in a new member), or the run stops."""
     use: str | None = None
     """How a scorer's signal meets training (a name of ``USES``), or None: not a scorer."""
+    section: str = ""
+    """The recipe section its keys are in; empty: its name (a judge's are reward_model's)."""
     cpu_runtime_gb: float = 0.55
     """Resident memory of one actor's process on CPU before any model: Python, torch, transformers, Ray (measured
     on this project's CPU machine; the fit check's runtime part)."""
@@ -74,18 +76,23 @@ class PoolKind:
         rewards), or nothing (not a scorer); its use's."""
         return USES[self.use].per if self.use else None
 
+    def section_of(self, r: Recipe):
+        """Its recipe section."""
+        return getattr(r, self.section or self.name)
+
     def model_name(self, r: Recipe) -> str:
         """Its model as the recipe names it (the value at its ``model`` key), or empty."""
         section, _, key = (self.model or "").partition(".")
         return getattr(getattr(r, section), key) if self.model else ""
 
 
-GENERATOR, LEARNER, REFERENCE, TEACHER, REWARD_MODEL, RULES = (
+GENERATOR, LEARNER, REFERENCE, TEACHER, REWARD_MODEL, JUDGE, RULES = (
     "generator",
     "learner",
     "reference",
     "teacher",
     "reward_model",
+    "judge",
     "reward",
 )
 """The pool kinds' names (each its recipe section), for code that means one pool: a job that starts some, the
@@ -137,9 +144,11 @@ KINDS: dict[str, PoolKind] = {
             KL,
         ),
         _frozen_scorer(TEACHER, "teacher.model", lambda r: r.teacher.num_actors if r.teacher.model else 0, DISTILL),
-        PoolKind(  # a classifier (one FSDP2 group: a lost actor restarts the pool) or a judge's engines
+        PoolKind(  # a one-output classifier: one FSDP2 group, so a lost actor restarts the pool
             REWARD_MODEL,
-            count=lambda r: r.reward_model.num_actors if r.reward_model.model else 0,
+            count=lambda r: (
+                r.reward_model.num_actors if r.reward_model.model and not r.reward_model.judge.template else 0
+            ),
             cpus=lambda r: r.reward_model.num_cpus,
             gpus=_on_gpu(1),
             memory="reward_model_pool",
@@ -148,6 +157,19 @@ KINDS: dict[str, PoolKind] = {
             group="fsdp",
             lost="restart",
             use=REWARD_COMPONENT,
+        ),
+        PoolKind(  # a generative judge: vLLM engines, each grading its share; a lost or late one restarts the pool
+            JUDGE,
+            count=lambda r: r.reward_model.num_actors if r.reward_model.model and r.reward_model.judge.template else 0,
+            cpus=lambda r: r.reward_model.num_cpus,
+            gpus=_on_gpu(1),
+            memory="judge_pool",
+            time="judging",
+            model="reward_model.model",
+            group="engine",
+            lost="restart",
+            use=REWARD_COMPONENT,
+            section="reward_model",
         ),
         PoolKind(
             RULES,

@@ -244,6 +244,8 @@ def _advice(pool: str, part: str, cpu: bool = False) -> str:
     if cpu and part == "runtime":
         return "run fewer actors on the node (fewer engines, ranks or reference actors) or give it more memory"
     kind = KINDS[pool]
+    if kind.group == "engine" and kind.section:  # a judge's engines: their keys are under the section's judge
+        return f"lower {kind.section}.judge.gpu_memory_utilization or give the judge a smaller model"
     if kind.group == "engine":
         return f"lower {pool}.gpu_memory_utilization or raise tensor_parallel_size"
     if part in ("params", "grads", "optimizer"):

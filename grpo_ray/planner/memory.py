@@ -50,7 +50,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from grpo_ray import schedules
-from grpo_ray.config import GENERATOR, KINDS, LEARNER, REWARD_MODEL, PoolKind, Recipe, engine_rank
+from grpo_ray.config import GENERATOR, JUDGE, KINDS, LEARNER, PoolKind, Recipe, engine_rank
 from grpo_ray.lengths import (
     cpu_kv_cache_bytes,
     dtype_bytes,
@@ -176,7 +176,7 @@ def reference_memory(d: ModelDims, r: Recipe, seq: int = 0, kind: PoolKind | Non
     kind = kind or next(k for k in KINDS.values() if k.signal == "token")
     cpu, b = r.cluster.device == "cpu", dtype_bytes(r.learner.dtype)
     s = seq or seq_len(r)
-    section, classifier = getattr(r, kind.name), kind.signal == "sequence"
+    section, classifier = kind.section_of(r), kind.signal == "sequence"
     t = section.micro_batch_size * s
     acts = t * b * (4 * d.hidden + 2 * d.intermediate) + (t * d.heads * s * 2 * b if cpu else 0)
     # each actor holds the whole classifier, no FSDP units (reward_model.shard false, or a pool of one)
@@ -194,7 +194,7 @@ def reference_memory(d: ModelDims, r: Recipe, seq: int = 0, kind: PoolKind | Non
     return PoolMemory(kind.name, parts, f"micro batch {section.micro_batch_size} x {s} tokens, forward only, {kept}")
 
 
-def judge_memory(d: ModelDims, r: Recipe, memory_gb: float, name: str = REWARD_MODEL) -> PoolMemory:
+def judge_memory(d: ModelDims, r: Recipe, memory_gb: float, name: str = JUDGE) -> PoolMemory:
     """Per judge actor (`d` the judge's shape): a vLLM engine holding the whole judge and its KV cache; on GPU the
     share reward_model.judge.gpu_memory_utilization of its device."""
     j, weights = r.reward_model.judge, d.params * dtype_bytes(wire_dtype(r)) / GB
@@ -276,11 +276,13 @@ def frozen_pool(kind: PoolKind, d: ModelDims, r: Recipe, memory_gb: float, job: 
 
 
 def reward_model_pool(kind: PoolKind, d: ModelDims, r: Recipe, memory_gb: float, job: str) -> PoolMemory:
-    """A judge's engine, or a classifier's forward at reward_model.max_length (else the policy's sequence)."""
-    rm, rd = r.reward_model, dims_of(kind, r, d)
-    if rm.judge.template:
-        return judge_memory(rd, r, memory_gb, kind.name)
-    return reference_memory(rd, r, rm.max_length or seq_len(r), kind)
+    """A classifier's forward at reward_model.max_length (else the policy's sequence)."""
+    return reference_memory(dims_of(kind, r, d), r, r.reward_model.max_length or seq_len(r), kind)
+
+
+def judge_pool(kind: PoolKind, d: ModelDims, r: Recipe, memory_gb: float, job: str) -> PoolMemory:
+    """A judge's engine."""
+    return judge_memory(dims_of(kind, r, d), r, memory_gb, kind.name)
 
 
 def reward_pool(kind: PoolKind, d: ModelDims, r: Recipe, memory_gb: float, job: str) -> PoolMemory | None:

