@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass, field
 
 from grpo_ray.algo.batching import Samples, balanced_ranges, spans_of
-from grpo_ray.config import KINDS, RULES, Recipe
+from grpo_ray.config import KINDS, RULES, PoolKind, Recipe, Unscored
 from grpo_ray.pools import PoolFault, Pools
 from grpo_ray.rewards.learned import fill_unread, with_model
 from grpo_ray.telemetry.failures import Failures
@@ -106,55 +106,63 @@ class Scorers:
         actor."""
         return {pool: self._every_actor(pool, rollouts, samples) for pool in self.token_pools}
 
-    def learned(self, sent: Sent, deadline: float | None) -> Learned | None:
-        """The reward model's values for `sent` (None without one), under its row's fault policy: an actor lost, or
+    def learned(self, sent: Sent, policy: Unscored | None) -> Learned | None:
+        """The learned reward's values for `sent` (None without one), under its row's fault policy: an actor lost, or
         one whose collective it broke (the group is gone either way), starts the pool again and the batch is scored
-        again, once (a second failure stops the run); a judge past `deadline` (its timeout) scores NaN."""
+        again, once (a second failure stops the run); a call past the deadline of its `policy` (the row's
+        ``unscored``: a judge's timeout) starts the pool again and scores NaN."""
         if not sent.learned:
             return None
+        pool, deadline = self.learned_pool, policy.deadline_s if policy else None
         try:
-            got = self.pools.call([ref for pair in sent.learned for ref in pair], "reward model", deadline)
+            got = self.pools.call([ref for pair in sent.learned for ref in pair], pool, deadline)
         except PoolFault as e:
-            self.pools.recover(self.learned_pool)
+            self.pools.recover(pool)
             if deadline is not None and e.timed_out:
-                self.say(f"{e} (reward_model.judge.timeout_s): this step's samples score the default")
+                self.say(f"{e} ({policy.keys}.timeout_s): this step's samples score the default")
                 return Learned([math.nan] * len(sent.samples.costs), [Work(deadline, 0)], timed_out=True)
-            self.say(f"a reward-model actor was lost ({e}); started the pool again, scoring the batch again")
-            again = self._every_actor(self.learned_pool, sent.rollouts, sent.samples)
-            got = self.pools.call([ref for pair in again for ref in pair], "reward model (again)", deadline)
+            self.say(f"a {pool} actor was lost ({e}); started the pool again, scoring the batch again")
+            again = self._every_actor(pool, sent.rollouts, sent.samples)
+            got = self.pools.call([ref for pair in again for ref in pair], f"{pool} (again)", deadline)
         return Learned([v for share in got[0::2] for v in share], got[1::2])
 
     def rewards(self, sent: Sent, counted: bool = True) -> tuple[list, dict[str, float], list[Work]]:
         """The scores of what was `sent`: the reward functions' (their first failures shown, a training batch's
-        failing steps `counted`), the reward model's (``learned``) added as the component ``reward_model``
-        (``rewards.learned.with_model``); its metrics and work. A judge's reply without a score, a conversation too
-        long for it or a step past its deadline scores reward_model.judge.default, counted as its failures."""
+        failing steps `counted`), the learned reward's (``learned``) added as the component ``reward_model``
+        (``rewards.learned.with_model``); its metrics and work. What the learned reward leaves unscored is its row's
+        ``unscored`` policy's (``unscored``)."""
         scores = self.failures.rewards(self.pools.call(sent.rules, RULES), counted)
         rm, rules = self.r.reward_model, [(f.name, f.weight) for f in self.r.reward.functions]
-        judge = rm.judge if rm.judge.template else None
-        got = self.learned(sent, judge.timeout_s if judge else None)
+        kind = KINDS.get(self.learned_pool)
+        policy = kind.unscored(self.r) if kind and kind.unscored else None
+        got = self.learned(sent, policy)
         if got is None:
             return scores, {}, []
-        values, judged = got.values, {}
-        if judge:
-            values, unread = fill_unread(values, judge.default)
-            judged = {
-                "reward_model/judge_unread": 0.0 if got.timed_out else unread / len(values),
-                "reward_model/judge_timeouts": float(got.timed_out),
-            }
-            if unread and not got.timed_out:
-                self.failures.show_first(
-                    "the judge",
-                    "counted in reward_model/judge_unread",
-                    self.learned_pool,
-                    f"{unread} of {len(values)} replies had no score matching reward_model.judge.pattern="
-                    f"{judge.pattern!r} (or left no room to reply), scored reward_model.judge.default={judge.default:g}"
-                    "; the first such reply is in the log",
-                )
-            if counted:
-                self.failures.count("the judge", judged["reward_model/judge_unread"], "the judge")
+        values, counts = (got.values, {}) if policy is None else self.unscored(got, kind, policy, counted)
         scores, metrics = with_model(scores, values, rm.weight, rm.normalize, rules, rm.sigmoid)
-        return scores, {**metrics, **judged, "timing_s/reward_model": max(w.seconds for w in got.work)}, got.work
+        return scores, {**metrics, **counts, "timing_s/reward_model": max(w.seconds for w in got.work)}, got.work
+
+    def unscored(self, got: Learned, kind: PoolKind, policy: Unscored, counted: bool) -> tuple[list, dict]:
+        """`got`'s values with what was left unscored scoring the policy's default, and the counts
+        (``<section>/<pool>_unread``, ``_timeouts``): the first such sample said once, a training batch's (`counted`)
+        share counted as the scorer's failures."""
+        values, unread = fill_unread(got.values, policy.default)
+        what, prefix = f"the {kind.name}", f"{kind.section or kind.name}/{kind.name}"
+        counts = {
+            f"{prefix}_unread": 0.0 if got.timed_out else unread / len(values),
+            f"{prefix}_timeouts": float(got.timed_out),
+        }
+        if unread and not got.timed_out:
+            self.failures.show_first(
+                what,
+                f"counted in {prefix}_unread",
+                kind.name,
+                f"{unread} of {len(values)} {policy.why}, scored {policy.keys}.default={policy.default:g}; the first "
+                "such reply is in the log",
+            )
+        if counted:
+            self.failures.count(what, counts[f"{prefix}_unread"], what)
+        return values, counts
 
     @staticmethod
     def signals(tokens: dict[str, list]) -> dict[str, list]:

@@ -114,7 +114,7 @@ def test_the_twin_trains_with_a_reward_model_pool_of_two(run):
     assert len(placed["reward_model"]) == 2 and placed["reference"] == []
     steps = [m for m in metrics if m["step"]]
     assert [m["fault/reward_model_restarts"] for m in steps] == [0, 1, 1]  # the actor lost, once
-    assert said.count("a reward-model actor was lost") == 1
+    assert said.count("a reward_model actor was lost") == 1
     for m in steps:  # the new actors scored their shares too
         assert m["perf/work_balance/reward_model"] >= 0.8  # even shares of the tokens
         assert m["timing_s/reward_model"] > 0 and -1 <= m.get("reward_model/true_corr", 0) <= 1

@@ -40,6 +40,7 @@ from grpo_ray.config.pools import (
     TEACHER,
     USES,
     PoolKind,
+    Unscored,
 )
 from grpo_ray.config.ranges import RANGES
 from grpo_ray.config.schema import (
@@ -92,6 +93,7 @@ __all__ = [
     "KINDS",
     "JUDGE",
     "PoolKind",
+    "Unscored",
     "USES",
     "KL",
     "DISTILL",

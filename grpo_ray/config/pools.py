@@ -42,6 +42,19 @@ into the reward by the scorers (``Scorers.rewards``)."""
 
 
 @dataclass(frozen=True)
+class Unscored:
+    """A scorer's policy for what it leaves unscored: a sample it gives no score (NaN), and every sample of a call
+    past its deadline (the pool is then started again), score `default`, counted as the scorer's failures."""
+
+    default: float
+    deadline_s: float
+    why: str
+    """What a sample left unscored means, for the console (a judge's reply without a score its pattern reads)."""
+    keys: str
+    """The recipe keys that set them, for the console (``reward_model.judge``)."""
+
+
+@dataclass(frozen=True)
 class PoolKind:
     name: str
     count: Callable[[Recipe], int]
@@ -66,6 +79,9 @@ class PoolKind:
     """How a scorer's signal meets training (a name of ``USES``), or None: not a scorer."""
     section: str = ""
     """The recipe section its keys are in; empty: its name (a judge's are reward_model's)."""
+    unscored: Callable[[Recipe], Unscored] | None = None
+    """A sequence scorer's policy for samples it leaves unscored and calls past a deadline; None: it scores every
+    sample, and a call that fails is its ``lost`` policy's."""
     cpu_runtime_gb: float = 0.55
     """Resident memory of one actor's process on CPU before any model: Python, torch, transformers, Ray (measured
     on this project's CPU machine; the fit check's runtime part)."""
@@ -170,6 +186,13 @@ KINDS: dict[str, PoolKind] = {
             lost="restart",
             use=REWARD_COMPONENT,
             section="reward_model",
+            unscored=lambda r: Unscored(
+                r.reward_model.judge.default,
+                r.reward_model.judge.timeout_s,
+                f"replies had no score matching reward_model.judge.pattern={r.reward_model.judge.pattern!r} (or "
+                "left no room to reply)",
+                "reward_model.judge",
+            ),
         ),
         PoolKind(
             RULES,

@@ -50,8 +50,9 @@ class TeacherConfig(ScorerConfig):
 
 @dataclass
 class JudgeConfig:
-    """A generative judge: reward_model.model is a language model served by a vLLM engine in each reward-model actor,
-    asked to grade each response with a rubric; the number its reply gives is the score."""
+    """A generative judge: reward_model.model is a language model served by a vLLM engine in each actor of the judge
+    pool (reward_model.num_actors of them), asked to grade each response with a rubric; the number its reply gives is
+    the score."""
 
     template: str = ""
     """The rubric prompt, sent as the user's turn in the judge's chat template: ``{prompt}`` becomes the prompt's
