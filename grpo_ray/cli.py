@@ -155,6 +155,7 @@ def cmd_prepare_data(args) -> int:
         prompt_key=args.prompt_key,
         answer_key=args.answer_key,
         file_split=args.split,
+        image_key=args.image_key,
     )
     for r in reports:
         print(r.line())
@@ -344,6 +345,12 @@ def parser() -> argparse.ArgumentParser:
         help="custom: the field holding the prompt (text or chat messages; dotted for nested fields)",
     )
     d.add_argument("--answer-key", default="answer", help="custom: the field holding the ground truth")
+    d.add_argument(
+        "--image-key",
+        default="images",
+        help="custom: the field holding a row's images (paths relative to the source, bytes or image features): "
+        "written as verl's images column",
+    )
     d.add_argument("--split", default="test", help="the split a single --source file is")
     d.add_argument("--out", required=True, help="output directory")
     d.add_argument("--recipe", help="measure prompts with this recipe's model and data.max_prompt_length")

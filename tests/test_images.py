@@ -94,3 +94,29 @@ def test_a_vision_language_models_image_rows_are_checked_then_refused_as_not_bui
         "grpo-ray does not train on images yet: its engines, learner and scorers take text, so the images would be "
         "dropped"
     )
+
+
+def test_prepare_data_writes_image_rows_in_verls_schema(tmp_path):
+    """`prepare-data custom --image-key K`: each row's images as verl's Geometry3K parquet holds them (an images
+    column of {bytes, path} image features, the files' own bytes: the parquet stands alone); a row whose image is
+    missing is a bad row, counted, its reason naming the key."""
+    from grpo_ray.data import load_rows
+    from grpo_ray.data.prepare import prepare
+
+    (tmp_path / "red.png").write_bytes(png())
+    rows = [
+        {"question": "<image> What colour is it?", "answer": "red", "pics": ["red.png"]},
+        {"question": "What colour is the sky?", "answer": "blue"},  # no image: a text row beside the image rows
+        {"question": "<image> And this one?", "answer": "green", "pics": ["gone.png"]},
+    ]
+    source = tmp_path / "colours.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = prepare(
+        "custom", str(source), tmp_path / "out", prompt_key="question", image_key="pics", max_bad_fraction=0.5
+    )[0]
+    assert (report.read, report.kept) == (3, 2)
+    assert "'pics' (--image-key) image 0: no file" in report.examples[0]
+    got = load_rows(str(tmp_path / "out" / "test.parquet"))
+    assert got[0]["images"] == [{"bytes": png(), "path": None}] and "pics" not in got[0]["extra_info"]
+    assert images.problem(got[0], "images", 999) is None and images.opened(got[0]["images"][0]).size == (8, 8)
+    assert not got[1].get("images")

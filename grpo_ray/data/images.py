@@ -55,6 +55,21 @@ def opened(value, folder: Path | None = None):
     return image
 
 
+def as_feature(value, folder: Path | None = None) -> dict:
+    """`value` as a ``datasets`` Image feature holds it in a parquet, ``{"bytes", "path"}``: the image file's own
+    bytes (a PIL image's as PNG), no path, so the file stands alone; ValueError where it does not open."""
+    image = opened(value, folder)
+    if isinstance(value, dict) and value.get("bytes"):
+        value = value["bytes"]
+    if isinstance(value, (bytes, bytearray)):
+        return {"bytes": bytes(value), "path": None}
+    if isinstance(value, str):
+        return {"bytes": Path(image.filename).read_bytes(), "path": None}
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    return {"bytes": out.getvalue(), "path": None}
+
+
 def placeholders(prompt: list[dict]) -> int:
     """How many ``<image>`` placeholders the prompt's messages hold."""
     return sum(m["content"].count(PLACEHOLDER) for m in prompt if isinstance(m.get("content"), str))

@@ -3,8 +3,9 @@
 The source is a hub name (``openai/gsm8k``, ``HuggingFaceH4/MATH-500``, read with
 ``datasets``) or a local path: a directory holding ``train.jsonl`` / ``test.jsonl``
 (or parquet files of those names), or one file, taken as the ``--split`` split (test by default).
-``custom`` reads the prompt and answer from the keys given (dotted keys reach into nested fields) and
-appends the instruction, if any, to the prompt; gsm8k and math500 have an instruction of their own, which
+``custom`` reads the prompt and answer from the keys given (dotted keys reach into nested fields), keeps a row's
+images (``--image-key``) as verl's ``images`` column of image features, and appends the instruction, if any, to the
+prompt; gsm8k and math500 have an instruction of their own, which
 ``--instruction`` replaces.
 
 Bad rows (missing question or answer, empty prompt, not UTF-8, prompt longer than
@@ -94,22 +95,29 @@ def math500_row(
     }, None
 
 
-def custom_rows(prompt_key: str, answer_key: str, source_name: str) -> Callable:
+def custom_rows(
+    prompt_key: str, answer_key: str, source_name: str, image_key: str = "images", folder: Path | None = None
+) -> Callable:
     """A row builder for data of any shape: the prompt (text, or chat messages) at `prompt_key`, the ground
-    truth at `answer_key`; data_source the row's own or `source_name`; the row's other fields in extra_info."""
-    from grpo_ray.data import normalise, row_problem
+    truth at `answer_key`; data_source the row's own or `source_name`; its images at `image_key` (paths relative to
+    `folder`) at ``images``, each as a ``datasets`` Image feature holds it (``images.as_feature``), as verl's
+    Geometry3K parquet has them; the row's other fields in extra_info."""
+    from grpo_ray.data import images, normalise, row_problem
 
     def build(raw: dict, split: str, index: int, instruction: str = "") -> tuple[dict | None, str | None]:
         row = normalise(raw, prompt_key, answer_key, source_name)
         why = row_problem(row, prompt_key, answer_key)
+        pictures = images.images_of(raw, image_key)
+        why = why or (images.problem(row | {"images": pictures}, "images", 999, folder) if pictures else None)
         if why:
-            return None, why
+            return None, why.replace("'images' (data.image_key)", f"{image_key!r} (--image-key)")
         prompt = [dict(m) for m in row["prompt"]]
         last = next((i for i in reversed(range(len(prompt))) if prompt[i]["role"] == "user"), len(prompt) - 1)
         prompt[last]["content"] = f"{prompt[last]['content'].strip()} {instruction}".strip()
         used = {
             prompt_key.split(".")[0],
             answer_key.split(".")[0],
+            image_key.split(".")[0],
             "prompt",
             "reward_model",
             "data_source",
@@ -122,6 +130,7 @@ def custom_rows(prompt_key: str, answer_key: str, source_name: str) -> Callable:
             "ability": raw.get("ability", ""),
             "reward_model": row["reward_model"],
             "extra_info": {**extra, **(raw.get("extra_info") or {}), "split": split, "index": index},
+            **({"images": [images.as_feature(p, folder) for p in pictures]} if pictures else {}),
         }, None
 
     return build
@@ -228,11 +237,12 @@ def prepare(
     prompt_key: str = "question",
     answer_key: str = "answer",
     file_split: str = "test",
+    image_key: str = "images",
 ) -> list[SplitReport]:
     """Write ``OUT/{split}.parquet`` for every split of `name` (gsm8k, math500, or custom: any source, read with
-    `prompt_key` and `answer_key`) found at `source`; return one report per split. `instruction` replaces the
-    data set's own (custom has none); a single file is the split `file_split`. A split file already in OUT is an
-    error (nothing written) unless `overwrite`."""
+    `prompt_key` and `answer_key`, its images at `image_key`) found at `source`; return one report per split.
+    `instruction` replaces the data set's own (custom has none); a single file is the split `file_split`. A split
+    file already in OUT is an error (nothing written) unless `overwrite`."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -240,7 +250,9 @@ def prepare(
         if not source:
             raise PrepareError("custom data needs --source: a hub name, a directory or a file")
         name_of = Path(source).stem if Path(source).is_file() else Path(source).name
-        default_source, build, hub_config = source, custom_rows(prompt_key, answer_key, name_of), None
+        folder = Path(source).parent if Path(source).is_file() else Path(source)
+        build = custom_rows(prompt_key, answer_key, name_of, image_key, folder)
+        default_source, hub_config = source, None
     elif name in DATASETS:
         default_source, build, hub_config = DATASETS[name]
     else:
