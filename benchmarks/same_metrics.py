@@ -1,5 +1,5 @@
-"""Do two checkouts write the same metrics? ``run`` trains the quick start and the reward-model, judge, distillation
-and agent twins (fixed seeds, fp32: the recipes' own) into a folder; ``compare`` reads two such folders (or two
+"""Do two checkouts write the same metrics? ``run`` trains the quick start and the reward-model, judge, distillation,
+agent and streaming twins (fixed seeds, fp32: the recipes' own) into a folder; ``compare`` reads two such folders (or two
 metrics.jsonl files) value by value, timings and speeds aside: a behaviour-preserving change leaves every other value
 bit for bit the same.
 
@@ -26,6 +26,7 @@ JOBS = {
     "judge": ["recipes/tiny-qwen2.5-1.5b-gsm8k-judge.yaml"],
     "distill": ["recipes/tiny-qwen2.5-1.5b-gsm8k-distill.yaml"],
     "agent": ["recipes/tiny-qwen2.5-7b-gsm8k-agent.yaml"],
+    "streaming": ["recipes/tiny-llama3.1-8b-math-4node-streaming.yaml"],
 }
 """Each job's recipe and overrides; every one also gets trainer.loggers=[jsonl] and its own output folder."""
 

@@ -260,7 +260,7 @@ def test_stale_samples_take_the_old_policy_from_the_version_that_generated_them(
         with pytest.raises(ray_local.exceptions.RayTaskError, match="no weights of it here"):
             ray_local.get([a.train.remote(refs, advantages, 4, None, 4) for a in actors])
         # a signal the learner does not read is refused by name, before any forward (not silently dropped)
-        with pytest.raises(ray_local.exceptions.RayTaskError, match=r"reads no signal named \['critic'\]"):
+        with pytest.raises(ray_local.exceptions.RayTaskError, match=r"reads no signal of use \['critic'\]"):
             ray_local.get([a.train.remote(refs, advantages, 4, {"critic": []}) for a in actors])
     finally:
         for a in actors:

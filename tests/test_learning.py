@@ -130,6 +130,7 @@ def test_tiny_recipe_learns_with_every_pool_its_own_actor(tmp_path, schedule):
         "reference": 1,
         "teacher": 0,
         "reward_model": 0,
+        "judge": 0,
         "reward": 1,
     }
     assert len({a["pid"] for actors in placement.values() for a in actors}) == 5

@@ -94,6 +94,7 @@ def test_lora_run_one_step_off_syncs_the_adapters_and_resumes_exactly(runs):
         "reference": 0,
         "teacher": 0,
         "reward_model": 0,
+        "judge": 0,
         "reward": 1,
     }
     meta = json.loads((whole / "checkpoints" / "step_4" / "manifest.json").read_text())["files"]

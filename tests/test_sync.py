@@ -84,6 +84,7 @@ def test_sync_round_trip_through_the_pools(ray_local, tmp_path):
             "reference": 1,
             "teacher": 0,
             "reward_model": 0,
+            "judge": 0,
             "reward": 1,
         }
         pids = [a["pid"] for actors in placement.values() for a in actors]
