@@ -312,3 +312,39 @@ def test_a_run_from_another_folder_finds_grpo_ray_in_the_jail(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "1.0" in done.stdout, done.stdout
+
+
+def jailed_processes() -> set[int]:
+    """The node's processes that run a sandboxed child's code: the warden's program, in a PID namespace of its own."""
+    found = set()
+    for status in glob.glob("/proc/[0-9]*/status"):
+        try:
+            text = Path(status).read_text()
+            cmdline = Path(status).with_name("cmdline").read_bytes()
+        except OSError:
+            continue
+        nspid = re.search(r"^NSpid:\s+(.*)$", text, re.M)
+        if b"grpo_ray.sandbox.warden" in cmdline and nspid and len(nspid.group(1).split()) > 1:
+            found.add(int(Path(status).parent.name))
+    return found
+
+
+def test_a_child_replaced_or_closed_leaves_none_of_its_code_running():
+    """An environment whose step hangs costs its process, which is replaced; the replacement is closed. The user's
+    code they ran ends with them: the jail's process runs as the jail's user, and a change of user clears the
+    parent-death signal, so it is set again after it (before, a hung step outlived its run, asleep, as nobody)."""
+    import time
+
+    sys.path.insert(0, str(ROOT))
+    before = jailed_processes()
+    child = EnvChild(Jail(512))
+    try:
+        assert child.run(("reset", "k", "tests.helpers.envs:Hang", {}, {}), 5) == ("ok", None)
+        assert child.run(("step", "k", "hello"), 1.0)[0] == "timeout"  # the process is replaced
+        assert child.run(("reset", "k", "tests.helpers.envs:Hang", {}, {}), 5) == ("ok", None)
+    finally:
+        child.close()
+    deadline = time.monotonic() + 10
+    while (left := jailed_processes() - before) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, [Path(f"/proc/{p}/cmdline").read_bytes()[:200] for p in left]

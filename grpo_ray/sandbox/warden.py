@@ -281,6 +281,9 @@ def become_jailed() -> None:
     os.setresuid(JAILED, JAILED, JAILED)
     kernel.set_capabilities(keep=kernel.CAP_DAC_READ_SEARCH)
     kernel.prctl(kernel.PR_SET_DUMPABLE, 1, "dumpable")  # (a change of user clears it: /proc/self would be root's)
+    # a change of user clears the parent-death signal too: without it again, the user's code outlives its keeper
+    # (a hung step kept running, asleep, after its child was replaced or its run ended)
+    kernel.prctl(kernel.PR_SET_PDEATHSIG, signal.SIGKILL, "parent death signal")
 
 
 def build_root(spec: dict) -> list[str]:
