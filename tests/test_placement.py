@@ -31,7 +31,7 @@ def test_plan_and_fit_check_on_gpu_nodes():
     plans = placement.plan(r)
     assert (plans["generator"].actors, plans["generator"].gpus) == (2, 4)
     assert plans["generator"].resources == {"generation": placement.MARKER}
-    groups = [["learner", "reference"], ["generator"], ["teacher"], ["reward_model"], ["reward"]]
+    groups = [["learner", "reference"], ["generator"], ["teacher"], ["reward_model"], ["judge"], ["reward"]]
     assert placement.node_groups(r) == groups
     shared = placement.bundles(["learner", "reference"], plans)
     assert len(shared) == 4 and shared[0] == {"CPU": 0.75, "GPU": 1} and shared[3] == {"CPU": 0.5, "GPU": 1}
@@ -52,12 +52,12 @@ def test_compute_threads_follow_the_schedule():
     on_policy = load_recipe(TINY_RECIPE)  # generator 0.5, learner 2 x 0.5, reference 0.25, reward 0.25 CPUs
     plans = placement.plan(on_policy)
     # one phase at a time: the phase running takes the node (the learner's 2 ranks share it); rewards keep theirs
-    want = {"generator": 8, "learner": 4, "reference": 8, "teacher": 8, "reward_model": 8, "reward": 1}  # none asked
+    want = {"generator": 8, "learner": 4, "reference": 8, "teacher": 8, "reward_model": 8, "judge": 8, "reward": 1}
     assert placement.threads(on_policy, plans, 8) == want
     assert set(placement.threads(on_policy, plans, 1).values()) == {1}
     two_engines = load_recipe(TINY_RECIPE, ["generator.num_engines=2", "generator.num_cpus=3"])
     assert placement.threads(two_engines, placement.plan(two_engines), 8)["generator"] == 4
-    reserved = {"generator": 3, "learner": 1, "reference": 1, "teacher": 1, "reward_model": 1, "reward": 1}  # >= 1
+    reserved = {"generator": 3, "learner": 1, "reference": 1, "teacher": 1, "reward_model": 1, "judge": 1, "reward": 1}
     for overrides in (
         ["algorithm.max_staleness=1"],  # phases overlap: each keeps its reservation
         ["cluster.cpu_threads=reserved"],

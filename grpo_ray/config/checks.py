@@ -69,6 +69,7 @@ FREE_TEXT = {
     "data.system_prompt",
     "data.prompt_key",
     "data.answer_key",
+    "data.image_key",
     "reward.functions.name",
     "environment.name",
     "environment.role",
