@@ -140,7 +140,14 @@ def test_tiny_recipe_learns_with_every_pool_its_own_actor(tmp_path, schedule):
     assert schedule or planned["generator"] >= 2 * planned["learner"] >= 2  # one step off: each its reservation (1)
     assert {p: [a["threads"] for a in actors] for p, actors in placement.items() if p != "reward"} == {
         p: [planned[p]] * n
-        for p, n in (("generator", 1), ("learner", 2), ("reference", 1), ("teacher", 0), ("reward_model", 0))
+        for p, n in (
+            ("generator", 1),
+            ("learner", 2),
+            ("reference", 1),
+            ("teacher", 0),
+            ("reward_model", 0),
+            ("judge", 0),
+        )
     }
     for line in ("step:1 ", f"step:{len(rows)} "):
         assert line in res.stdout
