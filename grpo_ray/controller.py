@@ -155,7 +155,8 @@ class GRPOController(Runner):
     def scored_more(self, step: int) -> tuple[list, list, list]:
         """DAPO's next batch for `step` from the source, with its rewards (not counted: it may be dropped)."""
         rollouts, stats = self.source.more(step, self.version)
-        return rollouts, stats, self.scorers.rewards(self.scorers.send(rollouts, Samples.of(stats), False), False)[0]
+        sent = self.scorers.send(rollouts, Samples.of(stats), tokens=False)
+        return rollouts, stats, self.scorers.rewards(sent, counted=False)[0]
 
     def updated(self, trained: dict[str, float]) -> bool:
         """Whether the learner's weights changed; a step whose every update was skipped (non-finite loss or

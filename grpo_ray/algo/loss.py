@@ -264,7 +264,7 @@ the policy loss: ``fn(advantages, old logprobs, signal, kept tokens, the pool's 
 LOSS_TERMS = {KL: "the policy loss's KL term against the signal (grpo_loss's ref; algorithm.kl_coef)"}
 """Token uses whose signal is a term of the policy loss."""
 TOKEN_USES = (*ADVANTAGE_TERMS, *LOSS_TERMS)
-"""Every token use the loss applies."""
+"""Every token use the loss applies (the learner refuses a signal of another, before any forward)."""
 
 
 LOSS_SUMS = (
@@ -305,9 +305,6 @@ def micro_batch_loss(
         rc.rollout_rs_threshold,
         rc.rollout_rs_threshold_lower,
     )
-    unknown = sorted(x.signals.keys() - set(TOKEN_USES))
-    if unknown:
-        raise ValueError(f"the loss applies no signal of use {unknown}: it applies {', '.join(TOKEN_USES)}")
     advantages, distilled = x.advantages.to(x.logp.device), {}
     for use, term in ADVANTAGE_TERMS.items():
         if use in x.signals:

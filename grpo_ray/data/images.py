@@ -82,24 +82,22 @@ def limit(vllm_kwargs: dict) -> int:
     return int(given["count"] if isinstance(given, dict) else given)
 
 
-def problem(row: dict, key: str, most: int, folder: Path | None = None) -> str | None:
-    """What is wrong with `row`'s images (at `key`, at most `most`), or None."""
+def problem(row: dict, key: str, most: int, folder: Path | None = None, named: str = "data.image_key") -> str | None:
+    """What is wrong with `row`'s images (at `key`, at most `most`), or None; `named`: what sets the key."""
     images = images_of(row, key)
     if len(images) > most:
         return (
-            f"'{key}' (data.image_key) holds {len(images)} images, over the {most} a prompt may carry "
+            f"'{key}' ({named}) holds {len(images)} images, over the {most} a prompt may carry "
             "(generator.vllm_kwargs.limit_mm_per_prompt)"
         )
     marks = placeholders(row["prompt"])
     if marks and marks != len(images):
-        return (
-            f"the prompt has {marks} {PLACEHOLDER} placeholder(s) and '{key}' (data.image_key) {len(images)} image(s)"
-        )
+        return f"the prompt has {marks} {PLACEHOLDER} placeholder(s) and '{key}' ({named}) {len(images)} image(s)"
     for i, image in enumerate(images):
         try:
             opened(image, folder)
         except ValueError as e:
-            return f"'{key}' (data.image_key) image {i}: {e}"
+            return f"'{key}' ({named}) image {i}: {e}"
     return None
 
 

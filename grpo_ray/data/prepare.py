@@ -108,9 +108,9 @@ def custom_rows(
         row = normalise(raw, prompt_key, answer_key, source_name)
         why = row_problem(row, prompt_key, answer_key)
         pictures = images.images_of(raw, image_key)
-        why = why or (images.problem(row | {"images": pictures}, "images", 999, folder) if pictures else None)
+        why = why or (images.problem(row, image_key, 999, folder, "--image-key") if pictures else None)
         if why:
-            return None, why.replace("'images' (data.image_key)", f"{image_key!r} (--image-key)")
+            return None, why
         prompt = [dict(m) for m in row["prompt"]]
         last = next((i for i in reversed(range(len(prompt))) if prompt[i]["role"] == "user"), len(prompt) - 1)
         prompt[last]["content"] = f"{prompt[last]['content'].strip()} {instruction}".strip()

@@ -68,14 +68,15 @@ def known() -> dict[str, type[Environment] | str]:
 def load(name: str) -> type[Environment]:
     """The environment class called `name`: a built-in or ``module:Class``."""
     builtins = known()
-    if name in builtins and isinstance(builtins[name], type):
-        return builtins[name]
-    if name not in builtins and ":" not in name:
+    target = builtins.get(name, name)  # a class of grpo-ray's, or a library's or a user's module:Class
+    if isinstance(target, type):
+        return target
+    if ":" not in target:
         raise EnvironmentLoadError(
             f"environment.name={name!r}: expected a built-in ({', '.join(sorted(builtins))}) or 'module:Class'"
         )
     try:
-        cls = import_class(builtins.get(name, name))
+        cls = import_class(target)
     except ValueError as e:
         raise EnvironmentLoadError(
             f"environment.name={name!r}: {e}; a module of your own is found in the working directory or the "

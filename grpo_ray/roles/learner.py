@@ -43,7 +43,7 @@ from grpo_ray.algo.batching import (
     use_shared,
 )
 from grpo_ray.algo.logprobs import sequence_logprobs, token_logprobs
-from grpo_ray.algo.loss import LOSS_SUMS, LossInputs, StepSums, micro_batch_loss, sft_loss, step_metrics
+from grpo_ray.algo.loss import LOSS_SUMS, TOKEN_USES, LossInputs, StepSums, micro_batch_loss, sft_loss, step_metrics
 from grpo_ray.config import DISTILL, KINDS, KL, Recipe
 from grpo_ray.device import Device
 from grpo_ray.faults import fault_at
@@ -99,6 +99,8 @@ class Learner(WeightsOut, RoleActor):
     ):
         log_to_file()
         self.model_path, self.recipe, self.rank, self.world_size = model_path, recipe, rank, world_size
+        self.sections = {use: KINDS[pool].section_of(recipe) for use, pool in SIGNALS.items()}
+        """Each token signal's pool section, by use: its coefficients (the teacher's for distillation)."""
         self.lora = recipe.model.lora.rank > 0
         self.run_on = Device.of(recipe)
         self.device = self.run_on.torch
@@ -304,9 +306,9 @@ class Learner(WeightsOut, RoleActor):
         distillation teacher's for each token's advantage (``distill``)."""
         a = self.recipe.algorithm
         self.version, self.flops = version, 0.0
-        unknown = sorted(set(signals or {}) - set(SIGNALS))
+        unknown = sorted(set(signals or {}) - set(TOKEN_USES))
         if unknown:
-            raise ValueError(f"the learner reads no signal of use {unknown}: it reads {', '.join(SIGNALS)}")
+            raise ValueError(f"the learner reads no signal of use {unknown}: it reads {', '.join(TOKEN_USES)}")
         batch = self._batch(rollouts, advantages, keep_from, dict(signals or {}))
         sums = StepSums.zeros(self.device)
         norms, empty = [], 0
@@ -392,9 +394,8 @@ class Learner(WeightsOut, RoleActor):
                 entropy,
                 {use: placed(values, micro, response) for use, values in batch.signals.items()},
             )
-            sections = {use: getattr(self.recipe, pool) for use, pool in SIGNALS.items()}  # the uses' coefficients
             loss, counted, losses, corr, top = micro_batch_loss(
-                x, self.recipe.algorithm, response_budget(self.recipe), sections
+                x, self.recipe.algorithm, response_budget(self.recipe), self.sections
             )
             if fault_at("nan_loss", self.steps + 1):
                 loss = loss * float("nan")
