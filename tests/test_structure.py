@@ -46,7 +46,10 @@ LAYERS = [  # bottom to top: a module imports modules of its own layer or below,
     ),  # no Ray actors started, no training
     ("rollouts", ["rollouts"]),  # the rollout runtime on an engine it is given: episodes, agent programs, endpoint
     ("roles", ["roles"]),  # one Ray actor class per role
-    ("pools", ["pools", "engines", "scorers", "sources"]),  # the actors started, placed and called; a step's batches
+    (
+        "pools",
+        ["pools", "engines", "scorers", "sources", "extend"],
+    ),  # the actors started, placed and called; a step's batches; a plugin's rows
     ("run", ["runner", "controller", "setup_run", "preflight"]),  # one run's inputs and its step
     # jobs made of runs (an sft:// warm start is trained here); plan --calibrate runs the roles' own code in processes
     # of its own

@@ -248,7 +248,7 @@ class LossInputs:
     entropy: torch.Tensor | None = None
     """The learner's entropy at each position (with a gradient only when the loss has an entropy term)."""
     signals: dict[str, torch.Tensor] = field(default_factory=dict)
-    """The frozen scorers' logprobs of the sampled tokens by their use (``config.USES``; ``TOKEN_USES``): ``kl``'s
+    """The frozen scorers' logprobs of the sampled tokens by their use (``config.USES``; ``token_uses()``): ``kl``'s
     for the KL term, ``distill``'s for each token's advantage."""
 
 
@@ -259,12 +259,17 @@ def _distill(advantages: torch.Tensor, old: torch.Tensor, signal: torch.Tensor, 
 
 
 ADVANTAGE_TERMS = {DISTILL: _distill}
-"""Token uses whose signal reshapes each token's advantage (a signal that is a reward), applied in this order before
-the policy loss: ``fn(advantages, old logprobs, signal, kept tokens, the pool's section) -> (advantages, sums)``."""
+"""Token uses whose signal reshapes each token's advantage (a signal that is a reward; a plugin adds its own,
+``grpo_ray.extend.add_use``), applied in this order before the policy loss: ``fn(advantages, old logprobs, signal,
+kept tokens, the pool's section) -> (advantages, sums)``."""
 LOSS_TERMS = {KL: "the policy loss's KL term against the signal (grpo_loss's ref; algorithm.kl_coef)"}
 """Token uses whose signal is a term of the policy loss."""
-TOKEN_USES = (*ADVANTAGE_TERMS, *LOSS_TERMS)
-"""Every token use the loss applies (the learner refuses a signal of another, before any forward)."""
+
+
+def token_uses() -> tuple[str, ...]:
+    """Every token use the loss applies, a plugin's too (the learner refuses a signal of another, before any
+    forward)."""
+    return (*ADVANTAGE_TERMS, *LOSS_TERMS)
 
 
 LOSS_SUMS = (
@@ -286,7 +291,7 @@ def micro_batch_loss(
     x: LossInputs, a: AlgorithmConfig, horizon: int, sections: dict | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The whole loss of one micro batch, before normalisation: the old policy (the sampler's in bypass mode),
-    rollout correction, each token signal by its use (``TOKEN_USES``; `sections`: each use's pool section, its
+    rollout correction, each token signal by its use (``token_uses()``; `sections`: each use's pool section, its
     coefficients: a teacher's distillation reshapes the per-token advantages), the policy-gradient term, KL and
     entropy, aggregated as ``a.loss_agg`` says (auto:
     ``config.loss_aggregation``) with a

@@ -6,8 +6,9 @@ converts types, then checks the arithmetic between sections. Every problem is a
 ``RecipeError`` whose message says what to fix; the CLI prints it without a
 traceback. ``dump_recipe`` writes the resolved recipe with secrets redacted.
 
-The schema is ``config.schema`` (a new key is a typed field with a docstring there), the checks before start
-``config.checks``, reading and writing ``config.load``.
+The schema is ``config.schema`` (a new key is a typed field with a docstring there; a plugin's section is a
+field of ``recipe_class()``, ``config.plugins``), the checks before start ``config.checks``, reading and writing
+``config.load``.
 """
 
 from grpo_ray.config.checks import (
@@ -25,6 +26,7 @@ from grpo_ray.config.checks import (
 )
 from grpo_ray.config.jobs import RMConfig, SFTConfig
 from grpo_ray.config.load import SECRET_KEY, dump_recipe, load_recipe, recipe_dict, recipe_yaml, redact
+from grpo_ray.config.plugins import SECTIONS, recipe_class
 from grpo_ray.config.pools import (
     DISTILL,
     GENERATOR,
@@ -41,6 +43,7 @@ from grpo_ray.config.pools import (
     USES,
     PoolKind,
     Unscored,
+    Use,
 )
 from grpo_ray.config.ranges import RANGES
 from grpo_ray.config.schema import (
@@ -94,7 +97,10 @@ __all__ = [
     "JUDGE",
     "PoolKind",
     "Unscored",
+    "Use",
     "USES",
+    "SECTIONS",
+    "recipe_class",
     "KL",
     "DISTILL",
     "REWARD_COMPONENT",

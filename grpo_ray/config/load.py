@@ -15,6 +15,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from grpo_ray.config.checks import validate
+from grpo_ray.config.plugins import import_plugins, recipe_class
 from grpo_ray.config.schema import Recipe, RecipeError
 
 # --- loading -----------------------------------------------------------------------------
@@ -34,7 +35,8 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] = (), command: str
         raise RecipeError(f"{path}: the top level must be a mapping of sections, got a {type(user).__name__}")
     _take_aliases(user)
     user, overrides = _verl_reward(user, list(overrides), path)
-    problems = check_keys(user, Recipe, origin=str(path))
+    import_plugins(_plugins(user, overrides, path), near=(str(path.parent), "."))  # their sections are keys
+    problems = check_keys(user, recipe_class(), origin=str(path))
     for item in overrides:
         user = _override(user, item, problems)
     if problems:
@@ -44,7 +46,7 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] = (), command: str
             else f"{len(problems)} problems:\n" + "\n".join(f"  - {p}" for p in problems)
         )
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(Recipe), user)
+        merged = OmegaConf.merge(OmegaConf.structured(recipe_class()), user)
         recipe = OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
         key = str(getattr(e, "full_key", "") or "")
@@ -54,6 +56,19 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] = (), command: str
     if problems:
         raise RecipeError(f"{path}: the recipe cannot run:\n" + "\n".join(f"  - {p}" for p in problems))
     return recipe
+
+
+def _plugins(user: DictConfig, overrides: list[str], path: Path) -> list[str]:
+    """The modules the recipe's ``plugins`` names, its overrides' last word on it included."""
+    names = user.get("plugins", [])
+    for item in overrides:
+        if item.removeprefix("+").split("=", 1)[0] == "plugins" and "=" in item:
+            names = OmegaConf.from_dotlist([item.removeprefix("+")]).plugins
+    if isinstance(names, str):
+        names = [names]
+    if not isinstance(names, (list, ListConfig)) or not all(isinstance(n, str) and n for n in names):
+        raise RecipeError(f"{path}: plugins: expected a list of module names, got {names!r}")
+    return list(names)
 
 
 def _override(user: DictConfig, item: str, problems: list[str]) -> DictConfig:
@@ -82,7 +97,7 @@ def _override(user: DictConfig, item: str, problems: list[str]) -> DictConfig:
             f"override {item!r}: the value is not valid YAML ({why}); quote it, or close its brackets"
         ) from None
     _take_aliases(one)
-    found = check_keys(one, Recipe, origin=f"override {item!r}")
+    found = check_keys(one, recipe_class(), origin=f"override {item!r}")
     problems += found
     if found:
         return user
@@ -206,7 +221,7 @@ def _renamed(key: str) -> str:
 
 def _field_type(key: str) -> Any:
     """The declared type of a dotted recipe key (None when it is not one)."""
-    tp: Any = Recipe
+    tp: Any = recipe_class()
     for part in key.split("."):
         if get_origin(tp) is dict:  # an entry of a mapping value
             tp = get_args(tp)[1]
@@ -221,7 +236,7 @@ def _reset(user: DictConfig, key: str, origin: str) -> list[str]:
     """Remove `key` from the recipe, so that its default applies; a problem for a key the recipe cannot have."""
     key = _renamed(key)
     if _field_type(key) is None:
-        return check_keys(OmegaConf.from_dotlist([f"{key}=0"]), Recipe, origin) or [f"{origin}: no key {key!r}"]
+        return check_keys(OmegaConf.from_dotlist([f"{key}=0"]), recipe_class(), origin) or [f"{origin}: no key {key!r}"]
     parent, _, last = key.rpartition(".")
     node = OmegaConf.select(user, parent) if parent else user
     if isinstance(node, DictConfig) and last in node:
@@ -366,7 +381,7 @@ def _hint(node: DictConfig, key: str, valid: dict, prefix: str) -> str:
         framework, ours = FOREIGN_KEYS[foreign]
         return f"; {framework}'s {foreign} is {ours} here"
     close = [prefix + c for c in difflib.get_close_matches(str(key), list(valid), n=1, cutoff=0.75)]
-    close = close or difflib.get_close_matches(full, _all_paths(Recipe), n=1, cutoff=0.75)
+    close = close or difflib.get_close_matches(full, _all_paths(recipe_class()), n=1, cutoff=0.75)
     return f"; did you mean {close[0]!r}?" if close else ""
 
 

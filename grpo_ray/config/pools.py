@@ -37,7 +37,7 @@ USES = {
     ),
 }
 """The uses a pool's row may name (``PoolKind.use``): where its signal goes. A token use is read by the learner,
-keyed by its name (``Learner.update``), and applied by the loss (``algo.loss.TOKEN_USES``); a sequence use is summed
+keyed by its name (``Learner.update``), and applied by the loss (``algo.loss.token_uses``); a sequence use is summed
 into the reward by the scorers (``Scorers.rewards``)."""
 
 
@@ -208,5 +208,5 @@ KINDS: dict[str, PoolKind] = {
 }
 """Every pool kind, in the order pools start and are listed."""
 
-POOLS = tuple(KINDS)
-"""The pool names, in KINDS' order."""
+POOLS = KINDS.keys()
+"""The pool names, in KINDS' order (a view: a plugin's row is among them, ``grpo_ray.extend``)."""

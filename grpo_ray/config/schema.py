@@ -424,6 +424,10 @@ class TrainerConfig:
 
 @dataclass
 class Recipe:
+    plugins: list[str] = field(default_factory=list)
+    """Modules imported before the rest of the recipe is read, here and in every actor (the recipe's folder and the
+    working directory searched first): each may add a pool, its section and its role, and the use of its signal
+    (``grpo_ray.extend``; docs/design.md#plugins)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy (and the reference's starting point)."""
     data: DataConfig = field(default_factory=DataConfig)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import ray
 
-from grpo_ray.config import LEARNER, REFERENCE, TEACHER, Recipe
+from grpo_ray.config import KINDS, LEARNER, Recipe
 from grpo_ray.controller import GRPOController
 from grpo_ray.faults import fault_at
 from grpo_ray.placement import local_markers
@@ -88,10 +88,11 @@ def replay(recipe: Recipe, dump_path: str) -> dict[str, float]:
     out.mkdir(parents=True, exist_ok=True)
     connect(recipe)
     model = models.resolve(recipe.model.path)
-    teacher = {"teacher.model": models.resolve(recipe.teacher.model)} if recipe.teacher.model else {}
-    c = GRPOController(recipe, RunInputs(model, model_dims(model), [], [], {}, out, [], scorer_models=teacher))
+    tokens = [k for k in KINDS.values() if k.signal == "token"]  # the learner's signals: reference, teacher, ...
+    own = {k.model: models.resolve(k.model_name(recipe)) for k in tokens if k.model != "model.path" and k.count(recipe)}
+    c = GRPOController(recipe, RunInputs(model, model_dims(model), [], [], {}, out, [], scorer_models=own))
     try:
-        c.start(pools=(LEARNER, REFERENCE, TEACHER))
+        c.start(pools=(LEARNER, *(k.name for k in tokens)))
         return c.replay(rollouts, advantages)
     finally:
         c.shutdown()

@@ -219,7 +219,7 @@ def frozen_phase(s: StepInputs, kind: PoolKind) -> dict[str, Phase]:
     """A frozen model's forward (the reference's; the teacher's, on its own shape) over each actor's share, micro
     batched, with the group's all-gathers."""
     count, d = s.plans[kind.name].actors, s.model_of(kind)
-    size, m = getattr(s.r, kind.name).micro_batch_size, s.r.model
+    size, m = kind.section_of(s.r).micro_batch_size, s.r.model
     shared, layout = s.layout(size)
     share = s.pairs[: math.ceil(len(s.pairs) / count)]
     w, t = share_work(share, size, m.sequence_packing, shared), s.at(kind.name)

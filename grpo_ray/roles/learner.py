@@ -3,7 +3,7 @@
 The controller drives it step by step; it runs no loop of its own:
 
     setup(host, port)              join the group (gloo on CPU, nccl on GPU), load and shard the model
-    train(refs, adv, v, signals)   fetch the rollouts and the frozen scorers' logprobs (by scorer name), then PPO
+    train(refs, adv, v, signals)   fetch the rollouts and the frozen scorers' logprobs (by use), then PPO
                                    epochs over mini batches, micro-batch gradient accumulation, one optimizer step
                                    per mini batch, the old policy as the schedule says (``recomputes_old_policy``);
                                    returns the step's metrics and the probe's logprobs under the new weights
@@ -43,7 +43,7 @@ from grpo_ray.algo.batching import (
     use_shared,
 )
 from grpo_ray.algo.logprobs import sequence_logprobs, token_logprobs
-from grpo_ray.algo.loss import LOSS_SUMS, TOKEN_USES, LossInputs, StepSums, micro_batch_loss, sft_loss, step_metrics
+from grpo_ray.algo.loss import LOSS_SUMS, LossInputs, StepSums, micro_batch_loss, sft_loss, step_metrics, token_uses
 from grpo_ray.config import DISTILL, KINDS, KL, Recipe
 from grpo_ray.device import Device
 from grpo_ray.faults import fault_at
@@ -55,9 +55,11 @@ from grpo_ray.roles.weights_out import WeightsOut
 from grpo_ray.telemetry.perf import device_peak_tflops, forward_flops, measure_cpu_peak_tflops
 from grpo_ray.types import Update
 
-SIGNALS = {k.use: k.name for k in KINDS.values() if k.signal == "token"}
-"""The frozen scorers' per-token signals the learner reads, by their use (``config.USES``; the loss applies each,
-``algo.loss.TOKEN_USES``), and the pool whose row names it (its section holds the use's coefficients)."""
+
+def token_signals() -> dict[str, str]:
+    """The frozen scorers' per-token signals the learner reads, by their use (``config.USES``; the loss applies each,
+    ``algo.loss.token_uses``), and the pool whose row names it (its section holds the use's coefficients)."""
+    return {k.use: k.name for k in KINDS.values() if k.signal == "token"}
 
 
 @dataclass
@@ -77,7 +79,7 @@ class RankShare:
     old: dict | None
     """The old policy's logprobs of this rank's samples; None where they are the trained weights' (or bypass)."""
     signals: dict[str, list | dict]
-    """The frozen scorers' logprobs by use (``SIGNALS``): the reference's (``kl``) when the loss has a KL term,
+    """The frozen scorers' logprobs by use (``token_signals``): the reference's (``kl``) when the loss has a KL term,
     the distillation teacher's (``distill``) when there is a teacher."""
     old_seconds: float
     ref_seconds: float
@@ -99,7 +101,7 @@ class Learner(WeightsOut, RoleActor):
     ):
         log_to_file()
         self.model_path, self.recipe, self.rank, self.world_size = model_path, recipe, rank, world_size
-        self.sections = {use: KINDS[pool].section_of(recipe) for use, pool in SIGNALS.items()}
+        self.sections = {use: KINDS[pool].section_of(recipe) for use, pool in token_signals().items()}
         """Each token signal's pool section, by use: its coefficients (the teacher's for distillation)."""
         self.lora = recipe.model.lora.rank > 0
         self.run_on = Device.of(recipe)
@@ -281,7 +283,7 @@ class Learner(WeightsOut, RoleActor):
     ) -> Update:
         """One GRPO step over all samples of `rollout_refs` (Ray object refs, fetched here, not by the controller)
         with the weights of `version`: ``update`` on what they hold. `signals`: each frozen scorer's refs to its
-        chunks of per-token logprobs, by its use (SIGNALS)."""
+        chunks of per-token logprobs, by its use (``token_signals``)."""
         import ray
 
         rollouts = ray.get(rollout_refs)
@@ -302,13 +304,13 @@ class Learner(WeightsOut, RoleActor):
         is the learner at the version that generated it (snapshots of versions >= `keep_from` are kept for later
         batches), or the sampler's in bypass mode. With `probe_ids`, the updated weights' ``probe_logprobs`` too
         (``Update.probe``), for the sync that pushes them: no call of its own then. `signals`: the frozen
-        scorers' per-token logprobs of every sample, by use (SIGNALS): the reference's for the KL term (``kl``), the
-        distillation teacher's for each token's advantage (``distill``)."""
+        scorers' per-token logprobs of every sample, by use (``token_signals``): the reference's for the KL term
+        (``kl``), the distillation teacher's for each token's advantage (``distill``)."""
         a = self.recipe.algorithm
         self.version, self.flops = version, 0.0
-        unknown = sorted(set(signals or {}) - set(TOKEN_USES))
+        unknown = sorted(set(signals or {}) - set(token_uses()))
         if unknown:
-            raise ValueError(f"the learner reads no signal of use {unknown}: it reads {', '.join(TOKEN_USES)}")
+            raise ValueError(f"the learner reads no signal of use {unknown}: it reads {', '.join(token_uses())}")
         batch = self._batch(rollouts, advantages, keep_from, dict(signals or {}))
         sums = StepSums.zeros(self.device)
         norms, empty = [], 0
