@@ -29,7 +29,7 @@ from grpo_ray import schedules, sources
 from grpo_ray.algo.advantage import TURN_ESTIMATORS, overlong_penalty, per_turn_advantages
 from grpo_ray.algo.advantage import advantages as estimate
 from grpo_ray.algo.batching import Samples
-from grpo_ray.config import GENERATOR, KINDS, LEARNER, REFERENCE, TEACHER, Recipe
+from grpo_ray.config import GENERATOR, KINDS, LEARNER, TEACHER, Recipe
 from grpo_ray.engines import split
 from grpo_ray.errors import Preempted, RunError
 from grpo_ray.lengths import response_budget
@@ -44,8 +44,6 @@ from grpo_ray.types import Prompt, Rollout, Work
 __all__ = ["GRPOController", "RunError", "Preempted"]
 
 NO_SYNC = {"sync/seconds": 0.0, "timing_s/sync_weights": 0.0}
-TIMINGS = {REFERENCE: "timing_s/ref"}
-"""A token scorer's seconds a step under verl's name for it (the others: timing_s/<pool>)."""
 
 
 class GRPOController(Runner):
@@ -256,7 +254,7 @@ class GRPOController(Runner):
             trained["perf/frozen_overlap_s"] = max(0.0, min(end, previous[1]) - max(start, previous[0]))
         for pool, done in work.items():  # with LoRA the learner scores the reference itself (timing_s/ref its own)
             if done:
-                trained[TIMINGS.get(pool, f"timing_s/{pool}")] = max(w.seconds for w in done)
+                trained[KINDS[pool].timing_key] = max(w.seconds for w in done)
         return trained, work
 
     def replay(self, rollouts: list[Rollout], advantages: list[float]) -> dict[str, float]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from grpo_ray import models, rundir, transports
-from grpo_ray.config import JUDGE, KINDS, REWARD_MODEL, TEACHER, Recipe, RecipeError, dump_recipe, recipe_yaml
+from grpo_ray.config import KINDS, REWARD_MODEL, Recipe, RecipeError, dump_recipe, recipe_yaml
 from grpo_ray.data import DataError, checked, dotted, images, load_rows, prompt_text
 from grpo_ray.data.targets import RM_IDS, rm_tokens, target_tokens
 from grpo_ray.models.dims import ModelDims, model_dims
@@ -324,13 +324,13 @@ def _resolved(recipe: Recipe, tokenizer, kind) -> str:
     return models.resolve(kind.model_name(recipe))
 
 
-SCORER_MODELS = {
-    TEACHER: lambda recipe, tokenizer, kind: teacher_base(recipe, tokenizer),
-    REWARD_MODEL: lambda recipe, tokenizer, kind: reward_model_path(recipe),
-    JUDGE: lambda recipe, tokenizer, kind: reward_model_path(recipe),
+MODEL_CHECKS = {
+    "teacher_base": lambda recipe, tokenizer, kind: teacher_base(recipe, tokenizer),
+    "reward_model_path": lambda recipe, tokenizer, kind: reward_model_path(recipe),
+    "": _resolved,
 }
-"""How a scorer pool with a model of its own checks it before start (with the policy's tokenizer) and resolves it;
-one not named here has it resolved (``_resolved``)."""
+"""How a scorer pool with a model of its own checks it before start (with the policy's tokenizer) and resolves it,
+by the name its row gives (``PoolKind.checked``; none: resolved only)."""
 
 
 def check_styles(rows: list[dict]) -> None:
@@ -391,7 +391,7 @@ def _setup_run(recipe: Recipe, command: str, output_dir: Path, warm_start, child
     if job.samples and recipe.environment.name:
         try_environment(recipe, tokenizer, train_rows)
     scorers = {  # each scorer's own model, checked as its pool needs it (resolved, by default)
-        k.model: SCORER_MODELS.get(k.name, _resolved)(recipe, tokenizer, k)
+        k.model: MODEL_CHECKS[k.checked](recipe, tokenizer, k)
         for k in KINDS.values()
         if job.samples and k.model and k.model != "model.path" and k.count(recipe)
     }

@@ -10,6 +10,7 @@ from grpo_ray import placement
 from grpo_ray.config import KINDS, POOLS, load_recipe
 from grpo_ray.models.dims import model_dims
 from grpo_ray.planner import memory, rates, speed
+from grpo_ray.setup_run import MODEL_CHECKS
 from tests.conftest import ROOT
 
 
@@ -20,6 +21,7 @@ def test_every_kind_names_its_models_and_they_exist():
         assert hasattr(r, k.section or name), f"{name}: no recipe section {k.section or name!r}"
         assert callable(getattr(memory, k.memory, None)), f"{name}: grpo_ray.planner.memory has no {k.memory}"
         assert k.time is None or k.time in speed.TIME_MODELS, f"{name}: no time model {k.time!r}"
+        assert k.checked in MODEL_CHECKS, f"{name}: setup_run has no model check {k.checked!r}"
 
 
 @pytest.mark.parametrize(

@@ -82,6 +82,12 @@ class PoolKind:
     unscored: Callable[[Recipe], Unscored] | None = None
     """A sequence scorer's policy for samples it leaves unscored and calls past a deadline; None: it scores every
     sample, and a call that fails is its ``lost`` policy's."""
+    checked: str = ""
+    """How its own model is checked before start, with the policy's tokenizer (a function of ``setup_run``'s
+    ``MODEL_CHECKS``: the teacher's tokenizer must be the policy's, a reward model's head); empty: found or built,
+    not checked further."""
+    timing: str = ""
+    """The metric of its work's seconds a step; empty: ``timing_s/<name>`` (the reference's is verl's name)."""
     cpu_runtime_gb: float = 0.55
     """Resident memory of one actor's process on CPU before any model: Python, torch, transformers, Ray (measured
     on this project's CPU machine; the fit check's runtime part)."""
@@ -91,6 +97,11 @@ class PoolKind:
         """What a scorer gives each sample: a logprob per token (to the learner), a score per sequence (to the
         rewards), or nothing (not a scorer); its use's."""
         return USES[self.use].per if self.use else None
+
+    @property
+    def timing_key(self) -> str:
+        """The metric of its work's seconds a step."""
+        return self.timing or f"timing_s/{self.name}"
 
     def section_of(self, r: Recipe):
         """Its recipe section."""
@@ -119,11 +130,11 @@ def _on_gpu(n: int) -> Callable[[Recipe], int]:
     return lambda r: n if r.cluster.device == "cuda" else 0
 
 
-def _frozen_scorer(name: str, model: str, count: Callable[[Recipe], int], use: str) -> PoolKind:
+def _frozen_scorer(name: str, model: str, count: Callable[[Recipe], int], use: str, **more) -> PoolKind:
     """A frozen model scoring every sampled token (one FSDP2 group) for `use`: the reference's memory model on its
     own shape, a phase of its own in the time model."""
     cpus = lambda r: getattr(r, name).num_cpus  # noqa: E731
-    return PoolKind(name, count, cpus, _on_gpu(1), "frozen_pool", "frozen", model, "fsdp", "stop", use)
+    return PoolKind(name, count, cpus, _on_gpu(1), "frozen_pool", "frozen", model, "fsdp", "stop", use, **more)
 
 
 KINDS: dict[str, PoolKind] = {
@@ -158,8 +169,15 @@ KINDS: dict[str, PoolKind] = {
             "model.path",
             lambda r: r.reference.num_actors if r.algorithm.kl_coef > 0 and not r.model.lora.rank else 0,
             KL,
+            timing="timing_s/ref",
         ),
-        _frozen_scorer(TEACHER, "teacher.model", lambda r: r.teacher.num_actors if r.teacher.model else 0, DISTILL),
+        _frozen_scorer(
+            TEACHER,
+            "teacher.model",
+            lambda r: r.teacher.num_actors if r.teacher.model else 0,
+            DISTILL,
+            checked="teacher_base",
+        ),
         PoolKind(  # a one-output classifier: one FSDP2 group, so a lost actor restarts the pool
             REWARD_MODEL,
             count=lambda r: (
@@ -173,6 +191,7 @@ KINDS: dict[str, PoolKind] = {
             group="fsdp",
             lost="restart",
             use=REWARD_COMPONENT,
+            checked="reward_model_path",
         ),
         PoolKind(  # a generative judge: vLLM engines, each grading its share; a lost or late one restarts the pool
             JUDGE,
@@ -186,6 +205,7 @@ KINDS: dict[str, PoolKind] = {
             lost="restart",
             use=REWARD_COMPONENT,
             section="reward_model",
+            checked="reward_model_path",
             unscored=lambda r: Unscored(
                 r.reward_model.judge.default,
                 r.reward_model.judge.timeout_s,
