@@ -54,6 +54,9 @@ class TinySpec:
     score: int = 0
     """N > 0: a sequence classifier with N outputs (a reward model: ``reward_model.model``; of several, as a
     multi-objective one has, ``reward_model.head`` picks the score), not a language model."""
+    vision: int = 0
+    """N > 0: a vision-language model, Gemma 3's shape (gemma3 only): a SigLIP tower of N layers reads each image at
+    64 x 64 pixels as 16 tokens between ``<start_of_image>`` and ``<end_of_image>``; saved with its processor."""
 
     @property
     def head_dim(self) -> int:
@@ -65,7 +68,8 @@ class TinySpec:
         return self.intermediate or 4 * self.hidden
 
     def canonical(self) -> str:
-        shown = [f.name for f in fields(self) if f.name != "arch" and (f.name != "score" or self.score)]
+        optional = {"score": self.score, "vision": self.vision}  # shown when set: older names keep their hash
+        shown = [f.name for f in fields(self) if f.name != "arch" and optional.get(f.name, 1)]
         query = "&".join(f"{name}={getattr(self, name)}" for name in shown)
         return f"{TINY_SCHEME}{self.arch}?{query}"
 
@@ -100,6 +104,11 @@ def parse_tiny(name: str) -> TinySpec:
         )
     if min(spec.layers, spec.hidden, spec.heads, spec.kv_heads, spec.max_len, spec.vocab) <= 0:
         raise ModelNameError(f"{name!r}: sizes must be positive")
+    if spec.vision and (spec.arch != "gemma3" or spec.score):
+        raise ModelNameError(
+            f"{name!r}: vision={spec.vision} builds Gemma 3's vision-language shape: arch gemma3, no score (Qwen2.5-VL "
+            "and Qwen3-VL twins need torchvision, which has no build for this CPU torch: docs/training.md#images)"
+        )
     if spec.bytes and spec.vocab <= 300:
         raise ModelNameError(
             f"{name!r}: vocab={spec.vocab} is too small for the 256 byte symbols; use vocab > 300 or bytes=0"
@@ -143,8 +152,26 @@ _FAMILY = {
 }
 
 
-def train_tokenizer(arch: str, texts: list[str], vocab_size: int, all_bytes: bool = True):
-    """A byte-level BPE tokenizer for `arch`, trained offline on `texts`; digits stay single tokens."""
+VISION = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
+"""Gemma 3's image tokens: the processor writes each image as ``<start_of_image>``, its soft tokens and
+``<end_of_image>``, with a blank line either side."""
+IMAGE_SIDE, IMAGE_TOKENS, PATCH = 64, 16, 8
+"""A vision twin's image side in pixels, tokens an image and patch side (SigLIP's 64 patches pooled to 16)."""
+
+
+def _vision_template(template: str) -> str:
+    """The family's chat template, with a message's content also a list of parts: an image part is its marker."""
+    parts = (
+        "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
+        "{% if c['type'] == 'image' %}" + VISION["boi_token"] + "{% else %}{{ c['text'] }}{% endif %}"
+        "{% endfor %}{% endif %}"
+    )
+    return template.replace("{{ m['content'] }}", parts)
+
+
+def train_tokenizer(arch: str, texts: list[str], vocab_size: int, all_bytes: bool = True, vision: bool = False):
+    """A byte-level BPE tokenizer for `arch`, trained offline on `texts`; digits stay single tokens. With `vision`,
+    Gemma 3's image tokens too (``VISION``), and a template that renders image parts."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -156,7 +183,7 @@ def train_tokenizer(arch: str, texts: list[str], vocab_size: int, all_bytes: boo
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=family["specials"],
+        special_tokens=family["specials"] + (list(VISION.values()) if vision else []),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet() if all_bytes else [],
         show_progress=False,
     )
@@ -166,9 +193,40 @@ def train_tokenizer(arch: str, texts: list[str], vocab_size: int, all_bytes: boo
         bos_token=family["bos"],
         eos_token=family["eos"],
         pad_token=family["pad"],
+        **({"extra_special_tokens": VISION} if vision else {}),
     )
-    fast.chat_template = family["template"]
+    fast.chat_template = _vision_template(family["template"]) if vision else family["template"]
     return fast
+
+
+def _vision_config(spec: TinySpec, text, tokenizer):
+    """Gemma 3's vision-language config around `text`: a SigLIP tower of spec.vision layers, half the text's width."""
+    from transformers import Gemma3Config
+
+    ids = {k: tokenizer.convert_tokens_to_ids(v) for k, v in VISION.items()}
+    width = max(32, spec.hidden // 2)
+    cfg = Gemma3Config(
+        text_config=text.to_dict(),
+        vision_config=dict(
+            hidden_size=width,
+            intermediate_size=2 * width,
+            num_hidden_layers=spec.vision,
+            num_attention_heads=max(1, width // 32),
+            image_size=IMAGE_SIDE,
+            patch_size=PATCH,
+            vision_use_head=False,
+        ),
+        mm_tokens_per_image=IMAGE_TOKENS,
+        boi_token_index=ids["boi_token"],
+        eoi_token_index=ids["eoi_token"],
+        image_token_index=ids["image_token"],
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        tie_word_embeddings=bool(spec.tie),
+    )
+    cfg.architectures = ["Gemma3ForConditionalGeneration"]
+    return cfg
 
 
 def _config(spec: TinySpec, vocab_size: int, tokenizer):
@@ -198,6 +256,8 @@ def _config(spec: TinySpec, vocab_size: int, tokenizer):
     cfg.architectures = [
         {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "gemma3": "Gemma3ForCausalLM"}[spec.arch]
     ]
+    if spec.vision:
+        return _vision_config(spec, cfg, tokenizer)
     if spec.score:  # scores from the last token (transformers finds it by the pad id)
         cfg.num_labels = spec.score
         cfg.architectures = [cfg.architectures[0].replace("ForCausalLM", "ForSequenceClassification")]
@@ -214,12 +274,24 @@ def build_tiny(spec: TinySpec, out: Path, extra_texts: list[str] | None = None) 
 
     from grpo_ray.data import synthetic
 
-    texts = synthetic.corpus(spec.text) + list(extra_texts or [])
-    tokenizer = train_tokenizer(spec.arch, texts, spec.vocab, all_bytes=bool(spec.bytes))
+    texts = synthetic.corpus(spec.text) + list(extra_texts or []) + (["\n\n"] if spec.vision else [])
+    tokenizer = train_tokenizer(spec.arch, texts, spec.vocab, all_bytes=bool(spec.bytes), vision=bool(spec.vision))
     vocab_size = len(tokenizer)
     config = _config(spec, vocab_size, tokenizer)
     torch.manual_seed(spec.seed)
-    if spec.score:
+    processor = None
+    if spec.vision:
+        from transformers import Gemma3ForConditionalGeneration, Gemma3Processor
+        from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+
+        model = Gemma3ForConditionalGeneration._from_config(config, dtype=torch.float32)
+        with torch.no_grad():  # transformers starts the projection at 0: no image would reach the language model
+            model.model.multi_modal_projector.mm_input_projection_weight.normal_(
+                0, config.vision_config.hidden_size**-0.5
+            )
+        pixels = Gemma3ImageProcessorPil(size={"height": IMAGE_SIDE, "width": IMAGE_SIDE})
+        processor = Gemma3Processor(pixels, tokenizer, tokenizer.chat_template, image_seq_length=IMAGE_TOKENS)
+    elif spec.score:
         from transformers import AutoModelForSequenceClassification
 
         model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
@@ -231,7 +303,7 @@ def build_tiny(spec: TinySpec, out: Path, extra_texts: list[str] | None = None) 
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
+        (processor or tokenizer).save_pretrained(tmp)
         GenerationConfig(
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
