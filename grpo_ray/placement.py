@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from grpo_ray import schedules
-from grpo_ray.config import KINDS, POOLS, Recipe
+from grpo_ray.config import KINDS, POOLS, ClusterConfig, Recipe
 from grpo_ray.errors import UserError
 
 MARKER = 0.001  # how much of a node-marker resource one actor takes: any node with the marker has room for many
@@ -68,15 +68,15 @@ def threads(recipe: Recipe, plans: dict[str, PoolPlan], node_cpus: float) -> dic
     }
 
 
-def node_markers(recipe: Recipe) -> list[str]:
+def node_markers(c: ClusterConfig) -> list[str]:
     """The marker each of the first nodes carries, in order: {generation: 2, training: 1} -> generation,
     generation, training (the nodes after them carry none). deploy/slurm starts its nodes this way."""
-    return [marker for marker, n in recipe.cluster.node_markers.items() for _ in range(n)]
+    return [marker for marker, n in c.node_markers.items() for _ in range(n)]
 
 
-def node_groups(recipe: Recipe) -> list[list[str]]:
+def node_groups(c: ClusterConfig) -> list[list[str]]:
     """Pools that share a placement group: the colocate groups, then every other pool on its own."""
-    grouped = [list(g) for g in recipe.cluster.colocate]
+    grouped = [list(g) for g in c.colocate]
     seen = {p for g in grouped for p in g}
     return grouped + [[p] for p in POOLS if p not in seen]
 
@@ -103,7 +103,7 @@ def problems(recipe: Recipe, nodes: list[dict[str, float]], pools: tuple[str, ..
     plans = plan(recipe, pools)
     out = []
     need: dict[str, float] = {}
-    for group in node_groups(recipe):
+    for group in node_groups(recipe.cluster):
         if max(plans[p].actors for p in group) == 0:
             continue
         for b in bundles(group, plans):
@@ -126,12 +126,12 @@ def local_problems(recipe: Recipe, pools: tuple[str, ...] = POOLS) -> list[str]:
     if os.environ.get("RAY_ADDRESS") or recipe.cluster.device != "cpu":
         return []
     cores = float(os.cpu_count() or 1)  # what Ray counts at most (a container's quota can make it fewer)
-    return problems(recipe, [{"CPU": cores, **local_markers(recipe)}], pools)
+    return problems(recipe, [{"CPU": cores, **local_markers(recipe.cluster)}], pools)
 
 
-def local_markers(recipe: Recipe) -> dict[str, float]:
+def local_markers(c: ClusterConfig) -> dict[str, float]:
     """The node markers a local cluster carries so that it stands in for every node group of the recipe."""
-    return {m: 1000.0 for m in recipe.cluster.node_resources.values()}
+    return {m: 1000.0 for m in c.node_resources.values()}
 
 
 def _fmt(resources: dict[str, float]) -> str:
@@ -151,7 +151,7 @@ def reserve(recipe: Recipe, pools: tuple[str, ...] = POOLS, timeout_s: float = 1
         raise ClusterError("the cluster cannot hold this recipe:\n" + "\n".join(f"  - {p}" for p in found))
     plans = plan(recipe, pools)
     out = {}
-    for group in node_groups(recipe):
+    for group in node_groups(recipe.cluster):
         if max(plans[p].actors for p in group) == 0:
             continue
         pg = placement_group(bundles(group, plans), strategy="PACK", name=f"grpo-ray-{'-'.join(group)}")
@@ -191,7 +191,7 @@ def layout(r: Recipe, pools: tuple[str, ...] = POOLS) -> tuple[list[Node], list[
     """Place every node group's bundles (of `pools`) on simulated nodes, first fit; problems for bundles with no
     room."""
     c = r.cluster
-    markers = [(m,) for m in node_markers(r)]
+    markers = [(m,) for m in node_markers(r.cluster)]
     problems = []
     if len(markers) > c.nodes:
         problems.append(
@@ -201,7 +201,7 @@ def layout(r: Recipe, pools: tuple[str, ...] = POOLS) -> tuple[list[Node], list[
         markers = [tuple(sorted(set(c.node_resources.values())))] * c.nodes
     nodes = [Node(i, markers[i] if i < len(markers) else (), float(c.devices_per_node)) for i in range(c.nodes)]
     plans = plan(r, pools)
-    for group in node_groups(r):
+    for group in node_groups(r.cluster):
         if c.device == "cuda" and not any(plans[p].gpus for p in group):
             continue  # CPU-only pools (rewards) go wherever Ray finds CPUs; only GPUs are laid out here
         want = {k for p in group for k in plans[p].resources}

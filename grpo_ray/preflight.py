@@ -10,15 +10,15 @@ import sys
 from pathlib import Path
 
 from grpo_ray import rewards
-from grpo_ray.config import RULES, Recipe, RecipeError
+from grpo_ray.config import RULES, AlgorithmConfig, Recipe, RecipeError, RewardConfig
 
 
-def load_rewards(recipe: Recipe, recipe_dir: Path | None) -> None:
+def load_rewards(w: RewardConfig, recipe_dir: Path | None) -> None:
     """Every reward function loads: modules and files are looked for in the working directory, then the recipe's
     folder; a file form's path is made absolute in the recipe (config.yaml records the file that ran)."""
     dirs = [Path.cwd()] + ([recipe_dir] if recipe_dir else [])
     rewards.search_here(*dirs)
-    for i, fn in enumerate(recipe.reward.functions):
+    for i, fn in enumerate(w.functions):
         try:
             if rewards.is_file(fn.name):
                 fn.name = rewards.resolve_file(fn.name, dirs)
@@ -27,13 +27,12 @@ def load_rewards(recipe: Recipe, recipe_dir: Path | None) -> None:
             raise RecipeError(f"reward.functions[{i}].name: {e}") from None
 
 
-def check_algorithm(recipe: Recipe) -> None:
+def check_algorithm(a: AlgorithmConfig) -> None:
     """The loss's own options (``algorithm.loss_options``) are its and hold; a user's own estimator or policy loss
     (``module:function``) imports and works on a small batch."""
     from grpo_ray.algo import advantage, loss
     from grpo_ray.algo.registry import FunctionError
 
-    a = recipe.algorithm
     try:
         loss.loss_options(a.loss_mode, a.loss_options)
     except ValueError as e:
@@ -79,13 +78,12 @@ def check_stack() -> None:
         )
 
 
-def reward_child(recipe: Recipe):
+def reward_child(w: RewardConfig):
     """A reward child under the recipe's sandbox and limits, as the reward actors have, spawned but not waited for
     (it starts while the tokenizer and rows load); for try_rewards."""
     from grpo_ray.rewards.child import RewardChild
     from grpo_ray.sandbox import Jail
 
-    w = recipe.reward
     return RewardChild(Jail.of(w), rewards.shipped([f.name for f in w.functions])[0], wait=False)
 
 
@@ -97,7 +95,7 @@ def try_rewards(recipe: Recipe, row: dict, where: str, child=None) -> None:
     from grpo_ray.types import Prompt
 
     w, p = recipe.reward, Prompt.from_row(0, {**row, "prompt_ids": []})
-    child = child or reward_child(recipe)
+    child = child or reward_child(recipe.reward)
     try:  # (a function whose reward.functions sources do not name the row's is not called)
         extra = {"data_source": p.data_source, "extra_info": p.extra_info}
         outcome, result = child.run(

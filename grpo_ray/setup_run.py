@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from grpo_ray import models, rundir, transports
-from grpo_ray.config import KINDS, REWARD_MODEL, Recipe, RecipeError, dump_recipe, recipe_yaml
+from grpo_ray.config import KINDS, REWARD_MODEL, EnvironmentConfig, Recipe, RecipeError, dump_recipe, recipe_yaml
 from grpo_ray.data import DataError, checked, dotted, images, load_rows, prompt_text
 from grpo_ray.data.targets import RM_IDS, rm_tokens, target_tokens
 from grpo_ray.models.dims import ModelDims, model_dims
@@ -128,7 +128,7 @@ def usable_rows(
             got = _rows_of(spec, tokenizer, recipe, command, pieces)
             checked.save(name, *got)
         some, dropped[spec], first = got
-        some = choose_environments(recipe, some, spec, exact=not dropped[spec])
+        some = choose_environments(recipe.environment, some, spec, exact=not dropped[spec])
         rows += some
         if first and first_dropped is not None and not first_dropped:
             first_dropped.append(first)
@@ -137,11 +137,10 @@ def usable_rows(
     return rows
 
 
-def choose_environments(recipe: Recipe, rows: list[dict], spec: str, exact: bool) -> list[dict]:
+def choose_environments(e: EnvironmentConfig, rows: list[dict], spec: str, exact: bool) -> list[dict]:
     """With environment.choices, each row with its ``env_choice``: the label its ``environment.row_key`` names ("":
     none, environment.name's); a label not among the choices is a DataError naming the row (`exact`: the rows are
     the file's, none dropped, so their index is its row)."""
-    e = recipe.environment
     if not e.choices:
         return rows
     out = []
@@ -358,10 +357,12 @@ def setup_run(
     output_dir = rundir.writable_dir(recipe.trainer.output_dir, "trainer.output_dir")
     check_stack()  # a package pip brought back that breaks transformers: one line now, not in every actor later
     transports.check(recipe)  # the weight transport exists and has what it needs (the storage one: its directory)
-    load_rewards(recipe, recipe_dir)  # also puts the working directory and the recipe's folder on the import path
+    load_rewards(
+        recipe.reward, recipe_dir
+    )  # also puts the working directory and the recipe's folder on the import path
     if JOBS[command].samples:
-        check_algorithm(recipe)
-    child = reward_child(recipe) if JOBS[command].samples and recipe.reward.functions else None
+        check_algorithm(recipe.algorithm)
+    child = reward_child(recipe.reward) if JOBS[command].samples and recipe.reward.functions else None
     try:
         return _setup_run(recipe, command, output_dir, warm_start, child)
     finally:

@@ -565,11 +565,15 @@ def test_rows_choose_among_the_recipes_environments_before_start(tmp_path):
         ["environment.name=guess", "environment.choices={calc: {name: calculator}}", "environment.max_tokens=64"],
     )
     rows = [{"env_class": "calc"}, {"env_class": ""}, {}]
-    assert [row["env_choice"] for row in choose_environments(r, rows, "d.jsonl", exact=True)] == ["calc", "", ""]
+    assert [row["env_choice"] for row in choose_environments(r.environment, rows, "d.jsonl", exact=True)] == [
+        "calc",
+        "",
+        "",
+    ]
     with pytest.raises(DataError, match=r"d.jsonl row 1: env_class='calk' is none of environment.choices \(calc\)"):
-        choose_environments(r, [{}, {"env_class": "calk"}], "d.jsonl", exact=True)
+        choose_environments(r.environment, [{}, {"env_class": "calk"}], "d.jsonl", exact=True)
     r.environment.row_key = "extra_info.env"
-    assert choose_environments(r, [{"extra_info": {"env": "calc"}}], "d", True)[0]["env_choice"] == "calc"
+    assert choose_environments(r.environment, [{"extra_info": {"env": "calc"}}], "d", True)[0]["env_choice"] == "calc"
     bad = ["environment.name=guess", "environment.choices={g: {name: guess, options: {nope: 1}}}"]
     with pytest.raises(RecipeError, match=r"environment.choices.g.options.nope: Extra inputs are not permitted"):
         from grpo_ray.preflight import try_environment

@@ -130,6 +130,6 @@ def test_slurm_script_parses_and_marks_the_nodes_plan_lays_out():
     for path in sorted((ROOT / "recipes").glob("*.yaml")):
         r = load_recipe(path, command="rm" if "\nrm:" in path.read_text() else "train")  # grpo-ray rm's own
         nodes, _ = placement.layout(r)
-        marked = node_markers(r)
+        marked = node_markers(r.cluster)
         assert [n.markers for n in nodes[: len(marked)]] == [(m,) for m in marked], path
         assert sum(r.cluster.node_markers.values()) == len(marked) <= r.cluster.nodes, path

@@ -90,7 +90,7 @@ def test_scale_recipe_lands_as_planned(name):
         }
         landed = {}
         for pool, (pg, _) in pgs.items():
-            group = "+".join(next(g for g in placement.node_groups(r) if pool in g))
+            group = "+".join(next(g for g in placement.node_groups(r.cluster) if pool in g))
             per_node = Counter(placement_group_table(pg)["bundles_to_node_id"].values())
             landed[group] = sorted((marker_of[node], k) for node, k in per_node.items())
         nodes, problems = placement.layout(r)

@@ -32,7 +32,7 @@ def test_plan_and_fit_check_on_gpu_nodes():
     assert (plans["generator"].actors, plans["generator"].gpus) == (2, 4)
     assert plans["generator"].resources == {"generation": placement.MARKER}
     groups = [["learner", "reference"], ["generator"], ["teacher"], ["reward_model"], ["judge"], ["reward"]]
-    assert placement.node_groups(r) == groups
+    assert placement.node_groups(r.cluster) == groups
     shared = placement.bundles(["learner", "reference"], plans)
     assert len(shared) == 4 and shared[0] == {"CPU": 0.75, "GPU": 1} and shared[3] == {"CPU": 0.5, "GPU": 1}
     gen_node = {"CPU": 32, "GPU": 8, "generation": 1}

@@ -37,7 +37,7 @@ def _structure(path):
     r = load_recipe(path)
     dims = model_dims(r.model.path)
     return {
-        "node groups": placement.node_groups(r),
+        "node groups": placement.node_groups(r.cluster),
         "node markers asked": dict(r.cluster.node_resources),
         "pools": sorted(p for p, plan in placement.plan(r).items() if plan.actors),
         "rewards": [(f.name, f.weight) for f in r.reward.functions],

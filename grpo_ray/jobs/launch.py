@@ -34,7 +34,7 @@ def connect(recipe: Recipe) -> None:
             # worker, so those would only take CPU from the actors' imports while they start (a second here)
             for var in PRESTART_OFF:
                 os.environ.setdefault(var, "0")
-            start_local(local_markers(recipe))
+            start_local(local_markers(recipe.cluster))
         nodes, has = [n for n in ray.nodes() if n["Alive"]], ray.cluster_resources()
         where = f"joined {os.environ['RAY_ADDRESS']}" if os.environ.get("RAY_ADDRESS") else "a local cluster"
         print(

@@ -20,7 +20,7 @@ from pathlib import Path
 import ray
 
 from grpo_ray import checkpoint
-from grpo_ray.config import LEARNER, Recipe
+from grpo_ray.config import LEARNER, Recipe, RMConfig
 from grpo_ray.data.targets import RM_IDS
 from grpo_ray.jobs.launch import connect
 from grpo_ray.roles.reward_learner import RewardLearner
@@ -29,10 +29,10 @@ from grpo_ray.setup_run import RunInputs
 from grpo_ray.telemetry import perf
 
 
-def rm_rows(rows: list[dict], recipe: Recipe) -> list[tuple]:
+def rm_rows(rows: list[dict], rm: RMConfig) -> list[tuple]:
     """The learner's rows: (chosen ids, rejected ids) of each pair, or (response ids, label) of each pointwise row
     (rm.label_key)."""
-    if recipe.rm.label_key:
+    if rm.label_key:
         return [(row["response_ids"], row["label"]) for row in rows]
     return [(row["chosen_ids"], row["rejected_ids"]) for row in rows]
 
@@ -50,7 +50,7 @@ class RMController(Runner):
     def step(self, step: int) -> dict[str, float]:
         start = time.perf_counter()
         rows = [row for _, row in self.stream.next_batch()]
-        batch = ray.put(rm_rows(rows, self.r))  # one object for all ranks
+        batch = ray.put(rm_rows(rows, self.r.rm))  # one object for all ranks
         learners = self.pools.learners
         trained = self.call([l.rm_train.remote(batch) for l in learners], "learner rm")[0]
         self.version += 1
@@ -64,7 +64,7 @@ class RMController(Runner):
         }
 
     def validate(self, step: int) -> dict[str, float]:
-        batch = ray.put(rm_rows(self.inputs.val_rows, self.r))
+        batch = ray.put(rm_rows(self.inputs.val_rows, self.r.rm))
         learners = self.pools.learners
         return self.call([l.rm_validate.remote(batch) for l in learners], "reward model validation")[0]
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpo_ray import placement
-from grpo_ray.config import GENERATOR, GPU_MEMORY_GB, KINDS, LEARNER, Recipe, RecipeError
+from grpo_ray.config import GENERATOR, GPU_MEMORY_GB, KINDS, LEARNER, ClusterConfig, Recipe, RecipeError
 from grpo_ray.lengths import (
     budget_key,
     dtype_bytes,
@@ -55,10 +55,9 @@ class FitReport:
         return "\n".join(lines)
 
 
-def device_memory_gb(r: Recipe) -> float:
+def device_memory_gb(c: ClusterConfig) -> float:
     """Memory of one device: the GPU's (table or declared) on cuda; on CPU one node's host memory as declared,
     else what this machine has free now."""
-    c = r.cluster
     if c.device == "cuda":
         return c.device_memory_gb or GPU_MEMORY_GB.get(c.gpu, 0.0)
     return c.node_memory_gb or local_free_gb()
@@ -130,7 +129,7 @@ def check(r: Recipe, d: ModelDims | None = None, job: str = "train") -> FitRepor
     """Placement, memory per pool, and every reason the recipe does not fit `job` (a command: train, sft, rm), for a
     model of shape `d` (else read from model.path). Pure: it starts, builds and writes nothing."""
     d = d or model_dims(r.model.path)
-    mem = device_memory_gb(r)
+    mem = device_memory_gb(r.cluster)
     nodes, problems = layout(r, JOB_POOLS[job])
     plans = placement.plan(r, JOB_POOLS[job])
     pools: dict[str, PoolMemory] = {}
@@ -190,7 +189,7 @@ def _device_lines(
     """What each kind of device holds in all; a problem for each that is over its memory."""
     lines = []
     if r.cluster.device == "cuda":
-        for group in placement.node_groups(r):
+        for group in placement.node_groups(r.cluster):
             members = [p for p in group if p in pools and plans[p].actors]
             if not members:
                 continue

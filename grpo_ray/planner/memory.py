@@ -50,7 +50,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from grpo_ray import schedules
-from grpo_ray.config import GENERATOR, JUDGE, KINDS, LEARNER, PoolKind, Recipe, engine_rank
+from grpo_ray.config import GENERATOR, JUDGE, KINDS, LEARNER, AlgorithmConfig, PoolKind, Recipe, engine_rank
 from grpo_ray.lengths import (
     cpu_kv_cache_bytes,
     dtype_bytes,
@@ -125,13 +125,13 @@ def learner_memory(d: ModelDims, r: Recipe, seq: int = 0) -> PoolMemory:
     }
     if r.generator.num_engines:  # a push runs between steps, in the memory the step's working set gives back
         parts["sync_extra"] = max(0.0, 2 * bucket_bytes(d, r) - parts["gathered"] - acts - parts["logits"])
-    snapshots = snapshot_count(r) * 4 * trained / w  # this rank's shard of earlier versions, on the host
+    snapshots = snapshot_count(r.algorithm) * 4 * trained / w  # this rank's shard of earlier versions, on the host
     if cpu and snapshots:
         parts["snapshots"] = snapshots
     parts = {k: v / GB for k, v in parts.items()}
     parts["runtime"] = KINDS[LEARNER].cpu_runtime_gb + 4 * d.params / GB if cpu else GPU_RUNTIME_GB
     host = (
-        f"; {snapshots / GB:.1f} GB of host memory for {snapshot_count(r)} weight snapshots"
+        f"; {snapshots / GB:.1f} GB of host memory for {snapshot_count(r.algorithm)} weight snapshots"
         if snapshots and not cpu
         else ""
     )
@@ -147,10 +147,9 @@ def learner_memory(d: ModelDims, r: Recipe, seq: int = 0) -> PoolMemory:
     )
 
 
-def snapshot_count(r: Recipe) -> int:
+def snapshot_count(a: AlgorithmConfig) -> int:
     """Versions of the weights a learner rank keeps besides training (max_staleness >= 1, learner old policy): the
     one being trained and those that generated the batches not yet trained."""
-    a = r.algorithm
     return a.max_staleness + 1 if schedules.of(a).keeps_older_weights() else 0
 
 
