@@ -26,7 +26,7 @@ SECTIONS: dict[str, type] = {}
 def import_plugins(names: list[str], near: tuple[str, ...] = ()) -> None:
     """Import each of `names` (once a process), the folders `near` (the recipe's, the working directory) searched
     first; a module that cannot be imported is a RecipeError naming it and the real cause."""
-    for d in near:
+    for d in near if names else ():  # a recipe without plugins leaves the import path as it was
         if str(Path(d).resolve()) not in sys.path:
             sys.path.insert(0, str(Path(d).resolve()))
     for name in names:
@@ -35,7 +35,7 @@ def import_plugins(names: list[str], near: tuple[str, ...] = ()) -> None:
         try:
             importlib.import_module(name)
         except ModuleNotFoundError as e:
-            if e.name and name.startswith(e.name):
+            if e.name and (name == e.name or name.startswith(e.name + ".")):  # the plugin, not one it imports
                 where = "".join(f"{Path(d).resolve()}, " for d in near)
                 raise RecipeError(f"plugins: no module {name!r} (looked in {where}sys.path)") from None
             raise RecipeError(f"plugins: {name!r} failed to import: {_last(e)}") from None
