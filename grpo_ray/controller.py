@@ -33,6 +33,7 @@ from grpo_ray.config import GENERATOR, KINDS, LEARNER, TEACHER, Recipe
 from grpo_ray.engines import split
 from grpo_ray.errors import Preempted, RunError
 from grpo_ray.lengths import response_budget
+from grpo_ray.pools import PoolFault
 from grpo_ray.runner import Runner
 from grpo_ray.scorers import RULES
 from grpo_ray.setup_run import RunInputs
@@ -88,7 +89,7 @@ class GRPOController(Runner):
         advantages, penalty = self.advantages(stats, scores)
         update = self.send_update(rollouts, advantages, frozen)
         self.source.ahead(step, self.version)  # the next batch readied (and sent to the scorers) meanwhile
-        trained, work = self.wait_update(update, frozen)
+        trained, work = self.wait_update(update, frozen, (rollouts, advantages, Samples.of(stats)))
         self.version += self.updated(trained)
         memory = self.pools.ask_memory()  # answered while the weights go out: a push's own peak shows a step later
         synced = self.engines.sync(self.learner_probe) if self.push_due(step) else NO_SYNC  # waits for generation ahead
@@ -226,12 +227,6 @@ class GRPOController(Runner):
     def restore_held(self, state: dict) -> None:
         self.source.restore(state)
 
-    def train_on(
-        self, rollouts: list, advantages: list[float], frozen: dict[str, list]
-    ) -> tuple[dict[str, float], dict[str, list[Work]]]:
-        """One learner step on the rollouts behind the refs (`send_update`, then `wait_update`)."""
-        return self.wait_update(self.send_update(rollouts, advantages, frozen), frozen)
-
     def send_update(self, rollouts: list, advantages: list[float], frozen: dict[str, list]) -> list:
         """Start one learner step on the rollouts behind the refs, with the reference's logprobs when there is a
         KL term and the teacher's when distilling (refs: the learner waits for them); its refs."""
@@ -242,10 +237,22 @@ class GRPOController(Runner):
             l.train.remote(rollouts, advantages, self.version, signals, keep_from, probe) for l in self.pools.learners
         ]
 
-    def wait_update(self, update: list, frozen: dict[str, list]) -> tuple[dict[str, float], dict[str, list[Work]]]:
+    def wait_update(
+        self, update: list, frozen: dict[str, list], batch: tuple
+    ) -> tuple[dict[str, float], dict[str, list[Work]]]:
         """The learner's metrics and the frozen pools' work. Keeps the learner's probe logprobs of its new weights
-        (``learner_probe``), for the sync that pushes them."""
-        update, previous = self.call(update, "learner train")[0], self.last_update
+        (``learner_probe``), for the sync that pushes them. A token scorer that lost an actor during `batch`
+        (rollout refs, advantages, samples) fails the learner as it reads the signal, before it trains: its pool is
+        started again, scores the batch again, and the learner is sent the step again, once (``Scorers.rescored``)."""
+        try:
+            update = self.call(update, "learner train")[0]
+        except PoolFault:
+            again = self.scorers.rescored(frozen, batch[0], batch[2])
+            if again is None:  # the learner's own failure
+                raise
+            frozen = again
+            update = self.call(self.send_update(*batch[:2], frozen), "learner train (again)")[0]
+        previous = self.last_update
         trained, self.last_update, self.learner_probe = update.metrics, update.window, update.probe
         work = self.scorers.token_work(frozen)
         windows = [w.window for done in work.values() for w in done if w.samples]
@@ -262,4 +269,6 @@ class GRPOController(Runner):
         the learner's metrics. Only the learner, reference and teacher pools need to run."""
         refs = [ray.put(r) for r in rollouts]
         self.version = self.engines.version = rollouts[0].policy_version
-        return self.train_on(refs, advantages, self.scorers.send_tokens(refs, Samples.of_rollouts(rollouts)))[0]
+        samples = Samples.of_rollouts(rollouts)
+        frozen = self.scorers.send_tokens(refs, samples)
+        return self.wait_update(self.send_update(refs, advantages, frozen), frozen, (refs, advantages, samples))[0]

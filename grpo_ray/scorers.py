@@ -170,6 +170,29 @@ class Scorers:
         ``send_tokens`` sent (the learner waits for them)."""
         return {KINDS[pool].use: [lp for lp, _ in refs] for pool, refs in tokens.items() if refs}
 
+    def rescored(self, tokens: dict[str, list], rollouts: list, samples: Samples) -> dict[str, list] | None:
+        """After the learner failed on `tokens` (``send_tokens``' refs for `rollouts`): the token scorers' pools that
+        lost an actor meanwhile started again (their row's ``lost``: restart) and the batch sent to them again, the
+        others' refs kept; None when none was lost (the learner's failure is its own) or one that was cannot
+        recover."""
+        lost = [pool for pool, refs in tokens.items() if refs and self._lost(pool, refs)]
+        if not lost or any(KINDS[pool].lost == "stop" for pool in lost):
+            return None
+        out = dict(tokens)
+        for pool in lost:
+            self.pools.recover(pool)
+            self.say(f"a {pool} actor was lost; started the pool again, scoring the batch again")
+            out[pool] = self._every_actor(pool, rollouts, samples)
+        return out
+
+    def _lost(self, pool: str, refs: list) -> bool:
+        """Whether `pool`'s calls of `refs` lost an actor."""
+        try:
+            self.pools.call([w for _, w in refs], pool)
+        except PoolFault as e:
+            return e.died
+        return False
+
     def token_work(self, tokens: dict[str, list]) -> dict[str, list[Work]]:
         """The token scorers' work, of what ``send_tokens`` sent, waited for."""
         return {pool: self.pools.call([w for _, w in refs], pool) if refs else [] for pool, refs in tokens.items()}

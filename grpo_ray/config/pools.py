@@ -132,9 +132,10 @@ def _on_gpu(n: int) -> Callable[[Recipe], int]:
 
 def _frozen_scorer(name: str, model: str, count: Callable[[Recipe], int], use: str, **more) -> PoolKind:
     """A frozen model scoring every sampled token (one FSDP2 group) for `use`: the reference's memory model on its
-    own shape, a phase of its own in the time model."""
+    own shape, a phase of its own in the time model; a lost actor starts the pool again and the batch is scored
+    again (``Scorers.settled``)."""
     cpus = lambda r: getattr(r, name).num_cpus  # noqa: E731
-    return PoolKind(name, count, cpus, _on_gpu(1), "frozen_pool", "frozen", model, "fsdp", "stop", use, **more)
+    return PoolKind(name, count, cpus, _on_gpu(1), "frozen_pool", "frozen", model, "fsdp", "restart", use, **more)
 
 
 KINDS: dict[str, PoolKind] = {

@@ -10,6 +10,7 @@ others runs forwards on a one-token filler until they are done.
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -27,6 +28,7 @@ from grpo_ray.algo.batching import (
 )
 from grpo_ray.algo.logprobs import sequence_logprobs
 from grpo_ray.config import REFERENCE, Recipe
+from grpo_ray.faults import fault_at
 from grpo_ray.models import load_causal_lm, pad_id
 from grpo_ray.roles import Seat, fsdp
 from grpo_ray.roles.frozen import FrozenModel
@@ -54,7 +56,7 @@ class Reference(FrozenModel):
             recipe.generator.sampling.temperature,
         )
         self.packing, self.shared = recipe.model.sequence_packing, recipe.model.shared_prompt
-        self.pool = pool
+        self.pool, self.calls = pool, 0
 
     def setup(self, host: str, port: int) -> None:
         """Join the reference group; load the model in the learner's compute dtype (so both score with the same
@@ -75,6 +77,9 @@ class Reference(FrozenModel):
         """
         import ray
 
+        self.calls += 1
+        if self.rank == self.world_size - 1 and fault_at(f"exit_{self.pool}", self.calls):
+            os._exit(1)  # fault test: the actor dies as its share is asked for
         pairs = flatten(ray.get(rollout_refs), spans)
         start, started = time.perf_counter(), time.time()
         out = self.score(pairs)
