@@ -101,6 +101,28 @@ class Scorers:
         """Scores refs, one per reward actor: every actor scores an even share of the samples."""
         return [a.score.remote(refs, spans) for a, refs, spans in self.spread(RULES, rollouts, samples, False)]
 
+    def rule_scores(self, sent: Sent) -> list:
+        """The reward actors' Scores of `sent`, in order: a share whose actor was lost is scored again by a new actor
+        in its place (its row's ``lost``: replace), so each sample is scored once."""
+        try:
+            return self.pools.call(sent.rules, RULES)
+        except PoolFault as e:
+            if not e.died:
+                raise
+        shares = self.spread(RULES, sent.rollouts, sent.samples, False)  # as they were sent
+        out = []
+        for ref, (actor, refs, spans) in zip(sent.rules, shares):
+            try:
+                out.append(self.pools.call(ref, RULES))
+            except PoolFault as e:
+                if not e.died:
+                    raise
+                i = self.pools.actors[RULES].index(actor)
+                self.pools.recover(RULES, i)
+                self.say(f"reward actor {i} was lost; a new one scores its share again")
+                out.append(self.pools.call(self.pools.actors[RULES][i].score.remote(refs, spans), f"{RULES} (again)"))
+        return out
+
     def send_tokens(self, rollouts: list, samples: Samples) -> dict[str, list]:
         """Per token scorer (none without a KL term, none without distillation), its (logprobs ref, Work ref) per
         actor."""
@@ -131,7 +153,7 @@ class Scorers:
         failing steps `counted`), the learned reward's (``learned``) added as the component ``reward_model``
         (``rewards.learned.with_model``); its metrics and work. What the learned reward leaves unscored is its row's
         ``unscored`` policy's (``unscored``)."""
-        scores = self.failures.rewards(self.pools.call(sent.rules, RULES), counted)
+        scores = self.failures.rewards(self.rule_scores(sent), counted)
         rm, rules = self.r.reward_model, [(f.name, f.weight) for f in self.r.reward.functions]
         kind = KINDS.get(self.learned_pool)
         policy = kind.unscored(self.r) if kind and kind.unscored else None

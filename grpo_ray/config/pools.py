@@ -222,6 +222,7 @@ KINDS: dict[str, PoolKind] = {
             gpus=lambda r: 0,  # rule rewards run on CPUs everywhere
             memory="reward_pool",
             time="rule_reward",
+            lost="replace",  # independent workers: a new one scores the lost one's share (Scorers.rule_scores)
             use=REWARD_COMPONENT,
             cpu_runtime_gb=0.35,
         ),

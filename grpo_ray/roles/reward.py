@@ -15,12 +15,14 @@ shows it on the console.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 
 from grpo_ray import rewards
 from grpo_ray.algo.batching import Span, samples
 from grpo_ray.config import RewardConfig
+from grpo_ray.faults import fault_at
 from grpo_ray.rewards import search_here, weighted_sum
 from grpo_ray.rewards.child import RewardChild
 from grpo_ray.rewards.runner import scores
@@ -69,6 +71,8 @@ class RewardWorker(RoleActor):
         self.child = RewardChild(Jail.of(reward), sources)
         self.reported: set[str] = set()
         self.styles = styles
+        self.asked = 0
+        """Calls of ``score`` so far (the fault tests' count)."""
 
     def isolation(self) -> str:
         """What the reward child is isolated from (``grpo_ray.sandbox``'s layers, and what is missing)."""
@@ -79,6 +83,9 @@ class RewardWorker(RoleActor):
         in order."""
         import ray
 
+        self.asked += 1
+        if fault_at("exit_reward", self.asked):
+            os._exit(1)  # fault test: the actor dies as its share is asked for
         return self.score_rollouts(ray.get(rollout_refs), spans)
 
     def score_rollouts(self, rollouts: list, spans: list[Span] | None = None) -> Scores:

@@ -1,7 +1,7 @@
-"""A reference actor lost mid-step (issue 78, a first piece: a token scorer survives losing an actor): the learner
-fails as it reads the missing signal, before it trains, the reference pool starts again and scores the batch again,
-and the learner is sent the step again. On the quick start (on-policy, fixed seed, fp32) every metric of every step
-is the uninterrupted run's, bit for bit, but the restart count."""
+"""A scorer's actor lost mid-step (issue 78, a first piece): a reference actor (the learner fails as it reads the
+missing signal, before it trains; the pool starts again, scores the batch again, and the learner is sent the step
+again) and a rule-reward actor (a new one in its place scores its share again). On the quick start (on-policy, fixed
+seed, fp32) every metric of every step is the uninterrupted run's, bit for bit, but the restart count."""
 
 import json
 
@@ -22,16 +22,28 @@ def run(out, env=None) -> tuple[list[dict], str]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()], said.stdout
 
 
-def test_a_lost_reference_actor_restarts_its_pool_and_the_step_trains_as_if_not(tmp_path):
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    """The uninterrupted run."""
+    return run(tmp_path_factory.mktemp("plain"))[0]
+
+
+@pytest.mark.parametrize(
+    "pool, said",
+    [
+        ("reference", "a reference actor was lost; started the pool again, scoring the batch again"),
+        ("reward", "reward actor 0 was lost; a new one scores its share again"),
+    ],
+)
+def test_a_lost_scorer_actor_is_replaced_and_the_step_trains_as_if_not(plain, tmp_path, pool, said):
     markers = tmp_path / "markers"
     markers.mkdir()
-    env = {"GRPO_RAY_FAULTS": "exit_reference@2", "GRPO_RAY_FAULTS_DIR": str(markers)}
-    faulted, said = run(tmp_path / "faulted", env)
-    plain, _ = run(tmp_path / "plain")
-    assert [m["fault/reference_restarts"] for m in faulted] == [0, 1, 1]  # lost at its second call, once
-    assert said.count("a reference actor was lost; started the pool again") == 1
-    assert [m["fault/reference_restarts"] for m in plain] == [0, 0, 0]
-    for a, b in zip(faulted, plain):
+    env = {"GRPO_RAY_FAULTS": f"exit_{pool}@2", "GRPO_RAY_FAULTS_DIR": str(markers)}
+    faulted, out = run(tmp_path / "faulted", env)
+    key = f"fault/{pool}_restarts"
+    assert [m[key] for m in faulted] == [0, 1, 1] and [m[key] for m in plain] == [0, 0, 0]  # lost once, at step 2
+    assert out.count(said) == 1
+    for a, b in zip(faulted, plain, strict=True):
         same = [k for k in a if not k.startswith(TIMED) and not k.endswith(("/seconds", "_s"))]
         differ = {k: (a[k], b.get(k)) for k in same if a[k] != b.get(k)}
-        assert set(differ) <= {"fault/reference_restarts"}, differ
+        assert set(differ) <= {key}, differ
