@@ -64,6 +64,24 @@ def run_cli(*args, env=None, cwd=None, timeout=600):
     )
 
 
+def plan_cli(*args):
+    """`grpo-ray plan ARGS` in this process (a plan starts nothing; a child process would spend seconds importing
+    what this one holds): the exit code, stdout and stderr, as run_cli's CompletedProcess has them."""
+    import contextlib
+    import io
+    import subprocess
+
+    from grpo_ray.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.chdir(ROOT), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(["plan", *args])
+        except SystemExit as e:  # argparse's refusals
+            code = e.code if isinstance(e.code, int) else 2
+    return subprocess.CompletedProcess(["grpo-ray", "plan", *args], code, out.getvalue(), err.getvalue())
+
+
 @pytest.fixture(scope="module")
 def ray_local():
     """A local Ray cluster for one test module (logical CPUs: actors here are mostly idle)."""

@@ -208,6 +208,9 @@ def test_an_agent_program_is_checked_before_start():
         )
 
 
+LEAN = ["algorithm.kl_coef=0", "learner.world_size=1"]
+"""CI's time: the twins' engines and schedule, without their reference pool and second learner rank (3 actors fewer)."""
+
 PROGRAM = [
     "environment.name=agent",
     "environment.options.program=tests.helpers.agents:chat",
@@ -231,6 +234,7 @@ def test_an_agent_program_trains_in_the_tiny_twin(tmp_path, schedule):
         "train",
         f"recipes/tiny-qwen2.5-7b-gsm8k-agent{schedule}.yaml",
         *PROGRAM,
+        *LEAN,
         "trainer.total_steps=3",
         "trainer.val_before_train=false",
         f"trainer.output_dir={out}",

@@ -130,6 +130,7 @@ def test_the_prm_trains_end_to_end_and_its_signal_is_the_loss(plugged, tmp_path)
         "prm.coef=2.0",
         "prm.num_cpus=0.25",
         "algorithm.kl_coef=0",
+        "learner.world_size=1",  # CI's time: one rank (the quick start's two are its own test's)
         "reward.functions=[{name: tests.helpers.varied_rewards:flat}]",
     ]
     over += ["trainer.total_steps=1", "trainer.val_before_train=false", "trainer.dump_freq=1", "trainer.save_freq=1"]

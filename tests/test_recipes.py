@@ -10,7 +10,7 @@ from grpo_ray.config import load_recipe
 from grpo_ray.models.dims import model_dims
 from grpo_ray.planner import fit, memory
 from grpo_ray.telemetry.dumps import read_samples
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, plan_cli, run_cli
 
 RECIPES = ROOT / "recipes"
 SCALE = sorted(p.stem for p in RECIPES.glob("*.yaml") if not p.stem.startswith("tiny-"))
@@ -27,7 +27,7 @@ def test_every_scale_recipe_has_a_twin_and_a_committed_plan():
 @pytest.mark.parametrize("name", SCALE)
 def test_scale_recipe_plans_as_committed(name):
     """`grpo-ray plan` fits each recipe on its cluster and prints what recipes/plans/ holds (no stale plan)."""
-    out = run_cli("plan", f"recipes/{name}.yaml")
+    out = plan_cli(f"recipes/{name}.yaml")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "\nFITS\n" in out.stdout and "predicted step time (the committed table" in out.stdout
     assert out.stdout == (RECIPES / "plans" / f"{name}.txt").read_text()
@@ -121,8 +121,7 @@ def check_twin_run(recipe_path, tmp_path, faulted: tuple[int, ...] = (), overrid
 
 
 def test_plan_refuses_qwen_32b_on_one_h100_with_tp1():
-    out = run_cli(
-        "plan",
+    out = plan_cli(
         "recipes/qwen2.5-32b-gsm8k-b200.yaml",
         "cluster.devices_per_node=1",
         "generator.tensor_parallel_size=1",
@@ -146,7 +145,7 @@ def test_plan_refuses_qwen_32b_on_one_h100_with_tp1():
 
 
 def test_plan_refuses_more_generator_nodes_than_the_cluster_has():
-    out = run_cli("plan", "recipes/gemma3-27b-gsm8k-noncolocated.yaml", "generator.num_engines=8")
+    out = plan_cli("recipes/gemma3-27b-gsm8k-noncolocated.yaml", "generator.num_engines=8")
     assert out.returncode == 1, out.stdout + out.stderr
     assert (
         "generator: 8 actors of 4 GPUs need 32 GPUs on nodes marked generation, which have 2 nodes x 8 GPUs = 16, "
@@ -155,8 +154,7 @@ def test_plan_refuses_more_generator_nodes_than_the_cluster_has():
 
 
 def test_plan_refuses_a_kv_budget_that_holds_no_full_sequence():
-    out = run_cli(
-        "plan",
+    out = plan_cli(
         "recipes/llama3.1-8b-math-4node.yaml",
         "generator.gpu_memory_utilization=0.1",
         "generator.max_model_len=131072",
@@ -172,13 +170,13 @@ def test_plan_refuses_a_kv_budget_that_holds_no_full_sequence():
 def test_plan_for_other_gpus_and_node_counts():
     """--gpu and --nodes replan the same recipe: the 32B recipe fits an H200's 141 GB since its reference is
     sharded (it did not before), not an H100's 80 GB; on one node the marked node groups cannot both exist."""
-    h200 = run_cli("plan", "recipes/qwen2.5-32b-gsm8k-b200.yaml", "--gpu", "h200")
+    h200 = plan_cli("recipes/qwen2.5-32b-gsm8k-b200.yaml", "--gpu", "h200")
     assert h200.returncode == 0 and "109.6 of 141 GB" in h200.stdout, h200.stdout
-    h200 = run_cli("plan", "recipes/qwen2.5-32b-gsm8k-b200.yaml", "--gpu", "h100")
+    h200 = plan_cli("recipes/qwen2.5-32b-gsm8k-b200.yaml", "--gpu", "h100")
     assert h200.returncode == 1 and "over the 80 GB of one device" in h200.stdout, h200.stdout
-    one = run_cli("plan", "recipes/llama3.1-8b-math-4node.yaml", "--nodes", "1")
+    one = plan_cli("recipes/llama3.1-8b-math-4node.yaml", "--nodes", "1")
     assert one.returncode == 1 and "mark 4 nodes, but cluster.nodes is 1" in one.stdout, one.stdout
-    cpu = run_cli("plan", "recipes/gemma3-1b-math500-1node.yaml", "--gpu", "cpu", "--nodes", "1")
+    cpu = plan_cli("recipes/gemma3-1b-math500-1node.yaml", "--gpu", "cpu", "--nodes", "1")
     assert cpu.returncode == 1 and "of actors over its" in cpu.stdout and "GB of free host memory" in cpu.stdout, (
         cpu.stdout
     )

@@ -56,7 +56,7 @@ def test_grpo_starts_from_the_model_its_sft_warm_start_made(tmp_path):
     sft = yaml.safe_load((ROOT / RECIPE).read_text())
     sft["data"]["train_files"] = ["synthetic://reasoning?size=64&seed=0&answer_only=0.5"]
     sft["data"]["train_batch_size"] = 16
-    sft["learner"].update(mini_batch_size=8, micro_batch_size=4)
+    sft["learner"].update(mini_batch_size=8, micro_batch_size=4, world_size=1)  # CI's time: one rank each
     sft["trainer"].update(total_steps=2, test_freq=0, val_before_train=False)
     recipe = tmp_path / "warm-start.yaml"
     recipe.write_text(yaml.safe_dump(sft))
@@ -68,6 +68,7 @@ def test_grpo_starts_from_the_model_its_sft_warm_start_made(tmp_path):
         "data.train_batch_size=4",
         "learner.mini_batch_size=64",
         "learner.micro_batch_size=32",
+        "learner.world_size=1",
         "trainer.total_steps=2",
         "trainer.save_freq=2",
         "trainer.test_freq=0",

@@ -64,16 +64,19 @@ TOOL = [
     "trainer.total_steps=2",
     "trainer.val_before_train=false",
     "trainer.test_freq=0",
+    "algorithm.kl_coef=0",  # CI's time: the twin's engines and schedule, without its reference pool and
+    "learner.world_size=1",  # second learner rank (3 actors fewer)
 ]
 
 
 @pytest.mark.slow
 @pytest.mark.smoke
 def test_a_run_trains_each_turn_on_its_own_advantage(tmp_path):
-    """The agent twin (one step off, on 2 engines: CI's run of a multi-turn recipe, checked as every twin is) with a
-    tool that answers and rewards every turn 0.25 (never done; turns end at stop strings, the episode at the turn
-    or token limit): each dumped sample's advantage is a list, one per model turn of its loss mask, equal to
-    grpo_turn of the dumped rewards at their turns and the reward functions' score at the last."""
+    """The agent twin (one step off, on 2 engines, one learner rank and no reference: CI's run of a multi-turn
+    recipe, checked as every twin is) with a tool that answers and rewards every turn 0.25 (never done; turns end at
+    stop strings, the episode at the turn or token limit): each dumped sample's advantage is a list, one per model
+    turn of its loss mask, equal to grpo_turn of the dumped rewards at their turns and the reward functions' score
+    at the last."""
     from tests.test_recipes import check_twin_run
 
     out = tmp_path / "run"

@@ -134,12 +134,14 @@ def test_a_tasksets_own_env_plays_turn_by_turn_offline_and_the_run_trains_on_eve
     steps, dump = train(
         tmp_path,
         "verifiers://toy_rounds?size=8&rounds=3",
-        "data.train_batch_size=2",
-        "algorithm.group_size=4",
-        "algorithm.kl_coef=0",  # CI's time: no reference, one learner rank, one engine
+        # CI's time: each episode starts verifiers' chat program (a Python process, ~15 s of CPU here), so two a
+        # step; no reference, one learner rank, one engine
+        "data.train_batch_size=1",
+        "algorithm.group_size=2",
+        "algorithm.kl_coef=0",
         "learner.world_size=1",
-        "learner.mini_batch_size=8",
-        "learner.micro_batch_size=4",
+        "learner.mini_batch_size=2",
+        "learner.micro_batch_size=2",
         "generator.num_engines=1",
         "environment.max_tokens=160",
     )
