@@ -2,7 +2,7 @@ import pytest
 import yaml
 
 from grpo_ray.config import RecipeError, dump_recipe, load_recipe, redact
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, plan_cli, run_cli
 
 TINY = ROOT / "recipes" / "tiny-cpu.yaml"
 
@@ -267,9 +267,9 @@ def test_verls_custom_reward_function_is_taken_as_reward_functions(tmp_path):
 
 
 def test_overrides_before_or_after_options_and_a_version():
-    res = run_cli("plan", "recipes/tiny-cpu.yaml", "--gpu", "cpu", "trainer.total_steps=3")
+    res = plan_cli("recipes/tiny-cpu.yaml", "--gpu", "cpu", "trainer.total_steps=3")
     assert res.returncode == 0 and "FITS" in res.stdout, res.stderr
-    res = run_cli("plan", "recipes/tiny-cpu.yaml", "--gpu", "cpu", "--bogus")
+    res = plan_cli("recipes/tiny-cpu.yaml", "--gpu", "cpu", "--bogus")
     assert res.returncode == 2 and "unrecognized arguments: --bogus" in res.stderr
     res = run_cli("--version")
     assert res.returncode == 0 and res.stdout.startswith("grpo-ray 0.")
@@ -301,5 +301,5 @@ def test_a_mapping_or_list_is_replaced_or_reset_from_the_command_line():
     }
     assert load_recipe(gke, ["~trainer"]).trainer.total_steps == 0  # a whole section back to its defaults
     assert "unknown key 'cluster.nodez'; did you mean 'cluster.nodes'?" in error_of(gke, ["~cluster.nodez"])
-    res = run_cli("plan", str(gke), "--gpu", "h200", "~cluster.node_resources", "~cluster.node_markers")
+    res = plan_cli(str(gke), "--gpu", "h200", "~cluster.node_resources", "~cluster.node_markers")
     assert res.returncode == 0 and "node 1 8/8 GPUs: generator x1" in res.stdout, res.stdout + res.stderr
