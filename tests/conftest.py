@@ -117,6 +117,9 @@ def tiny_rollouts(vocab: int, prompts: int = 4, group: int = 4, seed: int = 0, s
 
 
 ONE_STEP_OFF = ["algorithm.max_staleness=1", "algorithm.rollout_correction.rollout_is=token"]
+LEAN = ["algorithm.kl_coef=0", "learner.world_size=1"]
+"""No KL term (so no reference actor) and one learner rank: a smoke run whose path is neither of those pools starts two
+actors fewer (docs/testing.md, "Lean smoke runs")."""
 RESUMED = [*ONE_STEP_OFF, "trainer.dump_freq=1"]
 """resumed_runs' overrides beside tests/test_checkpoint.py's COMMON (tests/test_sync.py repeats its run on storage)."""
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from grpo_ray.config import RecipeError, load_recipe
-from tests.conftest import ROOT
+from tests.conftest import LEAN, ROOT
 from tests.helpers.episodes_run import run_cases
 
 PROGRAMS = ["chat", "rewrites", "raises", "silent", "hangs", "reaches_out"]
@@ -208,8 +208,7 @@ def test_an_agent_program_is_checked_before_start():
         )
 
 
-LEAN = ["algorithm.kl_coef=0", "learner.world_size=1"]
-"""CI's time: the twins' engines and schedule, without their reference pool and second learner rank (3 actors fewer)."""
+# LEAN (CI's time): the twins' engines and schedule, without their reference pool and second learner rank
 
 PROGRAM = [
     "environment.name=agent",

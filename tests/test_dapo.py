@@ -13,7 +13,7 @@ from collections import defaultdict
 import pytest
 
 from grpo_ray.telemetry.dumps import read_samples
-from tests.conftest import run_cli
+from tests.conftest import LEAN, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -27,8 +27,8 @@ SMALL = [
     "trainer.loggers=[jsonl]",
     "trainer.total_steps=3",
     "trainer.dump_freq=1",
-    "algorithm.kl_coef=0",  # no reference actor, one learner rank: the groups' filter is the controller's
-    "learner.world_size=1",
+    # no reference actor, one learner rank: the groups' filter is the controller's
+    *LEAN,
 ]
 DAPO = [
     "algorithm.filter_groups.enable=true",

@@ -18,7 +18,7 @@ from tests.test_recipes import check_twin_run
 
 pytestmark = pytest.mark.slow  # distillation: its run in CI's tier (smoke), its resume not
 RECIPE = ROOT / "recipes" / "tiny-qwen2.5-1.5b-gsm8k-distill.yaml"
-LEAN = ("generator.num_engines=1", "learner.world_size=1")
+ONE_ENGINE_ONE_RANK = ("generator.num_engines=1", "learner.world_size=1")
 """CI's time: the twin's teacher pool of two, on one engine and one learner rank (2 actors fewer)."""
 
 
@@ -26,9 +26,9 @@ LEAN = ("generator.num_engines=1", "learner.world_size=1")
 def run(tmp_path_factory):
     """The twin's 3 steps (a checkpoint at the last)."""
     out = tmp_path_factory.mktemp("distill")
-    first = run_cli("train", str(RECIPE), *LEAN, f"trainer.output_dir={out}", timeout=900)
+    first = run_cli("train", str(RECIPE), *ONE_ENGINE_ONE_RANK, f"trainer.output_dir={out}", timeout=900)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    check_twin_run(RECIPE, out, overrides=LEAN)  # what every twin's run shows (tests/test_recipes.py)
+    check_twin_run(RECIPE, out, overrides=ONE_ENGINE_ONE_RANK)  # what every twin's run shows (tests/test_recipes.py)
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     dump = read_samples(out / "rollouts" / "train_data_step3.jsonl")
     return out, metrics, dump
@@ -38,7 +38,9 @@ def run(tmp_path_factory):
 def resumed(run):
     """The same output_dir continued to step 4 (the slow tier's: resuming is CI's in tests/test_checkpoint.py)."""
     out = run[0]
-    said = run_cli("train", str(RECIPE), *LEAN, f"trainer.output_dir={out}", "trainer.total_steps=4", timeout=900)
+    said = run_cli(
+        "train", str(RECIPE), *ONE_ENGINE_ONE_RANK, f"trainer.output_dir={out}", "trainer.total_steps=4", timeout=900
+    )
     assert said.returncode == 0, said.stdout[-3000:] + said.stderr[-3000:]
     return out, said.stdout
 
@@ -46,7 +48,7 @@ def resumed(run):
 @pytest.mark.smoke
 def test_the_twin_trains_with_its_teacher_on_two_actors(run):
     out, metrics, dump = run
-    r = load_recipe(RECIPE, [*LEAN, f"trainer.output_dir={out}", "trainer.total_steps=3"])
+    r = load_recipe(RECIPE, [*ONE_ENGINE_ONE_RANK, f"trainer.output_dir={out}", "trainer.total_steps=3"])
     placed = json.loads((out / "placement.json").read_text())
     assert len(placed["teacher"]) == 2 and placed["reference"] == []  # kl_coef 0: no reference
     steps = [m for m in metrics if m["step"]]

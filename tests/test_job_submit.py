@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import LEAN, ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.smoke]  # `ray job submit`, in CI's tier
 BIN = Path(sys.executable).parent
@@ -83,8 +83,8 @@ def test_ray_job_submit_runs_the_tiny_recipe(tmp_path, model_cache):
         submit = [
             *shlex.split(submit_line.replace("http://127.0.0.1:8265", address)),
             "trainer.total_steps=2",
-            "algorithm.kl_coef=0",  # CI's time: the path is the submission, not the pools (2 actors fewer)
-            "learner.world_size=1",
+            # CI's time: the path is the submission, not the pools (2 actors fewer)
+            *LEAN,
             f"trainer.output_dir={out}",
         ]
         deadline = time.time() + 120

@@ -10,7 +10,7 @@ import pytest
 
 from grpo_ray.data import load_rows
 from grpo_ray.telemetry.dumps import read_samples
-from tests.conftest import ROOT, run_cli
+from tests.conftest import LEAN, ROOT, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.smoke]
 
@@ -75,8 +75,7 @@ def run(tmp_path_factory):
         "data.train_batch_size=4",
         "data.max_prompt_length=640",
         "algorithm.group_size=2",
-        "algorithm.kl_coef=0",
-        "learner.world_size=1",
+        *LEAN,
         "learner.mini_batch_size=8",
         "learner.micro_batch_size=4",
         "environment.name=textarena",

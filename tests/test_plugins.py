@@ -15,7 +15,7 @@ from grpo_ray.algo.loss import ADVANTAGE_TERMS, LossInputs, micro_batch_loss
 from grpo_ray.config import KINDS, SECTIONS, USES, AlgorithmConfig, RecipeError, load_recipe, recipe_yaml
 from grpo_ray.pools import ROLES
 from grpo_ray.telemetry.dumps import read_samples
-from tests.conftest import ROOT, run_cli
+from tests.conftest import LEAN, ROOT, run_cli
 from tests.test_recipes import check_twin_run
 
 RECIPE = ROOT / "recipes" / "tiny-cpu.yaml"
@@ -129,8 +129,8 @@ def test_the_prm_trains_end_to_end_and_its_signal_is_the_loss(plugged, tmp_path)
         *PLUGGED,
         "prm.coef=2.0",
         "prm.num_cpus=0.25",
-        "algorithm.kl_coef=0",
-        "learner.world_size=1",  # CI's time: one rank (the quick start's two are its own test's)
+        # CI's time: one rank (the quick start's two are its own test's)
+        *LEAN,
         "reward.functions=[{name: tests.helpers.varied_rewards:flat}]",
     ]
     over += ["trainer.total_steps=1", "trainer.val_before_train=false", "trainer.dump_freq=1", "trainer.save_freq=1"]

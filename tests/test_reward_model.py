@@ -21,7 +21,7 @@ from grpo_ray.types import Scores
 from tests.conftest import ROOT, run_cli
 
 RECIPE = ROOT / "recipes" / "tiny-qwen2.5-1.5b-gsm8k-rm.yaml"
-LEAN = ("generator.num_engines=1", "learner.world_size=1")
+ONE_ENGINE_ONE_RANK = ("generator.num_engines=1", "learner.world_size=1")
 """CI's time: the twin's reward-model pool of two, on one engine and one learner rank (2 actors fewer)."""
 STYLES = ("model", "rule", "both")
 
@@ -99,7 +99,7 @@ def run(tmp_path_factory):
     scores the whole batch again."""
     out, markers = tmp_path_factory.mktemp("rm"), tmp_path_factory.mktemp("markers")
     env = {"GRPO_RAY_FAULTS": "exit_reward_model@2", "GRPO_RAY_FAULTS_DIR": str(markers)}
-    res = run_cli("train", str(RECIPE), *LEAN, f"trainer.output_dir={out}", env=env, timeout=900)
+    res = run_cli("train", str(RECIPE), *ONE_ENGINE_ONE_RANK, f"trainer.output_dir={out}", env=env, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return out, metrics, res.stdout
@@ -111,7 +111,7 @@ def test_the_twin_trains_with_a_reward_model_pool_of_two(run):
     from tests.test_recipes import check_twin_run
 
     out, metrics, said = run
-    check_twin_run(RECIPE, out, overrides=LEAN)
+    check_twin_run(RECIPE, out, overrides=ONE_ENGINE_ONE_RANK)
     placed = json.loads((out / "placement.json").read_text())
     assert len(placed["reward_model"]) == 2 and placed["reference"] == []
     steps = [m for m in metrics if m["step"]]
@@ -121,7 +121,7 @@ def test_the_twin_trains_with_a_reward_model_pool_of_two(run):
         assert m["perf/work_balance/reward_model"] >= 0.8  # even shares of the tokens
         assert m["timing_s/reward_model"] > 0 and -1 <= m.get("reward_model/true_corr", 0) <= 1
         assert m["reward/reward_model/mean"] == pytest.approx(0, abs=1e-9)  # standardised over the step
-    r = load_recipe(RECIPE, [*LEAN, f"trainer.output_dir={out}"])
+    r = load_recipe(RECIPE, [*ONE_ENGINE_ONE_RANK, f"trainer.output_dir={out}"])
     measured = max(m.get("perf/peak_rss_gb/reward_model", 0) for m in steps)  # none the step its actor was lost
     predicted = memory.reference_memory(
         model_dims(r.reward_model.model), r, r.reward_model.max_length, KINDS["reward_model"]

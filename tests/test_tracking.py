@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from grpo_ray import checkpoint
-from tests.conftest import ROOT, run_cli
+from tests.conftest import LEAN, ROOT, run_cli
 from tests.helpers import wandb_offline
 
 SECRETS = {
@@ -29,8 +29,8 @@ COMMON = [
     "trainer.project_name=grpo-tests",
     "trainer.experiment_name=tracked",
     "trainer.wandb_mode=offline",
-    "algorithm.kl_coef=0",  # no reference actor, one learner rank: two actors' start-up less a run (the trackers'
-    "learner.world_size=1",  # subject is what the driver logs)
+    # two actors' start-up less a run: the trackers' subject is what the driver logs
+    *LEAN,
 ]
 
 

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from grpo_ray.algo.advantage import grpo_turn, per_token, per_turn_advantages, turn_rewards, turn_spans
-from tests.conftest import run_cli
+from tests.conftest import LEAN, run_cli
 
 
 def by_hand(values: list[float], norm: bool = True) -> list[float]:
@@ -64,8 +64,8 @@ TOOL = [
     "trainer.total_steps=2",
     "trainer.val_before_train=false",
     "trainer.test_freq=0",
-    "algorithm.kl_coef=0",  # CI's time: the twin's engines and schedule, without its reference pool and
-    "learner.world_size=1",  # second learner rank (3 actors fewer)
+    # CI's time: the twin's engines and schedule, without its reference pool and second learner rank (3 actors fewer)
+    *LEAN,
 ]
 
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from grpo_ray.data import DataError, load_rows
-from tests.conftest import ROOT, run_cli
+from tests.conftest import LEAN, ROOT, run_cli
 
 HOME = ROOT / "tests" / "helpers" / "vf_tasksets"  # where verifiers finds the test taskset (a top-level module)
 PYTHONPATH = {"PYTHONPATH": os.pathsep.join(filter(None, [str(HOME), str(ROOT), os.environ.get("PYTHONPATH")]))}
@@ -138,8 +138,7 @@ def test_a_tasksets_own_env_plays_turn_by_turn_offline_and_the_run_trains_on_eve
         # step; no reference, one learner rank, one engine
         "data.train_batch_size=1",
         "algorithm.group_size=2",
-        "algorithm.kl_coef=0",
-        "learner.world_size=1",
+        *LEAN,
         "learner.mini_batch_size=2",
         "learner.micro_batch_size=2",
         "generator.num_engines=1",

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from grpo_ray.telemetry.dumps import read_samples
-from tests.conftest import ROOT
+from tests.conftest import LEAN, ROOT
 
 RECIPE = ROOT / "recipes" / "tiny-cpu.yaml"
 FAST = [
@@ -28,8 +28,7 @@ FAST = [
     "trainer.dump_freq=1",
     # no KL term, no reference actor, one learner rank: two actors' start-up less a run (none of these faults is
     # the reference's; the one of a learner rank's asks for two ranks)
-    "algorithm.kl_coef=0",
-    "learner.world_size=1",
+    *LEAN,
 ]
 
 SCHEDULES = {

@@ -14,7 +14,7 @@ from grpo_ray.config import load_recipe
 from grpo_ray.controller import GRPOController
 from grpo_ray.setup_run import setup_run
 from grpo_ray.telemetry.dumps import read_samples
-from tests.conftest import ROOT, TINY
+from tests.conftest import LEAN, ROOT, TINY
 from tests.faults.conftest import RECIPE
 
 # a 384-token vocabulary and up to 600 tokens: a random-init model decodes for seconds, long enough to be hit
@@ -27,8 +27,8 @@ LONG = [
     "algorithm.group_size=8",
     "learner.mini_batch_size=32",
     "learner.micro_batch_size=16",
-    "learner.world_size=1",  # the engines are what is hit: one learner rank and no reference (2 actors fewer)
-    "algorithm.kl_coef=0",
+    # the engines are what is hit: one learner rank and no reference (2 actors fewer)
+    *LEAN,
     "trainer.test_freq=0",
     "trainer.val_before_train=false",
     "trainer.loggers=[jsonl]",
