@@ -87,6 +87,7 @@ class GRPOController(Runner):
             frozen = self.scorers.send_tokens(rollouts, Samples.of(stats))
         staleness = self.schedule.staleness(stats, self.version, self.last_update)
         advantages, penalty = self.advantages(stats, scores)
+        self.pools.copy_state(LEARNER)  # trainer.fault_tolerance=all: the state a lost rank's group starts from
         update = self.send_update(rollouts, advantages, frozen)
         self.source.ahead(step, self.version)  # the next batch readied (and sent to the scorers) meanwhile
         trained, work = self.wait_update(update, frozen, (rollouts, advantages, Samples.of(stats)))
@@ -95,7 +96,14 @@ class GRPOController(Runner):
         synced = self.engines.sync(self.learner_probe) if self.push_due(step) else NO_SYNC  # waits for generation ahead
         if self.r.trainer.dump_freq and (step % self.r.trainer.dump_freq == 0 or step == self.total_steps()):
             self.dump(f"train_data_step{step}", step, rollouts, scores, advantages)
-        extra = {**staleness, **kept, **learned, **flow, "reward/overlong_penalty/mean": penalty}
+        extra = {
+            **staleness,
+            **kept,
+            **learned,
+            **flow,
+            **self.pools.copy_costs(),
+            "reward/overlong_penalty/mean": penalty,
+        }
         if self.scorers.learned_pool:
             work[self.scorers.learned_pool] = learned_work
         out = self.metrics(time.perf_counter() - start, stats, scores, trained, synced, work, memory, extra)
@@ -243,14 +251,19 @@ class GRPOController(Runner):
         """The learner's metrics and the frozen pools' work. Keeps the learner's probe logprobs of its new weights
         (``learner_probe``), for the sync that pushes them. A token scorer that lost an actor during `batch`
         (rollout refs, advantages, samples) fails the learner as it reads the signal, before it trains: its pool is
-        started again, scores the batch again, and the learner is sent the step again, once (``Scorers.rescored``)."""
+        started again, scores the batch again, and the learner is sent the step again, once (``Scorers.rescored``).
+        A learner rank lost, where the run keeps copies of the ranks' state (trainer.fault_tolerance=all), starts
+        the group again from the copies taken as the step began, and the step is sent again, once."""
         try:
             update = self.call(update, "learner train")[0]
-        except PoolFault:
+        except PoolFault as e:
             again = self.scorers.rescored(frozen, batch[0], batch[2])
-            if again is None:  # the learner's own failure
-                raise
-            frozen = again
+            if again is None:
+                if not e.died or self.pools.lost_policy(LEARNER) == "stop":  # the learner's own failure
+                    raise
+                self.say(f"{e}; starting the learner group again from the copy of its state as the step began")
+                self.pools.recover(LEARNER)
+            frozen = again or frozen
             update = self.call(self.send_update(*batch[:2], frozen), "learner train (again)")[0]
         previous = self.last_update
         trained, self.last_update, self.learner_probe = update.metrics, update.window, update.probe

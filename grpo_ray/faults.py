@@ -14,6 +14,7 @@ job does not fail again. Nothing else is faked: the processes really exit, the l
     exit_reward_model@N   the last reward-model actor exits at its N-th scoring call
     exit_reference@N      the last reference actor exits at its N-th scoring call (exit_teacher@N: the teacher's)
     exit_reward@N         the first rule-reward actor to be asked for its N-th share exits
+    exit_learner@N        the last learner rank exits after its first optimizer step of its N-th step
     hang_judge@N          the first judge actor hangs at its N-th call (past reward_model.judge.timeout_s)
     ray_start_timeout@N   the driver's N-th try to start a local Ray cluster fails as Ray's does when its raylet
                           gives up on a slow dashboard agent (the one fault raised here, not met for real: Ray's

@@ -96,8 +96,11 @@ class Pools:
         """Compute threads per actor of each pool (placement.threads), set when the pools start."""
         self.facts: dict = {}
         self.metas: list = []
-        self.restarts = {k.name: 0 for k in KINDS.values() if k.lost != "stop"}
+        self.restarts = {k.name: 0 for k in KINDS.values() if self.lost_policy(k.name) != "stop"}
         """Per pool that recovers a lost actor, how many times it did (fault/<pool>_restarts)."""
+        self.copies: dict[str, tuple[list, list]] = {}
+        """Per pool whose lost policy is ``copy``: each actor's newest ``state_copy`` (refs: Ray's object store holds
+        them) and what each cost."""
 
     @property
     def generators(self) -> list:
@@ -180,20 +183,49 @@ class Pools:
         host, port = self.call(actors[0].address.remote(), f"{pool} address")
         return self.call([a.setup.remote(host, port) for a in actors], f"{pool} setup")[0]
 
+    def lost_policy(self, pool: str) -> str:
+        """What losing an actor of `pool` does in this run: its row's ``lost``, as trainer.fault_tolerance allows
+        (off: every loss stops the run; a copy to start from is kept only under all)."""
+        lost, allowed = KINDS[pool].lost, self.r.trainer.fault_tolerance
+        return "stop" if allowed == "off" or (lost == "copy" and allowed != "all") else lost
+
     def recover(self, pool: str, i: int = 0) -> None:
-        """Recover `pool` from losing actor i (dead, or hung past its deadline), as its row says: a new actor in its
-        bundle, or the whole pool started again in its bundles (one actor lost leaves the others in a process group
-        that cannot take in a new member)."""
-        lost = KINDS[pool].lost
+        """Recover `pool` from losing actor i (dead, or hung past its deadline), as ``lost_policy`` says: a new
+        actor in its bundle, or the whole pool started again in its bundles (one actor lost leaves the others in a
+        process group that cannot take in a new member), each new actor then taking its predecessor's newest
+        ``copy_state`` where the policy is ``copy``. A new learner group is joined to the engines' weight transport."""
+        lost = self.lost_policy(pool)
         if lost == "stop":
-            raise RunError(f"{pool} cannot recover a lost actor")
+            allowed = self.r.trainer.fault_tolerance
+            raise RunError(f"{pool} lost an actor, which trainer.fault_tolerance={allowed} does not recover")
         actors = self.actors[pool]
         for j in [i] if lost == "replace" else range(len(actors)):
             ray.kill(actors[j])
             actors[j] = self._new(pool, j)
-        if lost == "restart" and KINDS[pool].group == "fsdp":
+        if lost != "replace" and KINDS[pool].group == "fsdp":
             self._join(pool)
+        if lost == "copy":
+            states = self.copies[pool][0]
+            self.call([a.take_state.remote(c) for a, c in zip(actors, states)], f"{pool} state copy taken")
+        if pool == LEARNER and self.generators:  # the weight transport's sender is new
+            self.transport.connect(self)
         self.restarts[pool] += 1
+
+    def copy_state(self, pool: str) -> None:
+        """Each actor of `pool` copies its state into Ray's object store, for ``recover`` to give the pool started
+        again (its lost policy: copy); nothing otherwise. A call queued before the pool's next: the state before it."""
+        if self.lost_policy(pool) == "copy" and self.actors[pool]:
+            calls = [a.state_copy.options(num_returns=2).remote() for a in self.actors[pool]]
+            self.copies[pool] = ([state for state, _ in calls], [cost for _, cost in calls])
+
+    def copy_costs(self) -> dict[str, float]:
+        """The newest copies' cost: the slowest actor's seconds and the MB of all (fault/<pool>_copy_s, _copy_mb)."""
+        out = {}
+        for pool, (_, costs) in self.copies.items():
+            got = self.call(costs, f"{pool} state copy")
+            out[f"fault/{pool}_copy_s"] = max(c["seconds"] for c in got)
+            out[f"fault/{pool}_copy_mb"] = sum(c["mb"] for c in got)
+        return out
 
     def unresponsive_generators(self) -> list[int]:
         """Engines that are dead or do not answer within the sync timeout (they may still be leaving a failed

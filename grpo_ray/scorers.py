@@ -198,7 +198,7 @@ class Scorers:
         others' refs kept; None when none was lost (the learner's failure is its own) or one that was cannot
         recover."""
         lost = [pool for pool, refs in tokens.items() if refs and self._lost(pool, refs)]
-        if not lost or any(KINDS[pool].lost == "stop" for pool in lost):
+        if not lost or any(self.pools.lost_policy(pool) == "stop" for pool in lost):
             return None
         out = dict(tokens)
         for pool in lost:

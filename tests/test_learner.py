@@ -1,5 +1,7 @@
 """The FSDP2 learner over 2 gloo ranks against 1 process on the same batch."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -422,3 +424,48 @@ def test_a_step_whose_count_does_not_divide_over_the_ranks_trains_every_sample(r
     assert two["sft/loss"] == pytest.approx(one["sft/loss"], rel=1e-5)
     assert torch.allclose(before1, before2, atol=1e-6) and torch.allclose(after1, after2, atol=1e-5)
     assert (after1 - before1).abs().max() > 1e-4
+
+
+@pytest.mark.smoke
+def test_a_group_started_again_takes_the_copy_and_trains_the_step_as_the_lost_one_would_have(ray_local):
+    """trainer.fault_tolerance=all (issue 78): two gloo ranks train a step, copy their state (``state_copy``: the
+    shards of the weights and of Adam's moments, the scheduler, the counts) and train the next; a new group of two
+    takes the copy and trains that next step again: the same metrics and weights, bit for bit."""
+    path = models.resolve(TINY.format(arch="qwen2"))
+    recipe = load_recipe(
+        ROOT / "recipes" / "tiny-cpu.yaml",
+        ["data.train_batch_size=4", "algorithm.group_size=4", "learner.mini_batch_size=8", "learner.micro_batch_size=2"]
+        + ["algorithm.kl_coef=0", "algorithm.ppo_epochs=2"],
+    )
+    rollouts = tiny_rollouts(vocab=300, prompts=4, group=4)
+    batches = [[ray_local.put(dataclasses.replace(r, policy_version=v)) for r in rollouts] for v in (0, 1)]
+    advantages = torch.linspace(-1.5, 1.5, 16).tolist()
+    probe = [3, 17, 42, 99, 250, 7]
+
+    def group():
+        actors = [ray_local.remote(Learner).options(num_cpus=0.5).remote(path, recipe, i, 2) for i in range(2)]
+        host, port = ray_local.get(actors[0].address.remote())
+        ray_local.get([a.setup.remote(host, port) for a in actors])
+        return actors
+
+    def step(actors, version):
+        refs = batches[version]  # sampled by the weights it trains: on policy
+        metrics = ray_local.get([a.train.remote(refs, advantages, version, {}, None) for a in actors])[0].metrics
+        probed = ray_local.get([a.probe_logprobs.remote(probe) for a in actors])[0]  # a forward of the whole group
+        return {k: v for k, v in metrics.items() if not k.startswith("timing_s/")}, probed
+
+    lost = group()
+    first, _ = step(lost, 0)
+    copies = [a.state_copy.options(num_returns=2).remote() for a in lost]
+    states, costs = [s for s, _ in copies], ray_local.get([c for _, c in copies])
+    second, after = step(lost, 1)
+    for a in lost:
+        ray_local.kill(a)
+    again = group()
+    ray_local.get([a.take_state.remote(s) for a, s in zip(again, states)])
+    third, after_again = step(again, 1)
+    assert second == third and after == after_again
+    assert second != first  # the step after moved on from the first: the copy holds the state the first left
+    assert all(c["mb"] > 0 for c in costs)
+    for a in again:
+        ray_local.kill(a)

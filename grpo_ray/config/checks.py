@@ -35,6 +35,7 @@ CHOICES = {
     "model.lora.sync": ("adapters", "merged"),
     "model.shared_prompt": ("auto", True, False),
     "trainer.log_level": ("info", "debug"),
+    "trainer.fault_tolerance": ("off", "pools", "all"),
     "trainer.wandb_mode": ("", "online", "offline", "disabled"),
     "trainer.early_stop.mode": ("max", "min"),
     "environment.opening": ("prompt", "check", "ignore"),

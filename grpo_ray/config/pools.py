@@ -72,9 +72,11 @@ class PoolKind:
     group: Literal["fsdp", "engine"] | None = None
     """How its actors work together: one FSDP2 group (formed at start, every actor in every call), each a vLLM
     engine of its own, or none (independent workers)."""
-    lost: Literal["replace", "restart", "stop"] = "stop"
+    lost: Literal["replace", "restart", "copy", "stop"] = "stop"
     """What losing an actor does: a new one in its place (an engine), the whole pool started again (a group that
-    cannot take in a new member), or the run stops."""
+    cannot take in a new member), started again taking the copy of its state each actor made as the step began (the
+    learner: its state is trained, so only under trainer.fault_tolerance=all, which keeps the copies), or the run
+    stops. trainer.fault_tolerance=off stops the run on any loss (``Pools.lost_policy``)."""
     use: str | None = None
     """How a scorer's signal meets training (a name of ``USES``), or None: not a scorer."""
     section: str = ""
@@ -162,6 +164,7 @@ KINDS: dict[str, PoolKind] = {
             time="update",
             model="model.path",
             group="fsdp",
+            lost="copy",
             cpu_runtime_gb=0.60,
         ),
         # no KL term: no reference; LoRA: the learner is its own reference (the adapters switched off)

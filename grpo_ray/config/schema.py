@@ -420,6 +420,13 @@ class TrainerConfig:
     preemption_grace_s: float = 25.0
     """Seconds from SIGTERM to SIGKILL (Kubernetes gives 30 by default): after SIGTERM the current step
     finishes, a checkpoint is written if the last one took less than what is left, and the run exits 143."""
+    fault_tolerance: str = "pools"
+    """What a run may lose and go on (docs/operations.md, "What survives what"): off, the loss of any actor stops
+    it; pools, a lost engine, reference, teacher, reward-model, judge or reward actor is replaced and its work done
+    again, and a lost learner rank stops the run (resume from the checkpoint); all, a lost learner rank too: each
+    rank's state (its shards of the weights and of the optimizer's moments, the scheduler, the old policy's
+    snapshots) is copied into Ray's object store as each step starts, so the group started again takes it and the
+    step is trained again (the copy's cost each step: fault/learner_copy_s, fault/learner_copy_mb)."""
 
 
 @dataclass

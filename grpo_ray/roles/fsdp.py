@@ -81,6 +81,28 @@ def local_rows(p) -> torch.Tensor:
     return p.to_local()
 
 
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of `t`: a DTensor's local shard, any other tensor itself."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def host_copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy of this rank's part of `t` on the host."""
+    return local(t).detach().to("cpu", copy=True)
+
+
+def shaped_like(p: torch.Tensor, saved: torch.Tensor) -> torch.Tensor:
+    """`saved` (a ``host_copy``) as a tensor of optimizer state for parameter `p`: sharded as `p` where it has p's
+    shape (Adam's moments), else as it was (its step count)."""
+    if saved.shape != local(p).shape:
+        return saved.clone()
+    out = torch.zeros_like(p)
+    local(out).copy_(saved)
+    return out
+
+
 def gather_bucket(
     rows_of: dict, metas: list[sync.WeightMeta], bucket: list[int], flat: torch.Tensor | None, phases: sync.Phases
 ) -> None:

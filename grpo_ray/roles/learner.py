@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 from dataclasses import dataclass
 
@@ -423,6 +424,8 @@ class Learner(WeightsOut, RoleActor):
         if torch.isfinite(norm):
             self.optimizer.step()
             self.scheduler.step()
+        if self.rank == self.world_size - 1 and fault_at("exit_learner", self.steps + 1):
+            os._exit(1)  # fault test: a rank dies mid-step, after this update moved the weights
         self.optimizer.zero_grad(set_to_none=True)
         return norm.item()
 

@@ -53,6 +53,36 @@ class WeightsOut:
         )
         self.scheduler.load_state_dict(scheduler_state)
 
+    def state_copy(self) -> tuple[dict, dict]:
+        """This rank's whole training state, copied to the host (trainer.fault_tolerance=all: the driver keeps it in
+        Ray's object store as each step starts): its shards of the weights and of the optimizer's state of each,
+        the scheduler, the step count and version, the old policy's snapshots. A new actor in its place, in a group
+        of the same size, takes it back (``take_state``) and trains the step as this one would have. With it, what
+        the copy cost (seconds, MB), a second return for the driver to read alone."""
+        start = time.perf_counter()
+        fsdp.reshard(self.model)
+        state = {
+            "params": [fsdp.host_copy(p) for p in self.params],
+            "optim": [{k: fsdp.host_copy(v) for k, v in self.optimizer.state[p].items()} for p in self.params],
+            "scheduler": self.scheduler.state_dict(),
+            "counts": (self.steps, self.version),
+            "snapshots": self.snapshots,
+        }
+        tensors = [*state["params"], *(t for m in state["optim"] for t in m.values())]
+        tensors += [t for kept in self.snapshots.values() for t in kept]
+        mb = sum(t.numel() * t.element_size() for t in tensors) / 1e6
+        return state, {"seconds": time.perf_counter() - start, "mb": mb}
+
+    def take_state(self, state: dict) -> None:
+        """Become the rank whose ``state_copy`` `state` is (this actor replaced it, in a group started again)."""
+        fsdp.reshard(self.model)
+        with torch.no_grad():
+            for p, saved, moments in zip(self.params, state["params"], state["optim"]):
+                fsdp.local(p).copy_(saved)
+                self.optimizer.state[p] = {k: fsdp.shaped_like(p, v) for k, v in moments.items()}
+        self.scheduler.load_state_dict(state["scheduler"])
+        (self.steps, self.version), self.snapshots = state["counts"], state["snapshots"]
+
     # --- weight sync -----------------------------------------------------------------
 
     def weight_metas(self, wire_dtype: str) -> list[sync.WeightMeta]:
