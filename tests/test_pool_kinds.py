@@ -70,3 +70,21 @@ def test_a_pool_whose_time_is_not_modelled_is_said_so():
     shape = speed.Shape(8, 8, "as given")
     p = speed.Prediction({}, 1.0, "on-policy", 1.0, {}, "by hand", shape, unmodelled=("process_reward",))
     assert re.search(r"^  process_reward\s+-\s+not modelled", p.text(), re.M)
+
+
+def test_the_learners_state_copy_is_planned_where_the_run_keeps_it():
+    """trainer.fault_tolerance=all (issue 78): each rank's copy of its weights and Adam's moments, 12 bytes a trained
+    parameter over the ranks, in host memory: a part of the CPU learner's memory, a note on a GPU's."""
+    for recipe, cpu in (("tiny-cpu.yaml", True), ("qwen2.5-32b-gsm8k-b200.yaml", False)):
+        kept, plain = (
+            load_recipe(ROOT / "recipes" / recipe, [f"trainer.fault_tolerance={f}"]) for f in ("all", "pools")
+        )
+        d = model_dims(kept.model.path)
+        with_copy, without = memory.learner_memory(d, kept), memory.learner_memory(d, plain)
+        gb = 12 * d.params / kept.learner.world_size / memory.GB
+        assert "state_copy" not in without.parts and "copy of its state" not in without.note
+        if cpu:
+            assert with_copy.parts["state_copy"] == pytest.approx(gb) and with_copy.total > without.total
+        else:
+            assert f"{gb:.1f} GB of host memory for the copy of its state" in with_copy.note
+            assert with_copy.total == without.total  # device memory: the copy is the host's

@@ -126,14 +126,21 @@ def learner_memory(d: ModelDims, r: Recipe, seq: int = 0) -> PoolMemory:
     if r.generator.num_engines:  # a push runs between steps, in the memory the step's working set gives back
         parts["sync_extra"] = max(0.0, 2 * bucket_bytes(d, r) - parts["gathered"] - acts - parts["logits"])
     snapshots = snapshot_count(r.algorithm) * 4 * trained / w  # this rank's shard of earlier versions, on the host
-    if cpu and snapshots:
-        parts["snapshots"] = snapshots
+    # trainer.fault_tolerance=all: the copy of this rank's state as each step starts (weights and Adam's two moments,
+    # fp32; its snapshots are the ones above), in Ray's object store on the host
+    copy = 12 * trained / w if r.trainer.fault_tolerance == "all" else 0.0
+    for name, held in (("snapshots", snapshots), ("state_copy", copy)):
+        if cpu and held:
+            parts[name] = held
     parts = {k: v / GB for k, v in parts.items()}
     parts["runtime"] = KINDS[LEARNER].cpu_runtime_gb + 4 * d.params / GB if cpu else GPU_RUNTIME_GB
-    host = (
-        f"; {snapshots / GB:.1f} GB of host memory for {snapshot_count(r.algorithm)} weight snapshots"
-        if snapshots and not cpu
-        else ""
+    host = "".join(
+        f"; {held / GB:.1f} GB of host memory for {what}"
+        for what, held in (
+            (f"{snapshot_count(r.algorithm)} weight snapshots", snapshots),
+            ("the copy of its state (trainer.fault_tolerance=all)", copy),
+        )
+        if held and not cpu
     )
     count = lambda n: f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M"  # noqa: E731
     adapters = f", LoRA rank {lo.rank}: {count(trained)} of {count(d.params)} parameters train" if lo.rank else ""
