@@ -257,12 +257,14 @@ class GRPOController(Runner):
         try:
             update = self.call(update, "learner train")[0]
         except PoolFault as e:
-            again = self.scorers.rescored(frozen, batch[0], batch[2])
-            if again is None:
-                if not e.died or self.pools.lost_policy(LEARNER) == "stop":  # the learner's own failure
-                    raise
+            if e.died and self.pools.lost_policy(LEARNER) == "stop":  # a rank lost, no copy kept
+                raise
+            again = self.scorers.rescored(frozen, batch[0], batch[2])  # a scorer lost beside it (the same node)
+            if e.died:
                 self.say(f"{e}; starting the learner group again from the copy of its state as the step began")
                 self.pools.recover(LEARNER)
+            elif again is None:  # the learner's own failure
+                raise
             frozen = again or frozen
             update = self.call(self.send_update(*batch[:2], frozen), "learner train (again)")[0]
         previous = self.last_update

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import ray
 from ray.util.placement_group import remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from grpo_ray import faults, placement, transports
 from grpo_ray.config import GENERATOR, JUDGE, KINDS, LEARNER, POOLS, REFERENCE, REWARD_MODEL, RULES, TEACHER, Recipe
@@ -74,10 +74,10 @@ def wait(refs, what: str, timeout_s: float):
             if done:
                 ray.get(done, timeout=60)  # ready: raises now if that call failed
         return ray.get(refs, timeout=60)
+    except ray.exceptions.RayTaskError as e:  # raised inside the actor (e.g. a collective that timed out), first:
+        raise PoolFault(f"{what} failed: {e}") from None  # one raised as it read a lost actor's answer is both kinds
     except ray.exceptions.RayActorError as e:
         raise PoolFault(f"{what}: an actor died ({str(e).splitlines()[0][:300]})", died=True) from None
-    except ray.exceptions.RayTaskError as e:  # raised inside the actor (e.g. a collective that timed out)
-        raise PoolFault(f"{what} failed: {e}") from None
 
 
 class Pools:
@@ -216,7 +216,11 @@ class Pools:
         again (its lost policy: copy); nothing otherwise. A call queued before the pool's next: the state before it."""
         if self.lost_policy(pool) == "copy" and self.actors[pool]:
             calls = [a.state_copy.options(num_returns=2).remote() for a in self.actors[pool]]
-            self.copies[pool] = ([state for state, _ in calls], [cost for _, cost in calls])
+            # kept on the driver's node, whose loss ends the job anyway: not in the store of the actor's node, which
+            # its loss would take along (the move runs while the step trains)
+            here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+            keep = ray.remote(_kept).options(num_cpus=0, scheduling_strategy=here)
+            self.copies[pool] = ([keep.remote(state) for state, _ in calls], [cost for _, cost in calls])
 
     def copy_costs(self) -> dict[str, float]:
         """The newest copies' cost: the slowest actor's seconds and the MB of all (fault/<pool>_copy_s, _copy_mb)."""
@@ -291,3 +295,8 @@ class Pools:
             remove_placement_group(pg)
         self.actors = {p: [] for p in POOLS}
         self.pgs = {}
+
+
+def _kept(state: dict) -> dict:
+    """A task's answer is stored on its own node: `state` again, where the task runs (``Pools.copy_state``)."""
+    return state

@@ -426,7 +426,6 @@ def test_a_step_whose_count_does_not_divide_over_the_ranks_trains_every_sample(r
     assert (after1 - before1).abs().max() > 1e-4
 
 
-@pytest.mark.smoke
 def test_a_group_started_again_takes_the_copy_and_trains_the_step_as_the_lost_one_would_have(ray_local):
     """trainer.fault_tolerance=all (issue 78): two gloo ranks train a step, copy their state (``state_copy``: the
     shards of the weights and of Adam's moments, the scheduler, the counts) and train the next; a new group of two

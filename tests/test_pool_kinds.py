@@ -74,17 +74,20 @@ def test_a_pool_whose_time_is_not_modelled_is_said_so():
 
 def test_the_learners_state_copy_is_planned_where_the_run_keeps_it():
     """trainer.fault_tolerance=all (issue 78): each rank's copy of its weights and Adam's moments, 12 bytes a trained
-    parameter over the ranks, in host memory: a part of the CPU learner's memory, a note on a GPU's."""
+    parameter over the ranks, made on its host (a part of a CPU learner's memory, not of a GPU's) and kept on the
+    driver's node (all ranks' copies: a note)."""
     for recipe, cpu in (("tiny-cpu.yaml", True), ("qwen2.5-32b-gsm8k-b200.yaml", False)):
         kept, plain = (
             load_recipe(ROOT / "recipes" / recipe, [f"trainer.fault_tolerance={f}"]) for f in ("all", "pools")
         )
-        d = model_dims(kept.model.path)
+        d, w = model_dims(kept.model.path), kept.learner.world_size
         with_copy, without = memory.learner_memory(d, kept), memory.learner_memory(d, plain)
-        gb = 12 * d.params / kept.learner.world_size / memory.GB
+        gb = 12 * d.params / w / memory.GB
         assert "state_copy" not in without.parts and "copy of its state" not in without.note
+        assert f"{gb:.1f} GB of host memory a rank as it is made, {gb * w:.1f} GB kept on the driver's node" in (
+            with_copy.note
+        )
         if cpu:
             assert with_copy.parts["state_copy"] == pytest.approx(gb) and with_copy.total > without.total
         else:
-            assert f"{gb:.1f} GB of host memory for the copy of its state" in with_copy.note
             assert with_copy.total == without.total  # device memory: the copy is the host's

@@ -127,21 +127,23 @@ def learner_memory(d: ModelDims, r: Recipe, seq: int = 0) -> PoolMemory:
         parts["sync_extra"] = max(0.0, 2 * bucket_bytes(d, r) - parts["gathered"] - acts - parts["logits"])
     snapshots = snapshot_count(r.algorithm) * 4 * trained / w  # this rank's shard of earlier versions, on the host
     # trainer.fault_tolerance=all: the copy of this rank's state as each step starts (weights and Adam's two moments,
-    # fp32; its snapshots are the ones above), in Ray's object store on the host
+    # fp32; its snapshots are the ones above), made on its host, then kept on the driver's node (Pools.copy_state)
     copy = 12 * trained / w if r.trainer.fault_tolerance == "all" else 0.0
     for name, held in (("snapshots", snapshots), ("state_copy", copy)):
         if cpu and held:
             parts[name] = held
     parts = {k: v / GB for k, v in parts.items()}
     parts["runtime"] = KINDS[LEARNER].cpu_runtime_gb + 4 * d.params / GB if cpu else GPU_RUNTIME_GB
-    host = "".join(
-        f"; {held / GB:.1f} GB of host memory for {what}"
-        for what, held in (
-            (f"{snapshot_count(r.algorithm)} weight snapshots", snapshots),
-            ("the copy of its state (trainer.fault_tolerance=all)", copy),
-        )
-        if held and not cpu
+    host = (
+        f"; {snapshots / GB:.1f} GB of host memory for {snapshot_count(r.algorithm)} weight snapshots"
+        if snapshots and not cpu
+        else ""
     )
+    if copy:
+        host += (
+            f"; the copy of its state (trainer.fault_tolerance=all): {copy / GB:.1f} GB of host memory a rank as it "
+            f"is made, {copy * w / GB:.1f} GB kept on the driver's node"
+        )
     count = lambda n: f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M"  # noqa: E731
     adapters = f", LoRA rank {lo.rank}: {count(trained)} of {count(d.params)} parameters train" if lo.rank else ""
     return PoolMemory(

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import time
 from dataclasses import dataclass
 
@@ -47,7 +46,7 @@ from grpo_ray.algo.logprobs import sequence_logprobs, token_logprobs
 from grpo_ray.algo.loss import LOSS_SUMS, LossInputs, StepSums, micro_batch_loss, sft_loss, step_metrics, token_uses
 from grpo_ray.config import DISTILL, KINDS, KL, Recipe
 from grpo_ray.device import Device
-from grpo_ray.faults import fault_at
+from grpo_ray.faults import fault_at, learner_mid_step
 from grpo_ray.lengths import response_budget
 from grpo_ray.models import load_causal_lm, lora, pad_id
 from grpo_ray.models.dims import ModelDims, model_dims
@@ -424,8 +423,7 @@ class Learner(WeightsOut, RoleActor):
         if torch.isfinite(norm):
             self.optimizer.step()
             self.scheduler.step()
-        if self.rank == self.world_size - 1 and fault_at("exit_learner", self.steps + 1):
-            os._exit(1)  # fault test: a rank dies mid-step, after this update moved the weights
+        learner_mid_step(self.rank == self.world_size - 1, self.steps + 1)  # fault tests: a rank lost here
         self.optimizer.zero_grad(set_to_none=True)
         return norm.item()
 
