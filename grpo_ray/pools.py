@@ -28,6 +28,7 @@ from grpo_ray import faults, placement, transports
 from grpo_ray.config import GENERATOR, JUDGE, KINDS, LEARNER, POOLS, REFERENCE, REWARD_MODEL, RULES, TEACHER, Recipe
 from grpo_ray.device import Device
 from grpo_ray.errors import RunError
+from grpo_ray.keeper import Keeper
 from grpo_ray.models.dims import ModelDims
 from grpo_ray.roles import LOG_FILE_ENV, Seat
 from grpo_ray.roles.generator import Generator
@@ -98,9 +99,11 @@ class Pools:
         self.metas: list = []
         self.restarts = {k.name: 0 for k in KINDS.values() if self.lost_policy(k.name) != "stop"}
         """Per pool that recovers a lost actor, how many times it did (fault/<pool>_restarts)."""
-        self.copies: dict[str, tuple[list, list]] = {}
-        """Per pool whose lost policy is ``copy``: each actor's newest ``state_copy`` (refs: Ray's object store holds
-        them) and what each cost."""
+        self.copies: dict[str, list] = {}
+        """Per pool whose lost policy is ``copy``: what each actor's newest ``state_copy`` cost (refs); the copies
+        themselves are the keeper's."""
+        self.keeper, self.copied = None, 0
+        """The ``Keeper`` of those copies, on the driver's node, once there are any; how many were sent to it."""
 
     @property
     def generators(self) -> list:
@@ -138,6 +141,9 @@ class Pools:
             else:  # engines of their own (a judge's): each loads its model as it starts
                 self.call([a.where.remote() for a in self.actors[kind.name]], f"{kind.name} ready")
             say(f"{since_start()} {kind.name} ready: {len(self.actors[kind.name])} actor(s)")
+        if any(self.actors[p] and self.lost_policy(p) == "copy" for p in POOLS):  # started beside the pools
+            here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+            self.keeper = ray.remote(Keeper).options(num_cpus=0, scheduling_strategy=here).remote()
         engines = self.generators
         if engines:
             self.call([g.where.remote() for g in engines], "engines ready")
@@ -205,7 +211,7 @@ class Pools:
         if lost != "replace" and KINDS[pool].group == "fsdp":
             self._join(pool)
         if lost == "copy":
-            states = self.copies[pool][0]
+            states = [self.keeper.give.remote((pool, j), self.copied) for j in range(len(actors))]
             self.call([a.take_state.remote(c) for a, c in zip(actors, states)], f"{pool} state copy taken")
         if pool == LEARNER and self.generators:  # the weight transport's sender is new
             self.transport.connect(self)
@@ -216,16 +222,16 @@ class Pools:
         again (its lost policy: copy); nothing otherwise. A call queued before the pool's next: the state before it."""
         if self.lost_policy(pool) == "copy" and self.actors[pool]:
             calls = [a.state_copy.options(num_returns=2).remote() for a in self.actors[pool]]
-            # kept on the driver's node, whose loss ends the job anyway: not in the store of the actor's node, which
-            # its loss would take along (the move runs while the step trains)
-            here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-            keep = ray.remote(_kept).options(num_cpus=0, scheduling_strategy=here)
-            self.copies[pool] = ([keep.remote(state) for state, _ in calls], [cost for _, cost in calls])
+            # kept on the driver's node (the keeper), not in the store of the actor's node, which its loss would take
+            self.copied += 1
+            for i, (state, _) in enumerate(calls):
+                self.keeper.hold.remote((pool, i), self.copied, [state])
+            self.copies[pool] = [cost for _, cost in calls]
 
     def copy_costs(self) -> dict[str, float]:
         """The newest copies' cost: the slowest actor's seconds and the MB of all (fault/<pool>_copy_s, _copy_mb)."""
         out = {}
-        for pool, (_, costs) in self.copies.items():
+        for pool, costs in self.copies.items():
             got = self.call(costs, f"{pool} state copy")
             out[f"fault/{pool}_copy_s"] = max(c["seconds"] for c in got)
             out[f"fault/{pool}_copy_mb"] = sum(c["mb"] for c in got)
@@ -288,15 +294,10 @@ class Pools:
         its folders; a few seconds, not waited past) and release the placement groups (by handle, not by name)."""
         closing = [a.close.remote() for actors in self.actors.values() for a in actors]
         ray.wait(closing, num_returns=len(closing), timeout=10)
-        for actors in self.actors.values():
-            for a in actors:
-                ray.kill(a)
+        for a in [*(a for actors in self.actors.values() for a in actors), *([self.keeper] if self.keeper else [])]:
+            ray.kill(a)
+        self.keeper = None
         for pg in {id(pg): pg for pg, _ in self.pgs.values()}.values():
             remove_placement_group(pg)
         self.actors = {p: [] for p in POOLS}
         self.pgs = {}
-
-
-def _kept(state: dict) -> dict:
-    """A task's answer is stored on its own node: `state` again, where the task runs (``Pools.copy_state``)."""
-    return state

@@ -45,7 +45,7 @@ LAYERS = [  # bottom to top: a module imports modules of its own layer or below,
         ],
     ),  # no Ray actors started, no training
     ("rollouts", ["rollouts"]),  # the rollout runtime on an engine it is given: episodes, agent programs, endpoint
-    ("roles", ["roles"]),  # one Ray actor class per role
+    ("roles", ["roles", "keeper"]),  # one Ray actor class per role (and the learner's copies' keeper)
     (
         "pools",
         ["pools", "engines", "scorers", "sources", "extend"],
