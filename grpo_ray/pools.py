@@ -75,8 +75,10 @@ def wait(refs, what: str, timeout_s: float):
             if done:
                 ray.get(done, timeout=60)  # ready: raises now if that call failed
         return ray.get(refs, timeout=60)
-    except ray.exceptions.RayTaskError as e:  # raised inside the actor (e.g. a collective that timed out), first:
-        raise PoolFault(f"{what} failed: {e}") from None  # one raised as it read a lost actor's answer is both kinds
+    # first: an error raised inside the actor (e.g. a collective that timed out) is a RayTaskError, and one raised as
+    # it read a lost actor's answer is a RayActorError too; only an actor's own death is ``died``
+    except ray.exceptions.RayTaskError as e:
+        raise PoolFault(f"{what} failed: {e}") from None
     except ray.exceptions.RayActorError as e:
         raise PoolFault(f"{what}: an actor died ({str(e).splitlines()[0][:300]})", died=True) from None
 
@@ -218,12 +220,11 @@ class Pools:
         self.restarts[pool] += 1
 
     def copy_state(self, pool: str) -> None:
-        """Each actor of `pool` copies its state into Ray's object store, for ``recover`` to give the pool started
+        """Each actor of `pool` copies its state and the keeper takes it, for ``recover`` to give the pool started
         again (its lost policy: copy); nothing otherwise. A call queued before the pool's next: the state before it."""
         if self.lost_policy(pool) == "copy" and self.actors[pool]:
             calls = [a.state_copy.options(num_returns=2).remote() for a in self.actors[pool]]
-            # kept on the driver's node (the keeper), not in the store of the actor's node, which its loss would take
-            self.copied += 1
+            self.copied += 1  # held on the driver's node, not in the store of the actor's, which its loss would take
             for i, (state, _) in enumerate(calls):
                 self.keeper.hold.remote((pool, i), self.copied, [state])
             self.copies[pool] = [cost for _, cost in calls]

@@ -15,10 +15,12 @@ python=${PYTHON:-python3}
 
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 # uv installs the stack: the versions pip resolves (their freezes are the same), in 52 s here where pip took 244 s
-# (both with nothing cached). uv reads no pip configuration, so pip's own sources (its index, extra indexes, wheel folders and
-# constraints, from pip.conf or PIP_* variables: PyTorch's CPU wheels among them) are handed to it, and like pip it
-# takes the best match over all of them.
-[ -x .venv/bin/uv ] || .venv/bin/pip install -q "uv>=0.5,<1" || { echo "could not install uv with pip (above)"; exit 1; }
+# (both with nothing cached). uv reads no pip configuration, so pip's own sources (its index, extra indexes, wheel
+# folders and constraints, from pip.conf or PIP_* variables: PyTorch's CPU wheels among them) are handed to it, and
+# like pip it takes the best match over all of them.
+if [ ! -x .venv/bin/uv ] && ! said=$(.venv/bin/pip install -q "uv>=0.5,<1" 2>&1); then
+  echo "$said"; echo "could not install uv with pip (above)"; exit 1
+fi
 sources=(--index-strategy unsafe-best-match)
 while IFS= read -r line; do
   key=${line%%=*}; value=${line#*=}; value=${value#\'}; value=${value%\'}

@@ -97,7 +97,7 @@ def shaped_like(p: torch.Tensor, saved: torch.Tensor) -> torch.Tensor:
     """`saved` (a ``host_copy``) as a tensor of optimizer state for parameter `p`: sharded as `p` where it has p's
     shape (Adam's moments), else as it was (its step count)."""
     if saved.shape != local(p).shape:
-        return saved.clone()
+        return saved
     out = torch.zeros_like(p)
     local(out).copy_(saved)
     return out

@@ -244,7 +244,7 @@ class Learner(WeightsOut, RoleActor):
         """Keep this rank's shards of the current version (once), and drop those older than `keep_from`."""
         fsdp.reshard(self.model)
         if self.version not in self.snapshots:
-            self.snapshots[self.version] = [p.to_local().detach().to("cpu", copy=True) for p in self.params]
+            self.snapshots[self.version] = [fsdp.host_copy(p) for p in self.params]
         for v in [v for v in self.snapshots if v < keep_from]:
             del self.snapshots[v]
 

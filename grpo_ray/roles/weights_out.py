@@ -54,8 +54,8 @@ class WeightsOut:
         self.scheduler.load_state_dict(scheduler_state)
 
     def state_copy(self) -> tuple[dict, dict]:
-        """This rank's whole training state, copied to the host (trainer.fault_tolerance=all: the driver keeps it in
-        Ray's object store as each step starts): its shards of the weights and of the optimizer's state of each,
+        """This rank's whole training state, copied to the host (trainer.fault_tolerance=all: taken as each step
+        starts, held by the driver's ``Keeper``): its shards of the weights and of the optimizer's state of each,
         the scheduler, the step count and version, the old policy's snapshots. A new actor in its place, in a group
         of the same size, takes it back (``take_state``) and trains the step as this one would have. With it, what
         the copy cost (seconds, MB), a second return for the driver to read alone."""

@@ -72,6 +72,19 @@ class Run:
         return (self.out.parent / f"{self.out.name}.log").read_text(errors="replace")
 
 
+def differing(rows: list[dict], plain: list[dict]) -> set[str]:
+    """The keys whose value in some step of `rows` is not the uninterrupted run's (`plain`), timings aside
+    (benchmarks/same_metrics.py's TIMED); the two runs must have the same steps."""
+    from benchmarks.same_metrics import TIMED
+
+    return {
+        k
+        for a, b in zip(rows, plain, strict=True)
+        for k in a
+        if not k.startswith(TIMED) and not k.endswith(("/seconds", "_s")) and a[k] != b.get(k)
+    }
+
+
 def metrics(out: Path) -> list[dict]:
     path = out / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []

@@ -10,11 +10,11 @@ import time
 
 import pytest
 
-from benchmarks.same_metrics import TIMED
 from grpo_ray.config import load_recipe
 from grpo_ray.controller import GRPOController
 from grpo_ray.setup_run import setup_run
 from tests.conftest import ROOT
+from tests.faults.conftest import differing
 
 pytestmark = pytest.mark.slow
 
@@ -76,7 +76,4 @@ def test_a_learner_node_removed_mid_step_and_the_run_finishes_on_the_node_that_r
         cluster.shutdown()
     assert len(removed) == 1 and removed[0] in training, removed  # the learner's node, removed mid step 2
     assert [m["fault/learner_restarts"] for m in lost] == [0, 1, 1]
-    for a, b in zip(lost, plain, strict=True):
-        same = [k for k in a if not k.startswith(TIMED) and not k.endswith(("/seconds", "_s"))]
-        differ = {k: (a[k], b.get(k)) for k in same if a[k] != b.get(k)}
-        assert set(differ) <= {"fault/learner_restarts"}, differ
+    assert differing(lost, plain) <= {"fault/learner_restarts"}

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from benchmarks.same_metrics import TIMED
 from tests.conftest import ROOT, run_cli
+from tests.faults.conftest import differing
 
 pytestmark = pytest.mark.slow
 
@@ -43,10 +43,7 @@ def test_a_lost_scorer_actor_is_replaced_and_the_step_trains_as_if_not(plain, tm
     key = f"fault/{pool}_restarts"
     assert [m[key] for m in faulted] == [0, 1, 1] and [m[key] for m in plain] == [0, 0, 0]  # lost once, at step 2
     assert out.count(said) == 1
-    for a, b in zip(faulted, plain, strict=True):
-        same = [k for k in a if not k.startswith(TIMED) and not k.endswith(("/seconds", "_s"))]
-        differ = {k: (a[k], b.get(k)) for k in same if a[k] != b.get(k)}
-        assert set(differ) <= {key}, differ
+    assert differing(faulted, plain) <= {key}
 
 
 KEPT = ["trainer.fault_tolerance=all", "learner.mini_batch_size=128"]
@@ -64,7 +61,4 @@ def test_a_lost_learner_rank_restarts_the_group_from_its_copy_and_the_step_train
     assert [m[key] for m in faulted] == [0, 1, 1] and [m[key] for m in plain] == [0, 0, 0]
     assert out.count("starting the learner group again from the copy of its state as the step began") == 1
     assert all(m["fault/learner_copy_mb"] > 0 for m in plain)
-    for a, b in zip(faulted, plain, strict=True):
-        same = [k for k in a if not k.startswith(TIMED) and not k.endswith(("/seconds", "_s"))]
-        differ = {k: (a[k], b.get(k)) for k in same if a[k] != b.get(k)}
-        assert set(differ) <= {key}, differ
+    assert differing(faulted, plain) <= {key}
