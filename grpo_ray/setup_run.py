@@ -11,9 +11,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from grpo_ray import models, rundir, transports
-from grpo_ray.config import KINDS, REWARD_MODEL, EnvironmentConfig, Recipe, RecipeError, dump_recipe, recipe_yaml
+from grpo_ray.config import (
+    GENERATOR,
+    KINDS,
+    LEARNER,
+    REFERENCE,
+    REWARD_MODEL,
+    EnvironmentConfig,
+    Recipe,
+    RecipeError,
+    dump_recipe,
+    recipe_yaml,
+)
 from grpo_ray.data import DataError, checked, dotted, images, load_rows, prompt_text
 from grpo_ray.data.targets import RM_IDS, rm_tokens, target_tokens
+from grpo_ray.models import vision
 from grpo_ray.models.dims import ModelDims, model_dims
 from grpo_ray.preflight import (
     check_algorithm,
@@ -162,7 +174,7 @@ def _rows_of(spec: str, tokenizer, recipe: Recipe, command: str, pieces: dict) -
     answer_key = recipe.data.answer_key if job.answers else ""
     loaded = load_rows(spec, recipe.data.prompt_key, answer_key)
     if any(images.images_of(row, recipe.data.image_key) for row in loaded):
-        image_rows(spec, loaded, recipe, tokenizer.name_or_path)
+        loaded = image_rows(spec, loaded, recipe, tokenizer.name_or_path, command)
     texts = [
         prompt_text(
             tokenizer, row, recipe.data.response_prefix, recipe.model.chat_template_kwargs, recipe.data.system_prompt
@@ -175,7 +187,10 @@ def _rows_of(spec: str, tokenizer, recipe: Recipe, command: str, pieces: dict) -
         extra, where = {"prompt_ids": ids, "prompt_text": text}, f"{spec} row {i}"
         if job.rows:
             extra.update(job.rows(row, recipe, tokenizer, where, pieces))
-        if len(ids) > recipe.data.max_prompt_length or job.over(extra, recipe):
+        pictures, length = row.get("prompt_images"), len(ids)
+        if pictures:  # the engine expands each image's marker into the image's tokens
+            length = vision.prompt_length(tokenizer.name_or_path, text, pictures, recipe.model.trust_remote_code)
+        if length > recipe.data.max_prompt_length or job.over(extra, recipe):
             n += 1
             first = first or f"{where} is over {_limits(recipe, command)}"
             continue
@@ -183,11 +198,12 @@ def _rows_of(spec: str, tokenizer, recipe: Recipe, command: str, pieces: dict) -
     return rows, n, first
 
 
-def image_rows(spec: str, rows: list[dict], recipe: Recipe, model_path: str) -> None:
-    """Rows with images (``grpo_ray.data.images``), before any actor starts: a DataError naming the file, row and
-    key where the model reads no images, where an image does not open, where its placeholders and images do not
-    match in number, or where a prompt carries more than the engines take; else one saying that training on images
-    is not built yet (the generators, learner and scorers read text: the images would be dropped)."""
+def image_rows(spec: str, rows: list[dict], recipe: Recipe, model_path: str, command: str = "train") -> list[dict]:
+    """Rows with images (``grpo_ray.data.images``), checked before any actor starts, and each with its images as
+    the engines take them (``prompt_images``: the image files' bytes) and its prompt's placeholders as the chat
+    template's image parts. A DataError names the file, row and key where the model reads no images, where an image
+    does not open, where its placeholders and images do not match in number, or where a prompt carries more than
+    the engines take; a RecipeError where the run would read the images somewhere that takes text alone so far."""
     key, vllm_kwargs = recipe.data.image_key, recipe.generator.vllm_kwargs
     first = next(i for i, row in enumerate(rows) if images.images_of(row, key))
     reads, arch = images.model_reads_images(model_path, recipe.model.trust_remote_code)
@@ -199,14 +215,43 @@ def image_rows(spec: str, rows: list[dict], recipe: Recipe, model_path: str) -> 
             "without images"
         )
     folder = Path(spec).parent if Path(spec).is_file() else None
+    out = []
     for i, row in enumerate(rows):
-        why = images.problem(row, key, images.limit(vllm_kwargs), folder) if images.images_of(row, key) else None
+        pictures = images.images_of(row, key)
+        why = images.problem(row, key, images.limit(vllm_kwargs), folder) if pictures else None
         if why:
             raise DataError(f"{spec} row {i}: {why}")
-    raise DataError(
-        f"{spec} row {first}: '{key}' (data.image_key) holds {n} image(s) for {arch}, and grpo-ray does not train on "
-        "images yet: its engines, learner and scorers take text, so the images would be dropped"
-    )
+        if pictures:
+            row = {
+                **row,
+                "prompt": images.with_image_parts(row["prompt"], len(pictures)),
+                "prompt_images": [images.file_bytes(p, folder) for p in pictures],
+            }
+        out.append(row)
+    text_only = images_not_read(recipe, command)
+    if text_only:
+        raise RecipeError(
+            f"{spec} row {first}: '{key}' (data.image_key) holds {n} image(s), and {text_only} reads text alone so far "
+            "(images reach the generators, the learner and the reference): run without it, or with rows without images"
+        )
+    return out
+
+
+def images_not_read(recipe: Recipe, command: str) -> str:
+    """What of the run would read a prompt without its images (the first found, as a user names it), or ""."""
+    if command not in ("", "train"):
+        return f"`grpo-ray {command}`"
+    for kind in KINDS.values():
+        if kind.model and kind.name not in (GENERATOR, LEARNER, REFERENCE) and kind.count(recipe):
+            off = "algorithm.kl_coef=0" if kind.name == REFERENCE else f"{kind.model}=''"
+            return f"the {kind.name} pool ({kind.model}={kind.model_name(recipe)!r}; {off} runs without it)"
+    if recipe.environment.name:
+        return f"environment.name={recipe.environment.name!r}"
+    if recipe.model.lora.rank:
+        return f"model.lora.rank={recipe.model.lora.rank}"
+    if recipe.model.shared_prompt is True:
+        return "model.shared_prompt=true (each prompt run once, keyed by its tokens alone)"
+    return ""
 
 
 def _limits(recipe: Recipe, command: str) -> str:

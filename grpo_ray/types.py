@@ -24,6 +24,10 @@ class Prompt:
     """The row's ``reward_model.style`` (rule, model, both: with reward_model.by_style, the rewards it gets)."""
     env_choice: str = ""
     """The label of the environment the row chose among environment.choices ("": environment.name's)."""
+    images: list[bytes] = field(default_factory=list)
+    """The prompt's images, each an image file's bytes, in the order of their markers in `ids` (data.image_key):
+    sent to the engine as ``multi_modal_data``, which expands each marker into the image's tokens; a rollout's
+    prompt holds the expanded ids (``roles.drivers.expanded``). Empty for a text prompt."""
 
     @classmethod
     def from_row(cls, uid: int, row: dict) -> Prompt:
@@ -38,6 +42,7 @@ class Prompt:
             row.get("prompt") or [],
             (row.get("reward_model") or {}).get("style", ""),
             row.get("env_choice", ""),
+            row.get("prompt_images") or [],
         )
 
     def env_row(self) -> dict:

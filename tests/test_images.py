@@ -1,7 +1,7 @@
 """Rows with images (issue 77, its first piece): each form of image a row may carry opens, and every way an image row
 can be wrong is one line naming the file, row and key before any actor starts (grpo_ray/data/images.py,
-setup_run.image_rows). Training on images is not built yet: a vision-language model's image rows are refused in
-words that say so, never trained as text with the images dropped."""
+setup_run.image_rows); where a run would read them somewhere that takes text alone so far, it is refused in words
+that say so, never trained as text with the images dropped. (A run on them: tests/test_vision.py.)"""
 
 import io
 import json
@@ -76,8 +76,10 @@ def vl_model(tmp_path_factory):
     return str(path)
 
 
-def test_a_vision_language_models_image_rows_are_checked_then_refused_as_not_built(tmp_path, vl_model):
-    from grpo_ray.config import Recipe
+def test_a_vision_language_models_image_rows_are_checked_and_carry_their_images(tmp_path, vl_model):
+    """Checked, each image row carries its images' bytes and its placeholders as the template's image parts; a run
+    that would read its prompts somewhere that takes text alone (a teacher here) is refused, naming it."""
+    from grpo_ray.config import Recipe, RecipeError
     from grpo_ray.setup_run import image_rows
 
     assert images.model_reads_images(vl_model) == (True, "Qwen2_5_VLForConditionalGeneration")
@@ -87,13 +89,23 @@ def test_a_vision_language_models_image_rows_are_checked_then_refused_as_not_bui
     spec.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(DataError, match=rf"{spec} row 2: 'images' \(data.image_key\) image 0: no file"):
         image_rows(str(spec), rows, Recipe(), vl_model)
-    with pytest.raises(DataError) as e:
-        image_rows(str(spec), rows[:2], Recipe(), vl_model)
+    got = image_rows(str(spec), rows[:2], Recipe(), vl_model)  # the reference pool on: it reads the images
+    assert got[0] == rows[0]  # a row without images as it was
+    assert got[1]["prompt_images"] == [png()]
+    assert got[1]["prompt"] == [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": " What colour is it?"}]}
+    ]
+    taught = Recipe()
+    taught.teacher.model = "Qwen/Qwen2.5-7B-Instruct"
+    with pytest.raises(RecipeError) as e:
+        image_rows(str(spec), rows[:2], taught, vl_model)
     assert str(e.value) == (
-        f"{spec} row 1: 'images' (data.image_key) holds 1 image(s) for Qwen2_5_VLForConditionalGeneration, and "
-        "grpo-ray does not train on images yet: its engines, learner and scorers take text, so the images would be "
-        "dropped"
+        f"{spec} row 1: 'images' (data.image_key) holds 1 image(s), and the teacher pool (teacher.model="
+        "'Qwen/Qwen2.5-7B-Instruct'; teacher.model='' runs without it) reads text alone so far (images reach the "
+        "generators, the learner and the reference): run without it, or with rows without images"
     )
+    with pytest.raises(RecipeError, match="and `grpo-ray sft` reads text alone so far"):
+        image_rows(str(spec), rows[:2], Recipe(), vl_model, "sft")
 
 
 def test_prepare_data_writes_image_rows_in_verls_schema(tmp_path):

@@ -1,9 +1,11 @@
 """A vision-language twin built offline (``tiny://gemma3?vision=N``: Gemma 3's shape, a SigLIP tower, saved with its
 processor) reads the pixels it is given, and vLLM on this CPU serves it an image prompt whose sampled tokens' logprobs
 a plain transformers forward of the same ids and pixels gives again, within the text path's bound (1e-3); with the
-image blanked that forward is far off (the engine read the pixels). The ground under issue 77's generators and
-learner: images in the training loop are not built yet (tests/test_images.py: such rows are refused before start)."""
+image blanked that forward is far off (the engine read the pixels). The learner's forward reads each sequence's own
+images, padded and packed; and a run on image rows trains, the learner's logprobs the engine's on every image sample
+(the rows' checks: tests/test_images.py)."""
 
+import io
 import json
 import os
 import subprocess
@@ -15,7 +17,7 @@ from PIL import Image
 
 from grpo_ray import models
 from grpo_ray.models.tiny import IMAGE_TOKENS, ModelNameError, parse_tiny
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_cli
 
 TWIN = "tiny://gemma3?vision=2&bytes=0&vocab=160"
 BOUND = 1e-3  # trainer.max_sync_logprob_diff of the text twins
@@ -94,3 +96,98 @@ def test_the_engine_serves_an_image_prompt_as_a_plain_forward_reads_it(twin, tmp
         blank = forward(model, processor, ids, Image.new("RGB", seen.size))[at, torch.tensor(tokens)]
         assert (mine - torch.tensor(logprobs)).abs().max() < BOUND
         assert (blank - torch.tensor(logprobs)).abs().max() > 10 * BOUND
+
+
+def test_the_learners_forward_reads_each_sequences_own_images_padded_and_packed(twin):
+    """Sequences with images, laid out padded and packed (``Sequences.order``), get each the logprobs of a plain
+    forward of that sequence alone with its own image; swapping the images between them changes those logprobs."""
+    from grpo_ray.algo.batching import collate
+    from grpo_ray.algo.logprobs import sequence_logprobs
+    from grpo_ray.models import vision
+
+    path, model, processor = twin
+    pictures, pairs = [], []
+    for k, words in enumerate(["Mia has 4 apples.", "Two cats sat.", "Red or blue?"]):
+        turn = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": words}]}]
+        text = processor.apply_chat_template(turn, add_generation_prompt=True, tokenize=False)
+        ids = processor(text=text, images=[picture(k)], add_special_tokens=False)["input_ids"][0]
+        pairs.append((ids, [40 + k, 60 + k, 80 + 2 * k][: 1 + k]))  # responses of 1, 2, 3 tokens
+        png = io.BytesIO()
+        picture(k).save(png, format="PNG")
+        pictures.append([png.getvalue()])
+    alone = []
+    for (p, r), image in zip(pairs, pictures):
+        logp = forward(model, processor, p + r, vision.decoded(image)[0])
+        alone.append(logp[torch.arange(len(p) - 1, len(p) + len(r) - 1), torch.tensor(r)])
+    longest = max(len(p) + len(r) for p, r in pairs)
+    for capacity in (0, 2 * longest):  # padded; packed, two to a row
+        seqs = collate(pairs, 0, capacity)
+        assert (seqs.packed is not None) == bool(capacity)
+        with torch.no_grad():
+            logp, _ = sequence_logprobs(model, seqs, "cpu", pixel_values=vision.in_order(path, pictures, seqs))
+            swapped, _ = sequence_logprobs(model, seqs, "cpu", pixel_values=vision.in_order(path, pictures[::-1], seqs))
+        for b, expected in enumerate(alone):
+            got = logp[b][seqs.response_mask[b].bool()]
+            assert (got - expected).abs().max() < 1e-4, (capacity, b)
+        assert (swapped - logp).abs().max() > 10 * BOUND
+    shared = collate(pairs, 0, shared=True)  # each distinct prompt's tokens once: which images would not be said
+    with pytest.raises(ValueError, match="images with shared prompts"):
+        sequence_logprobs(model, shared, "cpu", pixel_values=vision.in_order(path, pictures, seqs))
+
+
+COLOURS = {"1": (220, 30, 30), "2": (30, 30, 220)}
+"""The run's task: a picture of one colour, answered with its digit (the twin is random: the reward varies anyway)."""
+
+
+@pytest.mark.slow
+@pytest.mark.smoke
+def test_a_run_on_image_rows_trains_on_what_the_engine_saw(tmp_path):
+    """The quick start's recipe on the vision twin and image rows (verl's schema: an ``<image>`` placeholder, a
+    path), two learner ranks and the reference: every sample's prompt holds the image's tokens as the engine expanded
+    them, no response holds an image placeholder (kept out alike by the engine and the learner), the learner's
+    logprobs of every sampled token are the engine's within the text path's bound (rollout_corr: its old policy
+    against the sampler) and the reference's before any update (the KL term 0), and it trains."""
+    rows = []
+    for i in range(8):
+        answer = "12"[i % 2]
+        Image.new("RGB", (48, 40), COLOURS[answer]).save(tmp_path / f"{i}.png")
+        prompt = [{"role": "user", "content": "<image> Red is 1, blue is 2. Which is it?"}]
+        rows.append({"prompt": prompt, "images": [f"{i}.png"], "reward_model": {"ground_truth": answer}})
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "run"
+    res = run_cli(
+        "train",
+        str(ROOT / "recipes" / "tiny-cpu.yaml"),
+        f"model.path={TWIN}",
+        f"data.train_files=[{tmp_path / 'rows.jsonl'}]",
+        "data.val_files=[]",
+        "data.train_batch_size=4",
+        "algorithm.group_size=4",
+        "learner.mini_batch_size=16",
+        "learner.micro_batch_size=8",
+        "reward.functions=[{name: 'tests.helpers.varied_rewards:half'}]",
+        "generator.vllm_kwargs={model_impl: transformers, limit_mm_per_prompt: {image: 1}}",
+        "trainer.total_steps=2",
+        "trainer.test_freq=0",
+        "trainer.val_before_train=false",
+        "trainer.dump_freq=1",
+        f"trainer.output_dir={out}",
+        timeout=900,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "lost" not in res.stdout  # no engine replaced (a push once left the scheduler's image cache stale)
+    steps = [m for m in map(json.loads, (out / "metrics.jsonl").open()) if m["step"]]
+    assert len(steps) == 2
+    assert steps[0]["actor/kl_loss"] < 1e-6  # the reference read each sample's image as the learner did
+    for m in steps:
+        assert m["sync/logprob_diff"] < BOUND
+        assert abs(m["rollout_corr/rollout_is_max"] - 1) < BOUND and m["rollout_corr/kl"] < BOUND
+    assert any(m["actor/grad_norm"] > 0 for m in steps)
+    from transformers import AutoConfig
+
+    image_id = AutoConfig.from_pretrained(models.resolve(TWIN)).image_token_id
+    for step in (1, 2):
+        for line in (out / "rollouts" / f"train_data_step{step}.jsonl").open():
+            row = json.loads(line)
+            assert row["prompt_ids"].count(image_id) == IMAGE_TOKENS
+            assert all(image_id not in s["response_ids"] for s in row["samples"])

@@ -28,6 +28,9 @@ class Packed:
     index: torch.Tensor
     """[B, L-1] where next-token position t of sequence b lies in the packed rows' [R, C-1] positions, flattened;
     -1 past the sequence's end."""
+    order: list[int]
+    """The sequences in the order their tokens come in the rows, row after row (what a vision-language model's
+    images follow: ``Sequences.order``)."""
 
 
 @dataclass
@@ -70,6 +73,15 @@ class Sequences:
     """The forward's layout when packed (collate's `capacity`); values come back in the [B, L-1] layout above."""
     shared: Shared | None = None
     """The forward's layout with each prompt run once (collate's `shared`); values come back as above."""
+
+    @property
+    def order(self) -> list[int]:
+        """The sequences in the order their tokens come in the forward's rows: a vision-language model takes their
+        images' pixels in this order (its forward places them at the image tokens as it meets them). Not defined
+        with shared prompts, where the prompts' batch holds each distinct prompt's tokens once."""
+        if self.shared is not None:
+            raise ValueError("shared prompts keep no per-sequence order of their prompts' tokens")
+        return self.packed.order if self.packed is not None else list(range(len(self.input_ids)))
 
 
 def samples(rollouts: list[Rollout], spans: list[Span] | None = None) -> list[tuple[Prompt, Completion]]:
@@ -172,7 +184,7 @@ def collate(
             index[i, : n - 1] = r * (width - 1) + at + torch.arange(n - 1)
             at += n
         positions[r, at:] = torch.arange(n, n + width - at)
-    return Sequences(ids, attn, resp, Packed(packed_ids, positions, index))
+    return Sequences(ids, attn, resp, Packed(packed_ids, positions, index, [i for row in rows for i in row]))
 
 
 def share_prompts(pairs: list[tuple[list[int], list[int]]], pad_id: int, length: int) -> Shared:

@@ -19,9 +19,13 @@ def token_logprobs(
     keep: torch.Tensor | None = None,
     past_key_values=None,
     entropy_grad: bool = True,
+    pixel_values: torch.Tensor | None = None,
+    banned: list[int] = (),
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(x_t | x_<t) for t = 1..T-1 ([B, T-1]), and the entropy of each of those distributions (without a
     gradient unless `entropy_grad`: a metric alone needs none, and its graph would keep a [tokens, vocab] tensor).
+    A vision-language model reads `pixel_values`, its images' in the order their tokens come, row after row; the
+    `banned` tokens' logits get the engine's bias against sampling them (``models.vision.placeholder_ids``).
 
     Logits are divided by the sampling temperature, as the sampler did before drawing. With `keep` ([B, T-1]
     bool), only those positions get logits (the LM head runs on their hidden states alone); the others hold 0.
@@ -34,12 +38,13 @@ def token_logprobs(
             position_ids=position_ids,
             past_key_values=past_key_values,
             use_cache=past_key_values is not None,
+            **({} if pixel_values is None else {"pixel_values": pixel_values}),
         ).logits
     if keep is None:
         logits, targets = logits[:, :-1], input_ids[:, 1:]
     else:
         targets = input_ids[:, 1:][keep]
-    logp, entropy = _logprobs_of(logits, targets, temperature, with_entropy, entropy_grad)
+    logp, entropy = _logprobs_of(logits, targets, temperature, with_entropy, entropy_grad, banned)
     if keep is not None:
         place = lambda v: torch.zeros(keep.shape, dtype=v.dtype, device=v.device).masked_scatter(keep, v)  # noqa: E731
         logp, entropy = place(logp), None if entropy is None else place(entropy)
@@ -47,16 +52,31 @@ def token_logprobs(
 
 
 def _logprobs_of(
-    logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool, entropy_grad: bool = True
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+    entropy_grad: bool = True,
+    banned: list[int] = (),
 ):
-    """log p(target) under logits / temperature, and the distribution's entropy (or None; with a gradient only if
-    `entropy_grad`)."""
-    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
+    """log p(target) under (logits + the bias against `banned` tokens) / temperature, as vLLM's sampler applies
+    them, and the distribution's entropy (or None; with a gradient only if `entropy_grad`)."""
+    logits = logits.float()
+    if banned:
+        logits = logits.index_add(-1, torch.tensor(banned, device=logits.device), _ban(logits, len(banned)))
+    logp_all = torch.log_softmax(logits / temperature, dim=-1)
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     if not with_entropy:
         return logp, None
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         return logp, -(logp_all.exp() * logp_all).sum(-1)
+
+
+def _ban(logits: torch.Tensor, n: int) -> torch.Tensor:
+    """The bias added to `n` columns of `logits` (``models.vision.BAN``)."""
+    from grpo_ray.models.vision import BAN
+
+    return torch.full((*logits.shape[:-1], n), BAN, dtype=logits.dtype, device=logits.device)
 
 
 @contextlib.contextmanager
@@ -75,13 +95,24 @@ def head_on(model, keep: torch.Tensor | None):
 
 
 def sequence_logprobs(
-    model, seqs: Sequences, device, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = True
+    model,
+    seqs: Sequences,
+    device,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = True,
+    pixel_values: torch.Tensor | None = None,
+    banned: list[int] = (),
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``token_logprobs`` of the response tokens of `seqs` in their [B, L-1] layout (0 off ``response_mask``),
     whether the forward runs on them padded, packed (``seqs.packed``) or with each prompt run once
-    (``seqs.shared``)."""
+    (``seqs.shared``); a vision-language model's `pixel_values` are its images' in ``seqs.order``, and its
+    `banned` tokens are kept out of responses (``token_logprobs``)."""
+    pixels = None if pixel_values is None else pixel_values.to(device)
     if seqs.shared is not None:
-        return shared_prompt_logprobs(model, seqs, device, temperature, with_entropy, entropy_grad)
+        if pixels is not None:
+            raise ValueError("images with shared prompts: a prompt's tokens alone do not say which images it holds")
+        return shared_prompt_logprobs(model, seqs, device, temperature, with_entropy, entropy_grad, banned)
     keep = seqs.response_mask.to(device).bool()
     if seqs.packed is None:
         return token_logprobs(
@@ -92,6 +123,8 @@ def sequence_logprobs(
             with_entropy,
             keep=keep,
             entropy_grad=entropy_grad,
+            pixel_values=pixels,
+            banned=banned,
         )
     p = seqs.packed
     index = p.index.to(device)
@@ -107,6 +140,8 @@ def sequence_logprobs(
         p.position_ids.to(device),
         packed_keep.view(rows, width - 1),
         entropy_grad=entropy_grad,
+        pixel_values=pixels,
+        banned=banned,
     )
     inside, at = index >= 0, index.clamp(min=0)
     unpack = lambda v: torch.where(inside, v.reshape(-1)[at], 0.0)  # noqa: E731
@@ -114,7 +149,13 @@ def sequence_logprobs(
 
 
 def shared_prompt_logprobs(
-    model, seqs: Sequences, device, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = True
+    model,
+    seqs: Sequences,
+    device,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = True,
+    banned: list[int] = (),
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``sequence_logprobs`` with each distinct prompt run once (``seqs.shared``, model.shared_prompt): a forward
     of the prompts keeps their keys and values (gradients flow back through them) and predicts each one's first
@@ -141,11 +182,20 @@ def shared_prompt_logprobs(
     keep = (segment[:, :-1] >= 0) & (segment[:, :-1] == segment[:, 1:])  # predicts its own response's next token
     mask = _row_masks(model, plen[row_prompt], width, segment, positions)
     row_logp, row_entropy = token_logprobs(
-        model, s.input_ids.to(device), mask, temperature, with_entropy, positions, keep, rows, entropy_grad
+        model,
+        s.input_ids.to(device),
+        mask,
+        temperature,
+        with_entropy,
+        positions,
+        keep,
+        rows,
+        entropy_grad,
+        banned=banned,
     )
     first = s.first.to(device)
     first_logp, first_entropy = _logprobs_of(
-        first_logits[first[:, 0]], first[:, 1], temperature, with_entropy, entropy_grad
+        first_logits[first[:, 0]], first[:, 1], temperature, with_entropy, entropy_grad, banned
     )
     index = s.index.to(device)
     inside, at = index >= 0, index.clamp(min=0)

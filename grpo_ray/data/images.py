@@ -70,6 +70,28 @@ def as_feature(value, folder: Path | None = None) -> dict:
     return {"bytes": out.getvalue(), "path": None}
 
 
+def file_bytes(value, folder: Path | None = None) -> bytes:
+    """`value`'s image as the bytes of an image file (``as_feature``'s): what a prompt carries to the engines."""
+    return as_feature(value, folder)["bytes"]
+
+
+def with_image_parts(prompt: list[dict], n: int) -> list[dict]:
+    """The prompt's messages with `n` images as content parts (``{"type": "image"}``, which a vision-language
+    chat template renders as its image marker): each ``<image>`` placeholder becomes one, or, with none, the `n`
+    come before the first user turn's text."""
+    out, marks = [dict(m) for m in prompt], placeholders(prompt)
+    image, text = {"type": "image"}, lambda t: [{"type": "text", "text": t}] if t else []  # noqa: E731
+    if not marks:
+        first = next(i for i, m in enumerate(out) if m.get("role") == "user")
+        out[first]["content"] = [image] * n + text(out[first]["content"])
+        return out
+    for m in out:
+        if isinstance(m.get("content"), str) and PLACEHOLDER in m["content"]:
+            pieces = m["content"].split(PLACEHOLDER)
+            m["content"] = text(pieces[0]) + [part for piece in pieces[1:] for part in [image, *text(piece)]]
+    return out
+
+
 def placeholders(prompt: list[dict]) -> int:
     """How many ``<image>`` placeholders the prompt's messages hold."""
     return sum(m["content"].count(PLACEHOLDER) for m in prompt if isinstance(m.get("content"), str))

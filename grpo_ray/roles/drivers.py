@@ -124,13 +124,14 @@ class Looping:
                 if len(taken) == n:
                     break
                 self.groups.remove(g)
-                out = completions_of(len(taken), g.sent.result())  # a multi-turn group's: its trajectories
+                result = g.sent.result()
+                out = completions_of(len(taken), result)  # a multi-turn group's: its trajectories
                 oldest = min((min(c.versions) for c in out if c.versions), default=version)
                 if oldest_kept is not None and oldest < min(oldest_kept, version):  # this engine's now: kept
                     discarded += sum(len(c.token_ids) for c in out)
                     self.submit([g.prompt], g.n, [g.seed + 1], start)
                     continue
-                taken.append((g.prompt, out))
+                taken.append((expanded(g.prompt, result), out))
         rollout, stats = answer(taken, began, started)
         (last, idle), now = self.last_take, time.perf_counter()
         stats.discarded, stats.engine_idle = discarded, self.loop.idle - idle
@@ -141,6 +142,23 @@ class Looping:
 
 DRIVERS = {"blocking": Blocking, "loop": Looping}
 """The engine drivers by the name a schedule gives (``Schedule.driver``)."""
+
+
+def engine_prompt(prompt: Prompt) -> dict:
+    """What the engine is sent for `prompt`: its token ids, and its images (if any) as ``multi_modal_data``."""
+    if not prompt.images:
+        return {"prompt_token_ids": prompt.ids}
+    from grpo_ray.models.vision import decoded
+
+    return {"prompt_token_ids": prompt.ids, "multi_modal_data": {"image": decoded(prompt.images)}}
+
+
+def expanded(prompt: Prompt, out) -> Prompt:
+    """`prompt` as the engine ran it: with images, its ids with each image's marker expanded into the image's tokens
+    (vLLM's output's prompt ids), what the learner's forward reads with the images' pixels."""
+    if not prompt.images or isinstance(out, list):
+        return prompt
+    return dataclasses.replace(prompt, ids=list(out.prompt_token_ids))
 
 
 def completions_of(i: int, out) -> list[Completion]:
@@ -191,9 +209,12 @@ def engine(model_path: str, recipe, kv_cache_bytes: int, seed: int, extension: s
     )
 
 
-def sampling_params(s, n: int, seed: int):
-    """vLLM's SamplingParams of `n` samples under sampling config `s`, seeded by `seed`, each token's logprob kept."""
+def sampling_params(s, n: int, seed: int, banned: list[int] = ()):
+    """vLLM's SamplingParams of `n` samples under sampling config `s`, seeded by `seed`, each token's logprob kept;
+    the `banned` tokens never sampled (a vision-language model's image placeholders: ``vision.placeholder_ids``)."""
     from vllm import SamplingParams
+
+    from grpo_ray.models.vision import BAN
 
     return SamplingParams(
         n=n,
@@ -204,4 +225,5 @@ def sampling_params(s, n: int, seed: int):
         ignore_eos=s.ignore_eos,
         logprobs=0,
         seed=seed,
+        logit_bias={t: BAN for t in banned} or None,
     )

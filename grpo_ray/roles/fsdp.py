@@ -35,15 +35,26 @@ def join(device: Device, host: str, port: int, rank: int, world_size: int):
 
 
 def shard(model: torch.nn.Module, mesh, param_dtype: torch.dtype, reduce_dtype: torch.dtype = torch.float32):
-    """FSDP2 over `mesh`: one unit per transformer block, then the root (a transformers model; with LoRA, the
-    one inside the peft wrapper)."""
+    """FSDP2 over `mesh`: one unit per transformer block (``blocks``), then the root (a transformers model; with
+    LoRA, the one inside the peft wrapper)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-    for layer in model.model.layers:
+    for layer in blocks(model):
         fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
+
+
+def blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's transformer blocks: each member of a module list named ``layers`` (a causal LM's decoder blocks;
+    a vision-language model's language and vision towers' too)."""
+    return [
+        block
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.ModuleList) and name.rsplit(".", 1)[-1] == "layers"
+        for block in m
+    ]
 
 
 def shard_rows(rows: int, world_size: int) -> list[int]:
@@ -54,11 +65,12 @@ def shard_rows(rows: int, world_size: int) -> list[int]:
 
 
 def largest_unit_bytes(metas: list[sync.WeightMeta]) -> int:
-    """Bytes of the largest FSDP unit among `metas` (a block ``model.layers.N``, or the root: the rest)."""
+    """Bytes of the largest FSDP unit among `metas` (a block ``...layers.N``, or the root: the rest)."""
     units: dict[str, int] = {}
     for m in metas:
         parts = m.name.split(".")
-        key = ".".join(parts[:3]) if parts[:2] == ["model", "layers"] else ""
+        at = next((k for k in range(len(parts) - 1) if parts[k] == "layers" and parts[k + 1].isdigit()), None)
+        key = ".".join(parts[: at + 2]) if at is not None else ""
         units[key] = units.get(key, 0) + m.nbytes
     return max(units.values(), default=0)
 

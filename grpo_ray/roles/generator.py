@@ -22,8 +22,9 @@ from grpo_ray.config import Recipe, SamplingConfig
 from grpo_ray.device import Device
 from grpo_ray.faults import fault_at
 from grpo_ray.lengths import cpu_kv_cache_bytes
+from grpo_ray.models import vision
 from grpo_ray.roles import RoleActor, Seat, log_to_file, trim_heap
-from grpo_ray.roles.drivers import DRIVERS, completions_of, engine, sampling_params
+from grpo_ray.roles.drivers import DRIVERS, completions_of, engine, engine_prompt, expanded, sampling_params
 from grpo_ray.roles.fresh import FreshCheck
 from grpo_ray.rollouts.episodes import episode_values
 from grpo_ray.types import Prompt, Rollout, RolloutStats
@@ -67,6 +68,7 @@ class Generator(RoleActor):
 
             self.episodes = Episodes(self.llm, recipe, code_dirs)
         self.llm.llm_engine.set_weight_version(str(self.version))  # every output token labelled with its weights'
+        self.banned = vision.placeholder_ids(self.llm.llm_engine.model_config.hf_config)  # never in a response
         self.driver = DRIVERS[schedules.of(recipe.algorithm).driver](self.llm, self.version)
         """How the engine is run (``roles/drivers.py``): blocking calls, or the loop of a streaming schedule."""
         self.fresh = FreshCheck(self.llm, self._generate)
@@ -93,10 +95,10 @@ class Generator(RoleActor):
         if self.episodes:
             completions = self.episodes.run(prompts, group_size, seeds, s, self.lora_request, self.driver.loop)
             return self._answer(prompts, completions, start, started)
-        params = [sampling_params(s, group_size, seed) for seed in seeds]
-        outputs = self._generate([{"prompt_token_ids": p.ids} for p in prompts], params)
+        params = [sampling_params(s, group_size, seed, self.banned) for seed in seeds]
+        outputs = self._generate([engine_prompt(p) for p in prompts], params)
         completions = [c for i, out in enumerate(outputs) for c in completions_of(i, out)]
-        return self._answer(prompts, completions, start, started)
+        return self._answer([expanded(p, out) for p, out in zip(prompts, outputs)], completions, start, started)
 
     def _generate(self, prompts: list[dict], params) -> list:
         """vLLM's outputs for `prompts` (one SamplingParams, or one each), served with the last push's adapters."""
@@ -111,8 +113,8 @@ class Generator(RoleActor):
         """A group of `prompt` started on `loop`: its future (a multi-turn group's: its trajectories')."""
         if self.episodes:  # a trajectory's turns sent one by one, the environment answering between them
             return self.episodes.start(prompt, n, seed, self.cfg.sampling, loop, self._lora)
-        params = sampling_params(self.cfg.sampling, n, seed)
-        return loop.submit({"prompt_token_ids": prompt.ids}, params, self.lora_request)
+        params = sampling_params(self.cfg.sampling, n, seed, self.banned)
+        return loop.submit(engine_prompt(prompt), params, self.lora_request)
 
     def _lora(self):
         """The adapters a request sent now is served with (the last push's)."""
@@ -193,6 +195,9 @@ class Generator(RoleActor):
         keep what older weights cached from any request after it: the prefix cache is reset, or, with requests in
         flight (streaming), salted by version; the workers' timings."""
         timings = self.llm.collective_rpc("grpo_receive_weights", args=(metas, bucket_bytes, version, self.adapter))
+        if self.llm.llm_engine.model_config.is_multimodal_model:  # the workers' reload dropped their images' encoder
+            self.llm.llm_engine.reset_mm_cache()  # outputs (old weights'): the scheduler must forget them too
+            self.llm.llm_engine.reset_encoder_cache()
         if self.adapter:  # the new adapters replace the old under one id (remove + add: any vLLM version; a
             # request carrying load_inplace would reload the files at every engine step); the prefix cache below
             # still holds the old adapter's keys and values

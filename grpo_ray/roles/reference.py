@@ -24,12 +24,13 @@ from grpo_ray.algo.batching import (
     layout_work,
     micro_batches,
     response_values,
+    samples,
     shared_pays,
 )
 from grpo_ray.algo.logprobs import sequence_logprobs
 from grpo_ray.config import REFERENCE, Recipe
 from grpo_ray.faults import fault_at
-from grpo_ray.models import load_causal_lm, pad_id
+from grpo_ray.models import load_causal_lm, pad_id, vision
 from grpo_ray.roles import Seat, fsdp
 from grpo_ray.roles.frozen import FrozenModel
 from grpo_ray.types import Completion, Prompt, Rollout, RolloutStats, Work
@@ -68,6 +69,9 @@ class Reference(FrozenModel):
         model.requires_grad_(False)
         self.model = fsdp.shard(model, mesh, self.dtype).eval()
         self.pad_id = pad_id(self.model.config)
+        self.banned = vision.placeholder_ids(self.model.config)  # kept out of responses, as the engines and learner do
+        if self.banned:  # a vision-language model: which images a prompt holds is not in its tokens
+            self.shared = False
 
     def logprobs(self, rollout_refs: list, spans: list[Span] | None = None) -> tuple[list[list[float]], Work]:
         """Per-completion reference logprobs of the response tokens (of `spans` of each rollout, or all), and
@@ -80,14 +84,16 @@ class Reference(FrozenModel):
         self.calls += 1
         if self.rank == self.world_size - 1 and fault_at(f"exit_{self.pool}", self.calls):
             os._exit(1)  # fault test: the actor dies as its share is asked for
-        pairs = flatten(ray.get(rollout_refs), spans)
+        rollouts = ray.get(rollout_refs)
+        pairs, images = flatten(rollouts, spans), [p.images for p, _ in samples(rollouts, spans)]
         start, started = time.perf_counter(), time.time()
-        out = self.score(pairs)
+        out = self.score(pairs, images)
         return out, Work(time.perf_counter() - start, len(pairs), (started, time.time()))
 
-    def score(self, pairs: list) -> list[list[float]]:
-        """The logprobs of each (prompt ids, response ids) pair's response tokens (no Ray: benchmarks/gpu.py calls
-        it directly). Collective: every actor of the group calls it, with its own pairs or none."""
+    def score(self, pairs: list, images: list[list[bytes]] = ()) -> list[list[float]]:
+        """The logprobs of each (prompt ids, response ids) pair's response tokens, a vision-language model's with each
+        pair's `images` (no Ray: benchmarks/gpu.py calls it directly). Collective: every actor of the group calls it,
+        with its own pairs or none."""
         shared = self._shared(pairs)
         # longest first, or packed: little padding per micro batch
         micros, capacity = micro_batches(list(range(len(pairs))), pairs, self.micro_batch_size, self.packing, shared)
@@ -101,7 +107,11 @@ class Reference(FrozenModel):
                 seqs = collate(
                     [pairs[i] for i in micros[k]] if mine else filler, self.pad_id, capacity if mine else 0, shared
                 )
-                logp, _ = sequence_logprobs(self.model, seqs, self.device, self.temperature)
+                some = [images[i] for i in micros[k]] if mine and images else []
+                pixels = vision.in_order(self.model_path, some, seqs, self.trust_remote_code)
+                logp, _ = sequence_logprobs(
+                    self.model, seqs, self.device, self.temperature, False, True, pixels, self.banned
+                )
                 for i, values in zip(micros[k] if mine else [], response_values(logp.cpu(), seqs.response_mask)):
                     out[i] = values
         fsdp.reshard(self.model)  # FSDP2 keeps the root (embeddings, LM head) gathered after a forward: free it

@@ -111,10 +111,12 @@ def continuation(tokenizer, kwargs: dict, before: list[dict], new: list[dict], c
 class Endpoint:
     """The endpoint of one generator: its sessions by key, served on a Unix socket at `path`."""
 
-    def __init__(self, tokenizer, recipe, path: str, pieces):
+    def __init__(self, tokenizer, recipe, path: str, pieces, banned: list[int] = ()):
         """`pieces(role)`: the template's pieces around one message of `role` (``Episodes.pieces``), the layout of
-        a call that adds one message (a tool's answer) without rendering the conversation again."""
+        a call that adds one message (a tool's answer) without rendering the conversation again; `banned`: tokens
+        never sampled (``trajectory.turn_params``)."""
         self.tokenizer, self.env, self.path, self.pieces = tokenizer, recipe.environment, path, pieces
+        self.banned = banned
         self.kwargs = recipe.model.chat_template_kwargs or {}
         self.sessions: dict[str, Session] = {}
         self.server = _Server(path, _Handler)
@@ -174,7 +176,7 @@ class Endpoint:
             s.ended = "tokens" if limit <= 0 else "turns"
             return self._response(prompt, [], [], "length")
         seed = turn_seed(s.seed, int(s.key.rpartition("/")[2]), s.calls)
-        params = turn_params(s.sampling, self.env.stop, limit, seed)
+        params = turn_params(s.sampling, self.env.stop, limit, seed, self.banned)
         start = time.perf_counter()
         out = s.loop.submit({"prompt_token_ids": prompt}, params, s.lora(), f"{s.key}/{s.calls}")
         out = out.result().outputs[0]

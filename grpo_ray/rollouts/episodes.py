@@ -29,6 +29,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from grpo_ray.data.template import Observations, TemplateError
 from grpo_ray.envs import jail, played, program
 from grpo_ray.envs.child import EnvChild
+from grpo_ray.models.vision import placeholder_ids
 from grpo_ray.rewards import search_here
 from grpo_ray.rollouts.engine_loop import EngineLoop
 from grpo_ray.rollouts.trajectory import Trajectory, turn_params, turn_seed
@@ -87,6 +88,7 @@ class Episodes:
         """`code_dirs`: where the driver found the environment's module (``grpo_ray.rewards.shipped``)."""
         e = recipe.environment
         self.llm, self.env = llm, e
+        self.banned = placeholder_ids(llm.llm_engine.model_config.hf_config)  # never sampled (a VL model's images)
         search_here(*code_dirs)  # before the children start: they are spawned with this sys.path
         tokenizer = llm.get_tokenizer()
         self.tokenizer, self.recipe = tokenizer, recipe
@@ -204,7 +206,7 @@ class Episodes:
         """vLLM's sampling parameters for `turn` of trajectory `t`: the recipe's sampling, at most what is left of
         the trajectory's token budget, the environment's stop strings, a seed of its own."""
         seed = turn_seed(t.seed, int(t.key.split("/")[1]), turn)
-        return turn_params(sampling, self.env.stop, min(sampling.max_tokens, budget - len(t.ids)), seed)
+        return turn_params(sampling, self.env.stop, min(sampling.max_tokens, budget - len(t.ids)), seed, self.banned)
 
     def _add_turn(self, t: Trajectory, out) -> bool:
         """Append a model turn; whether the trajectory ends with it (cut at sampling.max_tokens)."""

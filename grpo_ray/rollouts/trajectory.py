@@ -49,10 +49,13 @@ def turn_seed(seed: int, sample: int, turn: int) -> int:
     return int.from_bytes(hashlib.blake2b(f"{seed}/{sample}/{turn}".encode(), digest_size=4).digest(), "little")
 
 
-def turn_params(sampling, stop: list[str], max_tokens: int, seed: int):
+def turn_params(sampling, stop: list[str], max_tokens: int, seed: int, banned: list[int] = ()):
     """vLLM's sampling parameters of one model turn: the recipe's sampling (a SamplingConfig), at most `max_tokens`,
-    the environment's `stop` strings (kept in the output: they are sampled tokens), the sampled tokens' logprobs."""
+    the environment's `stop` strings (kept in the output: they are sampled tokens), the sampled tokens' logprobs;
+    the `banned` tokens never sampled (a vision-language model's image placeholders: ``vision.placeholder_ids``)."""
     from vllm import SamplingParams
+
+    from grpo_ray.models.vision import BAN
 
     return SamplingParams(
         n=1,
@@ -64,4 +67,5 @@ def turn_params(sampling, stop: list[str], max_tokens: int, seed: int):
         stop=list(stop) or None,
         include_stop_str_in_output=True,
         seed=seed,
+        logit_bias={t: BAN for t in banned} or None,
     )

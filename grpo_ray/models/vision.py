@@ -1,0 +1,64 @@
+"""Images as a vision-language model reads them: its processor turns a prompt's images (the image files' bytes a
+``Prompt`` carries) into the pixel values its forward takes.
+
+The engines expand each image marker of a prompt's tokens into the image's tokens themselves (vLLM's processing), and
+a rollout keeps the expanded tokens; the learner runs the model's own forward on them with these pixel values, one
+image after another in the order their tokens come in the batch (``Sequences.order``).
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+
+BAN = -100.0
+"""The logit bias that keeps a token from being sampled (vLLM's most negative) and the learner adds alike."""
+
+
+def placeholder_ids(config) -> list[int]:
+    """The tokens a vision-language model's forward replaces with image (or video) features, wherever they are:
+    kept out of responses (logit bias ``BAN``, in the engine's sampling and the learner's logprobs alike), since one
+    sampled would be read as an image the sample does not have. None for a text model."""
+    if getattr(config, "vision_config", None) is None:
+        return []
+    return [
+        t for t in (getattr(config, "image_token_id", None), getattr(config, "video_token_id", None)) if t is not None
+    ]
+
+
+def decoded(images: list[bytes]) -> list:
+    """The PIL images (RGB) of image files' bytes."""
+    from PIL import Image
+
+    return [Image.open(io.BytesIO(b)).convert("RGB") for b in images]
+
+
+@functools.cache
+def processor(model_path: str, trust_remote_code: bool = False):
+    """The model's processor (its tokenizer and image processor), loaded once a process."""
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+
+
+def pixel_values(model_path: str, images: list[list[bytes]], trust_remote_code: bool = False):
+    """The pixel values of each sample's images, one sample after another (a tensor, images first), or None where
+    no sample has any."""
+    flat = [b for sample in images for b in sample]
+    if not flat:
+        return None
+    got = processor(model_path, trust_remote_code).image_processor(images=decoded(flat), return_tensors="pt")
+    return got["pixel_values"]
+
+
+def in_order(model_path: str, images: list[list[bytes]], seqs, trust_remote_code: bool = False):
+    """``pixel_values`` of each sequence's `images` in the order of their tokens in `seqs`' forward
+    (``algo.batching.Sequences.order``), or None where none has any."""
+    return pixel_values(model_path, [images[i] for i in seqs.order], trust_remote_code) if any(images) else None
+
+
+def prompt_length(model_path: str, text: str, images: list[bytes], trust_remote_code: bool = False) -> int:
+    """Tokens of the prompt `text` with its images' markers expanded, as the model's processor counts them (the
+    engine's own expansion can differ by a token or two where the text around a marker tokenizes otherwise)."""
+    got = processor(model_path, trust_remote_code)(text=text, images=decoded(images), add_special_tokens=False)
+    return len(got["input_ids"][0])
