@@ -45,6 +45,8 @@ TOKENIZER_FILES = (
     "merges.txt",
     "generation_config.json",
     "config.json",
+    "processor_config.json",  # a vision-language model's processor (its image processor's settings)
+    "preprocessor_config.json",
 )
 
 
@@ -296,8 +298,9 @@ def _export_into(ckpt: Path, out: Path, max_shard_size: str, say) -> None:
         model.tie_weights()
         model.save_pretrained(out, safe_serialization=True, max_shard_size=max_shard_size)
     AutoTokenizer.from_pretrained(ckpt).save_pretrained(out)
-    if (ckpt / "generation_config.json").is_file():
-        shutil.copy(ckpt / "generation_config.json", out / "generation_config.json")
+    for name in ("generation_config.json", "processor_config.json", "preprocessor_config.json"):
+        if (ckpt / name).is_file():
+            shutil.copy(ckpt / name, out / name)
     (out / EXPORTED).write_text(json.dumps({"checkpoint": str(ckpt.resolve()), "files": _files(out)}, indent=1))
 
 

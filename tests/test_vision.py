@@ -141,12 +141,13 @@ COLOURS = {"1": (220, 30, 30), "2": (30, 30, 220)}
 
 @pytest.mark.slow
 @pytest.mark.smoke
-def test_a_run_on_image_rows_trains_on_what_the_engine_saw(tmp_path):
+def test_a_run_on_image_rows_trains_on_what_the_engine_saw(tmp_path, twin):
     """The quick start's recipe on the vision twin and image rows (verl's schema: an ``<image>`` placeholder, a
     path), two learner ranks and the reference: every sample's prompt holds the image's tokens as the engine expanded
     them, no response holds an image placeholder (kept out alike by the engine and the learner), the learner's
     logprobs of every sampled token are the engine's within the text path's bound (rollout_corr: its old policy
-    against the sampler) and the reference's before any update (the KL term 0), and it trains."""
+    against the sampler) and the reference's before any update (the KL term 0), and it trains, vision tower included;
+    its checkpoint exports as a vision-language model with its processor."""
     rows = []
     for i in range(8):
         answer = "12"[i % 2]
@@ -171,6 +172,7 @@ def test_a_run_on_image_rows_trains_on_what_the_engine_saw(tmp_path):
         "trainer.test_freq=0",
         "trainer.val_before_train=false",
         "trainer.dump_freq=1",
+        "trainer.save_freq=2",
         f"trainer.output_dir={out}",
         timeout=900,
     )
@@ -183,11 +185,21 @@ def test_a_run_on_image_rows_trains_on_what_the_engine_saw(tmp_path):
         assert m["sync/logprob_diff"] < BOUND
         assert abs(m["rollout_corr/rollout_is_max"] - 1) < BOUND and m["rollout_corr/kl"] < BOUND
     assert any(m["actor/grad_norm"] > 0 for m in steps)
-    from transformers import AutoConfig
+    from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    image_id = AutoConfig.from_pretrained(models.resolve(TWIN)).image_token_id
+    from grpo_ray.checkpoint import export_hf
+
+    image_id = twin[1].config.image_token_id
     for step in (1, 2):
         for line in (out / "rollouts" / f"train_data_step{step}.jsonl").open():
             row = json.loads(line)
             assert row["prompt_ids"].count(image_id) == IMAGE_TOKENS
             assert all(image_id not in s["response_ids"] for s in row["samples"])
+    exported = export_hf(out / "checkpoints" / "step_2", tmp_path / "exported")  # a vision-language model again
+    model, processor = AutoModelForImageTextToText.from_pretrained(exported), AutoProcessor.from_pretrained(exported)
+    turn = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Which is it?"}]}]
+    text = processor.apply_chat_template(turn, add_generation_prompt=True, tokenize=False)
+    ids = processor(text=text, images=[picture(0)], add_special_tokens=False)["input_ids"][0]
+    assert ids.count(image_id) == IMAGE_TOKENS
+    trained, start = model.state_dict(), twin[1].state_dict()
+    assert any((trained[k] - start[k]).abs().max() > 0 for k in start if "vision_tower" in k)  # the tower trained
