@@ -147,6 +147,7 @@ class GRPOController(Runner):
             **pool_metrics(work, {p: len(a) for p, a in self.pools.actors.items()}, seconds),
             **self.pools.memory(memory),
             **{f"fault/{pool}_restarts": n for pool, n in self.pools.restarts.items()},
+            **{f"fault/{pool}_recovery_s": s for pool, s in self.pools.recovery_s.items()},
             "fault/skipped_steps": self.skipped["total"],
             "timing_s/step": seconds,
         }

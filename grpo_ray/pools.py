@@ -101,6 +101,9 @@ class Pools:
         self.metas: list = []
         self.restarts = {k.name: 0 for k in KINDS.values() if self.lost_policy(k.name) != "stop"}
         """Per pool that recovers a lost actor, how many times it did (fault/<pool>_restarts)."""
+        self.recovery_s = dict.fromkeys(self.restarts, 0.0)
+        """Per such pool, the seconds its recoveries took in all (fault/<pool>_recovery_s): new actors started, a
+        group joined, a copy of the state taken."""
         self.copies: dict[str, list] = {}
         """Per pool whose lost policy is ``copy``: what each actor's newest ``state_copy`` cost (refs); the copies
         themselves are the keeper's."""
@@ -206,7 +209,7 @@ class Pools:
         if lost == "stop":
             allowed = self.r.trainer.fault_tolerance
             raise RunError(f"{pool} lost an actor, which trainer.fault_tolerance={allowed} does not recover")
-        actors = self.actors[pool]
+        actors, start = self.actors[pool], time.perf_counter()
         for j in [i] if lost == "replace" else range(len(actors)):
             ray.kill(actors[j])
             actors[j] = self._new(pool, j)
@@ -218,6 +221,7 @@ class Pools:
         if pool == LEARNER and self.generators:  # the weight transport's sender is new
             self.transport.connect(self)
         self.restarts[pool] += 1
+        self.recovery_s[pool] += time.perf_counter() - start
 
     def copy_state(self, pool: str) -> None:
         """Each actor of `pool` copies its state and the keeper takes it, for ``recover`` to give the pool started

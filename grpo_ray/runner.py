@@ -113,6 +113,10 @@ class Runner:
                     model = early_stop.export(self.best, t, self.inputs.output_dir, step, self.say)
                     self.log.note("export_path", str(model))
                     break
+            if any(self.pools.restarts.values()):  # the run's summary of what its faults cost
+                lost = ", ".join(f"{p} {n}" for p, n in self.pools.restarts.items() if n)
+                spent = sum(self.pools.recovery_s.values())
+                self.say(f"{since_start()} recovered from lost actors (restarts: {lost}) in {spent:.1f} s (fault/*)")
             self.flush_dumps()
             self.log.finish(self.best.line() if self.best.value is not None else None)
         finally:

@@ -39,7 +39,9 @@ def train(out) -> list[dict]:
 
 
 @pytest.mark.smoke  # issue 78's CI smoke: a learner node removed mid-run, the run finishing
-def test_a_learner_node_removed_mid_step_and_the_run_finishes_on_the_node_that_replaces_it(tmp_path, monkeypatch):
+def test_a_learner_node_removed_mid_step_and_the_run_finishes_on_the_node_that_replaces_it(
+    tmp_path, monkeypatch, capsys
+):
     import ray
     from ray.cluster_utils import Cluster
 
@@ -52,6 +54,7 @@ def test_a_learner_node_removed_mid_step_and_the_run_finishes_on_the_node_that_r
     removed = []
     try:
         plain = train(tmp_path / "plain")
+        capsys.readouterr()
         markers = tmp_path / "markers"
         markers.mkdir()
         monkeypatch.setenv("GRPO_RAY_FAULTS", "hold_learner@2")  # the last rank waits there for its node to go
@@ -76,4 +79,7 @@ def test_a_learner_node_removed_mid_step_and_the_run_finishes_on_the_node_that_r
         cluster.shutdown()
     assert len(removed) == 1 and removed[0] in training, removed  # the learner's node, removed mid step 2
     assert [m["fault/learner_restarts"] for m in lost] == [0, 1, 1]
+    assert [m["fault/learner_recovery_s"] > 0 for m in lost] == [False, True, True]  # timed, once
+    said = capsys.readouterr().out
+    assert said.count("recovered from lost actors (restarts: learner 1) in ") == 1  # the run's summary
     assert differing(lost, plain) <= {"fault/learner_restarts"}

@@ -43,6 +43,7 @@ def test_a_lost_scorer_actor_is_replaced_and_the_step_trains_as_if_not(plain, tm
     key = f"fault/{pool}_restarts"
     assert [m[key] for m in faulted] == [0, 1, 1] and [m[key] for m in plain] == [0, 0, 0]  # lost once, at step 2
     assert out.count(said) == 1
+    assert out.count(f"recovered from lost actors (restarts: {pool} 1) in ") == 1  # the run's summary
     assert differing(faulted, plain) <= {key}
 
 
