@@ -17,7 +17,8 @@ A row is a dict::
   must answer, or the dataset be in the local cache with HF_HUB_OFFLINE=1);
 - a synthetic task's name (``synthetic://select?size=N&seed=S&items=K&split=train`` or
   ``synthetic://reasoning?size=N&seed=S&min_steps=2&max_steps=3&max_value=40&split=test``,
-  ``synthetic://products?size=N&seed=S&digits=2&answer_only=0.5``, see
+  ``synthetic://products?size=N&seed=S&digits=2&answer_only=0.5``, ``synthetic://shapes?size=N&max_count=4&blank=0``
+  (pictures: for a vision-language model), see
   grpo_ray.data.synthetic);
 - a library's rows (``grpo_ray.libraries.DATA``, each made by its module in ``grpo_ray.integrations``): a
   reasoning-gym task, ``reasoning_gym://basic_arithmetic?size=N&seed=S&<its config>`` (with its reward
@@ -214,6 +215,7 @@ SYNTHETIC_KEYS = {
     "select": {"items": (1, 8), "pairs": (0, 1)},
     "reasoning": {"min_steps": (1, 6), "max_steps": (1, 6), "max_value": (10, 99), "answer_only": (0, 1)},
     "products": {"digits": (1, 4), "answer_only": (0, 1)},
+    "shapes": {"max_count": (1, 9), "blank": (0, 1)},
 }
 FLOAT_KEYS = {"answer_only"}
 

@@ -25,12 +25,22 @@ the rows keeps only the final ``#### N`` line (warm-start data of mixed quality)
 ``products``: one product of two 2-digit numbers in a word problem, with a tool-use trace for the
 ``calculator`` environment (``extra_info.messages``): the warm start of the tool-use showcase.
 
+``shapes``: a picture (64 x 64 pixels, the vision twin's size) of 1 to ``max_count`` coloured squares on white,
+and the question how many there are, the image in the row's ``images`` as a PNG file's bytes::
+
+    <image> How many squares are in the picture? Give the final answer after ####.
+    -> #### 3
+
+With ``blank=1`` every picture is white (the same questions and answers, drawn from the same stream): the control
+of a model that must read the pixels to answer.
+
 Rows are generated procedurally from a seed: the same spec gives the same rows; the train and test
 splits of one seed are different streams.
 """
 
 from __future__ import annotations
 
+import io
 import itertools
 import random
 
@@ -38,7 +48,12 @@ NAMES = ["Mia", "Tom", "Ava", "Leo", "Zoe", "Sam", "Eva", "Max"]
 PRONOUN = {"Mia": "she", "Ava": "she", "Zoe": "she", "Eva": "she", "Tom": "he", "Leo": "he", "Sam": "he", "Max": "he"}
 ITEMS = ["apples", "pears", "plums", "limes", "figs", "nuts", "eggs", "pens"]
 INSTRUCTION = "Give the final answer after ####."
-SOURCES = {"select": "synthetic/select", "reasoning": "synthetic/reasoning", "products": "synthetic/products"}
+SOURCES = {
+    "select": "synthetic/select",
+    "reasoning": "synthetic/reasoning",
+    "products": "synthetic/products",
+    "shapes": "synthetic/shapes",
+}
 
 
 def _row(task: str, question: str, answer: int, solution: str, index: int, split: str) -> dict:
@@ -166,7 +181,29 @@ def products_row(
     return row
 
 
-TASKS = {"select": select_row, "reasoning": reasoning_row, "products": products_row}
+SHAPE_COLOURS = [(220, 40, 40), (40, 160, 40), (40, 60, 220), (230, 180, 30)]
+
+
+def shapes_row(rng: random.Random, index: int = 0, split: str = "train", max_count: int = 4, blank: int = 0) -> dict:
+    """One picture of 1..`max_count` squares in a 4 x 4 grid of cells (they never touch), each of a random colour,
+    and the question how many there are; with `blank`, the picture white, the rest as without (same stream)."""
+    from PIL import Image, ImageDraw
+
+    count = rng.randint(1, max_count)
+    image = Image.new("RGB", (64, 64), "white")
+    draw = ImageDraw.Draw(image)
+    for cell in rng.sample(range(16), count):
+        x, y = (cell % 4) * 16 + 3, (cell // 4) * 16 + 3
+        draw.rectangle([x, y, x + 9, y + 9], fill=rng.choice(SHAPE_COLOURS))
+    png = io.BytesIO()
+    (Image.new("RGB", (64, 64), "white") if blank else image).save(png, format="PNG")
+    question = f"<image> How many squares are in the picture? {INSTRUCTION}"
+    row = _row("shapes", question, count, f"#### {count}", index, split)
+    row["images"] = [png.getvalue()]
+    return row
+
+
+TASKS = {"select": select_row, "reasoning": reasoning_row, "products": products_row, "shapes": shapes_row}
 
 
 def make_rows(size: int, seed: int = 0, split: str = "train", task: str = "select", **options) -> list[dict]:
