@@ -135,44 +135,46 @@ def test_the_learners_forward_reads_each_sequences_own_images_padded_and_packed(
         sequence_logprobs(model, shared, "cpu", pixel_values=vision.in_order(path, pictures, seqs))
 
 
-COLOURS = {"1": (220, 30, 30), "2": (30, 30, 220)}
-"""The run's task: a picture of one colour, answered with its digit (the twin is random: the reward varies anyway)."""
+VISION = ROOT / "recipes" / "tiny-cpu-vision.yaml"
 
 
 @pytest.mark.slow
 @pytest.mark.smoke
-def test_a_run_on_image_rows_trains_on_what_the_engine_saw(tmp_path, twin):
-    """The quick start's recipe on the vision twin and image rows (verl's schema: an ``<image>`` placeholder, a
-    path), two learner ranks and the reference: every sample's prompt holds the image's tokens as the engine expanded
-    them, no response holds an image placeholder (kept out alike by the engine and the learner), the learner's
-    logprobs of every sampled token are the engine's within the text path's bound (rollout_corr: its old policy
-    against the sampler) and the reference's before any update (the KL term 0), and it trains, vision tower included;
-    its checkpoint exports as a vision-language model with its processor."""
-    rows = []
-    for i in range(8):
-        answer = "12"[i % 2]
-        Image.new("RGB", (48, 40), COLOURS[answer]).save(tmp_path / f"{i}.png")
-        prompt = [{"role": "user", "content": "<image> Red is 1, blue is 2. Which is it?"}]
-        rows.append({"prompt": prompt, "images": [f"{i}.png"], "reward_model": {"ground_truth": answer}})
+def test_the_vision_recipe_trains_on_what_the_engine_saw(tmp_path):
+    """recipes/tiny-cpu-vision.yaml on image rows in verl's schema (an ``<image>`` placeholder, a path relative to
+    the file: its own synthetic pictures, written out), two learner ranks and the reference: every sample's prompt
+    holds the image's tokens as the engine expanded them, no response holds an image placeholder (kept out alike by
+    the engine and the learner), the learner's logprobs of every sampled token are the engine's within the text
+    path's bound (rollout_corr: its old policy against the sampler) and the reference's before any update (the KL
+    term 0), and it trains, vision tower included; its checkpoint exports as a vision-language model with its
+    processor."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from grpo_ray.checkpoint import export_hf
+    from grpo_ray.config import load_recipe
+    from grpo_ray.data.synthetic import make_rows
+
+    rows = make_rows(8, task="shapes")
+    for i, row in enumerate(rows):
+        (tmp_path / f"{i}.png").write_bytes(row["images"][0])
+        row["images"] = [f"{i}.png"]
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "run"
     res = run_cli(
         "train",
-        str(ROOT / "recipes" / "tiny-cpu.yaml"),
-        f"model.path={TWIN}",
+        str(VISION),
         f"data.train_files=[{tmp_path / 'rows.jsonl'}]",
-        "data.val_files=[]",
         "data.train_batch_size=4",
         "algorithm.group_size=4",
         "learner.mini_batch_size=16",
         "learner.micro_batch_size=8",
-        "reward.functions=[{name: 'tests.helpers.varied_rewards:half'}]",
-        "generator.vllm_kwargs={model_impl: transformers, limit_mm_per_prompt: {image: 1}}",
+        "reward.functions=[{name: 'tests.helpers.varied_rewards:half'}]",  # the random twin: some signal anyway
         "trainer.total_steps=2",
         "trainer.test_freq=0",
         "trainer.val_before_train=false",
         "trainer.dump_freq=1",
         "trainer.save_freq=2",
+        "trainer.loggers=[console,jsonl]",
         f"trainer.output_dir={out}",
         timeout=900,
     )
@@ -185,11 +187,8 @@ def test_a_run_on_image_rows_trains_on_what_the_engine_saw(tmp_path, twin):
         assert m["sync/logprob_diff"] < BOUND
         assert abs(m["rollout_corr/rollout_is_max"] - 1) < BOUND and m["rollout_corr/kl"] < BOUND
     assert any(m["actor/grad_norm"] > 0 for m in steps)
-    from transformers import AutoModelForImageTextToText, AutoProcessor
-
-    from grpo_ray.checkpoint import export_hf
-
-    image_id = twin[1].config.image_token_id
+    start = AutoModelForImageTextToText.from_pretrained(models.resolve(load_recipe(VISION).model.path))
+    image_id = start.config.image_token_id
     for step in (1, 2):
         for line in (out / "rollouts" / f"train_data_step{step}.jsonl").open():
             row = json.loads(line)
@@ -197,9 +196,9 @@ def test_a_run_on_image_rows_trains_on_what_the_engine_saw(tmp_path, twin):
             assert all(image_id not in s["response_ids"] for s in row["samples"])
     exported = export_hf(out / "checkpoints" / "step_2", tmp_path / "exported")  # a vision-language model again
     model, processor = AutoModelForImageTextToText.from_pretrained(exported), AutoProcessor.from_pretrained(exported)
-    turn = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Which is it?"}]}]
+    turn = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "How many?"}]}]
     text = processor.apply_chat_template(turn, add_generation_prompt=True, tokenize=False)
     ids = processor(text=text, images=[picture(0)], add_special_tokens=False)["input_ids"][0]
     assert ids.count(image_id) == IMAGE_TOKENS
-    trained, start = model.state_dict(), twin[1].state_dict()
-    assert any((trained[k] - start[k]).abs().max() > 0 for k in start if "vision_tower" in k)  # the tower trained
+    trained, begun = model.state_dict(), start.state_dict()
+    assert any((trained[k] - begun[k]).abs().max() > 0 for k in begun if "vision_tower" in k)  # the tower trained
