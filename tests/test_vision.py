@@ -202,3 +202,23 @@ def test_the_vision_recipe_trains_on_what_the_engine_saw(tmp_path):
     assert ids.count(image_id) == IMAGE_TOKENS
     trained, begun = model.state_dict(), start.state_dict()
     assert any((trained[k] - begun[k]).abs().max() > 0 for k in begun if "vision_tower" in k)  # the tower trained
+
+
+def test_the_planner_counts_the_vision_tower_from_the_config(twin):
+    """``ModelDims.vision`` (in ``params``: the planner's weights, gradients, optimizer state and pushes) is the
+    tower's and its projection's parameters as the config gives them, within 2% (norms and biases aside): the
+    twin's, built or not yet, and a Qwen2.5-VL ViT's (gated MLP, merger)."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    from grpo_ray.models.dims import model_dims, tiny_dims, vision_params
+
+    def count(model, *names) -> int:
+        return sum(p.numel() for n, p in model.named_parameters() if any(x in n for x in names))
+
+    real = count(twin[1], "vision_tower", "multi_modal_projector")
+    assert 0.98 < model_dims(TWIN).vision / real <= 1 and tiny_dims(parse_tiny(TWIN)).vision == model_dims(TWIN).vision
+    text = {"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 128}
+    vit = {"depth": 2, "hidden_size": 64, "out_hidden_size": 64, "num_heads": 2, "intermediate_size": 128}
+    config = Qwen2_5_VLConfig(text_config=text, vision_config=vit)
+    real = count(Qwen2_5_VLForConditionalGeneration(config), "visual")
+    assert 0.98 < vision_params(config.vision_config.to_dict(), 64) / real <= 1

@@ -4,6 +4,7 @@ in the run's inputs to the pools and roles."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -29,6 +30,9 @@ class ModelDims:
     tied: bool
     max_positions: int = 0
     """Longest sequence the model's positions allow (max_position_embeddings); 0 when unknown."""
+    vision: int = 0
+    """Parameters of a vision-language model's vision tower and its projection (``vision_params``; 0: a text
+    model): held, trained and pushed as the rest are (in ``params``); not in the FLOPs a text token costs."""
 
     @property
     def attn_dim(self) -> int:
@@ -76,7 +80,34 @@ class ModelDims:
 
     @property
     def params(self) -> int:
-        return self.layers * self.layer_params + self.embedding_params
+        return self.layers * self.layer_params + self.embedding_params + self.vision
+
+
+def vision_params(vc: dict, text_hidden: int) -> int:
+    """Parameters of a vision tower of config `vc` (a ``vision_config``) and of its projection to the language
+    model's width `text_hidden`, norms and biases aside: its blocks' attention and MLP, its patch and position
+    embeddings, the projection. SigLIP's shape (Gemma 3); Qwen-VL's ViT (``depth``, ``out_hidden_size``) has a
+    gated MLP, no position table, and a merger of ``spatial_merge_size`` squared patches."""
+    h = vc["hidden_size"]
+    inner = vc.get("intermediate_size") or 4 * h
+    patch = vc.get("patch_size", 14)
+    channels = vc.get("num_channels") or vc.get("in_channels") or vc.get("in_chans") or 3
+    embed = channels * patch * patch * vc.get("temporal_patch_size", 1) * h
+    if "out_hidden_size" in vc:  # Qwen2.5-VL / Qwen3-VL
+        merged = h * vc.get("spatial_merge_size", 2) ** 2
+        return vc["depth"] * (4 * h * h + 3 * h * inner) + embed + merged * merged + merged * vc["out_hidden_size"]
+    positions = (vc.get("image_size", 224) // patch) ** 2 * h
+    return vc["num_hidden_layers"] * (4 * h * h + 2 * h * inner) + embed + positions + h * text_hidden
+
+
+SIGLIP_896 = {
+    "hidden_size": 1152,
+    "intermediate_size": 4304,
+    "num_hidden_layers": 27,
+    "patch_size": 14,
+    "image_size": 896,
+}
+"""Gemma 3's vision tower (SigLIP so400m at 896 pixels), as its checkpoints' config.json has it."""
 
 
 # Text-model shapes of the public checkpoints our recipes name (their config.json), so `plan` runs offline.
@@ -88,9 +119,12 @@ KNOWN_DIMS = {
     "meta-llama/Llama-3.1-8B-Instruct": ModelDims(32, 4096, 32, 8, 128, 14336, 128256, False, 131072),
     # a reward model: Llama-3.1-8B-Instruct's body with a one-output score head
     "Skywork/Skywork-Reward-V2-Llama-3.1-8B": ModelDims(32, 4096, 32, 8, 128, 14336, 128256, False, 131072),
-    "google/gemma-3-27b-it": ModelDims(62, 5376, 32, 16, 128, 21504, 262208, True, 131072),
+    "google/gemma-3-27b-it": ModelDims(62, 5376, 32, 16, 128, 21504, 262208, True, 131072),  # its tower: below
     "google/gemma-3-1b-it": ModelDims(26, 1152, 4, 1, 256, 6912, 262144, True, 32768),
 }
+KNOWN_DIMS["google/gemma-3-27b-it"] = dataclasses.replace(
+    KNOWN_DIMS["google/gemma-3-27b-it"], vision=vision_params(SIGLIP_896, 5376)
+)
 
 
 @functools.cache
@@ -146,6 +180,7 @@ def model_dims(name: str, key: str = "model.path") -> ModelDims:
         raise models.ModelNameError(
             f"{key}={name!r}: no config.json: {why}; download the model, or name a local directory"
         ) from None
+    vision = cfg.get("vision_config")
     cfg = cfg.get("text_config", cfg)  # multimodal checkpoints (Gemma 3 >= 4B) keep the LM's shape here
     heads = cfg["num_attention_heads"]
     return ModelDims(
@@ -158,6 +193,7 @@ def model_dims(name: str, key: str = "model.path") -> ModelDims:
         cfg["vocab_size"],
         bool(cfg.get("tie_word_embeddings", True)),
         int(cfg.get("max_position_embeddings") or 0),
+        vision_params(vision, cfg["hidden_size"]) if vision else 0,
     )
 
 
@@ -173,4 +209,5 @@ def tiny_dims(spec: tiny.TinySpec) -> ModelDims:
         spec.vocab,
         bool(spec.tie),
         spec.max_len,
+        vision_params(tiny.vision_config(spec), spec.hidden) if spec.vision else 0,
     )

@@ -199,23 +199,28 @@ def train_tokenizer(arch: str, texts: list[str], vocab_size: int, all_bytes: boo
     return fast
 
 
+def vision_config(spec: TinySpec) -> dict:
+    """A vision twin's SigLIP tower: spec.vision layers, half the text's width (at least 32)."""
+    width = max(32, spec.hidden // 2)
+    return dict(
+        hidden_size=width,
+        intermediate_size=2 * width,
+        num_hidden_layers=spec.vision,
+        num_attention_heads=max(1, width // 32),
+        image_size=IMAGE_SIDE,
+        patch_size=PATCH,
+        vision_use_head=False,
+    )
+
+
 def _vision_config(spec: TinySpec, text, tokenizer):
     """Gemma 3's vision-language config around `text`: a SigLIP tower of spec.vision layers, half the text's width."""
     from transformers import Gemma3Config
 
     ids = {k: tokenizer.convert_tokens_to_ids(v) for k, v in VISION.items()}
-    width = max(32, spec.hidden // 2)
     cfg = Gemma3Config(
         text_config=text.to_dict(),
-        vision_config=dict(
-            hidden_size=width,
-            intermediate_size=2 * width,
-            num_hidden_layers=spec.vision,
-            num_attention_heads=max(1, width // 32),
-            image_size=IMAGE_SIDE,
-            patch_size=PATCH,
-            vision_use_head=False,
-        ),
+        vision_config=vision_config(spec),
         mm_tokens_per_image=IMAGE_TOKENS,
         boi_token_index=ids["boi_token"],
         eoi_token_index=ids["eoi_token"],

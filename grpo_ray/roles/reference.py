@@ -87,7 +87,7 @@ class Reference(FrozenModel):
         rollouts = ray.get(rollout_refs)
         pairs, images = flatten(rollouts, spans), [p.images for p, _ in samples(rollouts, spans)]
         start, started = time.perf_counter(), time.time()
-        out = self.score(pairs, images)
+        out = self.score(pairs, images) if any(images) else self.score(pairs)  # a subclass's score may take pairs
         return out, Work(time.perf_counter() - start, len(pairs), (started, time.time()))
 
     def score(self, pairs: list, images: list[list[bytes]] = ()) -> list[list[float]]:
