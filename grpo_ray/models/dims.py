@@ -4,7 +4,6 @@ in the run's inputs to the pools and roles."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import os
@@ -119,12 +118,11 @@ KNOWN_DIMS = {
     "meta-llama/Llama-3.1-8B-Instruct": ModelDims(32, 4096, 32, 8, 128, 14336, 128256, False, 131072),
     # a reward model: Llama-3.1-8B-Instruct's body with a one-output score head
     "Skywork/Skywork-Reward-V2-Llama-3.1-8B": ModelDims(32, 4096, 32, 8, 128, 14336, 128256, False, 131072),
-    "google/gemma-3-27b-it": ModelDims(62, 5376, 32, 16, 128, 21504, 262208, True, 131072),  # its tower: below
+    "google/gemma-3-27b-it": ModelDims(
+        62, 5376, 32, 16, 128, 21504, 262208, True, 131072, vision_params(SIGLIP_896, 5376)
+    ),
     "google/gemma-3-1b-it": ModelDims(26, 1152, 4, 1, 256, 6912, 262144, True, 32768),
 }
-KNOWN_DIMS["google/gemma-3-27b-it"] = dataclasses.replace(
-    KNOWN_DIMS["google/gemma-3-27b-it"], vision=vision_params(SIGLIP_896, 5376)
-)
 
 
 @functools.cache
