@@ -188,8 +188,9 @@ def _rows_of(spec: str, tokenizer, recipe: Recipe, command: str, pieces: dict) -
         if job.rows:
             extra.update(job.rows(row, recipe, tokenizer, where, pieces))
         pictures, length = row.get("prompt_images"), len(ids)
-        if pictures:  # the engine expands each image's marker into the image's tokens
-            length = vision.prompt_length(tokenizer.name_or_path, text, pictures, recipe.model.trust_remote_code)
+        if pictures:  # each image's marker stands for the image's tokens: an engine expands it, SFT trains on them
+            full = vision.expanded_ids(tokenizer.name_or_path, text, pictures, recipe.model.trust_remote_code)
+            extra["prompt_ids"], length = full if command == "sft" else ids, len(full)
         if length > recipe.data.max_prompt_length or job.over(extra, recipe):
             n += 1
             first = first or f"{where} is over {_limits(recipe, command)}"
@@ -239,7 +240,7 @@ def image_rows(spec: str, rows: list[dict], recipe: Recipe, model_path: str, com
 
 def images_not_read(recipe: Recipe, command: str) -> str:
     """What of the run would read a prompt without its images (the first found, as a user names it), or ""."""
-    if command not in ("", "train"):
+    if command not in ("", "train", "sft"):
         return f"`grpo-ray {command}`"
     for kind in KINDS.values():
         if kind.model and kind.name not in (GENERATOR, LEARNER, REFERENCE) and kind.count(recipe):

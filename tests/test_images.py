@@ -104,8 +104,8 @@ def test_a_vision_language_models_image_rows_are_checked_and_carry_their_images(
         "'Qwen/Qwen2.5-7B-Instruct'; teacher.model='' runs without it) reads text alone so far (images reach the "
         "generators, the learner and the reference): run without it, or with rows without images"
     )
-    with pytest.raises(RecipeError, match="and `grpo-ray sft` reads text alone so far"):
-        image_rows(str(spec), rows[:2], Recipe(), vl_model, "sft")
+    with pytest.raises(RecipeError, match="and `grpo-ray rm` reads text alone so far"):
+        image_rows(str(spec), rows[:2], Recipe(), vl_model, "rm")
 
 
 def test_prepare_data_writes_image_rows_in_verls_schema(tmp_path):

@@ -45,7 +45,9 @@ class SFTController(Runner):
         traced = any("target_mask" in row for row in rows)  # multi-turn traces: observations are not trained on
         masks = ray.put([row.get("target_mask") or [1] * len(row["target_ids"]) for row in rows]) if traced else None
         learners = self.pools.learners
-        trained = self.call([l.sft_train.remote(pairs, masks) for l in learners], "learner sft")[0]
+        pictures = any("prompt_images" in row for row in rows)  # a vision-language model's: its prompt ids expanded
+        images = ray.put([row.get("prompt_images") or [] for row in rows]) if pictures else None
+        trained = self.call([l.sft_train.remote(pairs, masks, images) for l in learners], "learner sft")[0]
         self.version += 1
         seconds = time.perf_counter() - start
         lengths = [len(row["prompt_ids"]) + len(row["target_ids"]) for row in rows]

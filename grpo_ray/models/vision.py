@@ -57,8 +57,9 @@ def in_order(model_path: str, images: list[list[bytes]], seqs, trust_remote_code
     return pixel_values(model_path, [images[i] for i in seqs.order], trust_remote_code) if any(images) else None
 
 
-def prompt_length(model_path: str, text: str, images: list[bytes], trust_remote_code: bool = False) -> int:
-    """Tokens of the prompt `text` with its images' markers expanded, as the model's processor counts them (the
-    engine's own expansion can differ by a token or two where the text around a marker tokenizes otherwise)."""
+def expanded_ids(model_path: str, text: str, images: list[bytes], trust_remote_code: bool = False) -> list[int]:
+    """The token ids of the prompt `text` with its images' markers expanded by the model's processor: what SFT
+    trains on (no engine runs it), and a prompt's length (the engine's own expansion can differ by a token or two
+    where the text around a marker tokenizes otherwise; a rollout keeps the engine's)."""
     got = processor(model_path, trust_remote_code)(text=text, images=decoded(images), add_special_tokens=False)
-    return len(got["input_ids"][0])
+    return [int(t) for t in got["input_ids"][0]]

@@ -449,19 +449,18 @@ class Learner(WeightsOut, RoleActor):
         mean over ranks, each rank's loss summed over its share and divided by this is the mini batch's mean."""
         return self._total(local) / self.world_size
 
-    def sft_train(self, pairs: list[tuple[list[int], list[int]]], masks: list | None = None) -> dict[str, float]:
-        """One SFT step: (prompt ids, target ids) pairs cut into mini batches (an optimizer step each), each
-        cut over the ranks; loss on target tokens only (those a multi-turn trace's `masks` keep: not its
-        observations), token mean over the mini batch."""
+    def sft_train(self, pairs: list, masks: list | None = None, images: list | None = None) -> dict[str, float]:
+        """One SFT step: (prompt ids, target ids) pairs (a vision-language model's with each one's `images`) cut into
+        mini batches (an optimizer step each), each cut over the ranks; loss on target tokens only (those a multi-turn
+        trace's `masks` keep: not its observations), token mean over the mini batch."""
         lc = self.recipe.learner
         n, m = len(pairs), lc.mini_batch_size
         minis = [rank_slice(list(range(b, min(b + m, n))), self.rank, self.world_size) for b in range(0, n, m)]
         start = time.perf_counter()
         totals = torch.zeros(2, dtype=torch.float64, device=self.device)  # nll, tokens
-        grad_norms = []
+        grad_norms, self.images = [], images or [[] for _ in pairs]  # each pair's images, its prompt's expanded
         self.model.train()
         trained = [sum(m) for m in masks] if masks else [len(target) for _, target in pairs]
-        self.images = []  # text alone (image rows are refused for SFT)
         self._layout(pairs)
         self.flops = 0.0
         for mine in minis:
@@ -470,7 +469,9 @@ class Learner(WeightsOut, RoleActor):
             for _ in range(self._rounds(len(micros)) - len(micros)):  # pair the collectives of a rank with more
                 self._filler_backward()
             for micro in micros:
-                seqs, logp, _ = self._logprobs([pairs[i] for i in micro], capacity, temperature=1.0)
+                seqs, logp, _ = self._logprobs(
+                    [pairs[i] for i in micro], capacity, False, 1.0, [self.images[i] for i in micro]
+                )
                 response = seqs.response_mask.to(logp.device)
                 loss, mm = sft_loss(logp, placed(masks, micro, response) if masks else response, normaliser)
                 loss.backward()
