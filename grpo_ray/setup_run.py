@@ -189,7 +189,8 @@ def _rows_of(spec: str, tokenizer, recipe: Recipe, command: str, pieces: dict) -
             extra.update(job.rows(row, recipe, tokenizer, where, pieces))
         pictures, length = row.get("prompt_images"), len(ids)
         if pictures:  # each image's marker stands for the image's tokens: an engine expands it, SFT trains on them
-            full = vision.expanded_ids(tokenizer.name_or_path, text, pictures, recipe.model.trust_remote_code)
+            sizes = vision.sizes(pictures)
+            full = list(vision.expanded_ids(tokenizer.name_or_path, text, sizes, recipe.model.trust_remote_code))
             extra["prompt_ids"], length = full if command == "sft" else ids, len(full)
         if length > recipe.data.max_prompt_length or job.over(extra, recipe):
             n += 1

@@ -42,13 +42,14 @@ def processor(model_path: str, trust_remote_code: bool = False):
 
 
 def pixel_values(model_path: str, images: list[list[bytes]], trust_remote_code: bool = False):
-    """The pixel values of each sample's images, one sample after another (a tensor, images first), or None where
-    no sample has any."""
+    """The pixel values of each sample's images, one sample after another (a tensor, a row an image), or None where
+    no sample has any. Each distinct image is decoded and processed once (a group's samples share their prompt's)."""
     flat = [b for sample in images for b in sample]
     if not flat:
         return None
-    got = processor(model_path, trust_remote_code).image_processor(images=decoded(flat), return_tensors="pt")
-    return got["pixel_values"]
+    at = {b: i for i, b in enumerate(dict.fromkeys(flat))}
+    got = processor(model_path, trust_remote_code).image_processor(images=decoded(list(at)), return_tensors="pt")
+    return got["pixel_values"][[at[b] for b in flat]]
 
 
 def in_order(model_path: str, images: list[list[bytes]], seqs, trust_remote_code: bool = False):
@@ -57,9 +58,23 @@ def in_order(model_path: str, images: list[list[bytes]], seqs, trust_remote_code
     return pixel_values(model_path, [images[i] for i in seqs.order], trust_remote_code) if any(images) else None
 
 
-def expanded_ids(model_path: str, text: str, images: list[bytes], trust_remote_code: bool = False) -> list[int]:
-    """The token ids of the prompt `text` with its images' markers expanded by the model's processor: what SFT
-    trains on (no engine runs it), and a prompt's length (the engine's own expansion can differ by a token or two
-    where the text around a marker tokenizes otherwise; a rollout keeps the engine's)."""
-    got = processor(model_path, trust_remote_code)(text=text, images=decoded(images), add_special_tokens=False)
-    return [int(t) for t in got["input_ids"][0]]
+def sizes(images: list[bytes]) -> tuple[tuple[int, int], ...]:
+    """Each image's (width, height), read from its file's header (no pixels decoded)."""
+    from PIL import Image
+
+    return tuple(Image.open(io.BytesIO(b)).size for b in images)
+
+
+@functools.lru_cache(maxsize=4096)
+def expanded_ids(
+    model_path: str, text: str, sizes: tuple[tuple[int, int], ...], trust_remote_code: bool = False
+) -> tuple[int, ...]:
+    """The token ids of the prompt `text` with the markers of images of `sizes` expanded by the model's processor:
+    what SFT trains on (no engine runs it), and a prompt's length (the engine's own expansion can differ by a token
+    or two where the text around a marker tokenizes otherwise; a rollout keeps the engine's). The tokens depend on
+    the images' sizes, not their pixels: counted on blank images, once for each text and sizes."""
+    from PIL import Image
+
+    blanks = [Image.new("RGB", size) for size in sizes]
+    got = processor(model_path, trust_remote_code)(text=text, images=blanks, add_special_tokens=False)
+    return tuple(int(t) for t in got["input_ids"][0])
