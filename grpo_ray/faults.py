@@ -15,7 +15,9 @@ job does not fail again. Nothing else is faked: the processes really exit, the l
     exit_reference@N      the last reference actor exits at its N-th scoring call (exit_teacher@N: the teacher's)
     exit_reward@N         the first rule-reward actor to be asked for its N-th share exits
     exit_learner@N        the last learner rank exits after its first optimizer step of its N-th step
-    hold_learner@N        ... or waits there, for a test to remove its node (its marker file says when)
+    exit_generator@N      an engine exits as it is asked for its N-th batch of samples (batched schedule)
+    hold_<pool>@N         where exit_<pool>@N exits, waits instead, for a test to remove its node (its marker
+                          file says when)
     hang_judge@N          the first judge actor hangs at its N-th call (past reward_model.judge.timeout_s)
     ray_start_timeout@N   the driver's N-th try to start a local Ray cluster fails as Ray's does when its raylet
                           gives up on a slow dashboard agent (the one fault raised here, not met for real: Ray's
@@ -41,10 +43,10 @@ def fault_at(point: str, n: int) -> bool:
         return False
 
 
-def learner_mid_step(last_rank: bool, step: int) -> None:
-    """The learner's points after an optimizer step of its `step`-th step, the weights moved: on its last rank,
-    exit_learner exits; hold_learner waits, for a test to remove its node."""
-    if last_rank and fault_at("exit_learner", step):
+def lost_at(pool: str, n: int, here: bool = True) -> None:
+    """A pool's points at its `n`-th call (or step), on the actor where `here`: ``exit_<pool>@n`` exits the process;
+    ``hold_<pool>@n`` waits there, for a test to remove its node (its marker file says when)."""
+    if here and fault_at(f"exit_{pool}", n):
         os._exit(1)
-    if last_rank and fault_at("hold_learner", step):
+    if here and fault_at(f"hold_{pool}", n):
         time.sleep(600)

@@ -249,8 +249,6 @@ def images_not_read(recipe: Recipe, command: str) -> str:
             return f"the {kind.name} pool ({kind.model}={kind.model_name(recipe)!r}; {off} runs without it)"
     if recipe.environment.name:
         return f"environment.name={recipe.environment.name!r}"
-    if recipe.model.lora.rank:
-        return f"model.lora.rank={recipe.model.lora.rank}"
     if recipe.model.shared_prompt is True:
         return "model.shared_prompt=true (each prompt run once, keyed by its tokens alone)"
     return ""

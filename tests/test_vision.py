@@ -138,6 +138,69 @@ def test_the_learners_forward_reads_each_sequences_own_images_padded_and_packed(
 VISION = ROOT / "recipes" / "tiny-cpu-vision.yaml"
 
 
+@pytest.mark.parametrize("freeze", [False, True])
+def test_what_trains_and_what_a_push_sends_of_a_vision_language_model(freeze):
+    """``model.freeze_vision`` keeps the tower as loaded (no gradient, left out of a push: the engines hold it) and
+    trains its projection; LoRA's adapters are the language model's alone (the tower and projection frozen, never
+    pushed), merged or not; the planner counts the same parameters as trained and as pushed."""
+    from grpo_ray.config import LoraConfig, ModelConfig
+    from grpo_ray.models import lora
+    from grpo_ray.models.dims import model_dims
+
+    path = models.resolve(TWIN)
+
+    def loaded():
+        return models.load_causal_lm(path, torch.float32)
+
+    def numel(model, names) -> int:
+        return sum(p.numel() for n, p in model.named_parameters() if n in names)
+
+    tower = {n for n, _ in loaded().named_parameters() if ".vision_tower." in n}
+    model = lora.wrap(loaded(), LoraConfig(), freeze)
+    trains = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert (trains & tower == set()) == freeze and any("multi_modal_projector" in n for n in trains)
+    sent = set(lora.engine_weights(model, lambda p: p.detach()))
+    assert sent == trains and sent | tower == {n for n, _ in model.named_parameters()}
+    d, cfg = model_dims(TWIN), ModelConfig(path=TWIN, freeze_vision=freeze)
+    assert 0.98 < d.trained(cfg) / numel(model, trains) <= 1 and d.pushed(cfg) == d.trained(cfg)
+
+    adapters = LoraConfig(rank=4, alpha=8)
+    model = lora.wrap(loaded(), adapters, freeze)
+    trains = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trains and all(lora.is_adapter(n) and ".language_model." in n for n in trains)
+    merged = set(lora.engine_weights(model, lambda p: p.detach()))
+    assert merged and all(".language_model." in n for n in merged)
+    names = {n: lora.base_name(n) for n, _ in model.named_parameters()}
+    assert merged == {names[n] for n in names if n.endswith("base_layer.weight")}
+    cfg = ModelConfig(path=TWIN, lora=adapters, freeze_vision=freeze)
+    assert d.trained(cfg) == numel(model, trains)
+    merged_cfg = ModelConfig(path=TWIN, lora=LoraConfig(rank=4, alpha=8, sync="merged"))
+    assert d.pushed(merged_cfg) == numel(model, {n for n in names if n.endswith("base_layer.weight")})
+
+
+def two_steps(rows, out, *over):
+    """Two steps of the vision recipe on `rows`, a checkpoint after the second."""
+    return run_cli(
+        "train",
+        str(VISION),
+        f"data.train_files=[{rows}]",
+        "data.train_batch_size=4",
+        "algorithm.group_size=4",
+        "learner.mini_batch_size=16",
+        "learner.micro_batch_size=8",
+        "reward.functions=[{name: 'tests.helpers.varied_rewards:half'}]",  # the random twin: some signal anyway
+        "trainer.total_steps=2",
+        "trainer.test_freq=0",
+        "trainer.val_before_train=false",
+        "trainer.dump_freq=1",
+        "trainer.save_freq=2",
+        "trainer.loggers=[console,jsonl]",
+        f"trainer.output_dir={out}",
+        *over,
+        timeout=900,
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.smoke
 def test_the_vision_recipe_trains_on_what_the_engine_saw(tmp_path):
@@ -160,24 +223,7 @@ def test_the_vision_recipe_trains_on_what_the_engine_saw(tmp_path):
         row["images"] = [f"{i}.png"]
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "run"
-    res = run_cli(
-        "train",
-        str(VISION),
-        f"data.train_files=[{tmp_path / 'rows.jsonl'}]",
-        "data.train_batch_size=4",
-        "algorithm.group_size=4",
-        "learner.mini_batch_size=16",
-        "learner.micro_batch_size=8",
-        "reward.functions=[{name: 'tests.helpers.varied_rewards:half'}]",  # the random twin: some signal anyway
-        "trainer.total_steps=2",
-        "trainer.test_freq=0",
-        "trainer.val_before_train=false",
-        "trainer.dump_freq=1",
-        "trainer.save_freq=2",
-        "trainer.loggers=[console,jsonl]",
-        f"trainer.output_dir={out}",
-        timeout=900,
-    )
+    res = two_steps(tmp_path / "rows.jsonl", out)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "lost" not in res.stdout  # no engine replaced (a push once left the scheduler's image cache stale)
     steps = [m for m in map(json.loads, (out / "metrics.jsonl").open()) if m["step"]]
@@ -202,6 +248,45 @@ def test_the_vision_recipe_trains_on_what_the_engine_saw(tmp_path):
     assert ids.count(image_id) == IMAGE_TOKENS
     trained, begun = model.state_dict(), start.state_dict()
     assert any((trained[k] - begun[k]).abs().max() > 0 for k in begun if "vision_tower" in k)  # the tower trained
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "over",
+    [
+        ["model.freeze_vision=true"],
+        ["model.lora.rank=4", "model.lora.alpha=8"],  # the adapters synced alone: vLLM's LoRA on the engine
+        ["model.lora.rank=4", "model.lora.alpha=8", "model.lora.sync=merged"],
+    ],
+    ids=["freeze_vision", "lora", "lora-merged"],
+)
+def test_a_frozen_tower_or_lora_trains_on_image_rows_and_the_engine_follows(tmp_path, over):
+    """The vision recipe with its tower frozen, or with LoRA on its language model: the engine's logprobs are the
+    learner's after every push (only what trains was sent: ``sync/bytes`` counts it), the tower leaves the run as it
+    came, and what trains changed."""
+    from transformers import AutoModelForImageTextToText
+
+    from grpo_ray.checkpoint import export_hf
+    from grpo_ray.config import load_recipe
+
+    out = tmp_path / "run"
+    res = two_steps("synthetic://shapes?size=8&seed=0&max_count=4", out, *over)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    steps = [m for m in map(json.loads, (out / "metrics.jsonl").open()) if m["step"]]
+    assert len(steps) == 2
+    for m in steps:
+        assert m["sync/logprob_diff"] < BOUND and abs(m["rollout_corr/rollout_is_max"] - 1) < BOUND
+    start = AutoModelForImageTextToText.from_pretrained(models.resolve(load_recipe(VISION).model.path))
+    begun = start.state_dict()
+    trained = AutoModelForImageTextToText.from_pretrained(export_hf(out / "checkpoints" / "step_2", tmp_path / "hf"))
+    moved = {k for k, v in trained.state_dict().items() if not torch.equal(v, begun[k])}
+    assert moved and not any("vision_tower" in k for k in moved)
+    if over[0] == "model.freeze_vision=true":
+        assert any("multi_modal_projector" in k for k in moved)  # the projection trains
+        sent = sum(v.numel() for k, v in begun.items() if "vision_tower" not in k and k != "lm_head.weight")
+        assert steps[0]["sync/bytes"] == 4 * sent  # fp32 on the wire; the tied head is the embedding
+    else:
+        assert all(".language_model." in k for k in moved)
 
 
 def test_the_planner_counts_the_vision_tower_from_the_config(twin):

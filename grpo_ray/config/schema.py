@@ -71,9 +71,14 @@ class ModelConfig:
     metric ``actor/shared_prompt`` says which ran); true or false forces it. The learner packs under
     learner.gradient_checkpointing, whose recomputed forward keeps no prompt keys and values to share (true is
     refused with it); the reference still chooses."""
+    freeze_vision: bool = False
+    """A vision-language model's vision tower stays as it was loaded (verl's freeze_vision_tower, off by default as
+    there): no gradients or optimizer state for it, and weight syncs leave it out (the engines loaded it). Its
+    projection into the language model still trains."""
     lora: LoraConfig = field(default_factory=LoraConfig)
-    """LoRA adapters instead of full fine-tuning (rank 0: off). Adapters want a larger learner.optim.lr than full
-    fine-tuning, typically 1e-5 to 1e-4 against 1e-6."""
+    """LoRA adapters instead of full fine-tuning (rank 0: off). On a vision-language model the adapters are the
+    language model's (the vision tower and its projection stay frozen). Adapters want a larger learner.optim.lr
+    than full fine-tuning, typically 1e-5 to 1e-4 against 1e-6."""
 
 
 @dataclass
@@ -91,7 +96,7 @@ class DataConfig:
     """Where a row's images are (dotted for nested keys; verl's data.image_key): one or a list, each a path, image
     bytes, or a ``datasets`` Image feature, with an ``<image>`` placeholder in the prompt for each (or none).
     Checked before start (grpo_ray.data.images); a vision-language model's generators, learner and reference read
-    them (a teacher, reward model, judge, environments and LoRA not yet: refused with such rows)."""
+    them (a teacher, reward model, judge and environments not yet: refused with such rows)."""
     answer_key: str = "reward_model.ground_truth"
     """Where a row's ground truth is (dotted for nested keys): text or a number, handed to the reward functions.
     Empty: the rows have none (an environment or reward that needs none: a game, a judge); they get "". A row

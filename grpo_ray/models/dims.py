@@ -32,6 +32,8 @@ class ModelDims:
     vision: int = 0
     """Parameters of a vision-language model's vision tower and its projection (``vision_params``; 0: a text
     model): held, trained and pushed as the rest are (in ``params``); not in the FLOPs a text token costs."""
+    projector: int = 0
+    """Of ``vision``, the projection's (``projector_params``): it trains when model.freeze_vision keeps the tower."""
 
     @property
     def attn_dim(self) -> int:
@@ -81,6 +83,18 @@ class ModelDims:
     def params(self) -> int:
         return self.layers * self.layer_params + self.embedding_params + self.vision
 
+    def trained(self, m) -> int:
+        """Parameters that train under model section `m`: LoRA's adapters, or every one but a tower kept frozen."""
+        if m.lora.rank:
+            return self.lora_params(m.lora.rank, m.lora.target_modules)
+        return self.params - (self.vision - self.projector if m.freeze_vision else 0)
+
+    def pushed(self, m) -> int:
+        """Parameters a weight sync sends under model section `m`: what trains, or LoRA's adapted weights merged."""
+        if m.lora.rank and m.lora.sync == "merged":
+            return self.layers * sum(i * o for i, o in self.lora_targets(m.lora.target_modules).values())
+        return self.trained(m)
+
 
 def vision_params(vc: dict, text_hidden: int) -> int:
     """Parameters of a vision tower of config `vc` (a ``vision_config``) and of its projection to the language
@@ -93,10 +107,24 @@ def vision_params(vc: dict, text_hidden: int) -> int:
     channels = vc.get("num_channels") or vc.get("in_channels") or vc.get("in_chans") or 3
     embed = channels * patch * patch * vc.get("temporal_patch_size", 1) * h
     if "out_hidden_size" in vc:  # Qwen2.5-VL / Qwen3-VL
-        merged = h * vc.get("spatial_merge_size", 2) ** 2
-        return vc["depth"] * (4 * h * h + 3 * h * inner) + embed + merged * merged + merged * vc["out_hidden_size"]
+        return vc["depth"] * (4 * h * h + 3 * h * inner) + embed + projector_params(vc, text_hidden)
     positions = (vc.get("image_size", 224) // patch) ** 2 * h
-    return vc["num_hidden_layers"] * (4 * h * h + 2 * h * inner) + embed + positions + h * text_hidden
+    return vc["num_hidden_layers"] * (4 * h * h + 2 * h * inner) + embed + positions + projector_params(vc, text_hidden)
+
+
+def projector_params(vc: dict, text_hidden: int) -> int:
+    """Of ``vision_params``, the projection's: SigLIP's linear map to the language model's width (Gemma 3), or
+    Qwen-VL's merger (two layers over ``spatial_merge_size`` squared patches)."""
+    h = vc["hidden_size"]
+    if "out_hidden_size" in vc:
+        merged = h * vc.get("spatial_merge_size", 2) ** 2
+        return merged * merged + merged * vc["out_hidden_size"]
+    return h * text_hidden
+
+
+def vision_dims(vc: dict, text_hidden: int) -> tuple[int, int]:
+    """``ModelDims.vision`` and ``.projector`` of a vision tower of config `vc`."""
+    return vision_params(vc, text_hidden), projector_params(vc, text_hidden)
 
 
 SIGLIP_896 = {
@@ -119,7 +147,7 @@ KNOWN_DIMS = {
     # a reward model: Llama-3.1-8B-Instruct's body with a one-output score head
     "Skywork/Skywork-Reward-V2-Llama-3.1-8B": ModelDims(32, 4096, 32, 8, 128, 14336, 128256, False, 131072),
     "google/gemma-3-27b-it": ModelDims(
-        62, 5376, 32, 16, 128, 21504, 262208, True, 131072, vision_params(SIGLIP_896, 5376)
+        62, 5376, 32, 16, 128, 21504, 262208, True, 131072, *vision_dims(SIGLIP_896, 5376)
     ),
     "google/gemma-3-1b-it": ModelDims(26, 1152, 4, 1, 256, 6912, 262144, True, 32768),
 }
@@ -191,7 +219,7 @@ def model_dims(name: str, key: str = "model.path") -> ModelDims:
         cfg["vocab_size"],
         bool(cfg.get("tie_word_embeddings", True)),
         int(cfg.get("max_position_embeddings") or 0),
-        vision_params(vision, cfg["hidden_size"]) if vision else 0,
+        *(vision_dims(vision, cfg["hidden_size"]) if vision else (0, 0)),
     )
 
 
@@ -207,5 +235,5 @@ def tiny_dims(spec: tiny.TinySpec) -> ModelDims:
         spec.vocab,
         bool(spec.tie),
         spec.max_len,
-        vision_params(tiny.vision_config(spec), spec.hidden) if spec.vision else 0,
+        *(vision_dims(tiny.vision_config(spec), spec.hidden) if spec.vision else (0, 0)),
     )

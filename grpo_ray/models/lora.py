@@ -10,10 +10,10 @@ A sync (``engine_weights``) sends one of two things (``model.lora.sync``):
 - ``adapters``: A and B only, under peft's saved names. The engine writes them as a peft adapter directory
   (``write_adapter``) and loads it, in place of the last one, through vLLM's LoRA support, over its unchanged
   base weights.
-- ``merged``: every weight of the base model, each target weight merged, W + (alpha / rank) B A, under the base
-  model's own name, for engines without LoRA support. Every learner rank merges the rows it holds: FSDP2 cuts W
-  and B along dimension 0 into the same rows, and A (rank x in) is small and gathered whole, so no weight is
-  ever unsharded.
+- ``merged``: each target weight merged, W + (alpha / rank) B A, under the base model's own name, for engines
+  without LoRA support (the other weights are frozen: the engines hold them as they loaded them). Every learner
+  rank merges the rows it holds: FSDP2 cuts W and B along dimension 0 into the same rows, and A (rank x in) is
+  small and gathered whole, so no weight is ever unsharded.
 """
 
 from __future__ import annotations
@@ -26,21 +26,30 @@ from pathlib import Path
 import torch
 
 from grpo_ray.config import LoraConfig
+from grpo_ray.models import vision
 
 PREFIX = "base_model.model."
 """What peft puts before the wrapped model's parameter names."""
 
 
-def wrap(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
-    """`model` with adapters on its target modules (peft), base weights frozen; unchanged when cfg.rank is 0."""
+def wrap(model: torch.nn.Module, cfg: LoraConfig, freeze_vision: bool = False) -> torch.nn.Module:
+    """`model` as the learner trains it: with adapters on its target modules (peft), base weights frozen, or
+    unchanged when cfg.rank is 0; a vision-language model's adapters are its language model's alone, and its vision
+    tower is frozen with `freeze_vision` (``model.freeze_vision``)."""
+    if freeze_vision:
+        vision.freeze_tower(model)
     if not cfg.rank:
         return model
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
 
     targets = "all-linear" if list(cfg.target_modules) == ["all-linear"] else list(cfg.target_modules)
+    outside = vision.OUTSIDE_THE_LANGUAGE_MODEL  # (matches nothing in a text model)
     return get_peft_model(
-        model, PeftLoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets)
+        model,
+        PeftLoraConfig(
+            r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets, exclude_modules=outside
+        ),
     )
 
 
@@ -69,8 +78,9 @@ def engine_weights(
 ) -> dict[str, tuple[torch.Size, Callable[[], torch.Tensor]]]:
     """What a sync sends, in order: the engine's name of each weight -> (its full shape, a function returning this
     rank's rows of it). `local(param)` gives a parameter's rows on this rank. With `adapters_only`, the adapters
-    under peft's saved names; otherwise every base weight, each adapted one merged with its adapters. Every rank
-    must call the functions in the same order (A's gather is collective)."""
+    under peft's saved names; otherwise every base weight that trains or is adapted (merged with its adapters): a
+    frozen one is the engines' own from the start. Every rank must call the functions in the same order (A's gather
+    is collective)."""
     if adapters_only:
         return {
             name.replace(".default.", "."): (p.shape, lambda p=p: local(p))
@@ -83,8 +93,8 @@ def engine_weights(
             adapted[f"{prefix}.base_layer.weight"] = module
     out = {}
     for name, p in model.named_parameters():
-        if is_adapter(name):
-            continue
+        if is_adapter(name) or not (p.requires_grad or name in adapted):
+            continue  # (a frozen weight never changes, and every engine loaded it as it started)
         if name in adapted:
             out[base_name(name)] = (p.shape, _merged(p, adapted[name], local))
         else:

@@ -26,6 +26,24 @@ def placeholder_ids(config) -> list[int]:
     ]
 
 
+TOWERS = ("vision_tower", "visual")
+"""The vision tower's module name in transformers' vision-language models (Gemma 3's SigLIP; Qwen-VL's ViT)."""
+OUTSIDE_THE_LANGUAGE_MODEL = r".*\.(vision_tower|visual|multi_modal_projector)(\..*)?"
+"""The modules that are not the language model's, as a pattern of their names (peft's ``exclude_modules``)."""
+
+
+def freeze_tower(model) -> int:
+    """Keep `model`'s vision tower as it is (no gradients; ``model.freeze_vision``); returns its parameter count (0
+    for a text model). The projection into the language model still trains (verl's freeze_vision_tower)."""
+    frozen = 0
+    for name, module in model.named_modules():
+        if name.rsplit(".", 1)[-1] in TOWERS:
+            for p in module.parameters():
+                frozen += p.numel() if p.requires_grad else 0
+                p.requires_grad_(False)
+    return frozen
+
+
 def decoded(images: list[bytes]) -> list:
     """The PIL images (RGB) of image files' bytes."""
     from PIL import Image

@@ -114,7 +114,7 @@ def learner_memory(d: ModelDims, r: Recipe, seq: int = 0) -> PoolMemory:
     acts = t * d.layers * b * d.hidden + full if r.learner.gradient_checkpointing else d.layers * full
     if cpu:  # eager attention keeps the score matrices
         acts += d.layers * t * d.heads * s * 2 * b
-    trained = d.lora_params(lo.rank, lo.target_modules) if lo.rank else d.params  # LoRA: the base is frozen
+    trained = d.trained(r.model)  # LoRA: the base is frozen; model.freeze_vision: the vision tower
     parts = {
         "params": 4 * (d.params + (trained if lo.rank else 0)) / w,
         "grads": 4 * trained / w,

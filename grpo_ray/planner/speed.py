@@ -276,7 +276,7 @@ def learner_phases(s: StepInputs, kind: PoolKind) -> dict[str, Phase]:
         dense, attention = work_parts(d, t, dtype, w.slots, w.rows, 0, w.calls)
         train += w.calls * t.forward_call[1] * d.layers + t.forward_scale * (dense + attention)
     train += group_seconds(d, s.rates, W, w.calls, True, dtype)
-    trained = d.lora_params(m.lora.rank, m.lora.target_modules) if m.lora.rank else d.params
+    trained = d.trained(m)
     update = s.rates.update_s + a.ppo_epochs * minis * (train + t.optimizer[0] + t.optimizer[1] * trained / W)
     # in a steady run one step off or more, every batch is of older weights (the schedule's push_due)
     recomputed = s.schedule.recomputes_old_policy(minis, stale=s.schedule.overlapping())
@@ -321,7 +321,7 @@ def sync_phase(s: StepInputs) -> Phase:
         return Phase(0.0, "no engines")
     r, d, m = s.r, s.d, s.r.model
     W, e = r.learner.world_size, s.rates.engine
-    sent = d.lora_params(m.lora.rank, m.lora.target_modules) if m.lora.rank and m.lora.sync == "adapters" else d.params
+    sent = d.pushed(m)  # what trains (LoRA merged: the adapted weights)
     nbytes = sent * dtype_bytes(wire_dtype(r))
     reload = e["reload_layer_s"] * d.layers + nbytes / (s.at(GENERATOR).reload_bps or e["reload_bps"])
     gather = nbytes * (W - 1) / W / s.rates.collective[1]

@@ -14,7 +14,7 @@ The controller drives it step by step; it runs no loop of its own:
 
 With LoRA (``model.lora.rank``) the model is wrapped by peft before sharding and only the adapters train; the
 reference logprobs are computed here, with the adapters off (``grpo_ray.models.lora``); a push sends the adapters
-alone or (``model.lora.sync: merged``) every weight with them merged. A vision-language model reads its images.
+alone or (``model.lora.sync: merged``) the adapted weights merged. A vision-language model reads its images.
 
 Data parallelism: each mini batch of M samples is cut into W contiguous shares (``rank_slice``); a rank's loss is
 scaled so that FSDP2's gradient averaging over ranks gives the mini batch's loss (``grpo_ray.algo.loss``), and a
@@ -45,9 +45,9 @@ from grpo_ray.algo.batching import (
 )
 from grpo_ray.algo.logprobs import sequence_logprobs, token_logprobs
 from grpo_ray.algo.loss import LOSS_SUMS, LossInputs, StepSums, micro_batch_loss, sft_loss, step_metrics, token_uses
-from grpo_ray.config import DISTILL, KINDS, KL, Recipe
+from grpo_ray.config import DISTILL, KINDS, KL, LEARNER, Recipe
 from grpo_ray.device import Device
-from grpo_ray.faults import fault_at, learner_mid_step
+from grpo_ray.faults import fault_at, lost_at
 from grpo_ray.lengths import response_budget
 from grpo_ray.models import load_causal_lm, lora, pad_id, vision
 from grpo_ray.models.dims import ModelDims, model_dims
@@ -135,7 +135,7 @@ class Learner(WeightsOut, RoleActor):
             model.gradient_checkpointing_enable()
             if self.lora:
                 model.enable_input_require_grads()  # the frozen embeddings would cut the checkpointed graph
-        model = lora.wrap(model, self.recipe.model.lora)
+        model = lora.wrap(model, self.recipe.model.lora, self.recipe.model.freeze_vision)
         fsdp.shard(lora.base_model(model), mesh, getattr(torch, cfg.dtype))
         self.model = model
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -424,7 +424,7 @@ class Learner(WeightsOut, RoleActor):
         if torch.isfinite(norm):
             self.optimizer.step()
             self.scheduler.step()
-        learner_mid_step(self.rank == self.world_size - 1, self.steps + 1)  # fault tests: a rank lost here
+        lost_at(LEARNER, self.steps + 1, self.rank == self.world_size - 1)  # fault tests: a rank lost here
         self.optimizer.zero_grad(set_to_none=True)
         return norm.item()
 

@@ -10,7 +10,6 @@ others runs forwards on a one-token filler until they are done.
 
 from __future__ import annotations
 
-import os
 import time
 
 import torch
@@ -29,7 +28,7 @@ from grpo_ray.algo.batching import (
 )
 from grpo_ray.algo.logprobs import sequence_logprobs
 from grpo_ray.config import REFERENCE, Recipe
-from grpo_ray.faults import fault_at
+from grpo_ray.faults import lost_at
 from grpo_ray.models import load_causal_lm, pad_id, vision
 from grpo_ray.roles import Seat, fsdp
 from grpo_ray.roles.frozen import FrozenModel
@@ -82,8 +81,7 @@ class Reference(FrozenModel):
         import ray
 
         self.calls += 1
-        if self.rank == self.world_size - 1 and fault_at(f"exit_{self.pool}", self.calls):
-            os._exit(1)  # fault test: the actor dies as its share is asked for
+        lost_at(self.pool, self.calls, self.rank == self.world_size - 1)  # fault test
         rollouts = ray.get(rollout_refs)
         pairs, images = flatten(rollouts, spans), [p.images for p, _ in samples(rollouts, spans)]
         start, started = time.perf_counter(), time.time()

@@ -15,14 +15,13 @@ shows it on the console.
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
 
 from grpo_ray import rewards
 from grpo_ray.algo.batching import Span, samples
-from grpo_ray.config import RewardConfig
-from grpo_ray.faults import fault_at
+from grpo_ray.config import RULES, RewardConfig
+from grpo_ray.faults import lost_at
 from grpo_ray.rewards import search_here, weighted_sum
 from grpo_ray.rewards.child import RewardChild
 from grpo_ray.rewards.runner import scores
@@ -84,8 +83,7 @@ class RewardWorker(RoleActor):
         import ray
 
         self.asked += 1
-        if fault_at("exit_reward", self.asked):
-            os._exit(1)  # fault test: the actor dies as its share is asked for
+        lost_at(RULES, self.asked)  # fault test: the actor dies as its share is asked for
         return self.score_rollouts(ray.get(rollout_refs), spans)
 
     def score_rollouts(self, rollouts: list, spans: list[Span] | None = None) -> Scores:

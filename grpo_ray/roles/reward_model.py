@@ -11,16 +11,15 @@ share alone: no group, no collective.
 
 from __future__ import annotations
 
-import os
 import time
 
 import torch
 import torch.distributed as dist
 
 from grpo_ray.algo.batching import Span, samples
-from grpo_ray.config import Recipe
+from grpo_ray.config import REWARD_MODEL, Recipe
 from grpo_ray.data import conversation_text
-from grpo_ray.faults import fault_at
+from grpo_ray.faults import lost_at
 from grpo_ray.roles import fsdp
 from grpo_ray.roles.frozen import FrozenModel
 from grpo_ray.types import Work
@@ -64,8 +63,7 @@ class RewardModel(FrozenModel):
         import ray
 
         self.calls += 1
-        if self.rank == self.world_size - 1 and fault_at("exit_reward_model", self.calls):
-            os._exit(1)  # fault test: the actor dies as its share is asked for
+        lost_at(REWARD_MODEL, self.calls, self.rank == self.world_size - 1)  # fault test
         texts = [
             conversation_text(self.tokenizer, p.messages or [{"role": "user", "content": p.text}], self.prefix + c.text)
             for p, c in samples(ray.get(rollout_refs), spans)
