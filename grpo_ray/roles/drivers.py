@@ -20,9 +20,9 @@ import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, wait
 
-from grpo_ray.config import GENERATOR, engine_rank
+from grpo_ray.config import engine_rank
 from grpo_ray.device import Device
-from grpo_ray.faults import fault_at, lost_at
+from grpo_ray.faults import fault_at
 from grpo_ray.lengths import max_model_len
 from grpo_ray.roles.vllm_ext import bound_cpu_gemm_caches
 from grpo_ray.types import Completion, Group, Prompt
@@ -36,11 +36,9 @@ class Blocking:
     """Whether a load waits for requests in flight (between two of their steps)."""
 
     def __init__(self, llm, version: int):
-        self.llm, self.calls = llm, 0
+        self.llm = llm
 
     def generate(self, prompts: list[dict], params, lora) -> list:
-        self.calls += 1
-        lost_at(GENERATOR, self.calls)  # fault test: the engine dies as it is asked for a batch
         return self.llm.generate(prompts, params, use_tqdm=False, lora_request=lora)
 
     def call(self, fn: Callable):

@@ -18,9 +18,9 @@ import time
 
 from grpo_ray import envs, rewards, schedules
 from grpo_ray.algo.advantage import turn_rewards
-from grpo_ray.config import Recipe, SamplingConfig
+from grpo_ray.config import GENERATOR, Recipe, SamplingConfig
 from grpo_ray.device import Device
-from grpo_ray.faults import fault_at
+from grpo_ray.faults import fault_at, lost_at
 from grpo_ray.lengths import cpu_kv_cache_bytes
 from grpo_ray.models import vision
 from grpo_ray.roles import RoleActor, Seat, log_to_file, trim_heap
@@ -86,10 +86,10 @@ class Generator(RoleActor):
     ) -> tuple[Rollout, RolloutStats]:
         """`group_size` completions for each prompt, and their small stats (training sampling unless given).
 
-        Called with ``num_returns=2``: the rollout goes on by object ref, the stats to the controller.
-        Prompt i is sampled with its own seed, seeds[i], so what a prompt gets at a step does not depend
-        on what the engine sampled before (a resumed run samples what the uninterrupted one did).
-        """
+        Called with ``num_returns=2``: the rollout goes on by object ref, the stats to the controller. Prompt i
+        is sampled with its own seed, seeds[i], so what a prompt gets at a step does not depend on what the engine
+        sampled before (a resumed run samples what the uninterrupted one did)."""
+        lost_at(GENERATOR, self.version)  # fault tests: an engine lost as it is asked for a batch
         start, started = time.perf_counter(), time.time()
         s = sampling or self.cfg.sampling
         if self.episodes:

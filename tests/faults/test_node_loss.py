@@ -110,7 +110,7 @@ def test_a_learner_node_removed_mid_step_and_the_run_finishes_on_the_node_that_r
     [
         ("reference", "hold_reference@2", ["algorithm.kl_coef=0.001"]),  # its 2nd call: step 2's batch
         ("reward", "hold_reward@2", []),
-        ("generator", "hold_generator@2", []),
+        ("generator", "hold_generator@1", []),  # the batch asked of weight version 1: step 2's
     ],
 )
 def test_a_pools_node_removed_mid_step_and_the_run_finishes_as_if_not(tmp_path, monkeypatch, capsys, pool, point, over):
