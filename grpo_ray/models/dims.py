@@ -150,6 +150,7 @@ KNOWN_DIMS = {
         62, 5376, 32, 16, 128, 21504, 262208, True, 131072, *vision_dims(SIGLIP_896, 5376)
     ),
     "google/gemma-3-1b-it": ModelDims(26, 1152, 4, 1, 256, 6912, 262144, True, 32768),
+    "google/gemma-3-4b-it": ModelDims(34, 2560, 8, 4, 256, 10240, 262208, True, 131072, *vision_dims(SIGLIP_896, 2560)),
 }
 
 
