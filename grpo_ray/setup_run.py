@@ -17,6 +17,7 @@ from grpo_ray.config import (
     LEARNER,
     REFERENCE,
     REWARD_MODEL,
+    TEACHER,
     EnvironmentConfig,
     Recipe,
     RecipeError,
@@ -234,9 +235,38 @@ def image_rows(spec: str, rows: list[dict], recipe: Recipe, model_path: str, com
     if text_only:
         raise RecipeError(
             f"{spec} row {first}: '{key}' (data.image_key) holds {n} image(s), and {text_only} reads text alone so far "
-            "(images reach the generators, the learner and the reference): run without it, or with rows without images"
+            "(images reach the generators, the learner, the reference and a teacher): run without it, or with rows "
+            "without images"
         )
+    if KINDS[TEACHER].count(recipe) and command in ("", "train"):
+        why = _teacher_reads_images(recipe, model_path)
+        if why:
+            raise RecipeError(f"{spec} row {first}: '{key}' (data.image_key) holds {n} image(s), and {why}")
     return out
+
+
+def _teacher_reads_images(recipe: Recipe, model_path: str) -> str:
+    """Why teacher.model cannot score the policy's image samples (it reads no images, or expands an image into other
+    tokens than the policy: it scores the policy's token ids), or ""."""
+    name, trust = recipe.teacher.model, recipe.model.trust_remote_code
+    teacher = models.base_of(name)
+    try:
+        reads, arch = images.model_reads_images(teacher, trust)
+    except (OSError, ValueError) as e:
+        return f"teacher.model={name!r}: cannot load its config ({str(e).splitlines()[0]})"
+    if not reads:
+        return (
+            f"teacher.model={name!r} is a text-only model ({arch}): give a vision-language teacher of the same family"
+        )
+    turn = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "?"}]}]
+    text = vision.processor(model_path, trust).apply_chat_template(turn, add_generation_prompt=True, tokenize=False)
+    sizes = ((64, 48),)
+    if vision.expanded_ids(teacher, text, sizes, trust) != vision.expanded_ids(model_path, text, sizes, trust):
+        return (
+            f"teacher.model={name!r} turns an image into other tokens than model.path does (its processor's): the "
+            "teacher scores the policy's token ids, so both must expand an image alike"
+        )
+    return ""
 
 
 def images_not_read(recipe: Recipe, command: str) -> str:
@@ -244,7 +274,7 @@ def images_not_read(recipe: Recipe, command: str) -> str:
     if command not in ("", "train", "sft"):
         return f"`grpo-ray {command}`"
     for kind in KINDS.values():
-        if kind.model and kind.name not in (GENERATOR, LEARNER, REFERENCE) and kind.count(recipe):
+        if kind.model and kind.name not in (GENERATOR, LEARNER, REFERENCE, TEACHER) and kind.count(recipe):
             off = "algorithm.kl_coef=0" if kind.name == REFERENCE else f"{kind.model}=''"
             return f"the {kind.name} pool ({kind.model}={kind.model_name(recipe)!r}; {off} runs without it)"
     if recipe.environment.name:
@@ -264,21 +294,18 @@ def teacher_base(recipe: Recipe, tokenizer) -> str:
     tokenizes as the policy does: the teacher scores the policy's token ids, so a token must mean the same to both."""
     from transformers import AutoConfig
 
-    name = recipe.teacher.model
+    name, trust = recipe.teacher.model, recipe.model.trust_remote_code
     path = models.base_of(name)
     try:
-        kind = (
-            AutoConfig.from_pretrained(path, trust_remote_code=recipe.model.trust_remote_code).architectures or [""]
-        )[0]
+        kind = (AutoConfig.from_pretrained(path, trust_remote_code=trust).architectures or [""])[0]
     except (OSError, ValueError) as e:
         raise RecipeError(f"teacher.model={name!r}: cannot load its config ({str(e).splitlines()[0]})") from None
-    if kind and not kind.endswith("ForCausalLM"):
+    if kind and not kind.endswith("ForCausalLM") and not images.model_reads_images(path, trust)[0]:  # (a VL model)
         raise RecipeError(
             f"teacher.model={name!r}: a {kind}, not a language model (ForCausalLM): a teacher gives a logprob of each "
             "of the policy's tokens (a classifier belongs in reward_model.model)"
         )
     try:
-        trust = recipe.model.trust_remote_code
         theirs = models.tokenizer_class(path, trust).from_pretrained(path, trust_remote_code=trust).get_vocab()
     except (OSError, ValueError) as e:
         raise RecipeError(f"teacher.model={name!r}: cannot load a tokenizer ({str(e).splitlines()[0]})") from None

@@ -10,6 +10,7 @@ import pytest
 from PIL import Image
 
 from grpo_ray.data import DataError, images
+from tests.conftest import TINY
 
 ROW = {"prompt": [{"role": "user", "content": "<image> What colour is it?"}], "data_source": "x"}
 
@@ -78,7 +79,8 @@ def vl_model(tmp_path_factory):
 
 def test_a_vision_language_models_image_rows_are_checked_and_carry_their_images(tmp_path, vl_model):
     """Checked, each image row carries its images' bytes and its placeholders as the template's image parts; a run
-    that would read its prompts somewhere that takes text alone (a teacher here) is refused, naming it."""
+    that would read its prompts somewhere that takes text alone (a reward model here) is refused, naming it, and a
+    teacher that reads no images is refused."""
     from grpo_ray.config import Recipe, RecipeError
     from grpo_ray.setup_run import image_rows
 
@@ -95,14 +97,23 @@ def test_a_vision_language_models_image_rows_are_checked_and_carry_their_images(
     assert got[1]["prompt"] == [
         {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": " What colour is it?"}]}
     ]
+    scored = Recipe()
+    scored.reward_model.model = "Skywork/Skywork-Reward-V2-Llama-3.1-8B"
+    with pytest.raises(RecipeError) as e:
+        image_rows(str(spec), rows[:2], scored, vl_model)
+    assert str(e.value) == (
+        f"{spec} row 1: 'images' (data.image_key) holds 1 image(s), and the reward_model pool (reward_model.model="
+        "'Skywork/Skywork-Reward-V2-Llama-3.1-8B'; reward_model.model='' runs without it) reads text alone so far "
+        "(images reach the generators, the learner, the reference and a teacher): run without it, or with rows "
+        "without images"
+    )
     taught = Recipe()
-    taught.teacher.model = "Qwen/Qwen2.5-7B-Instruct"
+    taught.teacher.model = TINY.format(arch="qwen2")
     with pytest.raises(RecipeError) as e:
         image_rows(str(spec), rows[:2], taught, vl_model)
     assert str(e.value) == (
-        f"{spec} row 1: 'images' (data.image_key) holds 1 image(s), and the teacher pool (teacher.model="
-        "'Qwen/Qwen2.5-7B-Instruct'; teacher.model='' runs without it) reads text alone so far (images reach the "
-        "generators, the learner and the reference): run without it, or with rows without images"
+        f"{spec} row 1: 'images' (data.image_key) holds 1 image(s), and teacher.model={taught.teacher.model!r} is a "
+        "text-only model (Qwen2ForCausalLM): give a vision-language teacher of the same family"
     )
     with pytest.raises(RecipeError, match="and `grpo-ray rm` reads text alone so far"):
         image_rows(str(spec), rows[:2], Recipe(), vl_model, "rm")

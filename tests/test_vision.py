@@ -29,15 +29,20 @@ def picture(seed: int) -> Image.Image:
     return Image.fromarray(torch.randint(0, 256, (30, 40, 3), generator=g, dtype=torch.uint8).numpy())
 
 
-def forward(model, processor, ids: list[int], image: Image.Image) -> torch.Tensor:
+def forward(model, processor, ids: list[int], image: Image.Image, banned: list[int] = ()) -> torch.Tensor:
     """Per-position log-softmax of a plain forward of `ids` with `image`'s pixels, attention causal throughout (as
-    the engine's transformers backend runs it)."""
+    the engine's transformers backend runs it); the `banned` tokens' logits lowered by the engines' bias first."""
+    from grpo_ray.models.vision import BAN
+
     pixels = processor.image_processor(images=[image], return_tensors="pt")["pixel_values"]
     with torch.no_grad():
-        logits = model(
-            input_ids=torch.tensor([ids]), pixel_values=pixels, token_type_ids=torch.zeros(1, len(ids))
-        ).logits
-    return torch.log_softmax(logits[0].float(), -1)
+        logits = (
+            model(input_ids=torch.tensor([ids]), pixel_values=pixels, token_type_ids=torch.zeros(1, len(ids)))
+            .logits[0]
+            .float()
+        )
+    logits[:, list(banned)] += BAN
+    return torch.log_softmax(logits, -1)
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +141,7 @@ def test_the_learners_forward_reads_each_sequences_own_images_padded_and_packed(
 
 
 VISION = ROOT / "recipes" / "tiny-cpu-vision.yaml"
+SHAPES = "synthetic://shapes?size=8&seed=0&max_count=4"
 
 
 @pytest.mark.parametrize("freeze", [False, True])
@@ -270,7 +276,7 @@ def test_a_frozen_tower_or_lora_trains_on_image_rows_and_the_engine_follows(tmp_
     from grpo_ray.config import load_recipe
 
     out = tmp_path / "run"
-    res = two_steps("synthetic://shapes?size=8&seed=0&max_count=4", out, *over)
+    res = two_steps(SHAPES, out, *over)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     steps = [m for m in map(json.loads, (out / "metrics.jsonl").open()) if m["step"]]
     assert len(steps) == 2
@@ -287,6 +293,50 @@ def test_a_frozen_tower_or_lora_trains_on_image_rows_and_the_engine_follows(tmp_
         assert steps[0]["sync/bytes"] == 4 * sent  # fp32 on the wire; the tied head is the embedding
     else:
         assert all(".language_model." in k for k in moved)
+
+
+@pytest.mark.slow
+def test_a_vision_language_teacher_scores_the_policys_samples_with_their_images(tmp_path):
+    """Distillation on image rows: a teacher of the twin's shape and tokenizer, other weights (another seed), scores
+    each sample with its picture; the run's reverse KL is the one a plain forward of the teacher gives on the dumped
+    prompt and response ids with each prompt's picture, and far from the one without it (the teacher read it)."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from grpo_ray.config import load_recipe
+    from grpo_ray.data import load_rows
+    from grpo_ray.models import vision
+    from grpo_ray.telemetry.dumps import read_samples
+
+    teacher = load_recipe(VISION).model.path.replace("seed=0", "seed=1")
+    out = tmp_path / "run"
+    res = two_steps(
+        SHAPES,
+        out,
+        f"teacher.model={teacher}",
+        "teacher.num_actors=1",
+        "teacher.micro_batch_size=64",
+        "teacher.num_cpus=0.25",
+        "algorithm.kl_coef=0",  # the teacher's signal alone
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "teacher validation skipped: its generate reads text alone so far" not in res.stdout  # (not asked for)
+    steps = [m for m in map(json.loads, (out / "metrics.jsonl").open()) if m["step"]]
+    model = AutoModelForImageTextToText.from_pretrained(models.resolve(teacher), dtype=torch.float32).eval()
+    processor = AutoProcessor.from_pretrained(models.resolve(teacher))
+    rows = load_rows(SHAPES, "prompt", "reward_model.ground_truth")  # the run's rows, a sample's uid its row
+    banned = vision.placeholder_ids(model.config)  # kept out of responses by every pool alike
+    seen, blank = [], []
+    for row in read_samples(out / "rollouts" / "train_data_step2.jsonl"):
+        image = Image.open(io.BytesIO(rows[row["uid"]]["images"][0]))
+        ids, at = row["prompt_ids"] + row["response_ids"], len(row["prompt_ids"])
+        for shown, into in ((image, seen), (Image.new("RGB", image.size), blank)):
+            logp = forward(model, processor, ids, shown, banned)[
+                torch.arange(at - 1, len(ids) - 1), row["response_ids"]
+            ]
+            into += (torch.tensor(row["sampler_logprobs"]) - logp).tolist()
+    expected, unseen = sum(seen) / len(seen), sum(blank) / len(blank)
+    assert steps[-1]["distill/reverse_kl"] == pytest.approx(expected, abs=2e-4)
+    assert abs(unseen - expected) > 10 * 2e-4
 
 
 def test_the_planner_counts_the_vision_tower_from_the_config(twin):

@@ -96,7 +96,7 @@ class DataConfig:
     """Where a row's images are (dotted for nested keys; verl's data.image_key): one or a list, each a path, image
     bytes, or a ``datasets`` Image feature, with an ``<image>`` placeholder in the prompt for each (or none).
     Checked before start (grpo_ray.data.images); a vision-language model's generators, learner and reference read
-    them (a teacher, reward model, judge and environments not yet: refused with such rows)."""
+    them, and so does a teacher (a reward model, judge and environments not yet: refused with such rows)."""
     answer_key: str = "reward_model.ground_truth"
     """Where a row's ground truth is (dotted for nested keys): text or a number, handed to the reward functions.
     Empty: the rows have none (an environment or reward that needs none: a game, a judge); they get "". A row
