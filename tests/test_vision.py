@@ -105,7 +105,8 @@ def test_the_engine_serves_an_image_prompt_as_a_plain_forward_reads_it(twin, tmp
 
 def test_the_learners_forward_reads_each_sequences_own_images_padded_and_packed(twin):
     """Sequences with images, laid out padded and packed (``Sequences.order``), get each the logprobs of a plain
-    forward of that sequence alone with its own image; swapping the images between them changes those logprobs."""
+    forward of that sequence alone with its own image (a picture two of them hold run through the tower once);
+    swapping the images between them changes those logprobs."""
     from grpo_ray.algo.batching import collate
     from grpo_ray.algo.logprobs import sequence_logprobs
     from grpo_ray.models import vision
@@ -120,6 +121,8 @@ def test_the_learners_forward_reads_each_sequences_own_images_padded_and_packed(
         png = io.BytesIO()
         picture(k).save(png, format="PNG")
         pictures.append([png.getvalue()])
+    pairs.append((pairs[0][0], [44, 45]))  # a second sample of the first prompt: its picture again
+    pictures.append(pictures[0])
     alone = []
     for (p, r), image in zip(pairs, pictures):
         logp = forward(model, processor, p + r, vision.decoded(image)[0])
@@ -128,13 +131,24 @@ def test_the_learners_forward_reads_each_sequences_own_images_padded_and_packed(
     for capacity in (0, 2 * longest):  # padded; packed, two to a row
         seqs = collate(pairs, 0, capacity)
         assert (seqs.packed is not None) == bool(capacity)
+        pixels = vision.in_order(path, pictures, seqs)
+        assert len(pixels.values) == 3 and len(pixels.index) == 4  # the tower runs once a distinct picture
         with torch.no_grad():
-            logp, _ = sequence_logprobs(model, seqs, "cpu", pixel_values=vision.in_order(path, pictures, seqs))
+            logp, _ = sequence_logprobs(model, seqs, "cpu", pixel_values=pixels)
             swapped, _ = sequence_logprobs(model, seqs, "cpu", pixel_values=vision.in_order(path, pictures[::-1], seqs))
         for b, expected in enumerate(alone):
             got = logp[b][seqs.response_mask[b].bool()]
             assert (got - expected).abs().max() < 1e-4, (capacity, b)
         assert (swapped - logp).abs().max() > 10 * BOUND
+    grads = []  # the same gradients, the tower's included, as with each sample's copy run through it
+    for once in (pixels, vision.Pixels(pixels.values[pixels.index], torch.arange(len(pixels.index)))):
+        model.zero_grad()
+        logp, _ = sequence_logprobs(model, seqs, "cpu", pixel_values=once)
+        logp.sum().backward()
+        grads.append({n: q.grad.clone() for n, q in model.named_parameters() if q.grad is not None})
+    assert any("vision_tower" in n for n in grads[0]) and grads[0].keys() == grads[1].keys()
+    assert all(torch.allclose(grads[0][n], grads[1][n], atol=1e-5) for n in grads[0])
+    model.zero_grad()
     shared = collate(pairs, 0, shared=True)  # each distinct prompt's tokens once: which images would not be said
     with pytest.raises(ValueError, match="images with shared prompts"):
         sequence_logprobs(model, shared, "cpu", pixel_values=vision.in_order(path, pictures, seqs))

@@ -19,26 +19,28 @@ def token_logprobs(
     keep: torch.Tensor | None = None,
     past_key_values=None,
     entropy_grad: bool = True,
-    pixel_values: torch.Tensor | None = None,
+    pixel_values=None,
     banned: list[int] = (),
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(x_t | x_<t) for t = 1..T-1 ([B, T-1]), and the entropy of each of those distributions (without a
     gradient unless `entropy_grad`: a metric alone needs none, and its graph would keep a [tokens, vocab] tensor).
-    A vision-language model reads `pixel_values`, its images' in the order their tokens come, row after row; the
-    `banned` tokens' logits get the engine's bias against sampling them (``models.vision.placeholder_ids``).
+    A vision-language model reads its images (`pixel_values`: ``models.vision.Pixels``, in the order their tokens
+    come, row after row; ``each_image``); the `banned` tokens' logits get the engine's bias against sampling them
+    (``models.vision.placeholder_ids``).
 
     Logits are divided by the sampling temperature, as the sampler did before drawing. With `keep` ([B, T-1]
     bool), only those positions get logits (the LM head runs on their hidden states alone); the others hold 0.
     With `past_key_values`, `input_ids` go on from those keys and values (``attention_mask`` then covers both).
     """
-    with head_on(model, None if keep is None else torch.nn.functional.pad(keep, (0, 1))):
+    keep_head = None if keep is None else torch.nn.functional.pad(keep, (0, 1))
+    with head_on(model, keep_head), each_image(model, pixel_values) as pixels:
         logits = model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
             past_key_values=past_key_values,
             use_cache=past_key_values is not None,
-            **({} if pixel_values is None else {"pixel_values": pixel_values}),
+            **({} if pixels is None else {"pixel_values": pixels}),
         ).logits
     if keep is None:
         logits, targets = logits[:, :-1], input_ids[:, 1:]
@@ -94,6 +96,29 @@ def head_on(model, keep: torch.Tensor | None):
         handle.remove()
 
 
+PROJECTORS = ("multi_modal_projector",)
+"""The module that maps a vision tower's output into the language model (Gemma 3's, LLaVA's): one output an image."""
+
+
+@contextlib.contextmanager
+def each_image(model, pixels):
+    """While open, `model`'s forward runs its vision tower once for each distinct image of `pixels`
+    (``models.vision.Pixels``), and each image of the batch gets its features (its projector's output, indexed):
+    yields the pixel values to pass. A model without such a projector gets every image's pixels, run each time."""
+    if pixels is None:
+        yield None
+        return
+    projector = next((m for name, m in model.named_modules() if name.rsplit(".", 1)[-1] in PROJECTORS), None)
+    if projector is None:
+        yield pixels.values[pixels.index]
+        return
+    handle = projector.register_forward_hook(lambda _module, _args, out: out[pixels.index])
+    try:
+        yield pixels.values
+    finally:
+        handle.remove()
+
+
 def sequence_logprobs(
     model,
     seqs: Sequences,
@@ -101,7 +126,7 @@ def sequence_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     entropy_grad: bool = True,
-    pixel_values: torch.Tensor | None = None,
+    pixel_values=None,
     banned: list[int] = (),
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``token_logprobs`` of the response tokens of `seqs` in their [B, L-1] layout (0 off ``response_mask``),

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import functools
 import io
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    import torch
 
 BAN = -100.0
 """The logit bias that keeps a token from being sampled (vLLM's most negative) and the learner adds alike."""
@@ -59,18 +63,32 @@ def processor(model_path: str, trust_remote_code: bool = False):
     return AutoProcessor.from_pretrained(model_path, trust_remote_code=trust_remote_code)
 
 
-def pixel_values(model_path: str, images: list[list[bytes]], trust_remote_code: bool = False):
-    """The pixel values of each sample's images, one sample after another (a tensor, a row an image), or None where
-    no sample has any. Each distinct image is decoded and processed once (a group's samples share their prompt's)."""
+class Pixels(NamedTuple):
+    """A batch's images as a forward reads them: each distinct image's pixel values once (`values`, a row an image)
+    and, for each image of the batch in the order its tokens come, which row is its (`index`): the tower runs once
+    an image, and its features are handed to every sample that holds it (``algo.logprobs.token_logprobs``)."""
+
+    values: torch.Tensor
+    index: torch.Tensor
+
+    def to(self, device) -> Pixels:
+        return Pixels(self.values.to(device), self.index.to(device))
+
+
+def pixel_values(model_path: str, images: list[list[bytes]], trust_remote_code: bool = False) -> Pixels | None:
+    """The ``Pixels`` of each sample's images, one sample after another, or None where no sample has any. Each
+    distinct image is decoded and processed once (a group's samples share their prompt's)."""
+    import torch
+
     flat = [b for sample in images for b in sample]
     if not flat:
         return None
     at = {b: i for i, b in enumerate(dict.fromkeys(flat))}
     got = processor(model_path, trust_remote_code).image_processor(images=decoded(list(at)), return_tensors="pt")
-    return got["pixel_values"][[at[b] for b in flat]]
+    return Pixels(got["pixel_values"], torch.tensor([at[b] for b in flat]))
 
 
-def in_order(model_path: str, images: list[list[bytes]], seqs, trust_remote_code: bool = False):
+def in_order(model_path: str, images: list[list[bytes]], seqs, trust_remote_code: bool = False) -> Pixels | None:
     """``pixel_values`` of each sequence's `images` in the order of their tokens in `seqs`' forward
     (``algo.batching.Sequences.order``), or None where none has any."""
     return pixel_values(model_path, [images[i] for i in seqs.order], trust_remote_code) if any(images) else None
