@@ -109,6 +109,10 @@ class Pools:
         themselves are the keeper's."""
         self.keeper, self.copied = None, 0
         """The ``Keeper`` of those copies, on the driver's node, once there are any; how many were sent to it."""
+        self.nodes: dict[str, list[str]] = {}
+        """Per pool, each actor's node id (placement.json's; a recovery's new actors' once it says where they are)."""
+        self.say = print
+        """Where a recovery says its line (``start``'s `say`)."""
 
     @property
     def generators(self) -> list:
@@ -124,7 +128,7 @@ class Pools:
         """Reserve the cluster, start the pools, form each group's process group (the learner's first) and (with
         generators) the sync group; `say` gets a line as each phase ends, with the seconds since the command began
         (the actors start at once, so a phase's line says when it was ready, not how long it took alone)."""
-        self.pgs = placement.reserve(self.r, pools)
+        self.pgs, self.say = placement.reserve(self.r, pools), say
         # Ray's CPUs are a count the cluster was given (tests give 4 on 2 cores): never more than the cores here
         node_cpus = min(
             [c for n in ray.nodes() if n["Alive"] and (c := n["Resources"].get("CPU", 0)) > 0]
@@ -210,7 +214,8 @@ class Pools:
             allowed = self.r.trainer.fault_tolerance
             raise RunError(f"{pool} lost an actor, which trainer.fault_tolerance={allowed} does not recover")
         actors, start = self.actors[pool], time.perf_counter()
-        for j in [i] if lost == "replace" else range(len(actors)):
+        new = [i] if lost == "replace" else list(range(len(actors)))
+        for j in new:
             ray.kill(actors[j])
             actors[j] = self._new(pool, j)
         if lost != "replace" and KINDS[pool].group == "fsdp":
@@ -222,6 +227,19 @@ class Pools:
             self.transport.connect(self)
         self.restarts[pool] += 1
         self.recovery_s[pool] += time.perf_counter() - start
+        self._said(pool, i, new, time.perf_counter() - start)
+
+    def _said(self, pool: str, i: int, new: list[int], seconds: float) -> None:
+        """One line for a recovery: which actor was lost on which node, where its replacements are, how long it
+        took (the run's fault/* metrics count them)."""
+        was = (self.nodes.get(pool) or [None] * (i + 1))[i]
+        where = self.call([self.actors[pool][j].where.remote() for j in new], f"{pool} placed again")
+        self.nodes.setdefault(pool, [None] * len(self.actors[pool]))
+        for j, w in zip(new, where):
+            self.nodes[pool][j] = w["node_id"]
+        now = ", ".join(sorted({w["node_id"][:12] for w in where}))
+        again = "its replacement" if new == [i] else f"the pool's {len(new)} new actors"
+        self.say(f"{pool} actor {i} lost (node {(was or '?')[:12]}); {again} on node {now}, in {seconds:.1f} s")
 
     def copy_state(self, pool: str) -> None:
         """Each actor of `pool` copies its state and the keeper takes it, for ``recover`` to give the pool started
@@ -258,7 +276,7 @@ class Pools:
         out = {}
         for pool, actors in self.actors.items():
             where = self.call([a.where.remote() for a in actors], f"{pool} start")
-            p = self.plans[pool]
+            self.nodes[pool], p = [w["node_id"] for w in where], self.plans[pool]
             out[pool] = [
                 {"actor": i, **w, "resources": {"CPU": p.cpus, "GPU": p.gpus, **p.resources}}
                 for i, w in enumerate(where)

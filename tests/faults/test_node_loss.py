@@ -7,6 +7,7 @@ learner, trainer.fault_tolerance=all keeps the copies of the ranks' state on the
 again on the other node takes them."""
 
 import json
+import re
 import threading
 import time
 
@@ -97,11 +98,13 @@ def lose_a_node(tmp_path, monkeypatch, pool: str, point: str, over=()) -> tuple[
 def test_a_learner_node_removed_mid_step_and_the_run_finishes_on_the_node_that_replaces_it(
     tmp_path, monkeypatch, capsys
 ):
-    plain, lost, _ = lose_a_node(tmp_path, monkeypatch, "learner", "hold_learner@2")
+    plain, lost, removed = lose_a_node(tmp_path, monkeypatch, "learner", "hold_learner@2")
     assert [m["fault/learner_restarts"] for m in lost] == [0, 1, 1]
     assert [m["fault/learner_recovery_s"] > 0 for m in lost] == [False, True, True]  # timed, once
     said = capsys.readouterr().out
     assert said.count("recovered from lost actors (restarts: learner 1) in ") == 1  # the run's summary
+    event = re.findall(r"learner actor \d lost \(node (\w+)\); the pool's 2 new actors on node ([\w, ]+), in", said)
+    assert len(event) == 1 and event[0][0] == removed[0].node_id[:12] and event[0][0] not in event[0][1], event
     assert differing(lost, plain) <= {"fault/learner_restarts"}
 
 
@@ -114,9 +117,13 @@ def test_a_learner_node_removed_mid_step_and_the_run_finishes_on_the_node_that_r
     ],
 )
 def test_a_pools_node_removed_mid_step_and_the_run_finishes_as_if_not(tmp_path, monkeypatch, capsys, pool, point, over):
-    plain, lost, _ = lose_a_node(tmp_path, monkeypatch, pool, point, over)
+    plain, lost, removed = lose_a_node(tmp_path, monkeypatch, pool, point, over)
     key = f"fault/{pool}_restarts"
     assert [m[key] for m in lost] == [0, 1, 1] and [m[key] for m in plain] == [0, 0, 0]
     said = capsys.readouterr().out
     assert said.count(f"recovered from lost actors (restarts: {pool} 1) in ") == 1
+    event = re.findall(
+        rf"{pool} actor \d lost \(node (\w+)\); (?:its replacement|the pool's \d new actors) on node", said
+    )
+    assert event == [removed[0].node_id[:12]], event  # the node removed, named once
     assert differing(lost, plain) <= {key}
