@@ -1,7 +1,7 @@
 """A run's own code (reward functions, an estimator or loss of the user's, environments) loaded and tried on its
 data before any actor starts (``setup_run`` calls these): a reward function that cannot score the first row, a
 ``sources`` that names no row, an environment that cannot start an episode or opens on another task, each one line
-now, not a run of zeros."""
+now, not a run of zeros. Rows with images are checked here too: against the pools that would read them."""
 
 from __future__ import annotations
 
@@ -9,8 +9,22 @@ import contextlib
 import sys
 from pathlib import Path
 
-from grpo_ray import rewards
-from grpo_ray.config import RULES, AlgorithmConfig, Recipe, RecipeError, RewardConfig
+from grpo_ray import models, rewards
+from grpo_ray.config import (
+    GENERATOR,
+    JUDGE,
+    KINDS,
+    LEARNER,
+    REFERENCE,
+    RULES,
+    TEACHER,
+    AlgorithmConfig,
+    Recipe,
+    RecipeError,
+    RewardConfig,
+)
+from grpo_ray.data import DataError, images
+from grpo_ray.models import vision
 
 
 def load_rewards(w: RewardConfig, recipe_dir: Path | None) -> None:
@@ -222,3 +236,99 @@ def _try_episode(recipe: Recipe, tokenizer, child, env: tuple[str, dict], row: d
                 f"warning: {where}, {why}; counted in env/opening_mismatches (environment.opening=check makes it an "
                 "error, =ignore leaves openings unused)"
             )
+
+
+def image_rows(spec: str, rows: list[dict], recipe: Recipe, model_path: str, command: str = "train") -> list[dict]:
+    """Rows with images (``grpo_ray.data.images``), checked before any actor starts, and each with its images as
+    the engines take them (``prompt_images``: the image files' bytes) and its prompt's placeholders as the chat
+    template's image parts. A DataError names the file, row and key where the model reads no images, where an image
+    does not open, where its placeholders and images do not match in number, or where a prompt carries more than
+    the engines take; a RecipeError where a pool of the run would read the prompts without their images."""
+    key, vllm_kwargs = recipe.data.image_key, recipe.generator.vllm_kwargs
+    first = next(i for i, row in enumerate(rows) if images.images_of(row, key))
+    reads, arch = images.model_reads_images(model_path, recipe.model.trust_remote_code)
+    n = len(images.images_of(rows[first], key))
+    if not reads:
+        raise DataError(
+            f"{spec} row {first}: '{key}' (data.image_key) holds {n} image(s), and model.path={recipe.model.path!r} is "
+            f"a text-only model ({arch}): give a vision-language model (Qwen2.5-VL, Qwen3-VL, Gemma 3), or rows "
+            "without images"
+        )
+    folder = Path(spec).parent if Path(spec).is_file() else None
+    out = []
+    for i, row in enumerate(rows):
+        pictures = images.images_of(row, key)
+        why = images.problem(row, key, images.limit(vllm_kwargs), folder) if pictures else None
+        if why:
+            raise DataError(f"{spec} row {i}: {why}")
+        if pictures:
+            row = {
+                **row,
+                "prompt": images.with_image_parts(row["prompt"], len(pictures)),
+                "prompt_images": [images.file_bytes(p, folder) for p in pictures],
+            }
+        out.append(row)
+    most = max(len(row.get("prompt_images", ())) for row in out)
+    why = images_not_read(recipe, command) or (
+        _scorers_read_images(recipe, model_path, most) if command != "sft" else ""
+    )
+    if why:
+        raise RecipeError(f"{spec} row {first}: '{key}' (data.image_key) holds {n} image(s), and {why}")
+    return out
+
+
+def images_not_read(recipe: Recipe, command: str) -> str:
+    """What of the run reads a prompt without its images so far (the first found, as a user names it), or ""."""
+    if command not in ("", "train", "sft"):
+        what = f"`grpo-ray {command}`"
+    elif recipe.environment.name:
+        what = f"environment.name={recipe.environment.name!r}"
+    elif recipe.model.shared_prompt is True:
+        what = "model.shared_prompt=true (each prompt run once, keyed by its tokens alone)"
+    else:
+        return ""
+    return (
+        f"{what} reads text alone so far (images reach the generators, the learner, the reference, a teacher, and a "
+        "reward model or judge that reads images): run without it, or with rows without images"
+    )
+
+
+def _scorers_read_images(recipe: Recipe, model_path: str, most: int) -> str:
+    """Why a pool that scores the policy's samples cannot score them with their images, or "": its model reads no
+    images (a reward model or judge would grade each sample without them); a teacher's expands an image into other
+    tokens than the policy's (it scores the policy's token ids); a judge's engine takes fewer images a prompt than a
+    row has."""
+    trust = recipe.model.trust_remote_code
+    for kind in KINDS.values():
+        if not kind.model or kind.name in (GENERATOR, LEARNER, REFERENCE) or not kind.count(recipe):
+            continue
+        name = kind.model_name(recipe)
+        try:
+            reads, arch = images.model_reads_images(models.base_of(name), trust)
+        except (OSError, ValueError) as e:
+            return f"{kind.model}={name!r}: cannot load its config ({str(e).splitlines()[0]})"
+        if not reads:
+            return (
+                f"{kind.model}={name!r} is a text-only model ({arch}): the {kind.name} pool would score each sample "
+                f"without its images; give a model that reads them, or {kind.model}='' to run without it"
+            )
+        if kind.name == TEACHER and not _expands_alike(models.base_of(name), model_path, trust):
+            return (
+                f"teacher.model={name!r} turns an image into other tokens than model.path does (its processor's): the "
+                "teacher scores the policy's token ids, so both must expand an image alike"
+            )
+        limit = images.limit(recipe.reward_model.judge.vllm_kwargs)
+        if kind.name == JUDGE and most > limit:
+            return (
+                f"a row holds {most} images and the judge's engine takes {limit} a prompt "
+                "(reward_model.judge.vllm_kwargs.limit_mm_per_prompt)"
+            )
+    return ""
+
+
+def _expands_alike(teacher: str, model_path: str, trust: bool) -> bool:
+    """Whether the teacher's processor expands an image's marker into the policy's tokens."""
+    turn = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "?"}]}]
+    text = vision.processor(model_path, trust).apply_chat_template(turn, add_generation_prompt=True, tokenize=False)
+    sizes = ((64, 48),)
+    return vision.expanded_ids(teacher, text, sizes, trust) == vision.expanded_ids(model_path, text, sizes, trust)

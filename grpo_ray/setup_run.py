@@ -12,12 +12,8 @@ from pathlib import Path
 
 from grpo_ray import models, rundir, transports
 from grpo_ray.config import (
-    GENERATOR,
     KINDS,
-    LEARNER,
-    REFERENCE,
     REWARD_MODEL,
-    TEACHER,
     EnvironmentConfig,
     Recipe,
     RecipeError,
@@ -32,6 +28,7 @@ from grpo_ray.preflight import (
     check_algorithm,
     check_sources,
     check_stack,
+    image_rows,
     load_rewards,
     reward_child,
     try_environment,
@@ -201,89 +198,6 @@ def _rows_of(spec: str, tokenizer, recipe: Recipe, command: str, pieces: dict) -
     return rows, n, first
 
 
-def image_rows(spec: str, rows: list[dict], recipe: Recipe, model_path: str, command: str = "train") -> list[dict]:
-    """Rows with images (``grpo_ray.data.images``), checked before any actor starts, and each with its images as
-    the engines take them (``prompt_images``: the image files' bytes) and its prompt's placeholders as the chat
-    template's image parts. A DataError names the file, row and key where the model reads no images, where an image
-    does not open, where its placeholders and images do not match in number, or where a prompt carries more than
-    the engines take; a RecipeError where the run would read the images somewhere that takes text alone so far."""
-    key, vllm_kwargs = recipe.data.image_key, recipe.generator.vllm_kwargs
-    first = next(i for i, row in enumerate(rows) if images.images_of(row, key))
-    reads, arch = images.model_reads_images(model_path, recipe.model.trust_remote_code)
-    n = len(images.images_of(rows[first], key))
-    if not reads:
-        raise DataError(
-            f"{spec} row {first}: '{key}' (data.image_key) holds {n} image(s), and model.path={recipe.model.path!r} is "
-            f"a text-only model ({arch}): give a vision-language model (Qwen2.5-VL, Qwen3-VL, Gemma 3), or rows "
-            "without images"
-        )
-    folder = Path(spec).parent if Path(spec).is_file() else None
-    out = []
-    for i, row in enumerate(rows):
-        pictures = images.images_of(row, key)
-        why = images.problem(row, key, images.limit(vllm_kwargs), folder) if pictures else None
-        if why:
-            raise DataError(f"{spec} row {i}: {why}")
-        if pictures:
-            row = {
-                **row,
-                "prompt": images.with_image_parts(row["prompt"], len(pictures)),
-                "prompt_images": [images.file_bytes(p, folder) for p in pictures],
-            }
-        out.append(row)
-    text_only = images_not_read(recipe, command)
-    if text_only:
-        raise RecipeError(
-            f"{spec} row {first}: '{key}' (data.image_key) holds {n} image(s), and {text_only} reads text alone so far "
-            "(images reach the generators, the learner, the reference and a teacher): run without it, or with rows "
-            "without images"
-        )
-    if KINDS[TEACHER].count(recipe) and command in ("", "train"):
-        why = _teacher_reads_images(recipe, model_path)
-        if why:
-            raise RecipeError(f"{spec} row {first}: '{key}' (data.image_key) holds {n} image(s), and {why}")
-    return out
-
-
-def _teacher_reads_images(recipe: Recipe, model_path: str) -> str:
-    """Why teacher.model cannot score the policy's image samples (it reads no images, or expands an image into other
-    tokens than the policy: it scores the policy's token ids), or ""."""
-    name, trust = recipe.teacher.model, recipe.model.trust_remote_code
-    teacher = models.base_of(name)
-    try:
-        reads, arch = images.model_reads_images(teacher, trust)
-    except (OSError, ValueError) as e:
-        return f"teacher.model={name!r}: cannot load its config ({str(e).splitlines()[0]})"
-    if not reads:
-        return (
-            f"teacher.model={name!r} is a text-only model ({arch}): give a vision-language teacher of the same family"
-        )
-    turn = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "?"}]}]
-    text = vision.processor(model_path, trust).apply_chat_template(turn, add_generation_prompt=True, tokenize=False)
-    sizes = ((64, 48),)
-    if vision.expanded_ids(teacher, text, sizes, trust) != vision.expanded_ids(model_path, text, sizes, trust):
-        return (
-            f"teacher.model={name!r} turns an image into other tokens than model.path does (its processor's): the "
-            "teacher scores the policy's token ids, so both must expand an image alike"
-        )
-    return ""
-
-
-def images_not_read(recipe: Recipe, command: str) -> str:
-    """What of the run would read a prompt without its images (the first found, as a user names it), or ""."""
-    if command not in ("", "train", "sft"):
-        return f"`grpo-ray {command}`"
-    for kind in KINDS.values():
-        if kind.model and kind.name not in (GENERATOR, LEARNER, REFERENCE, TEACHER) and kind.count(recipe):
-            off = "algorithm.kl_coef=0" if kind.name == REFERENCE else f"{kind.model}=''"
-            return f"the {kind.name} pool ({kind.model}={kind.model_name(recipe)!r}; {off} runs without it)"
-    if recipe.environment.name:
-        return f"environment.name={recipe.environment.name!r}"
-    if recipe.model.shared_prompt is True:
-        return "model.shared_prompt=true (each prompt run once, keyed by its tokens alone)"
-    return ""
-
-
 def _limits(recipe: Recipe, command: str) -> str:
     """The limits a row of `command` is measured against, as a user reads them."""
     return f"data.max_prompt_length={recipe.data.max_prompt_length}" + JOBS[command].limit(recipe)
@@ -333,7 +247,8 @@ def reward_model_path(recipe: Recipe) -> str:
         raise RecipeError(f"reward_model.model={name!r}: cannot load its config ({str(e).splitlines()[0]})") from None
     kind = (config.architectures or ["a model that names no architecture"])[0]
     classifier = kind.endswith("ForSequenceClassification")
-    if judge and not kind.endswith("ForCausalLM"):
+    generates = kind.endswith("ForCausalLM") or (getattr(config, "vision_config", None) is not None and not classifier)
+    if judge and not generates:  # a language model, or a vision-language one
         raise RecipeError(
             f"reward_model.model={name!r}: a {kind}, not a language model (ForCausalLM) that a judge's rubric "
             "(reward_model.judge.template) can ask; unset the template to use a classifier"

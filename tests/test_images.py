@@ -1,6 +1,6 @@
 """Rows with images (issue 77, its first piece): each form of image a row may carry opens, and every way an image row
 can be wrong is one line naming the file, row and key before any actor starts (grpo_ray/data/images.py,
-setup_run.image_rows); where a run would read them somewhere that takes text alone so far, it is refused in words
+preflight.image_rows); where a run would read them somewhere that takes text alone so far, it is refused in words
 that say so, never trained as text with the images dropped. (A run on them: tests/test_vision.py.)"""
 
 import io
@@ -9,6 +9,7 @@ import json
 import pytest
 from PIL import Image
 
+from grpo_ray import models
 from grpo_ray.data import DataError, images
 from tests.conftest import TINY
 
@@ -82,7 +83,7 @@ def test_a_vision_language_models_image_rows_are_checked_and_carry_their_images(
     that would read its prompts somewhere that takes text alone (a reward model here) is refused, naming it, and a
     teacher that reads no images is refused."""
     from grpo_ray.config import Recipe, RecipeError
-    from grpo_ray.setup_run import image_rows
+    from grpo_ray.preflight import image_rows
 
     assert images.model_reads_images(vl_model) == (True, "Qwen2_5_VLForConditionalGeneration")
     spec = tmp_path / "rows.jsonl"
@@ -98,14 +99,14 @@ def test_a_vision_language_models_image_rows_are_checked_and_carry_their_images(
         {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": " What colour is it?"}]}
     ]
     scored = Recipe()
-    scored.reward_model.model = "Skywork/Skywork-Reward-V2-Llama-3.1-8B"
+    scored.reward_model.model = models.resolve(TINY.format(arch="llama") + "&score=1")
     with pytest.raises(RecipeError) as e:
         image_rows(str(spec), rows[:2], scored, vl_model)
     assert str(e.value) == (
-        f"{spec} row 1: 'images' (data.image_key) holds 1 image(s), and the reward_model pool (reward_model.model="
-        "'Skywork/Skywork-Reward-V2-Llama-3.1-8B'; reward_model.model='' runs without it) reads text alone so far "
-        "(images reach the generators, the learner, the reference and a teacher): run without it, or with rows "
-        "without images"
+        f"{spec} row 1: 'images' (data.image_key) holds 1 image(s), and reward_model.model="
+        f"{scored.reward_model.model!r} is a text-only model (LlamaForSequenceClassification): the reward_model pool "
+        "would score each sample without its images; give a model that reads them, or reward_model.model='' to run "
+        "without it"
     )
     taught = Recipe()
     taught.teacher.model = TINY.format(arch="qwen2")
@@ -113,7 +114,8 @@ def test_a_vision_language_models_image_rows_are_checked_and_carry_their_images(
         image_rows(str(spec), rows[:2], taught, vl_model)
     assert str(e.value) == (
         f"{spec} row 1: 'images' (data.image_key) holds 1 image(s), and teacher.model={taught.teacher.model!r} is a "
-        "text-only model (Qwen2ForCausalLM): give a vision-language teacher of the same family"
+        "text-only model (Qwen2ForCausalLM): the teacher pool would score each sample without its images; give a "
+        "model that reads them, or teacher.model='' to run without it"
     )
     with pytest.raises(RecipeError, match="and `grpo-ray rm` reads text alone so far"):
         image_rows(str(spec), rows[:2], Recipe(), vl_model, "rm")

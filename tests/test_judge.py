@@ -51,6 +51,11 @@ def test_the_score_is_the_last_match_and_an_unread_reply_the_default():
         (["reward_model.judge.pattern='[0-9]'"], "reward_model.judge.pattern='[0-9]' has no group"),
         (["reward_model.judge.pattern='(['"], "reward_model.judge.pattern='([' is not a regular expression"),
         (
+            ["reward_model.judge.vllm_kwargs={max_model_len: 64, limit_mm_per_prompt: {image: 1}}"],
+            "reward_model.judge.vllm_kwargs.max_model_len: set by grpo-ray from reward_model.judge.max_model_len; set "
+            "that instead",
+        ),
+        (
             [f"reward_model.model={CLASSIFIER}"],
             "a LlamaForSequenceClassification, not a language model (ForCausalLM) that a judge's rubric",
         ),

@@ -225,12 +225,13 @@ def two_steps(rows, out, *over):
 @pytest.mark.smoke
 def test_the_vision_recipe_trains_on_what_the_engine_saw(tmp_path):
     """recipes/tiny-cpu-vision.yaml on image rows in verl's schema (an ``<image>`` placeholder, a path relative to
-    the file: its own synthetic pictures, written out), two learner ranks and the reference: every sample's prompt
-    holds the image's tokens as the engine expanded them, no response holds an image placeholder (kept out alike by
-    the engine and the learner), the learner's logprobs of every sampled token are the engine's within the text
-    path's bound (rollout_corr: its old policy against the sampler) and the reference's before any update (the KL
-    term 0), and it trains, vision tower included; its checkpoint exports as a vision-language model with its
-    processor."""
+    the file: its own synthetic pictures, written out) with text rows among them, two learner ranks (one rank's
+    share of a step all text, the other's all images: both run the vision tower's collectives) and the reference:
+    every image sample's prompt holds the image's tokens as the engine expanded them, no response holds an image
+    placeholder (kept out alike by the engine and the learner), the learner's logprobs of every sampled token are
+    the engine's within the text path's bound (rollout_corr: its old policy against the sampler) and the reference's
+    before any update (the KL term 0), and it trains, vision tower included; its checkpoint exports as a
+    vision-language model with its processor."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     from grpo_ray.checkpoint import export_hf
@@ -239,11 +240,15 @@ def test_the_vision_recipe_trains_on_what_the_engine_saw(tmp_path):
 
     rows = make_rows(8, task="shapes")
     for i, row in enumerate(rows):
+        if i % 4 >= 2:  # text rows beside image rows, in file order: one rank's share has no image, the other's two
+            row["prompt"] = [{"role": "user", "content": "How many squares? Give the final answer after ####."}]
+            del row["images"]
+            continue
         (tmp_path / f"{i}.png").write_bytes(row["images"][0])
         row["images"] = [f"{i}.png"]
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "run"
-    res = two_steps(tmp_path / "rows.jsonl", out)
+    res = two_steps(tmp_path / "rows.jsonl", out, "data.shuffle=false")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "lost" not in res.stdout  # no engine replaced (a push once left the scheduler's image cache stale)
     steps = [m for m in map(json.loads, (out / "metrics.jsonl").open()) if m["step"]]
@@ -258,7 +263,7 @@ def test_the_vision_recipe_trains_on_what_the_engine_saw(tmp_path):
     for step in (1, 2):
         for line in (out / "rollouts" / f"train_data_step{step}.jsonl").open():
             row = json.loads(line)
-            assert row["prompt_ids"].count(image_id) == IMAGE_TOKENS
+            assert row["prompt_ids"].count(image_id) == (IMAGE_TOKENS if "images" in rows[row["uid"]] else 0)
             assert all(image_id not in s["response_ids"] for s in row["samples"])
     exported = export_hf(out / "checkpoints" / "step_2", tmp_path / "exported")  # a vision-language model again
     model, processor = AutoModelForImageTextToText.from_pretrained(exported), AutoProcessor.from_pretrained(exported)
@@ -352,6 +357,141 @@ def test_a_vision_language_teacher_scores_the_policys_samples_with_their_images(
     expected, unseen = sum(seen) / len(seen), sum(blank) / len(blank)
     assert steps[-1]["distill/reverse_kl"] == pytest.approx(expected, abs=2e-4)
     assert abs(unseen - expected) > 10 * 2e-4
+
+
+def test_a_reward_model_that_reads_images_scores_each_conversation_with_its_own(twin):
+    """A classifier of the twin's shape (``score=1``: Gemma 3's ``Gemma3ForSequenceClassification``) scores each
+    rendered conversation as a bare forward of its processor's output gives, with each text's own pictures (and a
+    text without any alone); another picture gives another score, and reward_model.max_length cuts a conversation
+    after its image, never inside."""
+    from transformers import AutoModelForSequenceClassification
+
+    from grpo_ray.config import load_recipe
+    from grpo_ray.roles.reward_model import RewardModel
+
+    scorer = TWIN.replace("vocab=160", "vocab=160&score=1&seed=3")
+    r = load_recipe(VISION, ["reward_model.shard=false", f"reward_model.model={scorer}"])
+    path = models.resolve(scorer)
+    actor = RewardModel(path, r, rank=1, world_size=2)
+    actor.setup("", 0)
+    processor = twin[2]
+    pictures = [picture(k) for k in range(3)]
+    files = []
+    for p in pictures:
+        buf = io.BytesIO()
+        p.save(buf, format="PNG")
+        files.append(buf.getvalue())
+    convo = lambda q, a: processor.apply_chat_template(  # noqa: E731
+        [
+            {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": q}]},
+            {"role": "assistant", "content": a},
+        ],
+        tokenize=False,
+    )
+    texts = [convo("How many?", "#### 3"), convo("How many squares?", "#### 12"), convo("How many?", "#### 3")]
+    texts.append(processor.apply_chat_template([{"role": "user", "content": "Mia has 4."}], tokenize=False))
+    images = [[files[0]], [files[1]], [files[2]], []]
+    got = actor.rewards(texts, images)
+    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32).eval()
+    bare = []
+    with torch.no_grad():
+        for text, shown in zip(texts, [[pictures[0]], [pictures[1]], [pictures[2]], None]):
+            enc = processor(text=text, images=shown, add_special_tokens=False, return_tensors="pt")
+            bare.append(model(**enc).logits[0, 0].item())
+    assert got == pytest.approx(bare, abs=1e-5)
+    assert abs(got[0] - got[2]) > 10 * 1e-5  # the same words, another picture: another score (10x the bound)
+    length = len(processor(text=texts[0], images=[pictures[0]], add_special_tokens=False)["input_ids"][0])
+    actor.max_length = IMAGE_TOKENS  # shorter than the text up to its image's end
+    cut = actor._ids(texts[0], images[0])
+    assert cut.count(model.config.image_token_id) == IMAGE_TOKENS and len(cut) < length
+    assert actor.rewards(texts[:1], images[:1])[0] != pytest.approx(got[0], abs=1e-5)
+
+
+SCORED = {
+    "reward_model": [f"reward_model.model={TWIN.replace('vocab=160', 'vocab=160&text=shapes&score=1&seed=3')}"],
+    "judge": [
+        f"reward_model.model={TWIN.replace('vocab=160', 'vocab=160&seed=4&tie=0')}",  # replies with digits at times
+        "reward_model.judge.template='How many squares are there? The answer: {response}. Grade:'",
+        "reward_model.judge.pattern='([0-9])'",
+        "reward_model.judge.max_tokens=8",
+        "reward_model.judge.vllm_kwargs={model_impl: transformers, limit_mm_per_prompt: {image: 1}}",
+    ],
+}
+"""A learned reward of the twin's shape that reads images: a classifier (``score=1``), or a judge (untied: its
+replies vary) whose grade is the last digit of its reply."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pool", list(SCORED))
+def test_a_reward_model_or_judge_scores_each_sample_with_its_picture(tmp_path, pool):
+    """Two steps of the vision recipe with a learned reward that reads images: every dumped sample's
+    ``reward_model`` score is what that model gives the sample's conversation with its own picture (a bare forward
+    of the classifier; the judge's greedy reply to its rubric, read by the pattern), and with each picture blanked
+    the same models give other scores (they read the pixels)."""
+    import math
+
+    from transformers import AutoModelForImageTextToText, AutoModelForSequenceClassification, AutoProcessor
+
+    from grpo_ray.data import conversation_text, load_rows
+    from grpo_ray.data.images import with_image_parts
+    from grpo_ray.roles.judge import shown_with
+    from grpo_ray.telemetry.dumps import read_samples
+    from grpo_ray.types import Prompt
+
+    over = SCORED[pool] + ["reward_model.num_actors=1", "reward_model.num_cpus=0.2", "reward_model.weight=0.1"]
+    over.append("algorithm.kl_coef=0")  # no reference: room for the pool on two cores
+    out = tmp_path / "run"
+    res = two_steps(SHAPES, out, *over)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    path = models.resolve(over[0].split("=", 1)[1])
+    processor = AutoProcessor.from_pretrained(path)
+    kind = AutoModelForSequenceClassification if pool == "reward_model" else AutoModelForImageTextToText
+    model = kind.from_pretrained(path, dtype=torch.float32).eval()
+    rows = load_rows(SHAPES, "prompt", "reward_model.ground_truth")
+    prefix = "#### "  # the recipe's data.response_prefix
+
+    def scored(messages, response: str, image: Image.Image) -> float:
+        if pool == "reward_model":
+            text = conversation_text(processor.tokenizer, messages, prefix + response)
+            enc = processor(text=text, images=[image], add_special_tokens=False, return_tensors="pt")
+            with torch.no_grad():
+                return model(**enc).logits[0, 0].item()
+        from grpo_ray.rewards.learned import judge_prompt, read_score
+
+        rubric = judge_prompt(
+            SCORED["judge"][1].split("=", 1)[1].strip("'"), Prompt([1], "", "s", messages=messages), prefix + response
+        )
+        turn = [{"role": "user", "content": shown_with(rubric, 1)}]
+        tok = processor.tokenizer
+        text = processor.apply_chat_template(turn, add_generation_prompt=True, tokenize=False)
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        # the marker as vLLM expands it: the processor's image sequence tokenized apart from the text around it
+        sequence = tok(processor.full_image_sequence, add_special_tokens=False)["input_ids"]
+        marker = tok.convert_tokens_to_ids(processor.boi_token)
+        ids = torch.tensor([[t for x in ids for t in (sequence if x == marker else [x])]])
+        pixels = processor.image_processor(images=[image], return_tensors="pt")["pixel_values"]
+        with torch.no_grad():  # causal throughout, as the engine runs it
+            reply = model.generate(
+                input_ids=ids,
+                pixel_values=pixels,
+                token_type_ids=torch.zeros_like(ids),
+                max_new_tokens=8,
+                do_sample=False,
+            )
+        value = read_score(tok.decode(reply[0, ids.shape[1] :], skip_special_tokens=True), "([0-9])")
+        return 0.0 if math.isnan(value) else value  # reward_model.judge.default
+
+    got, seen, blank = [], [], []
+    for step in (1, 2):
+        for row in read_samples(out / "rollouts" / f"train_data_step{step}.jsonl"):
+            source = rows[row["uid"]]
+            image = Image.open(io.BytesIO(source["images"][0]))
+            messages = with_image_parts(source["prompt"], 1)
+            got.append(row["rewards"]["reward_model"])
+            seen.append(scored(messages, row["response"], image))
+            blank.append(scored(messages, row["response"], Image.new("RGB", image.size, "white")))
+    assert got == pytest.approx(seen, abs=1e-4)
+    assert len(set(got)) > 1 and blank != pytest.approx(seen, abs=1e-4)
 
 
 def test_the_planner_counts_the_vision_tower_from_the_config(twin):

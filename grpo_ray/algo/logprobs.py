@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
+import torch.distributed as dist
 
 from grpo_ray.algo.batching import Sequences
 
@@ -104,19 +105,37 @@ PROJECTORS = ("multi_modal_projector",)
 def each_image(model, pixels):
     """While open, `model`'s forward runs its vision tower once for each distinct image of `pixels`
     (``models.vision.Pixels``), and each image of the batch gets its features (its projector's output, indexed):
-    yields the pixel values to pass. A model without such a projector gets every image's pixels, run each time."""
-    if pixels is None:
+    yields the pixel values to pass. A model without such a projector gets every image's pixels, run each time.
+    A forward without images of a model sharded over ranks runs its tower on one blank image all the same, its
+    features used by no token: the tower's gathers (and, in a backward, its reductions) pair with those of the
+    ranks whose forwards have images (a filler, or a micro batch of text rows)."""
+    projector = next((m for name, m in model.named_modules() if name.rsplit(".", 1)[-1] in PROJECTORS), None)
+    if pixels is None and projector is not None and _sharded(model):
+        side = model.config.vision_config.image_size
+        values = torch.zeros(1, 3, side, side, device=next(model.parameters()).device)
+        index = torch.zeros(0, dtype=torch.long, device=values.device)  # no token's features
+    elif pixels is None:
         yield None
         return
-    projector = next((m for name, m in model.named_modules() if name.rsplit(".", 1)[-1] in PROJECTORS), None)
+    else:
+        values, index = pixels
     if projector is None:
-        yield pixels.values[pixels.index]
+        yield values[index]
         return
-    handle = projector.register_forward_hook(lambda _module, _args, out: out[pixels.index])
+    handle = projector.register_forward_hook(lambda _module, _args, out: out[index])
     try:
-        yield pixels.values
+        yield values
     finally:
         handle.remove()
+
+
+def _sharded(model) -> bool:
+    """Whether `model`'s forwards are collectives: FSDP2 units over more than one rank."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return (
+        dist.is_initialized() and dist.get_world_size() > 1 and any(isinstance(m, FSDPModule) for m in model.modules())
+    )
 
 
 def sequence_logprobs(

@@ -257,6 +257,10 @@ def _judge_problems(j) -> list[str]:
             f"reward_model.judge.template has {', '.join('{' + u + '}' for u in unknown)}, which nothing fills: the "
             "placeholders are {prompt}, {response} and {ground_truth} (other braces must hold more than a name)"
         )
+    for key in sorted(set(j.vllm_kwargs) & set(JUDGE_ENGINE_KEYS)):
+        owner = JUDGE_ENGINE_KEYS[key]
+        how = f"from {owner}; set that instead" if owner else "(on CPU, from the judge's share of a step); remove it"
+        p.append(f"reward_model.judge.vllm_kwargs.{key}: set by grpo-ray {how}")
     try:
         if re.compile(j.pattern).groups < 1:
             p.append(f"reward_model.judge.pattern={j.pattern!r} has no group: put the score in ( )")
@@ -282,6 +286,18 @@ ENGINE_KEYS = {
 }
 """vllm.LLM arguments grpo-ray sets itself: the recipe key that sets each (None: needed as it is, for the weight
 sync or for logprobs the learner's match)."""
+JUDGE_ENGINE_KEYS = {
+    "model": "reward_model.model",
+    "gpu_memory_utilization": "reward_model.judge.gpu_memory_utilization",
+    "dtype": "generator.dtype",
+    "max_model_len": "reward_model.judge.max_model_len",
+    "seed": "trainer.seed",
+    "trust_remote_code": "model.trust_remote_code",
+    "kv_cache_memory_bytes": None,
+    "enable_chunked_prefill": None,
+}
+"""vllm.LLM arguments of the judge's engine grpo-ray sets itself: the recipe key that sets each (None: on CPU, from
+the judge's share of a step)."""
 
 
 def _generator_problems(r: Recipe) -> list[str]:

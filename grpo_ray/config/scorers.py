@@ -75,6 +75,9 @@ class JudgeConfig:
     template."""
     gpu_memory_utilization: float = 0.85
     """On GPU: the share of the judge's device its engine takes (weights and KV cache)."""
+    vllm_kwargs: dict[str, Any] = field(default_factory=dict)
+    """More arguments of the judge's ``vllm.LLM`` (as generator.vllm_kwargs are the generators'): a judge that reads
+    images takes ``limit_mm_per_prompt``, and ``model_impl: transformers`` on this CPU."""
 
 
 @dataclass

@@ -56,7 +56,8 @@ class TinySpec:
     multi-objective one has, ``reward_model.head`` picks the score), not a language model."""
     vision: int = 0
     """N > 0: a vision-language model, Gemma 3's shape (gemma3 only): a SigLIP tower of N layers reads each image at
-    64 x 64 pixels as 16 tokens between ``<start_of_image>`` and ``<end_of_image>``; saved with its processor."""
+    64 x 64 pixels as 16 tokens between ``<start_of_image>`` and ``<end_of_image>``; saved with its processor. With
+    `score`, a reward model that reads images (``Gemma3ForSequenceClassification``)."""
 
     @property
     def head_dim(self) -> int:
@@ -104,9 +105,9 @@ def parse_tiny(name: str) -> TinySpec:
         )
     if min(spec.layers, spec.hidden, spec.heads, spec.kv_heads, spec.max_len, spec.vocab) <= 0:
         raise ModelNameError(f"{name!r}: sizes must be positive")
-    if spec.vision and (spec.arch != "gemma3" or spec.score):
+    if spec.vision and spec.arch != "gemma3":
         raise ModelNameError(
-            f"{name!r}: vision={spec.vision} builds Gemma 3's vision-language shape: arch gemma3, no score (Qwen2.5-VL "
+            f"{name!r}: vision={spec.vision} builds Gemma 3's vision-language shape: arch gemma3 (Qwen2.5-VL "
             "and Qwen3-VL twins need torchvision, which has no build for this CPU torch: docs/training.md#images)"
         )
     if spec.bytes and spec.vocab <= 300:
@@ -230,7 +231,9 @@ def _vision_config(spec: TinySpec, text, tokenizer):
         bos_token_id=tokenizer.bos_token_id,
         tie_word_embeddings=bool(spec.tie),
     )
-    cfg.architectures = ["Gemma3ForConditionalGeneration"]
+    cfg.architectures = ["Gemma3ForSequenceClassification" if spec.score else "Gemma3ForConditionalGeneration"]
+    if spec.score:  # a reward model that reads images: its score from the last token, as a text one's
+        cfg.num_labels = spec.score
     return cfg
 
 
@@ -286,10 +289,11 @@ def build_tiny(spec: TinySpec, out: Path, extra_texts: list[str] | None = None) 
     torch.manual_seed(spec.seed)
     processor = None
     if spec.vision:
-        from transformers import Gemma3ForConditionalGeneration, Gemma3Processor
+        from transformers import Gemma3ForConditionalGeneration, Gemma3ForSequenceClassification, Gemma3Processor
         from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
-        model = Gemma3ForConditionalGeneration._from_config(config, dtype=torch.float32)
+        kind = Gemma3ForSequenceClassification if spec.score else Gemma3ForConditionalGeneration
+        model = kind._from_config(config, dtype=torch.float32)
         with torch.no_grad():  # transformers starts the projection at 0: no image would reach the language model
             model.model.multi_modal_projector.mm_input_projection_weight.normal_(
                 0, config.vision_config.hidden_size**-0.5

@@ -27,13 +27,21 @@ def judge_prompt(template: str, prompt, response: str) -> str:
     """A judge's rubric for one sample: `template` with ``{prompt}`` (the prompt's user turns, or its text),
     ``{response}`` and ``{ground_truth}`` filled in, in one pass (other braces stay as they are: a rubric may show
     JSON; a response that quotes a placeholder is not filled again)."""
-    turns = [m["content"] for m in prompt.messages if m.get("role") != "system"]
+    turns = [text_of(m["content"]) for m in prompt.messages if m.get("role") != "system"]
     fills = {
         "prompt": "\n\n".join(turns) if turns else prompt.text,
         "response": response,
         "ground_truth": str(prompt.ground_truth),
     }
     return PLACEHOLDER.sub(lambda m: fills[m.group(1)], template)
+
+
+def text_of(content) -> str:
+    """A message's text: its content, or the text of its content parts (a prompt with images holds them as parts
+    beside its text: ``data.images.with_image_parts``; a judge that reads images is shown them before its rubric)."""
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text", "") for part in content if part.get("type") == "text")
 
 
 def read_score(reply: str, pattern: str) -> float:

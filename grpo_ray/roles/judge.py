@@ -5,7 +5,8 @@ Each sample's rubric (``rewards.learned.judge_prompt``) goes to the engine as th
 chat template; the number in its reply (``rewards.learned.read_score``) is the score, NaN where there is none or the
 conversation does not fit the judge's context (the controller scores those the default and counts them). The actors
 are data parallel with no group between them (the judge's own row, ``config.JUDGE``): each engine holds the whole
-judge, started with the actor, and grades its even share.
+judge, started with the actor, and grades its even share. A judge that reads images (a vision-language model) is
+shown each sample's images before its rubric, in the same user turn, sent to its engine as ``multi_modal_data``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from grpo_ray.config import Recipe
 from grpo_ray.device import Device
 from grpo_ray.faults import fault_at
 from grpo_ray.lengths import judge_context, judge_kv_cache_bytes
+from grpo_ray.models import vision
 from grpo_ray.models.dims import model_dims
 from grpo_ray.rewards.learned import judge_prompt, read_score
 from grpo_ray.roles import RoleActor, log_to_file
@@ -57,6 +59,7 @@ class Judge(RoleActor):
             max_model_len=self.context,
             seed=r.trainer.seed + self.rank,
             trust_remote_code=r.model.trust_remote_code,
+            **self.cfg.vllm_kwargs,
             **kwargs,
         )
 
@@ -72,7 +75,8 @@ class Judge(RoleActor):
             time.sleep(3600)  # fault test: the judge hangs past reward_model.judge.timeout_s
         pairs = samples(ray.get(rollout_refs), spans)
         start, started = time.perf_counter(), time.time()
-        replies = self.replies([judge_prompt(self.cfg.template, p, self.prefix + c.text) for p, c in pairs])
+        rubrics = [judge_prompt(self.cfg.template, p, self.prefix + c.text) for p, c in pairs]
+        replies = self.replies(rubrics, [p.images for p, _ in pairs])
         out = [read_score(reply, self.cfg.pattern) if reply is not None else float("nan") for reply in replies]
         unread = next((r for r, v in zip(replies, out) if r is not None and math.isnan(v)), None)
         if unread is not None and not self.shown_unread:  # the driver says how many; the log shows one
@@ -80,21 +84,35 @@ class Judge(RoleActor):
             print(f"a judge reply without a score matching {self.cfg.pattern!r}:\n{unread[:2000]}", file=sys.stderr)
         return out, Work(time.perf_counter() - start, len(pairs), (started, time.time()))
 
-    def replies(self, rubrics: list[str]) -> list[str | None]:
-        """The judge's reply to each rubric (no Ray: tests call it directly); None for one whose conversation
-        leaves no room for max_tokens of reply in the judge's context."""
+    def replies(self, rubrics: list[str], images: list[list[bytes]] | None = None) -> list[str | None]:
+        """The judge's reply to each rubric, shown its `images` where it has any (no Ray: tests call it directly);
+        None for one whose conversation leaves no room for max_tokens of reply in the judge's context."""
         from vllm import SamplingParams
 
-        tok = self.tokenizer
+        tok, images = self.tokenizer, images or [[] for _ in rubrics]
         if tok.chat_template:
-            turns = [[{"role": "user", "content": text}] for text in rubrics]
+            turns = [
+                [{"role": "user", "content": shown_with(text, len(shown))}] for text, shown in zip(rubrics, images)
+            ]
             texts = [tok.apply_chat_template(t, add_generation_prompt=True, tokenize=False) for t in turns]
             ids = tok(texts, add_special_tokens=False)["input_ids"] if texts else []
         else:
-            ids = tok(rubrics)["input_ids"] if rubrics else []
-        fits = [i for i, x in enumerate(ids) if len(x) + self.cfg.max_tokens <= self.context]
+            texts, ids = rubrics, tok(rubrics)["input_ids"] if rubrics else []
+        trust = self.recipe.model.trust_remote_code
+        lengths = [  # an image's tokens as the judge's processor expands its marker (the engine's own expansion can
+            # take a token or two more around each: its text is tokenized apart; vllm refuses a prompt past its context)
+            len(vision.expanded_ids(self.model_path, t, vision.sizes(shown), trust)) + 2 * len(shown)
+            if shown
+            else len(x)
+            for t, x, shown in zip(texts, ids, images)
+        ]
+        fits = [i for i, n in enumerate(lengths) if n + self.cfg.max_tokens <= self.context]
         params = SamplingParams(temperature=self.cfg.temperature, max_tokens=self.cfg.max_tokens)
-        outputs = self.llm.generate([{"prompt_token_ids": list(ids[i])} for i in fits], params, use_tqdm=False)
+        prompts = [{"prompt_token_ids": list(ids[i])} for i in fits]
+        for i, prompt in zip(fits, prompts):
+            if images[i]:
+                prompt["multi_modal_data"] = {"image": vision.decoded(images[i])}
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
         out: list[str | None] = [None] * len(rubrics)
         for i, o in zip(fits, outputs):
             out[i] = o.outputs[0].text
@@ -102,3 +120,8 @@ class Judge(RoleActor):
 
     def shutdown(self) -> None:
         pass
+
+
+def shown_with(rubric: str, images: int) -> str | list[dict]:
+    """The judge's user turn: the rubric, after the sample's `images` as content parts where it has any."""
+    return [{"type": "image"}] * images + [{"type": "text", "text": rubric}] if images else rubric
