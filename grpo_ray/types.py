@@ -76,6 +76,12 @@ class Completion:
     versions: list[int] | None = None
     """The version of the weights that sampled each token (a trajectory in flight at a push spans two); None where
     the engine did not label them (multi-turn)."""
+    images: list[bytes] = field(default_factory=list)
+    """The images its environment showed (image files' bytes), in the order of their tokens, after its prompt's
+    (``Prompt.images``): a vision-language model's forward reads both."""
+    context: list[int] | None = None
+    """A multi-turn trajectory of a prompt with images: the prompt's ids as the engine expanded them (the rollout's
+    prompt is given them, ``roles.drivers.expanded``); None otherwise."""
 
 
 @dataclass

@@ -494,6 +494,78 @@ def test_a_reward_model_or_judge_scores_each_sample_with_its_picture(tmp_path, p
     assert len(set(got)) > 1 and blank != pytest.approx(seen, abs=1e-4)
 
 
+def test_a_trajectory_with_images_is_the_engines_expanded_tokens():
+    """A trajectory whose prompt and observation each hold an image marker (7), which the engine expands into three
+    image tokens (9): its completion is the engine's expanded tokens after the expanded prompt, each model turn's
+    tokens, logprobs and versions where the engine's prompt ids of its request put them, 0 (and the version before)
+    on the rest; a turn not where the engine put it is refused."""
+    from grpo_ray.rollouts.trajectory import Trajectory
+
+    t = Trajectory(0, 0, "0/0", None, given=1)  # the prompt [1, 7, 2] as the engine expanded it: [1, 9, 9, 9, 2]
+    t.turns_at.append((5, 0, 2))
+    t.context = [1, 9, 9, 9, 2]
+    t.ids, t.mask, t.logprobs, t.versions = [10, 11], [1, 1], [-0.1, -0.2], [3, 3]
+    t.ids += [20, 7, 21]  # an observation showing an image
+    t.mask, t.logprobs, t.versions = t.mask + [0] * 3, t.logprobs + [0.0] * 3, t.versions + [3] * 3
+    t.images = [b"png"]
+    t.turns_at.append((12, 5, 1))
+    t.context = [1, 9, 9, 9, 2, 10, 11, 20, 9, 9, 9, 21]
+    t.ids, t.mask, t.logprobs, t.versions = t.ids + [12], t.mask + [1], t.logprobs + [-0.3], t.versions + [4]
+    c = t.completion()
+    assert c.token_ids == [10, 11, 20, 9, 9, 9, 21, 12]
+    assert c.mask == [1, 1, 0, 0, 0, 0, 0, 1]
+    assert c.sampler_logprobs == [-0.1, -0.2, 0, 0, 0, 0, 0, -0.3]
+    assert c.versions == [3, 3, 3, 3, 3, 3, 3, 4]
+    assert c.context == [1, 9, 9, 9, 2] and c.images == [b"png"]
+    t.context[5] = 13  # the first turn is not where the engine's ids say
+    with pytest.raises(RuntimeError, match="a model turn is not where"):
+        t.completion()
+
+
+@pytest.mark.slow
+def test_an_environment_shows_a_picture_and_the_learner_reads_what_the_engine_read(tmp_path):
+    """Image rows played by an environment that answers the model's first turn with a picture of its own
+    (``Step.images``, tests/helpers/envs.py): the engine reads the prompt's picture and then the observation's
+    before the second turn, and the learner's logprob of every sampled token of both turns is the engine's within
+    the text path's bound (the observation's image tokens expanded where the engine put them, their pixels read in
+    order); each two-turn trajectory holds the observation's image tokens, masked."""
+    from transformers import AutoConfig
+
+    from grpo_ray.config import load_recipe
+    from grpo_ray.telemetry.dumps import read_samples
+
+    out = tmp_path / "run"
+    res = two_steps(
+        SHAPES,
+        out,
+        "environment.name=tests.helpers.envs:ShowPicture",
+        "environment.role=user",
+        "environment.max_turns=2",
+        "environment.max_tokens=64",
+        "environment.stop=[' ', 'e', 'a', 'o']",  # a turn of the random twin ends on one of these, mostly
+        "generator.sampling.max_tokens=6",
+        "generator.vllm_kwargs.limit_mm_per_prompt={image: 2}",
+        "reward.functions=[]",
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    steps = [m for m in map(json.loads, (out / "metrics.jsonl").open()) if m["step"]]
+    assert len(steps) == 2
+    for m in steps:
+        assert m["env/errors"] == 0
+        assert m["sync/logprob_diff"] < BOUND
+        assert abs(m["rollout_corr/rollout_is_max"] - 1) < BOUND and m["rollout_corr/kl"] < BOUND
+    image_id = AutoConfig.from_pretrained(models.resolve(load_recipe(VISION).model.path)).image_token_id
+    shown = 0
+    for step in (1, 2):
+        for row in read_samples(out / "rollouts" / f"train_data_step{step}.jsonl"):
+            assert row["prompt_ids"].count(image_id) == IMAGE_TOKENS
+            at = [k for k, t in enumerate(row["response_ids"]) if t == image_id]
+            assert len(at) == (IMAGE_TOKENS if len(row["episode"]["turns"]) == 3 else 0)
+            assert all(row["loss_mask"][k] == 0 for k in at)
+            shown += bool(at)
+    assert shown >= 8  # most trajectories had a second turn
+
+
 def test_the_planner_counts_the_vision_tower_from_the_config(twin):
     """``ModelDims.vision`` (in ``params``: the planner's weights, gradients, optimizer state and pushes) is the
     tower's and its projection's parameters as the config gives them, within 2% (norms and biases aside): the

@@ -78,12 +78,12 @@ class Observations:
         eos_ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
         return cls(frozenset(eos_ids), encode(closing + head), encode(foot), tokenizer)
 
-    def ids(self, observation: str, ended: bool = True) -> list[int]:
+    def ids(self, observation: str, ended: bool = True, head: list[int] = ()) -> list[int]:
         """The tokens that follow a model turn: its end-of-turn token unless it `ended` with it (a turn cut by a stop
-        string did not), closing, header, the observation (special tokens split), footer, the next assistant
-        header."""
+        string did not), closing, header, the `head` tokens (an image marker for each image the observation shows),
+        the observation (special tokens split), footer, the next assistant header."""
         text = self.tokenizer.encode(observation, add_special_tokens=False, split_special_tokens=True)
-        return ([] if ended else [self.tokenizer.eos_token_id]) + self.before + text + self.after
+        return ([] if ended else [self.tokenizer.eos_token_id]) + self.before + list(head) + text + self.after
 
 
 def trace_ids(

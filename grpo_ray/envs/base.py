@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pydantic
 
@@ -25,6 +25,9 @@ class Step:
     """The tool it called failed (for env/tool_errors): the failure's text is the observation, the episode goes on."""
     role: str = ""
     """The chat role the observation is written as (a game's ``user``, a tool's ``tool``); empty: environment.role."""
+    images: list = field(default_factory=list)
+    """Images shown with the observation, before its text (image files' bytes, or PIL images), for a vision-language
+    model (NeMo RL's VLM environments' observations): the engine and the learner read them in place."""
 
 
 class Environment:

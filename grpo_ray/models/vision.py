@@ -19,15 +19,20 @@ BAN = -100.0
 """The logit bias that keeps a token from being sampled (vLLM's most negative) and the learner adds alike."""
 
 
+MARKERS = ("image_token_id", "video_token_id", "boi_token_index", "vision_start_token_id")
+"""A vision-language config's tokens that stand for an image: the ones its forward replaces with image (or video)
+features, and the marker an engine expands into an image's tokens (Gemma 3's ``<start_of_image>``, Qwen-VL's
+``<|vision_start|>``)."""
+
+
 def placeholder_ids(config) -> list[int]:
-    """The tokens a vision-language model's forward replaces with image (or video) features, wherever they are:
-    kept out of responses (logit bias ``BAN``, in the engine's sampling and the learner's logprobs alike), since one
-    sampled would be read as an image the sample does not have. None for a text model."""
+    """The tokens that stand for an image in a vision-language model (``MARKERS``), wherever they are: kept out of
+    responses (logit bias ``BAN``, in the engine's sampling and the learner's logprobs alike), since one sampled would
+    be read as an image the sample does not have (by the learner's forward, or by the engine in a trajectory's next
+    turn). None for a text model."""
     if getattr(config, "vision_config", None) is None:
         return []
-    return [
-        t for t in (getattr(config, "image_token_id", None), getattr(config, "video_token_id", None)) if t is not None
-    ]
+    return list(dict.fromkeys(t for name in MARKERS if (t := getattr(config, name, None)) is not None))
 
 
 TOWERS = ("vision_tower", "visual")
@@ -114,3 +119,15 @@ def expanded_ids(
     blanks = [Image.new("RGB", size) for size in sizes]
     got = processor(model_path, trust_remote_code)(text=text, images=blanks, add_special_tokens=False)
     return tuple(int(t) for t in got["input_ids"][0])
+
+
+def marker(tokenizer) -> str:
+    """The text the model's chat template writes for one image (Gemma 3's ``<start_of_image>``, Qwen-VL's
+    ``<|vision_start|><|image_pad|><|vision_end|>``): what an environment's observation with images puts before its
+    text, and the engine expands."""
+    turn = lambda parts: [{"role": "user", "content": [*parts, {"type": "text", "text": "\x00"}]}]  # noqa: E731
+    shown = tokenizer.apply_chat_template(turn([{"type": "image"}]), tokenize=False).split("\x00")[0]
+    plain = tokenizer.apply_chat_template(turn([]), tokenize=False).split("\x00")[0]
+    if not shown.startswith(plain) or shown == plain:
+        raise ValueError("the chat template writes no image marker before a message's text")
+    return shown[len(plain) :]

@@ -155,10 +155,10 @@ def engine_prompt(prompt: Prompt) -> dict:
 
 def expanded(prompt: Prompt, out) -> Prompt:
     """`prompt` as the engine ran it: with images, its ids with each image's marker expanded into the image's tokens
-    (vLLM's output's prompt ids), what the learner's forward reads with the images' pixels."""
-    if not prompt.images or isinstance(out, list):
-        return prompt
-    return dataclasses.replace(prompt, ids=list(out.prompt_token_ids))
+    (vLLM's output's prompt ids; a multi-turn group's trajectories carry them), what the learner's forward reads with
+    the images' pixels."""
+    ids = (out[0].context if out else None) if isinstance(out, list) else out.prompt_token_ids
+    return dataclasses.replace(prompt, ids=list(ids)) if prompt.images and ids is not None else prompt
 
 
 def completions_of(i: int, out) -> list[Completion]:

@@ -93,8 +93,9 @@ class Generator(RoleActor):
         start, started = time.perf_counter(), time.time()
         s = sampling or self.cfg.sampling
         if self.episodes:
-            completions = self.episodes.run(prompts, group_size, seeds, s, self.lora_request, self.driver.loop)
-            return self._answer(prompts, completions, start, started)
+            done = self.episodes.run(prompts, group_size, seeds, s, self.lora_request, self.driver.loop)
+            ran = [expanded(p, [c for c in done if c.prompt == i]) for i, p in enumerate(prompts)]  # (with images)
+            return self._answer(ran, done, start, started)
         params = [sampling_params(s, group_size, seed, self.banned) for seed in seeds]
         outputs = self._generate([engine_prompt(p) for p in prompts], params)
         completions = [c for i, out in enumerate(outputs) for c in completions_of(i, out)]

@@ -347,7 +347,7 @@ class Learner(WeightsOut, RoleActor):
         learner's own logprobs: the old policy's logprobs where they are not the trained weights' (one on-policy
         update, or bypass mode: none), and with LoRA the reference's (this model, adapters off)."""
         a, m = self.recipe.algorithm, self.recipe.learner.mini_batch_size
-        pairs, self.images = flatten(rollouts), [p.images for p, _ in samples(rollouts)]
+        pairs, self.images = flatten(rollouts), [p.images + c.images for p, c in samples(rollouts)]
         self._layout(pairs)
         schedule, versions = schedules.of(a), [r.policy_version for r in rollouts for _ in r.completions]
         n = len(pairs)

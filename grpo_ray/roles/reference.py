@@ -83,7 +83,7 @@ class Reference(FrozenModel):
         self.calls += 1
         lost_at(self.pool, self.calls, self.rank == self.world_size - 1)  # fault test
         rollouts = ray.get(rollout_refs)
-        pairs, images = flatten(rollouts, spans), [p.images for p, _ in samples(rollouts, spans)]
+        pairs, images = flatten(rollouts, spans), [p.images + c.images for p, c in samples(rollouts, spans)]
         start, started = time.perf_counter(), time.time()
         out = self.score(pairs, images) if any(images) else self.score(pairs)  # a subclass's score may take pairs
         return out, Work(time.perf_counter() - start, len(pairs), (started, time.time()))

@@ -115,7 +115,7 @@ class AgentRuns:
 
         def generated(t, future: Future) -> None:
             try:
-                self.episodes._add_turn(t, future.result().outputs[0])
+                self.episodes._add_turn(t, future.result(), False)
             except BaseException as e:
                 if not group.done():
                     group.set_exception(e)

@@ -26,10 +26,11 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from grpo_ray.data import images
 from grpo_ray.data.template import Observations, TemplateError
 from grpo_ray.envs import jail, played, program
 from grpo_ray.envs.child import EnvChild
-from grpo_ray.models.vision import placeholder_ids
+from grpo_ray.models import vision
 from grpo_ray.rewards import search_here
 from grpo_ray.rollouts.engine_loop import EngineLoop
 from grpo_ray.rollouts.trajectory import Trajectory, turn_params, turn_seed
@@ -88,9 +89,12 @@ class Episodes:
         """`code_dirs`: where the driver found the environment's module (``grpo_ray.rewards.shipped``)."""
         e = recipe.environment
         self.llm, self.env = llm, e
-        self.banned = placeholder_ids(llm.llm_engine.model_config.hf_config)  # never sampled (a VL model's images)
+        self.banned = vision.placeholder_ids(llm.llm_engine.model_config.hf_config)  # never sampled (its images)
         search_here(*code_dirs)  # before the children start: they are spawned with this sys.path
         tokenizer = llm.get_tokenizer()
+        self.marker = vision.marker(tokenizer) if self.banned else ""
+        """A vision-language model's image marker: an observation's images are these before its text."""
+        self.most_images = images.limit(recipe.generator.vllm_kwargs)
         self.tokenizer, self.recipe = tokenizer, recipe
         self.observations = Observations.of(tokenizer, e.role, recipe.model.chat_template_kwargs)
         self.roles = {e.role: self.observations}
@@ -134,7 +138,8 @@ class Episodes:
             return self.agents.start(prompt, n, seed, sampling, loop, lora)
         key, budget, max_turns = next(self.keys), self.env.max_tokens, self.env.max_turns
         group: Future = Future()
-        ts = [Trajectory(0, seed, f"{key}/{j}", self.children[(key * n + j) % len(self.children)]) for j in range(n)]
+        children = [self.children[(key * n + j) % len(self.children)] for j in range(n)]
+        ts = [Trajectory(0, seed, f"{key}/{j}", child, given=len(prompt.images)) for j, child in enumerate(children)]
         left, lock = [n], threading.Lock()
 
         def fail(e: BaseException) -> None:  # an error in a callback fails the group (its result raises it)
@@ -156,14 +161,17 @@ class Episodes:
             if (answer is None and not t.ids) or (answer is not None and self._goes_on(t, answer, budget, max_turns)):
                 turn = len(t.episode.turns) // 2  # a failed reset still generates the first turn (a trajectory
                 params = self._turn_params(t, turn, sampling, budget)  # has at least one token), then ends
-                sent = loop.submit({"prompt_token_ids": prompt.ids + t.ids}, params, lora(), f"{t.key}/{turn}")
+                request = {"prompt_token_ids": prompt.ids + t.ids}
+                if prompt.images or t.images:
+                    request["multi_modal_data"] = {"image": vision.decoded(prompt.images + t.images)}
+                sent = loop.submit(request, params, lora(), f"{t.key}/{turn}")
                 sent.add_done_callback(generated(t))
             else:
                 ended(t)
 
         @guarded
         def generated(t: Trajectory, out) -> None:  # a cut turn is stepped too (truncated), as the episode's last
-            cut = self._add_turn(t, out.outputs[0])
+            cut = self._add_turn(t, out, bool(prompt.images or t.images))
             last = len(t.episode.turns) // 2 + 1 >= max_turns  # the turn limit's turn (as _goes_on counts)
             if t.episode.failure:
                 ended(t)
@@ -206,10 +214,17 @@ class Episodes:
         """vLLM's sampling parameters for `turn` of trajectory `t`: the recipe's sampling, at most what is left of
         the trajectory's token budget, the environment's stop strings, a seed of its own."""
         seed = turn_seed(t.seed, int(t.key.split("/")[1]), turn)
-        return turn_params(sampling, self.env.stop, min(sampling.max_tokens, budget - len(t.ids)), seed, self.banned)
+        left = budget - len(t.ids) - t.extra
+        return turn_params(sampling, self.env.stop, min(sampling.max_tokens, left), seed, self.banned)
 
-    def _add_turn(self, t: Trajectory, out) -> bool:
-        """Append a model turn; whether the trajectory ends with it (cut at sampling.max_tokens)."""
+    def _add_turn(self, t: Trajectory, request, images: bool) -> bool:
+        """Append a model turn (vLLM's output of its `request`); whether the trajectory ends with it (cut at
+        sampling.max_tokens). With `images` (its prompt's or its observations'), where the engine's expanded tokens
+        put the turn is kept too."""
+        out = request.outputs[0]
+        if images:
+            t.turns_at.append((len(request.prompt_token_ids), len(t.ids), len(out.token_ids)))
+            t.context = list(request.prompt_token_ids)
         ids = list(out.token_ids)
         t.ids += ids
         t.mask += [1] * len(ids)
@@ -246,13 +261,25 @@ class Episodes:
                     "error",
                     f"answered {len(step['observation'])} characters, over environment.max_observation_chars",
                 )
-            try:
-                ids = self.pieces(step.get("role") or self.env.role).ids(step["observation"], t.closed)
+            shown, before = step.get("images") or [], len(t.images) + t.given
+            if shown and (not self.marker or before + len(shown) > self.most_images):
+                why = "the model reads no images" if not self.marker else f"{before} were shown before"
+                return self._failed(
+                    t,
+                    "error",
+                    f"answered {len(shown)} image(s), and {why}: at most {self.most_images} a trajectory "
+                    "(generator.vllm_kwargs.limit_mm_per_prompt)",
+                )
+            try:  # the markers as the template's special tokens; the text with special tokens split
+                head = self.tokenizer(self.marker * len(shown), add_special_tokens=False)["input_ids"] if shown else []
+                ids = self.pieces(step.get("role") or self.env.role).ids(step["observation"], t.closed, head)
             except TemplateError as err:
                 return self._failed(t, "error", f"answered a {step['role']} message: {err}")
-            if len(t.ids) + len(ids) >= budget:  # no room left for a model token after it
+            extra = self._expansion(shown)
+            if len(t.ids) + t.extra + len(ids) + extra >= budget:  # no room left for a model token after it
                 e.ended = "tokens"
                 return False
+            t.images, t.extra = t.images + shown, t.extra + extra
             t.ids += ids
             t.mask += [0] * len(ids)
             t.logprobs += [0.0] * len(ids)
@@ -261,6 +288,16 @@ class Episodes:
             t.texts.append(text)
             e.turns.append(step["observation"])
         return True
+
+    def _expansion(self, shown: list[bytes]) -> int:
+        """The tokens the engine's expansion of the `shown` images' markers adds (and a token or two more each: vLLM
+        tokenizes an image's sequence apart from the text around it)."""
+        if not shown:
+            return 0
+        path, trust = self.llm.llm_engine.model_config.model, self.recipe.model.trust_remote_code
+        text = self.marker * len(shown)
+        marked = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return len(vision.expanded_ids(path, text, vision.sizes(shown), trust)) - marked + 2 * len(shown)
 
     def pieces(self, role: str) -> Observations:
         """The template's pieces around an observation of `role` (read once per role)."""

@@ -30,18 +30,47 @@ class Trajectory:
     finish_reason: str = "stop"
     closed: bool = True
     """Its last turn ended with the end-of-turn token (not with a stop string)."""
+    given: int = 0
+    """Its prompt's images."""
+    images: list[bytes] = field(default_factory=list)
+    """The images its observations showed, in order (each an image marker in `ids`, which the engine expands)."""
+    extra: int = 0
+    """Tokens the engine's expansion of those markers adds to `ids` (counted against environment.max_tokens)."""
+    turns_at: list[tuple[int, int, int]] = field(default_factory=list)
+    """With images (its prompt's or its observations'): each model turn's start in the engine's expanded tokens, its
+    start in `ids`, and its length."""
+    context: list[int] | None = None
+    """With images: the engine's expanded tokens of its last turn's request (the prompt and every turn before)."""
 
     def completion(self) -> Completion:
+        ids, mask, logprobs, versions, context = self.ids, self.mask, self.logprobs, self.versions, None
+        if self.context is not None:
+            ids, mask, logprobs, versions, context = self.expanded()
+        text = "".join(self.texts)
+        episode, finish = self.episode, self.finish_reason
         return Completion(
-            self.prompt,
-            self.ids,
-            "".join(self.texts),
-            self.logprobs,
-            self.finish_reason,
-            self.mask,
-            self.episode,
-            self.versions or None,
+            self.prompt, ids, text, logprobs, finish, mask, episode, versions or None, self.images, context
         )
+
+    def expanded(self) -> tuple[list[int], list[int], list[float], list[int], list[int]]:
+        """Its tokens as the engine read them, every image marker expanded into the image's tokens (what the learner
+        reads with the images' pixels), with the mask, logprobs and versions moved to them, and its prompt's
+        expanded ids. The model's turns are where the engine's requests put them (vLLM's prompt ids of each)."""
+        first, (_, at, _) = self.turns_at[0][0], self.turns_at[-1]
+        full = self.context + self.ids[at:]
+        ids = full[first:]
+        mask, logprobs, versions = [0] * len(ids), [0.0] * len(ids), [None] * len(ids)
+        for start, at, n in self.turns_at:
+            if full[start : start + n] != self.ids[at : at + n]:  # the engine's expansion is not where it was
+                raise RuntimeError(f"trajectory {self.key}: a model turn is not where the engine's prompt ids put it")
+            for k in range(n):
+                mask[start - first + k], logprobs[start - first + k] = 1, self.logprobs[at + k]
+                if self.versions:
+                    versions[start - first + k] = self.versions[at + k]
+        if self.versions:  # an observation's tokens: the version of the turn before them
+            for k in range(1, len(versions)):
+                versions[k] = versions[k - 1] if versions[k] is None else versions[k]
+        return ids, mask, logprobs, versions if self.versions else [], full[:first]
 
 
 def turn_seed(seed: int, sample: int, turn: int) -> int:

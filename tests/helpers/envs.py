@@ -133,3 +133,24 @@ class AsUser(Echo):
     def step(self, turn):
         self.turns += 1
         return Step(f"turn {self.turns}", reward=1.0 if self.turns == 1 else 0.5, role="user")
+
+
+class ShowPicture(Environment):
+    """Shows a picture after the model's first turn (``Step.images``: a vision-language model reads it before its
+    second), one of random colours drawn from the turn's text; the episode's reward is the second turn's length, odd
+    or even."""
+
+    def reset(self, row):
+        self.turns = 0
+
+    def step(self, turn):
+        import random
+
+        from PIL import Image
+
+        self.turns += 1
+        if self.turns == 1:
+            g = random.Random(turn)
+            picture = Image.frombytes("RGB", (40, 30), bytes(g.randrange(256) for _ in range(40 * 30 * 3)))
+            return Step("And this one?", images=[picture])
+        return Step(done=True, reward=float(len(turn) % 2))
