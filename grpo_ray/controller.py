@@ -146,8 +146,7 @@ class GRPOController(Runner):
             **perf_metrics(stats, trained, seconds, self.pools.facts, self.pools.devices(), r),
             **pool_metrics(work, {p: len(a) for p, a in self.pools.actors.items()}, seconds),
             **self.pools.memory(memory),
-            **{f"fault/{pool}_restarts": n for pool, n in self.pools.restarts.items()},
-            **{f"fault/{pool}_recovery_s": s for pool, s in self.pools.recovery_s.items()},
+            **self.pools.fault_metrics(),
             "fault/skipped_steps": self.skipped["total"],
             "timing_s/step": seconds,
         }
@@ -266,6 +265,7 @@ class GRPOController(Runner):
             if e.died:
                 self.say(f"{e}; starting the learner group again from the copy of its state as the step began")
                 self.pools.recover(LEARNER)
+                self.pools.redid(LEARNER, 1)  # the step, trained again from the copies
             elif again is None:  # the learner's own failure
                 raise
             frozen = again or frozen

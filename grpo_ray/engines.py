@@ -88,6 +88,8 @@ class Engines:
                 deadline = g.timeout_s * (2 if i in self.fresh else 1)
                 got = call[0], self.pools.call(call[1], f"{what} on engine {i}", deadline)
                 self.fresh.discard(i)
+                if attempt:  # the lost engine's share, generated again on its replacement
+                    self.pools.redid(GENERATOR, sum(got[1].response_lengths))
                 return got
             except PoolFault as e:
                 if not recover:

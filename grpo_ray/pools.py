@@ -51,6 +51,11 @@ ROLES = {
 """The actor class of each pool: each takes the model and the recipe and reads what it needs."""
 
 
+REDONE = {GENERATOR: "token", LEARNER: "step"}
+"""What a pool's work done again after a recovery counts (fault/<pool>_redone): an engine's answers generated again
+on its replacement, the learner's steps sent again; every other pool's, the samples it scored again."""
+
+
 class PoolFault(RunError):
     """A call failed: an actor died (`died`), raised, or missed its deadline."""
 
@@ -104,6 +109,8 @@ class Pools:
         self.recovery_s = dict.fromkeys(self.restarts, 0.0)
         """Per such pool, the seconds its recoveries took in all (fault/<pool>_recovery_s): new actors started, a
         group joined, a copy of the state taken."""
+        self.redone = dict.fromkeys(self.restarts, 0)
+        """Per such pool, the work done again after its recoveries (fault/<pool>_redone, in ``REDONE``'s units)."""
         self.copies: dict[str, list] = {}
         """Per pool whose lost policy is ``copy``: what each actor's newest ``state_copy`` cost (refs); the copies
         themselves are the keeper's."""
@@ -228,6 +235,18 @@ class Pools:
         self.restarts[pool] += 1
         self.recovery_s[pool] += time.perf_counter() - start
         self._said(pool, i, new, time.perf_counter() - start)
+
+    def redid(self, pool: str, amount: int) -> None:
+        """Count `amount` of `pool`'s work done again after a recovery (in ``REDONE``'s units)."""
+        self.redone[pool] += amount
+
+    def fault_metrics(self) -> dict[str, float]:
+        """fault/<pool>_restarts, _recovery_s and _redone of each pool that recovers a lost actor."""
+        out: dict[str, float] = {}
+        for pool, n in self.restarts.items():
+            out |= {f"fault/{pool}_restarts": n, f"fault/{pool}_recovery_s": self.recovery_s[pool]}
+            out[f"fault/{pool}_redone"] = self.redone[pool]
+        return out
 
     def _said(self, pool: str, i: int, new: list[int], seconds: float) -> None:
         """One line for a recovery: which actor was lost on which node, where its replacements are, how long it

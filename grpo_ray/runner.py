@@ -28,7 +28,7 @@ from grpo_ray.engines import Engines
 from grpo_ray.errors import Preempted, RunError
 from grpo_ray.faults import fault_at
 from grpo_ray.models import chat_template_text
-from grpo_ray.pools import Pools
+from grpo_ray.pools import REDONE, Pools
 from grpo_ray.scorers import Scorers
 from grpo_ray.setup_run import RunInputs
 from grpo_ray.telemetry import trackers
@@ -116,7 +116,14 @@ class Runner:
             if any(self.pools.restarts.values()):  # the run's summary of what its faults cost
                 lost = ", ".join(f"{p} {n}" for p, n in self.pools.restarts.items() if n)
                 spent = sum(self.pools.recovery_s.values())
-                self.say(f"{since_start()} recovered from lost actors (restarts: {lost}) in {spent:.1f} s (fault/*)")
+                redone = ", ".join(
+                    f"{p} {n} {REDONE.get(p, 'sample')}{'s' * (n != 1)}" for p, n in self.pools.redone.items() if n
+                )
+                self.say(
+                    f"{since_start()} recovered from lost actors (restarts: {lost}) in {spent:.1f} s"
+                    + (f", work done again: {redone}" if redone else "")
+                    + " (fault/*)"
+                )
             self.flush_dumps()
             self.log.finish(self.best.line() if self.best.value is not None else None)
         finally:

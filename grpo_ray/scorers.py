@@ -120,6 +120,7 @@ class Scorers:
                 i = self.pools.actors[RULES].index(actor)
                 self.pools.recover(RULES, i)
                 self.say(f"reward actor {i} was lost; a new one scores its share again")
+                self.pools.redid(RULES, sum(end - start for start, end in spans))
                 out.append(self.pools.call(self.pools.actors[RULES][i].score.remote(refs, spans), f"{RULES} (again)"))
         return out
 
@@ -144,6 +145,7 @@ class Scorers:
                 self.say(f"{e} ({policy.keys}.timeout_s): this step's samples score the default")
                 return Learned([math.nan] * len(sent.samples.costs), [Work(deadline, 0)], timed_out=True)
             self.say(f"a {pool} actor was lost ({e}); started the pool again, scoring the batch again")
+            self.pools.redid(pool, len(sent.samples.costs))
             again = self._every_actor(pool, sent.rollouts, sent.samples)
             got = self.pools.call([ref for pair in again for ref in pair], f"{pool} (again)", deadline)
         return Learned([v for share in got[0::2] for v in share], got[1::2])
@@ -204,6 +206,7 @@ class Scorers:
         for pool in lost:
             self.pools.recover(pool)
             self.say(f"a {pool} actor was lost; started the pool again, scoring the batch again")
+            self.pools.redid(pool, len(samples.costs))
             out[pool] = self._every_actor(pool, rollouts, samples)
         return out
 

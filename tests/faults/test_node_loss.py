@@ -105,7 +105,8 @@ def test_a_learner_node_removed_mid_step_and_the_run_finishes_on_the_node_that_r
     assert said.count("recovered from lost actors (restarts: learner 1) in ") == 1  # the run's summary
     event = re.findall(r"learner actor \d lost \(node (\w+)\); the pool's 2 new actors on node ([\w, ]+), in", said)
     assert len(event) == 1 and event[0][0] == removed[0].node_id[:12] and event[0][0] not in event[0][1], event
-    assert differing(lost, plain) <= {"fault/learner_restarts"}
+    assert [m["fault/learner_redone"] for m in lost] == [0, 1, 1]  # the step, trained again
+    assert differing(lost, plain) <= {"fault/learner_restarts", "fault/learner_redone"}
 
 
 @pytest.mark.parametrize(
@@ -126,4 +127,9 @@ def test_a_pools_node_removed_mid_step_and_the_run_finishes_as_if_not(tmp_path, 
         rf"{pool} actor \d lost \(node (\w+)\); (?:its replacement|the pool's \d new actors) on node", said
     )
     assert event == [removed[0].node_id[:12]], event  # the node removed, named once
-    assert differing(lost, plain) <= {key}
+    redone = [m[f"fault/{pool}_redone"] for m in lost]
+    if pool == "generator":  # the one engine's step, generated again: the uninterrupted run's tokens of that step
+        assert redone[1] == redone[2] == round(plain[1]["response_length/mean"] * 16 * 16) and redone[0] == 0
+    else:  # the step's samples, scored again
+        assert redone == [0, 16 * 16, 16 * 16]
+    assert differing(lost, plain) <= {key, f"fault/{pool}_redone"}

@@ -4,6 +4,7 @@ again) and a rule-reward actor (a new one in its place scores its share again). 
 seed, fp32) every metric of every step is the uninterrupted run's, bit for bit, but the restart count."""
 
 import json
+import re
 
 import pytest
 
@@ -13,6 +14,7 @@ from tests.faults.conftest import differing
 pytestmark = pytest.mark.slow
 
 RECIPE = ROOT / "recipes" / "tiny-cpu.yaml"
+SAMPLES = 16 * 16  # the quick start's step: train_batch_size x group_size
 OVER = ["trainer.total_steps=3", "trainer.val_before_train=false", "trainer.test_freq=0", "trainer.loggers=[jsonl]"]
 
 
@@ -40,11 +42,15 @@ def test_a_lost_scorer_actor_is_replaced_and_the_step_trains_as_if_not(plain, tm
     markers.mkdir()
     env = {"GRPO_RAY_FAULTS": f"exit_{pool}@2", "GRPO_RAY_FAULTS_DIR": str(markers)}
     faulted, out = run(tmp_path / "faulted", env)
-    key = f"fault/{pool}_restarts"
+    key, redone = f"fault/{pool}_restarts", f"fault/{pool}_redone"
     assert [m[key] for m in faulted] == [0, 1, 1] and [m[key] for m in plain] == [0, 0, 0]  # lost once, at step 2
+    assert [m[redone] for m in faulted] == [0, SAMPLES, SAMPLES]  # the step's samples (one reward actor: its share)
     assert out.count(said) == 1
-    assert out.count(f"recovered from lost actors (restarts: {pool} 1) in ") == 1  # the run's summary
-    assert differing(faulted, plain) <= {key}
+    summary = (
+        rf"recovered from lost actors \(restarts: {pool} 1\) in [\d.]+ s, work done again: {pool} {SAMPLES} samples"
+    )
+    assert len(re.findall(summary, out)) == 1  # the run's summary
+    assert differing(faulted, plain) <= {key, redone}
 
 
 KEPT = ["trainer.fault_tolerance=all", "learner.mini_batch_size=128"]
@@ -58,8 +64,10 @@ def test_a_lost_learner_rank_restarts_the_group_from_its_copy_and_the_step_train
     markers.mkdir()
     env = {"GRPO_RAY_FAULTS": "exit_learner@2", "GRPO_RAY_FAULTS_DIR": str(markers)}
     faulted, out = run(tmp_path / "faulted", env, over=KEPT)
-    key = "fault/learner_restarts"
+    key, redone = "fault/learner_restarts", "fault/learner_redone"
     assert [m[key] for m in faulted] == [0, 1, 1] and [m[key] for m in plain] == [0, 0, 0]
+    assert [m[redone] for m in faulted] == [0, 1, 1]  # the step, trained again
     assert out.count("starting the learner group again from the copy of its state as the step began") == 1
+    assert out.count("work done again: learner 1 step (fault/*)") == 1
     assert all(m["fault/learner_copy_mb"] > 0 for m in plain)
-    assert differing(faulted, plain) <= {key}
+    assert differing(faulted, plain) <= {key, redone}
