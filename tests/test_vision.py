@@ -523,20 +523,29 @@ def test_a_trajectory_with_images_is_the_engines_expanded_tokens():
 
 
 @pytest.mark.slow
-def test_an_environment_shows_a_picture_and_the_learner_reads_what_the_engine_read(tmp_path):
-    """Image rows played by an environment that answers the model's first turn with a picture of its own
-    (``Step.images``, tests/helpers/envs.py): the engine reads the prompt's picture and then the observation's
-    before the second turn, and the learner's logprob of every sampled token of both turns is the engine's within
-    the text path's bound (the observation's image tokens expanded where the engine put them, their pixels read in
-    order); each two-turn trajectory holds the observation's image tokens, masked."""
+@pytest.mark.parametrize("pictured", [True, False], ids=["image rows", "text rows"])
+def test_an_environment_shows_a_picture_and_the_learner_reads_what_the_engine_read(tmp_path, pictured):
+    """Rows (with a picture, or text alone) played by an environment that answers the model's first turn with a
+    picture of its own (``Step.images``, tests/helpers/envs.py): the engine reads the prompt's picture (if any) and
+    then the observation's before the second turn, and the learner's logprob of every sampled token of both turns is
+    the engine's within the text path's bound (the observation's image tokens expanded where the engine put them,
+    their pixels read in order); each two-turn trajectory holds the observation's image tokens, masked."""
     from transformers import AutoConfig
 
     from grpo_ray.config import load_recipe
+    from grpo_ray.data.synthetic import make_rows
     from grpo_ray.telemetry.dumps import read_samples
 
+    rows = SHAPES
+    if not pictured:
+        rows = tmp_path / "rows.jsonl"
+        texts = [
+            {**row, "prompt": [{"role": "user", "content": "How many squares?"}]} for row in make_rows(8, task="shapes")
+        ]
+        rows.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "images"}) + "\n" for r in texts))
     out = tmp_path / "run"
     res = two_steps(
-        SHAPES,
+        rows,
         out,
         "environment.name=tests.helpers.envs:ShowPicture",
         "environment.role=user",
@@ -558,7 +567,7 @@ def test_an_environment_shows_a_picture_and_the_learner_reads_what_the_engine_re
     shown = 0
     for step in (1, 2):
         for row in read_samples(out / "rollouts" / f"train_data_step{step}.jsonl"):
-            assert row["prompt_ids"].count(image_id) == IMAGE_TOKENS
+            assert row["prompt_ids"].count(image_id) == (IMAGE_TOKENS if pictured else 0)
             at = [k for k, t in enumerate(row["response_ids"]) if t == image_id]
             assert len(at) == (IMAGE_TOKENS if len(row["episode"]["turns"]) == 3 else 0)
             assert all(row["loss_mask"][k] == 0 for k in at)

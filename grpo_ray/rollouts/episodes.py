@@ -171,7 +171,7 @@ class Episodes:
 
         @guarded
         def generated(t: Trajectory, out) -> None:  # a cut turn is stepped too (truncated), as the episode's last
-            cut = self._add_turn(t, out, bool(prompt.images or t.images))
+            cut = self._add_turn(t, out, bool(self.banned))  # a VL model's: images may come in any turn
             last = len(t.episode.turns) // 2 + 1 >= max_turns  # the turn limit's turn (as _goes_on counts)
             if t.episode.failure:
                 ended(t)
@@ -219,8 +219,8 @@ class Episodes:
 
     def _add_turn(self, t: Trajectory, request, images: bool) -> bool:
         """Append a model turn (vLLM's output of its `request`); whether the trajectory ends with it (cut at
-        sampling.max_tokens). With `images` (its prompt's or its observations'), where the engine's expanded tokens
-        put the turn is kept too."""
+        sampling.max_tokens). With `images` (a vision-language model: its prompt or any observation may hold some),
+        where the engine's expanded tokens put the turn is kept too."""
         out = request.outputs[0]
         if images:
             t.turns_at.append((len(request.prompt_token_ids), len(t.ids), len(out.token_ids)))
@@ -263,7 +263,7 @@ class Episodes:
                 )
             shown, before = step.get("images") or [], len(t.images) + t.given
             if shown and (not self.marker or before + len(shown) > self.most_images):
-                why = "the model reads no images" if not self.marker else f"{before} were shown before"
+                why = f"{before} were shown before" if self.marker else "the model (its chat template) reads no images"
                 return self._failed(
                     t,
                     "error",

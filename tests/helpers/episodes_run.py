@@ -80,7 +80,7 @@ if __name__ == "__main__":
 
         llm.llm_engine.step = recording_step.__get__(llm.llm_engine)
         bias = {} if recipe.environment.stop else {tok.eos_token_id: 4.0}  # stop strings end turns by themselves
-        vllm.SamplingParams = lambda **kw: params(**kw, logit_bias=bias)  # noqa: B023
+        vllm.SamplingParams = lambda **kw: params(**{**kw, "logit_bias": {**(kw.get("logit_bias") or {}), **bias}})  # noqa: B023
         env_first = env.endswith(("Opening", "Drifting"))  # rows of instructions: the opening is the task
         chats = [
             [{"role": "system", "content": "Play."}] if env_first else [{"role": "user", "content": q}]
