@@ -73,6 +73,7 @@ class Engines:
             if self.pools.generators[i] is call[2]:
                 self.say(f"engine {i} lost ({e}); replacing it")
                 self.recover([i])
+            self.pools.redid(GENERATOR, len(shards[i]) * batch.n)  # its share's samples, generated again
             return self._generate_on(i, shards[i], batch.n, batch.step, batch.sampling)
 
         done = {i: self.answer(i, call, "generate", recover, again) for i, call in batch.calls.items()}
@@ -88,8 +89,6 @@ class Engines:
                 deadline = g.timeout_s * (2 if i in self.fresh else 1)
                 got = call[0], self.pools.call(call[1], f"{what} on engine {i}", deadline)
                 self.fresh.discard(i)
-                if attempt:  # the lost engine's share, generated again on its replacement
-                    self.pools.redid(GENERATOR, sum(got[1].response_lengths))
                 return got
             except PoolFault as e:
                 if not recover:

@@ -51,9 +51,10 @@ ROLES = {
 """The actor class of each pool: each takes the model and the recipe and reads what it needs."""
 
 
-REDONE = {GENERATOR: "token", LEARNER: "step"}
-"""What a pool's work done again after a recovery counts (fault/<pool>_redone): an engine's answers generated again
-on its replacement, the learner's steps sent again; every other pool's, the samples it scored again."""
+REDONE = {LEARNER: "step"}
+"""What a pool's work done again after a recovery counts (fault/<pool>_redone): the learner's steps trained again;
+every other pool's, samples: a lost engine's share generated again on its replacement, a batch or share scored
+again."""
 
 
 class PoolFault(RunError):

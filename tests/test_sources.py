@@ -57,13 +57,18 @@ class FakeGenerator:
 
 
 class FakePools:
-    """What the sources and ``Engines`` use of ``Pools``: the generators, calls with a deadline, an engine replaced."""
+    """What the sources and ``Engines`` use of ``Pools``: the generators, calls with a deadline, an engine replaced,
+    the work done again counted."""
 
     def __init__(self, ray, engines: int):
         self.actor = ray.remote(FakeGenerator).options(num_cpus=0)
         self.generators = [self.actor.remote() for _ in range(engines)]
         self.transport = type("Transport", (), {"connect": lambda self, pools: None})()
-        self.replaced = 0
+        self.replaced, self.redone = 0, 0
+
+    def redid(self, pool, amount):
+        assert pool == GENERATOR
+        self.redone += amount
 
     def call(self, refs, what, timeout_s=None):
         return wait(refs, what, timeout_s or 60)
@@ -184,6 +189,8 @@ def test_streaming_with_an_engine_lost_sends_what_it_held_again(ray_local, stale
     ray_local.kill(run.pools.generators[1])  # lost with groups in flight
     trained += [u for s in range(3, 7) for u in run.step(s)[0]]
     assert run.pools.replaced == 1 and [next(x for x in run.said if x.startswith(w)) for w in said], run.said
+    resent = sum(int(x.split("the ")[-1].split(" groups")[0]) for x in run.said if "groups it held" in x)
+    assert run.pools.redone == 2 * resent > 0  # each group sent again: its samples generated again (group_size 2)
     assert len(trained) == len(set(trained)) == 24
     held = {p.uid for held in run.source.feed.held for p, _ in held}
     assert set(trained) | held == set(range(run.next_uid))

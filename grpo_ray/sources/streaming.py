@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from grpo_ray.config import GENERATOR
 from grpo_ray.engines import Engines, sample_seed, split
 from grpo_ray.pools import PoolFault
 from grpo_ray.sources import BatchSource, Collected
@@ -66,7 +67,7 @@ class Feed:
             if self.sent_to.get(i) not in (None, actor):
                 held, self.held[i] = self.held[i], []
                 self.say(f"engine {i} was replaced: sending again the {len(held)} groups it held")
-                self._send_to(i, held)
+                self._resent(i, held)
         shares = [len(s) for s in split(list(range(self.r.data.train_batch_size)), len(engines))]
         self._resend(shares)
         while self.sent_through < min(step + self.ahead, last_step):
@@ -154,6 +155,11 @@ class Feed:
         prompts = self.next_prompts()
         self._send(prompts, [step] * len(prompts))
 
+    def _resent(self, i: int, held: list) -> None:
+        """The groups a lost engine held, sent to its replacement (i): each of their samples generated again."""
+        self.engines.pools.redid(GENERATOR, len(held) * self.r.algorithm.group_size)
+        self._send_to(i, held)
+
     def _take_on(self, i: int, n: int, oldest: int | None) -> tuple:
         actor = self.engines.pools.generators[i]
         sends = self.sends.get(i, 0) if self.sent_to.get(i) is actor else 0
@@ -167,7 +173,7 @@ class Feed:
             self.say(f"engine {i} lost ({e}); replacing it, sending again the {len(self.held[i])} groups it held")
             self.engines.recover([i])
             held, self.held[i] = self.held[i], []
-            self._send_to(i, held)
+            self._resent(i, held)
             return self._take_on(i, n, oldest)
 
         return self.engines.answer(i, call, "take", recover, again)

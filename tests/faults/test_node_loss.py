@@ -127,9 +127,6 @@ def test_a_pools_node_removed_mid_step_and_the_run_finishes_as_if_not(tmp_path, 
         rf"{pool} actor \d lost \(node (\w+)\); (?:its replacement|the pool's \d new actors) on node", said
     )
     assert event == [removed[0].node_id[:12]], event  # the node removed, named once
-    redone = [m[f"fault/{pool}_redone"] for m in lost]
-    if pool == "generator":  # the one engine's step, generated again: the uninterrupted run's tokens of that step
-        assert redone[1] == redone[2] == round(plain[1]["response_length/mean"] * 16 * 16) and redone[0] == 0
-    else:  # the step's samples, scored again
-        assert redone == [0, 16 * 16, 16 * 16]
+    # the step's samples, generated (the one engine's share) or scored again
+    assert [m[f"fault/{pool}_redone"] for m in lost] == [0, 16 * 16, 16 * 16]
     assert differing(lost, plain) <= {key, f"fault/{pool}_redone"}
