@@ -26,8 +26,9 @@ class Step:
     role: str = ""
     """The chat role the observation is written as (a game's ``user``, a tool's ``tool``); empty: environment.role."""
     images: list = field(default_factory=list)
-    """Images shown with the observation, before its text (image files' bytes, or PIL images), for a vision-language
-    model (NeMo RL's VLM environments' observations): the engine and the learner read them in place."""
+    """Images shown with the observation, before its text (image files' bytes, PIL images, or paths), for a
+    vision-language model (NeMo RL's VLM environments' observations): the engine and the learner read them in
+    place; one that does not open ends the trajectory as the environment's error."""
 
 
 class Environment:

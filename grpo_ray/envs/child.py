@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 
+from grpo_ray.data import images
 from grpo_ray.sandbox import MEMORY_ERROR, Child, Jail
 
 
@@ -94,25 +95,10 @@ def handle(call: tuple, episodes: dict):
             raise TypeError(f"step() returned a {name} of type {type(getattr(step, name)).__name__}: expected str")
     out = dataclasses.asdict(step)
     out["reward"] = float(out["reward"])
-    out["images"] = [image_bytes(image) for image in step.images]
+    out["images"] = [images.file_bytes(image) for image in step.images]  # ValueError: one that does not open
     if step.done or cut:
         close(episodes, key)
     return out
-
-
-def image_bytes(image) -> bytes:
-    """An observation's image as an image file's bytes (a PIL image saved as PNG)."""
-    if isinstance(image, bytes):
-        return image
-    if hasattr(image, "save"):
-        import io
-
-        buf = io.BytesIO()
-        image.save(buf, format="PNG")
-        return buf.getvalue()
-    raise TypeError(
-        f"step() returned an image of type {type(image).__name__}: expected an image file's bytes or a PIL image"
-    )
 
 
 class EnvChild(Child):
