@@ -9,7 +9,7 @@ import contextlib
 import sys
 from pathlib import Path
 
-from grpo_ray import envs, models, rewards
+from grpo_ray import models, rewards
 from grpo_ray.config import (
     GENERATOR,
     JUDGE,
@@ -281,8 +281,6 @@ def images_not_read(recipe: Recipe, command: str) -> str:
     """What of the run reads a prompt without its images so far (the first found, as a user names it), or ""."""
     if command not in ("", "train", "sft"):
         what = f"`grpo-ray {command}`"
-    elif recipe.environment.name and envs.program(recipe.environment):
-        what = f"an agent program (environment.name={recipe.environment.name!r}: its endpoint)"
     elif recipe.model.shared_prompt is True:
         what = "model.shared_prompt=true (each prompt run once, keyed by its tokens alone)"
     else:

@@ -80,8 +80,8 @@ def vl_model(tmp_path_factory):
 
 def test_a_vision_language_models_image_rows_are_checked_and_carry_their_images(tmp_path, vl_model):
     """Checked, each image row carries its images' bytes and its placeholders as the template's image parts; a run
-    that would read its prompts without their images (a text-only reward model or teacher, an agent program's
-    endpoint, `grpo-ray rm`) is refused, naming it; an environment takes them."""
+    that would read its prompts without their images (a text-only reward model or teacher, `grpo-ray rm`) is
+    refused, naming it; an environment and an agent program (given the pictures as image_url parts) take them."""
     from grpo_ray.config import Recipe, RecipeError
     from grpo_ray.preflight import image_rows
 
@@ -122,8 +122,7 @@ def test_a_vision_language_models_image_rows_are_checked_and_carry_their_images(
     played, agent = Recipe(), Recipe()
     played.environment.name, agent.environment.name = "calculator", "agent"
     assert image_rows(str(spec), rows[:2], played, vl_model) == got  # an environment reads the images
-    with pytest.raises(RecipeError, match=r"an agent program \(environment.name='agent': its endpoint\) reads text"):
-        image_rows(str(spec), rows[:2], agent, vl_model)
+    assert image_rows(str(spec), rows[:2], agent, vl_model) == got  # and an agent program
 
 
 def test_prepare_data_writes_image_rows_in_verls_schema(tmp_path):

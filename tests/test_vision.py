@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -522,41 +523,27 @@ def test_a_trajectory_with_images_is_the_engines_expanded_tokens():
         t.completion()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("pictured", [True, False], ids=["image rows", "text rows"])
-def test_an_environment_shows_a_picture_and_the_learner_reads_what_the_engine_read(tmp_path, pictured):
-    """Rows (with a picture, or text alone) played by an environment that answers the model's first turn with a
-    picture of its own (``Step.images``, tests/helpers/envs.py): the engine reads the prompt's picture (if any) and
-    then the observation's before the second turn, and the learner's logprob of every sampled token of both turns is
-    the engine's within the text path's bound (the observation's image tokens expanded where the engine put them,
-    their pixels read in order); each two-turn trajectory holds the observation's image tokens, masked."""
+def text_rows(tmp_path) -> Path:
+    """The shapes task's rows with their pictures left out."""
+    from grpo_ray.data.synthetic import make_rows
+
+    rows = tmp_path / "rows.jsonl"
+    texts = [
+        {**row, "prompt": [{"role": "user", "content": "How many squares?"}]} for row in make_rows(8, task="shapes")
+    ]
+    rows.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "images"}) + "\n" for r in texts))
+    return rows
+
+
+def assert_read_as_the_engine_read(out: Path, pictured: bool) -> None:
+    """Two steps of trajectories whose second turn came after a picture: the learner's logprob of every sampled
+    token the engine's within the text path's bound, the prompt's image tokens there where the rows had pictures,
+    and each two-turn trajectory holding the picture's image tokens, masked."""
     from transformers import AutoConfig
 
     from grpo_ray.config import load_recipe
-    from grpo_ray.data.synthetic import make_rows
     from grpo_ray.telemetry.dumps import read_samples
 
-    rows = SHAPES
-    if not pictured:
-        rows = tmp_path / "rows.jsonl"
-        texts = [
-            {**row, "prompt": [{"role": "user", "content": "How many squares?"}]} for row in make_rows(8, task="shapes")
-        ]
-        rows.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "images"}) + "\n" for r in texts))
-    out = tmp_path / "run"
-    res = two_steps(
-        rows,
-        out,
-        "environment.name=tests.helpers.envs:ShowPicture",
-        "environment.role=user",
-        "environment.max_turns=2",
-        "environment.max_tokens=64",
-        "environment.stop=[' ', 'e', 'a', 'o']",  # a turn of the random twin ends on one of these, mostly
-        "generator.sampling.max_tokens=6",
-        "generator.vllm_kwargs.limit_mm_per_prompt={image: 2}",
-        "reward.functions=[]",
-    )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     steps = [m for m in map(json.loads, (out / "metrics.jsonl").open()) if m["step"]]
     assert len(steps) == 2
     for m in steps:
@@ -573,6 +560,55 @@ def test_an_environment_shows_a_picture_and_the_learner_reads_what_the_engine_re
             assert all(row["loss_mask"][k] == 0 for k in at)
             shown += bool(at)
     assert shown >= 8  # most trajectories had a second turn
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pictured", [True, False], ids=["image rows", "text rows"])
+def test_an_environment_shows_a_picture_and_the_learner_reads_what_the_engine_read(tmp_path, pictured):
+    """Rows (with a picture, or text alone) played by an environment that answers the model's first turn with a
+    picture of its own (``Step.images``, tests/helpers/envs.py): the engine reads the prompt's picture (if any) and
+    then the observation's before the second turn, and the learner's logprob of every sampled token of both turns is
+    the engine's within the text path's bound (the observation's image tokens expanded where the engine put them,
+    their pixels read in order); each two-turn trajectory holds the observation's image tokens, masked."""
+    out = tmp_path / "run"
+    res = two_steps(
+        SHAPES if pictured else text_rows(tmp_path),
+        out,
+        "environment.name=tests.helpers.envs:ShowPicture",
+        "environment.role=user",
+        "environment.max_turns=2",
+        "environment.max_tokens=64",
+        "environment.stop=[' ', 'e', 'a', 'o']",  # a turn of the random twin ends on one of these, mostly
+        "generator.sampling.max_tokens=6",
+        "generator.vllm_kwargs.limit_mm_per_prompt={image: 2}",
+        "reward.functions=[]",
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert_read_as_the_engine_read(out, pictured)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pictured", [True, False], ids=["image rows", "text rows"])
+def test_an_agent_program_shows_a_picture_and_the_learner_reads_what_the_engine_read(tmp_path, pictured):
+    """An agent program (tests/helpers/agents.py:pictured) sends the row (an image row's picture as an image_url
+    part), then answers the first reply with a picture of its own between two pieces of text, through the
+    endpoint's OpenAI content parts: the engine reads the pictures, and the learner reads what it read, as with an
+    environment's pictures; a picture at a web address is refused (400) in each program."""
+    out = tmp_path / "run"
+    res = two_steps(
+        SHAPES if pictured else text_rows(tmp_path),
+        out,
+        "environment.name=agent",
+        "environment.options.program=tests.helpers.agents:pictured",
+        "environment.options.timeout_s=60",
+        "environment.max_turns=2",
+        "environment.max_tokens=64",
+        "generator.sampling.max_tokens=6",
+        "generator.vllm_kwargs.limit_mm_per_prompt={image: 2}",
+        "reward.functions=[]",
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert_read_as_the_engine_read(out, pictured)
 
 
 def test_the_planner_counts_the_vision_tower_from_the_config(twin):

@@ -23,7 +23,8 @@ from grpo_ray.algo.advantage import turn_spans
 from grpo_ray.envs import jail, load, options
 from grpo_ray.envs.agent import prepared
 from grpo_ray.envs.agent_child import AgentChild
-from grpo_ray.rollouts.endpoint import Endpoint, Session
+from grpo_ray.models import vision
+from grpo_ray.rollouts.endpoint import Endpoint, Session, as_sent, templated
 from grpo_ray.rollouts.trajectory import Trajectory
 from grpo_ray.types import Prompt
 
@@ -42,7 +43,9 @@ class AgentRuns:
         self.options = options(load(e.name), e.options)
         self.dir = tempfile.mkdtemp(prefix="grpo-agent-")
         path = str(Path(self.dir) / "endpoint.sock")
-        self.endpoint = Endpoint(episodes.tokenizer, episodes.recipe, path, episodes.pieces, episodes.banned)
+        self.endpoint = Endpoint(
+            episodes.tokenizer, episodes.recipe, path, episodes.pieces, episodes.banned, episodes._expansion
+        )
         shown, self.kwargs = prepared(self.options.program, self.options.kwargs)
         sandbox = jail(episodes.recipe)
         sandbox.paths = [*sandbox.paths, *shown]
@@ -72,6 +75,8 @@ class AgentRuns:
                     group.set_exception(e)
 
         row = prompt.env_row()
+        if prompt.images:  # an image row's pictures as the program would send them (image_url parts)
+            row["messages"] = as_sent(prompt.messages, prompt.images)
         for j, (t, s) in enumerate(zip(ts, sessions)):
             self.endpoint.open(s)
             child = self.children[(key * n + j) % len(self.children)]
@@ -83,6 +88,7 @@ class AgentRuns:
         self.endpoint.close(t.key)
         e = t.episode
         t.ids, t.mask, t.logprobs, t.versions, t.texts = s.ids, s.mask, s.logprobs, s.versions, s.texts
+        t.given, t.images, t.extra, t.turns_at, t.context = s.given, s.images[s.given :], s.extra, s.turns_at, s.context
         e.turns, e.off_record, e.ended = list(s.texts), s.off_record, s.ended or ("length" if s.cut else "done")
         if e.ended in ("length", "tokens"):  # its last reply cut, or its token budget spent: a cut end, as a cut
             t.finish_reason = "length"  # turn's in an environment's episode
@@ -96,7 +102,7 @@ class AgentRuns:
     def _finish(self, prompt: Prompt, ts: list, sessions: list[Session], group: Future, loop, lora, sampling) -> None:
         """The group's prompt from its programs' first calls; a turn for each trajectory with no token; then the
         group's result."""
-        opened = {tuple(s.prompt) for s in sessions if s.ids}
+        opened = {(tuple(s.prompt), tuple(s.images[: s.given])) for s in sessions if s.ids}
         if len(opened) > 1:
             for t in ts:
                 self.episodes._failed(
@@ -105,7 +111,8 @@ class AgentRuns:
                 t.ids, t.mask, t.logprobs, t.versions = [], [], [], []
         elif opened:
             first = next(s for s in sessions if s.ids)
-            prompt.ids, prompt.messages = list(first.prompt), first.opened
+            prompt.ids, prompt.images = list(first.prompt), first.images[: first.given]
+            prompt.messages = templated(first.opened)
             prompt.text = self.episodes.tokenizer.decode(first.prompt)
         empty = [t for t in ts if not t.ids]
         if not empty:
@@ -115,7 +122,7 @@ class AgentRuns:
 
         def generated(t, future: Future) -> None:
             try:
-                self.episodes._add_turn(t, future.result(), False)
+                self.episodes._add_turn(t, future.result(), bool(self.episodes.banned))
             except BaseException as e:
                 if not group.done():
                     group.set_exception(e)
@@ -128,7 +135,10 @@ class AgentRuns:
 
         for t in empty:
             params = self.episodes._turn_params(t, 0, sampling, self.episodes.env.max_tokens)
-            sent = loop.submit({"prompt_token_ids": prompt.ids}, params, lora(), f"{t.key}/0")
+            request = {"prompt_token_ids": prompt.ids}
+            if prompt.images:
+                request["multi_modal_data"] = {"image": vision.decoded(prompt.images)}
+            sent = loop.submit(request, params, lora(), f"{t.key}/0")
             sent.add_done_callback(partial(generated, t))
 
     def close(self) -> None:

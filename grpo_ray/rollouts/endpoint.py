@@ -21,10 +21,19 @@ consumed and produced, the loss mask 1 on the replies. A call that does not exte
 rewrote or dropped a turn) is answered from its own messages and not recorded (``env/off_record_calls``). A
 trajectory has at most environment.max_turns replies and environment.max_tokens tokens after its first prompt:
 past either, a call answers nothing with finish_reason ``length`` (the episode ended by turns or tokens).
+
+A vision-language model's calls may show pictures as OpenAI's content parts (``{"type": "image_url", "image_url":
+{"url": "data:image/png;base64,..."}}`` beside ``{"type": "text", "text": ...}``): data URLs only (the endpoint
+fetches nothing for a program). Each is the template's image marker where its part is, the engine reads every
+picture of the conversation, and the trajectory keeps them (the first call's as the group's prompt's): the learner
+reads them with the tokens the engine expanded them into, as an environment's pictures (``Step.images``).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import io
 import json
 import socketserver
 import threading
@@ -32,7 +41,9 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 
+from grpo_ray.data import images
 from grpo_ray.data.template import TemplateError
+from grpo_ray.models import vision
 from grpo_ray.rollouts.trajectory import turn_params, turn_seed
 
 
@@ -80,18 +91,102 @@ class Session:
     """Its last recorded reply was cut at its max_tokens (the trajectory's end is then a cut one)."""
     model_seconds: float = 0.0
     """The time its calls waited for the engine (the rest of its episode's time is the program's)."""
+    images: list[bytes] = field(default_factory=list)
+    """The pictures of its recorded conversation, in order (its first call's first: `given` of them)."""
+    given: int = 0
+    extra: int = 0
+    """Tokens the engine's expansion of the later calls' pictures adds (counted against environment.max_tokens)."""
+    turns_at: list[tuple[int, int, int]] = field(default_factory=list)
+    """A vision-language model's: each reply's start in the engine's expanded tokens, its start in `ids`, its length
+    (``Trajectory.turns_at``)."""
+    context: list[int] | None = None
+    """A vision-language model's: the engine's expanded tokens of its last recorded call's request."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def continuation(tokenizer, kwargs: dict, before: list[dict], new: list[dict], closed: bool) -> list[int]:
+def image_of(value) -> bytes:
+    """The image file's bytes of an ``image_url`` part (``{"url": "data:image/...;base64,..."}``, or the URL alone);
+    Refused saying why not."""
+    url = value.get("url") if isinstance(value, dict) else value
+    head, _, data = url.partition(",") if isinstance(url, str) else ("", "", "")
+    if not (head.startswith("data:") and head.endswith(";base64")):
+        raise Refused(
+            "image_url: only data URLs are read (data:image/png;base64,...): the endpoint fetches nothing for a program"
+        )
+    try:
+        found = base64.b64decode(data, validate=True)
+        images.opened(found)
+    except (binascii.Error, ValueError) as e:
+        raise Refused(f"image_url: {e}") from None
+    return found
+
+
+def content_of(content) -> str | list:
+    """A message's content as a session keeps it: its text, or, where it shows pictures, its pieces in order (text,
+    and each picture's file bytes); Refused saying what is wrong with it."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise Refused("each message's 'content' must be text or a list of content parts (tool calls as text)")
+    pieces = []
+    for k, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            pieces.append(part["text"])
+        elif kind == "image_url":
+            pieces.append(image_of(part.get("image_url")))
+        else:
+            raise Refused(f"content part {k}: expected {{type: text, text}} or {{type: image_url, image_url: {{url}}}}")
+    return pieces if any(isinstance(p, bytes) for p in pieces) else "".join(pieces)
+
+
+def pictures(messages: list[dict]) -> list[bytes]:
+    """The pictures `messages` show, in order."""
+    return [p for m in messages if isinstance(m["content"], list) for p in m["content"] if isinstance(p, bytes)]
+
+
+def text_of(content: str | list) -> str:
+    """A message's text (its pictures aside)."""
+    return content if isinstance(content, str) else "".join(p for p in content if isinstance(p, str))
+
+
+def templated(messages: list[dict]) -> list[dict]:
+    """`messages` as a chat template takes them: each picture an ``{"type": "image"}`` part."""
+    part = lambda p: {"type": "image"} if isinstance(p, bytes) else {"type": "text", "text": p}  # noqa: E731
+    return [m if isinstance(m["content"], str) else {**m, "content": list(map(part, m["content"]))} for m in messages]
+
+
+def as_sent(messages: list[dict], shown: list[bytes]) -> list[dict]:
+    """A prompt's messages with its pictures (`shown`, in the order of their ``{"type": "image"}`` parts) as a
+    program sends them: ``image_url`` parts with data URLs (what an agent program is given of an image row)."""
+    from PIL import Image
+
+    left = iter(shown)
+
+    def part(p: dict) -> dict:
+        if p.get("type") != "image":
+            return p
+        data = next(left)
+        kind = (Image.open(io.BytesIO(data)).format or "png").lower()
+        return {
+            "type": "image_url",
+            "image_url": {"url": f"data:image/{kind};base64,{base64.b64encode(data).decode()}"},
+        }
+
+    return [m if isinstance(m["content"], str) else {**m, "content": list(map(part, m["content"]))} for m in messages]
+
+
+def continuation(tokenizer, kwargs: dict, before: list[dict], new: list[dict], closed: bool, body=None) -> list[int]:
     """The ids after a reply (the last message of `before`, sampled: its own ids are not here) up to the next
     reply's generation prompt: the reply's closing (its end-of-turn token when the reply did not sample it), then
-    `new` as the chat template lays them out. TemplateError where the template is not append-only."""
+    `new` as the chat template lays them out, each message's content as `body(content)` gives its ids (its text
+    with special tokens split, by default). TemplateError where the template is not append-only."""
+    body = body or (lambda text: tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
 
     def render(messages, generation):
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation, **kwargs)
 
-    head = [*before[:-1], {**before[-1], "content": TURN}]
+    head = [*templated(before[:-1]), {**before[-1], "content": TURN}]
     marked = [{**m, "content": CONTENT.format(i)} for i, m in enumerate(new)]
     a, b = render(head, False), render(head + marked, True)
     if not b.startswith(a):
@@ -104,19 +199,22 @@ def continuation(tokenizer, kwargs: dict, before: list[dict], new: list[dict], c
     for i, m in enumerate(new):
         piece, _, text = text.partition(CONTENT.format(i))
         ids += tokenizer.encode(piece, add_special_tokens=False)
-        ids += tokenizer.encode(m["content"], add_special_tokens=False, split_special_tokens=True)
+        ids += body(m["content"])
     return ids + tokenizer.encode(text, add_special_tokens=False)
 
 
 class Endpoint:
     """The endpoint of one generator: its sessions by key, served on a Unix socket at `path`."""
 
-    def __init__(self, tokenizer, recipe, path: str, pieces, banned: list[int] = ()):
+    def __init__(self, tokenizer, recipe, path: str, pieces, banned: list[int] = (), expansion=None):
         """`pieces(role)`: the template's pieces around one message of `role` (``Episodes.pieces``), the layout of
         a call that adds one message (a tool's answer) without rendering the conversation again; `banned`: tokens
-        never sampled (``trajectory.turn_params``)."""
+        never sampled (``trajectory.turn_params``: a vision-language model's image placeholders); `expansion(images)`:
+        the tokens the engine's expansion of pictures' markers adds (``Episodes.expansion``)."""
         self.tokenizer, self.env, self.path, self.pieces = tokenizer, recipe.environment, path, pieces
-        self.banned = banned
+        self.banned, self.expansion = banned, expansion
+        self.marker = vision.marker(tokenizer) if banned else ""
+        self.most_images = images.limit(recipe.generator.vllm_kwargs)
         self.kwargs = recipe.model.chat_template_kwargs or {}
         self.sessions: dict[str, Session] = {}
         self.server = _Server(path, _Handler)
@@ -141,57 +239,75 @@ class Endpoint:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise Refused("messages: expected a non-empty list")
+        if any(not isinstance(m, dict) or not isinstance(m.get("role"), str) for m in messages):
+            raise Refused("each message needs a string 'role' and a 'content'")
+        messages = [{"role": m["role"], "content": content_of(m.get("content"))} for m in messages]
         for m in messages:
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise Refused("each message needs string 'role' and 'content' (tool calls as text)")
-            if len(m["content"]) > self.env.max_observation_chars:
-                raise Refused(f"a message of {len(m['content'])} characters, over environment.max_observation_chars")
+            chars = len(text_of(m["content"]))
+            if chars > self.env.max_observation_chars:
+                raise Refused(f"a message of {chars} characters, over environment.max_observation_chars")
+        shown = len(pictures(messages))
+        if shown and not self.marker:
+            raise Refused("the model reads no images (its chat template writes no image marker): send text alone")
+        if shown > self.most_images:
+            raise Refused(
+                f"{shown} images in the conversation, over the {self.most_images} a request may carry "
+                "(generator.vllm_kwargs.limit_mm_per_prompt)"
+            )
         asked = body.get("max_completion_tokens") or body.get("max_tokens") or s.sampling.max_tokens
         if not isinstance(asked, int) or asked < 1:
             raise Refused(f"max_tokens={asked!r}: expected a positive integer")
         with s.lock:  # one call of a session at a time: each extends the one before
-            return self._answer(s, [{"role": m["role"], "content": m["content"]} for m in messages], asked)
+            return self._answer(s, messages, asked)
 
     def _answer(self, s: Session, messages: list[dict], asked: int) -> dict:
         seen = len(s.messages)
         extends = s.calls > 0 and messages[:seen] == s.messages and len(messages) > seen
         extends = extends and all(m["role"] != "assistant" for m in messages[seen:])
+        shown, new, extra = pictures(messages), [], 0
         if s.calls == 0:
             prompt = self._template(messages)
-            s.prompt, s.opened, record = prompt, messages, True
+            s.prompt, s.opened, s.images, s.given, record = prompt, messages, shown, len(shown), True
         elif extends and not s.ended:
             new = messages[seen:]
             if len(new) == 1:
-                gap = self.pieces(new[0]["role"]).ids(new[0]["content"], s.closed)
+                gap = self.pieces(new[0]["role"]).ids("", s.closed, self._body(new[0]["content"]))
             else:
-                gap = continuation(self.tokenizer, self.kwargs, s.messages, new, s.closed)
-            prompt, record = s.prompt + s.ids + gap, True
+                gap = continuation(self.tokenizer, self.kwargs, s.messages, new, s.closed, self._body)
+            prompt, record, extra = s.prompt + s.ids + gap, True, self._expansion(pictures(new))
         else:  # answered as asked, not recorded: the trajectory is what the conversation was up to here
             prompt, record = self._template(messages), False
             s.off_record += not s.ended
         s.calls += 1
-        room = s.budget - (len(prompt) - len(s.prompt)) if record else s.sampling.max_tokens
+        room = s.budget - (len(prompt) - len(s.prompt)) - s.extra - extra if record else s.sampling.max_tokens
         limit = min(asked, s.sampling.max_tokens, room)
         if record and (limit <= 0 or s.calls > self.env.max_turns):
             s.ended = "tokens" if limit <= 0 else "turns"
             return self._response(prompt, [], [], "length")
         seed = turn_seed(s.seed, int(s.key.rpartition("/")[2]), s.calls)
+        request = {"prompt_token_ids": prompt}
+        if shown:  # every picture of the conversation (a recorded call's: its session's, in order)
+            request["multi_modal_data"] = {"image": vision.decoded(shown)}
         params = turn_params(s.sampling, self.env.stop, limit, seed, self.banned)
         start = time.perf_counter()
-        out = s.loop.submit({"prompt_token_ids": prompt}, params, s.lora(), f"{s.key}/{s.calls}")
-        out = out.result().outputs[0]
+        done = s.loop.submit(request, params, s.lora(), f"{s.key}/{s.calls}").result()
         s.model_seconds += time.perf_counter() - start
+        out = done.outputs[0]
         ids, logprobs = list(out.token_ids), [lp[t].logprob for t, lp in zip(out.token_ids, out.logprobs)]
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         if record:
-            new = prompt[len(s.prompt) + len(s.ids) :]
+            gap = prompt[len(s.prompt) + len(s.ids) :]
+            if self.banned:  # where the engine's expanded tokens put the reply (``Trajectory.expanded``)
+                s.turns_at.append((len(done.prompt_token_ids), len(s.ids) + len(gap), len(ids)))
+                s.context = list(done.prompt_token_ids)
             if s.texts:
-                s.texts.append("\n\n".join(m["content"] for m in messages[seen:]))
-            s.ids += new + ids
-            s.mask += [0] * len(new) + [1] * len(ids)
-            s.logprobs += [0.0] * len(new) + logprobs
+                s.texts.append("\n\n".join(text_of(m["content"]) for m in new))
+            s.images, s.extra = s.images + pictures(new), s.extra + extra
+            s.ids += gap + ids
+            s.mask += [0] * len(gap) + [1] * len(ids)
+            s.logprobs += [0.0] * len(gap) + logprobs
             labels = [int(span.version) for span in out.weight_versions or [] for _ in range(span.start, span.end)]
-            s.versions += (s.versions[-1:] or labels[:1]) * len(new) + labels
+            s.versions += (s.versions[-1:] or labels[:1]) * len(gap) + labels
             s.texts.append(text)
             s.messages = [*messages, {"role": "assistant", "content": text}]
             s.closed = bool(ids) and ids[-1] == self.tokenizer.eos_token_id
@@ -199,8 +315,22 @@ class Endpoint:
         return self._response(prompt, ids, logprobs, out.finish_reason or "stop", text)
 
     def _template(self, messages: list[dict]) -> list[int]:
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **self.kwargs)
+        text = self.tokenizer.apply_chat_template(
+            templated(messages), tokenize=False, add_generation_prompt=True, **self.kwargs
+        )
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _body(self, content: str | list) -> list[int]:
+        """A later call's message content as ids: its text with special tokens split, each picture the model's image
+        marker (the engine expands it)."""
+        ids = []
+        for piece in [content] if isinstance(content, str) else content:
+            text, split = (self.marker, False) if isinstance(piece, bytes) else (piece, True)
+            ids += self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=split)
+        return ids
+
+    def _expansion(self, shown: list[bytes]) -> int:
+        return self.expansion(shown) if shown else 0
 
     def _response(self, prompt: list[int], ids: list[int], logprobs: list[float], finish: str, text: str = "") -> dict:
         message = {

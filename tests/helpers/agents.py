@@ -72,3 +72,34 @@ def reaches_out(base_url, row):
         model="p", messages=row["messages"], max_tokens=2
     )
     return float(blocked == 2)
+
+
+def pictured(base_url, row):
+    """Sends the row's messages (an image row's picture as an image_url part, as given), then answers the reply with a
+    picture of its own (random colours drawn from the reply) between two pieces of text; the reward is the second
+    reply's length, odd or even. A picture at a web address is refused (the endpoint fetches nothing)."""
+    import base64
+    import io
+    import random
+
+    from PIL import Image
+
+    client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0)
+    messages = list(row["messages"])
+    try:
+        far = {"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/red.png"}}
+        client.chat.completions.create(model="p", messages=[{"role": "user", "content": [far]}], max_tokens=2)
+        raise AssertionError("a picture at a web address was answered")
+    except openai.BadRequestError as e:
+        assert "only data URLs are read" in str(e), e
+    reply = client.chat.completions.create(model="policy", messages=messages, max_tokens=6).choices[0].message.content
+    g, out = random.Random(reply), io.BytesIO()
+    Image.frombytes("RGB", (40, 30), bytes(g.randrange(256) for _ in range(40 * 30 * 3))).save(out, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
+    shown = [{"type": "text", "text": "And"}, {"type": "image_url", "image_url": {"url": url}}]
+    messages += [
+        {"role": "assistant", "content": reply},
+        {"role": "user", "content": [*shown, {"type": "text", "text": " this?"}]},
+    ]
+    second = client.chat.completions.create(model="policy", messages=messages, max_tokens=6).choices[0].message
+    return float(len(second.content) % 2)
