@@ -631,6 +631,41 @@ def test_the_planner_counts_the_vision_tower_from_the_config(twin):
     assert 0.98 < vision_params(config.vision_config.to_dict(), 64) / real <= 1
 
 
+def test_the_plan_times_the_pictures_through_the_tower():
+    """`plan` adds the tower's forward for the pictures each phase reads (limit_mm_per_prompt's a prompt): an
+    engine's prefill once a prompt (Gemma-3-4B on Geometry3K: 80 sequences an engine, groups of 5, 16 pictures),
+    the reference's and the learner's once a prompt a call, the learner's backward through the tower where it trains
+    (3 x the forward it adds when model.freeze_vision keeps it); the same recipe without images, none."""
+    from grpo_ray.config import load_recipe
+    from grpo_ray.lengths import wire_dtype
+    from grpo_ray.models.dims import model_dims
+    from grpo_ray.planner import rates, speed
+    from grpo_ray.planner.work import tower_seconds
+
+    def phases(*over):
+        r = load_recipe(ROOT / "recipes" / "gemma3-4b-geometry3k-1node.yaml", list(over))
+        got = speed.predict(r, d, rates.rates_for(r), speed.default_shape(r)).phases
+        return {k: v.seconds for k, v in got.items()}
+
+    d = model_dims("google/gemma-3-4b-it")
+    r = load_recipe(ROOT / "recipes" / "gemma3-4b-geometry3k-1node.yaml")
+    assert d.tower.patches == 4096 and r.generator.vllm_kwargs["limit_mm_per_prompt"] == {"image": 1}
+    text, pictured = phases("generator.vllm_kwargs.limit_mm_per_prompt={image: 0}"), phases()
+    tower = tower_seconds(d, rates.rates_for(r).at(1), wire_dtype(r), 16)
+    assert tower > 0 and pictured["generation"] - text["generation"] == pytest.approx(tower, rel=1e-9)
+    assert pictured["reference"] > text["reference"] and pictured["old policy"] > text["old policy"]
+    frozen = phases("model.freeze_vision=true")
+    trained = pictured["update"] - text["update"]
+    assert trained > 0 and trained == pytest.approx(
+        3
+        * (
+            frozen["update"]
+            - phases("model.freeze_vision=true", "generator.vllm_kwargs.limit_mm_per_prompt={image: 0}")["update"]
+        ),
+        rel=1e-9,
+    )
+
+
 @pytest.mark.slow
 def test_sft_trains_on_image_rows_with_the_prompts_expanded(tmp_path):
     """``grpo-ray sft`` on the vision recipe's pictures: its prompts expanded by the model's processor (no engine runs

@@ -9,10 +9,24 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from grpo_ray import models
 from grpo_ray.models import tiny
+
+
+class Tower(NamedTuple):
+    """A vision tower's shape, for the time a picture takes through it (``planner.work.tower_seconds``)."""
+
+    layers: int
+    hidden: int
+    inner: int
+    heads: int
+    patches: int
+    """The positions a picture is read as (SigLIP's fixed (image_size / patch_size) squared)."""
+    projected: int
+    """The width of the projection's output (the language model's)."""
 
 
 @dataclass(frozen=True)
@@ -34,6 +48,9 @@ class ModelDims:
     model): held, trained and pushed as the rest are (in ``params``); not in the FLOPs a text token costs."""
     projector: int = 0
     """Of ``vision``, the projection's (``projector_params``): it trains when model.freeze_vision keeps the tower."""
+    tower: Tower | None = None
+    """The tower's shape where a picture's positions are fixed (SigLIP's: Gemma 3); None for a text model, and for
+    Qwen-VL's ViT, whose positions follow each picture's size."""
 
     @property
     def attn_dim(self) -> int:
@@ -122,15 +139,22 @@ def projector_params(vc: dict, text_hidden: int) -> int:
     return h * text_hidden
 
 
-def vision_dims(vc: dict, text_hidden: int) -> tuple[int, int]:
-    """``ModelDims.vision`` and ``.projector`` of a vision tower of config `vc`."""
-    return vision_params(vc, text_hidden), projector_params(vc, text_hidden)
+def vision_dims(vc: dict, text_hidden: int) -> tuple[int, int, Tower | None]:
+    """``ModelDims.vision``, ``.projector`` and ``.tower`` of a vision tower of config `vc`."""
+    tower = None
+    if "out_hidden_size" not in vc:  # SigLIP: every picture resized to image_size
+        h = vc["hidden_size"]
+        side = vc.get("image_size", 224) // vc.get("patch_size", 14)
+        inner, heads = vc.get("intermediate_size") or 4 * h, vc.get("num_attention_heads") or max(1, h // 64)
+        tower = Tower(vc["num_hidden_layers"], h, inner, heads, side * side, text_hidden)
+    return vision_params(vc, text_hidden), projector_params(vc, text_hidden), tower
 
 
 SIGLIP_896 = {
     "hidden_size": 1152,
     "intermediate_size": 4304,
     "num_hidden_layers": 27,
+    "num_attention_heads": 16,
     "patch_size": 14,
     "image_size": 896,
 }
@@ -220,7 +244,7 @@ def model_dims(name: str, key: str = "model.path") -> ModelDims:
         cfg["vocab_size"],
         bool(cfg.get("tie_word_embeddings", True)),
         int(cfg.get("max_position_embeddings") or 0),
-        *(vision_dims(vision, cfg["hidden_size"]) if vision else (0, 0)),
+        *(vision_dims(vision, cfg["hidden_size"]) if vision else (0, 0, None)),
     )
 
 
@@ -236,5 +260,5 @@ def tiny_dims(spec: tiny.TinySpec) -> ModelDims:
         spec.vocab,
         bool(spec.tie),
         spec.max_len,
-        *(vision_dims(tiny.vision_config(spec), spec.hidden) if spec.vision else (0, 0)),
+        *(vision_dims(tiny.vision_config(spec), spec.hidden) if spec.vision else (0, 0, None)),
     )

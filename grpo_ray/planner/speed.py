@@ -11,9 +11,10 @@ Python), its matmuls (each linear layer, attention's QK^T and AV, the LM head wh
 calibration measured for matmuls of that shape, and its activations moved through memory; a backward costs 2 x the
 matmuls and memory, and its own fixed cost. The phases:
 
-    generation  each engine's n / E samples: a prefill of their prompts, then r decode steps, each a fixed cost, a
-                cost per sequence, and its matmuls at the decode batch or the weights and keys/values read from
-                memory, whichever is longer
+    generation  each engine's n / E samples: a prefill of their prompts (a vision-language model's pictures through
+                its tower first: ``work.pictures_read``, ``tower_seconds``; the learner and the scorers read them
+                too, once a call), then r decode steps, each a fixed cost, a cost per sequence, and its matmuls at
+                the decode batch or the weights and keys/values read from memory, whichever is longer
     reward      each reward actor's share of the samples at a fixed cost per sample
     reference   each reference actor's share, micro batched as ``batching.micro_batches`` cuts it, in the layout
                 the learner chooses (``model.shared_prompt``), plus the FSDP2 group's all-gathers; the teacher's the
@@ -47,7 +48,15 @@ from grpo_ray.lengths import dtype_bytes, response_budget, wire_dtype
 from grpo_ray.models.dims import ModelDims
 from grpo_ray.planner.memory import bucket_bytes, dims_of
 from grpo_ray.planner.rates import Rates, Throughput
-from grpo_ray.planner.work import call_seconds, generation_seconds, group_seconds, share_work, work_parts
+from grpo_ray.planner.work import (
+    call_seconds,
+    generation_seconds,
+    group_seconds,
+    pictures_read,
+    share_work,
+    tower_seconds,
+    work_parts,
+)
 
 
 @dataclass
@@ -199,8 +208,11 @@ def generation_phase(s: StepInputs, kind: PoolKind) -> dict[str, Phase]:
         shape.response_tokens,
         tp,
     )
+    tower = tower_seconds(s.d, s.at(kind.name), wire_dtype(s.r), pictures_read(s.r, per_engine) / tp)
+    prefill += tower
     detail = (
-        f"{engines} engine(s) x {per_engine} sequences: prefill {seconds_str(prefill)}, "
+        f"{engines} engine(s) x {per_engine} sequences: prefill {seconds_str(prefill)}"
+        f"{f' (the vision tower {seconds_str(tower)})' if tower else ''}, "
         f"{max(shape.response_tokens - 1, 0)} decode steps {seconds_str(decode)}"
     )
     return {"generation": Phase(prefill + decode, detail, {kind.name: (prefill + decode) * engines})}
@@ -225,6 +237,7 @@ def frozen_phase(s: StepInputs, kind: PoolKind) -> dict[str, Phase]:
     w, t = share_work(share, size, m.sequence_packing, shared), s.at(kind.name)
     seconds = call_seconds(d, t, s.r.learner.dtype, w.slots, w.rows, w.logits, False, w.calls)
     seconds += s.rates.pass_s + t.forward_sample * len(share)
+    seconds += tower_seconds(d, t, s.r.learner.dtype, pictures_read(s.r, len(share), w.calls))
     seconds += group_seconds(d, s.rates, count, w.calls, False, s.r.learner.dtype)
     detail = f"{count} actor(s): {w.calls} calls over {w.slots} token slots ({layout})"
     return {kind.name: Phase(seconds, detail, {kind.name: seconds * count})}
@@ -236,9 +249,9 @@ def judge_phase(s: StepInputs, kind: PoolKind) -> dict[str, Phase]:
     count, name, j = s.plans[kind.name].actors, kind.name, s.r.reward_model.judge
     share = s.pairs[: math.ceil(len(s.pairs) / count)]
     prompt = len(share[0][0]) + len(share[0][1]) + len(j.template) // 4
-    prefill, decode = generation_seconds(
-        s.model_of(kind), s.at(name), wire_dtype(s.r), s.rates.engine, len(share), prompt, j.max_tokens
-    )
+    d, t = s.model_of(kind), s.at(name)
+    prefill, decode = generation_seconds(d, t, wire_dtype(s.r), s.rates.engine, len(share), prompt, j.max_tokens)
+    prefill += tower_seconds(d, t, wire_dtype(s.r), pictures_read(s.r, len(share)))
     detail = f"{count} judge engine(s) x {len(share)} verdicts of up to {j.max_tokens} tokens"
     return {name: Phase(prefill + decode, detail, {name: (prefill + decode) * count})}
 
@@ -253,6 +266,7 @@ def reward_model_phase(s: StepInputs, kind: PoolKind) -> dict[str, Phase]:
     w = share_work(share, rm.micro_batch_size, s.r.model.sequence_packing, False)
     seconds = call_seconds(d, t, s.r.learner.dtype, w.slots, w.rows, len(w.rows), False, w.calls)
     seconds += s.rates.pass_s + t.forward_sample * len(share)
+    seconds += tower_seconds(d, t, s.r.learner.dtype, pictures_read(s.r, len(share), w.calls))
     if rm.shard and count > 1:
         seconds += group_seconds(d, s.rates, count, w.calls, False, s.r.learner.dtype)
     detail = f"{count} actor(s): a classifier's {w.calls} calls over {w.slots} token slots"
@@ -272,6 +286,8 @@ def learner_phases(s: StepInputs, kind: PoolKind) -> dict[str, Phase]:
     shared, layout = s.layout(r.learner.micro_batch_size)
     w = share_work(share, r.learner.micro_batch_size, m.sequence_packing, shared)
     train = call_seconds(d, t, dtype, w.slots, w.rows, w.logits, True, w.calls) + t.train_sample * len(share)
+    tower = tower_seconds(d, t, dtype, pictures_read(r, len(share), w.calls))
+    train += tower * (1 if m.freeze_vision or m.lora.rank else 3)  # its backward too where the tower trains
     if r.learner.gradient_checkpointing:  # the backward runs each decoder layer's forward again (not the head)
         dense, attention = work_parts(d, t, dtype, w.slots, w.rows, 0, w.calls)
         train += w.calls * t.forward_call[1] * d.layers + t.forward_scale * (dense + attention)
@@ -283,6 +299,7 @@ def learner_phases(s: StepInputs, kind: PoolKind) -> dict[str, Phase]:
     old = 0.0
     if recomputed:
         forward = call_seconds(d, t, dtype, w.slots, w.rows, w.logits, False, w.calls) + t.forward_sample * len(share)
+        forward += tower
         old = s.rates.pass_s + minis * (forward + group_seconds(d, s.rates, W, w.calls, False, dtype))
         if s.schedule.keeps_older_weights():  # the older weights' snapshot copied in, the current ones back
             old += 2 * 2 * d.params / W * dtype_bytes(dtype) / t.bandwidth

@@ -4,6 +4,7 @@ group's collectives. ``speed`` builds a step's phases from these."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from grpo_ray.algo.batching import forward_work, micro_batches, pack_rows, shared_shape
@@ -64,6 +65,32 @@ def call_seconds(
     dense, attention = work_parts(d, t, dtype, slots, rows, logits, calls, backward)
     work = t.train_scale * (3 * dense + attention) if backward else t.forward_scale * (dense + attention)
     return max(fixed, work) if t.overlap else fixed + work
+
+
+def pictures_read(r, samples: int, calls: int = 1) -> int:
+    """The pictures that `calls` model calls over `samples` of a step of recipe `r` read: each prompt's (the most
+    generator.vllm_kwargs.limit_mm_per_prompt lets a prompt carry; none where it names no image limit: a text run),
+    once a call for each prompt the call holds (a group's samples share their prompt's pictures)."""
+    limit = (r.generator.vllm_kwargs.get("limit_mm_per_prompt") or {}).get("image", 0)
+    each = int(limit["count"] if isinstance(limit, dict) else limit)
+    return calls * math.ceil(samples / max(calls, 1) / r.algorithm.group_size) * each if samples else 0
+
+
+def tower_seconds(d: ModelDims, t: Throughput, dtype: str, pictures: float) -> float:
+    """The forward of `pictures` through the vision tower and its projection, at the matmul grid's rates: each
+    block's attention projections and MLP over the picture's positions, its attention over all of them, the
+    projection to the language model's width (at every position: a bound, Gemma 3 pools them first). 0 for a text
+    model, or a tower whose positions follow each picture's size (``ModelDims.tower``)."""
+    w = d.tower
+    if not w or pictures <= 0:
+        return 0.0
+    rows = pictures * w.patches
+    block = 4 * t.gemm_seconds(dtype, rows, w.hidden, w.hidden) + 2 * t.gemm_seconds(dtype, rows, w.hidden, w.inner)
+    attention = t.attention_seconds(
+        dtype, [(w.patches, w.patches)] * math.ceil(pictures), w.heads, w.hidden // w.heads, False
+    )
+    forward = w.layers * (block + attention) + t.gemm_seconds(dtype, rows, w.hidden, w.projected)
+    return forward
 
 
 def prefill_work(d: ModelDims, t: Throughput, dtype: str, sequences: int, prompt_tokens: float) -> float:
