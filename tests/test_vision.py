@@ -588,7 +588,9 @@ def test_an_environment_shows_a_picture_and_the_learner_reads_what_the_engine_re
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pictured", [True, False], ids=["image rows", "text rows"])
+@pytest.mark.parametrize(
+    "pictured", [pytest.param(True, marks=pytest.mark.smoke), False], ids=["image rows", "text rows"]
+)
 def test_an_agent_program_shows_a_picture_and_the_learner_reads_what_the_engine_read(tmp_path, pictured):
     """An agent program (tests/helpers/agents.py:pictured) sends the row (an image row's picture as an image_url
     part), then answers the first reply with a picture of its own between two pieces of text, through the
