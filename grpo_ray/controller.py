@@ -77,6 +77,7 @@ class GRPOController(Runner):
 
     def step(self, step: int) -> dict[str, float]:
         start, dapo = time.perf_counter(), self.r.algorithm.filter_groups.enable
+        self.engines.grow(self.version)  # generator.max_engines: engines placed and loaded since join the next batch
         (rollouts, stats, sent, _), flow = self.source.next(step, self.version, self.last_update)  # maybe scored
         scores, learned, learned_work = self.scorers.rewards(sent)
         frozen, kept = sent.tokens, {}

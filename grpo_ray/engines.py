@@ -32,7 +32,9 @@ class Launched:
     sampling: object
     """SamplingConfig, or None for the training sampling."""
     calls: dict[int, tuple]
-    """Engine index -> (rollout ref, stats ref, the actor called)."""
+    """Share index -> (rollout ref, stats ref, the actor called)."""
+    shares: list[list[Prompt]]
+    """The prompts cut over the engines present at launch, share i engine i's."""
 
 
 class Engines:
@@ -56,8 +58,9 @@ class Engines:
 
     def launch(self, step: int, prompts: list[Prompt], n: int = 0, sampling=None) -> Launched:
         """Send `prompts` to the engines, cut evenly over them, `n` samples each (default: the group size)."""
-        batch = Launched(step, prompts, self.version, n or self.r.algorithm.group_size, sampling, {})
-        for i, shard in enumerate(split(prompts, len(self.pools.generators))):
+        shares = split(prompts, len(self.pools.generators))
+        batch = Launched(step, prompts, self.version, n or self.r.algorithm.group_size, sampling, {}, shares)
+        for i, shard in enumerate(shares):
             if shard:
                 batch.calls[i] = self._generate_on(i, shard, batch.n, step, sampling)
         return batch
@@ -66,15 +69,20 @@ class Engines:
         """The batch's rollout refs (for the pools) and stats (for the controller). An engine that dies or misses
         generator.timeout_s is replaced (unless that happened already, e.g. in a push) and its share alone is
         generated again, with the seeds it had and the weights the engines hold now (a new engine's first answer
-        has twice the deadline). Not `recover`: its PoolFault is raised, `batch` unchanged."""
-        shards = split(batch.prompts, len(self.pools.generators))
+        has twice the deadline; an engine past num_engines leaves instead, and its share goes to another). Not
+        `recover`: its PoolFault is raised, `batch` unchanged."""
+        shards = batch.shares
 
         def again(i: int, call: tuple, e: PoolFault) -> tuple:
-            if self.pools.generators[i] is call[2]:
-                self.say(f"engine {i} lost ({e}); replacing it")
-                self.recover([i])
+            at = next((k for k, g in enumerate(self.pools.generators) if g is call[2]), None)  # (None: gone already)
+            if at is not None and self.pools.leaves(at):
+                self.say(f"engine {at} lost ({e}); it leaves, its share generated on another")
+                self.leave(at)
+            elif at is not None:
+                self.say(f"engine {at} lost ({e}); replacing it")
+                self.recover([at])
             self.pools.redid(GENERATOR, len(shards[i]) * batch.n)  # its share's samples, generated again
-            return self._generate_on(i, shards[i], batch.n, batch.step, batch.sampling)
+            return self._generate_on(i % len(self.pools.generators), shards[i], batch.n, batch.step, batch.sampling)
 
         done = {i: self.answer(i, call, "generate", recover, again) for i, call in batch.calls.items()}
         return [done[i][0] for i in sorted(done)], [done[i][1] for i in sorted(done)]
@@ -205,13 +213,33 @@ class Engines:
         return failed
 
     def recover(self, engines: list[int], probe: bool | list[float] = False) -> tuple[list[dict], list[dict]]:
-        """Replace `engines`, connect the weight transport again over all engines, load the learner's weights into all
-        (`probe`: as in push)."""
-        for i in engines:
-            self.pools.recover(GENERATOR, i)
-            self.fresh.add(i)
+        """Replace `engines` (one past num_engines leaves instead: ``leave``), connect the weight transport again over
+        all engines, load the learner's weights into all (`probe`: as in push)."""
+        for i in sorted(engines, reverse=True):  # (one leaving moves those after it)
+            if self.pools.leaves(i):
+                self.leave(i, connect=False)
+            else:
+                self.pools.recover(GENERATOR, i)
+                self.fresh.add(i)
         self.pools.transport.connect(self.pools)
         return self.push(self.learner_version(), probe)
+
+    def leave(self, i: int, connect: bool = True) -> None:
+        """Engine i (past num_engines) gone from the pool with its node; the weight transport connected over the
+        engines left (a group with a member gone would fail the next push)."""
+        self.pools.drop(i)
+        self.fresh = {k - (k > i) for k in self.fresh if k != i}
+        if connect:
+            self.pools.transport.connect(self.pools)
+
+    def grow(self, learner_version: int) -> None:
+        """Between steps, with the engines at the learner's weights (`learner_version`): the engines that joined
+        (``Pools.grow``: placed as nodes with room appeared, and loaded) connected to the weight transport and given
+        the weights, so that the next batch is cut over them too."""
+        if self.r.generator.max_engines > self.r.generator.num_engines and learner_version == self.version:
+            if self.pools.grow():
+                self.pools.transport.connect(self.pools)
+                self.push(self.version)
 
 
 def delta_metrics(sent: dict) -> dict[str, float]:

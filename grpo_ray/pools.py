@@ -9,6 +9,11 @@ started in the same bundle (the transport then connects again over all engines: 
 a new member, and the controller pushes the current weights before the new engine serves); a reward model's whole
 group is started again.
 
+Elastic engines (generator.max_engines past num_engines): each engine the run may add has a placement group of its
+own, asked of the cluster at start and not waited for (Ray places it when a node with room appears; an autoscaler
+adds one for it). ``grow`` starts an engine in each one placed and hands on those loaded, between steps; such an
+engine lost with its node ``leaves`` (``drop``: its placement group asked for again), the run going on without it.
+
 ``wait(refs, what, timeout)`` is the one way the controller waits on a pool: always with a deadline,
 and a lost actor or a deadline becomes a ``RunError`` that names the call (``PoolFault`` for calls
 the controller knows how to recover from).
@@ -111,6 +116,8 @@ class Pools:
         """Per such pool, the seconds its recoveries took in all (fault/<pool>_recovery_s): new actors started, a
         group joined, a copy of the state taken."""
         self.redone = dict.fromkeys(self.restarts, 0)
+        self.left = 0
+        """Engines past num_engines that left the pool with their node (fault/generator_left)."""
         """Per such pool, the work done again after its recoveries (fault/<pool>_redone, in ``REDONE``'s units)."""
         self.copies: dict[str, list] = {}
         """Per pool whose lost policy is ``copy``: what each actor's newest ``state_copy`` cost (refs); the copies
@@ -121,6 +128,12 @@ class Pools:
         """Per pool, each actor's node id (placement.json's; a recovery's new actors' once it says where they are)."""
         self.say = print
         """Where a recovery says its line (``start``'s `say`)."""
+        self.homes: list[tuple] = []
+        """Per engine, its placement group and bundle: the pool's (the first num_engines), or one of its own."""
+        self.spare: dict = {}
+        """Placement groups asked for engines past num_engines, not holding one yet: each its ready ref."""
+        self.joining: list[tuple] = []
+        """Engines started in spare placement groups and loading: (placement group, actor, its where ref, start)."""
 
     @property
     def generators(self) -> list:
@@ -146,6 +159,9 @@ class Pools:
         for pool in POOLS:
             count = self.plans[pool].actors if pool in pools else 0
             self.actors[pool] = [self._new(pool, i) for i in range(count)]
+        self.homes = [(self.pgs[GENERATOR][0], i) for i in range(len(self.generators))] if self.generators else []
+        if self.generators and self.r.generator.max_engines > len(self.generators):
+            self._ask_spares(self.r.generator.max_engines - len(self.generators))
         say(f"{since_start()} {sum(len(a) for a in self.actors.values())} actors placed; loading the model in each")
         self.facts = self._join(LEARNER) or {}
         if self.learners:
@@ -171,9 +187,14 @@ class Pools:
             self.transport.connect(self)
             say(f"{since_start()} weight transport connected ({self.transport.name})")
 
-    def _new(self, pool: str, i: int):
-        """Actor i of `pool`, in bundle i of the pool's placement group, as its role starts it (``start_args``)."""
+    def _new(self, pool: str, i: int, home: tuple | None = None):
+        """Actor i of `pool`, in bundle i of the pool's placement group (or `home`'s: a placement group and a
+        bundle), as its role starts it (``start_args``)."""
         pg, gpus = self.pgs[pool]
+        if pool == GENERATOR and (home or i < len(self.homes)):
+            pg, i_bundle = home or self.homes[i]
+        else:
+            i_bundle = i
         role, threads, kind = self.roles[pool], self.threads[pool], KINDS[pool]
         env = {"OMP_NUM_THREADS": str(threads)}
         env.update({k: os.environ[k] for k in (faults.ENV, faults.DIR_ENV) if k in os.environ})
@@ -185,7 +206,7 @@ class Pools:
             num_cpus=self.plans[pool].cpus,
             num_gpus=gpus,
             resources=self.plans[pool].resources or None,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
+            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i_bundle),
             runtime_env={"env_vars": env},
             max_concurrency=role.concurrency(self.r),
         )
@@ -237,6 +258,59 @@ class Pools:
         self.recovery_s[pool] += time.perf_counter() - start
         self._said(pool, i, new, time.perf_counter() - start)
 
+    def _ask_spares(self, n: int) -> None:
+        """Ask the cluster for `n` placement groups of one engine's bundle each, without waiting for them."""
+        from ray.util.placement_group import placement_group
+
+        bundle = placement.bundles([GENERATOR], self.plans)[0]
+        for _ in range(n):
+            pg = placement_group([bundle], strategy="PACK")
+            self.spare[pg] = pg.ready()
+
+    def grow(self) -> list[int]:
+        """Between steps: an engine started in each spare placement group the cluster has placed, and those loaded
+        since added to the pool (the caller connects the weight transport and pushes the weights before they
+        serve); their indices. An engine that fails as it loads gives its placement group back to the spares."""
+        placed = [pg for pg, ready in self.spare.items() if ray.wait([ready], timeout=0)[0]]
+        for pg in placed:
+            del self.spare[pg]
+            actor = self._new(GENERATOR, len(self.generators) + len(self.joining), (pg, 0))
+            self.joining.append((pg, actor, actor.where.remote(), time.perf_counter()))
+        joined = []
+        for entry in [j for j in self.joining if ray.wait([j[2]], timeout=0)[0]]:
+            pg, actor, where, started = entry
+            self.joining.remove(entry)
+            try:
+                node = ray.get(where, timeout=60)["node_id"]
+            except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as e:
+                self.say(f"an engine joining failed as it loaded ({str(e).splitlines()[0][:200]}); asking again")
+                ray.kill(actor)
+                self.spare[pg] = pg.ready()
+                continue
+            self.actors[GENERATOR].append(actor)
+            self.homes.append((pg, 0))
+            self.nodes.setdefault(GENERATOR, []).append(node)
+            joined.append(len(self.generators) - 1)
+            self.say(
+                f"engine {joined[-1]} joined (node {node[:12]}), now {len(self.generators)} engine(s); it loaded in "
+                f"{time.perf_counter() - started:.1f} s"
+            )
+        return joined
+
+    def leaves(self, i: int) -> bool:
+        """Whether engine i leaves the pool when lost (one of the engines past num_engines), not replaced."""
+        return i >= self.r.generator.num_engines and self.r.generator.max_engines > self.r.generator.num_engines
+
+    def drop(self, i: int) -> None:
+        """Engine i (one that ``leaves``) gone from the pool, its placement group asked for again (Ray places it
+        anew when a node has room); the caller connects the weight transport over the engines left."""
+        pg, _ = self.homes.pop(i)
+        ray.kill(self.actors[GENERATOR].pop(i))
+        was = self.nodes.get(GENERATOR, []).pop(i) if i < len(self.nodes.get(GENERATOR, [])) else None
+        self.spare[pg] = pg.ready()
+        self.left += 1
+        self.say(f"engine {i} left (node {(was or '?')[:12]}): now {len(self.generators)} engine(s)")
+
     def redid(self, pool: str, amount: int) -> None:
         """Count `amount` of `pool`'s work done again after a recovery (in ``REDONE``'s units)."""
         self.redone[pool] += amount
@@ -247,6 +321,8 @@ class Pools:
         for pool, n in self.restarts.items():
             out |= {f"fault/{pool}_restarts": n, f"fault/{pool}_recovery_s": self.recovery_s[pool]}
             out[f"fault/{pool}_redone"] = self.redone[pool]
+        if self.r.generator.max_engines > self.r.generator.num_engines:
+            out |= {"generator/engines": len(self.generators), "fault/generator_left": self.left}
         return out
 
     def _said(self, pool: str, i: int, new: list[int], seconds: float) -> None:
@@ -340,7 +416,10 @@ class Pools:
         for a in [*(a for actors in self.actors.values() for a in actors), *([self.keeper] if self.keeper else [])]:
             ray.kill(a)
         self.keeper = None
-        for pg in {id(pg): pg for pg, _ in self.pgs.values()}.values():
+        for pg in [*{id(pg): pg for pg, _ in self.pgs.values()}.values(), *self.spare, *(j[0] for j in self.joining)]:
             remove_placement_group(pg)
+        for pg, _ in self.homes[self.r.generator.num_engines :]:
+            remove_placement_group(pg)
+        self.spare, self.joining, self.homes = {}, [], []
         self.actors = {p: [] for p in POOLS}
         self.pgs = {}

@@ -119,6 +119,8 @@ def _schema_of(tp, key: str) -> dict:
         }
     if key in config.CHOICES:
         node["enum"] = list(config.CHOICES[key])
+    if key == "generator.num_engines":  # or a range of them, min..max (config/load.py)
+        return {"anyOf": [node, {"type": "string", "pattern": r"^\s*\d+\s*\.\.\s*\d+\s*$"}]}
     return node
 
 

@@ -113,8 +113,8 @@ class Runner:
                     model = early_stop.export(self.best, t, self.inputs.output_dir, step, self.say)
                     self.log.note("export_path", str(model))
                     break
-            if any(self.pools.restarts.values()):  # the run's summary of what its faults cost
-                lost = ", ".join(f"{p} {n}" for p, n in self.pools.restarts.items() if n)
+            if any(self.pools.restarts.values()) or self.pools.left:  # the run's summary of what its faults cost
+                lost = ", ".join(f"{p} {n}" for p, n in self.pools.restarts.items() if n) or "none"
                 spent = sum(self.pools.recovery_s.values())
                 redone = ", ".join(
                     f"{p} {n} {REDONE.get(p, 'sample')}{'s' * (n != 1)}" for p, n in self.pools.redone.items() if n
@@ -122,6 +122,7 @@ class Runner:
                 self.say(
                     f"{since_start()} recovered from lost actors (restarts: {lost}) in {spent:.1f} s"
                     + (f", work done again: {redone}" if redone else "")
+                    + (f", engines that left with their node: {self.pools.left}" if self.pools.left else "")
                     + " (fault/*)"
                 )
             self.flush_dumps()

@@ -112,6 +112,27 @@ def test_mini_batch_not_divisible_by_micro_times_world():
     )
 
 
+def test_an_engine_range_is_read_and_refused_where_engines_cannot_join(tmp_path):
+    """generator.num_engines: min..max (in the file or an override) is num_engines=min, max_engines=max; a range
+    the wrong way round, text that is not a range, and a streaming or colocated generator are refused, each in one
+    line naming the keys."""
+    r = load_recipe(TINY, ["generator.num_engines=1..3"])
+    assert (r.generator.num_engines, r.generator.max_engines) == (1, 3)
+    r = load_recipe(recipe_with(tmp_path, generator__num_engines="2 .. 4"))
+    assert (r.generator.num_engines, r.generator.max_engines) == (2, 4)
+    assert load_recipe(TINY).generator.max_engines == 0
+    assert "generator.max_engines=1 is under generator.num_engines=3" in error_of(TINY, ["generator.num_engines=3..1"])
+    assert "generator.num_engines='many': expected a count of engines or a range min..max (2..4)" in error_of(
+        TINY, ["generator.num_engines=many"]
+    )
+    streaming = ["generator.num_engines=1..2", "algorithm.schedule=streaming", "algorithm.max_staleness=1"]
+    assert "generator.max_engines=2 with algorithm.schedule=streaming: engines join and leave a batched run" in (
+        error_of(TINY, streaming)
+    )
+    colocated = ["generator.num_engines=1..2", "cluster.colocate=[[generator,learner]]", "learner.world_size=1"]
+    assert "generator.max_engines=2 with the generator colocated (cluster.colocate)" in error_of(TINY, colocated)
+
+
 def test_tensor_parallel_larger_than_node():
     msg = error_of(
         TINY,
@@ -219,6 +240,9 @@ def test_the_json_schema_accepts_the_shipped_recipes_and_refuses_unknown_keys():
         jsonschema.validate({"trainr": {}}, schema)
     with pytest.raises(jsonschema.ValidationError, match="'k2' is not one of"):
         jsonschema.validate({"algorithm": {"kl_estimator": "k2"}}, schema)
+    jsonschema.validate({"generator": {"num_engines": "2..4"}}, schema)  # a range of engines
+    with pytest.raises(jsonschema.ValidationError, match="'many' does not match"):
+        jsonschema.validate({"generator": {"num_engines": "many"}}, schema)
 
 
 def test_every_unknown_key_at_once_with_verl_and_nemo_rl_names_answered():

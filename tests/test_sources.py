@@ -21,10 +21,14 @@ class FakeGenerator:
     first, as the first groups to finish are."""
 
     def __init__(self, version: int = 0):
-        self.version, self.groups = version, []
+        self.version, self.groups, self.generated = version, [], 0
 
     def generate(self, prompts, n, seeds, sampling=None):
+        self.generated += 1
         return self._answer(prompts, n)
+
+    def calls(self):
+        return self.generated
 
     def submit(self, prompts, n, seeds):
         self.groups += [[p, n, 0] for p in prompts]
@@ -58,13 +62,26 @@ class FakeGenerator:
 
 class FakePools:
     """What the sources and ``Engines`` use of ``Pools``: the generators, calls with a deadline, an engine replaced,
-    the work done again counted."""
+    the work done again counted; with engines past the first `fixed` (generator.max_engines), those joining at the
+    next ``grow`` (`waiting`) and one that leaves when lost."""
 
-    def __init__(self, ray, engines: int):
-        self.actor = ray.remote(FakeGenerator).options(num_cpus=0)
+    def __init__(self, ray, engines: int, fixed: int | None = None):
+        self.ray, self.actor = ray, ray.remote(FakeGenerator).options(num_cpus=0)
         self.generators = [self.actor.remote() for _ in range(engines)]
         self.transport = type("Transport", (), {"connect": lambda self, pools: None})()
-        self.replaced, self.redone = 0, 0
+        self.replaced, self.redone, self.fixed, self.waiting, self.left = 0, 0, fixed or engines, 0, 0
+
+    def grow(self):
+        joined = [self.actor.remote() for _ in range(self.waiting)]
+        self.generators, self.waiting = self.generators + joined, 0
+        return list(range(len(self.generators) - len(joined), len(self.generators)))
+
+    def leaves(self, i):
+        return i >= self.fixed
+
+    def drop(self, i):
+        self.ray.kill(self.generators.pop(i))
+        self.left += 1
 
     def redid(self, pool, amount):
         assert pool == GENERATOR
@@ -80,12 +97,18 @@ class FakePools:
 
 class FakeEngines(Engines):
     def push(self, version, probe=False):
-        """The weights loaded into every engine; one lost is replaced first (as ``Engines.sync`` does)."""
-        self.version = version
+        """The weights loaded into every engine; one lost is replaced (or, past the fixed engines, leaves) and the
+        weights loaded again (as ``Engines.sync`` does)."""
+        self.version, lost = version, []
         for i, actor in enumerate(self.pools.generators):
             try:
                 self.pools.call(actor.load.remote(version), f"load on engine {i}")
             except PoolFault:
+                lost.append(i)
+        for i in sorted(lost, reverse=True):
+            if self.pools.leaves(i):
+                self.leave(i)
+            else:
                 self.pools.recover(GENERATOR, i)
                 self.pools.call(self.pools.generators[i].load.remote(version), f"load on engine {i}")
         return [], []
@@ -95,7 +118,8 @@ class Run:
     """A run's side of a source: the data stream (prompts with consecutive uids), the scorers (what was sent, by
     step), the learner's version and the steps."""
 
-    def __init__(self, ray, schedule="batched", staleness=1, engines=2, steps=6, start_uid=0):
+    def __init__(self, ray, schedule="batched", staleness=1, engines=2, steps=6, start_uid=0, elastic=0):
+        """`elastic`: generator.num_engines=`engines`..`elastic` (engines join and leave)."""
         overrides = [
             f"algorithm.schedule={schedule}",
             f"algorithm.max_staleness={staleness}",
@@ -105,6 +129,7 @@ class Run:
             "learner.mini_batch_size=8",
             "learner.micro_batch_size=4",
             "learner.world_size=1",
+            *([f"generator.num_engines={engines}..{elastic}"] if elastic else []),
         ]
         self.recipe = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", overrides)
         self.pools = FakePools(ray, engines)
@@ -132,6 +157,7 @@ class Run:
 
     def step(self, step):
         """The step's batch (its prompts' uids, the version that generated it); the learner's update, then a push."""
+        self.engines.grow(self.version)  # as the controller's step starts
         batch, flow = self.source.next(step, self.version, (0.0, 0.0))
         self.source.ahead(step, self.version)
         uids = [u for s in batch.stats for u in s.uids]
@@ -194,6 +220,27 @@ def test_streaming_with_an_engine_lost_sends_what_it_held_again(ray_local, stale
     assert len(trained) == len(set(trained)) == 24
     held = {p.uid for held in run.source.feed.held for p, _ in held}
     assert set(trained) | held == set(range(run.next_uid))
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_batched_engines_join_and_leave_and_every_prompt_is_trained_once(ray_local, staleness):
+    """generator.num_engines=1..3: two engines joining as step 2 starts (connected and given the weights) get a share
+    of every batch launched after (one step off, the batch launched during step 1 stays on the one engine: cut as it
+    was launched); one of them lost after step 3 leaves, its share of the batch it held generated on another,
+    counted; every prompt is trained once, in the stream's order."""
+    run = Run(ray_local, "batched", staleness=staleness, engines=1, steps=6, elastic=3)
+    trained = run.step(1)[0]
+    run.pools.waiting = 2
+    trained += run.step(2)[0] + run.step(3)[0]
+    calls = ray_local.get([g.calls.remote() for g in run.pools.generators])
+    assert calls[1:] == [2, 2]  # the batches of steps 2 and 3 (one step off: of 3 and 4, launched during 2 and 3)
+    ray_local.kill(run.pools.generators[2])
+    trained += [u for s in range(4, 7) for u in run.step(s)[0]]
+    assert trained == list(range(24))
+    assert len(run.pools.generators) == 2 and run.pools.left == 1 and run.pools.replaced == 0
+    if staleness == 0:  # found by step 4's batch (one step off: by the push after step 4, the batch ahead lost)
+        assert any(x.startswith("engine 2 lost") and "it leaves" in x for x in run.said), run.said
+    assert run.pools.redone == 1 * 2  # its share of a batch cut over 3 (4 prompts: 2, 1, 1), group_size 2
 
 
 def test_a_schedule_names_a_source_that_is_one(ray_local, monkeypatch):

@@ -535,14 +535,28 @@ def text_rows(tmp_path) -> Path:
     return rows
 
 
-def assert_read_as_the_engine_read(out: Path, pictured: bool) -> None:
-    """Two steps of trajectories whose second turn came after a picture: the learner's logprob of every sampled
-    token the engine's within the text path's bound, the prompt's image tokens there where the rows had pictures,
-    and each two-turn trajectory holding the picture's image tokens, masked."""
+def two_turns_with_a_picture(tmp_path, pictured: bool, *over) -> None:
+    """Two steps of trajectories of up to two turns, on image rows (`pictured`) or text rows, where what `over` names
+    shows a picture before the second turn; then: the learner's logprob of every sampled token the engine's within
+    the text path's bound, the prompt's image tokens there where the rows had pictures, and each two-turn trajectory
+    holding the picture's image tokens, masked."""
     from transformers import AutoConfig
 
     from grpo_ray.config import load_recipe
     from grpo_ray.telemetry.dumps import read_samples
+
+    out = tmp_path / "run"
+    res = two_steps(
+        SHAPES if pictured else text_rows(tmp_path),
+        out,
+        *over,
+        "environment.max_turns=2",
+        "environment.max_tokens=64",
+        "generator.sampling.max_tokens=6",
+        "generator.vllm_kwargs.limit_mm_per_prompt={image: 2}",
+        "reward.functions=[]",
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
 
     steps = [m for m in map(json.loads, (out / "metrics.jsonl").open()) if m["step"]]
     assert len(steps) == 2
@@ -570,21 +584,13 @@ def test_an_environment_shows_a_picture_and_the_learner_reads_what_the_engine_re
     then the observation's before the second turn, and the learner's logprob of every sampled token of both turns is
     the engine's within the text path's bound (the observation's image tokens expanded where the engine put them,
     their pixels read in order); each two-turn trajectory holds the observation's image tokens, masked."""
-    out = tmp_path / "run"
-    res = two_steps(
-        SHAPES if pictured else text_rows(tmp_path),
-        out,
+    two_turns_with_a_picture(
+        tmp_path,
+        pictured,
         "environment.name=tests.helpers.envs:ShowPicture",
         "environment.role=user",
-        "environment.max_turns=2",
-        "environment.max_tokens=64",
         "environment.stop=[' ', 'e', 'a', 'o']",  # a turn of the random twin ends on one of these, mostly
-        "generator.sampling.max_tokens=6",
-        "generator.vllm_kwargs.limit_mm_per_prompt={image: 2}",
-        "reward.functions=[]",
     )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert_read_as_the_engine_read(out, pictured)
 
 
 @pytest.mark.slow
@@ -596,21 +602,13 @@ def test_an_agent_program_shows_a_picture_and_the_learner_reads_what_the_engine_
     part), then answers the first reply with a picture of its own between two pieces of text, through the
     endpoint's OpenAI content parts: the engine reads the pictures, and the learner reads what it read, as with an
     environment's pictures; a picture at a web address is refused (400) in each program."""
-    out = tmp_path / "run"
-    res = two_steps(
-        SHAPES if pictured else text_rows(tmp_path),
-        out,
+    two_turns_with_a_picture(
+        tmp_path,
+        pictured,
         "environment.name=agent",
         "environment.options.program=tests.helpers.agents:pictured",
         "environment.options.timeout_s=60",
-        "environment.max_turns=2",
-        "environment.max_tokens=64",
-        "generator.sampling.max_tokens=6",
-        "generator.vllm_kwargs.limit_mm_per_prompt={image: 2}",
-        "reward.functions=[]",
     )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert_read_as_the_engine_read(out, pictured)
 
 
 def test_the_planner_counts_the_vision_tower_from_the_config(twin):

@@ -17,7 +17,6 @@ from grpo_ray.config.checks import (
     FREE_TEXT,
     FUNCTION_KEYS,
     FUNCTION_NAME,
-    GPU_MEMORY_GB,
     LOGGERS,
     engine_rank,
     loss_aggregation,
@@ -47,6 +46,7 @@ from grpo_ray.config.pools import (
 )
 from grpo_ray.config.ranges import RANGES
 from grpo_ray.config.schema import (
+    GPU_MEMORY_GB,
     AlgorithmConfig,
     ClusterConfig,
     DataConfig,

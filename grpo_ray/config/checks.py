@@ -7,7 +7,7 @@ import re
 
 from grpo_ray.config.pools import GENERATOR, LEARNER, POOLS
 from grpo_ray.config.ranges import get_key, range_problems
-from grpo_ray.config.schema import AlgorithmConfig, Recipe
+from grpo_ray.config.schema import GPU_MEMORY_GB, AlgorithmConfig, Recipe
 
 FUNCTION_KEYS = ("algorithm.adv_estimator", "algorithm.loss_mode", "algorithm.schedule", "algorithm.staleness")
 """Keys that take one of their CHOICES or a user's ``module:function`` (grpo_ray.algo.registry)."""
@@ -43,20 +43,6 @@ CHOICES = {
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 ENGINE_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The ranks vLLM's max_lora_rank takes: an engine serves adapters up to the next one."""
-GPU_MEMORY_GB = {
-    "b200": 180.0,
-    "h200": 141.0,
-    "h100": 80.0,
-    "a100-80gb": 80.0,
-    "l40s": 48.0,
-    "a100-40gb": 40.0,
-    "l4": 24.0,
-    "a10g": 24.0,
-    "rtx4090": 24.0,
-}
-"""Memory of one GPU of each known model (as the datasheets give it)."""
-
-
 FREE_TEXT = {
     "model.path",
     "teacher.model",
@@ -313,6 +299,7 @@ def _generator_problems(r: Recipe) -> list[str]:
                     else "(the weight sync and the sampler's logprobs depend on it); remove it"
                 )
             )
+    p += _elastic_problems(r) if g.max_engines else []
     if g.val_n > 1 and g.val_temperature == 0:
         p.append(
             f"generator.val_n={g.val_n} with generator.val_temperature=0: every sample is the same greedy answer, "
@@ -327,6 +314,18 @@ def _generator_problems(r: Recipe) -> list[str]:
             f"either side set it to {HALF_PROBE_BOUND:g} or more (the default), or run both in float32"
         )
     return p
+
+
+def _elastic_problems(r: Recipe) -> list[str]:
+    """Why the engines cannot grow past num_engines to max_engines in this run (``Pools.grow``)."""
+    g, why = r.generator, []
+    if g.max_engines < g.num_engines:
+        return [f"generator.max_engines={g.max_engines} is under generator.num_engines={g.num_engines}"]
+    if r.algorithm.schedule == "streaming":
+        why.append("algorithm.schedule=streaming: engines join and leave a batched run so far")
+    if any(GENERATOR in group for group in r.cluster.colocate):
+        why.append("the generator colocated (cluster.colocate): an engine added has no bundle of its group to share")
+    return [f"generator.max_engines={g.max_engines} with {w}; set num_engines alone" for w in why]
 
 
 HALF = ("bfloat16", "float16")

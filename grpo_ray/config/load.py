@@ -39,6 +39,7 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] = (), command: str
     problems = check_keys(user, recipe_class(), origin=str(path))
     for item in overrides:
         user = _override(user, item, problems)
+    problems += _engine_range(user, path)
     if problems:
         raise RecipeError(
             problems[0]
@@ -280,6 +281,20 @@ def _verl_reward(user: DictConfig, overrides: list[str], path: Path) -> tuple[Di
     }
     OmegaConf.update(user, "reward.functions", [function], merge=False)
     return user, rest
+
+
+def _engine_range(user: DictConfig, path: Path) -> list[str]:
+    """``generator.num_engines: min..max`` read as num_engines=min, max_engines=max (in place); a problem where the
+    text is not such a range."""
+    given = OmegaConf.select(user, "generator.num_engines")
+    if not isinstance(given, str):
+        return []
+    found = re.fullmatch(r"\s*(\d+)\s*\.\.\s*(\d+)\s*", given)
+    if not found:
+        return [f"{path}: generator.num_engines={given!r}: expected a count of engines or a range min..max (2..4)"]
+    OmegaConf.update(user, "generator.num_engines", int(found[1]))
+    OmegaConf.update(user, "generator.max_engines", int(found[2]))
+    return []
 
 
 def _take_aliases(node: DictConfig) -> None:

@@ -50,6 +50,7 @@ RANGES: dict[str, Range] = {
     "data.train_batch_size": POSITIVE,
     "data.max_prompt_length": POSITIVE,
     "generator.num_engines": POSITIVE,
+    "generator.max_engines": NON_NEGATIVE,
     "generator.tensor_parallel_size": POSITIVE,
     "generator.gpu_memory_utilization": SHARE,
     "generator.max_model_len": NON_NEGATIVE,

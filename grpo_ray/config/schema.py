@@ -132,7 +132,11 @@ class SamplingConfig:
 @dataclass
 class GeneratorConfig:
     num_engines: int = 1
-    """vLLM engine actors."""
+    """vLLM engine actors; a range ``min..max`` (e.g. ``2..4``: ``max_engines`` set to its top) starts `min` and adds
+    engines as nodes with room for one appear (docs/operations.md#elastic-engines)."""
+    max_engines: int = 0
+    """The most engines a run grows to as nodes appear (0: num_engines, a fixed count); engines past num_engines
+    join between steps and leave when their node goes, the run going on with those left."""
     tensor_parallel_size: int = 1
     """Devices per engine."""
     gpu_memory_utilization: float = 0.6
@@ -300,6 +304,20 @@ class AlgorithmConfig:
     weights pushed only every k-th step. Colocated generators need 0 (they share devices with the learner)."""
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     """The sampler-to-learner mismatch correction (importance sampling or masking), verl's names."""
+
+
+GPU_MEMORY_GB = {
+    "b200": 180.0,
+    "h200": 141.0,
+    "h100": 80.0,
+    "a100-80gb": 80.0,
+    "l40s": 48.0,
+    "a100-40gb": 40.0,
+    "l4": 24.0,
+    "a10g": 24.0,
+    "rtx4090": 24.0,
+}
+"""Memory of one GPU of each known model (as the datasheets give it)."""
 
 
 @dataclass

@@ -130,3 +130,67 @@ def test_a_pools_node_removed_mid_step_and_the_run_finishes_as_if_not(tmp_path, 
     # the step's samples, generated (the one engine's share) or scored again
     assert [m[f"fault/{pool}_redone"] for m in lost] == [0, 16 * 16, 16 * 16]
     assert differing(lost, plain) <= {key, f"fault/{pool}_redone"}
+
+
+def test_engines_join_as_nodes_appear_and_leave_with_them(tmp_path, monkeypatch, capsys):
+    """generator.num_engines=1..2 (issue 78's elastic engines) on a cluster whose one generation node holds one
+    engine: the second engine's placement group waits for room. A node with room added as step 2 starts places it;
+    the engine loads and joins (connected to the weight transport, given the weights), and step 2's batch is cut
+    over two engines. Its node removed as step 3 starts, the engine leaves as its share fails, the share generated on
+    the other, and the run finishes on one engine. Every metric is the one-engine run's, bit for bit, but the engine
+    count and what the leaving cost (on-policy, fixed seed, fp32: each prompt's samples are its seed's on any
+    engine)."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from grpo_ray.pools import Pools
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    cluster.add_node(num_cpus=2, resources={"training": 1})
+    cluster.add_node(num_cpus=1, resources={"generation": 1})
+    over = [
+        "cluster.nodes=3",
+        "+cluster.node_resources.generator=generation",
+        "+cluster.node_resources.learner=training",
+        "generator.num_cpus=1",  # a generation node's one CPU holds one engine
+        "trainer.total_steps=4",
+    ]
+    ray.init(address=cluster.address, log_to_driver=False)
+    added, real, grows = [], Pools.grow, []
+
+    def grow(self):
+        grows.append(len(grows) + 1)
+        if len(grows) == 2:  # step 2 starts: a node with room for an engine appears; the engine joins this step
+            added.append(cluster.add_node(num_cpus=1, resources={"generation": 1}))
+            deadline = time.monotonic() + 300
+            while not (joined := real(self)):
+                assert time.monotonic() < deadline, "the engine did not join"
+                time.sleep(0.5)
+            return joined
+        if len(grows) == 3:  # step 3 starts: the engine's node goes (its process with it: a call to it fails)
+            cluster.remove_node(added[0])
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                try:
+                    ray.get(self.generators[1].where.remote(), timeout=5)
+                    time.sleep(0.5)
+                except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                    break
+        return real(self)
+
+    try:
+        plain = train(tmp_path / "plain", over)
+        monkeypatch.setattr(Pools, "grow", grow)
+        elastic = train(tmp_path / "elastic", [*over, "generator.num_engines=1..2"])
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    assert [m["generator/engines"] for m in elastic] == [1, 2, 1, 1]
+    assert [m["fault/generator_left"] for m in elastic] == [0, 0, 1, 1]
+    assert [m["fault/generator_redone"] for m in elastic] == [0, 0, 8 * 16, 8 * 16]  # the half it held
+    said = capsys.readouterr().out
+    joined = re.findall(r"engine 1 joined \(node (\w+)\), now 2 engine\(s\)", said)
+    assert joined == [added[0].node_id[:12]], said[-3000:]
+    assert said.count(f"engine 1 left (node {added[0].node_id[:12]}): now 1 engine(s)") == 1
+    assert said.count("work done again: generator 128 samples, engines that left with their node: 1 (fault/*)") == 1
+    assert differing(elastic, plain) <= {"generator/engines", "fault/generator_left", "fault/generator_redone"}
