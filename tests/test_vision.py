@@ -611,6 +611,29 @@ def test_an_agent_program_shows_a_picture_and_the_learner_reads_what_the_engine_
     )
 
 
+@pytest.mark.slow
+def test_an_agent_groups_programs_that_open_apart_get_a_turn_from_the_image_rows_prompt(tmp_path):
+    """A group whose programs open with different prompts (tests/helpers/agents.py:opens_apart) ends its trajectories
+    as errors, each given one turn generated from the row's prompt, its picture with it: the learner reads that turn
+    as the engine sampled it (what the programs' sessions recorded is dropped with their ids)."""
+    out = tmp_path / "run"
+    res = two_steps(
+        SHAPES,
+        out,
+        "environment.name=agent",
+        "environment.options.program=tests.helpers.agents:opens_apart",
+        "environment.options.timeout_s=60",
+        "generator.sampling.max_tokens=6",
+        "reward.functions=[]",
+        "reward.max_error_steps=0",  # every trajectory an error, by design
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    steps = [m for m in map(json.loads, (out / "metrics.jsonl").open()) if m["step"]]
+    assert [m["env/errors"] for m in steps] == [16, 16]
+    for m in steps:
+        assert m["sync/logprob_diff"] < BOUND and abs(m["rollout_corr/rollout_is_max"] - 1) < BOUND
+
+
 def test_the_planner_counts_the_vision_tower_from_the_config(twin):
     """``ModelDims.vision`` (in ``params``: the planner's weights, gradients, optimizer state and pushes) is the
     tower's and its projection's parameters as the config gives them, within 2% (norms and biases aside): the

@@ -109,6 +109,7 @@ class AgentRuns:
                     t, "error", "the group's programs opened with different prompts: a group answers one"
                 )
                 t.ids, t.mask, t.logprobs, t.versions = [], [], [], []
+                t.images, t.extra, t.turns_at, t.context = [], 0, [], None  # (a turn from the row's prompt below)
         elif opened:
             first = next(s for s in sessions if s.ids)
             prompt.ids, prompt.images = list(first.prompt), first.images[: first.given]
@@ -121,17 +122,16 @@ class AgentRuns:
         left, lock = [len(empty)], threading.Lock()
 
         def generated(t, future: Future) -> None:
-            try:
+            try:  # (a failure in a callback would be lost: the group's, its caller's result raises it)
                 self.episodes._add_turn(t, future.result(), bool(self.episodes.banned))
+                with lock:
+                    left[0] -= 1
+                    if left[0]:
+                        return
+                group.set_result([t.completion() for t in ts])
             except BaseException as e:
                 if not group.done():
                     group.set_exception(e)
-                return
-            with lock:
-                left[0] -= 1
-                if left[0]:
-                    return
-            group.set_result([t.completion() for t in ts])
 
         for t in empty:
             params = self.episodes._turn_params(t, 0, sampling, self.episodes.env.max_tokens)

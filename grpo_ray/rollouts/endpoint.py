@@ -94,6 +94,7 @@ class Session:
     images: list[bytes] = field(default_factory=list)
     """The pictures of its recorded conversation, in order (its first call's first: `given` of them)."""
     given: int = 0
+    """Of `images`, the first call's (the group's prompt's, if its programs open alike)."""
     extra: int = 0
     """Tokens the engine's expansion of the later calls' pictures adds (counted against environment.max_tokens)."""
     turns_at: list[tuple[int, int, int]] = field(default_factory=list)

@@ -103,3 +103,14 @@ def pictured(base_url, row):
     ]
     second = client.chat.completions.create(model="policy", messages=messages, max_tokens=6).choices[0].message
     return float(len(second.content) % 2)
+
+
+def opens_apart(base_url, row):
+    """Opens with the row's messages and a word of its own (a group's programs then open with different prompts: its
+    trajectories end as errors, each given a turn from the row's prompt)."""
+    import random
+
+    client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0)
+    word = {"role": "user", "content": f"word {random.randrange(10**9)}"}
+    client.chat.completions.create(model="policy", messages=[*row["messages"], word], max_tokens=4)
+    return 1.0
