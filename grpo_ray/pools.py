@@ -116,9 +116,9 @@ class Pools:
         """Per such pool, the seconds its recoveries took in all (fault/<pool>_recovery_s): new actors started, a
         group joined, a copy of the state taken."""
         self.redone = dict.fromkeys(self.restarts, 0)
+        """Per such pool, the work done again after its recoveries (fault/<pool>_redone, in ``REDONE``'s units)."""
         self.left = 0
         """Engines past num_engines that left the pool with their node (fault/generator_left)."""
-        """Per such pool, the work done again after its recoveries (fault/<pool>_redone, in ``REDONE``'s units)."""
         self.copies: dict[str, list] = {}
         """Per pool whose lost policy is ``copy``: what each actor's newest ``state_copy`` cost (refs); the copies
         themselves are the keeper's."""

@@ -121,6 +121,8 @@ def test_an_engine_range_is_read_and_refused_where_engines_cannot_join(tmp_path)
     r = load_recipe(recipe_with(tmp_path, generator__num_engines="2 .. 4"))
     assert (r.generator.num_engines, r.generator.max_engines) == (2, 4)
     assert load_recipe(TINY).generator.max_engines == 0
+    r = load_recipe(recipe_with(tmp_path, generator__num_engines="2"))  # a count written as text, as before
+    assert (r.generator.num_engines, r.generator.max_engines) == (2, 0)
     assert "generator.max_engines=1 is under generator.num_engines=3" in error_of(TINY, ["generator.num_engines=3..1"])
     assert "generator.num_engines='many': expected a count of engines or a range min..max (2..4)" in error_of(
         TINY, ["generator.num_engines=many"]

@@ -289,11 +289,12 @@ def _engine_range(user: DictConfig, path: Path) -> list[str]:
     given = OmegaConf.select(user, "generator.num_engines")
     if not isinstance(given, str):
         return []
-    found = re.fullmatch(r"\s*(\d+)\s*\.\.\s*(\d+)\s*", given)
+    found = re.fullmatch(r"\s*(\d+)\s*(?:\.\.\s*(\d+)\s*)?", given)
     if not found:
         return [f"{path}: generator.num_engines={given!r}: expected a count of engines or a range min..max (2..4)"]
     OmegaConf.update(user, "generator.num_engines", int(found[1]))
-    OmegaConf.update(user, "generator.max_engines", int(found[2]))
+    if found[2]:
+        OmegaConf.update(user, "generator.max_engines", int(found[2]))
     return []
 
 
