@@ -97,10 +97,10 @@ def placeholders(prompt: list[dict]) -> int:
     return sum(m["content"].count(PLACEHOLDER) for m in prompt if isinstance(m.get("content"), str))
 
 
-def limit(vllm_kwargs: dict) -> int:
+def limit(vllm_kwargs: dict, unset: int = 999) -> int:
     """The most images a prompt may carry: vLLM's ``limit_mm_per_prompt`` for images (a count, or ``{count}``), else
-    vLLM's default, 999."""
-    given = (vllm_kwargs.get("limit_mm_per_prompt") or {}).get("image", 999)
+    `unset` (vLLM's default, 999)."""
+    given = (vllm_kwargs.get("limit_mm_per_prompt") or {}).get("image", unset)
     return int(given["count"] if isinstance(given, dict) else given)
 
 

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 
 from grpo_ray.algo.batching import forward_work, micro_batches, pack_rows, shared_shape
+from grpo_ray.data import images
 from grpo_ray.lengths import dtype_bytes
 from grpo_ray.models.dims import ModelDims
 from grpo_ray.planner.rates import Rates, Throughput
@@ -71,8 +72,7 @@ def pictures_read(r, samples: int, calls: int = 1) -> int:
     """The pictures that `calls` model calls over `samples` of a step of recipe `r` read: each prompt's (the most
     generator.vllm_kwargs.limit_mm_per_prompt lets a prompt carry; none where it names no image limit: a text run),
     once a call for each prompt the call holds (a group's samples share their prompt's pictures)."""
-    limit = (r.generator.vllm_kwargs.get("limit_mm_per_prompt") or {}).get("image", 0)
-    each = int(limit["count"] if isinstance(limit, dict) else limit)
+    each = images.limit(r.generator.vllm_kwargs, unset=0)
     return calls * math.ceil(samples / max(calls, 1) / r.algorithm.group_size) * each if samples else 0
 
 
@@ -89,8 +89,7 @@ def tower_seconds(d: ModelDims, t: Throughput, dtype: str, pictures: float) -> f
     attention = t.attention_seconds(
         dtype, [(w.patches, w.patches)] * math.ceil(pictures), w.heads, w.hidden // w.heads, False
     )
-    forward = w.layers * (block + attention) + t.gemm_seconds(dtype, rows, w.hidden, w.projected)
-    return forward
+    return w.layers * (block + attention) + t.gemm_seconds(dtype, rows, w.hidden, w.projected)
 
 
 def prefill_work(d: ModelDims, t: Throughput, dtype: str, sequences: int, prompt_tokens: float) -> float:

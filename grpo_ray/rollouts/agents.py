@@ -43,9 +43,7 @@ class AgentRuns:
         self.options = options(load(e.name), e.options)
         self.dir = tempfile.mkdtemp(prefix="grpo-agent-")
         path = str(Path(self.dir) / "endpoint.sock")
-        self.endpoint = Endpoint(
-            episodes.tokenizer, episodes.recipe, path, episodes.pieces, episodes.banned, episodes._expansion
-        )
+        self.endpoint = Endpoint(episodes, path)
         shown, self.kwargs = prepared(self.options.program, self.options.kwargs)
         sandbox = jail(episodes.recipe)
         sandbox.paths = [*sandbox.paths, *shown]

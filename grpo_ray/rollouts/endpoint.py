@@ -207,15 +207,13 @@ def continuation(tokenizer, kwargs: dict, before: list[dict], new: list[dict], c
 class Endpoint:
     """The endpoint of one generator: its sessions by key, served on a Unix socket at `path`."""
 
-    def __init__(self, tokenizer, recipe, path: str, pieces, banned: list[int] = (), expansion=None):
-        """`pieces(role)`: the template's pieces around one message of `role` (``Episodes.pieces``), the layout of
-        a call that adds one message (a tool's answer) without rendering the conversation again; `banned`: tokens
-        never sampled (``trajectory.turn_params``: a vision-language model's image placeholders); `expansion(images)`:
-        the tokens the engine's expansion of pictures' markers adds (``Episodes.expansion``)."""
-        self.tokenizer, self.env, self.path, self.pieces = tokenizer, recipe.environment, path, pieces
-        self.banned, self.expansion = banned, expansion
-        self.marker = vision.marker(tokenizer) if banned else ""
-        self.most_images = images.limit(recipe.generator.vllm_kwargs)
+    def __init__(self, episodes, path: str):
+        """`episodes`: the generator's ``Episodes``, whose tokenizer, recipe and vision-language facts it shares (its
+        ``pieces(role)``: the layout of a call that adds one message without rendering the conversation again; its
+        ``banned`` tokens, never sampled; its image ``marker``, ``most_images`` and ``expansion``)."""
+        recipe, self.episodes = episodes.recipe, episodes
+        self.tokenizer, self.env, self.path, self.pieces = episodes.tokenizer, recipe.environment, path, episodes.pieces
+        self.banned, self.marker, self.most_images = episodes.banned, episodes.marker, episodes.most_images
         self.kwargs = recipe.model.chat_template_kwargs or {}
         self.sessions: dict[str, Session] = {}
         self.server = _Server(path, _Handler)
@@ -275,7 +273,7 @@ class Endpoint:
                 gap = self.pieces(new[0]["role"]).ids("", s.closed, self._body(new[0]["content"]))
             else:
                 gap = continuation(self.tokenizer, self.kwargs, s.messages, new, s.closed, self._body)
-            prompt, record, extra = s.prompt + s.ids + gap, True, self._expansion(pictures(new))
+            prompt, record, extra = s.prompt + s.ids + gap, True, self.episodes.expansion(pictures(new))
         else:  # answered as asked, not recorded: the trajectory is what the conversation was up to here
             prompt, record = self._template(messages), False
             s.off_record += not s.ended
@@ -329,9 +327,6 @@ class Endpoint:
             text, split = (self.marker, False) if isinstance(piece, bytes) else (piece, True)
             ids += self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=split)
         return ids
-
-    def _expansion(self, shown: list[bytes]) -> int:
-        return self.expansion(shown) if shown else 0
 
     def _response(self, prompt: list[int], ids: list[int], logprobs: list[float], finish: str, text: str = "") -> dict:
         message = {

@@ -275,7 +275,7 @@ class Episodes:
                 ids = self.pieces(step.get("role") or self.env.role).ids(step["observation"], t.closed, head)
             except TemplateError as err:
                 return self._failed(t, "error", f"answered a {step['role']} message: {err}")
-            extra = self._expansion(shown)
+            extra = self.expansion(shown)
             if len(t.ids) + t.extra + len(ids) + extra >= budget:  # no room left for a model token after it
                 e.ended = "tokens"
                 return False
@@ -289,7 +289,7 @@ class Episodes:
             e.turns.append(step["observation"])
         return True
 
-    def _expansion(self, shown: list[bytes]) -> int:
+    def expansion(self, shown: list[bytes]) -> int:
         """The tokens the engine's expansion of the `shown` images' markers adds (and a token or two more each: vLLM
         tokenizes an image's sequence apart from the text around it)."""
         if not shown:
