@@ -9,8 +9,9 @@
               timed from its start to its end, step 2 trained
 
 Reported (min / median / max over the repeats): the copy's seconds and MB a step, step 2's seconds as is and in the
-job that lost a rank (its extra is the recovery), and the resumed job's seconds, whose extra over the plain step 2 is
-what the restart from disk costs. A restart from disk here redoes one step only (a checkpoint every step): its best case.
+job that lost a rank (its extra is the recovery), the part of that the new group took to start (its ranks built and
+the group formed: fault/learner_start_s) and the whole recovery before the step is sent again (fault/learner_recovery_s),
+and the resumed job's seconds, whose extra over the plain step 2 is what the restart from disk costs. A restart from disk here redoes one step only (a checkpoint every step): its best case.
 
     python benchmarks/learner_recovery.py OUT [--repeats 2]
 """
@@ -69,6 +70,8 @@ def repeat(out: Path) -> dict[str, float]:
         "copy_mb": plain[0]["fault/learner_copy_mb"],
         "step2_s": step2["timing_s/step"],
         "step2_lost_s": {m["step"]: m for m in lost}[2]["timing_s/step"],
+        "recovery_s": lost[-1]["fault/learner_recovery_s"],
+        "start_s": lost[-1]["fault/learner_start_s"],
         "resumed_job_s": resumed_s,
     }
 

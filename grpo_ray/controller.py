@@ -21,6 +21,7 @@ while the learner still trains, and read when its step starts:
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import ray
 import torch
@@ -90,11 +91,12 @@ class GRPOController(Runner):
         advantages, penalty = self.advantages(stats, scores)
         self.pools.copy_state(LEARNER)  # trainer.fault_tolerance=all: the state a lost rank's group starts from
         update = self.send_update(rollouts, advantages, frozen)
+        again = partial(self.send_update, rollouts, advantages, frozen, self.version)  # (a rank lost in the push)
         self.source.ahead(step, self.version)  # the next batch readied (and sent to the scorers) meanwhile
         trained, work = self.wait_update(update, frozen, (rollouts, advantages, Samples.of(stats)))
         self.version += self.updated(trained)
         memory = self.pools.ask_memory()  # answered while the weights go out: a push's own peak shows a step later
-        synced = self.engines.sync(self.learner_probe) if self.push_due(step) else NO_SYNC  # waits for generation ahead
+        synced = self.engines.sync(self.learner_probe, again) if self.push_due(step) else NO_SYNC  # (generation ahead)
         if self.r.trainer.dump_freq and (step % self.r.trainer.dump_freq == 0 or step == self.total_steps()):
             self.dump(f"train_data_step{step}", step, rollouts, scores, advantages)
         extra = {
@@ -238,15 +240,17 @@ class GRPOController(Runner):
     def restore_held(self, state: dict) -> None:
         self.source.restore(state)
 
-    def send_update(self, rollouts: list, advantages: list[float], frozen: dict[str, list]) -> list:
+    def send_update(self, rollouts: list, advantages: list[float], frozen: dict, version: int | None = None) -> list:
         """Start one learner step on the rollouts behind the refs, with the reference's logprobs when there is a
-        KL term and the teacher's when distilling (refs: the learner waits for them); its refs."""
+        KL term and the teacher's when distilling (refs: the learner waits for them), from the learner's weights at
+        `version` (default: the current); its refs."""
         signals = self.scorers.signals(frozen)
         keep_from = min([self.engines.version] + self.source.held_versions())
-        probe = self.inputs.probe_ids if self.pools.generators else None
-        return [
-            l.train.remote(rollouts, advantages, self.version, signals, keep_from, probe) for l in self.pools.learners
-        ]
+        probe, at = (
+            self.inputs.probe_ids if self.pools.generators else None,
+            self.version if version is None else version,
+        )
+        return [l.train.remote(rollouts, advantages, at, signals, keep_from, probe) for l in self.pools.learners]
 
     def wait_update(
         self, update: list, frozen: dict[str, list], batch: tuple

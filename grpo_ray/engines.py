@@ -13,10 +13,14 @@ from collections.abc import Callable
 
 import ray
 
-from grpo_ray.config import GENERATOR
+from grpo_ray.config import GENERATOR, LEARNER
 from grpo_ray.errors import RunError
 from grpo_ray.pools import PoolFault, Pools
 from grpo_ray.types import Prompt
+
+
+class LearnerLost(RunError):
+    """A learner rank died in a push: its shard of the state is gone with it."""
 
 
 @dataclasses.dataclass
@@ -34,7 +38,7 @@ class Launched:
     calls: dict[int, tuple]
     """Share index -> (rollout ref, stats ref, the actor called)."""
     shares: list[list[Prompt]]
-    """The prompts cut over the engines present at launch, share i engine i's."""
+    """The prompts cut over the engines present at launch, share i engine i's (empty for one on a draining node)."""
 
 
 class Engines:
@@ -58,7 +62,9 @@ class Engines:
 
     def launch(self, step: int, prompts: list[Prompt], n: int = 0, sampling=None) -> Launched:
         """Send `prompts` to the engines, cut evenly over them, `n` samples each (default: the group size)."""
-        shares = split(prompts, len(self.pools.generators))
+        taking, shares = self.taking(), [[] for _ in self.pools.generators]
+        for i, share in zip(taking, split(prompts, len(taking))):
+            shares[i] = share
         batch = Launched(step, prompts, self.version, n or self.r.algorithm.group_size, sampling, {}, shares)
         for i, shard in enumerate(shares):
             if shard:
@@ -82,7 +88,8 @@ class Engines:
                 self.say(f"engine {at} lost ({e}); replacing it")
                 self.recover([at])
             self.pools.redid(GENERATOR, len(shards[i]) * batch.n)  # its share's samples, generated again
-            return self._generate_on(i % len(self.pools.generators), shards[i], batch.n, batch.step, batch.sampling)
+            taking = self.taking()
+            return self._generate_on(taking[i % len(taking)], shards[i], batch.n, batch.step, batch.sampling)
 
         done = {i: self.answer(i, call, "generate", recover, again) for i, call in batch.calls.items()}
         return [done[i][0] for i in sorted(done)], [done[i][1] for i in sorted(done)]
@@ -142,8 +149,8 @@ class Engines:
         try:
             pushed = self.pools.call(sends, "weight send", timeout)
         except PoolFault as e:
-            if e.died:  # a learner rank is gone with its shard of the state: nothing to replace it with
-                raise RunError(f"{e}; resume from the last checkpoint") from None
+            if e.died:  # a learner rank is gone with its shard of the state (``sync`` may start it again)
+                raise LearnerLost(f"{e}; resume from the last checkpoint") from None
             raise
         asked = [l.probe_logprobs.remote(self.probe_ids) for l in learners] if probe is True else []
         received = self.pools.call(receives, "weight receive", timeout)
@@ -153,16 +160,31 @@ class Engines:
         self.version = version
         return pushed, received
 
-    def sync(self, learner_probe: list[float] | None = None) -> dict[str, float]:
+    def sync(self, learner_probe: list[float] | None = None, again: Callable[[], list] | None = None) -> dict:
         """Push the learner's weights to every engine and check them with the probe, whose logprobs each side
         computes as part of the push (``push``): the learner's are `learner_probe` when its update computed them,
         else computed while the engines load. A push that fails (a receiver lost mid-broadcast) replaces the lost
-        engines and pushes again, once. It starts on an engine when the generation sent before it ends:
+        engines and pushes again, once. A learner rank lost in it, where the run keeps copies of the ranks' state
+        (trainer.fault_tolerance=all): the group started again from the copies taken as the step began, the step
+        trained again (`again`: the learner's train calls), the engines whose receive failed replaced, and the
+        push made again, once. It starts on an engine when the generation sent before it ends:
         sync/seconds is the push as the engines see it, timing_s/sync_weights the controller's wait, that
         generation and the probe included."""
         start, version = time.perf_counter(), self.learner_version()
         try:
             pushed, received = self.push(version, learner_probe or True)
+        except LearnerLost as e:
+            if again is None or self.pools.lost_policy(LEARNER) != "copy":
+                raise
+            self.say(
+                f"{e.args[0].split('; resume')[0]}; the learner group started again from its copies, the step "
+                "trained again"
+            )
+            lost = self.failed_receives()  # (the receivers fail as rank 0 closes its end)
+            self.pools.recover(LEARNER)
+            self.pools.redid(LEARNER, 1)
+            update = self.pools.call(again(), "learner train (again)")[0]
+            pushed, received = self.recover(lost, update.probe or True)
         except PoolFault as e:
             lost = self.pools.unresponsive_generators()
             lost += [i for i in self.failed_receives() if i not in lost]
@@ -235,11 +257,21 @@ class Engines:
     def grow(self, learner_version: int) -> None:
         """Between steps, with the engines at the learner's weights (`learner_version`): the engines that joined
         (``Pools.grow``: placed as nodes with room appeared, and loaded) connected to the weight transport and given
-        the weights, so that the next batch is cut over them too."""
+        the weights, so that the next batch is cut over them too. Then the nodes Ray marked draining since said
+        (``Pools.drains``): an engine on one takes no more prompts (``taking``)."""
         if self.r.generator.max_engines > self.r.generator.num_engines and learner_version == self.version:
             if self.pools.grow():
                 self.pools.transport.connect(self.pools)
                 self.push(self.version)
+        self.pools.drains()
+
+    def taking(self) -> list[int]:
+        """The engines a batch is cut over: those not on a node Ray marked draining (a preemption notice: the node
+        goes soon, and a share it held would be generated again), or all where every one is. One on such a node
+        stays until a call finds it gone (a push, each step), then is replaced as any lost engine is, or leaves."""
+        nodes = self.pools.nodes.get(GENERATOR, [])
+        every = range(len(self.pools.generators))
+        return [i for i in every if i >= len(nodes) or nodes[i] not in self.pools.noticed] or list(every)
 
 
 def delta_metrics(sent: dict) -> dict[str, float]:

@@ -15,6 +15,7 @@ job does not fail again. Nothing else is faked: the processes really exit, the l
     exit_reference@N      the last reference actor exits at its N-th scoring call (exit_teacher@N: the teacher's)
     exit_reward@N         the first rule-reward actor to be asked for its N-th share exits
     exit_learner@N        the last learner rank exits after its first optimizer step of its N-th step
+    exit_learner_push@N   the last learner rank exits as it starts to push weight version N
     exit_generator@N      an engine holding weight version N exits as it is asked for a batch (batched schedule)
     hold_<pool>@N         where exit_<pool>@N exits, waits instead, for a test to remove its node (its marker
                           file says when)

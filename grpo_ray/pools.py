@@ -115,6 +115,9 @@ class Pools:
         self.recovery_s = dict.fromkeys(self.restarts, 0.0)
         """Per such pool, the seconds its recoveries took in all (fault/<pool>_recovery_s): new actors started, a
         group joined, a copy of the state taken."""
+        self.start_s = dict.fromkeys(self.restarts, 0.0)
+        """Per such pool, the part of recovery_s its new actors took to start (fault/<pool>_start_s): each built
+        and, in a pool with a group, the group formed; the rest is the copy taken and the transport joined."""
         self.redone = dict.fromkeys(self.restarts, 0)
         """Per such pool, the work done again after its recoveries (fault/<pool>_redone, in ``REDONE``'s units)."""
         self.left = 0
@@ -134,6 +137,10 @@ class Pools:
         """Placement groups asked for engines past num_engines, not holding one yet: each its ready ref."""
         self.joining: list[tuple] = []
         """Engines started in spare placement groups and loading: (placement group, actor, its where ref, start)."""
+        self.noticed: dict[str, int] = {}
+        """Nodes Ray has marked draining (a preemption notice), each its deadline in ms since the epoch (0: none)."""
+        self.notices = 0
+        """How many of those held actors of the run (fault/notices)."""
 
     @property
     def generators(self) -> list:
@@ -247,8 +254,10 @@ class Pools:
         for j in new:
             ray.kill(actors[j])
             actors[j] = self._new(pool, j)
+        where = self.call([actors[j].where.remote() for j in new], f"{pool} placed again")
         if lost != "replace" and KINDS[pool].group == "fsdp":
             self._join(pool)
+        started = time.perf_counter() - start
         if lost == "copy":
             states = [self.keeper.give.remote((pool, j), self.copied) for j in range(len(actors))]
             self.call([a.take_state.remote(c) for a, c in zip(actors, states)], f"{pool} state copy taken")
@@ -256,7 +265,8 @@ class Pools:
             self.transport.connect(self)
         self.restarts[pool] += 1
         self.recovery_s[pool] += time.perf_counter() - start
-        self._said(pool, i, new, time.perf_counter() - start)
+        self.start_s[pool] += started
+        self._said(pool, i, dict(zip(new, where)), time.perf_counter() - start, started)
 
     def _ask_spares(self, n: int) -> None:
         """Ask the cluster for `n` placement groups of one engine's bundle each, without waiting for them."""
@@ -297,6 +307,23 @@ class Pools:
             )
         return joined
 
+    def drains(self) -> list[str]:
+        """The nodes Ray marked draining since the last call, one line each that holds actors of the run (which,
+        and the time left). Ray's notice of a node's end: its SIGTERM handler on a node's ``ray start`` (as
+        Kubernetes deletes a spot node's pod), an autoscaler's or ``ray drain-node``'s request; Ray refuses to drain
+        a node that is not idle unless for preemption, so one holding actors is about to go."""
+        from ray._private.state import state  # the drains as Ray's own libraries (Data, Serve) read them
+
+        new = {n: d for n, d in state.get_draining_nodes().items() if n not in self.noticed}
+        self.noticed |= new
+        for node, deadline in new.items():
+            ours = [f"{pool} {i}" for pool, ids in self.nodes.items() for i, n in enumerate(ids) if n == node]
+            if ours:
+                self.notices += 1
+                left = f"{max(0.0, deadline / 1000 - time.time()):.0f} s left" if deadline else "no deadline given"
+                self.say(f"node {node[:12]} is draining (a preemption notice, {left}); on it: {', '.join(ours)}")
+        return list(new)
+
     def leaves(self, i: int) -> bool:
         """Whether engine i leaves the pool when lost (one of the engines past num_engines), not replaced."""
         return i >= self.r.generator.num_engines and self.r.generator.max_engines > self.r.generator.num_engines
@@ -320,22 +347,27 @@ class Pools:
         out: dict[str, float] = {}
         for pool, n in self.restarts.items():
             out |= {f"fault/{pool}_restarts": n, f"fault/{pool}_recovery_s": self.recovery_s[pool]}
+            out[f"fault/{pool}_start_s"] = self.start_s[pool]
             out[f"fault/{pool}_redone"] = self.redone[pool]
         if self.r.generator.max_engines > self.r.generator.num_engines:
             out |= {"generator/engines": len(self.generators), "fault/generator_left": self.left}
+        out["fault/notices"] = self.notices
         return out
 
-    def _said(self, pool: str, i: int, new: list[int], seconds: float) -> None:
-        """One line for a recovery: which actor was lost on which node, where its replacements are, how long it
-        took (the run's fault/* metrics count them)."""
+    def _said(self, pool: str, i: int, where: dict[int, dict], seconds: float, started: float) -> None:
+        """One line for a recovery: which actor was lost on which node, where its replacements are (`where`: each
+        new actor's ``where``), how long it took and how much of that they took to start (the run's fault/* metrics
+        count them)."""
         was = (self.nodes.get(pool) or [None] * (i + 1))[i]
-        where = self.call([self.actors[pool][j].where.remote() for j in new], f"{pool} placed again")
         self.nodes.setdefault(pool, [None] * len(self.actors[pool]))
-        for j, w in zip(new, where):
+        for j, w in where.items():
             self.nodes[pool][j] = w["node_id"]
-        now = ", ".join(sorted({w["node_id"][:12] for w in where}))
-        again = "its replacement" if new == [i] else f"the pool's {len(new)} new actors"
-        self.say(f"{pool} actor {i} lost (node {(was or '?')[:12]}); {again} on node {now}, in {seconds:.1f} s")
+        now = ", ".join(sorted({w["node_id"][:12] for w in where.values()}))
+        again = "its replacement" if list(where) == [i] else f"the pool's {len(where)} new actors"
+        self.say(
+            f"{pool} actor {i} lost (node {(was or '?')[:12]}); {again} on node {now}, in {seconds:.1f} s "
+            f"({started:.1f} s of it starting)"
+        )
 
     def copy_state(self, pool: str) -> None:
         """Each actor of `pool` copies its state and the keeper takes it, for ``recover`` to give the pool started

@@ -115,12 +115,13 @@ class Runner:
                     break
             if any(self.pools.restarts.values()) or self.pools.left:  # the run's summary of what its faults cost
                 lost = ", ".join(f"{p} {n}" for p, n in self.pools.restarts.items() if n) or "none"
-                spent = sum(self.pools.recovery_s.values())
+                spent, starting = sum(self.pools.recovery_s.values()), sum(self.pools.start_s.values())
                 redone = ", ".join(
                     f"{p} {n} {REDONE.get(p, 'sample')}{'s' * (n != 1)}" for p, n in self.pools.redone.items() if n
                 )
                 self.say(
-                    f"{since_start()} recovered from lost actors (restarts: {lost}) in {spent:.1f} s"
+                    f"{since_start()} recovered from lost actors (restarts: {lost}) in {spent:.1f} s "
+                    f"({starting:.1f} s of it starting new actors)"
                     + (f", work done again: {redone}" if redone else "")
                     + (f", engines that left with their node: {self.pools.left}" if self.pools.left else "")
                     + " (fault/*)"

@@ -63,24 +63,35 @@ class FakeGenerator:
 class FakePools:
     """What the sources and ``Engines`` use of ``Pools``: the generators, calls with a deadline, an engine replaced,
     the work done again counted; with engines past the first `fixed` (generator.max_engines), those joining at the
-    next ``grow`` (`waiting`) and one that leaves when lost."""
+    next ``grow`` (`waiting`) and one that leaves when lost; each engine's node (a new one for each engine started),
+    those marked draining (`noticed`)."""
 
     def __init__(self, ray, engines: int, fixed: int | None = None):
         self.ray, self.actor = ray, ray.remote(FakeGenerator).options(num_cpus=0)
         self.generators = [self.actor.remote() for _ in range(engines)]
         self.transport = type("Transport", (), {"connect": lambda self, pools: None})()
         self.replaced, self.redone, self.fixed, self.waiting, self.left = 0, 0, fixed or engines, 0, 0
+        self.nodes, self.noticed, self.started = {GENERATOR: [f"node-{k}" for k in range(engines)]}, {}, engines
+
+    def node(self) -> str:
+        self.started += 1
+        return f"node-{self.started - 1}"
 
     def grow(self):
         joined = [self.actor.remote() for _ in range(self.waiting)]
         self.generators, self.waiting = self.generators + joined, 0
+        self.nodes[GENERATOR] += [self.node() for _ in joined]
         return list(range(len(self.generators) - len(joined), len(self.generators)))
+
+    def drains(self):
+        return []
 
     def leaves(self, i):
         return i >= self.fixed
 
     def drop(self, i):
         self.ray.kill(self.generators.pop(i))
+        self.nodes[GENERATOR].pop(i)
         self.left += 1
 
     def redid(self, pool, amount):
@@ -93,6 +104,7 @@ class FakePools:
     def recover(self, pool, i):
         assert pool == GENERATOR
         self.generators[i], self.replaced = self.actor.remote(), self.replaced + 1
+        self.nodes[GENERATOR][i] = self.node()
 
 
 class FakeEngines(Engines):
@@ -241,6 +253,24 @@ def test_batched_engines_join_and_leave_and_every_prompt_is_trained_once(ray_loc
     if staleness == 0:  # found by step 4's batch (one step off: by the push after step 4, the batch ahead lost)
         assert any(x.startswith("engine 2 lost") and "it leaves" in x for x in run.said), run.said
     assert run.pools.redone == 1 * 2  # its share of a batch cut over 3 (4 prompts: 2, 1, 1), group_size 2
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_batched_engine_on_a_draining_node_takes_no_prompts_and_its_loss_costs_no_samples(ray_local, staleness):
+    """A preemption notice (engine 1's node marked draining after step 2): the batches launched after it are cut
+    over the other engines, so its loss after step 3 costs no samples: the push finds it gone and it is replaced,
+    nothing generated again; every prompt is trained once, in the stream's order; the replacement takes prompts."""
+    run = Run(ray_local, "batched", staleness=staleness, engines=3, steps=6)
+    trained = run.step(1)[0] + run.step(2)[0]
+    run.pools.noticed[run.pools.nodes[GENERATOR][1]] = 0
+    calls = ray_local.get(run.pools.generators[1].calls.remote())
+    trained += run.step(3)[0]
+    assert ray_local.get(run.pools.generators[1].calls.remote()) == calls  # nothing sent it since
+    ray_local.kill(run.pools.generators[1])
+    trained += [u for s in range(4, 7) for u in run.step(s)[0]]
+    assert trained == list(range(24))
+    assert run.pools.replaced == 1 and run.pools.redone == 0
+    assert ray_local.get(run.pools.generators[1].calls.remote()) > 0  # the replacement, on a node not draining
 
 
 def test_a_schedule_names_a_source_that_is_one(ray_local, monkeypatch):

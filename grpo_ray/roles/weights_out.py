@@ -10,6 +10,7 @@ import time
 import torch
 
 from grpo_ray import sync
+from grpo_ray.faults import lost_at
 from grpo_ray.roles import fsdp
 
 
@@ -99,6 +100,7 @@ class WeightsOut:
         rank 0 (cast to the wire dtype), which sends the bucket through the weight transport while the next one is
         assembled. No rank unshards anything. Returns rank 0's seconds per phase (gather, cast, wire), in all, and
         the bytes sent."""
+        lost_at("learner_push", version, self.rank == self.world_size - 1)  # fault tests: a rank lost in a push
         start, phases = time.perf_counter(), sync.Phases()
         fsdp.reshard(self.model)
         rows_of, buckets = (
