@@ -16,6 +16,7 @@ job does not fail again. Nothing else is faked: the processes really exit, the l
     exit_reward@N         the first rule-reward actor to be asked for its N-th share exits
     exit_learner@N        the last learner rank exits after its first optimizer step of its N-th step
     exit_learner_push@N   the last learner rank exits as it starts to push weight version N
+    exit_learner_save@N   the last learner rank exits as it starts to save a checkpoint after its N-th step
     exit_generator@N      an engine holding weight version N exits as it is asked for a batch (batched schedule)
     hold_<pool>@N         where exit_<pool>@N exits, waits instead, for a test to remove its node (its marker
                           file says when)

@@ -28,7 +28,7 @@ from grpo_ray.engines import Engines
 from grpo_ray.errors import Preempted, RunError
 from grpo_ray.faults import fault_at
 from grpo_ray.models import chat_template_text
-from grpo_ray.pools import REDONE, Pools
+from grpo_ray.pools import REDONE, PoolFault, Pools
 from grpo_ray.scorers import Scorers
 from grpo_ray.setup_run import RunInputs
 from grpo_ray.telemetry import trackers
@@ -234,10 +234,19 @@ class Runner:
     # --- checkpoints -------------------------------------------------------------------
 
     def save(self, step: int, last_val: float | None) -> Path:
-        """Learner shards (every rank), then trainer state, tokenizer and manifest; committed by a rename."""
+        """Learner shards (every rank), then trainer state, tokenizer and manifest; committed by a rename. Where the
+        run keeps copies of the learner's state (trainer.fault_tolerance=all), a copy of the state saved is taken
+        first: a rank lost in the save starts the group again from it, and the shards are written again, once."""
         tmp = checkpoint.staging_dir(self.inputs.output_dir, step)
-        learners = self.pools.learners
-        saved = self.call([l.save.remote(str(tmp / LEARNER)) for l in learners], "checkpoint save")[0]
+        self.pools.copy_state(LEARNER)
+        try:
+            saved = self.call([l.save.remote(str(tmp / LEARNER)) for l in self.pools.learners], "checkpoint save")[0]
+        except PoolFault as e:
+            if not e.died or self.pools.lost_policy(LEARNER) != "copy":
+                raise
+            self.say(f"{e}; the learner group started again from the copy of the state it was saving, saving again")
+            self.pools.recover(LEARNER)
+            saved = self.call([l.save.remote(str(tmp / LEARNER)) for l in self.pools.learners], "checkpoint save")[0]
         if fault_at("exit_mid_checkpoint", step):
             os._exit(1)  # fault test: the job dies with the shards written and the checkpoint not committed
         state = {

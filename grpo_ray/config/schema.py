@@ -449,9 +449,9 @@ class TrainerConfig:
     it; pools, a lost engine, reference, teacher, reward-model, judge or reward actor is replaced and its work done
     again, and a lost learner rank stops the run (resume from the checkpoint); all, a lost learner rank too: each
     rank's state (its shards of the weights and of the optimizer's moments, the scheduler, the old policy's
-    snapshots) is copied as each step starts and kept on the driver's node, so the group started again (on another
-    node, when its node was lost) takes it and the step is trained again (the copy's cost each step:
-    fault/learner_copy_s, fault/learner_copy_mb)."""
+    snapshots) is copied as each step (and each checkpoint's save) starts and kept on the driver's node, so the
+    group started again (on another node, when its node was lost) takes it and the step (or the save) is done again
+    (the copy's cost each step: fault/learner_copy_s, fault/learner_copy_mb)."""
 
 
 @dataclass

@@ -29,6 +29,7 @@ class WeightsOut:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
+        lost_at("learner_save", self.steps, self.rank == self.world_size - 1)  # fault tests: a rank lost in a save
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._state_options())
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
         return {"scheduler": self.scheduler.state_dict()}

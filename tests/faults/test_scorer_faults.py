@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from grpo_ray import checkpoint
 from tests.conftest import ROOT, run_cli
 from tests.faults.conftest import differing
 
@@ -60,25 +61,42 @@ that moved: only the copy taken as the step began gives the uninterrupted run's 
 
 
 @pytest.mark.parametrize(
-    "point, said",
+    "point, said, lost_at, over",
     [
-        ("exit_learner@2", "starting the learner group again from the copy of its state as the step began"),
+        ("exit_learner@2", "starting the learner group again from the copy of its state as the step began", 2, []),
         # as it pushes step 2's weights: the step trained again from the copy, the engines given the weights again
-        ("exit_learner_push@2", "the learner group started again from its copies, the step trained again"),
+        ("exit_learner_push@2", "the learner group started again from its copies, the step trained again", 2, []),
+        # as it saves step 2's checkpoint (after step 2's metrics): from a copy taken as the save began, no step redone
+        (
+            "exit_learner_save@2",
+            "started again from the copy of the state it was saving, saving again",
+            3,
+            ["trainer.save_freq=1"],
+        ),
     ],
 )
-def test_a_lost_learner_rank_restarts_the_group_from_its_copy_and_the_step_trains_as_if_not(tmp_path, point, said):
-    plain, _ = run(tmp_path / "plain", over=KEPT)
+def test_a_lost_learner_rank_restarts_the_group_from_its_copy_and_the_step_trains_as_if_not(
+    tmp_path, point, said, lost_at, over
+):
+    plain, _ = run(tmp_path / "plain", over=[*KEPT, *over])
     markers = tmp_path / "markers"
     markers.mkdir()
     env = {"GRPO_RAY_FAULTS": point, "GRPO_RAY_FAULTS_DIR": str(markers)}
-    faulted, out = run(tmp_path / "faulted", env, over=KEPT)
+    faulted, out = run(tmp_path / "faulted", env, over=[*KEPT, *over])
     key, redone = "fault/learner_restarts", "fault/learner_redone"
-    assert [m[key] for m in faulted] == [0, 1, 1] and [m[key] for m in plain] == [0, 0, 0]
-    assert [m[redone] for m in faulted] == [0, 1, 1]  # the step, trained again
+    assert [m[key] for m in faulted] == [int(s >= lost_at) for s in (1, 2, 3)] and [m[key] for m in plain] == [0, 0, 0]
+    steps = 0 if "save" in point else 1  # the step, trained again
+    assert [m[redone] for m in faulted] == [steps * (s >= lost_at) for s in (1, 2, 3)]
     assert out.count(said) == 1
-    assert out.count("work done again: learner 1 step (fault/*)") == 1
+    assert out.count("work done again: learner 1 step (fault/*)") == steps
     assert all(m["fault/learner_copy_mb"] > 0 for m in plain)
     if "push" in point:  # the engine's receive failed as rank 0 closed its end: replaced, as after any failed push
         assert [m["fault/generator_restarts"] for m in faulted] == [0, 1, 1]
+    if "save" in point:  # step 2's checkpoint, written again by the new group: whole, its shards the plain run's
+        shards = {
+            run: {f.name: f.read_bytes() for f in (tmp_path / run / "checkpoints/step_2/learner").glob("*.distcp")}
+            for run in ("plain", "faulted")
+        }
+        assert shards["faulted"] and shards["faulted"] == shards["plain"]
+        assert checkpoint.problems(tmp_path / "faulted" / "checkpoints" / "step_2") == []
     assert differing(faulted, plain) <= {key, redone, "fault/generator_restarts"}
