@@ -44,6 +44,34 @@ def test_sft_trains_exports_and_resumes(tmp_path):
 
 
 @pytest.mark.slow
+def test_sft_with_copies_of_the_learners_state_trains_on_through_a_lost_rank(tmp_path):
+    """trainer.fault_tolerance=all in SFT (issue 78): each rank's state copied as each step starts; rank 1 exits
+    after the first of step 2's two optimizer steps, the group starts again from the copies and trains the step
+    again: every metric the uninterrupted run's, bit for bit, but the restart and the step done again."""
+    from tests.faults.conftest import differing
+
+    def sft(out, env=None):
+        over = [f"trainer.output_dir={out}", "trainer.total_steps=3", "trainer.fault_tolerance=all", *SHORT]
+        res = run_cli("sft", RECIPE, *over, env=env, timeout=600)
+        assert res.returncode == 0, res.stderr[-4000:]
+        return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()], res.stdout
+
+    plain, _ = sft(tmp_path / "plain")
+    (tmp_path / "markers").mkdir()
+    lost, said = sft(
+        tmp_path / "lost", {"GRPO_RAY_FAULTS": "exit_learner@2", "GRPO_RAY_FAULTS_DIR": str(tmp_path / "markers")}
+    )
+    assert [m["fault/learner_restarts"] for m in lost] == [0, 1, 1] and [m["fault/learner_redone"] for m in lost] == [
+        0,
+        1,
+        1,
+    ]
+    assert said.count("starting the learner group again from the copy of its state as the step began") == 1
+    assert all(m["fault/learner_copy_mb"] > 0 for m in plain)
+    assert differing(lost, plain) <= {"fault/learner_restarts", "fault/learner_redone"}
+
+
+@pytest.mark.slow
 @pytest.mark.smoke
 def test_grpo_starts_from_the_model_its_sft_warm_start_made(tmp_path):
     """SFT then GRPO as recipes/tiny-cpu-reasoning.yaml runs them, cut short: `model.path: sft://RECIPE` trains the

@@ -23,6 +23,7 @@ import ray
 from grpo_ray import checkpoint, models
 from grpo_ray.config import GENERATOR, LEARNER, RULES, Recipe, load_recipe
 from grpo_ray.jobs.launch import connect
+from grpo_ray.pools import PoolFault
 from grpo_ray.runner import Runner
 from grpo_ray.setup_run import RunInputs, setup_run
 from grpo_ray.telemetry import perf
@@ -44,10 +45,19 @@ class SFTController(Runner):
         pairs = ray.put([(row["prompt_ids"], row["target_ids"]) for row in rows])  # one small object for all ranks
         traced = any("target_mask" in row for row in rows)  # multi-turn traces: observations are not trained on
         masks = ray.put([row.get("target_mask") or [1] * len(row["target_ids"]) for row in rows]) if traced else None
-        learners = self.pools.learners
         pictures = any("prompt_images" in row for row in rows)  # a vision-language model's: its prompt ids expanded
         images = ray.put([row.get("prompt_images") or [] for row in rows]) if pictures else None
-        trained = self.call([l.sft_train.remote(pairs, masks, images) for l in learners], "learner sft")[0]
+        self.pools.copy_state(LEARNER)  # trainer.fault_tolerance=all: the state a lost rank's group starts from
+        try:
+            trained = self.call([l.sft_train.remote(pairs, masks, images) for l in self.pools.learners], "learner sft")
+        except PoolFault as e:
+            if not e.died or self.pools.lost_policy(LEARNER) != "copy":
+                raise
+            self.say(f"{e}; starting the learner group again from the copy of its state as the step began")
+            self.pools.recover(LEARNER)
+            self.pools.redid(LEARNER, 1)  # the step, trained again from the copies
+            trained = self.call([l.sft_train.remote(pairs, masks, images) for l in self.pools.learners], "learner sft")
+        trained = trained[0]
         self.version += 1
         seconds = time.perf_counter() - start
         lengths = [len(row["prompt_ids"]) + len(row["target_ids"]) for row in rows]
@@ -63,6 +73,8 @@ class SFTController(Runner):
             "perf/throughput": perf.throughput(sum(lengths), seconds, ranks),
             "response_length/mean": sum(len(row["target_ids"]) for row in rows) / len(rows),
             **self.pools.memory(),
+            **self.pools.copy_costs(),
+            **{k: v for k, v in self.pools.fault_metrics().items() if k.startswith("fault/learner_")},
             "timing_s/step": seconds,
         }
 
