@@ -264,10 +264,10 @@ class GRPOController(Runner):
         try:
             update = self.call(update, "learner train")[0]
         except PoolFault as e:
-            if e.died and self.pools.lost_policy(LEARNER) == "stop":  # a rank lost, no copy kept
+            if (died := self.pools.lost(LEARNER, e)) and self.pools.lost_policy(LEARNER) == "stop":  # no copy kept
                 raise
             again = self.scorers.rescored(frozen, batch[0], batch[2])  # a scorer lost beside it (the same node)
-            if e.died:
+            if died:
                 self.say(f"{e}; starting the learner group again from the copy of its state as the step began")
                 self.pools.recover(LEARNER)
                 self.pools.redid(LEARNER, 1)  # the step, trained again from the copies

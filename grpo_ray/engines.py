@@ -20,7 +20,11 @@ from grpo_ray.types import Prompt
 
 
 class LearnerLost(RunError):
-    """A learner rank died in a push: its shard of the state is gone with it."""
+    """A learner rank died in a push: its shard of the state is gone with it (`cause`: the failed call)."""
+
+    def __init__(self, cause: str):
+        super().__init__(f"{cause}; resume from the last checkpoint")
+        self.cause = cause
 
 
 @dataclasses.dataclass
@@ -149,8 +153,8 @@ class Engines:
         try:
             pushed = self.pools.call(sends, "weight send", timeout)
         except PoolFault as e:
-            if e.died:  # a learner rank is gone with its shard of the state (``sync`` may start it again)
-                raise LearnerLost(f"{e}; resume from the last checkpoint") from None
+            if self.pools.lost(LEARNER, e):  # a rank gone with its shard of the state (``sync`` may start it again)
+                raise LearnerLost(str(e)) from None
             raise
         asked = [l.probe_logprobs.remote(self.probe_ids) for l in learners] if probe is True else []
         received = self.pools.call(receives, "weight receive", timeout)
@@ -176,10 +180,7 @@ class Engines:
         except LearnerLost as e:
             if again is None or self.pools.lost_policy(LEARNER) != "copy":
                 raise
-            self.say(
-                f"{e.args[0].split('; resume')[0]}; the learner group started again from its copies, the step "
-                "trained again"
-            )
+            self.say(f"{e.cause}; the learner group started again from its copies, the step trained again")
             lost = self.failed_receives()  # (the receivers fail as rank 0 closes its end)
             self.pools.recover(LEARNER)
             self.pools.redid(LEARNER, 1)

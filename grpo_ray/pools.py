@@ -234,6 +234,18 @@ class Pools:
         host, port = self.call(actors[0].address.remote(), f"{pool} address")
         return self.call([a.setup.remote(host, port) for a in actors], f"{pool} setup")[0]
 
+    def lost(self, pool: str, e: PoolFault) -> bool:
+        """Whether the failed call `e` lost an actor of `pool`: its own death, or another actor's failure heard of
+        first (a rank whose collective broke as its peer died is often heard of before the peer's death is): then
+        each actor is asked where it is, and one dead says so."""
+        if e.died:
+            return True
+        try:
+            self.call([a.where.remote() for a in self.actors[pool]], f"{pool} ping", 60)
+            return False
+        except PoolFault as again:
+            return again.died
+
     def lost_policy(self, pool: str) -> str:
         """What losing an actor of `pool` does in this run: its row's ``lost``, as trainer.fault_tolerance allows
         (off: every loss stops the run; a copy to start from is kept only under all)."""

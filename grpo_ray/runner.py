@@ -242,7 +242,7 @@ class Runner:
         try:
             saved = self.call([l.save.remote(str(tmp / LEARNER)) for l in self.pools.learners], "checkpoint save")[0]
         except PoolFault as e:
-            if not e.died or self.pools.lost_policy(LEARNER) != "copy":
+            if self.pools.lost_policy(LEARNER) != "copy" or not self.pools.lost(LEARNER, e):
                 raise
             self.say(f"{e}; the learner group started again from the copy of the state it was saving, saving again")
             self.pools.recover(LEARNER)
