@@ -246,10 +246,8 @@ class GRPOController(Runner):
         `version` (default: the current); its refs."""
         signals = self.scorers.signals(frozen)
         keep_from = min([self.engines.version] + self.source.held_versions())
-        probe, at = (
-            self.inputs.probe_ids if self.pools.generators else None,
-            self.version if version is None else version,
-        )
+        probe = self.inputs.probe_ids if self.pools.generators else None
+        at = self.version if version is None else version
         return [l.train.remote(rollouts, advantages, at, signals, keep_from, probe) for l in self.pools.learners]
 
     def wait_update(

@@ -260,7 +260,7 @@ class Engines:
         (``Pools.grow``: placed as nodes with room appeared, and loaded) connected to the weight transport and given
         the weights, so that the next batch is cut over them too. Then the nodes Ray marked draining since said
         (``Pools.drains``): an engine on one takes no more prompts (``taking``)."""
-        if self.r.generator.max_engines > self.r.generator.num_engines and learner_version == self.version:
+        if self.pools.elastic and learner_version == self.version:
             if self.pools.grow():
                 self.pools.transport.connect(self.pools)
                 self.push(self.version)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import ray
@@ -137,8 +138,8 @@ class Pools:
         """Placement groups asked for engines past num_engines, not holding one yet: each its ready ref."""
         self.joining: list[tuple] = []
         """Engines started in spare placement groups and loading: (placement group, actor, its where ref, start)."""
-        self.noticed: dict[str, int] = {}
-        """Nodes Ray has marked draining (a preemption notice), each its deadline in ms since the epoch (0: none)."""
+        self.noticed: set[str] = set()
+        """Nodes Ray has marked draining (a preemption notice)."""
         self.notices = 0
         """How many of those held actors of the run (fault/notices)."""
 
@@ -246,6 +247,21 @@ class Pools:
         except PoolFault as again:
             return again.died
 
+    def kept_call(self, pool: str, calls: Callable[[], list], what: str, said: str, redone: int = 0) -> list:
+        """The answers of `calls()` (calls to `pool`'s actors), a copy of each actor's state taken first where the
+        pool keeps copies (``copy_state``): one of its actors lost in them starts the pool again from those copies
+        (saying `said`, counting `redone` of its work done again) and `calls()` is made again, once."""
+        self.copy_state(pool)
+        try:
+            return self.call(calls(), what)
+        except PoolFault as e:
+            if self.lost_policy(pool) != "copy" or not self.lost(pool, e):
+                raise
+            self.say(f"{e}; {said}")
+            self.recover(pool)
+            self.redid(pool, redone)
+            return self.call(calls(), f"{what} (again)")
+
     def lost_policy(self, pool: str) -> str:
         """What losing an actor of `pool` does in this run: its row's ``lost``, as trainer.fault_tolerance allows
         (off: every loss stops the run; a copy to start from is kept only under all)."""
@@ -319,26 +335,30 @@ class Pools:
             )
         return joined
 
-    def drains(self) -> list[str]:
-        """The nodes Ray marked draining since the last call, one line each that holds actors of the run (which,
-        and the time left). Ray's notice of a node's end: its SIGTERM handler on a node's ``ray start`` (as
+    def drains(self) -> None:
+        """The nodes Ray marked draining since the last call noticed, one line each that holds actors of the run
+        (which, and the time left). Ray's notice of a node's end: its SIGTERM handler on a node's ``ray start`` (as
         Kubernetes deletes a spot node's pod), an autoscaler's or ``ray drain-node``'s request; Ray refuses to drain
         a node that is not idle unless for preemption, so one holding actors is about to go."""
         from ray._private.state import state  # the drains as Ray's own libraries (Data, Serve) read them
 
-        new = {n: d for n, d in state.get_draining_nodes().items() if n not in self.noticed}
-        self.noticed |= new
+        new = {n: d for n, d in state.get_draining_nodes().items() if n not in self.noticed}  # (deadline: ms, or 0)
+        self.noticed |= set(new)
         for node, deadline in new.items():
             ours = [f"{pool} {i}" for pool, ids in self.nodes.items() for i, n in enumerate(ids) if n == node]
             if ours:
                 self.notices += 1
                 left = f"{max(0.0, deadline / 1000 - time.time()):.0f} s left" if deadline else "no deadline given"
                 self.say(f"node {node[:12]} is draining (a preemption notice, {left}); on it: {', '.join(ours)}")
-        return list(new)
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the engines may grow past num_engines (generator.max_engines)."""
+        return self.r.generator.max_engines > self.r.generator.num_engines
 
     def leaves(self, i: int) -> bool:
         """Whether engine i leaves the pool when lost (one of the engines past num_engines), not replaced."""
-        return i >= self.r.generator.num_engines and self.r.generator.max_engines > self.r.generator.num_engines
+        return self.elastic and i >= self.r.generator.num_engines
 
     def drop(self, i: int) -> None:
         """Engine i (one that ``leaves``) gone from the pool, its placement group asked for again (Ray places it
@@ -361,7 +381,7 @@ class Pools:
             out |= {f"fault/{pool}_restarts": n, f"fault/{pool}_recovery_s": self.recovery_s[pool]}
             out[f"fault/{pool}_start_s"] = self.start_s[pool]
             out[f"fault/{pool}_redone"] = self.redone[pool]
-        if self.r.generator.max_engines > self.r.generator.num_engines:
+        if self.elastic:
             out |= {"generator/engines": len(self.generators), "fault/generator_left": self.left}
         out["fault/notices"] = self.notices
         return out

@@ -28,7 +28,7 @@ from grpo_ray.engines import Engines
 from grpo_ray.errors import Preempted, RunError
 from grpo_ray.faults import fault_at
 from grpo_ray.models import chat_template_text
-from grpo_ray.pools import REDONE, PoolFault, Pools
+from grpo_ray.pools import REDONE, Pools
 from grpo_ray.scorers import Scorers
 from grpo_ray.setup_run import RunInputs
 from grpo_ray.telemetry import trackers
@@ -238,15 +238,12 @@ class Runner:
         run keeps copies of the learner's state (trainer.fault_tolerance=all), a copy of the state saved is taken
         first: a rank lost in the save starts the group again from it, and the shards are written again, once."""
         tmp = checkpoint.staging_dir(self.inputs.output_dir, step)
-        self.pools.copy_state(LEARNER)
-        try:
-            saved = self.call([l.save.remote(str(tmp / LEARNER)) for l in self.pools.learners], "checkpoint save")[0]
-        except PoolFault as e:
-            if self.pools.lost_policy(LEARNER) != "copy" or not self.pools.lost(LEARNER, e):
-                raise
-            self.say(f"{e}; the learner group started again from the copy of the state it was saving, saving again")
-            self.pools.recover(LEARNER)
-            saved = self.call([l.save.remote(str(tmp / LEARNER)) for l in self.pools.learners], "checkpoint save")[0]
+
+        def saves() -> list:  # (again, by a group started again from the copy, where a rank is lost in them)
+            return [l.save.remote(str(tmp / LEARNER)) for l in self.pools.learners]
+
+        said = "the learner group started again from the copy of the state it was saving, saving again"
+        saved = self.pools.kept_call(LEARNER, saves, "checkpoint save", said)[0]
         if fault_at("exit_mid_checkpoint", step):
             os._exit(1)  # fault test: the job dies with the shards written and the checkpoint not committed
         state = {

@@ -66,12 +66,13 @@ class FakePools:
     next ``grow`` (`waiting`) and one that leaves when lost; each engine's node (a new one for each engine started),
     those marked draining (`noticed`)."""
 
-    def __init__(self, ray, engines: int, fixed: int | None = None):
+    def __init__(self, ray, engines: int, fixed: int | None = None, elastic: bool = False):
         self.ray, self.actor = ray, ray.remote(FakeGenerator).options(num_cpus=0)
         self.generators = [self.actor.remote() for _ in range(engines)]
         self.transport = type("Transport", (), {"connect": lambda self, pools: None})()
         self.replaced, self.redone, self.fixed, self.waiting, self.left = 0, 0, fixed or engines, 0, 0
-        self.nodes, self.noticed, self.started = {GENERATOR: [f"node-{k}" for k in range(engines)]}, {}, engines
+        self.elastic = elastic
+        self.nodes, self.noticed, self.started = {GENERATOR: [f"node-{k}" for k in range(engines)]}, set(), engines
 
     def node(self) -> str:
         self.started += 1
@@ -84,7 +85,7 @@ class FakePools:
         return list(range(len(self.generators) - len(joined), len(self.generators)))
 
     def drains(self):
-        return []
+        pass
 
     def leaves(self, i):
         return i >= self.fixed
@@ -144,7 +145,7 @@ class Run:
             *([f"generator.num_engines={engines}..{elastic}"] if elastic else []),
         ]
         self.recipe = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", overrides)
-        self.pools = FakePools(ray, engines)
+        self.pools = FakePools(ray, engines, elastic=bool(elastic))
         self.version, self.steps, self.next_uid, self.said = 0, steps, start_uid, []
         self.engines = FakeEngines(self.recipe, self.pools, [], lambda: self.version, self.said.append)
         self.schedule = schedules.of(self.recipe.algorithm)
@@ -262,7 +263,7 @@ def test_batched_engine_on_a_draining_node_takes_no_prompts_and_its_loss_costs_n
     nothing generated again; every prompt is trained once, in the stream's order; the replacement takes prompts."""
     run = Run(ray_local, "batched", staleness=staleness, engines=3, steps=6)
     trained = run.step(1)[0] + run.step(2)[0]
-    run.pools.noticed[run.pools.nodes[GENERATOR][1]] = 0
+    run.pools.noticed.add(run.pools.nodes[GENERATOR][1])
     calls = ray_local.get(run.pools.generators[1].calls.remote())
     trained += run.step(3)[0]
     assert ray_local.get(run.pools.generators[1].calls.remote()) == calls  # nothing sent it since

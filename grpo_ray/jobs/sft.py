@@ -23,7 +23,6 @@ import ray
 from grpo_ray import checkpoint, models
 from grpo_ray.config import GENERATOR, LEARNER, RULES, Recipe, load_recipe
 from grpo_ray.jobs.launch import connect
-from grpo_ray.pools import PoolFault
 from grpo_ray.runner import Runner
 from grpo_ray.setup_run import RunInputs, setup_run
 from grpo_ray.telemetry import perf
@@ -47,7 +46,12 @@ class SFTController(Runner):
         masks = ray.put([row.get("target_mask") or [1] * len(row["target_ids"]) for row in rows]) if traced else None
         pictures = any("prompt_images" in row for row in rows)  # a vision-language model's: its prompt ids expanded
         images = ray.put([row.get("prompt_images") or [] for row in rows]) if pictures else None
-        trained = self.sft_step(pairs, masks, images)
+
+        def calls() -> list:  # (again, by a group started again from the copies, where a rank is lost in them)
+            return [l.sft_train.remote(pairs, masks, images) for l in self.pools.learners]
+
+        said = "starting the learner group again from the copy of its state as the step began"
+        trained = self.pools.kept_call(LEARNER, calls, "learner sft", said, redone=1)[0]
         self.version += 1
         seconds = time.perf_counter() - start
         lengths = [len(row["prompt_ids"]) + len(row["target_ids"]) for row in rows]
@@ -67,21 +71,6 @@ class SFTController(Runner):
             **{k: v for k, v in self.pools.fault_metrics().items() if k.startswith("fault/learner_")},
             "timing_s/step": seconds,
         }
-
-    def sft_step(self, *batch) -> dict[str, float]:
-        """The learner's SFT step on `batch` (pairs, masks, images refs); its metrics. Where the run keeps copies of
-        the ranks' state (trainer.fault_tolerance=all), a rank lost in it starts the group again from the copies
-        taken as the step began, and the step is trained again, once."""
-        self.pools.copy_state(LEARNER)
-        try:
-            return self.call([l.sft_train.remote(*batch) for l in self.pools.learners], "learner sft")[0]
-        except PoolFault as e:
-            if self.pools.lost_policy(LEARNER) != "copy" or not self.pools.lost(LEARNER, e):
-                raise
-            self.say(f"{e}; starting the learner group again from the copy of its state as the step began")
-            self.pools.recover(LEARNER)
-            self.pools.redid(LEARNER, 1)  # the step, trained again from the copies
-            return self.call([l.sft_train.remote(*batch) for l in self.pools.learners], "learner sft (again)")[0]
 
     def validate(self, step: int) -> dict[str, float]:
         self.engines.sync()  # the generators sample with this step's weights
