@@ -108,6 +108,17 @@ class FakePools:
         self.nodes[GENERATOR][i] = self.node()
 
 
+def lose(ray, actor) -> None:
+    """Kill `actor` and wait until its death is known (``ray.kill`` returns before: a call sent meanwhile may still
+    be answered, which would make what the loss costs depend on timing)."""
+    ray.kill(actor)
+    while True:
+        try:
+            ray.get(actor.calls.remote(), timeout=30)
+        except ray.exceptions.RayActorError:
+            return
+
+
 class FakeEngines(Engines):
     def push(self, version, probe=False):
         """The weights loaded into every engine; one lost is replaced (or, past the fixed engines, leaves) and the
@@ -225,7 +236,7 @@ def test_streaming_across_a_checkpoint_trains_each_prompt_once(ray_local):
 def test_streaming_with_an_engine_lost_sends_what_it_held_again(ray_local, staleness, said):
     run = Run(ray_local, "streaming", staleness=staleness, steps=6)
     trained = [u for s in range(1, 3) for u in run.step(s)[0]]
-    ray_local.kill(run.pools.generators[1])  # lost with groups in flight
+    lose(ray_local, run.pools.generators[1])  # lost with groups in flight
     trained += [u for s in range(3, 7) for u in run.step(s)[0]]
     assert run.pools.replaced == 1 and [next(x for x in run.said if x.startswith(w)) for w in said], run.said
     resent = sum(int(x.split("the ")[-1].split(" groups")[0]) for x in run.said if "groups it held" in x)
@@ -247,7 +258,7 @@ def test_batched_engines_join_and_leave_and_every_prompt_is_trained_once(ray_loc
     trained += run.step(2)[0] + run.step(3)[0]
     calls = ray_local.get([g.calls.remote() for g in run.pools.generators])
     assert calls[1:] == [2, 2]  # the batches of steps 2 and 3 (one step off: of 3 and 4, launched during 2 and 3)
-    ray_local.kill(run.pools.generators[2])
+    lose(ray_local, run.pools.generators[2])
     trained += [u for s in range(4, 7) for u in run.step(s)[0]]
     assert trained == list(range(24))
     assert len(run.pools.generators) == 2 and run.pools.left == 1 and run.pools.replaced == 0
@@ -267,7 +278,7 @@ def test_batched_engine_on_a_draining_node_takes_no_prompts_and_its_loss_costs_n
     calls = ray_local.get(run.pools.generators[1].calls.remote())
     trained += run.step(3)[0]
     assert ray_local.get(run.pools.generators[1].calls.remote()) == calls  # nothing sent it since
-    ray_local.kill(run.pools.generators[1])
+    lose(ray_local, run.pools.generators[1])
     trained += [u for s in range(4, 7) for u in run.step(s)[0]]
     assert trained == list(range(24))
     assert run.pools.replaced == 1 and run.pools.redone == 0
