@@ -63,6 +63,13 @@ class Engines:
         (kernel selection, allocator growth), so its deadline is twice generator.timeout_s."""
         self.receives: list = []
         """The engines' receive calls of the last push (``failed_receives``)."""
+        self.successors: dict[str, str] = {}
+        """Per engine replaced (its actor's ``key``), its replacement's."""
+        self.pending: dict[str, int] = {}
+        """Per engine (its ``key``), its generate calls not yet answered."""
+        self.holds: Callable[[str], bool] = lambda engine: False
+        """Whether an engine (its ``key``) holds work that no call of ours waits on: a streaming source's groups sent
+        ahead (``Feed``)."""
 
     def launch(self, step: int, prompts: list[Prompt], n: int = 0, sampling=None) -> Launched:
         """Send `prompts` to the engines, cut evenly over them, `n` samples each (default: the group size)."""
@@ -108,6 +115,8 @@ class Engines:
                 deadline = g.timeout_s * (2 if i in self.fresh else 1)
                 got = call[0], self.pools.call(call[1], f"{what} on engine {i}", deadline)
                 self.fresh.discard(i)
+                if what == "generate":
+                    self.pending[key(call[2])] -= 1
                 return got
             except PoolFault as e:
                 if not recover:
@@ -126,6 +135,7 @@ class Engines:
     def _generate_on(self, i: int, shard: list[Prompt], n: int, step: int, sampling) -> tuple:
         seeds = [sample_seed(self.r.trainer.seed, step, p.uid) for p in shard]
         actor = self.pools.generators[i]
+        self.pending[key(actor)] = self.pending.get(key(actor), 0) + 1
         return (*actor.generate.options(num_returns=2).remote(shard, n, seeds, sampling), actor)
 
     def probe(self) -> float:
@@ -175,6 +185,7 @@ class Engines:
         sync/seconds is the push as the engines see it, timing_s/sync_weights the controller's wait, that
         generation and the probe included."""
         start, version = time.perf_counter(), self.learner_version()
+        self.retire()
         try:
             pushed, received = self.push(version, learner_probe or True)
         except LearnerLost as e:
@@ -242,10 +253,22 @@ class Engines:
             if self.pools.leaves(i):
                 self.leave(i, connect=False)
             else:
-                self.pools.recover(GENERATOR, i)
-                self.fresh.add(i)
+                self.replace(i)
         self.pools.transport.connect(self.pools)
         return self.push(self.learner_version(), probe)
+
+    def replace(self, i: int) -> None:
+        """Engine i replaced by a new actor (``Pools.recover``), noted as its predecessor's successor."""
+        before = key(self.pools.generators[i])
+        self.pools.recover(GENERATOR, i)
+        self.successors[before] = key(self.pools.generators[i])
+        self.fresh.add(i)
+
+    def successor(self, engine: str) -> str:
+        """The engine that now stands for `engine` (an actor's ``key``): its replacement's, or its own."""
+        while engine in self.successors:
+            engine = self.successors[engine]
+        return engine
 
     def leave(self, i: int, connect: bool = True) -> None:
         """Engine i (past num_engines) gone from the pool with its node; the weight transport connected over the
@@ -259,12 +282,25 @@ class Engines:
         """Between steps, with the engines at the learner's weights (`learner_version`): the engines that joined
         (``Pools.grow``: placed as nodes with room appeared, and loaded) connected to the weight transport and given
         the weights, so that the next batch is cut over them too. Then the nodes Ray marked draining since said
-        (``Pools.drains``): an engine on one takes no more prompts (``taking``)."""
+        (``Pools.drains``): an engine on one takes no more prompts (``taking``), and one past num_engines leaves once
+        it holds no work (``retire``)."""
         if self.pools.elastic and learner_version == self.version:
             if self.pools.grow():
                 self.pools.transport.connect(self.pools)
                 self.push(self.version)
         self.pools.drains()
+        self.retire()
+
+    def retire(self) -> None:
+        """Engines past num_engines on a node Ray marked draining leave now, while alive, once they hold no work
+        (they are sent none: ``taking``): the node's end then costs no samples, and no push fails on them (as its
+        loss found by a push would: the engines whose receive failed with it are replaced too)."""
+        nodes, engines = self.pools.nodes.get(GENERATOR, []), self.pools.generators
+        for i in reversed(range(min(len(nodes), len(engines)))):
+            busy = self.pending.get(key(engines[i])) or self.holds(key(engines[i]))
+            if nodes[i] in self.pools.noticed and self.pools.leaves(i) and not busy:
+                self.say(f"engine {i} is on a draining node and holds no work: it leaves now")
+                self.leave(i)
 
     def taking(self) -> list[int]:
         """The engines a batch is cut over: those not on a node Ray marked draining (a preemption notice: the node
@@ -273,6 +309,11 @@ class Engines:
         nodes = self.pools.nodes.get(GENERATOR, [])
         every = range(len(self.pools.generators))
         return [i for i in every if i >= len(nodes) or nodes[i] not in self.pools.noticed] or list(every)
+
+
+def key(actor) -> str:
+    """An engine's actor's id: what it holds is kept by it, as engines join, leave and are replaced."""
+    return actor._actor_id.hex()
 
 
 def delta_metrics(sent: dict) -> dict[str, float]:

@@ -6,7 +6,7 @@ import pytest
 
 from grpo_ray import schedules, sources
 from grpo_ray.config import GENERATOR, load_recipe
-from grpo_ray.engines import Engines
+from grpo_ray.engines import Engines, key
 from grpo_ray.pools import PoolFault, wait
 from grpo_ray.sources import Collected, Hooks
 from grpo_ray.types import Completion, Prompt, Rollout, RolloutStats
@@ -21,7 +21,7 @@ class FakeGenerator:
     first, as the first groups to finish are."""
 
     def __init__(self, version: int = 0):
-        self.version, self.groups, self.generated = version, [], 0
+        self.version, self.groups, self.generated, self.submitted = version, [], 0, 0
 
     def generate(self, prompts, n, seeds, sampling=None):
         self.generated += 1
@@ -32,6 +32,10 @@ class FakeGenerator:
 
     def submit(self, prompts, n, seeds):
         self.groups += [[p, n, 0] for p in prompts]
+        self.submitted += len(prompts)
+
+    def sent(self):
+        return self.submitted
 
     def take(self, n, oldest_kept, sends=0):
         if len(self.groups) < n:
@@ -66,8 +70,9 @@ class FakePools:
     next ``grow`` (`waiting`) and one that leaves when lost; each engine's node (a new one for each engine started),
     those marked draining (`noticed`)."""
 
-    def __init__(self, ray, engines: int, fixed: int | None = None, elastic: bool = False):
-        self.ray, self.actor = ray, ray.remote(FakeGenerator).options(num_cpus=0)
+    def __init__(self, ray, engines: int, fixed: int | None = None, elastic: bool = False, actor=None):
+        """`actor`: the engines' actor class (default FakeGenerator's)."""
+        self.ray, self.actor = ray, actor or ray.remote(FakeGenerator).options(num_cpus=0)
         self.generators = [self.actor.remote() for _ in range(engines)]
         self.transport = type("Transport", (), {"connect": lambda self, pools: None})()
         self.replaced, self.redone, self.fixed, self.waiting, self.left = 0, 0, fixed or engines, 0, 0
@@ -133,7 +138,7 @@ class FakeEngines(Engines):
             if self.pools.leaves(i):
                 self.leave(i)
             else:
-                self.pools.recover(GENERATOR, i)
+                self.replace(i)
                 self.pools.call(self.pools.generators[i].load.remote(version), f"load on engine {i}")
         return [], []
 
@@ -142,12 +147,15 @@ class Run:
     """A run's side of a source: the data stream (prompts with consecutive uids), the scorers (what was sent, by
     step), the learner's version and the steps."""
 
-    def __init__(self, ray, schedule="batched", staleness=1, engines=2, steps=6, start_uid=0, elastic=0):
-        """`elastic`: generator.num_engines=`engines`..`elastic` (engines join and leave)."""
+    def __init__(
+        self, ray, schedule="batched", staleness=1, engines=2, steps=6, start_uid=0, elastic=0, batch=4, actor=None
+    ):
+        """`elastic`: generator.num_engines=`engines`..`elastic` (engines join and leave); `batch` prompts a step;
+        `actor`: the engines' actor class (``FakePools``)."""
         overrides = [
             f"algorithm.schedule={schedule}",
             f"algorithm.max_staleness={staleness}",
-            "data.train_batch_size=4",
+            f"data.train_batch_size={batch}",
             "algorithm.group_size=2",
             "generator.timeout_s=30",
             "learner.mini_batch_size=8",
@@ -156,8 +164,8 @@ class Run:
             *([f"generator.num_engines={engines}..{elastic}"] if elastic else []),
         ]
         self.recipe = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", overrides)
-        self.pools = FakePools(ray, engines, elastic=bool(elastic))
-        self.version, self.steps, self.next_uid, self.said = 0, steps, start_uid, []
+        self.pools = FakePools(ray, engines, elastic=bool(elastic), actor=actor)
+        self.version, self.steps, self.next_uid, self.said, self.shares = 0, steps, start_uid, [], []
         self.engines = FakeEngines(self.recipe, self.pools, [], lambda: self.version, self.said.append)
         self.schedule = schedules.of(self.recipe.algorithm)
         self.source = sources.of(
@@ -185,6 +193,7 @@ class Run:
         batch, flow = self.source.next(step, self.version, (0.0, 0.0))
         self.source.ahead(step, self.version)
         uids = [u for s in batch.stats for u in s.uids]
+        self.shares.append(len(batch.stats))
         self.version += 1
         self.engines.push(self.version)
         return uids, batch.version, flow
@@ -205,7 +214,7 @@ def test_streaming_trains_every_prompt_once_the_long_ones_later(ray_local):
     got = [run.step(s) for s in range(1, 7)]
     trained = [u for uids, _, _ in got for u in uids]
     assert len(trained) == len(set(trained)) == 24
-    held = [p.uid for held in run.source.feed.held for p, _ in held]
+    held = [p.uid for held in run.source.feed.held.values() for p, _ in held]
     assert sorted(trained + held) == list(range(run.next_uid))  # sent: trained once, or still held, none lost
     # uids 0 and 3 are long: short groups sent after them, for step 2, are trained first, and they at step 2
     assert got[0][0] == [1, 4, 2, 7] and {0, 3} <= set(got[1][0])
@@ -222,7 +231,7 @@ def test_streaming_across_a_checkpoint_trains_each_prompt_once(ray_local):
     after = [u for s in range(4, 7) for u in resumed.step(s)[0]]
     assert len(before) == len(after) == 12
     assert not set(before) & set(after) and len(set(after)) == 12  # none twice
-    held = {p.uid for held in resumed.source.feed.held for p, _ in held}
+    held = {p.uid for held in resumed.source.feed.held.values() for p, _ in held}
     assert set(before) | set(after) | held == set(range(resumed.next_uid))  # none lost
 
 
@@ -242,7 +251,7 @@ def test_streaming_with_an_engine_lost_sends_what_it_held_again(ray_local, stale
     resent = sum(int(x.split("the ")[-1].split(" groups")[0]) for x in run.said if "groups it held" in x)
     assert run.pools.redone == 2 * resent > 0  # each group sent again: its samples generated again (group_size 2)
     assert len(trained) == len(set(trained)) == 24
-    held = {p.uid for held in run.source.feed.held for p, _ in held}
+    held = {p.uid for held in run.source.feed.held.values() for p, _ in held}
     assert set(trained) | held == set(range(run.next_uid))
 
 
@@ -283,6 +292,62 @@ def test_batched_engine_on_a_draining_node_takes_no_prompts_and_its_loss_costs_n
     assert trained == list(range(24))
     assert run.pools.replaced == 1 and run.pools.redone == 0
     assert ray_local.get(run.pools.generators[1].calls.remote()) > 0  # the replacement, on a node not draining
+
+
+@pytest.mark.parametrize("staleness", [1, 2])
+def test_streaming_engines_join_and_leave_and_every_prompt_is_trained_once(ray_local, staleness):
+    """generator.num_engines=1..3 under streaming: two engines joining as step 2 starts are sent their share of the
+    prompts sent from then on, and step 3 takes groups of theirs (the engine that was alone is asked for what it
+    holds past its new share first); one of them lost after step 3 leaves, the groups it held sent to the others
+    and counted; every prompt is trained once or still held."""
+    run = Run(ray_local, "streaming", staleness=staleness, engines=1, steps=6, elastic=3)
+    trained = run.step(1)[0]
+    run.pools.waiting = 2
+    trained += run.step(2)[0]
+    joined = run.pools.generators[1:]
+    assert ray_local.get([g.sent.remote() for g in joined]) == [1, 1]  # of the 4 prompts sent next: 2, 1, 1
+    trained += run.step(3)[0]
+    lose(ray_local, run.pools.generators[2])
+    trained += [u for s in range(4, 7) for u in run.step(s)[0]]
+    assert len(run.pools.generators) == 2 and run.pools.left == 1 and run.pools.replaced == 0
+    moved = [x for x in run.said if x.startswith("an engine left: sending the ")]
+    assert len(moved) == 1 and run.pools.redone == 2 * int(moved[0].split("the ")[1].split(" groups")[0]), run.said
+    # the takes a step's batch came from: the new engines' own from the step taken after their arrival (one step
+    # off, the one taken during step 2); the take that found engine 2 lost (step 4's; one step off, step 5's, taken
+    # during step 4) has the groups it was asked for from another engine, in a second take
+    assert run.shares == ([1, 1, 3, 3, 2, 2] if staleness == 1 else [1, 1, 1, 3, 3, 2]), run.shares
+    assert len(trained) == len(set(trained)) == 24
+    held = {p.uid for held in run.source.feed.held.values() for p, _ in held}
+    assert set(trained) | held == set(range(run.next_uid))
+
+
+@pytest.mark.parametrize("staleness", [1, 2])
+@pytest.mark.parametrize("elastic", [False, True])
+def test_streaming_engine_on_a_draining_node_is_sent_nothing_and_its_groups_are_taken_first(
+    ray_local, staleness, elastic
+):
+    """A preemption notice under streaming (engine 1's node marked draining after step 2): no prompt is sent to it
+    since, and the next take asks it for every group it holds before the others' (it should hold none), so its
+    node's end after step 3 costs no samples: replaced, nothing sent again, or (`elastic`: an engine past
+    num_engines) it has left already, once it held nothing; every prompt trained once or still held; a replacement,
+    on a node not draining, is sent prompts."""
+    run = Run(ray_local, "streaming", staleness=staleness, engines=3, steps=8)
+    run.pools.fixed, run.pools.elastic = (1, True) if elastic else (3, False)
+    trained = run.step(1)[0] + run.step(2)[0]
+    engine = run.pools.generators[1]
+    run.pools.noticed.add(run.pools.nodes[GENERATOR][1])
+    sent = ray_local.get(engine.sent.remote())
+    trained += run.step(3)[0]
+    assert ray_local.get(engine.sent.remote()) == sent and run.source.feed.held[key(engine)] == []
+    trained += run.step(4)[0] if elastic else []  # as it starts, the engine leaves
+    assert ("engine 1 is on a draining node and holds no work: it leaves now" in run.said) == elastic, run.said
+    lose(ray_local, engine)
+    trained += [u for s in range(5 if elastic else 4, 9) for u in run.step(s)[0]]
+    assert (run.pools.replaced, run.pools.left, run.pools.redone) == ((0, 1, 0) if elastic else (1, 0, 0)), run.said
+    assert len(trained) == len(set(trained)) == 32
+    held = {p.uid for held in run.source.feed.held.values() for p, _ in held}
+    assert set(trained) | held == set(range(run.next_uid))
+    assert ray_local.get(run.pools.generators[1].sent.remote()) > 0
 
 
 def test_a_schedule_names_a_source_that_is_one(ray_local, monkeypatch):

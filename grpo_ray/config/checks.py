@@ -318,14 +318,15 @@ def _generator_problems(r: Recipe) -> list[str]:
 
 def _elastic_problems(r: Recipe) -> list[str]:
     """Why the engines cannot grow past num_engines to max_engines in this run (``Pools.grow``)."""
-    g, why = r.generator, []
+    g = r.generator
     if g.max_engines < g.num_engines:
         return [f"generator.max_engines={g.max_engines} is under generator.num_engines={g.num_engines}"]
-    if r.algorithm.schedule == "streaming":
-        why.append("algorithm.schedule=streaming: engines join and leave a batched run so far")
     if any(GENERATOR in group for group in r.cluster.colocate):
-        why.append("the generator colocated (cluster.colocate): an engine added has no bundle of its group to share")
-    return [f"generator.max_engines={g.max_engines} with {w}; set num_engines alone" for w in why]
+        return [
+            f"generator.max_engines={g.max_engines} with the generator colocated (cluster.colocate): an engine added "
+            "has no bundle of its group to share; set num_engines alone"
+        ]
+    return []
 
 
 HALF = ("bfloat16", "float16")

@@ -20,10 +20,14 @@ import time
 from collections.abc import Callable
 
 from grpo_ray.config import GENERATOR
-from grpo_ray.engines import Engines, sample_seed, split
+from grpo_ray.engines import Engines, key, sample_seed, split
 from grpo_ray.pools import PoolFault
 from grpo_ray.sources import BatchSource, Collected
 from grpo_ray.types import Prompt
+
+
+class Left(Exception):
+    """An engine past num_engines lost with its node left the pool in a take (its groups go to the others)."""
 
 
 class Feed:
@@ -32,65 +36,45 @@ class Feed:
     def __init__(self, recipe, engines: Engines, next_prompts: Callable[[], list[Prompt]], schedule, say):
         self.r, self.engines, self.next_prompts, self.say = recipe, engines, next_prompts, say
         self.policy, self.ahead = schedule.policy, schedule.steps_sent_ahead()
-        self.held: list[list[tuple[Prompt, int]]] = []
-        """Per engine, the prompts it was sent and has not handed back, with the step each was sent for."""
+        self.held: dict[str, list[tuple[Prompt, int]]] = {}
+        """Per engine (its actor's id), the prompts it was sent and has not handed back, with the step each was sent
+        for."""
         self.sent_through = 0
         """The last step whose prompts were sent."""
-        self.sent_to: dict[int, object] = {}
-        """Per engine, the actor last sent prompts: one replaced since (by a push that lost it) is sent again what
-        its predecessor held."""
-        self.sends: dict[int, int] = {}
-        """Per engine, the sends to that actor so far: its take waits until it has them all (an actor's calls may
-        start out of order: it serves several at a time)."""
+        self.sends: dict[str, int] = {}
+        """Per engine, the sends to it so far: its take waits until it has them all (an actor's calls may start out
+        of order: it serves several at a time)."""
         self.handed: dict[int, list[tuple[Prompt, int]]] = {}
         """Per step taken for, the prompts handed to it (and the step each was sent for): a checkpoint keeps those of
         a step not yet trained."""
-        self.taken: dict[int, tuple] = {}
-        """Shares taken by a take that lost an engine without replacing it, for the next take."""
+        self.taken: list[tuple] = []
+        """Shares taken by a take that lost an engine without replacing it, for the next take: (engine index, rollout
+        ref, stats)."""
         self.resend: list[tuple[Prompt, int]] = []
         """Prompts a checkpoint held in flight, sent first by a resumed run."""
         self.tokens = {"generated": 0, "handed": 0, "over": 0}
         """Response tokens generated so far, those handed on to be trained, and of those the ones of samples older than
         max_staleness when trained (goodput: those handed within the bound, over those generated)."""
+        engines.holds = lambda engine: bool(self.held.get(engine))  # (an engine on a draining node leaves once empty)
 
     def take(
         self, step: int, last_step: int, learner_version: int, recover: bool = True
     ) -> tuple[list, list, dict[str, float]]:
-        """This step's groups, for a learner at `learner_version`: the rollout refs and stats of each engine's share,
-        first sending the prompts of the steps up to the schedule's ``steps_sent_ahead``; the stream's metrics. Not
-        `recover` (a take while the learner trains, whose weights a new engine could not be given yet): a lost
-        engine's PoolFault is raised, and the shares already taken wait for the next take, which replaces it."""
-        engines = self.engines.pools.generators
-        if len(self.held) != len(engines):
-            self.held = [[] for _ in engines]
-        for i, actor in enumerate(engines):  # replaced since (a push that lost it): sent again what it held
-            if self.sent_to.get(i) not in (None, actor):
-                held, self.held[i] = self.held[i], []
-                self.say(f"engine {i} was replaced: sending again the {len(held)} groups it held")
-                self._resent(i, held)
-        shares = [len(s) for s in split(list(range(self.r.data.train_batch_size)), len(engines))]
-        self._resend(shares)
+        """This step's groups, for a learner at `learner_version`: the rollout refs and stats of each engine's share
+        (``counts``), first sending the prompts of the steps up to the schedule's ``steps_sent_ahead``; the stream's
+        metrics. Not `recover` (a take while the learner trains, whose weights a new engine could not be given yet):
+        a lost engine's PoolFault is raised, and the shares already taken wait for the next take, which replaces
+        it."""
+        self._follow()
+        self._resend()
         while self.sent_through < min(step + self.ahead, last_step):
             self.sent_through += 1
             prompts = self.next_prompts()
             self._send(prompts, [self.sent_through] * len(prompts))
         start, started, oldest = time.perf_counter(), time.time(), self.policy.oldest_kept(learner_version)
-        done, self.taken, lost = self.taken, {}, None
         self.handed = {k: v for k, v in self.handed.items() if k >= step - 1}
-        calls = {i: self._take_on(i, n, oldest) for i, n in enumerate(shares) if n and i not in done}
-        for i, call in calls.items():
-            try:
-                done[i] = self._wait(i, call, shares[i], oldest, recover)
-            except PoolFault as e:  # not recovering: the other engines' shares are still taken, and kept
-                lost = lost or e
-                continue
-            for uid in done[i][1].uids:  # the first of that prompt it held (a prompt sent twice, two epochs apart)
-                self.held[i].remove(handed := next(h for h in self.held[i] if h[0].uid == uid))
-                self.handed.setdefault(step, []).append(handed)
-        if lost:
-            self.taken = done
-            raise lost
-        rollouts, stats = [done[i][0] for i in sorted(done)], [done[i][1] for i in sorted(done)]
+        done, self.taken = self._collect(step, oldest, recover), []
+        rollouts, stats = [rollout for _, rollout, _ in done], [st for _, _, st in done]
         now, discarded = time.perf_counter(), sum(st.discarded for st in stats)
         self.count_tokens(stats, learner_version)
         generated = max(self.tokens["generated"], 1)
@@ -110,6 +94,55 @@ class Feed:
             },
         )
 
+    def _collect(self, step: int, oldest: int | None, recover: bool) -> list[tuple]:
+        """A batch's worth of groups, taken as ``counts`` says (again, with the groups of an engine that left spread
+        over the others, until the batch is whole): (engine index, rollout ref, stats) in the engines' order."""
+        done, lost = list(self.taken), None
+        while (need := self.r.data.train_batch_size - sum(len(st.uids) for _, _, st in done)) and not lost:
+            self._follow()
+            calls = [(n, self._take_on(i, n, oldest)) for i, n in enumerate(self.counts(step, need)) if n]
+            for n, call in calls:
+                i = self.engines.pools.generators.index(call[2])  # (an engine before it may have left since)
+                try:
+                    rollout, stats = self._wait(i, call, n, oldest, recover)
+                except Left:
+                    continue
+                except PoolFault as e:  # not recovering: the other engines' shares are still taken, and kept
+                    lost = lost or e
+                    continue
+                held = self.held[key(self.engines.pools.generators[i])]
+                for uid in stats.uids:  # the first of that prompt it held (a prompt sent twice, two epochs apart)
+                    held.remove(handed := next(h for h in held if h[0].uid == uid))
+                    self.handed.setdefault(step, []).append(handed)
+                done.append((i, rollout, stats))
+        if lost:
+            self.taken = done
+            raise lost
+        return sorted(done, key=lambda d: d[0])
+
+    def counts(self, step: int, need: int) -> list[int]:
+        """How many groups each engine is asked for, `need` in all: one at a time of the engine holding the most past
+        what it should hold after this step's take (its share, over the engines taking prompts, of each step sent
+        past `step`), the first of those tied, never more than it holds. In a steady stream each holds that and its
+        share of this step, and is asked for its share; an engine that joined holds less, and is asked for none until
+        it holds its part; one on a draining node should hold none, and is asked for all it holds first."""
+        engines = self.engines.pools.generators
+        held, shares = [len(self.held[key(a)]) for a in engines], [0] * len(engines)
+        taking = self.engines.taking()
+        for i, share in zip(taking, split(list(range(self.r.data.train_batch_size)), len(taking))):
+            shares[i] = len(share)
+        past = held[:]
+        for i, share in enumerate(shares):
+            past[i] -= share * (self.sent_through - step)
+        counts = [0] * len(engines)
+        for _ in range(need):
+            free = [i for i in range(len(engines)) if counts[i] < held[i]]
+            if not free:
+                raise RuntimeError(f"the engines hold {sum(held)} groups, and a take needs {need}")
+            i = max(free, key=lambda i: (past[i] - counts[i], -i))
+            counts[i] += 1
+        return counts
+
     def count_tokens(self, stats: list, learner_version: int) -> None:
         """Add a take's tokens to the run's counts: generated (handed on, or discarded as stale), handed on, and of
         those handed on the ones of samples older than max_staleness when trained by a learner at
@@ -124,29 +157,50 @@ class Feed:
             if learner_version - oldest > self.r.algorithm.max_staleness
         )
 
-    def _resend(self, shares: list[int]) -> None:
-        """What a checkpoint held, sent again: steps' worth, engine i getting share i of every step held."""
+    def _follow(self) -> None:
+        """The feed kept in step with the pool: an engine that joined holds nothing yet; one replaced since (by a push
+        or a take that lost it) is sent again what its predecessor held; what one that left held (past num_engines,
+        lost with its node) is sent to the engines taking prompts. Each group sent again is generated again."""
+        engines = self.engines.pools.generators
+        now = [key(a) for a in engines]
+        for k in now:
+            self.held.setdefault(k, [])
+        for k in [k for k in self.held if k not in now]:
+            held, after = self.held.pop(k), self.engines.successor(k)
+            self.sends.pop(k, None)
+            self.engines.pools.redid(GENERATOR, len(held) * self.r.algorithm.group_size)
+            if after in now:
+                self.say(f"engine {now.index(after)} was replaced: sending again the {len(held)} groups it held")
+                self._send_to(now.index(after), held)
+            elif held:
+                self.say(f"an engine left: sending the {len(held)} groups it held to the others")
+                self._send([p for p, _ in held], [s for _, s in held])
+
+    def _resend(self) -> None:
+        """What a checkpoint held, sent again: steps' worth, each engine taking prompts getting its share of every
+        step held."""
+        taking = self.engines.taking()
         at = 0
-        for i, share in enumerate(shares):
-            n = share * len(self.resend) // self.r.data.train_batch_size
+        for i, share in zip(taking, split(list(range(self.r.data.train_batch_size)), len(taking))):
+            n = len(share) * len(self.resend) // self.r.data.train_batch_size
             self._send_to(i, self.resend[at : at + n])
             at += n
         self.resend = []
 
     def _send(self, prompts: list[Prompt], steps: list[int]) -> None:
-        """Cut `prompts` (each sent for its step in `steps`) over the engines and send each its share."""
-        engines = self.engines.pools.generators
-        for i, idx in enumerate(split(list(range(len(prompts))), len(engines))):
+        """Cut `prompts` (each sent for its step in `steps`) over the engines taking prompts and send each its
+        share."""
+        taking = self.engines.taking()
+        for i, idx in zip(taking, split(list(range(len(prompts))), len(taking))):
             self._send_to(i, [(prompts[j], steps[j]) for j in idx])
 
     def _send_to(self, i: int, held: list[tuple[Prompt, int]]) -> None:
         if not held:
             return
-        self.held[i].extend(held)
-        seeds = [sample_seed(self.r.trainer.seed, s, p.uid) for p, s in held]
         actor = self.engines.pools.generators[i]
-        self.sends[i] = self.sends.get(i, 0) * (self.sent_to.get(i) is actor) + 1
-        self.sent_to[i] = actor
+        self.held[key(actor)].extend(held)
+        self.sends[key(actor)] = self.sends.get(key(actor), 0) + 1
+        seeds = [sample_seed(self.r.trainer.seed, s, p.uid) for p, s in held]
         actor.submit.remote([p for p, _ in held], self.r.algorithm.group_size, seeds)
 
     def send_more(self, step: int) -> None:
@@ -155,25 +209,23 @@ class Feed:
         prompts = self.next_prompts()
         self._send(prompts, [step] * len(prompts))
 
-    def _resent(self, i: int, held: list) -> None:
-        """The groups a lost engine held, sent to its replacement (i): each of their samples generated again."""
-        self.engines.pools.redid(GENERATOR, len(held) * self.r.algorithm.group_size)
-        self._send_to(i, held)
-
     def _take_on(self, i: int, n: int, oldest: int | None) -> tuple:
         actor = self.engines.pools.generators[i]
-        sends = self.sends.get(i, 0) if self.sent_to.get(i) is actor else 0
-        return (*actor.take.options(num_returns=2).remote(n, oldest, sends), actor)
+        return (*actor.take.options(num_returns=2).remote(n, oldest, self.sends.get(key(actor), 0)), actor)
 
     def _wait(self, i: int, call: tuple, n: int, oldest: int | None, recover: bool) -> tuple:
         """Engine i's take; an engine lost is replaced, sent again what it held, and asked again
-        (``Engines.answer``)."""
+        (``Engines.answer``); one past num_engines leaves instead (``Left``), what it held sent to the others."""
 
         def again(i: int, call: tuple, e) -> tuple:
-            self.say(f"engine {i} lost ({e}); replacing it, sending again the {len(self.held[i])} groups it held")
+            if self.engines.pools.leaves(i):
+                self.say(f"engine {i} lost ({e}); it leaves")
+                self.engines.leave(i)
+                self._follow()
+                raise Left
+            self.say(f"engine {i} lost ({e}); replacing it")
             self.engines.recover([i])
-            held, self.held[i] = self.held[i], []
-            self._resent(i, held)
+            self._follow()
             return self._take_on(i, n, oldest)
 
         return self.engines.answer(i, call, "take", recover, again)
@@ -183,7 +235,13 @@ class Feed:
         each was sent for: those the engines hold, and those taken for a later step), and how far the stream was
         sent."""
         later = [h for step, handed in self.handed.items() if step > trained for h in handed]
-        held = [h for held in self.held for h in held] + later
+        order = [key(a) for a in self.engines.pools.generators]
+        held = [
+            h
+            for k in sorted(self.held, key=lambda k: order.index(k) if k in order else len(order))
+            for h in self.held[k]
+        ]
+        held += later
         return {"sent_through": self.sent_through, "held": [[p.uid, s] for p, s in held]}
 
     def restore(self, state: dict, prompt_of: Callable[[int], Prompt]) -> None:

@@ -138,6 +138,37 @@ def test_a_pools_node_removed_mid_step_and_the_run_finishes_as_if_not(tmp_path, 
     assert differing(lost, plain) <= {key, f"fault/{pool}_redone"}
 
 
+ELASTIC = [
+    "cluster.nodes=3",
+    "+cluster.node_resources.generator=generation",
+    "+cluster.node_resources.learner=training",
+    "generator.num_cpus=1",  # a generation node's one CPU holds one engine
+    "trainer.total_steps=4",
+]
+"""The pools of a ``generation_cluster`` placed."""
+
+
+def generation_cluster():
+    """A head, a training node and a generation node with room for one engine."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    cluster.add_node(num_cpus=2, resources={"training": 1})
+    cluster.add_node(num_cpus=1, resources={"generation": 1})
+    return cluster
+
+
+def node_joining(cluster, pools, added: list, grow) -> list[int]:
+    """A node with room for an engine added (to `added`), and ``Pools.grow`` (`grow`) asked until the engine placed
+    on it joins."""
+    added.append(cluster.add_node(num_cpus=1, resources={"generation": 1}))
+    deadline = time.monotonic() + 300
+    while not (joined := grow(pools)):
+        assert time.monotonic() < deadline, "the engine did not join"
+        time.sleep(0.5)
+    return joined
+
+
 @pytest.mark.parametrize("notice", [False, True])
 def test_engines_join_as_nodes_appear_and_leave_with_them(tmp_path, monkeypatch, capsys, notice):
     """generator.num_engines=1..2 (issue 78's elastic engines) on a cluster whose one generation node holds one
@@ -148,28 +179,21 @@ def test_engines_join_as_nodes_appear_and_leave_with_them(tmp_path, monkeypatch,
     count and what the leaving cost (on-policy, fixed seed, fp32: each prompt's samples are its seed's on any
     engine). With a `notice`, Ray marks the node draining as step 3 starts (a preemption notice, as its SIGTERM
     handler or an autoscaler does) and removes it as step 4 starts: the engine takes no prompts from the notice on,
-    and its loss, found by the push after step 4, costs no samples."""
+    and, holding none, leaves at once (past num_engines: not replaced), while alive, so its node's end costs nothing
+    (no samples, and no push that fails: one that found it gone would replace the engines whose receive failed)."""
     import ray
-    from ray.cluster_utils import Cluster
     from ray.core.generated import autoscaler_pb2
 
     from grpo_ray.pools import Pools
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
-    cluster.add_node(num_cpus=2, resources={"training": 1})
-    cluster.add_node(num_cpus=1, resources={"generation": 1})
-    over = [
-        "cluster.nodes=3",
-        "+cluster.node_resources.generator=generation",
-        "+cluster.node_resources.learner=training",
-        "generator.num_cpus=1",  # a generation node's one CPU holds one engine
-        "trainer.total_steps=4",
-    ]
+    cluster, over = generation_cluster(), ELASTIC
     ray.init(address=cluster.address, log_to_driver=False)
     added, real, grows = [], Pools.grow, []
 
     def remove(self):  # the engine's node goes (its process with it: a call to it fails)
         cluster.remove_node(added[0])
+        if len(self.generators) == 1:  # (the engine left already)
+            return
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
@@ -181,12 +205,7 @@ def test_engines_join_as_nodes_appear_and_leave_with_them(tmp_path, monkeypatch,
     def grow(self):
         grows.append(len(grows) + 1)
         if len(grows) == 2:  # step 2 starts: a node with room for an engine appears; the engine joins this step
-            added.append(cluster.add_node(num_cpus=1, resources={"generation": 1}))
-            deadline = time.monotonic() + 300
-            while not (joined := real(self)):
-                assert time.monotonic() < deadline, "the engine did not join"
-                time.sleep(0.5)
-            return joined
+            return node_joining(cluster, self, added, real)
         if len(grows) == 3 and notice:  # step 3 starts: the notice, its deadline a minute on
             preemption = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION")
             gcs = ray._raylet.GcsClient(address=cluster.address)
@@ -211,8 +230,9 @@ def test_engines_join_as_nodes_appear_and_leave_with_them(tmp_path, monkeypatch,
         drained = re.findall(r"node (\w+) is draining \(a preemption notice, (\d+) s left\); on it: generator 1", said)
         assert drained == [(added[0].node_id[:12], drained[0][1])] and 50 <= int(drained[0][1]) <= 60, said[-3000:]
         assert [m["fault/notices"] for m in elastic] == [0, 0, 1, 1]
-        assert [m["generator/engines"] for m in elastic] == [1, 2, 2, 1]
-        assert [m["fault/generator_left"] for m in elastic] == [0, 0, 0, 1]
+        assert "engine 1 is on a draining node and holds no work: it leaves now" in said
+        assert [m["generator/engines"] for m in elastic] == [1, 2, 1, 1]  # it left at the notice, while alive
+        assert [m["fault/generator_left"] for m in elastic] == [0, 0, 1, 1]
         assert [m["fault/generator_redone"] for m in elastic] == [0, 0, 0, 0]  # it held nothing when it went
         assert said.count("engines that left with their node: 1 (fault/*)") == 1
     else:
@@ -222,3 +242,49 @@ def test_engines_join_as_nodes_appear_and_leave_with_them(tmp_path, monkeypatch,
         assert said.count("work done again: generator 128 samples, engines that left with their node: 1 (fault/*)") == 1
     known = {"generator/engines", "fault/generator_left", "fault/generator_redone", "fault/notices"}
     assert differing(elastic, plain) <= known
+
+
+def test_streaming_engines_join_as_a_node_appears(tmp_path, monkeypatch, capsys):
+    """Streaming (max_staleness 1), generator.num_engines=1..2: a node with room for an engine added as step 2
+    starts, the engine joins (given the weights), is sent its share of the prompts sent from then on, and the takes
+    after ask it for groups (``Feed.counts``); every prompt is trained once."""
+    import ray
+
+    from grpo_ray.pools import Pools
+    from grpo_ray.sources.streaming import Feed
+
+    cluster, added = generation_cluster(), []
+    real_grow, real_counts, real_take, grows, asked, trained = Pools.grow, Feed.counts, Feed.take, [], [], []
+
+    def grow(self):
+        grows.append(1)
+        return node_joining(cluster, self, added, real_grow) if len(grows) == 2 else real_grow(self)
+
+    def counts(self, step, need):
+        asked.append(real_counts(self, step, need))
+        return asked[-1]
+
+    def take(self, *args, **kwargs):
+        rollouts, stats, flow = real_take(self, *args, **kwargs)
+        trained.extend(u for s in stats for u in s.uids)
+        return rollouts, stats, flow
+
+    monkeypatch.setattr(Pools, "grow", grow)
+    monkeypatch.setattr(Feed, "counts", counts)
+    monkeypatch.setattr(Feed, "take", take)
+    streaming = [
+        "algorithm.schedule=streaming",
+        "algorithm.max_staleness=1",
+        "algorithm.rollout_correction.rollout_is=token",
+    ]
+    ray.init(address=cluster.address, log_to_driver=False)
+    try:
+        metrics = train(tmp_path / "run", [*ELASTIC, *streaming, "generator.num_engines=1..2"])
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    said = capsys.readouterr().out
+    assert re.findall(r"engine 1 joined \(node (\w+)\), now 2 engine\(s\)", said) == [added[0].node_id[:12]]
+    assert [m["generator/engines"] for m in metrics] == [1, 2, 2, 2]
+    assert [len(c) for c in asked] == [1, 2, 2, 2] and asked[2][1] > 0, asked  # its groups taken from step 3 on
+    assert len(trained) == len(set(trained)) == 4 * 16, trained  # each prompt trained once
