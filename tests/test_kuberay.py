@@ -52,13 +52,21 @@ def test_manifest_matches_its_recipes(manifest: Path):
     doc = yaml.safe_load(manifest.read_text())
     spec = cluster_spec(doc)
     workers = spec["workerGroupSpecs"]
+    overrides = doc["metadata"]["annotations"].get("grpo-ray/overrides", "").split()
     for recipe_path in doc["metadata"]["annotations"]["grpo-ray/recipes"].split(","):
-        r = load_recipe(ROOT / recipe_path)
+        r = load_recipe(ROOT / recipe_path, overrides)
         c = r.cluster
         # the GPU nodes: as many as the recipe's cluster, each with its devices, on the recipe's GPU model
         assert sum(g["replicas"] for g in workers) == c.nodes, recipe_path
         for g in workers:
-            assert g["minReplicas"] == g["replicas"] == g["maxReplicas"]
+            assert g["minReplicas"] <= g["replicas"] <= g["maxReplicas"]
+            if g["minReplicas"] < g["maxReplicas"]:  # elastic engines: the generation group's range is theirs
+                per_node = c.devices_per_node // r.generator.tensor_parallel_size
+                assert spec["enableInTreeAutoscaling"] is True and marker_of(g) == c.node_resources["generator"]
+                assert (g["minReplicas"] * per_node, g["maxReplicas"] * per_node) == (
+                    r.generator.num_engines,
+                    r.generator.max_engines,
+                ), recipe_path
             limits = containers(g["template"])[0]["resources"]["limits"]
             assert int(limits["nvidia.com/gpu"]) == int(g["rayStartParams"]["num-gpus"]) == c.devices_per_node
             assert g["template"]["spec"]["nodeSelector"]["cloud.google.com/gke-accelerator"] == ACCELERATOR[c.gpu]
