@@ -67,7 +67,7 @@ def repeat(out: Path) -> dict[str, float]:
     step2 = {m["step"]: m for m in plain}[2]
     return {
         "copy_s": statistics.median(m["fault/learner_copy_s"] for m in plain),
-        "copy_mb": plain[0]["fault/learner_copy_mb"],
+        "copy_mb": plain[-1]["fault/learner_copy_mb"],  # (step 1's holds no optimizer moments yet)
         "step2_s": step2["timing_s/step"],
         "step2_lost_s": {m["step"]: m for m in lost}[2]["timing_s/step"],
         "recovery_s": lost[-1]["fault/learner_recovery_s"],

@@ -91,3 +91,31 @@ def test_the_learners_state_copy_is_planned_where_the_run_keeps_it():
             assert with_copy.parts["state_copy"] == pytest.approx(gb) and with_copy.total > without.total
         else:
             assert with_copy.total == without.total  # device memory: the copy is the host's
+
+
+def test_plan_prices_the_state_copys_time_where_the_run_keeps_it(capsys):
+    """The copy's time a step (``memory.state_copy``): each rank's 12 bytes a trained parameter to the host (a GPU's
+    at the assumed D2H_GBPS), then that and its snapshots into Ray's object store at the host's bandwidth; `plan`
+    prints it beside the step, and nothing where the run keeps no copy."""
+    from grpo_ray.cli import main
+    from grpo_ray.planner import rates
+
+    r = load_recipe(ROOT / "recipes" / "llama3.1-8b-math-4node-streaming.yaml", ["trainer.fault_tolerance=all"])
+    d, w = model_dims(r.model.path), r.learner.world_size
+    state = 12 * d.trained(r.model) / w
+    gb, seconds = memory.state_copy(d, r, 10.0)
+    assert gb == pytest.approx(state / memory.GB)  # streaming keeps no snapshot
+    assert seconds == pytest.approx(state / (memory.D2H_GBPS * memory.GB) + state / (10.0 * memory.GB))
+    assert memory.state_copy(d, load_recipe(ROOT / "recipes" / "llama3.1-8b-math-4node-streaming.yaml"), 10.0) == (0, 0)
+    for over, said in ((["trainer.fault_tolerance=all"], True), ([], False)):
+        main(["plan", str(ROOT / "recipes" / "llama3.1-8b-math-4node-streaming.yaml"), *over])
+        found = re.search(
+            r"^  state copy\s+([\d.]+) s  trainer.fault_tolerance=all: ([\d.]+) GB a learner rank",
+            capsys.readouterr().out,
+            re.M,
+        )
+        assert bool(found) == said
+        if found:
+            host = rates.published()["cpu"].at(1).bandwidth / 1e9  # the host's: this project's CPU machine's
+            assert float(found[2]) == pytest.approx(state / memory.GB, rel=1e-2)
+            assert float(found[1]) == pytest.approx(memory.state_copy(d, r, host)[1], abs=1e-3)

@@ -73,9 +73,27 @@ def _plan_speed(recipe, dims, args, flags: list[str]) -> str:
         )
     shape = speed.default_shape(recipe, args.prompt_tokens or 0, args.response_tokens or 0)
     now = speed.predict(recipe, dims, known, shape)
+    text = now.text() + _state_copy_text(recipe, dims, now.step)
     if not args.suggest:
-        return now.text()
+        return text
     c = recipe.cluster
     devices = args.suggest if args.suggest > 0 else (c.nodes * c.devices_per_node if c.device == "cuda" else 0)
     found = suggest.suggest(lambda more: load_recipe(args.recipe, flags + more), recipe, dims, known, shape, devices)
-    return now.text() + "\n" + suggest.suggestions_text(now, found)
+    return text + "\n" + suggest.suggestions_text(now, found)
+
+
+def _state_copy_text(recipe, dims, step: float) -> str:
+    """trainer.fault_tolerance=all: what the learner's copy of its state costs a step (``memory.state_copy``), on
+    the host memory bandwidth measured on this project's CPU machine (a GPU node's host assumed no slower)."""
+    from grpo_ray.planner import memory, rates
+
+    host = rates.published()["cpu"].at(1).bandwidth / 1e9
+    gb, seconds = memory.state_copy(dims, recipe, host)
+    if not gb:
+        return ""
+    link = f"at {host:.0f} GB/s" if recipe.cluster.device == "cpu" else f"at an assumed {memory.D2H_GBPS:.0f} GB/s"
+    return (
+        f"\n  state copy   {seconds:9.3f} s  trainer.fault_tolerance=all: {gb:.3g} GB a learner rank as each step "
+        f"starts, to the host {link}, then into Ray's object store at {host:.0f} GB/s; it holds the rank before its "
+        f"update, {100 * seconds / step:.1f}% of the step above at most (not in it)"
+    )

@@ -156,6 +156,24 @@ def learner_memory(d: ModelDims, r: Recipe, seq: int = 0) -> PoolMemory:
     )
 
 
+D2H_GBPS = 25.0
+"""A GPU's copy to pageable host memory (PCIe Gen5 x16), assumed: not measured here (no GPU)."""
+
+
+def state_copy(d: ModelDims, r: Recipe, host_gbps: float) -> tuple[float, float]:
+    """trainer.fault_tolerance=all: a learner rank's copy of its state as each step starts (``state_copy``: weights
+    and Adam's two moments in fp32, and its weight snapshots, already on the host): its GB, and the seconds it holds
+    the rank before the step's update: the state copied to the host (at the host's memory bandwidth `host_gbps` on a
+    CPU device, D2H_GBPS from a GPU), then all of it once more into Ray's object store (at `host_gbps`). (0, 0) for
+    other runs."""
+    if r.trainer.fault_tolerance != "all":
+        return 0.0, 0.0
+    trained, w = d.trained(r.model), r.learner.world_size
+    state, snapshots = 12 * trained / w, snapshot_count(r.algorithm) * 4 * trained / w
+    to_host = host_gbps if r.cluster.device == "cpu" else D2H_GBPS
+    return (state + snapshots) / GB, state / (to_host * GB) + (state + snapshots) / (host_gbps * GB)
+
+
 def snapshot_count(a: AlgorithmConfig) -> int:
     """Versions of the weights a learner rank keeps besides training (max_staleness >= 1, learner old policy): the
     one being trained and those that generated the batches not yet trained."""
