@@ -1,12 +1,17 @@
 """The streaming schedule's batches (``schedules/streaming.py``'s rules): prompts sent ahead to engines that never
 wait, a step's groups taken as they finish.
 
-Each step's prompts are cut over the engines as a batched step's are (engine i gets share i). An engine is sent the
-prompts of the steps up to ``steps_sent_ahead`` past the one taken, and a step takes its share of the first groups to
-finish (``Generator.take``): every step sends share i and takes share i, so what an engine holds stays the same. What
-each engine holds is kept here (``Feed``: a prompt and the step it was sent for, its seed):
+Each step's prompts are cut over the engines taking prompts as a batched step's are (engine i gets share i). An
+engine is sent the prompts of the steps up to ``steps_sent_ahead`` past the one taken, and a step takes from it the
+first of its groups to finish (``Generator.take``), as many as it holds past its share of the steps sent ahead
+(``Feed.counts``): in a steady stream that is its share, so what an engine holds stays the same. What each engine
+holds is kept here, by its actor (``Feed``: a prompt and the step it was sent for, its seed):
 
     an engine lost   is replaced, gets the weights, and is sent again what it held (none lost, none twice)
+    an engine joins  holds nothing: it is sent its share from then on, and the others are asked for what they hold
+                     past their new share first (generator.num_engines: min..max)
+    an engine leaves (past num_engines, lost with its node) what it held is sent to the others
+    a notice         an engine on a draining node is sent nothing, and asked for all it holds first
     a checkpoint     keeps the prompts sent and not yet taken; the resumed run sends them first, under the
                      checkpoint's weights (the groups in flight are generated again, not carried over)
 
