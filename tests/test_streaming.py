@@ -1,7 +1,8 @@
 """The streaming schedule (algorithm.schedule=streaming): engines on a loop of their own, pushes into the generation
 in flight, each token labelled with the weights that sampled it, every prompt sent trained once, across a resume.
 
-The engine's side runs alone first (tests/helpers/engine_loop_push.py: a push between two tokens of one request);
+The engine's side runs alone first (tests/helpers/engine_loop_push.py: a push between two tokens of one request,
+requests stopped as a hand-back stops them);
 then, in the slow tier (CI's time is spent), one 4-step run with 8-token answers, so that answers are in flight at
 a push, that run resumed from its step-2 checkpoint, and a policy of one's own that drops stale groups."""
 
@@ -37,11 +38,9 @@ def rows(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_a_push_between_two_tokens_labels_each_token_with_its_weights():
-    """A request in flight when new weights load (the LM head's tied embeddings zeroed: every logprob becomes
-    -log(vocab)) goes on under them: the tokens vLLM labels with the new version, and only they, have the new
-    weights' logprobs; a request after the push is served no cached block of the old weights, one salted as before
-    the push is (the control)."""
+@pytest.fixture(scope="module")
+def engine_loop():
+    """tests/helpers/engine_loop_push.py's result: a push, then a hand-back, on one engine loop."""
     path = models.resolve(
         "tiny://qwen2?layers=2&hidden=64&heads=2&kv_heads=1&intermediate=128&seed=0&vocab=128&bytes=0"
     )
@@ -54,7 +53,15 @@ def test_a_push_between_two_tokens_labels_each_token_with_its_weights():
     )
     lines = [l for l in res.stdout.splitlines() if l.startswith("RESULT ")]
     assert res.returncode == 0 and lines, res.stderr[-3000:]
-    got = json.loads(lines[0][len("RESULT ") :])
+    return json.loads(lines[0][len("RESULT ") :])
+
+
+def test_a_push_between_two_tokens_labels_each_token_with_its_weights(engine_loop):
+    """A request in flight when new weights load (the LM head's tied embeddings zeroed: every logprob becomes
+    -log(vocab)) goes on under them: the tokens vLLM labels with the new version, and only they, have the new
+    weights' logprobs; a request after the push is served no cached block of the old weights, one salted as before
+    the push is (the control)."""
+    got = engine_loop
     versions, logprobs, uniform = got["versions"], got["logprobs"], -math.log(got["vocab"])
     cut = versions.index(1)
     assert got["in_flight"] == 1 and 0 < cut < len(versions) == 48
@@ -62,6 +69,15 @@ def test_a_push_between_two_tokens_labels_each_token_with_its_weights():
     assert all(abs(lp - uniform) < 1e-4 for lp in logprobs[cut:])
     assert sum(abs(lp - uniform) > 1e-3 for lp in logprobs[:cut]) >= cut - 1  # the old weights' are not uniform
     assert got["later_cached"] == 0 and got["stale_cached"] >= 128
+
+
+def test_requests_stopped_on_the_engine_loop_leave_it_serving(engine_loop):
+    """A hand-back's engine side (``EngineLoop.abort``): a request stopped mid-way in the engine and one stopped as
+    it was sent are cancelled and gone from the engine; a finished one is left as it is; the request beside them
+    runs to its end and the next one is served."""
+    got = engine_loop
+    assert got["aborted"] == 2 and got["cancelled"] == [True, True, False]
+    assert got["kept_tokens"] == 64 and got["after_tokens"] == 4 and got["unfinished"] == 0
 
 
 @pytest.fixture(scope="module")

@@ -55,6 +55,9 @@ class Blocking:
     def take(self, n, oldest_kept, sends, version, start, answer):
         raise RuntimeError("this engine's schedule sends batches (generate), not groups (submit, take)")
 
+    def hand_back(self) -> list[int]:
+        raise RuntimeError("this engine's schedule sends batches (generate), not groups (submit, take)")
+
 
 class Looping:
     concurrency = 4
@@ -99,6 +102,16 @@ class Looping:
             with self.sent:
                 self.sends += 1
                 self.sent.notify_all()
+
+    def hand_back(self) -> list[int]:
+        """The groups sent and not finished, stopped (``EngineLoop.abort``) and dropped: their prompts' uids, to be
+        generated elsewhere (a preemption notice: this engine's node goes soon). A multi-turn group runs on (its
+        turns are not single requests to stop), and a finished one waits to be taken."""
+        going = [g for g in self.groups if not g.sent.done()]
+        self.loop.abort([g.sent for g in going])
+        stopped = [g for g in going if g.sent.cancelled()]
+        self.groups = [g for g in self.groups if g not in stopped]
+        return [g.prompt.uid for g in stopped]
 
     def take(
         self, n: int, oldest_kept: int | None, sends: int, version: int, start: Callable, answer: Callable

@@ -132,6 +132,11 @@ class Generator(RoleActor):
 
         return self.driver.take(n, oldest_kept, sends, self.version, self._start, answer)
 
+    def hand_back(self) -> list[int]:
+        """Streaming, a preemption notice: the groups sent and not finished stopped; their prompts' uids
+        (``Looping.hand_back``)."""
+        return self.driver.hand_back()
+
     def _answer(self, prompts: list[Prompt], completions: list, start: float, started: float):
         """The rollout and its stats."""
         if self.on_cpu:  # in a thread: the call returns at once, the trim runs while the other pools work

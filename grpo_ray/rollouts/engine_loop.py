@@ -76,6 +76,25 @@ class EngineLoop:
             self.cond.notify()
         return done.result()
 
+    def abort(self, futures: list[Future]) -> int:
+        """Stop the requests of `futures` that have not finished: those queued are never added, those in the engine
+        are aborted between two steps; their futures are cancelled. How many were (a future of another kind, or
+        finished, is left as it is)."""
+        wanted = set(futures)
+        with self.cond:
+            queued = sum(done.cancel() for *_, done in self.adds if done in wanted)
+
+        def drop(engine) -> int:
+            with self.cond:
+                ids = [rid for rid, done in self.waiting.items() if done in wanted]
+                for rid in ids:
+                    self.waiting.pop(rid).cancel()
+            if ids:
+                engine.abort_request(ids)
+            return len(ids)
+
+        return queued + self.call(drop)
+
     def in_flight(self) -> int:
         """Requests queued or in the engine."""
         with self.cond:
@@ -107,6 +126,8 @@ class EngineLoop:
                     except BaseException as e:  # the caller's error, raised in its thread
                         done.set_exception(e)
                 for prompt, params, lora, rid, done in adds:
+                    if done.cancelled():  # (aborted before it was added)
+                        continue
                     rid = rid or str(next(self.ids))
                     params.output_kind = RequestOutputKind.FINAL_ONLY  # one output a request, when it ends
                     if self.salt is not None:
@@ -122,8 +143,9 @@ class EngineLoop:
                     for out in self.engine.step():
                         if out.finished:
                             with self.cond:
-                                done = self.waiting.pop(out.request_id)
-                            done.set_result(out)
+                                done = self.waiting.pop(out.request_id, None)  # (None: aborted)
+                            if done is not None:
+                                done.set_result(out)
         except BaseException as e:  # the engine failed: every request in flight, and every later call, says so
             with self.cond:
                 self.error = e

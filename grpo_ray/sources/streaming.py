@@ -11,7 +11,8 @@ holds is kept here, by its actor (``Feed``: a prompt and the step it was sent fo
     an engine joins  holds nothing: it is sent its share from then on, and the others are asked for what they hold
                      past their new share first (generator.num_engines: min..max)
     an engine leaves (past num_engines, lost with its node) what it held is sent to the others
-    a notice         an engine on a draining node is sent nothing, and asked for all it holds first
+    a notice         an engine on a draining node is sent nothing, hands back the groups it has not finished (sent
+                     to the others), and is asked for its finished ones first
     a checkpoint     keeps the prompts sent and not yet taken; the resumed run sends them first, under the
                      checkpoint's weights (the groups in flight are generated again, not carried over)
 
@@ -57,6 +58,8 @@ class Feed:
         ref, stats)."""
         self.resend: list[tuple[Prompt, int]] = []
         """Prompts a checkpoint held in flight, sent first by a resumed run."""
+        self.handed_back: set[str] = set()
+        """The engines on a draining node that handed back their unfinished groups (``_hand_back``)."""
         self.tokens = {"generated": 0, "handed": 0, "over": 0}
         """Response tokens generated so far, those handed on to be trained, and of those the ones of samples older than
         max_staleness when trained (goodput: those handed within the bound, over those generated)."""
@@ -180,6 +183,29 @@ class Feed:
             elif held:
                 self.say(f"an engine left: sending the {len(held)} groups it held to the others")
                 self._send([p for p, _ in held], [s for _, s in held])
+        self._hand_back()
+
+    def _hand_back(self) -> None:
+        """Each engine on a node Ray marked draining (not ``taking`` prompts) stops the groups it holds and has not
+        finished, once (``Generator.hand_back``): they are sent to the others, generated again there, and its
+        finished ones are taken first (``counts``). One already gone is the take's to find."""
+        engines, taking = self.engines.pools.generators, self.engines.taking()
+        for i, actor in enumerate(engines):
+            if i in taking or key(actor) in self.handed_back:
+                continue
+            self.handed_back.add(key(actor))
+            try:
+                uids = self.engines.pools.call(actor.hand_back.remote(), f"hand back on engine {i}")
+            except PoolFault:
+                continue
+            held, back = self.held[key(actor)], []
+            for uid in uids:  # (the first of that prompt it held, as a take's)
+                held.remove(h := next(h for h in held if h[0].uid == uid))
+                back.append(h)
+            if back:
+                self.say(f"engine {i} is on a draining node: it handed back the {len(back)} groups it had not finished")
+                self.engines.pools.redid(GENERATOR, len(back) * self.r.algorithm.group_size)
+                self._send([p for p, _ in back], [s for _, s in back])
 
     def _resend(self) -> None:
         """What a checkpoint held, sent again: steps' worth, each engine taking prompts getting its share of every

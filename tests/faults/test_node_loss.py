@@ -158,6 +158,18 @@ def generation_cluster():
     return cluster
 
 
+def draining(cluster, node) -> None:
+    """Ray marks `node` draining: a preemption notice (as its SIGTERM handler or an autoscaler gives), its deadline a
+    minute on."""
+    import ray
+    from ray.core.generated import autoscaler_pb2
+
+    preemption = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION")
+    gcs = ray._raylet.GcsClient(address=cluster.address)
+    at = int(time.time() * 1000) + 60_000
+    assert gcs.drain_node(node.node_id, preemption, "spot notice", at)[0]
+
+
 def node_joining(cluster, pools, added: list, grow) -> list[int]:
     """A node with room for an engine added (to `added`), and ``Pools.grow`` (`grow`) asked until the engine placed
     on it joins."""
@@ -182,7 +194,6 @@ def test_engines_join_as_nodes_appear_and_leave_with_them(tmp_path, monkeypatch,
     and, holding none, leaves at once (past num_engines: not replaced), while alive, so its node's end costs nothing
     (no samples, and no push that fails: one that found it gone would replace the engines whose receive failed)."""
     import ray
-    from ray.core.generated import autoscaler_pb2
 
     from grpo_ray.pools import Pools
 
@@ -207,10 +218,7 @@ def test_engines_join_as_nodes_appear_and_leave_with_them(tmp_path, monkeypatch,
         if len(grows) == 2:  # step 2 starts: a node with room for an engine appears; the engine joins this step
             return node_joining(cluster, self, added, real)
         if len(grows) == 3 and notice:  # step 3 starts: the notice, its deadline a minute on
-            preemption = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION")
-            gcs = ray._raylet.GcsClient(address=cluster.address)
-            at = int(time.time() * 1000) + 60_000
-            assert gcs.drain_node(added[0].node_id, preemption, "spot notice", at)[0]
+            draining(cluster, added[0])
         elif len(grows) == 3 + notice:
             remove(self)
         return real(self)
@@ -244,10 +252,13 @@ def test_engines_join_as_nodes_appear_and_leave_with_them(tmp_path, monkeypatch,
     assert differing(elastic, plain) <= known
 
 
-def test_streaming_engines_join_as_a_node_appears(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("notice", [False, True])
+def test_streaming_engines_join_as_a_node_appears(tmp_path, monkeypatch, capsys, notice):
     """Streaming (max_staleness 1), generator.num_engines=1..2: a node with room for an engine added as step 2
     starts, the engine joins (given the weights), is sent its share of the prompts sent from then on, and the takes
-    after ask it for groups (``Feed.counts``); every prompt is trained once."""
+    after ask it for groups (``Feed.counts``); every prompt is trained once. With a `notice` (its node marked
+    draining as step 3 starts, removed as step 4 starts): it is sent nothing more, hands back the groups it has not
+    finished, and leaves once it holds none, before its node goes."""
     import ray
 
     from grpo_ray.pools import Pools
@@ -258,7 +269,13 @@ def test_streaming_engines_join_as_a_node_appears(tmp_path, monkeypatch, capsys)
 
     def grow(self):
         grows.append(1)
-        return node_joining(cluster, self, added, real_grow) if len(grows) == 2 else real_grow(self)
+        if len(grows) == 2:
+            return node_joining(cluster, self, added, real_grow)
+        if len(grows) == 3 and notice:
+            draining(cluster, added[0])
+        if len(grows) == 4 and notice:
+            cluster.remove_node(added[0])
+        return real_grow(self)
 
     def counts(self, step, need):
         asked.append(real_counts(self, step, need))
@@ -285,6 +302,13 @@ def test_streaming_engines_join_as_a_node_appears(tmp_path, monkeypatch, capsys)
         cluster.shutdown()
     said = capsys.readouterr().out
     assert re.findall(r"engine 1 joined \(node (\w+)\), now 2 engine\(s\)", said) == [added[0].node_id[:12]]
-    assert [m["generator/engines"] for m in metrics] == [1, 2, 2, 2]
-    assert [len(c) for c in asked] == [1, 2, 2, 2] and asked[2][1] > 0, asked  # its groups taken from step 3 on
     assert len(trained) == len(set(trained)) == 4 * 16, trained  # each prompt trained once
+    if not notice:
+        assert [m["generator/engines"] for m in metrics] == [1, 2, 2, 2]
+        assert [len(c) for c in asked] == [1, 2, 2, 2] and asked[2][1] > 0, asked  # its groups taken from step 3 on
+        return
+    assert "engine 1 is on a draining node and holds no work: it leaves now" in said, said[-3000:]
+    assert [m["generator/engines"] for m in metrics][:2] == [1, 2] and metrics[-1]["generator/engines"] == 1
+    assert metrics[-1]["fault/generator_left"] == 1 and metrics[-1]["fault/notices"] == 1
+    back = re.findall(r"engine 1 is on a draining node: it handed back the (\d+) groups", said)
+    assert metrics[-1]["fault/generator_redone"] == 16 * sum(int(n) for n in back)  # those alone done again

@@ -1,4 +1,5 @@
-"""A push into generation in flight, on vLLM's engine loop (``grpo_ray.rollouts.engine_loop``): prints one JSON line.
+"""A push into generation in flight, and requests stopped (a hand-back), on vLLM's engine loop
+(``grpo_ray.rollouts.engine_loop``): prints one JSON line.
 
 Run as a script (vLLM's engine start needs the __main__ guard): ``engine_loop_push.py MODEL_PATH``, with
 VLLM_ENABLE_V1_MULTIPROCESSING=0 (the engine in this process, as in a generator actor). One long request is started;
@@ -53,6 +54,18 @@ if __name__ == "__main__":
     later = loop.submit(prompt, SamplingParams(max_tokens=1, temperature=1.0, seed=2, logprobs=0)).result()
     loop.call(lambda e: setattr(loop, "salt", "0"))  # a request salted as before the push: served the old blocks
     stale = loop.submit(prompt, SamplingParams(max_tokens=1, temperature=1.0, seed=2, logprobs=0)).result()
+    # a hand-back (a preemption notice): of two long requests in the engine one is stopped mid-way, and one sent
+    # and stopped at once (queued, or just added); the other runs to its end, and the engine serves the next
+    long = SamplingParams(max_tokens=64, ignore_eos=True, temperature=1.0, seed=3, logprobs=0)
+    kept, dropped = loop.submit(prompt, long), loop.submit(prompt, long)
+    for _ in range(4):
+        loop.call(lambda e: None)
+    aborted = loop.abort([dropped])
+    sent = loop.submit(prompt, long)
+    kept.result()
+    aborted += loop.abort([sent, kept])  # (kept: finished, left as it is)
+    after = loop.submit(prompt, SamplingParams(max_tokens=4, ignore_eos=True, temperature=1.0, seed=4)).result()
+    unfinished = loop.call(lambda e: e.get_num_unfinished_requests())
     versions = [int(s.version) for s in out.weight_versions for _ in range(s.start, s.end)]
     logprobs = [lp[t].logprob for t, lp in zip(out.token_ids, out.logprobs)]
     print(
@@ -66,6 +79,11 @@ if __name__ == "__main__":
                 "later_cached": later.num_cached_tokens or 0,
                 "stale_cached": stale.num_cached_tokens or 0,
                 "idle": loop.idle,
+                "aborted": aborted,
+                "cancelled": [dropped.cancelled(), sent.cancelled(), kept.cancelled()],
+                "kept_tokens": len(kept.result().outputs[0].token_ids),
+                "after_tokens": len(after.outputs[0].token_ids),
+                "unfinished": unfinished,
             }
         ),
         flush=True,
