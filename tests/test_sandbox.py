@@ -107,7 +107,10 @@ class Node:
 @pytest.fixture(scope="module")
 def node(ray_local, tmp_path_factory, monkeypatch_module):
     """The node, with Ray running (its sockets under /tmp/ray) and tokens in the trainer's environment."""
-    ray_sockets = glob.glob("/tmp/ray/session_*/sockets/*")
+    # the live session's sockets (old sessions' are dead files, and on a long-lived machine their paths outgrow one
+    # command line: the Harbor probe carries the targets in its command)
+    session = ray_local._private.worker._global_node.get_session_dir_path()
+    ray_sockets = glob.glob(f"{session}/sockets/*")
     assert ray_sockets, "Ray is running: its sockets are there to be reached"
     n = Node(tmp_path_factory.mktemp("escape"), ray_sockets)
     monkeypatch_module.setenv("HF_TOKEN", n.secret)
