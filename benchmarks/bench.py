@@ -452,7 +452,7 @@ def measure(recipe_path: str, overrides: list[str], steps: int, reps: int, raw: 
     if not raw:
         return result
 
-    gen_env = Device("cpu").engine_env(pool_threads["generator"])
+    gen_env = Device("cpu").engine_env(pool_threads["generator"], r.generator.enforce_eager)
     raw_gen = run_child("vllm", raw_vllm_spec(r, inputs.model_path, prompts, reps), gen_env)
     threads = pool_threads["learner"]
     raw_learn = run_child(

@@ -171,7 +171,10 @@ def heap_lever(common: list[str], reps: int) -> dict:
         r = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", [*common, f"trainer.output_dir={tmp}/run"])
         inputs = setup_run(r)
     prompts = [Prompt.from_row(uid, row) for uid, row in enumerate(inputs.train_rows[: r.data.train_batch_size])]
-    spec, env = raw_vllm_spec(r, inputs.model_path, prompts, reps), Device("cpu").engine_env(os.cpu_count())
+    spec, env = (
+        raw_vllm_spec(r, inputs.model_path, prompts, reps),
+        Device("cpu").engine_env(os.cpu_count(), r.generator.enforce_eager),
+    )
     before, after = run_child("vllm", {**spec, "trim": False}, {**env, **HEAP}), run_child("vllm", spec, env)
     return {"before_s": before["seconds"], "after_s": after["seconds"], "tokens": after["tokens"]}
 

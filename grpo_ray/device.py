@@ -42,9 +42,12 @@ class Device:
         """What a role's memory is reported as: torch's peak allocation on a GPU, the process's peak RSS on CPU."""
         return "max_memory_allocated_gb" if self.gpu else "peak_rss_gb"
 
-    def engine_env(self, threads: int) -> dict[str, str]:
-        """Environment of a generator actor's process (set through its runtime_env, before vLLM is imported). On
-        CPU the engine runs in the actor's own process, with `threads` OpenMP threads; on GPU in a child process."""
+    def engine_env(self, threads: int, eager: bool) -> dict[str, str]:
+        """Environment of an engine actor's process (set through its runtime_env, before vLLM is imported). On
+        CPU the engine runs in the actor's own process, with `threads` OpenMP threads; on GPU in a child process.
+        `eager`: the engine's enforce_eager; on CPU it then compiles nothing at all, its sampler's helpers included
+        (vLLM compiles those with inductor whatever enforce_eager says: 3 s at an engine's first logprobs here,
+        for a count of ranks that eager torch gives exactly)."""
         env = {"TOKENIZERS_PARALLELISM": "false"}
         if not self.gpu:
             env.update(
@@ -52,6 +55,7 @@ class Device:
                     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine in the actor's own process: one process per engine
                     "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # leave cores to Ray's accounting
                     "OMP_NUM_THREADS": str(threads),
+                    **({"TORCH_COMPILE_DISABLE": "1"} if eager else {}),
                 }
             )
         return env

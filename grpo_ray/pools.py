@@ -209,7 +209,7 @@ class Pools:
         if self.r.trainer.log_level == "info":  # the actor's own output to a file, not the console
             env[LOG_FILE_ENV] = str(self.log_dir() / f"{pool}-{i}.log")
         if role.ENGINE:  # a vLLM engine in the actor's process
-            env.update(self.device.engine_env(threads))
+            env.update(self.device.engine_env(threads, role.eager(self.r)))
         actor = ray.remote(role).options(
             num_cpus=self.plans[pool].cpus,
             num_gpus=gpus,

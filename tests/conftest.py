@@ -11,6 +11,14 @@ SHARED_DATA = ROOT.parent / "shared" / "data"
 TINY = "tiny://{arch}?layers=2&hidden=64&heads=2&kv_heads=1&intermediate=128&seed=0"
 
 
+def engine_env() -> dict[str, str]:
+    """The environment of a process a test starts to run a vLLM engine (enforce_eager) in itself, as a CPU generator
+    actor's process runs one (``Device.engine_env``: nothing compiled), its threads this machine's cores."""
+    from grpo_ray.device import Device
+
+    return {**os.environ, **Device("cpu").engine_env(len(os.sched_getaffinity(0)), eager=True)}
+
+
 def pytest_addoption(parser):
     parser.addoption(
         "--full",

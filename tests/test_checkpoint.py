@@ -11,7 +11,7 @@ import time
 import pytest
 
 from grpo_ray import checkpoint
-from tests.conftest import ONE_STEP_OFF, ROOT, run_cli
+from tests.conftest import ONE_STEP_OFF, ROOT, engine_env, run_cli
 
 pytestmark = pytest.mark.slow
 COMMON = [
@@ -185,7 +185,7 @@ def test_export_matches_the_learner_and_loads_in_vllm(runs, tmp_path, ray_local)
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},  # the engine in that process: one start less
+        env=engine_env(),  # the engine in that process: one start less
     )
     assert gen.returncode == 0 and "RESULT " in gen.stdout, gen.stderr[-3000:]
 

@@ -4,7 +4,6 @@ directory and a merged model."""
 
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 
@@ -14,7 +13,7 @@ import torch
 from grpo_ray import models
 from grpo_ray.config import LoraConfig, load_recipe
 from grpo_ray.models import dims, lora
-from tests.conftest import ROOT, TINY, run_cli
+from tests.conftest import ROOT, TINY, engine_env, run_cli
 from tests.test_checkpoint import assert_same_metrics, metrics, whole_and_resumed
 
 LORA = ["model.lora.rank=4", "model.lora.alpha=8", "learner.optim.lr=1e-2"]
@@ -127,7 +126,7 @@ def test_lora_export_writes_adapters_and_a_merged_model(runs, tmp_path):
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},  # the engine in that process: one start less
+        env=engine_env(),  # the engine in that process: one start less
     )
     assert gen.returncode == 0 and "RESULT " in gen.stdout, gen.stderr[-3000:]  # vLLM serves the merged model
 

@@ -1,5 +1,4 @@
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +8,7 @@ import torch
 
 from grpo_ray import models
 from grpo_ray.models import tiny
-from tests.conftest import ROOT, TINY
+from tests.conftest import ROOT, TINY, engine_env
 
 ARCHS = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "gemma3": "Gemma3ForCausalLM"}
 
@@ -144,7 +143,7 @@ def test_tiny_checkpoints_generate_in_vllm(built):
         capture_output=True,
         text=True,
         timeout=600,
-        env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+        env=engine_env(),
     )
     outs = [json.loads(l[len("RESULT ") :]) for l in res.stdout.splitlines() if l.startswith("RESULT ")]
     assert res.returncode == 0 and [o["path"] for o in outs] == [built[a] for a in ARCHS], res.stderr[-3000:]

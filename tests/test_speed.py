@@ -289,7 +289,7 @@ def test_ignore_eos_makes_every_response_max_tokens_long():
 
     from grpo_ray.device import Device
 
-    env = {**os.environ, **Device("cpu").engine_env(1)}
+    env = {**os.environ, **Device("cpu").engine_env(1, eager=True)}  # tiny-cpu.yaml's engine
     out = subprocess.run(
         [sys.executable, "-c", IGNORE_EOS], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300
     )

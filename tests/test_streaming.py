@@ -9,7 +9,6 @@ a push, that run resumed from its step-2 checkpoint, and a policy of one's own t
 import collections
 import json
 import math
-import os
 import subprocess
 import sys
 import textwrap
@@ -18,7 +17,7 @@ import pytest
 
 from grpo_ray import models
 from grpo_ray.telemetry.dumps import read_samples
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, engine_env, run_cli
 from tests.test_checkpoint import COMMON, whole_and_resumed
 
 STREAMING = [
@@ -49,7 +48,7 @@ def engine_loop():
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+        env=engine_env(),
     )
     lines = [l for l in res.stdout.splitlines() if l.startswith("RESULT ")]
     assert res.returncode == 0 and lines, res.stderr[-3000:]

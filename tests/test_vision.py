@@ -7,7 +7,6 @@ images, padded and packed; and a run on image rows trains, the learner's logprob
 
 import io
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +17,7 @@ from PIL import Image
 
 from grpo_ray import models
 from grpo_ray.models.tiny import IMAGE_TOKENS, ModelNameError, parse_tiny
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, engine_env, run_cli
 
 TWIN = "tiny://gemma3?vision=2&bytes=0&vocab=160"
 BOUND = 1e-3  # trainer.max_sync_logprob_diff of the text twins
@@ -81,7 +80,7 @@ def test_a_vision_twin_is_gemma3s_shape_alone():
 def test_the_engine_serves_an_image_prompt_as_a_plain_forward_reads_it(twin, tmp_path):
     path, model, processor = twin
     picture(3).save(tmp_path / "seen.png")
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    env = engine_env()
     out = subprocess.run(
         [sys.executable, str(ROOT / "tests" / "helpers" / "vllm_images.py"), path, str(tmp_path / "seen.png")],
         capture_output=True,

@@ -70,6 +70,11 @@ class RoleActor:
         return cls.CONCURRENCY
 
     @classmethod
+    def eager(cls, recipe: Recipe) -> bool:
+        """Whether the actor's engine (``ENGINE``) runs eagerly in a run of `recipe` (its enforce_eager)."""
+        return False
+
+    @classmethod
     def start_args(cls, seat: Seat) -> tuple:
         """The constructor's arguments for the actor at `seat`: a frozen scorer's, by default."""
         return (seat.model_path, seat.recipe, seat.rank, seat.count, seat.threads)

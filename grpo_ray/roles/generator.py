@@ -41,6 +41,10 @@ class Generator(RoleActor):
         return DRIVERS[schedules.of(recipe.algorithm).driver].concurrency
 
     @classmethod
+    def eager(cls, recipe: Recipe) -> bool:
+        return recipe.generator.enforce_eager
+
+    @classmethod
     def start_args(cls, seat: Seat) -> tuple:
         """Its KV cache on CPU sized from the recipe (on GPU: gpu_memory_utilization), the run's seed plus its index,
         and where a ``module:Class`` environment's module was found."""

@@ -31,6 +31,10 @@ class Judge(RoleActor):
     ENGINE = True
     CONCURRENCY = 2  # a step's memory ask is answered while a judge grades (or hangs: its deadline)
 
+    @classmethod
+    def eager(cls, recipe: Recipe) -> bool:
+        return bool(recipe.reward_model.judge.vllm_kwargs.get("enforce_eager", False))
+
     def __init__(self, model_path: str, recipe: Recipe, rank: int = 0, world_size: int = 1, threads: int = 1):
         log_to_file()
         self.model_path, self.recipe, self.rank, self.world_size = model_path, recipe, rank, world_size

@@ -21,7 +21,9 @@ def run_cases(cases: list, path: tuple[str, ...] = ()) -> tuple[list[dict], str]
     import os
     import subprocess
 
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    from tests.conftest import engine_env
+
+    env = engine_env()
     env["PYTHONPATH"] = os.pathsep.join([*path, os.environ.get("PYTHONPATH", "")])
     out = subprocess.run(
         [sys.executable, __file__, json.dumps(cases)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600
