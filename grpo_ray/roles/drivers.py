@@ -27,6 +27,9 @@ from grpo_ray.lengths import max_model_len
 from grpo_ray.roles.vllm_ext import bound_cpu_gemm_caches
 from grpo_ray.types import Completion, Group, Prompt
 
+GROUPS_REFUSED = "this engine's schedule sends batches (generate), not groups (submit, take, hand back)"
+"""What a blocking engine answers a streaming schedule's calls."""
+
 
 class Blocking:
     concurrency = 1
@@ -50,13 +53,13 @@ class Blocking:
         self.llm.reset_prefix_cache()
 
     def submit(self, prompts, group_size, seeds, start) -> None:
-        raise RuntimeError("this engine's schedule sends batches (generate), not groups (submit, take)")
+        raise RuntimeError(GROUPS_REFUSED)
 
     def take(self, n, oldest_kept, sends, version, start, answer):
-        raise RuntimeError("this engine's schedule sends batches (generate), not groups (submit, take)")
+        raise RuntimeError(GROUPS_REFUSED)
 
     def hand_back(self) -> list[int]:
-        raise RuntimeError("this engine's schedule sends batches (generate), not groups (submit, take)")
+        raise RuntimeError(GROUPS_REFUSED)
 
 
 class Looping:
