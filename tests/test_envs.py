@@ -413,10 +413,12 @@ def engine_runs(openenv_echo):
     cases += [["qwen2", "tests.helpers.envs:AsUser", []]]  # its observations as user messages
     echo = [f"environment.options.env={ECHO}", "environment.options.observation_field=echoed_message"]
     cases += [["qwen2", "openenv", [*echo, "environment.max_tokens=96", "environment.timeout_s=60"]]]
+    cases += [["qwen2", "tests.helpers.envs:Slow", [], mode] for mode in ("turn", "step")]  # handed back
     runs, stderr = run_cases(cases, (str(openenv_echo),))
     stop = lambda r: "+stop" if any(o.startswith("environment.stop") for o in r["overrides"]) else ""  # noqa: E731
     chose = lambda r: "+choices" if any(o.startswith("environment.choices") for o in r["overrides"]) else ""  # noqa: E731
-    return {(r["arch"] + stop(r) + chose(r), r["env"].rpartition(":")[2]): r for r in runs}, stderr
+    mode = lambda r: "+" + r["mode"] if "mode" in r else ""  # noqa: E731
+    return {(r["arch"] + stop(r) + chose(r) + mode(r), r["env"].rpartition(":")[2]): r for r in runs}, stderr
 
 
 @pytest.mark.slow
@@ -747,3 +749,23 @@ def test_an_environment_trains_on_rows_with_no_ground_truth(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in steps] == [1, 2] and all(m["env/reward/mean"] > 0 for m in steps)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["turn", "step"])
+def test_a_notices_hand_back_stops_multi_turn_groups_and_drops_their_episodes(engine_runs, mode):
+    """A streaming engine on a draining node hands back the multi-turn groups it has not finished
+    (``Looping.hand_back``): both groups' prompts handed back, whether their turns were in the engine ("turn": every
+    first turn added, none stepped) or their trajectories in their environment's calls ("step"); as the hand-back
+    returns the engine holds none of their requests, and none is added after; every episode they opened is dropped
+    in its environment process; the engine and the environments then run a new group to its end."""
+    run = engine_runs[0][("qwen2+" + mode, "Slow")]
+    assert run["back"] == [0, 1]
+    assert run["groups_left"] == 0 and run["in_flight"] == 0
+    assert not run["unfinished_after"] and run["added_after"] == []
+    assert run["held"] == [0, 0]  # every episode of the handed-back groups closed (Slow counts them)
+    if mode == "turn":  # aborted in the engine before a token: no turn of theirs finished
+        assert run["turns_finished"] == [0, 0]
+    else:  # handed back after their first turns: no turn of theirs finished after
+        assert run["turns_finished"][0] == run["turns_finished"][1] >= 6
+    assert len(run["after"]) == 3 and not any(e["failure"] for e in run["after"])

@@ -30,6 +30,7 @@ import time
 from datetime import date, datetime
 from pathlib import Path
 
+from grpo_ray.device import Device
 from grpo_ray.models.dims import model_dims
 from grpo_ray.planner import measure, work
 from grpo_ray.planner.measure import (
@@ -98,11 +99,7 @@ def _calibrate(device: str, say) -> tuple[Rates, Path]:
     say(f"  collectives measured ({time.perf_counter() - start:.0f} s)")
     engine = dict(FITTED["engine"])
     if device == "cpu" and has_vllm():
-        env = {
-            "OMP_NUM_THREADS": str(cores),
-            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-            "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-        }
+        env = Device("cpu").engine_env(cores, eager=True)  # a run's engine's (measure's recipes: enforce_eager)
         runs = child(engine_part, (tuple(ENGINE_MODELS),), env)
         engine = _engine_rates(runs, threads[str(cores)])
         layers = model_dims(RELOAD_MODEL).layers

@@ -107,11 +107,15 @@ class Looping:
                 self.sent.notify_all()
 
     def hand_back(self) -> list[int]:
-        """The groups sent and not finished, stopped (``EngineLoop.abort``) and dropped: their prompts' uids, to be
-        generated elsewhere (a preemption notice: this engine's node goes soon). A multi-turn group runs on (its
-        turns are not single requests to stop), and a finished one waits to be taken."""
+        """The groups sent and not finished, stopped and dropped: their prompts' uids, to be generated elsewhere (a
+        preemption notice: this engine's node goes soon). A multi-turn group's turns in flight are aborted and its
+        episodes dropped (``Episodes.start``); an agent program's group is dropped, its programs left to end by
+        themselves (nothing stops a program mid-run). A finished group waits to be taken."""
         going = [g for g in self.groups if not g.sent.done()]
-        self.loop.abort([g.sent for g in going])
+        self.loop.abort([g.sent for g in going])  # a single request's: stopped in the engine
+        for g in going:  # a multi-turn group's: its trajectories stop (``Episodes.start``)
+            if not g.sent.done():  # (a request's is done now: the loop's, aborted or answered)
+                g.sent.cancel()
         stopped = [g for g in going if g.sent.cancelled()]
         self.groups = [g for g in self.groups if g not in stopped]
         return [g.prompt.uid for g in stopped]

@@ -132,83 +132,15 @@ class Episodes:
     def start(self, prompt: Prompt, n: int, seed: int, sampling, loop: EngineLoop, lora=lambda: None) -> Future:
         """Start `n` trajectories of `prompt` (seeded from `seed`) on `loop`, each turn a request of its own served
         with the adapters `lora()` names as it is sent. The future gives the trajectories (prompt index 0) once each
-        has ended. A trajectory goes from turn to turn in callbacks: an answered turn hands its environment call to
-        the pool, an answered call sends the next turn; the engine meanwhile serves the others."""
+        has ended; cancelling it stops them (``Running``)."""
         if self.agents:
             return self.agents.start(prompt, n, seed, sampling, loop, lora)
-        key, budget, max_turns = next(self.keys), self.env.max_tokens, self.env.max_turns
-        group: Future = Future()
+        key = next(self.keys)
         children = [self.children[(key * n + j) % len(self.children)] for j in range(n)]
         ts = [Trajectory(0, seed, f"{key}/{j}", child, given=len(prompt.images)) for j, child in enumerate(children)]
-        left, lock = [n], threading.Lock()
-
-        def fail(e: BaseException) -> None:  # an error in a callback fails the group (its result raises it)
-            with lock:
-                if not group.done():
-                    group.set_exception(e)
-
-        def guarded(fn):
-            def run(t, future):
-                try:
-                    fn(t, future.result())
-                except BaseException as e:
-                    fail(e)
-
-            return lambda t: lambda future: run(t, future)
-
-        @guarded
-        def answered(t: Trajectory, answer: dict | None) -> None:  # the environment's, after reset or a turn
-            if (answer is None and not t.ids) or (answer is not None and self._goes_on(t, answer, budget, max_turns)):
-                turn = len(t.episode.turns) // 2  # a failed reset still generates the first turn (a trajectory
-                params = self._turn_params(t, turn, sampling, budget)  # has at least one token), then ends
-                request = {"prompt_token_ids": prompt.ids + t.ids}
-                if prompt.images or t.images:
-                    request["multi_modal_data"] = {"image": vision.decoded(prompt.images + t.images)}
-                sent = loop.submit(request, params, lora(), f"{t.key}/{turn}")
-                sent.add_done_callback(generated(t))
-            else:
-                ended(t)
-
-        @guarded
-        def generated(t: Trajectory, out) -> None:  # a cut turn is stepped too (truncated), as the episode's last
-            cut = self._add_turn(t, out, bool(self.banned))  # a VL model's: images may come in any turn
-            last = len(t.episode.turns) // 2 + 1 >= max_turns  # the turn limit's turn (as _goes_on counts)
-            if t.episode.failure:
-                ended(t)
-            else:
-                self.pool.submit(self._step, t, t.episode.turns[-1], cut, last).add_done_callback(answered(t))
-
-        def ended(t: Trajectory) -> None:  # (a done or cut episode is closed by its process as it answers)
-            if not t.episode.failure and t.episode.ended not in ("done", "length"):  # its process still holds it
-                self.pool.submit(t.child.run, ("drop", t.key), self.env.timeout_s)
-            with lock:
-                left[0] -= 1
-                if left[0] == 0 and not group.done():
-                    group.set_result([t.completion() for t in ts])
-
-        self._open(prompt, ts, answered, fail)
-        return group
-
-    def _open(self, prompt: Prompt, ts: list[Trajectory], answered, fail) -> None:
-        """Reset the group's episodes; once all have answered, its prompt meets their openings (``_opened``) and
-        each trajectory goes on (`answered`, with its reset's outcome); `fail` fails the group."""
-        resets, waiting, lock = [self.pool.submit(self._reset, t, prompt) for t in ts], [len(ts)], threading.Lock()
-
-        def reset(_) -> None:
-            with lock:
-                waiting[0] -= 1
-                if waiting[0]:
-                    return
-            try:
-                started = self._opened(prompt, ts, [f.result() for f in resets])
-            except BaseException as e:
-                fail(e)
-                return
-            for t, answer in zip(ts, started):
-                answered(t)(done_future(answer))
-
-        for f in resets:
-            f.add_done_callback(reset)
+        group = Running(self, prompt, ts, sampling, loop, lora)
+        group.open()
+        return group.future
 
     def _turn_params(self, t: Trajectory, turn: int, sampling, budget: int):
         """vLLM's sampling parameters for `turn` of trajectory `t`: the recipe's sampling, at most what is left of
@@ -383,6 +315,118 @@ class Episodes:
             c.close()
         if self.agents:
             self.agents.close()
+
+
+class Running:
+    """One group's trajectories on the engine's loop (``Episodes.start``), turn to turn in callbacks: an answered
+    turn hands its environment call to the pool, an answered call sends the next turn; the engine meanwhile serves
+    the others. `future` gives the trajectories once each has ended.
+
+    Cancelling `future` (a notice's hand-back, ``Looping.hand_back``; from any thread but the loop's) stops the
+    group: its turns in flight are aborted, none is sent after (a turn is sent under the lock, after a look at the
+    future), and each trajectory ends as its environment call in flight comes back, its episode dropped."""
+
+    def __init__(self, episodes: Episodes, prompt: Prompt, ts: list[Trajectory], sampling, loop: EngineLoop, lora):
+        self.episodes, self.prompt, self.ts, self.sampling = episodes, prompt, ts, sampling
+        self.loop, self.lora = loop, lora
+        """`lora()`: the adapters a turn sent now is served with."""
+        self.future: Future = Future()
+        self.lock, self.left = threading.Lock(), len(ts)
+        self.turns: dict[str, Future] = {}
+        """Each trajectory's last turn sent (by its key)."""
+        self.future.add_done_callback(self._stopped)
+
+    def open(self) -> None:
+        """Reset the group's episodes; once all have answered, its prompt meets their openings (``_opened``) and
+        each trajectory goes on (``answered``, with its reset's outcome)."""
+        ep, ts = self.episodes, self.ts
+        resets, waiting, lock = [ep.pool.submit(ep._reset, t, self.prompt) for t in ts], [len(ts)], threading.Lock()
+
+        def reset(_) -> None:
+            with lock:
+                waiting[0] -= 1
+                if waiting[0]:
+                    return
+            try:
+                started = ep._opened(self.prompt, ts, [f.result() for f in resets])
+            except BaseException as e:
+                self.fail(e)
+                return
+            for t, answer in zip(ts, started):
+                self.then(self.answered, t)(done_future(answer))
+
+        for f in resets:
+            f.add_done_callback(reset)
+
+    def fail(self, e: BaseException) -> None:
+        """An error in a callback fails the group (its future's result raises it)."""
+        with self.lock:
+            if not self.future.done():
+                self.future.set_exception(e)
+
+    def then(self, fn, t: Trajectory):
+        """A done-callback: `fn(t, the result)`, its error failing the group; once the group is cancelled, what
+        came back is dropped and `t` ends."""
+
+        def run(future: Future) -> None:
+            if self.future.cancelled():
+                self.ended(t)
+                return
+            try:
+                fn(t, future.result())
+            except BaseException as e:
+                self.fail(e)
+
+        return run
+
+    def answered(self, t: Trajectory, answer: dict | None) -> None:
+        """The environment's answer, after reset or a turn: the next turn sent, or the trajectory's end."""
+        ep, env, prompt = self.episodes, self.episodes.env, self.prompt
+        if not (
+            (answer is None and not t.ids)
+            or (answer is not None and ep._goes_on(t, answer, env.max_tokens, env.max_turns))
+        ):
+            self.ended(t)
+            return
+        turn = len(t.episode.turns) // 2  # a failed reset still generates the first turn (a trajectory has at
+        params = ep._turn_params(t, turn, self.sampling, env.max_tokens)  # least one token), then ends
+        request = {"prompt_token_ids": prompt.ids + t.ids}
+        if prompt.images or t.images:
+            request["multi_modal_data"] = {"image": vision.decoded(prompt.images + t.images)}
+        with self.lock:
+            if self.future.cancelled():
+                sent = done_future(None)  # (the group handed back as this came: ended at once below)
+            else:
+                sent = self.turns[t.key] = self.loop.submit(request, params, self.lora(), f"{t.key}/{turn}")
+        sent.add_done_callback(self.then(self.generated, t))
+
+    def generated(self, t: Trajectory, out) -> None:
+        """A turn answered by the engine: its environment call (a cut turn is stepped too, truncated, as the
+        episode's last)."""
+        ep = self.episodes
+        cut = ep._add_turn(t, out, bool(ep.banned))  # a VL model's: images may come in any turn
+        last = len(t.episode.turns) // 2 + 1 >= ep.env.max_turns  # the turn limit's turn (as _goes_on counts)
+        if t.episode.failure:
+            self.ended(t)
+        else:
+            ep.pool.submit(ep._step, t, t.episode.turns[-1], cut, last).add_done_callback(self.then(self.answered, t))
+
+    def ended(self, t: Trajectory) -> None:
+        """Trajectory `t` has ended: its episode dropped where its process still holds it (a done or cut one is
+        closed by its process as it answers), and the group's result set once all have."""
+        ep = self.episodes
+        if not t.episode.failure and (self.future.cancelled() or t.episode.ended not in ("done", "length")):
+            ep.pool.submit(t.child.run, ("drop", t.key), ep.env.timeout_s)
+        with self.lock:
+            self.left -= 1
+            if self.left == 0 and not self.future.done():
+                self.future.set_result([t.completion() for t in self.ts])
+
+    def _stopped(self, future: Future) -> None:
+        if future.cancelled():
+            with self.lock:
+                sent = list(self.turns.values())
+            self.loop.abort(sent)
 
 
 def episode_values(completions: list[Completion]) -> dict[str, list[float]]:

@@ -50,6 +50,26 @@ class Sleepy(Echo):
         return super().step(turn)
 
 
+class Slow(Echo):
+    """A tool that takes 0.5 s a call; a turn "held?" answers how many episodes its process holds (reset, not yet
+    closed)."""
+
+    held = 0
+
+    def reset(self, row):
+        Slow.held += 1
+        super().reset(row)
+
+    def step(self, turn):
+        if turn == "held?":
+            return Step(str(Slow.held))
+        time.sleep(0.5)
+        return super().step(turn)
+
+    def close(self):
+        Slow.held -= 1
+
+
 class Probe(Echo):
     """Tries to write the file named by the turn and to open a connection: says what happened."""
 

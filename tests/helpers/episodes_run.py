@@ -33,6 +33,71 @@ def run_cases(cases: list, path: tuple[str, ...] = ()) -> tuple[list[dict], str]
     return json.loads(line[7:]), out.stderr
 
 
+def hand_back(llm, episodes, recipe, prompts, turns: list, mode: str) -> dict:
+    """Both rows' groups of 3 sent to a streaming engine's driver (``Looping``) and handed back, as a preemption
+    notice has them: "turn", with every first turn in the engine and none stepped (the engine's step held, the
+    loop's calls let through); "step", once every first turn has been answered (each trajectory then in its
+    environment's 0.5 s call: tests.helpers.envs:Slow). Then a group of row 0 run on the same engine."""
+    import threading
+    import time
+
+    from grpo_ray.roles.drivers import Looping
+
+    engine, hold, back = llm.llm_engine, threading.Event(), []
+    added, add, step = [], engine.add_request, engine.step
+
+    def recording_add(rid, *args, **kwargs):
+        added.append((rid, time.monotonic()))
+        return add(rid, *args, **kwargs)
+
+    def holding_step():
+        while hold.is_set():
+            if driver.loop.calls or driver.loop.adds:  # the loop runs its calls and adds its requests, unstepped
+                return []
+            time.sleep(0.001)
+        return step()
+
+    engine.add_request, engine.step = recording_add, holding_step
+    driver = Looping(llm, 0)
+    start = lambda p, n, seed, loop: episodes.start(p, n, seed, recipe.generator.sampling, loop)  # noqa: E731
+    if mode == "turn":
+        hold.set()
+    driver.submit(prompts, 3, [11, 12], start)
+    while (len(added) if mode == "turn" else len(turns)) < 6:
+        time.sleep(0.001)
+    asked = time.monotonic()
+    back = driver.hand_back()
+    handed, unfinished, finished = time.monotonic(), engine.has_unfinished_requests(), len(turns)
+    ours = lambda rid: rid.split("/")[0] in ("0", "1")  # noqa: E731 (the handed-back groups' requests)
+    hold.clear()
+
+    def held() -> list[int]:  # the episodes each environment process holds
+        counts = []
+        for child in episodes.children:
+            child.run(("reset", "probe", "tests.helpers.envs:Slow", {}, {}), 10)
+            counts.append(int(child.run(("step", "probe", "held?"), 10)[1]["observation"]) - 1)
+            child.run(("drop", "probe"), 10)
+        return counts
+
+    while any(held()) and time.monotonic() < handed + 20:
+        time.sleep(0.1)
+    after = episodes.run(prompts[:1], 3, [13], recipe.generator.sampling, loop=driver.loop)
+    driver.loop.stop()
+    engine.add_request, engine.step = add, step
+    return {
+        "mode": mode,
+        "back": back,
+        "hand_back_s": handed - asked,
+        "unfinished_after": unfinished,
+        "turns_finished": [finished, len([t for t in turns if ours(t["request"])])],
+        "added_after": [rid for rid, at in added if at > handed and ours(rid)],
+        "in_flight": driver.loop.in_flight(),
+        "groups_left": len(driver.groups),
+        "held": held(),
+        "after": [dataclasses.asdict(c)["episode"] for c in after],
+    }
+
+
 if __name__ == "__main__":
     import vllm
 
@@ -43,7 +108,7 @@ if __name__ == "__main__":
 
     QUESTIONS = [("Mia has 7 pears. How many pears?", "7"), ("Tom has 3 figs. How many figs?", "3")]
     out, engines, params = [], {}, vllm.SamplingParams
-    for arch, env, overrides in json.loads(sys.argv[1]):
+    for arch, env, overrides, *mode in json.loads(sys.argv[1]):
         recipe = load_recipe(
             ROOT / "recipes" / "tiny-cpu.yaml",
             [
@@ -96,6 +161,17 @@ if __name__ == "__main__":
         if recipe.environment.choices:  # the second row chooses the first of them
             prompts[1].env_choice = next(iter(recipe.environment.choices))
         episodes = Episodes(engines[arch], recipe, [str(ROOT)])
+        if mode:  # a notice's hand-back (a 4th item: its mode)
+            out.append(
+                {
+                    "arch": arch,
+                    "env": env,
+                    "overrides": overrides,
+                    **hand_back(llm, episodes, recipe, prompts, turns, *mode),
+                }
+            )
+            episodes.close()
+            continue
         completions = episodes.run(prompts, 3, [11, 12], recipe.generator.sampling)
         episodes.close()
         out.append(
