@@ -29,8 +29,9 @@ def agent_runs():
         ]
         for p in PROGRAMS
     ]
+    cases.append([*cases[0], "turn"])  # chat's groups handed back with their first calls in the engine
     runs, stderr = run_cases(cases)
-    return dict(zip(PROGRAMS, runs)), stderr
+    return {**dict(zip(PROGRAMS, runs)), "hand back": runs[-1]}, stderr
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "gemma3"])
@@ -174,6 +175,23 @@ def test_a_failing_silent_or_hanging_program_ends_its_trajectory_counted(agent_r
     assert any(c["episode"]["failure"] == "timeout" for c in runs["hangs"]["completions"])
     assert stderr.count("ValueError: the harness broke") == 1
     assert "the program called the model 0 times" in stderr
+
+
+@pytest.mark.slow
+def test_a_notices_hand_back_stops_agent_programs_and_records_nothing(agent_runs):
+    """A streaming engine on a draining node hands back the agent programs' groups it has not finished
+    (``Looping.hand_back``, ``AgentRuns.start``): both groups' prompts handed back as the programs' first calls are
+    in the engine, unstepped; those calls are aborted, each program's next call refused, and every program ends
+    (none left running, no session open) without a call added to the engine after, or a failure said; the engine
+    then runs a new group of the program to its end."""
+    runs, stderr = agent_runs
+    run = runs["hand back"]
+    assert run["back"] == [0, 1]
+    assert run["groups_left"] == 0 and run["in_flight"] == 0
+    assert not run["unfinished_after"] and run["added_after"] == [] and run["turns_finished"] == [0, 0]
+    assert run["held"] == [0, 0]  # no program running, no session open
+    assert "was handed back" not in stderr  # what a handed-back program did is not recorded, nor said
+    assert len(run["after"]) == 3 and not any(e["failure"] for e in run["after"])
 
 
 @pytest.mark.slow

@@ -109,8 +109,8 @@ class Looping:
     def hand_back(self) -> list[int]:
         """The groups sent and not finished, stopped and dropped: their prompts' uids, to be generated elsewhere (a
         preemption notice: this engine's node goes soon). A multi-turn group's turns in flight are aborted and its
-        episodes dropped (``Episodes.start``); an agent program's group is dropped, its programs left to end by
-        themselves (nothing stops a program mid-run). A finished group waits to be taken."""
+        episodes dropped (``Running``); an agent program's calls in flight are aborted and its next refused
+        (``AgentRuns.start``). A finished group waits to be taken."""
         going = [g for g in self.groups if not g.sent.done()]
         self.loop.abort([g.sent for g in going])  # a single request's: stopped in the engine
         for g in going:  # a multi-turn group's: its trajectories stop (``Episodes.start``)

@@ -51,7 +51,9 @@ class AgentRuns:
 
     def start(self, prompt: Prompt, n: int, seed: int, sampling, loop, lora=lambda: None) -> Future:
         """Run `n` programs on `prompt`'s row; the future gives their trajectories (prompt index 0), `prompt`
-        rewritten in place to their first call's."""
+        rewritten in place to their first call's. Cancelling it (a notice's hand-back, ``Looping.hand_back``; from
+        any thread but the loop's) closes their sessions and aborts their calls in the engine: each program's call
+        is refused from then on (404), and nothing of its run is recorded."""
         ep, o = self.episodes, self.options
         key, group, lock, left = next(ep.keys), Future(), threading.Lock(), [n]
         ts = [Trajectory(0, seed, f"{key}/{j}", None) for j in range(n)]
@@ -60,6 +62,8 @@ class AgentRuns:
         started = time.perf_counter()
 
         def ended(t, s: Session, future: Future) -> None:
+            if group.cancelled():  # handed back: its session is closed, its run not recorded
+                return
             try:
                 t.episode.seconds = time.perf_counter() - started - s.model_seconds  # the program's own time
                 self._record(t, s, *future.result())
@@ -72,6 +76,13 @@ class AgentRuns:
                 if not group.done():
                     group.set_exception(e)
 
+        def stopped(future: Future) -> None:
+            if future.cancelled():
+                for s in sessions:
+                    self.endpoint.close(s.key)
+                loop.abort([s.sent for s in sessions if s.sent is not None])
+
+        group.add_done_callback(stopped)
         row = prompt.env_row()
         if prompt.images:  # an image row's pictures as the program would send them (image_url parts)
             row["messages"] = as_sent(prompt.messages, prompt.images)

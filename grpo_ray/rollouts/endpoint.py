@@ -38,6 +38,7 @@ import json
 import socketserver
 import threading
 import time
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 
@@ -103,6 +104,8 @@ class Session:
     context: list[int] | None = None
     """A vision-language model's: the engine's expanded tokens of its last recorded call's request."""
     lock: threading.Lock = field(default_factory=threading.Lock)
+    sent: Future | None = None
+    """Its call in the engine (the last sent), for a hand-back to abort."""
 
 
 def image_of(value) -> bytes:
@@ -223,8 +226,9 @@ class Endpoint:
     def open(self, session: Session) -> None:
         self.sessions[session.key] = session
 
-    def close(self, key: str) -> Session:
-        return self.sessions.pop(key)
+    def close(self, key: str) -> Session | None:
+        """Session `key` ended: its program's next call is refused (404)."""
+        return self.sessions.pop(key, None)
 
     def shutdown(self) -> None:
         self.server.shutdown()
@@ -289,7 +293,11 @@ class Endpoint:
             request["multi_modal_data"] = {"image": vision.decoded(shown)}
         params = turn_params(s.sampling, self.env.stop, limit, seed, self.banned)
         start = time.perf_counter()
-        done = s.loop.submit(request, params, s.lora(), f"{s.key}/{s.calls}").result()
+        s.sent = s.loop.submit(request, params, s.lora(), f"{s.key}/{s.calls}")
+        try:
+            done = s.sent.result()
+        except CancelledError:  # (``AgentRuns.start``: its group handed back)
+            raise LookupError(f"session {s.key!r} was handed back: its engine's node goes") from None
         s.model_seconds += time.perf_counter() - start
         out = done.outputs[0]
         ids, logprobs = list(out.token_ids), [lp[t].logprob for t, lp in zip(out.token_ids, out.logprobs)]

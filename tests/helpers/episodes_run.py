@@ -36,8 +36,9 @@ def run_cases(cases: list, path: tuple[str, ...] = ()) -> tuple[list[dict], str]
 def hand_back(llm, episodes, recipe, prompts, turns: list, mode: str) -> dict:
     """Both rows' groups of 3 sent to a streaming engine's driver (``Looping``) and handed back, as a preemption
     notice has them: "turn", with every first turn in the engine and none stepped (the engine's step held, the
-    loop's calls let through); "step", once every first turn has been answered (each trajectory then in its
-    environment's 0.5 s call: tests.helpers.envs:Slow). Then a group of row 0 run on the same engine."""
+    loop's calls let through; an agent program's: its first call); "step", once every first turn has been answered
+    (each trajectory then in its environment's 0.5 s call: tests.helpers.envs:Slow). Then a group of row 0 run on
+    the same engine."""
     import threading
     import time
 
@@ -71,7 +72,9 @@ def hand_back(llm, episodes, recipe, prompts, turns: list, mode: str) -> dict:
     ours = lambda rid: rid.split("/")[0] in ("0", "1")  # noqa: E731 (the handed-back groups' requests)
     hold.clear()
 
-    def held() -> list[int]:  # the episodes each environment process holds
+    def held() -> list[int]:  # the episodes each environment process holds; an agent's: programs, sessions open
+        if episodes.agents:
+            return [sum(len(c.pending) for c in episodes.agents.children), len(episodes.agents.endpoint.sessions)]
         counts = []
         for child in episodes.children:
             child.run(("reset", "probe", "tests.helpers.envs:Slow", {}, {}), 10)
