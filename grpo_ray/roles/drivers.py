@@ -113,7 +113,7 @@ class Looping:
         (``AgentRuns.start``). A finished group waits to be taken."""
         going = [g for g in self.groups if not g.sent.done()]
         self.loop.abort([g.sent for g in going])  # a single request's: stopped in the engine
-        for g in going:  # a multi-turn group's: its trajectories stop (``Episodes.start``)
+        for g in going:  # a multi-turn or agent group's: its trajectories stop (``Running``, ``AgentRuns``)
             if not g.sent.done():  # (a request's is done now: the loop's, aborted or answered)
                 g.sent.cancel()
         stopped = [g for g in going if g.sent.cancelled()]

@@ -19,12 +19,13 @@ memory, answers garbage or floods): that trajectory alone, counted, with the rew
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import sys
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 
 from grpo_ray.data import images
 from grpo_ray.data.template import Observations, TemplateError
@@ -360,9 +361,8 @@ class Running:
 
     def fail(self, e: BaseException) -> None:
         """An error in a callback fails the group (its future's result raises it)."""
-        with self.lock:
-            if not self.future.done():
-                self.future.set_exception(e)
+        with self.lock, contextlib.suppress(InvalidStateError):  # (done, failed or cancelled already)
+            self.future.set_exception(e)
 
     def then(self, fn, t: Trajectory):
         """A done-callback: `fn(t, the result)`, its error failing the group; once the group is cancelled, what
@@ -419,8 +419,9 @@ class Running:
             ep.pool.submit(t.child.run, ("drop", t.key), ep.env.timeout_s)
         with self.lock:
             self.left -= 1
-            if self.left == 0 and not self.future.done():
-                self.future.set_result([t.completion() for t in self.ts])
+            if self.left == 0:
+                with contextlib.suppress(InvalidStateError):  # (failed, or cancelled meanwhile: handed back)
+                    self.future.set_result([t.completion() for t in self.ts])
 
     def _stopped(self, future: Future) -> None:
         if future.cancelled():
