@@ -12,3 +12,9 @@ class RunError(RuntimeError):
 class Preempted(RunError):
     """SIGTERM (a preemption notice): the run stopped after a step, with a checkpoint when one fit in the grace
     period."""
+
+
+class StateLost(RunError):
+    """A pool that keeps copies of its state (the learner, trainer.fault_tolerance=all) lost an actor and no copy
+    survived to start it again from (one lost on its way to the keeper): the job starts the run again from its
+    newest whole checkpoint (``grpo_ray.jobs.launch.kept_going``)."""

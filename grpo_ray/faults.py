@@ -17,6 +17,9 @@ job does not fail again. Nothing else is faked: the processes really exit, the l
     exit_learner@N        the last learner rank exits after its first optimizer step of its N-th step
     exit_learner_push@N   the last learner rank exits as it starts to push weight version N
     exit_learner_save@N   the last learner rank exits as it starts to save a checkpoint after its N-th step
+    exit_learner_copy@N   the last learner rank exits as it first copies its state with N steps done (the copy
+                          of step N's checkpoint where one is saved, else the copy as step N + 1 starts): the copy
+                          never reaches the keeper
     exit_generator@N      an engine holding weight version N exits as it is asked for a batch (batched schedule)
     hold_<pool>@N         where exit_<pool>@N exits, waits instead, for a test to remove its node (its marker
                           file says when)

@@ -2,7 +2,8 @@
 driver's node, for the run, holding each rank's newest copy in its memory, so a lost node takes nothing a recovery
 needs (the driver's own node ends the job anyway). A module of its own: the actor's process imports only this and
 torch. A copy is safe once it is here: until then (its transfer, while the step trains) a lost node takes it along,
-and the recovery says so rather than start from an older one."""
+and the recovery says so rather than start from an older one (the job then starts the run again from its newest
+whole checkpoint: ``grpo_ray.jobs.launch.kept_going``)."""
 
 from __future__ import annotations
 

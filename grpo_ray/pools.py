@@ -33,7 +33,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 from grpo_ray import faults, placement, transports
 from grpo_ray.config import GENERATOR, JUDGE, KINDS, LEARNER, POOLS, REFERENCE, REWARD_MODEL, RULES, TEACHER, Recipe
 from grpo_ray.device import Device
-from grpo_ray.errors import RunError
+from grpo_ray.errors import RunError, StateLost
 from grpo_ray.keeper import Keeper
 from grpo_ray.models.dims import ModelDims
 from grpo_ray.roles import LOG_FILE_ENV, Seat
@@ -288,7 +288,11 @@ class Pools:
         started = time.perf_counter() - start
         if lost == "copy":
             states = [self.keeper.give.remote((pool, j), self.copied) for j in range(len(actors))]
-            self.call([a.take_state.remote(c) for a, c in zip(actors, states)], f"{pool} state copy taken")
+            try:
+                self.call([a.take_state.remote(c) for a, c in zip(actors, states)], f"{pool} state copy taken")
+            except PoolFault as e:  # a copy that never reached the keeper, or a new actor lost as it took one
+                first = str(e).splitlines()[0][:300]
+                raise StateLost(f"{pool}: no copy of its state to start it again from ({first})") from e
         if pool == LEARNER and self.generators:  # the weight transport's sender is new
             self.transport.connect(self)
         self.restarts[pool] += 1

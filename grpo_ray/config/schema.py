@@ -451,7 +451,8 @@ class TrainerConfig:
     rank's state (its shards of the weights and of the optimizer's moments, the scheduler, the old policy's
     snapshots) is copied as each step (and each checkpoint's save) starts and kept on the driver's node, so the
     group started again (on another node, when its node was lost) takes it and the step (or the save) is done again
-    (the copy's cost each step: fault/learner_copy_s, fault/learner_copy_mb)."""
+    (the copy's cost each step: fault/learner_copy_s, fault/learner_copy_mb); a rank lost with its copy on the way
+    starts the run again in the same job from its newest whole checkpoint."""
 
 
 @dataclass

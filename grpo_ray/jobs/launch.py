@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import ray
 
+from grpo_ray import checkpoint
 from grpo_ray.config import KINDS, LEARNER, Recipe
 from grpo_ray.controller import GRPOController
+from grpo_ray.errors import RunError, StateLost
 from grpo_ray.faults import fault_at
 from grpo_ray.placement import local_markers
+from grpo_ray.runner import Runner
 from grpo_ray.setup_run import RunInputs
 from grpo_ray.telemetry.metrics import since_start
 
-__all__ = ["connect", "train", "replay"]
+__all__ = ["connect", "train", "kept_going", "replay"]
 
 PRESTART_OFF = ("RAY_enable_worker_prestart", "RAY_prestart_worker_first_driver")
 """Ray's settings (read by the raylet a new local cluster starts) that start idle workers ahead of any task."""
@@ -69,7 +74,28 @@ def start_local(markers: dict[str, float], tries: int = 3) -> None:
 
 def train(recipe: Recipe, inputs: RunInputs) -> None:
     connect(recipe)
-    GRPOController(recipe, inputs).run()
+    kept_going(lambda given: GRPOController(recipe, given), inputs)
+
+
+def kept_going(runner: Callable[[RunInputs], Runner], inputs: RunInputs) -> None:
+    """``runner(inputs).run()``; where the run lost a learner rank and no copy of its state survived to start it
+    again from (``StateLost``, trainer.fault_tolerance=all), the run is started again in this job from its newest
+    whole checkpoint (the one it started from, where it has saved none since), as a retried job would: its pools
+    new, the steps after the checkpoint trained again. Once per checkpoint: lost again before a newer one, it
+    stops."""
+    tried: set[Path] = set()
+    while True:
+        try:
+            runner(inputs).run()
+            return
+        except StateLost as e:
+            ckpt = checkpoint.find_resume(inputs.output_dir, "auto") or inputs.resume
+            if ckpt is None or ckpt in tried:
+                why = "no whole checkpoint to start from" if ckpt is None else f"lost again since starting from {ckpt}"
+                raise RunError(f"{e}; {why}") from e
+            tried.add(ckpt)
+            print(f"{since_start()} {e}; starting the run again in this job from {ckpt}", flush=True)
+            inputs = dataclasses.replace(inputs, resume=ckpt)
 
 
 def replay(recipe: Recipe, dump_path: str) -> dict[str, float]:

@@ -22,7 +22,7 @@ import ray
 
 from grpo_ray import checkpoint, models
 from grpo_ray.config import GENERATOR, LEARNER, RULES, Recipe, load_recipe
-from grpo_ray.jobs.launch import connect
+from grpo_ray.jobs.launch import connect, kept_going
 from grpo_ray.runner import Runner
 from grpo_ray.setup_run import RunInputs, setup_run
 from grpo_ray.telemetry import perf
@@ -80,7 +80,7 @@ class SFTController(Runner):
 def run_sft(recipe: Recipe, inputs: RunInputs) -> Path:
     """Train, then export the last checkpoint to <output_dir>/model (replaced whole); its path."""
     connect(recipe)
-    SFTController(recipe, inputs).run()
+    kept_going(lambda given: SFTController(recipe, given), inputs)
     last = checkpoint.find_resume(inputs.output_dir, "auto")
     return checkpoint.run_export(last, inputs.output_dir)
 

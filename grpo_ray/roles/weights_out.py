@@ -62,6 +62,7 @@ class WeightsOut:
         of the same size, takes it back (``take_state``) and trains the step as this one would have. With it, what
         the copy cost (seconds, MB), a second return for the driver to read alone."""
         start = time.perf_counter()
+        lost_at("learner_copy", self.steps, self.rank == self.world_size - 1)  # fault test: lost with its copy
         fsdp.reshard(self.model)
         state = {
             "params": [fsdp.host_copy(p) for p in self.params],

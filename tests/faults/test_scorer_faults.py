@@ -100,3 +100,34 @@ def test_a_lost_learner_rank_restarts_the_group_from_its_copy_and_the_step_train
         assert shards["faulted"] and shards["faulted"] == shards["plain"]
         assert checkpoint.problems(tmp_path / "faulted" / "checkpoints" / "step_2") == []
     assert differing(faulted, plain) <= {key, redone, "fault/generator_restarts"}
+
+
+@pytest.mark.parametrize(
+    "point, saves, steps, start",
+    [
+        ("exit_learner_copy@2", 1, 3, 1),  # the copy of step 2's checkpoint as its save begins: from step 1's
+        ("exit_learner_copy@3", 2, 4, 2),  # the copy as step 4 starts (no save after step 3): from step 2's
+    ],
+)
+def test_a_learner_rank_lost_with_its_copy_starts_the_run_again_in_the_job_from_its_checkpoint(
+    tmp_path, point, saves, steps, start
+):
+    """trainer.fault_tolerance=all: the last rank exits as it copies its state, so that copy never reaches the
+    keeper and the group cannot be started from it (``StateLost``). The same job starts the run again from its
+    newest whole checkpoint, as a retried job would, and finishes: each step after the checkpoint trained again
+    and in metrics.jsonl once, every metric the uninterrupted run's, bit for bit (on-policy, fixed seed, fp32: a
+    resumed run trains as the run it resumes)."""
+    over = [*KEPT, f"trainer.save_freq={saves}", f"trainer.total_steps={steps}"]
+    plain, _ = run(tmp_path / "plain", over=over)
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    env = {"GRPO_RAY_FAULTS": point, "GRPO_RAY_FAULTS_DIR": str(markers)}
+    faulted, out = run(tmp_path / "faulted", env, over=over)
+    assert (markers / point).exists()  # the rank did exit there
+    again = re.findall(
+        r"learner: no copy of its state to start it again from \(.*\); starting the run again in this job from (\S+)",
+        out,
+    )
+    assert again == [str(tmp_path / "faulted" / "checkpoints" / f"step_{start}")], out[-3000:]
+    assert [m["step"] for m in faulted] == list(range(1, steps + 1))
+    assert differing(faulted, plain) <= {"fault/learner_restarts"}, differing(faulted, plain)
