@@ -335,6 +335,12 @@ def keep_metrics(path: Path, up_to: int) -> None:
         path.write_text("".join(lines))
 
 
+def last_logged(path: Path) -> int:
+    """The last step a metrics file holds (0: none)."""
+    steps = [_step_of(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    return int(max((s for s in steps if s != float("inf")), default=0))
+
+
 def _step_of(line: str) -> float:
     """The step of a metrics line; a line torn by a kill mid-write counts as after every checkpoint."""
     try:

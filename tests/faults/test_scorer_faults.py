@@ -125,9 +125,10 @@ def test_a_learner_rank_lost_with_its_copy_starts_the_run_again_in_the_job_from_
     faulted, out = run(tmp_path / "faulted", env, over=over)
     assert (markers / point).exists()  # the rank did exit there
     again = re.findall(
-        r"learner: no copy of its state to start it again from \(.*\); starting the run again in this job from (\S+)",
+        r"learner: no copy of its state to start it again from \(.*\); starting the run again in this job from (\S+) "
+        r"\(step (\d+); steps \d+ on trained again, (\d+) of them done before\)",
         out,
     )
-    assert again == [str(tmp_path / "faulted" / "checkpoints" / f"step_{start}")], out[-3000:]
+    assert again == [(str(tmp_path / "faulted" / "checkpoints" / f"step_{start}"), str(start), "1")], out[-3000:]
     assert [m["step"] for m in faulted] == list(range(1, steps + 1))
     assert differing(faulted, plain) <= {"fault/learner_restarts"}, differing(faulted, plain)
