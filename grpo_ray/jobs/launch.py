@@ -94,10 +94,8 @@ def kept_going(runner: Callable[[RunInputs], Runner], inputs: RunInputs) -> None
                 why = "no whole checkpoint to start from" if ckpt is None else f"lost again since starting from {ckpt}"
                 raise RunError(f"{e}; {why}") from e
             tried.add(ckpt)
-            done, last = (
-                checkpoint.load_state(ckpt)["step"],
-                checkpoint.last_logged(inputs.output_dir / "metrics.jsonl"),
-            )
+            done = checkpoint.load_state(ckpt)["step"]
+            last = checkpoint.last_logged(inputs.output_dir / "metrics.jsonl")
             print(
                 f"{since_start()} {e}; starting the run again in this job from {ckpt} (step {done}; steps "
                 f"{done + 1} on trained again, {max(0, last - done)} of them done before)",
