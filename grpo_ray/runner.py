@@ -157,7 +157,7 @@ class Runner:
         if self.r.model.lora.rank and self.pools.metas:
             what = {
                 "adapters": "the adapters only, loaded in place by vLLM's LoRA support",
-                "merged": "every weight, the adapters merged (model.lora.sync=merged)",
+                "merged": "the adapted weights, the adapters merged into them (model.lora.sync=merged)",
             }[self.r.model.lora.sync]
             self.say(f"LoRA: a sync sends {what}: {sum(m.nbytes for m in self.pools.metas) / 1e6:.3g} MB")
 

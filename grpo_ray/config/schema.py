@@ -39,8 +39,8 @@ class LoraConfig:
     """Dropout on the adapters' input while training."""
     sync: str = "adapters"
     """What a weight sync sends: ``adapters`` (only they; the engines load them in place through vLLM's LoRA
-    support and keep their base weights) or ``merged`` (every weight, the adapters merged in: for an engine
-    without LoRA support for the model)."""
+    support and keep their base weights) or ``merged`` (each adapted weight with its adapters merged in, the frozen
+    rest kept as the engines loaded it: for an engine without LoRA support for the model)."""
 
 
 @dataclass
