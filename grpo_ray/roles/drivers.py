@@ -113,9 +113,8 @@ class Looping:
         (``AgentRuns.start``). A finished group waits to be taken."""
         going = [g for g in self.groups if not g.sent.done()]
         self.loop.abort([g.sent for g in going])  # a single request's: stopped in the engine
-        for g in going:  # a multi-turn or agent group's: its trajectories stop (``Running``, ``AgentRuns``)
-            if not g.sent.done():  # (a request's is done now: the loop's, aborted or answered)
-                g.sent.cancel()
+        for g in going:  # a multi-turn or agent group's: its trajectories stop (``Running``, ``AgentRuns``); a
+            g.sent.cancel()  # request's is done by now (aborted or answered), and a done future's cancel does nothing
         stopped = [g for g in going if g.sent.cancelled()]
         self.groups = [g for g in self.groups if g not in stopped]
         return [g.prompt.uid for g in stopped]

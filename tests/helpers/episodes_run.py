@@ -44,7 +44,7 @@ def hand_back(llm, episodes, recipe, prompts, turns: list, mode: str) -> dict:
 
     from grpo_ray.roles.drivers import Looping
 
-    engine, hold, back = llm.llm_engine, threading.Event(), []
+    engine, hold = llm.llm_engine, threading.Event()
     added, add, step = [], engine.add_request, engine.step
 
     def recording_add(rid, *args, **kwargs):
