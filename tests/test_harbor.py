@@ -102,6 +102,13 @@ def test_partial_credit_from_reward_json_and_the_last_turn_is_scored(child, rows
     assert cut["done"] and cut["reward"] == 0.0
 
 
+def test_a_command_longer_than_an_argument_may_be_runs(child, rows):
+    """A turn's commands reach bash as a file, not as an argument (Linux holds one argument to 128 KiB): a block of
+    200 KB runs as a short one does, not failing the episode."""
+    (outcome, step), *_ = play(child, "l1", rows["harbor/count"], bash(": " + "x" * 200_000 + "\necho long-ok"))
+    assert (outcome, step["observation"]) == ("ok", "exit code 0\nlong-ok\n")
+
+
 def test_commands_see_their_task_not_the_node(child, rows):
     """A task's commands write only its /app, /logs and /tmp (the node's filesystem read-only, the tests not there
     before the end), see no token of the generator's environment, and are killed at their time limit."""

@@ -164,6 +164,21 @@ def kept_home() -> str:
     return home
 
 
+@contextlib.contextmanager
+def script_file(script: str | None):
+    """`script` in a file of memory (none on disk): its descriptor, for a child to read as /dev/fd/N; none without."""
+    if script is None:
+        yield ()
+        return
+    fd = os.memfd_create("command")
+    try:
+        with open(fd, "wb", closefd=False) as f:
+            f.write(script.encode())
+        yield (fd,)
+    finally:
+        os.close(fd)
+
+
 def read_tail(stream, keep: int, out: list) -> None:
     """Read `stream` to its end, keeping its last `keep` bytes in out[0] as it goes."""
     for chunk in iter(lambda: stream.read1(1 << 16), b""):
@@ -210,7 +225,7 @@ class Harbor(Environment):
         found = COMMANDS.findall(turn)
         if found and not truncated:
             limit = self.options.command_timeout_s
-            code, output = self.run(["bash", "-c", found[-1]], limit, network=self.options.network == "all")
+            code, output = self.run(["bash"], limit, network=self.options.network == "all", script=found[-1])
             said = f"exit code {code}" if code is not None else f"timed out after {limit} s"
             if not last:
                 return Step(f"{said}\n{output[-self.options.output_chars :]}", tool_call=True, tool_error=code != 0)
@@ -250,10 +265,16 @@ class Harbor(Environment):
         )
 
     def run(
-        self, argv: list[str], timeout: float, tests: bool = False, env: dict | None = None, network: bool = True
+        self,
+        argv: list[str],
+        timeout: float,
+        tests: bool = False,
+        env: dict | None = None,
+        network: bool = True,
+        script: str | None = None,
     ) -> tuple:
-        """`argv` in the task's filesystem (without `network`: in a network namespace of its own): (its exit code,
-        or None past `timeout`; its output)."""
+        """`argv` in the task's filesystem (without `network`: in a network namespace of its own), a `script` given
+        as the path of a file only it reads: (its exit code, or None past `timeout`; its output)."""
         paths = ["app", "logs", "tmp", *(["tests"] if tests else [])]
         binds = [f"/{p}={self.dir / p}" for p in paths]
         keep = {k: os.environ[k] for k in ("PATH", "LANG", "TERM") if k in os.environ}
@@ -262,14 +283,17 @@ class Harbor(Environment):
             binds.append(f"/cache={kept_home()}")
             keep["HOME"] = "/cache"
         alone = [] if network else ["--no-network"]
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(ROOT), *alone, str(self.dir / "root"), *binds, "--", *argv],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**keep, **{str(k): str(v) for k, v in (env or {}).items()}},
-            start_new_session=True,
-        )
+        with script_file(script) as fds:  # (an argument holds at most 128 KiB; a model's command may hold more)
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(ROOT), *alone, str(self.dir / "root"), *binds, "--", *argv]
+                + [f"/dev/fd/{fd}" for fd in fds],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**keep, **{str(k): str(v) for k, v in (env or {}).items()}},
+                start_new_session=True,
+                pass_fds=fds,
+            )
         tail = [b""]  # the output's last bytes, read as it comes (a flood costs no memory)
         most = 4 * max(self.options.output_chars, 2000)
         reader = threading.Thread(target=read_tail, args=(proc.stdout, most, tail), daemon=True)
