@@ -274,7 +274,8 @@ class Harbor(Environment):
         script: str | None = None,
     ) -> tuple:
         """`argv` in the task's filesystem (without `network`: in a network namespace of its own), a `script` given
-        as the path of a file only it reads: (its exit code, or None past `timeout`; its output)."""
+        as a last argument, the path of a file of memory holding it: (its exit code, or None past `timeout`; its
+        output)."""
         paths = ["app", "logs", "tmp", *(["tests"] if tests else [])]
         binds = [f"/{p}={self.dir / p}" for p in paths]
         keep = {k: os.environ[k] for k in ("PATH", "LANG", "TERM") if k in os.environ}
